@@ -1,0 +1,111 @@
+"""moejax.load: a checkpoint directory or a preset name -> Engine."""
+from __future__ import annotations
+
+import os
+import zlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.config import ModelConfig
+from moejax.engine import Engine
+from moejax.kernels import EXPERT_IMPLS
+from moejax.models.checkpoint import load_params, load_tokenizer, read_config
+from moejax.models.decoder import MoEModel
+from moejax.presets import PRESETS, preset_config
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+OPTIONS = ("num_layers", "seed", "expert_impl", "compilation_cache")
+
+
+def presets() -> list[str]:
+    return list(PRESETS)
+
+
+def enable_compilation_cache(path: str | None = None) -> str:
+    """Turn on JAX's persistent compilation cache (default: the user cache dir) unless already set."""
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return current
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = path or os.path.join(base, "moejax", "jax-compile")
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
+
+
+def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
+    """Load `model` (a HF checkpoint directory or a preset name; see `presets()`).
+
+    options: num_layers (run the first N layers only), seed (preset weights), expert_impl
+    ("auto", "sorted", "ragged", "dense"), compilation_cache (True, False or a directory)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"moejax.load: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    impl = options.get("expert_impl", "auto")
+    impl = "sorted" if impl == "auto" else impl
+    if impl not in EXPERT_IMPLS:
+        raise ValueError(f"moejax.load: expert_impl {impl!r} is not one of auto, {', '.join(EXPERT_IMPLS)}")
+    cache_opt = options.get("compilation_cache", True)
+    if cache_opt:
+        enable_compilation_cache(cache_opt if isinstance(cache_opt, str) else None)
+
+    is_dir = os.path.isdir(model)
+    if not is_dir and model not in PRESETS:
+        raise ValueError(f"moejax.load: {model!r} is neither a checkpoint directory nor a preset "
+                         f"(presets: {', '.join(PRESETS)})")
+    cfg = ModelConfig.from_hf(read_config(model) if is_dir else preset_config(model))
+    full_layers = cfg.num_layers
+    n = options.get("num_layers")
+    if n is not None:
+        if not 1 <= int(n) <= cfg.num_layers:
+            raise ValueError(f"moejax.load: num_layers={n} outside 1..{cfg.num_layers}")
+        cfg = cfg.replace(num_layers=int(n))
+    dt = DTYPES[dtype]
+    abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt))
+    graphdef, abstract_state = nnx.split(abstract)
+    flat = {path: var for path, var in nnx.to_flat_state(abstract_state)}
+    shapes = {path: var.get_value() for path, var in flat.items()}
+
+    def fill(values):
+        for path, var in flat.items():
+            var.set_value(values[path])
+        return nnx.from_flat_state(list(flat.items()))
+
+    if is_dir:
+        def materialize():
+            return fill(load_params(model, cfg, shapes, lambda _, x: jax.device_put(x),
+                                    ignore_layers_from=cfg.num_layers if cfg.num_layers < full_layers else None))
+        tokenizer = load_tokenizer(model)
+    else:
+        seed = int(options.get("seed", 0))
+
+        def materialize():
+            return fill({p: random_param(p, s, seed) for p, s in shapes.items()})
+        tokenizer = None
+    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, expert_impl=impl, name=model)
+
+
+def random_param(path: tuple, abstract, seed: int):
+    """Deterministic per-tensor random init on the default device (norm weights 1, biases 0)."""
+    name = str(path[-1]) if path[-1] != "weight" else str(path[-2])
+    shape, dtype = tuple(abstract.shape), abstract.dtype
+    if path[-1] == "weight":  # RMSNorm scales
+        return jnp.ones(shape, dtype)
+    if name.startswith("b") or name in ("sinks", "router_bias", "correction_bias"):
+        return jnp.zeros(shape, dtype)
+    key = jax.random.fold_in(jax.random.key(seed), zlib.crc32("/".join(map(str, path)).encode()))
+    return _normal(key, shape, dtype)
+
+
+@jax.jit
+def _normal_impl(key, proto):
+    return (0.02 * jax.random.normal(key, proto.shape, jnp.float32)).astype(proto.dtype)
+
+
+def _normal(key, shape, dtype):
+    return _normal_impl(key, jax.ShapeDtypeStruct(shape, dtype))

@@ -1,0 +1,171 @@
+"""Attention blocks: GQA/MHA (biases, q/k norm, sinks, sliding window) and DeepSeek MLA.
+
+Every block takes `x [B, T, D]`, absolute `positions [B, T]` and an optional per-layer cache whose slot
+index equals the token position, and returns `(out [B, T, D], new_cache)`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.config import ModelConfig
+from moejax.models.layers import RMSNorm, apply_rope
+
+_f32 = jnp.float32
+
+
+def _dense(shape, dtype):
+    return nnx.Param(jnp.zeros(shape, dtype))
+
+
+def _proj(x, w, b=None):
+    y = jnp.einsum("btd,df->btf", x, w[...], preferred_element_type=_f32)
+    if b is not None:
+        y = y + b[...].astype(_f32)
+    return y.astype(x.dtype)
+
+
+def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None):
+    """Causal attention with GQA head groups. q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv];
+    q_pos [B,T], k_pos [B,S]. A key is visible when k_pos <= q_pos (and k_pos > q_pos - window).
+    sinks [Hq]: one extra logit per head that takes softmax mass but contributes no value (GPT-OSS)."""
+    B, T, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(B, T, Hkv, Hq // Hkv, D)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=_f32) * scale
+    dist = q_pos[:, :, None] - k_pos[:, None, :]  # [B,T,S]
+    visible = dist >= 0
+    if window is not None:
+        visible &= dist < window
+    logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = sinks.astype(_f32).reshape(1, Hkv, Hq // Hkv, 1, 1)
+        m = jnp.maximum(m, sink)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(logits - m)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + jnp.exp(sink - m)
+    p = (p / denom).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", p, v, preferred_element_type=_f32)
+    return out.reshape(B, T, Hq, v.shape[-1]).astype(q.dtype)
+
+
+def write_cache(cache, positions, new):
+    """Store new [B,T,...] at slot = position, per sequence."""
+    rows = jnp.arange(positions.shape[0])[:, None]
+    return cache.at[rows, positions].set(new.astype(cache.dtype), mode="drop")
+
+
+def cache_positions(cache_len: int, batch: int):
+    return jnp.broadcast_to(jnp.arange(cache_len, dtype=jnp.int32), (batch, cache_len))
+
+
+class GQAttention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype):
+        D, H, K, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, K, hd
+        self.scale = cfg.softmax_scale
+        self.window = cfg.sliding_window if cfg.layer_types[layer] == "sliding" else None
+        self.interleaved = cfg.rope.interleaved
+        self.wq, self.wk, self.wv = _dense((D, H * hd), dtype), _dense((D, K * hd), dtype), _dense((D, K * hd), dtype)
+        self.wo = _dense((H * hd, D), dtype)
+        qkv_b = cfg.qkv_bias
+        self.bq = _dense((H * hd,), dtype) if qkv_b else None
+        self.bk = _dense((K * hd,), dtype) if qkv_b else None
+        self.bv = _dense((K * hd,), dtype) if qkv_b else None
+        self.bo = _dense((D,), dtype) if cfg.o_bias else None
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.sinks = nnx.Param(jnp.zeros((H,), _f32)) if cfg.sinks else None
+
+    def init_cache(self, batch: int, length: int, dtype):
+        shape = (batch, length, self.num_kv_heads, self.head_dim)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True):
+        B, T, _ = x.shape
+        q = _proj(x, self.wq, self.bq).reshape(B, T, self.num_heads, self.head_dim)
+        k = _proj(x, self.wk, self.bk).reshape(B, T, self.num_kv_heads, self.head_dim)
+        v = _proj(x, self.wv, self.bv).reshape(B, T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin, self.interleaved), apply_rope(k, cos, sin, self.interleaved)
+        sinks = self.sinks[...] if self.sinks is not None else None
+        if cache is not None:
+            cache = {"k": write_cache(cache["k"], positions, k), "v": write_cache(cache["v"], positions, v)}
+        if cache is None or not read_cache:  # every key is in this call (prefill into an empty cache)
+            out = attend(q, k, v, positions, positions, self.scale, self.window, sinks)
+        else:
+            k_pos = cache_positions(cache["k"].shape[1], B)
+            out = attend(q, cache["k"], cache["v"], positions, k_pos, self.scale, self.window, sinks)
+        return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
+
+
+class MLAttention(nnx.Module):
+    """Multi-head latent attention. The cache holds the normalised KV latent and the roped shared key
+    (as transformers does); cached steps attend in the absorbed form, with W_UK folded into the query
+    and W_UV applied after, so the latent is never expanded per head."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, dtype):
+        D, H = cfg.hidden_size, cfg.num_heads
+        self.num_heads, self.nope, self.rope_dim = H, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        self.v_dim, self.rank = cfg.v_head_dim, cfg.kv_lora_rank
+        self.scale = cfg.softmax_scale
+        self.interleaved = cfg.rope.interleaved
+        qk = self.nope + self.rope_dim
+        bias = cfg.mla_bias
+        if cfg.q_lora_rank:
+            self.wq = None
+            self.wq_a = _dense((D, cfg.q_lora_rank), dtype)
+            self.bq_a = _dense((cfg.q_lora_rank,), dtype) if bias else None
+            self.q_a_norm = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)
+            self.wq_b = _dense((cfg.q_lora_rank, H * qk), dtype)
+        else:
+            self.wq = _dense((D, H * qk), dtype)
+            self.wq_a = self.bq_a = self.q_a_norm = self.wq_b = None
+        self.wkv_a = _dense((D, self.rank + self.rope_dim), dtype)
+        self.bkv_a = _dense((self.rank + self.rope_dim,), dtype) if bias else None
+        self.kv_a_norm = RMSNorm(self.rank, 1e-6, dtype)
+        self.wkv_b = _dense((self.rank, H * (self.nope + self.v_dim)), dtype)
+        self.wo = _dense((H * self.v_dim, D), dtype)
+        self.bo = _dense((D,), dtype) if bias else None
+
+    def init_cache(self, batch: int, length: int, dtype):
+        return {"latent": jnp.zeros((batch, length, self.rank), dtype),
+                "k_rope": jnp.zeros((batch, length, self.rope_dim), dtype)}
+
+    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True):
+        B, T, _ = x.shape
+        H = self.num_heads
+        if self.wq is not None:
+            q = _proj(x, self.wq)
+        else:
+            q = _proj(self.q_a_norm(_proj(x, self.wq_a, self.bq_a)), self.wq_b)
+        q = q.reshape(B, T, H, self.nope + self.rope_dim)
+        q_nope, q_rope = q[..., : self.nope], q[..., self.nope:]
+        kv = _proj(x, self.wkv_a, self.bkv_a)
+        latent = self.kv_a_norm(kv[..., : self.rank])
+        k_rope = kv[..., self.rank:][:, :, None, :]
+        q_rope = apply_rope(q_rope, cos, sin, self.interleaved)
+        k_rope = apply_rope(k_rope, cos, sin, self.interleaved)
+        w_kv = self.wkv_b[...].reshape(self.rank, H, self.nope + self.v_dim)
+        w_uk, w_uv = w_kv[..., : self.nope], w_kv[..., self.nope:]
+        if cache is not None:
+            cache = {"latent": write_cache(cache["latent"], positions, latent),
+                     "k_rope": write_cache(cache["k_rope"], positions, k_rope[:, :, 0])}
+        if cache is None or not read_cache:  # expanded form: cheaper when every key is in this call
+            kv_h = jnp.einsum("btr,rhf->bthf", latent, w_kv, preferred_element_type=_f32).astype(x.dtype)
+            k = jnp.concatenate([kv_h[..., : self.nope], jnp.broadcast_to(k_rope, (B, T, H, self.rope_dim))], -1)
+            q_full = jnp.concatenate([q_nope, q_rope], -1)
+            out = attend(q_full, k, kv_h[..., self.nope:], positions, positions, self.scale)
+        else:
+            q_lat = jnp.einsum("bthn,rhn->bthr", q_nope, w_uk, preferred_element_type=_f32).astype(x.dtype)
+            q_abs = jnp.concatenate([q_lat, q_rope], -1)
+            k_abs = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
+            k_pos = cache_positions(k_abs.shape[1], B)
+            o_lat = attend(q_abs, k_abs, cache["latent"][:, :, None, :], positions, k_pos, self.scale)
+            out = jnp.einsum("bthr,rhv->bthv", o_lat, w_uv, preferred_element_type=_f32).astype(x.dtype)
+        return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache

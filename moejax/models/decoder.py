@@ -1,0 +1,64 @@
+"""Decoder layer and the whole model forward (prefill and cached decode), one math for all families."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.config import ModelConfig
+from moejax.models.attention import GQAttention, MLAttention
+from moejax.models.layers import RMSNorm, rope_cos_sin
+from moejax.models.moe import DenseMLP, MoEBlock
+
+_f32 = jnp.float32
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.attn = (MLAttention if cfg.attention == "mla" else GQAttention)(cfg, layer, dtype)
+        if cfg.is_moe(layer):
+            self.mlp = MoEBlock(cfg, dtype)
+        else:
+            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
+
+    def __call__(self, x, positions, cos, sin, cache, read_cache, impl):
+        h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache)
+        x = x + h
+        y = self.mlp_norm(x)
+        y = self.mlp(y, impl) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
+        return x + y, cache
+
+
+class MoEModel(nnx.Module):
+    """Build under `nnx.eval_shape` (weights are filled by the checkpoint loader or the preset init)."""
+
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
+        self.cfg = cfg
+        self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(
+            jnp.zeros((cfg.hidden_size, cfg.vocab_size), dtype))
+
+    def init_cache(self, batch: int, length: int):
+        dtype = self.embed.dtype
+        return [layer.attn.init_cache(batch, length, dtype) for layer in self.layers]
+
+    def __call__(self, tokens, positions, cache=None, *, read_cache=True, impl="sorted", gather_idx=None):
+        """tokens, positions [B, T] -> float32 logits [B, T, V] (or [B, V] at `gather_idx` [B]).
+
+        With a cache (list per layer) the new keys are written at slot = position; `read_cache=False`
+        says the cache held nothing before this call, so attention reads only the new keys."""
+        x = self.embed[...][tokens]
+        cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, impl)
+            new_cache.append(c)
+        if gather_idx is not None:
+            x = jnp.take_along_axis(x, gather_idx[:, None, None], axis=1)[:, 0]
+        x = self.final_norm(x)
+        head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+        logits = jnp.dot(x, head, preferred_element_type=_f32)
+        return logits, (None if cache is None else new_cache)

@@ -1,0 +1,91 @@
+"""Feed-forward blocks: dense SwiGLU MLP, routers (softmax/sigmoid, group-limited top-k, biases), and
+the MoE block (routed experts + optional shared expert)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.config import ModelConfig
+from moejax.kernels import expert_ffn
+
+_f32 = jnp.float32
+
+
+def _param(shape, dtype):
+    return nnx.Param(jnp.zeros(shape, dtype))
+
+
+class DenseMLP(nnx.Module):
+    def __init__(self, hidden: int, width: int, bias: bool, dtype):
+        self.w_gate, self.w_up, self.w_down = _param((hidden, width), dtype), _param((hidden, width), dtype), \
+            _param((width, hidden), dtype)
+        self.b_gate = _param((width,), dtype) if bias else None
+        self.b_up = _param((width,), dtype) if bias else None
+        self.b_down = _param((hidden,), dtype) if bias else None
+
+    def __call__(self, x):
+        def lin(v, w, b):
+            y = jnp.dot(v, w[...], preferred_element_type=_f32)
+            return y if b is None else y + b[...].astype(_f32)
+        h = jax.nn.silu(lin(x, self.w_gate, self.b_gate)) * lin(x, self.w_up, self.b_up)
+        return lin(h.astype(x.dtype), self.w_down, self.b_down).astype(x.dtype)
+
+
+def route(cfg: ModelConfig, logits, correction_bias=None):
+    """float32 router logits [N, E] -> (expert ids [N, k], weights [N, k] float32)."""
+    k, E = cfg.num_experts_per_tok, cfg.num_experts
+    scores = jax.nn.sigmoid(logits) if cfg.router_scoring == "sigmoid" else jax.nn.softmax(logits, axis=-1)
+    choice = scores if correction_bias is None else scores + correction_bias  # bias picks, never weighs
+    if cfg.topk_groups is not None:
+        n_group, topk_group = cfg.topk_groups
+        grouped = choice.reshape(-1, n_group, E // n_group)
+        if cfg.group_score == "top2_sum":
+            group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
+        else:
+            group_scores = jnp.max(grouped, axis=-1)
+        _, top_groups = jax.lax.top_k(group_scores, topk_group)
+        keep = jnp.zeros_like(group_scores, dtype=bool).at[jnp.arange(group_scores.shape[0])[:, None],
+                                                            top_groups].set(True)
+        choice = jnp.where(jnp.repeat(keep, E // n_group, axis=-1), choice, -jnp.inf)
+    _, idx = jax.lax.top_k(choice, k)
+    weights = jnp.take_along_axis(scores, idx, axis=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return idx, weights * cfg.routed_scaling_factor
+
+
+class MoEBlock(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype):
+        D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+        self.cfg = cfg
+        self.router = _param((D, E), _f32)  # routers stay float32 whatever the model dtype
+        self.router_bias = _param((E,), _f32) if cfg.router_bias else None
+        self.correction_bias = _param((E,), _f32) if cfg.score_correction_bias else None
+        self.we_gate_up = _param((E, D, 2 * I), dtype)  # [gate | up] along the last axis
+        self.we_down = _param((E, I, D), dtype)
+        self.be_gate_up = _param((E, 2 * I), dtype) if cfg.expert_bias else None
+        self.be_down = _param((E, D), dtype) if cfg.expert_bias else None
+        self.shared = DenseMLP(D, cfg.shared_expert_size, cfg.mlp_bias, dtype) if cfg.shared_expert_size else None
+        self.shared_gate = _param((D, 1), dtype) if cfg.shared_expert_gate else None
+
+    def router_logits(self, x2):
+        logits = jnp.dot(x2.astype(_f32), self.router[...], precision=jax.lax.Precision.HIGHEST)
+        return logits if self.router_bias is None else logits + self.router_bias[...]
+
+    def __call__(self, x, impl: str = "sorted"):
+        B, T, D = x.shape
+        x2 = x.reshape(B * T, D)
+        bias = None if self.correction_bias is None else self.correction_bias[...]
+        idx, weights = route(self.cfg, self.router_logits(x2), bias)
+        opt = lambda p: None if p is None else p[...]
+        y = expert_ffn(x2, idx, weights, self.we_gate_up[...], self.we_down[...], opt(self.be_gate_up),
+                       opt(self.be_down), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
+                       alpha=self.cfg.swiglu_alpha, impl=impl)
+        if self.shared is not None:
+            s = self.shared(x2)
+            if self.shared_gate is not None:
+                gate = jax.nn.sigmoid(jnp.dot(x2, self.shared_gate[...], preferred_element_type=_f32))
+                s = (gate * s.astype(_f32)).astype(x.dtype)
+            y = y + s
+        return y.reshape(B, T, D)
