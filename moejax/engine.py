@@ -33,8 +33,7 @@ class Engine:
         self._state = None
         self._logits_fn = jax.jit(functools.partial(_full_logits, graphdef, expert_impl))
         self._prefill_fn = jax.jit(functools.partial(_prefill, graphdef, expert_impl), static_argnames=("cache_len",))
-        self._decode_fn = jax.jit(functools.partial(_decode, graphdef, expert_impl), static_argnames=("steps",),
-                                  donate_argnames=("cache",))
+        self._decode_fn = jax.jit(functools.partial(_decode, graphdef, expert_impl), static_argnames=("steps",))
 
     # -- weights ---------------------------------------------------------------------------------
     @property

@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from moejax.buckets import bucket
+
 EXPERT_IMPLS = ("sorted", "ragged", "dense")
 _f32 = jnp.float32
 
@@ -27,11 +29,7 @@ def activation(h, kind: str, limit: float, alpha: float):
 
 def _tile_rows(rows: int, experts: int) -> int:
     per_expert = max(rows // max(experts, 1), 1)
-    return int(min(max(pl2(per_expert), 8), 256))
-
-
-def pl2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
+    return int(min(max(bucket(per_expert), 8), 256))
 
 
 def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *,
