@@ -11,7 +11,7 @@ from flax import nnx
 from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels import EXPERT_IMPLS
-from moejax.models.checkpoint import load_params, load_tokenizer, read_config
+from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
 from moejax.models.decoder import MoEModel
 from moejax.presets import PRESETS, preset_config
 
@@ -77,9 +77,11 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         return nnx.from_flat_state(list(flat.items()))
 
     if is_dir:
+        read = plan_params(model, cfg, shapes,
+                           ignore_layers_from=cfg.num_layers if cfg.num_layers < full_layers else None)
+
         def materialize():
-            return fill(load_params(model, cfg, shapes, lambda _, x: jax.device_put(x),
-                                    ignore_layers_from=cfg.num_layers if cfg.num_layers < full_layers else None))
+            return fill(read(lambda _, x: jax.device_put(x)))
         tokenizer = load_tokenizer(model)
     else:
         seed = int(options.get("seed", 0))

@@ -112,9 +112,10 @@ def _assemble(src: Experts, pieces, target, read) -> np.ndarray:
     return out
 
 
-def load_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], put: Callable[[tuple, np.ndarray], Any],
-                *, ignore_layers_from: int | None = None) -> dict[tuple, Any]:
-    """targets: nnx path -> abstract array (shape, dtype). Returns path -> put(path, array).
+def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignore_layers_from: int | None = None
+                ) -> Callable[[Callable[[tuple, np.ndarray], Any]], dict[tuple, Any]]:
+    """Check the checkpoint against `targets` from metadata alone (raising one CheckpointError that
+    lists every problem) and return the reader: put -> {path: put(path, array)}.
 
     `ignore_layers_from`: layers at or beyond this index in the file are expected and skipped (running a
     slice of a deeper checkpoint)."""
@@ -156,17 +157,19 @@ def load_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], put: Cal
     def read(key):
         return st.get(by_norm[key])
 
-    out = {}
-    for tpath, (src, pieces) in plan.items():
-        dtype = targets[tpath].dtype
-        if isinstance(src, Tensor):
-            x = read(src.key)
-            x = x.T if src.transpose else x
-        else:
-            x = _assemble(src, pieces, tuple(targets[tpath].shape), read)
-        out[tpath] = put(tpath, np.ascontiguousarray(x.astype(dtype, copy=False)))
-        del x
-    return out
+    def read_all(put):
+        out = {}
+        for tpath, (src, pieces) in plan.items():
+            if isinstance(src, Tensor):
+                x = read(src.key)
+                x = x.T if src.transpose else x
+            else:
+                x = _assemble(src, pieces, tuple(targets[tpath].shape), read)
+            out[tpath] = put(tpath, np.ascontiguousarray(x.astype(targets[tpath].dtype, copy=False)))
+            del x
+        return out
+
+    return read_all
 
 
 def load_tokenizer(path: str):

@@ -1,0 +1,22 @@
+import os
+
+import numpy as np
+import pytest
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+FIXTURE_NAMES = sorted(d for d in os.listdir(FIXTURES) if os.path.isfile(os.path.join(FIXTURES, d, "config.json")))
+
+
+def fixture_dir(name: str) -> str:
+    return os.path.join(FIXTURES, name)
+
+
+def reference(name: str) -> dict:
+    with np.load(os.path.join(FIXTURES, name, "reference.npz")) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_cache(tmp_path_factory):
+    # Keep the persistent compilation cache inside the test run, not in the user's home.
+    os.environ.setdefault("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
