@@ -176,6 +176,10 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
     mt = c.get("model_type")
     if mt not in FAMILIES:
         raise ConfigError(f"config.json: unsupported 'model_type' {mt!r} (supported: {', '.join(FAMILIES)})")
+    quant = c.get("quantization_config")
+    if quant:
+        raise ConfigError(f"config.json: quantized checkpoints are not supported yet ('quantization_config' "
+                          f"quant_method={quant.get('quant_method')!r}); use a bfloat16/float32 checkpoint")
     act = c.get("hidden_act", "silu")
     if mt != "gpt_oss" and act not in ("silu", "swish"):
         raise ConfigError(f"config.json: unsupported 'hidden_act' {act!r} (supported: silu)")
@@ -253,6 +257,9 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
     freq = int(c.get("moe_layer_freq", 1) or 1)
     moe = tuple(i >= first_dense and i % freq == 0 for i in range(n))
     shared = int(c.get("n_shared_experts") or 0) * int(moe_size)
+    scoring = c.get("scoring_func", "softmax" if mt == "deepseek_v2" else "sigmoid")
+    if scoring != ("softmax" if mt == "deepseek_v2" else "sigmoid"):
+        raise ConfigError(f"config.json: unsupported 'scoring_func' {scoring!r} for {mt}")
     if mt == "deepseek_v2":
         method = c.get("topk_method", "greedy")
         if method not in ("greedy", "group_limited_greedy"):
