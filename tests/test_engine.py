@@ -39,6 +39,13 @@ def test_preset_weights_are_deterministic(tiny):
     np.testing.assert_array_equal(tiny.logits(ids), moejax.load("tiny-qwen3-moe", dtype="float32").logits(ids))
 
 
+def test_routers_stay_float32_in_bfloat16_models():
+    engine = moejax.load("tiny-qwen3-moe")
+    mlp = engine.abstract_params["layers"][0]["mlp"]
+    assert mlp["router"].get_value().dtype == jnp.float32
+    assert mlp["we_gate_up"].get_value().dtype == jnp.bfloat16
+
+
 def test_seed_changes_preset_weights(tiny):
     ids = np.array([[5, 6, 7]])
     other = moejax.load("tiny-qwen3-moe", dtype="float32", seed=1)
