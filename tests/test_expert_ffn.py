@@ -1,0 +1,79 @@
+"""Every expert FFN path against a float64 numpy loop over (token, expert) pairs."""
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from moejax.kernels import EXPERT_IMPLS, expert_ffn
+
+
+def reference(x, idx, w, wgu, wd, bgu, bd, act, limit, alpha):
+    x, wgu, wd = (a.astype(np.float64) for a in (x, wgu, wd))
+    out = np.zeros_like(x)
+    for n in range(x.shape[0]):
+        for j, e in enumerate(idx[n]):
+            h = x[n] @ wgu[e] + (0 if bgu is None else bgu[e])
+            g, u = np.split(h, 2)
+            if act == "silu":
+                a = g / (1 + np.exp(-g)) * u
+            else:
+                g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+                a = g / (1 + np.exp(-alpha * g)) * (u + 1)
+            out[n] += w[n, j] * (a @ wd[e] + (0 if bd is None else bd[e]))
+    return out
+
+
+@st.composite
+def problems(draw):
+    E = draw(st.integers(1, 9))
+    k = draw(st.integers(1, min(E, 3)))
+    N = draw(st.integers(1, 40))
+    D, I = draw(st.sampled_from([4, 8, 12])), draw(st.sampled_from([4, 6, 16]))
+    skew = draw(st.sampled_from(["uniform", "one_expert_gets_all", "some_empty"]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return E, k, N, D, I, skew, seed, draw(st.booleans()), draw(st.sampled_from(["silu", "swiglu_clamp"]))
+
+
+def make(E, k, N, D, I, skew, seed, bias):
+    rng = np.random.default_rng(seed)
+    if skew == "uniform":
+        idx = np.stack([rng.choice(E, k, replace=False) for _ in range(N)])
+    else:
+        allowed = [0] if skew == "one_expert_gets_all" else list(range(0, E, 2))
+        pool = allowed + [e for e in range(E) if e not in allowed]
+        idx = np.stack([pool[:k] if len(allowed) < k else rng.choice(allowed, k, replace=False) for _ in range(N)])
+    w = rng.random((N, k)).astype(np.float32)
+    x = rng.standard_normal((N, D)).astype(np.float32)
+    wgu = (rng.standard_normal((E, D, 2 * I)) / np.sqrt(D)).astype(np.float32)
+    wd = (rng.standard_normal((E, I, D)) / np.sqrt(I)).astype(np.float32)
+    bgu = rng.standard_normal((E, 2 * I)).astype(np.float32) if bias else None
+    bd = rng.standard_normal((E, D)).astype(np.float32) if bias else None
+    return x, idx.astype(np.int32), w, wgu, wd, bgu, bd
+
+
+@pytest.mark.parametrize("impl", EXPERT_IMPLS)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_float32_paths_match_float64_reference(impl, problem):
+    E, k, N, D, I, skew, seed, bias, act = problem
+    args = make(E, k, N, D, I, skew, seed, bias)
+    ref = reference(*args, act, 0.7, 1.702)
+    out = np.asarray(jax.jit(lambda *a: expert_ffn(*a, act=act, limit=0.7, impl=impl))(*args))
+    assert np.linalg.norm(out - ref) <= 1e-5 * max(np.linalg.norm(ref), 1e-6)
+
+
+@pytest.mark.parametrize("impl", EXPERT_IMPLS)
+def test_bfloat16_inputs_accumulate_in_float32(impl):
+    import ml_dtypes
+    x, idx, w, wgu, wd, _, _ = make(8, 2, 33, 16, 8, "uniform", 0, False)
+    ref = reference(x, idx, w, wgu, wd, None, None, "silu", 7.0, 1.702)
+    bf = [jax.numpy.asarray(a.astype(ml_dtypes.bfloat16)) for a in (x, wgu, wd)]
+    out = np.asarray(expert_ffn(bf[0], idx, w, bf[1], bf[2], impl=impl)).astype(np.float32)
+    assert out.dtype == np.float32 and np.linalg.norm(out - ref) <= 2e-2 * np.linalg.norm(ref)
+
+
+def test_unknown_impl_is_an_error():
+    x, idx, w, wgu, wd, _, _ = make(2, 1, 3, 4, 4, "uniform", 0, False)
+    with pytest.raises(ValueError, match="expert impl 'fast'"):
+        expert_ffn(x, idx, w, wgu, wd, impl="fast")
