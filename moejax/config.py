@@ -94,13 +94,12 @@ class ModelConfig:
         return self.moe_layers[layer]
 
     def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with fields changed; `num_layers` also trims or extends the per-layer tables."""
+        """A copy with fields changed; a smaller `num_layers` also trims the per-layer tables."""
         n = changes.get("num_layers", self.num_layers)
-        if n != self.num_layers:
-            def resize(t):
-                return tuple((t * (n // max(len(t), 1) + 1))[:n]) if n > len(t) else tuple(t[:n])
-            changes.setdefault("moe_layers", resize(self.moe_layers))
-            changes.setdefault("layer_types", resize(self.layer_types))
+        if n > self.num_layers:
+            raise ConfigError(f"num_layers={n}: a config can only be cut to fewer than its {self.num_layers} layers")
+        changes.setdefault("moe_layers", self.moe_layers[:n])
+        changes.setdefault("layer_types", self.layer_types[:n])
         return dataclasses.replace(self, **changes)
 
     @classmethod
