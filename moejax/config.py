@@ -81,6 +81,7 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    extra_layers: int = 0  # layers stored after the decoder that moejax does not run (DeepSeek-V3 MTP)
 
     @property
     def q_head_dim(self) -> int:
@@ -283,4 +284,5 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
                        mla_bias=bool(c.get("attention_bias", False)), mlp_bias=bool(c.get("mlp_bias", False)),
                        layer_types=("full",) * n, moe_layers=moe, moe_intermediate_size=int(moe_size),
                        routed_scaling_factor=float(c.get("routed_scaling_factor", 1.0) or 1.0),
-                       shared_expert_size=shared, **routing)
+                       shared_expert_size=shared, extra_layers=int(c.get("num_nextn_predict_layers") or 0),
+                       **routing)

@@ -77,8 +77,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         return nnx.from_flat_state(list(flat.items()))
 
     if is_dir:
-        read = plan_params(model, cfg, shapes,
-                           ignore_layers_from=cfg.num_layers if cfg.num_layers < full_layers else None)
+        skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
+        read = plan_params(model, cfg, shapes, ignore_layers_from=cfg.num_layers if skips_layers else None)
 
         def materialize():
             return fill(read(lambda _, x: jax.device_put(x)))

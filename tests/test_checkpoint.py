@@ -106,9 +106,23 @@ def test_rotary_buffers_in_old_checkpoints_are_not_unexpected(tmp_path):
     np.testing.assert_array_equal(logits(path, "mixtral"), logits(fixture_dir("mixtral"), "mixtral"))
 
 
+def test_deepseek_v3_multi_token_prediction_layer_is_skipped_with_a_warning(tmp_path):
+    def add_mtp(t):  # DeepSeek-V3 checkpoints store the MTP module as one more layer
+        return {**t, "model.layers.3.eh_proj.weight": np.zeros((4, 4), np.float32),
+                "model.layers.3.mlp.experts.0.up_proj.weight": np.zeros((4, 4), np.float32)}
+    path = copy_fixture("deepseek_v3", tmp_path, add_mtp)
+    config = json.loads((tmp_path / "deepseek_v3" / "config.json").read_text())
+    assert config.get("num_nextn_predict_layers")  # written by transformers' save_pretrained
+    with pytest.warns(UserWarning, match="skipped 2 tensors of layers >= 3"):
+        engine = moejax.load(path, dtype="float32")
+    np.testing.assert_array_equal(engine.logits(reference("deepseek_v3")["input_ids"]),
+                                  logits(fixture_dir("deepseek_v3"), "deepseek_v3"))
+
+
 def test_num_layers_slice_skips_deeper_layers_only():
     ref = reference("qwen3_moe")
-    engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32", num_layers=2)
+    with pytest.warns(UserWarning, match="skipped .* tensors of layers >= 2"):
+        engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32", num_layers=2)
     assert engine.config.num_layers == 2
     assert engine.logits(ref["input_ids"]).shape == ref["logits"].shape
 

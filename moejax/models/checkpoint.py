@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -117,8 +118,8 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
     """Check the checkpoint against `targets` from metadata alone (raising one CheckpointError that
     lists every problem) and return the reader: put -> {path: put(path, array)}.
 
-    `ignore_layers_from`: layers at or beyond this index in the file are expected and skipped (running a
-    slice of a deeper checkpoint)."""
+    `ignore_layers_from`: layers at or beyond this index in the file are expected and skipped, with a
+    warning that counts them (a slice of a deeper checkpoint; DeepSeek-V3's multi-token-prediction layers)."""
     st = SafetensorsDir(path)
     by_norm = {normalize_key(cfg, k): k for k in st.keys()}
     missing, misshaped, plan = [], [], {}
@@ -138,14 +139,18 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
         plan[tpath] = (src, pieces)
     used = {k for _, pieces in plan.values() for k, _ in pieces}
     skip_layer = re.compile(r"model\.layers\.(\d+)\.")
-    unexpected = []
+    unexpected, skipped = [], 0
     for norm, orig in by_norm.items():
         if norm in used or NON_PARAMETERS.search(norm):
             continue
         m = skip_layer.match(norm)
         if m and ignore_layers_from is not None and int(m.group(1)) >= ignore_layers_from:
+            skipped += 1
             continue
         unexpected.append(orig)
+    if skipped:
+        warnings.warn(f"{path}: skipped {skipped} tensors of layers >= {ignore_layers_from} "
+                      "(beyond the layers this model runs)", stacklevel=3)
     if missing or misshaped or unexpected:
         lines = [f"checkpoint {path} does not match its config ({cfg.model_type}, {cfg.num_layers} layers):"]
         for title, items in (("missing", missing), ("mis-shaped", misshaped), ("unexpected", unexpected)):
