@@ -1,0 +1,226 @@
+"""Benchmarks: `python -m launch.bench <command> ...`; results are appended as JSON to bench/results/.
+
+prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert impl and, when torch and
+transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
+the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
+seeded), saved to a temporary directory and moejax loads that directory, so both engines run identical
+weights. Compilation is excluded: each engine runs once to warm up, then `--repeats` timed runs.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import moejax
+from moejax import costs
+from moejax.models.checkpoint import read_config
+from moejax.presets import preset_config
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds used by every process on this machine, by this process); (0, 0) off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:8]]
+    except OSError:
+        return 0.0, 0.0
+    own = os.times()
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def _time(fn, repeats: int) -> tuple[float, list[float], float]:
+    """(first call incl. compilation, [seconds of each timed run], share of the CPUs other processes
+    used during the timed runs -- a benchmark sharing its cores reads slow)."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    runs, (all0, own0), start = [], _cpu_seconds(), time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    (all1, own1), wall = _cpu_seconds(), time.perf_counter() - start
+    return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
+
+
+def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) -> dict:
+    first, runs, other = timing
+    best, median = min(runs), float(np.median(runs))
+    print(f"  {engine:12s} {impl:10s} {tokens / median:9.1f} tok/s  {flops / median / 1e12:7.4f} TFLOP/s  "
+          f"median {median:.3f}s  min {best:.3f}s  (first call {first:.1f}s; other processes {other:.0%} CPU)",
+          flush=True)
+    return dict(engine=engine, impl=impl, tokens_per_s=tokens / median, tflops_per_s=flops / median / 1e12,
+                seconds_median=median, seconds_min=best, seconds=runs, repeats=len(runs), first_call_s=first,
+                other_processes_cpu_share=other, **extra)
+
+
+def _environment() -> dict:
+    import flax
+    import jax
+    import jaxlib
+    dev = jax.devices()[0]
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    versions = dict(python=platform.python_version(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                    flax=flax.__version__, numpy=np.__version__, moejax=moejax.__version__)
+    for name in ("torch", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True, text=True).stdout.split("\n")
+    except OSError:
+        commit, dirty = "", []
+    return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),
+                            cpu=cpu, cpu_count=os.cpu_count()),
+                versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),
+                command=shlex.join([sys.executable, "-m", "launch.bench", *sys.argv[1:]]))
+
+
+def _hf_checkpoint(hf_config: dict, directory: str, seed: int):
+    """Build a transformers model from an HF config dict, init it from `seed`, save it to `directory`."""
+    import torch
+    import transformers
+    fields = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
+    config.initializer_range = 0.02
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.save_pretrained(directory)
+    return model.eval()
+
+
+def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[dict], np.ndarray]:
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    results, logits = [], None
+    x = torch.from_numpy(np.asarray(ids, np.int64))
+    for experts in hf_experts:
+        if experts != "default":
+            model.set_experts_implementation(experts)
+        used = getattr(model.config, "_experts_implementation", None)
+        out = {}
+        with torch.no_grad():
+            timing = _time(lambda: out.__setitem__("logits", model(input_ids=x, use_cache=False).logits), repeats)
+        logits = out["logits"].float().numpy() if logits is None else logits
+        results.append(_result("transformers", str(used), tokens, flops, timing,
+                               attn_implementation="eager", experts_implementation=used, torch_threads=torch.get_num_threads()))
+    return results, logits
+
+
+def prefill(args) -> dict:
+    is_dir = os.path.isdir(args.model)
+    hf_config = read_config(args.model) if is_dir else preset_config(args.model)
+    if args.num_layers:
+        hf_config["num_hidden_layers"] = args.num_layers
+        if isinstance(hf_config.get("layer_types"), list):
+            hf_config["layer_types"] = hf_config["layer_types"][: args.num_layers]
+    ids = np.random.default_rng(args.seed).integers(0, hf_config["vocab_size"], (args.batch, args.seq))
+    tokens = args.batch * args.seq
+    use_hf = not args.no_transformers
+    if use_hf:
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as e:
+            print(f"transformers comparison skipped: {e}")
+            use_hf = False
+    env, hf_results, hf_logits, tmp = _environment(), [], None, None
+    source = args.model
+    load_avg = [os.getloadavg()]
+    if use_hf:
+        tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
+        t0 = time.perf_counter()
+        if is_dir:  # transformers 5 reads every hub layout; load the checkpoint itself
+            import torch
+            import transformers
+            hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+                args.model, attn_implementation="eager", dtype=torch.float32, num_hidden_layers=hf_config["num_hidden_layers"])
+        else:
+            hf_model = _hf_checkpoint(hf_config, tmp.name, args.seed)
+            source = tmp.name
+        print(f"transformers model ready in {time.perf_counter() - t0:.1f}s", flush=True)
+    cfg = moejax.load(source, dtype=args.dtype, num_layers=args.num_layers, compilation_cache=False).config
+    flops = costs.prefill_flops(cfg, args.batch, args.seq)
+    print(f"{args.model}: {cfg.num_layers} layers, batch {args.batch} x seq {args.seq}, {args.dtype}, "
+          f"{flops.total / 1e9:.1f} GFLOP per prefill ({flops.experts / 1e9:.1f} in routed experts)", flush=True)
+    if use_hf:
+        hf_results, hf_logits = _transformers(hf_model, ids, args.repeats, tokens, flops.total, args.hf_experts.split(","))
+        del hf_model
+        gc.collect()
+    results = []
+    for impl in args.impls.split(","):
+        engine = moejax.load(source, dtype=args.dtype, expert_impl=impl, num_layers=args.num_layers,
+                             compilation_cache=False)
+        out = {}
+        timing = _time(lambda: out.__setitem__("logits", engine.logits(ids)), args.repeats)
+        extra = {}
+        if hf_logits is not None:
+            diff = float(np.max(np.abs(out["logits"] - hf_logits)))
+            extra = dict(max_abs_logits_diff_vs_transformers=diff,
+                         rel_logits_diff_vs_transformers=diff / float(np.max(np.abs(hf_logits))))
+        results.append(_result("moejax", impl, tokens, flops.total, timing, **extra))
+        if extra:
+            print(f"    max |logits - transformers| = {extra['max_abs_logits_diff_vs_transformers']:.3g} "
+                  f"(relative {extra['rel_logits_diff_vs_transformers']:.3g})")
+        del engine, out
+        gc.collect()
+    load_avg.append(os.getloadavg())
+    if tmp is not None:
+        tmp.cleanup()
+    for hf in hf_results:
+        for r in results:
+            r[f"speedup_vs_transformers_{hf['impl']}"] = r["tokens_per_s"] / hf["tokens_per_s"]
+            print(f"  moejax {r['impl']:8s} / transformers ({hf['impl']}): {r['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
+    return dict(**env, benchmark="prefill", load_average_before_after=load_avg,
+                config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
+                            hidden_size=cfg.hidden_size, num_experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
+                            moe_intermediate_size=cfg.moe_intermediate_size, vocab_size=cfg.vocab_size,
+                            params=costs.param_count(cfg), active_params=costs.active_param_count(cfg),
+                            dtype=args.dtype, batch=args.batch, seq=args.seq, flops=flops.as_dict()),
+                results=hf_results + results)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prefill", help="prefill throughput of each expert impl vs transformers")
+    p.add_argument("--model", required=True, help="preset name or HF checkpoint directory")
+    p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--impls", default="sorted,ragged,dense")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-transformers", action="store_true")
+    p.add_argument("--hf-experts", default="default",
+                   help="transformers experts implementations to time, e.g. grouped_mm,eager (default: its default)")
+    p.add_argument("--out", default=None, help="JSON file (default bench/results/prefill-<device>.json)")
+    p.set_defaults(run=prefill)
+    args = parser.parse_args(argv)
+    if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
+        parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
+    record = args.run(args)
+    out = args.out or os.path.join("bench", "results", f"{args.command}-{record['device']['kind'].replace(' ', '_')}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    runs = json.load(open(out))["runs"] if os.path.exists(out) else []
+    with open(out, "w") as f:
+        json.dump({"runs": runs + [record]}, f, indent=1)
+    print(f"wrote {out} ({len(runs) + 1} runs)")
+
+
+if __name__ == "__main__":
+    main()
