@@ -45,6 +45,9 @@ def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, 
     fn = {"sorted": _sorted, "ragged": _ragged, "dense": _dense}.get(impl)
     if fn is None:
         raise ValueError(f"expert impl {impl!r} is not one of {EXPERT_IMPLS}")
+    # numpy inputs would be indexed by traced expert ids inside the loops: make them jax arrays first
+    x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
+        None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
     y = fn(x, idx, weights.astype(_f32), w_gate_up, w_down, b_gate_up, b_down, act, limit, alpha)
     return y.astype(x.dtype)
 
