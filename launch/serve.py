@@ -1,9 +1,16 @@
-"""python -m launch.serve: generate from a model (minimal runner; the JSONL batch runner replaces it).
+"""python -m launch.serve: the moejax batch runner. Reads OpenAI-batch-style JSONL requests
+(/v1/score: prefill-only scoring of candidates; /v1/completions: generation) and writes one result line per
+input line, in input order.
 
 Examples:
-  python -m launch.serve                                   # tiny-qwen3-moe preset, demo prompts
-  python -m launch.serve --model /path/to/hf_dir --prompt "Once upon a time" --max-new-tokens 32
-  python -m launch.serve --prompt-ids 1,2,3 --prompt-ids 7,8 --temperature 0.8 --seed 1
+  python -m launch.serve --input examples/requests.jsonl                 # tiny-qwen3-moe preset, to stdout
+  python -m launch.serve --model /ckpt/Qwen3-30B-A3B --input reqs.jsonl --output results.jsonl \\
+      --max-batch-tokens 32768 --metrics metrics.json
+  cat reqs.jsonl | python -m launch.serve --input - --output results.jsonl --kv-cache off
+  python -m launch.serve --input reqs.jsonl --explain                    # print the plan, run nothing
+
+Rerunning a command whose output file is incomplete (crash, kill) serves only the missing lines, then
+writes the complete file in input order.
 """
 from __future__ import annotations
 
@@ -13,58 +20,98 @@ import sys
 import time
 
 import moejax
-
-DEMO_PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [7] * 12]
+from moejax.sched.batch import explain_lines, serve_lines
+from moejax.sched.explain import peak_flops
+from moejax.sched.planner import KV_MODES
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m launch.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny-qwen3-moe",
-                   help=f"checkpoint directory or preset ({', '.join(moejax.presets())}); default tiny-qwen3-moe")
+                   help=f"HF checkpoint directory or preset ({', '.join(moejax.presets())}); default tiny-qwen3-moe")
+    p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
+    p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--num-layers", type=int, default=None, help="run only the first N layers")
-    p.add_argument("--prompt", action="append", default=[], help="text prompt (needs a tokenizer); repeatable")
-    p.add_argument("--prompt-ids", action="append", default=[], help="comma-separated token ids; repeatable")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-stop", action="store_true", help="ignore the model's end-of-sequence tokens")
+    p.add_argument("--num-layers", type=int, default=None, help="run only the first N layers (for trials)")
+    p.add_argument("--expert-impl", default="auto", help="expert FFN path: auto, sorted, ragged, dense")
+    p.add_argument("--max-batch-tokens", type=int, default=8192,
+                   help="token budget of one batch, padding included (rows x row length; for completions rows x "
+                        "(prompt + new tokens)); default 8192")
+    p.add_argument("--kv-cache", choices=KV_MODES, default="auto",
+                   help="cross-batch prefix KV cache: on, off (scoring keeps no KV at all), or auto: on only when "
+                        "some prefix block recurs across batches (default)")
+    p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
+                   help="most device memory the prefix KV cache may use, in MiB (default 1024)")
+    p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
+    p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
     return p.parse_args(argv)
+
+
+def read_lines(path: str) -> list[str]:
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8", errors="replace").read()
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    options = {} if args.num_layers is None else {"num_layers": args.num_layers}
-    engine = moejax.load(args.model, dtype=args.dtype, **options)
-    prompts = []
-    for i, text in enumerate(args.prompt_ids):
-        try:
-            prompts.append([int(t) for t in text.split(",") if t.strip()])
-        except ValueError:
-            sys.exit(f"--prompt-ids #{i + 1}: {text!r} is not a comma-separated list of ints")
-    if args.prompt:
-        if engine.tokenizer is None:
-            sys.exit(f"--prompt: model {args.model!r} has no tokenizer.json; pass --prompt-ids instead")
-        prompts += [engine.tokenizer.encode(t).ids for t in args.prompt]
-    prompts = prompts or DEMO_PROMPTS
-    stops = None if args.no_stop else list(engine.config.eos_token_ids)
-    start = time.perf_counter()
+    if args.max_batch_tokens < 16:
+        sys.exit(f"--max-batch-tokens must be >= 16; got {args.max_batch_tokens}")
     try:
-        outs = engine.generate(prompts, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                               seed=args.seed, stop_token_ids=stops)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    seconds = time.perf_counter() - start
-    for prompt, out in zip(prompts, outs):
-        row = {"prompt_token_ids": prompt, "token_ids": out}
-        if engine.tokenizer is not None:
-            row["text"] = engine.tokenizer.decode(out)
-        print(json.dumps(row))
-    print(f"# {args.model}: {len(prompts)} prompts, {sum(map(len, outs))} new tokens in {seconds:.2f}s "
-          f"(compile included)", file=sys.stderr)
+        lines = read_lines(args.input)
+    except OSError as e:
+        sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
+    options = {"expert_impl": args.expert_impl}
+    if args.num_layers is not None:
+        options["num_layers"] = args.num_layers
+    try:
+        engine = moejax.load(args.model, dtype=args.dtype, **options)
+    except (ValueError, OSError) as e:
+        sys.exit(f"--model {args.model}: {e}")
+    if args.explain:
+        print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
+                            prefix_cache_mb=args.prefix_cache_mb))
+        return 0
+    summary = serve_lines(engine, lines, args.output, max_batch_tokens=args.max_batch_tokens,
+                          kv_cache=args.kv_cache, prefix_cache_mb=args.prefix_cache_mb, progress=_progress_bar,
+                          peak=peak_flops(args.dtype))
+    summary = {"model": args.model, "dtype": args.dtype, **summary}
+    print(_format_summary(summary), file=sys.stderr)
+    if args.metrics:
+        with open(args.metrics, "w") as f:
+            json.dump(summary, f, indent=1)
     return 0
+
+
+def _progress_bar(total: int):
+    """A tqdm bar on a terminal (requests, tokens/s); nothing otherwise."""
+    if not sys.stderr.isatty() or not total:
+        return None
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="req", file=sys.stderr)
+    start = time.perf_counter()
+
+    def update(n, metrics):
+        if n is None:
+            bar.close()
+            return
+        bar.update(n)
+        tokens = metrics.prompt_tokens + metrics.generated_tokens
+        bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.0f} tok/s")
+    return update
+
+
+def _format_summary(s: dict) -> str:
+    rate = s["tokens_per_s"]
+    mfu = s["mfu_estimate"]
+    return (f"# {s['model']} on {s['device']}: {s['requests_ok']} ok, {s['requests_failed']} failed, "
+            f"{s['requests_resumed']} resumed | {s['prompt_tokens']} prompt tokens "
+            f"({s['cached_prompt_tokens']} from the prefix cache, {s['computed_tokens']} computed), "
+            f"{s['generated_tokens']} generated | {s['wall_s']:.2f}s, "
+            f"{'-' if rate is None else f'{rate:.0f}'} tok/s | prefix-cache hit rate "
+            f"{s['prefix_cache_hit_rate']:.1%} | kv cache {s['kv_cache']}"
+            + ("" if mfu is None else f" | MFU ~{mfu:.1%} (datasheet peak)"))
 
 
 if __name__ == "__main__":

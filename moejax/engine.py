@@ -1,4 +1,4 @@
-"""Engine: a loaded model with jit-compiled full-sequence, prefill and decode steps."""
+"""Engine: a loaded model with jit-compiled full-sequence, packed-scoring, prefill and decode steps."""
 from __future__ import annotations
 
 import functools
@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax import steps
 from moejax.buckets import bucket
 from moejax.config import ModelConfig
-from moejax.models.decoder import MoEModel
-from moejax.sampling import sample
+from moejax.kv_pool import BLOCK
 
 MIN_SEQ_BUCKET = 16
 
@@ -31,9 +31,12 @@ class Engine:
         self.abstract_params = abstract_state
         self._materialize = materialize
         self._state = None
-        self._logits_fn = jax.jit(functools.partial(_full_logits, graphdef, expert_impl))
-        self._prefill_fn = jax.jit(functools.partial(_prefill, graphdef, expert_impl), static_argnames=("cache_len",))
-        self._decode_fn = jax.jit(functools.partial(_decode, graphdef, expert_impl), static_argnames=("steps",))
+        bind = functools.partial
+        self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, expert_impl))
+        self._score_fn = jax.jit(bind(steps.score, graphdef, expert_impl), donate_argnums=(1,))
+        self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, expert_impl), static_argnames=("cache_len",),
+                                   donate_argnums=(1,))
+        self._decode_fn = jax.jit(bind(steps.decode, graphdef, expert_impl), static_argnames=("steps",))
 
     # -- weights ---------------------------------------------------------------------------------
     @property
@@ -66,7 +69,8 @@ class Engine:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:
         """New tokens for each prompt (greedy when temperature is 0). A sequence ends after
-        `max_new_tokens` or after emitting one of `stop_token_ids` (kept as its last token)."""
+        `max_new_tokens` or after emitting one of `stop_token_ids` (kept as its last token).
+        Row r samples with the key fold_in(key(seed), r)."""
         if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
         if temperature < 0 or not 0 < top_p <= 1:
@@ -82,27 +86,70 @@ class Engine:
         if not prompts or max_new_tokens == 0:
             return [[] for _ in prompts]
         n = len(prompts)
+        keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(seed), r))(jnp.arange(n, dtype=jnp.uint32))
+        out, _ = self.generate_rows(prompts, [max_new_tokens] * n, temperature=[temperature] * n,
+                                    top_p=[top_p] * n, keys=keys, stop_token_ids=[stop_token_ids or ()] * n)
+        return out
+
+    def generate_rows(self, prompts, max_new, *, temperature, top_p, keys, stop_token_ids, pool=None,
+                      prior_blocks=None, store_blocks=None):
+        """Per-row generation for the batch runner (inputs already validated). keys: PRNG keys [n].
+        With a prefix pool: prior_blocks[r] = pool blocks holding prompt r's first 16*len tokens (the prefill
+        starts after them); store_blocks[r] = [(block id, first position)] of prompt blocks to keep in the pool.
+        Returns (new tokens per row, pool)."""
+        n = len(prompts)
         B = bucket(n)
+        skip = [BLOCK * len(p) for p in prior_blocks] if prior_blocks else [0] * n
         lengths = np.ones((B,), np.int32)
         lengths[:n] = [len(p) for p in prompts]
-        T = bucket(int(lengths.max()), MIN_SEQ_BUCKET)
+        T = bucket(max(len(p) - s for p, s in zip(prompts, skip)), MIN_SEQ_BUCKET)
         tokens = np.zeros((B, T), np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = p
-        steps = bucket(max_new_tokens, MIN_SEQ_BUCKET)
-        cache_len = T + steps
-        stops = np.full((bucket(len(stop_token_ids or ()), 4),), -1, np.int32)
-        stops[: len(stop_token_ids or ())] = list(stop_token_ids or ())
-        rows = jnp.arange(B, dtype=jnp.uint32)
-        keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(seed), r))(rows)
-        temp = jnp.full((B,), temperature, jnp.float32)
-        topp = jnp.full((B,), top_p, jnp.float32)
-        cache, first = self._prefill_fn(self.params, jnp.asarray(tokens), jnp.asarray(lengths), temp, topp, keys,
-                                        cache_len=cache_len)
-        out, count = self._decode_fn(self.params, cache, first, jnp.asarray(lengths), temp, topp, keys,
-                                     jnp.asarray(stops), jnp.int32(max_new_tokens), steps=steps)
+        positions = np.tile(np.arange(T, dtype=np.int32), (B, 1))
+        last = np.zeros((B,), np.int32)
+        for i, (p, s) in enumerate(zip(prompts, skip)):
+            tokens[i, : len(p) - s] = p[s:]
+            positions[i] += s
+            last[i] = len(p) - s - 1
+        steps = bucket(max(max_new), MIN_SEQ_BUCKET)
+        cache_len = bucket(int(lengths.max()), MIN_SEQ_BUCKET) + steps
+        extra = {}
+        if prior_blocks and max(map(len, prior_blocks)):
+            extra["prior_ids"] = _pad_rows(prior_blocks, B, bucket(max(map(len, prior_blocks))), 0)
+        if store_blocks and max(map(len, store_blocks)):
+            width = bucket(max(map(len, store_blocks)))
+            extra["store_ids"] = _pad_rows([[b for b, _ in r] for r in store_blocks], B, width, _pool_size(pool))
+            starts = _pad_rows([[p for _, p in r] for r in store_blocks], B, width, 0)
+            extra["store_src"] = starts[:, :, None] + np.arange(BLOCK, dtype=np.int32)
+        stops = _pad_rows([list(s) for s in stop_token_ids], B, bucket(max(map(len, stop_token_ids), default=0), 4),
+                          -1)
+        row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))]) if B > n else keys
+        row = lambda values, fill: jnp.asarray(np.array(list(values) + [fill] * (B - n), np.float32))  # noqa: E731
+        temp, topp = row(temperature, 0.0), row(top_p, 1.0)
+        maxn = np.ones((B,), np.int32)
+        maxn[:n] = max_new
+        cache, first, pool = self._prefill_fn(self.params, pool, jnp.asarray(tokens), jnp.asarray(positions),
+                                              jnp.asarray(last), temp, topp, row_keys,
+                                              **{k: jnp.asarray(v) for k, v in extra.items()}, cache_len=cache_len)
+        out, count = self._decode_fn(self.params, cache, first, jnp.asarray(lengths), temp, topp, row_keys,
+                                     jnp.asarray(stops), jnp.asarray(maxn), steps=steps)
         out, count = np.asarray(out), np.asarray(count)
-        return [out[i, : count[i]].tolist() for i in range(n)]
+        return [out[i, : count[i]].tolist() for i in range(n)], pool
+
+    # -- packed scoring and the prefix pool ----------------------------------------------------------------
+    def init_pool(self, num_blocks: int):
+        """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer)."""
+        model = nnx.merge(self._graphdef, self.abstract_params)
+        return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
+
+    def kv_bytes_per_token(self) -> int:
+        model = nnx.merge(self._graphdef, self.abstract_params)
+        shapes = jax.eval_shape(lambda: model.init_cache(1, 1))
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+
+    def score_packed(self, batch: dict, pool=None):
+        """Run moejax.steps.score on host arrays; returns (logprobs [B, G] numpy, pool)."""
+        lp, pool = self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()})
+        return np.asarray(lp), pool
 
     def _check_ids(self, ids: np.ndarray, where: str):
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
@@ -110,51 +157,13 @@ class Engine:
             raise ValueError(f"{where}: token id {int(bad)} is outside the vocabulary [0, {self.config.vocab_size})")
 
 
-def _model(graphdef, state) -> MoEModel:
-    return nnx.merge(graphdef, state)
+
+def _pad_rows(rows, B: int, width: int, fill) -> np.ndarray:
+    out = np.full((B, width), fill, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
-def _full_logits(graphdef, impl, state, tokens):
-    B, T = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    logits, _ = _model(graphdef, state)(tokens, positions, impl=impl)
-    return logits
-
-
-def _prefill(graphdef, impl, state, tokens, lengths, temperature, top_p, keys, *, cache_len):
-    """Right-padded prompts -> (cache, first new token per row). Cache slot = position."""
-    model = _model(graphdef, state)
-    B, T = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    cache = model.init_cache(B, cache_len)
-    logits, cache = model(tokens, positions, cache, read_cache=False, impl=impl, gather_idx=lengths - 1)
-    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    return cache, sample(logits, temperature, top_p, step_keys)
-
-
-def _decode(graphdef, impl, state, cache, first, lengths, temperature, top_p, keys, stops, max_new, *, steps):
-    """Decode until every row has max_new tokens or has emitted a stop token. Returns (tokens, counts)."""
-    model = _model(graphdef, state)
-    B = first.shape[0]
-    out = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(first)
-    done = jnp.isin(first, stops) | (max_new <= 1)
-    count = jnp.ones((B,), jnp.int32)
-
-    def cond(carry):
-        step, _, _, done, _, _ = carry
-        return (step < max_new) & ~jnp.all(done)
-
-    def body(carry):
-        step, cache, out, done, count, last = carry
-        positions = (lengths + step - 1)[:, None]
-        logits, cache = model(last[:, None], positions, cache, impl=impl, gather_idx=jnp.zeros((B,), jnp.int32))
-        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
-        tok = sample(logits, temperature, top_p, step_keys)
-        tok = jnp.where(done, last, tok)
-        out = out.at[:, step].set(jnp.where(done, 0, tok))
-        count = count + (~done).astype(jnp.int32)
-        done = done | jnp.isin(tok, stops) | (step + 1 >= max_new)
-        return step + 1, cache, out, done, count, tok
-
-    _, _, out, _, count, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, out, done, count, first))
-    return out, count
+def _pool_size(pool) -> int:
+    return jax.tree.leaves(pool)[0].shape[0] if pool is not None else 0

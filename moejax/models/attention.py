@@ -1,9 +1,13 @@
 """Attention blocks: GQA/MHA (biases, q/k norm, sinks, sliding window) and DeepSeek MLA.
 
-Every block takes `x [B, T, D]`, absolute `positions [B, T]` and an optional per-layer cache whose slot
-index equals the token position, and returns `(out [B, T, D], new_cache)`.
+Every block takes `x [B, T, D]`, absolute `positions [B, T]` and either
+- an optional per-layer cache whose slot index equals the token position -> `(out [B, T, D], new_cache)`, or
+- a `TreeMask` and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed token
+  trees -> `(out, new)` where `new` holds this call's keys in cache layout (to store them for reuse).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +30,21 @@ def _proj(x, w, b=None):
     return y.astype(x.dtype)
 
 
-def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None):
+class TreeMask(NamedTuple):
+    """Visibility for rows that pack token trees (shared prefixes, siblings, candidates) and forests of them.
+    Nodes are numbered in DFS preorder and node n spans [pre_n, post_n) over its subtree, so key j is visible to
+    query i when j's node is an ancestor-or-self of i's node: k_pre[j] <= q_pre[i] < k_post[j]; positions then
+    make it causal inside a node. Keys are the prior keys followed by this call's tokens."""
+    q_pre: jax.Array  # [B, T]
+    k_pre: jax.Array  # [B, S]
+    k_post: jax.Array  # [B, S]
+    k_pos: jax.Array  # [B, S]
+
+
+def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask | None = None):
     """Causal attention with GQA head groups. q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv];
-    q_pos [B,T], k_pos [B,S]. A key is visible when k_pos <= q_pos (and k_pos > q_pos - window).
+    q_pos [B,T], k_pos [B,S]. A key is visible when k_pos <= q_pos (and k_pos > q_pos - window), and, with a
+    `tree`, when its node is an ancestor-or-self of the query's node.
     sinks [Hq]: one extra logit per head that takes softmax mass but contributes no value (GPT-OSS)."""
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -38,6 +54,9 @@ def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None):
     visible = dist >= 0
     if window is not None:
         visible &= dist < window
+    if tree is not None:
+        q_pre = tree.q_pre[:, :, None]
+        visible &= (tree.k_pre[:, None, :] <= q_pre) & (q_pre < tree.k_post[:, None, :])
     logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
     m = jnp.max(logits, axis=-1, keepdims=True)
     if sinks is not None:
@@ -48,9 +67,13 @@ def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None):
     denom = jnp.sum(p, axis=-1, keepdims=True)
     if sinks is not None:
         denom = denom + jnp.exp(sink - m)
-    p = (p / denom).astype(v.dtype)
+    p = (p / jnp.maximum(denom, 1e-30)).astype(v.dtype)  # a query that sees no key gets 0, not NaN
     out = jnp.einsum("bkgts,bskd->btkgd", p, v, preferred_element_type=_f32)
     return out.reshape(B, T, Hq, v.shape[-1]).astype(q.dtype)
+
+
+def _cat(prior, new):
+    return jnp.concatenate([prior.astype(new.dtype), new], axis=1)
 
 
 def write_cache(cache, positions, new):
@@ -85,7 +108,7 @@ class GQAttention(nnx.Module):
         shape = (batch, length, self.num_kv_heads, self.head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True):
+    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
         B, T, _ = x.shape
         q = _proj(x, self.wq, self.bq).reshape(B, T, self.num_heads, self.head_dim)
         k = _proj(x, self.wk, self.bk).reshape(B, T, self.num_kv_heads, self.head_dim)
@@ -94,6 +117,11 @@ class GQAttention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin, self.interleaved), apply_rope(k, cos, sin, self.interleaved)
         sinks = self.sinks[...] if self.sinks is not None else None
+        if tree is not None:
+            new = {"k": k, "v": v}
+            keys, values = (k, v) if prior is None else (_cat(prior["k"], k), _cat(prior["v"], v))
+            out = attend(q, keys, values, positions, tree.k_pos, self.scale, self.window, sinks, tree)
+            return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         if cache is not None:
             cache = {"k": write_cache(cache["k"], positions, k), "v": write_cache(cache["v"], positions, v)}
         if cache is None or not read_cache:  # every key is in this call (prefill into an empty cache)
@@ -102,6 +130,15 @@ class GQAttention(nnx.Module):
             k_pos = cache_positions(cache["k"].shape[1], B)
             out = attend(q, cache["k"], cache["v"], positions, k_pos, self.scale, self.window, sinks)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
+
+    def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, q_pos, k_pos, tree=None):
+        """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r])."""
+        B, S, _ = latent.shape
+        kv_h = jnp.einsum("bsr,rhf->bshf", latent, w_kv, preferred_element_type=_f32).astype(q_nope.dtype)
+        k = jnp.concatenate([kv_h[..., : self.nope],
+                             jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
+        q_full = jnp.concatenate([q_nope, q_rope], -1)
+        return attend(q_full, k, kv_h[..., self.nope:], q_pos, k_pos, self.scale, tree=tree)
 
 
 class MLAttention(nnx.Module):
@@ -137,7 +174,7 @@ class MLAttention(nnx.Module):
         return {"latent": jnp.zeros((batch, length, self.rank), dtype),
                 "k_rope": jnp.zeros((batch, length, self.rope_dim), dtype)}
 
-    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True):
+    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
         B, T, _ = x.shape
         H = self.num_heads
         if self.wq is not None:
@@ -153,14 +190,17 @@ class MLAttention(nnx.Module):
         k_rope = apply_rope(k_rope, cos, sin, self.interleaved)
         w_kv = self.wkv_b[...].reshape(self.rank, H, self.nope + self.v_dim)
         w_uk, w_uv = w_kv[..., : self.nope], w_kv[..., self.nope:]
+        if tree is not None:
+            new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
+            if prior is not None:
+                latent, k_rope = _cat(prior["latent"], latent), _cat(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
+            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, positions, tree.k_pos, tree)
+            return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         if cache is not None:
             cache = {"latent": write_cache(cache["latent"], positions, latent),
                      "k_rope": write_cache(cache["k_rope"], positions, k_rope[:, :, 0])}
         if cache is None or not read_cache:  # expanded form: cheaper when every key is in this call
-            kv_h = jnp.einsum("btr,rhf->bthf", latent, w_kv, preferred_element_type=_f32).astype(x.dtype)
-            k = jnp.concatenate([kv_h[..., : self.nope], jnp.broadcast_to(k_rope, (B, T, H, self.rope_dim))], -1)
-            q_full = jnp.concatenate([q_nope, q_rope], -1)
-            out = attend(q_full, k, kv_h[..., self.nope:], positions, positions, self.scale)
+            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, positions, positions)
         else:
             q_lat = jnp.einsum("bthn,rhn->bthr", q_nope, w_uk, preferred_element_type=_f32).astype(x.dtype)
             q_abs = jnp.concatenate([q_lat, q_rope], -1)
@@ -169,3 +209,12 @@ class MLAttention(nnx.Module):
             o_lat = attend(q_abs, k_abs, cache["latent"][:, :, None, :], positions, k_pos, self.scale)
             out = jnp.einsum("bthr,rhv->bthv", o_lat, w_uv, preferred_element_type=_f32).astype(x.dtype)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
+
+    def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, q_pos, k_pos, tree=None):
+        """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r])."""
+        B, S, _ = latent.shape
+        kv_h = jnp.einsum("bsr,rhf->bshf", latent, w_kv, preferred_element_type=_f32).astype(q_nope.dtype)
+        k = jnp.concatenate([kv_h[..., : self.nope],
+                             jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
+        q_full = jnp.concatenate([q_nope, q_rope], -1)
+        return attend(q_full, k, kv_h[..., self.nope:], q_pos, k_pos, self.scale, tree=tree)

@@ -22,8 +22,8 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def __call__(self, x, positions, cos, sin, cache, read_cache, impl):
-        h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache)
+    def __call__(self, x, positions, cos, sin, cache, read_cache, impl, tree=None, prior=None):
+        h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache, tree, prior)
         x = x + h
         y = self.mlp_norm(x)
         y = self.mlp(y, impl) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
@@ -45,20 +45,27 @@ class MoEModel(nnx.Module):
         dtype = self.embed.dtype
         return [layer.attn.init_cache(batch, length, dtype) for layer in self.layers]
 
-    def __call__(self, tokens, positions, cache=None, *, read_cache=True, impl="sorted", gather_idx=None):
-        """tokens, positions [B, T] -> float32 logits [B, T, V] (or [B, V] at `gather_idx` [B]).
+    def __call__(self, tokens, positions, cache=None, *, read_cache=True, impl="sorted", gather_idx=None,
+                 tree=None, prior=None):
+        """tokens, positions [B, T] -> float32 logits [B, T, V], or only at `gather_idx` ([B] -> [B, V],
+        [B, U] -> [B, U, V]), and the per-layer cache.
 
         With a cache (list per layer) the new keys are written at slot = position; `read_cache=False`
-        says the cache held nothing before this call, so attention reads only the new keys."""
+        says the cache held nothing before this call, so attention reads only the new keys.
+        With a `tree` (TreeMask) the rows are packed token trees that may attend to `prior` keys (per-layer
+        cache-layout arrays [B, P, ...]); the second output is then this call's keys per layer."""
         x = self.embed[...][tokens]
         cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, impl)
+            x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, impl, tree,
+                         None if prior is None else prior[i])
             new_cache.append(c)
         if gather_idx is not None:
-            x = jnp.take_along_axis(x, gather_idx[:, None, None], axis=1)[:, 0]
+            one = gather_idx.ndim == 1
+            x = jnp.take_along_axis(x, (gather_idx[:, None] if one else gather_idx)[..., None], axis=1)
+            x = x[:, 0] if one else x
         x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
         logits = jnp.dot(x, head, preferred_element_type=_f32)
-        return logits, (None if cache is None else new_cache)
+        return logits, (None if cache is None and tree is None else new_cache)

@@ -1,0 +1,1 @@
+"""Batch scheduling: request parsing, batching and crash-safe result output."""

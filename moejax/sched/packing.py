@@ -1,0 +1,212 @@
+"""Pack scoring sequences into rows of token trees (forests) for moejax.steps.score.
+
+Sequences (context + candidate tokens) that share a prefix share its tokens: they are inserted into a radix
+trie, whose nodes are laid out in DFS preorder; each node spans [pre, post) over its subtree, which is all the
+attention mask needs (moejax.models.attention.TreeMask). Tokens whose KV is in the prefix cache are not
+recomputed: their cached blocks become prior keys. Every token whose next-token distribution is read is
+recomputed, so its logits exist."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+
+import numpy as np
+
+from moejax.buckets import bucket
+from moejax.kv_pool import BLOCK
+from moejax.sched.prefix_cache import PrefixCache, block_hashes
+
+PAD_NODE = 1 << 30  # pad tokens form their own node: they see only each other
+HIDDEN = (1 << 31) - 1  # a prior key nobody sees (unused slot, or a token supplied by another key)
+MIN_ROW = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreSeq:
+    tokens: tuple[int, ...]
+    context_len: int  # leading tokens that are the prompt (cacheable); the rest are candidate tokens
+    context_tag: Hashable  # identifies the context, for usage accounting
+    reads: tuple[tuple[int, int, Hashable], ...]  # (position, next token, tag): logprob of token after position
+
+
+class _Node:
+    __slots__ = ("tokens", "start", "children", "pre", "post")
+
+    def __init__(self, tokens: list[int], start: int):
+        self.tokens, self.start, self.children = tokens, start, {}
+        self.pre = self.post = 0
+
+
+def _insert(root: _Node, seq: Sequence[int]) -> None:
+    node, i = root, 0
+    while i < len(seq):
+        child = node.children.get(seq[i])
+        if child is None:
+            node.children[seq[i]] = _Node(list(seq[i:]), i)
+            return
+        n = 0
+        while n < len(child.tokens) and i + n < len(seq) and child.tokens[n] == seq[i + n]:
+            n += 1
+        if n < len(child.tokens):  # split: child keeps its first n tokens, the rest moves below it
+            rest = _Node(child.tokens[n:], child.start + n)
+            rest.children, child.children, child.tokens = child.children, {rest.tokens[0]: rest}, child.tokens[:n]
+        node, i = child, i + n
+
+
+def _path(root: _Node, seq: Sequence[int]) -> list[tuple[_Node, int]]:
+    """(node, offset) of every token of an inserted sequence."""
+    out, node, i = [], root, 0
+    while i < len(seq):
+        node = node.children[seq[i]]
+        out.extend((node, k) for k in range(len(node.tokens)))
+        i += len(node.tokens)
+    return out
+
+
+def _number(root: _Node) -> list[_Node]:
+    """DFS preorder list of nodes, with pre/post spans set."""
+    order, stack = [], [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        if closing:
+            node.post = len(order)
+            continue
+        node.pre = len(order)
+        order.append(node)
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(list(node.children.values())))
+    return order
+
+
+@dataclasses.dataclass
+class Row:
+    tokens: list[int]
+    positions: list[int]
+    pre: list[int]
+    post: list[int]
+    prior_slots: list[int]  # pool slots gathered as prior keys
+    prior_pos: list[int]  # per prior key (BLOCK per slot)
+    prior_pre: list[int]
+    prior_post: list[int]
+    reads: list[int]  # row index of each read token
+    targets: list[tuple[int, int, Hashable]]  # (read index, token, tag)
+    stores: list[tuple[int, list[tuple[str, int]]]]  # (slot, key of each token: ("prior"|"new", index))
+    cached: dict  # context_tag -> context tokens taken from the prefix cache
+
+
+def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
+             want_store: Callable[[bytes], bool] = lambda h: False) -> Row:
+    root = _Node([], 0)
+    for s in seqs:
+        _insert(root, s.tokens)
+    order = _number(root)[1:]  # drop the virtual root
+    for node in order:
+        node.pre -= 1
+        node.post -= 1
+    paths = [_path(root, s.tokens) for s in seqs]
+    key_of: dict[tuple[int, int], tuple[str, int]] = {}  # (id(node), offset) -> where its KV comes from
+    must_compute = {(id(p[pos][0]), p[pos][1]) for s, p in zip(seqs, paths) for pos, _, _ in s.reads}
+
+    row = Row([], [], [], [], [], [], [], [], [], [], [], {})
+    contexts = {}  # one entry per distinct context: (tokens, path)
+    for s, p in zip(seqs, paths):
+        contexts.setdefault(s.tokens[: s.context_len], (s.context_tag, p[: s.context_len]))
+    hashes = {ctx: block_hashes(ctx) for ctx in contexts}
+    if cache is not None:  # prior keys: cached blocks, each token supplied once, read tokens recomputed
+        for ctx, (_, path) in contexts.items():
+            for k, slot in enumerate(cache.match(hashes[ctx])):
+                if slot in row.prior_slots:
+                    continue
+                used = False
+                for t in range(BLOCK):
+                    node, off = path[k * BLOCK + t]
+                    tok = (id(node), off)
+                    visible = tok not in key_of and tok not in must_compute
+                    if visible:
+                        key_of[tok] = ("prior", len(row.prior_pos))
+                        used = True
+                    row.prior_pos.append(node.start + off)
+                    row.prior_pre.append(node.pre if visible else HIDDEN)
+                    row.prior_post.append(node.post if visible else HIDDEN)
+                if used:
+                    row.prior_slots.append(slot)
+                else:
+                    del row.prior_pos[-BLOCK:], row.prior_pre[-BLOCK:], row.prior_post[-BLOCK:]
+    for node in order:  # new tokens, DFS order
+        for off, t in enumerate(node.tokens):
+            if (id(node), off) not in key_of:
+                key_of[(id(node), off)] = ("new", len(row.tokens))
+                row.tokens.append(t)
+                row.positions.append(node.start + off)
+                row.pre.append(node.pre)
+                row.post.append(node.post)
+    read_index: dict[int, int] = {}
+    for s, p in zip(seqs, paths):
+        for pos, token, tag in s.reads:
+            r = key_of[(id(p[pos][0]), p[pos][1])][1]
+            u = read_index.setdefault(r, len(read_index))
+            row.targets.append((u, token, tag))
+    row.reads = list(read_index)
+    for ctx, (tag, path) in contexts.items():
+        row.cached[tag] = sum(key_of[(id(n), o)][0] == "prior" for n, o in path)
+        if cache is None:
+            continue
+        for k, h in enumerate(hashes[ctx]):
+            if h not in cache and want_store(h):
+                slot = cache.allocate(h)
+                if slot is not None:
+                    row.stores.append((slot, [key_of[(id(n), o)] for n, o in path[k * BLOCK:(k + 1) * BLOCK]]))
+    return row
+
+
+def tree_size(seqs: Sequence[ScoreSeq]) -> int:
+    """Tokens of the trie of `seqs` (before any prefix-cache hit)."""
+    ordered = sorted(s.tokens for s in seqs)
+    return sum(len(b) - _lcp(a, b) for a, b in zip([()] + ordered[:-1], ordered))
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def assemble(rows: Sequence[Row], pool_size: int = 0):
+    """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g])."""
+    B = bucket(len(rows))
+    T = bucket(max(len(r.tokens) for r in rows), MIN_ROW)
+    U = bucket(max(len(r.reads) for r in rows), 8)
+    G = bucket(max(len(r.targets) for r in rows), 8)
+    NP = max(len(r.prior_slots) for r in rows)
+    NS = max(len(r.stores) for r in rows)
+    NP, NS = (bucket(NP) if NP else 0), (bucket(NS) if NS else 0)
+    P = NP * BLOCK
+    i32 = np.int32
+    a = {"tokens": np.zeros((B, T), i32), "positions": np.zeros((B, T), i32),
+         "q_pre": np.full((B, T), PAD_NODE, i32), "q_post": np.full((B, T), PAD_NODE + 1, i32),
+         "read_idx": np.zeros((B, U), i32), "tgt_u": np.zeros((B, G), i32), "tgt_tok": np.zeros((B, G), i32)}
+    if NP:
+        a.update(prior_ids=np.zeros((B, NP), i32), prior_pos=np.zeros((B, P), i32),
+                 prior_pre=np.full((B, P), HIDDEN, i32), prior_post=np.full((B, P), HIDDEN, i32))
+    if NS:
+        a.update(store_ids=np.full((B, NS), pool_size, i32), store_src=np.zeros((B, NS, BLOCK), i32))
+    for b, r in enumerate(rows):
+        n = len(r.tokens)
+        a["tokens"][b, :n], a["positions"][b, :n] = r.tokens, r.positions
+        a["q_pre"][b, :n], a["q_post"][b, :n] = r.pre, r.post
+        a["read_idx"][b, : len(r.reads)] = r.reads
+        if r.targets:
+            u, tok, _ = zip(*r.targets)
+            a["tgt_u"][b, : len(u)], a["tgt_tok"][b, : len(tok)] = u, tok
+        if r.prior_slots:
+            m = len(r.prior_pos)
+            a["prior_ids"][b, : len(r.prior_slots)] = r.prior_slots
+            a["prior_pos"][b, :m], a["prior_pre"][b, :m], a["prior_post"][b, :m] = \
+                r.prior_pos, r.prior_pre, r.prior_post
+        for j, (slot, keys) in enumerate(r.stores):
+            a["store_ids"][b, j] = slot
+            a["store_src"][b, j] = [i if kind == "prior" else P + i for kind, i in keys]
+    return a, [[tag for _, _, tag in r.targets] for r in rows]

@@ -1,0 +1,133 @@
+"""Batch plan for a file of requests: scoring sequences grouped into prefix trees and packed into rows,
+rows and completions packed into batches under a token budget, and the prefix-cache policy. A plan is data:
+`describe` prints it (`--explain`) and the runner executes it."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+from moejax.buckets import bucket
+from moejax.kv_pool import BLOCK
+from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
+from moejax.sched.prefix_cache import block_hashes
+from moejax.sched.requests import CompletionRequest, ScoreRequest
+
+KV_MODES = ("auto", "on", "off")
+
+
+@dataclasses.dataclass
+class ScoreBatch:
+    rows: list[list[ScoreSeq]]
+    kind: str = "score"
+
+
+@dataclasses.dataclass
+class CompletionBatch:
+    requests: list[CompletionRequest]
+    kind: str = "completion"
+
+
+@dataclasses.dataclass
+class Plan:
+    batches: list[ScoreBatch | CompletionBatch]
+    kv_cache: bool  # keep a cross-batch prefix KV cache
+    reason: str
+    pool_blocks: int  # prefix-cache pool size (blocks); 0 when off
+    uses: list[set[bytes]]  # block hashes each batch could read or store
+
+
+def score_sequences(index: int, req: ScoreRequest) -> list[ScoreSeq]:
+    """One sequence per (sibling, candidate): context + candidate[:-1], reading every candidate token.
+    Tags are (request index, sibling, candidate)."""
+    out = []
+    for s, ctx in enumerate(req.contexts):
+        for j, cand in enumerate(req.candidates):
+            toks = cand.token_ids
+            reads = tuple((len(ctx) - 1 + k, toks[k], (index, s, j)) for k in range(len(toks)))
+            out.append(ScoreSeq(ctx + toks[:-1], len(ctx), (index, s), reads))
+    return out
+
+
+def group_trees(seqs: Sequence[tuple[int, ScoreSeq]], cap: int) -> list[list[ScoreSeq]]:
+    """Sort sequences so shared prefixes are adjacent, then cut them into trees of at most `cap` tokens. A
+    sequence joins the tree before it when it belongs to the same request or shares at least one block."""
+    ordered = sorted(seqs, key=lambda x: x[1].tokens)
+    trees, size, prev, prev_req = [], 0, (), None
+    for req, s in ordered:
+        lcp = _lcp(prev, s.tokens)
+        grow = len(s.tokens) - lcp
+        if trees and (req == prev_req or lcp >= BLOCK) and size + grow <= cap:
+            trees[-1].append(s)
+            size += grow
+        else:
+            trees.append([s])
+            size = len(s.tokens)
+        prev, prev_req = s.tokens, req
+    return trees
+
+
+def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int) -> list[ScoreBatch]:
+    """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
+    (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch."""
+    pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
+    batches = []
+    while pending:
+        T = bucket(pending[0][0], MIN_ROW)
+        nrows = max(1, 1 << ((max_batch_tokens // T).bit_length() - 1)) if max_batch_tokens >= T else 1
+        rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
+        for size, tree in pending:
+            r = min(range(nrows), key=sums.__getitem__)
+            if sums[r] + size <= T:
+                rows[r].extend(tree)
+                sums[r] += size
+            else:
+                left.append((size, tree))
+        batches.append(ScoreBatch([r for r in rows if r]))
+        pending = left
+    return batches
+
+
+def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens: int) -> list[CompletionBatch]:
+    """Longest (prompt + max_tokens) first; a batch grows while rows x padded cache length fits the budget."""
+    ordered = sorted(reqs, key=lambda r: -(len(r.prompt) + r.max_tokens))
+    batches, cur = [], []
+    for r in ordered:
+        trial = cur + [r]
+        cache = bucket(max(len(x.prompt) for x in trial), MIN_ROW) + bucket(max(x.max_tokens for x in trial), MIN_ROW)
+        if cur and bucket(len(trial)) * cache > max_batch_tokens:
+            batches.append(CompletionBatch(cur))
+            trial = [r]
+        cur = trial
+    if cur:
+        batches.append(CompletionBatch(cur))
+    return batches
+
+
+def batch_hashes(batch) -> set[bytes]:
+    if batch.kind == "score":
+        return {h for row in batch.rows for s in row for h in block_hashes(s.tokens[: s.context_len])}
+    return {h for r in batch.requests for h in block_hashes(r.prompt)}
+
+
+def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
+              kv_cache: str = "auto", cache_blocks: int = 0) -> Plan:
+    """requests: (index, request). cache_blocks: the most blocks the prefix cache may hold."""
+    if kv_cache not in KV_MODES:
+        raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
+    seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
+    batches: list = pack_score_batches(group_trees(seqs, max_batch_tokens), max_batch_tokens)
+    batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
+                                       max_batch_tokens)
+    uses = [batch_hashes(b) for b in batches]
+    shared = sum(1 for n in Counter(h for u in uses for h in u).values() if n > 1)
+    if kv_cache == "off":
+        on, reason = False, "off (--kv-cache off)"
+    elif kv_cache == "on":
+        on, reason = True, f"on (--kv-cache on); {shared} blocks recur across batches"
+    else:
+        on = shared > 0
+        reason = (f"auto: on, {shared} prefix blocks recur across batches" if on else
+                  "auto: off, no prefix block recurs across batches (prefill-only requests keep no KV)")
+    pool = min(cache_blocks, shared) if on else 0
+    return Plan(batches, on, reason, pool, uses)

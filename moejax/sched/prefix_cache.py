@@ -1,0 +1,68 @@
+"""Prefix KV cache table: blocks of BLOCK tokens named by a hash chained over the parent block, held in a
+fixed number of pool slots with LRU eviction. Host-side only: the KV lives in the device pool (moejax.kv_pool);
+this table says which hash is in which slot. Deterministic, so `--explain` can replay it without a model."""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from moejax.kv_pool import BLOCK
+
+
+def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]:
+    """Hash of every full block of `tokens` (at most `limit`); block k's hash covers blocks 0..k."""
+    out, parent = [], b""
+    n = len(tokens) // BLOCK if limit is None else min(limit, len(tokens) // BLOCK)
+    for k in range(n):
+        chunk = ",".join(map(str, tokens[k * BLOCK:(k + 1) * BLOCK])).encode()
+        parent = hashlib.blake2b(parent + b"|" + chunk, digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+class PrefixCache:
+    def __init__(self, capacity_blocks: int):
+        self.capacity = int(capacity_blocks)
+        self._slots: OrderedDict[bytes, int] = OrderedDict()  # hash -> pool slot, least recently used first
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._fresh: set[int] = set()  # slots written by the batch being planned: never evicted inside it
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, h: bytes) -> bool:
+        return h in self._slots
+
+    def match(self, hashes: Sequence[bytes]) -> list[int]:
+        """Slots of the longest run of leading hashes whose KV is in the pool (marked as recently used). Blocks
+        the current batch will store are not there yet."""
+        found = []
+        for h in hashes:
+            slot = self._slots.get(h)
+            if slot is None or slot in self._fresh:
+                break
+            self._slots.move_to_end(h)
+            found.append(slot)
+        return found
+
+    def begin_batch(self) -> None:
+        self._fresh.clear()
+
+    def allocate(self, h: bytes) -> int | None:
+        """A slot for a new block (evicting the least recently used one), or None when every slot is taken by
+        the current batch. The slot holds valid KV once the batch that stores it has run."""
+        if h in self._slots:
+            return None
+        if self._free:
+            slot = self._free.pop()
+        else:
+            victim = next((k for k, s in self._slots.items() if s not in self._fresh), None)
+            if victim is None:
+                return None
+            slot = self._slots.pop(victim)
+            self.evictions += 1
+        self._slots[h] = slot
+        self._fresh.add(slot)
+        return slot

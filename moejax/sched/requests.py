@@ -1,0 +1,297 @@
+"""Batch request lines (OpenAI batch envelope, JSONL) -> validated, tokenized requests.
+
+Every input line yields exactly one entry: a request, or a BadLine whose message names the field
+path and the problem. Bad input never raises and never affects other lines.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SCORE_URL = "/v1/score"
+COMPLETIONS_URL = "/v1/completions"
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+_ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
+_IGNORED_KEYS = ("model", "n", "user")  # accepted for OpenAI compatibility; n must be 1
+_BODY_KEYS = {
+    SCORE_URL: ("prompt", "prompt_token_ids", "candidates", "candidate_token_ids", "suffixes"),
+    COMPLETIONS_URL: ("prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "seed",
+                      "stop", "stop_token_ids"),
+}
+_SEED_RANGE = (-2**63, 2**63)  # what jax.random.key accepts
+
+
+@dataclass(frozen=True)
+class Candidate:
+    text: str | None  # None when given as token ids
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    line: int  # 1-based line number in the input file
+    custom_id: str
+    prompt: tuple[int, ...]
+    suffixes: tuple[tuple[int, ...], ...]  # () when the request had no suffixes
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def contexts(self) -> tuple[tuple[int, ...], ...]:
+        """One context per sibling: prompt + suffix, or just the prompt when there are no suffixes."""
+        return tuple(self.prompt + s for s in self.suffixes) if self.suffixes else (self.prompt,)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Context tokens over all siblings, for usage accounting."""
+        return sum(len(c) for c in self.contexts)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    line: int
+    custom_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BadLine:
+    line: int
+    custom_id: str | None  # when it could be read from the line
+    message: str
+
+
+Request = ScoreRequest | CompletionRequest
+
+
+class _Invalid(Exception):
+    """Internal: aborts parsing of one line; becomes a BadLine."""
+
+
+def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context: int) -> list[Request | BadLine]:
+    """One entry per input line, in order. A repeated custom_id makes the later line bad; the first
+    line carrying it keeps it (even if that line is itself bad), so output custom_ids stay unique
+    where possible. Iterate a file object rather than split its text: a final newline must not
+    become an extra empty line."""
+    first_line_of: dict[str, int] = {}
+    out: list[Request | BadLine] = []
+    for n, text in enumerate(lines, start=1):
+        entry = parse_line(text, n, tokenizer=tokenizer, vocab_size=vocab_size, max_context=max_context)
+        cid = entry.custom_id
+        if cid is not None and cid in first_line_of:
+            entry = BadLine(n, cid, f"custom_id {cid!r} duplicates line {first_line_of[cid]}")
+        elif cid is not None:
+            first_line_of[cid] = n
+        out.append(entry)
+    return out
+
+
+def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context: int) -> Request | BadLine:
+    """One JSONL line -> a request, or a BadLine naming what is wrong."""
+    if not text.strip():
+        return BadLine(line, None, "empty line")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        return BadLine(line, None, f"not JSON: {e.msg} (char {e.pos})")
+    except (ValueError, RecursionError) as e:  # e.g. a 5000-digit number, or nesting too deep
+        return BadLine(line, None, f"not JSON: {type(e).__name__}: {e}")
+    if not isinstance(obj, dict):
+        return BadLine(line, None, f"not a JSON object; got {_show(obj)}")
+    cid = obj.get("custom_id")
+    cid = cid if isinstance(cid, str) and cid else None
+    try:
+        return _Parser(tokenizer, vocab_size, max_context).request(obj, line)
+    except _Invalid as e:
+        return BadLine(line, cid, str(e))
+
+
+class _Parser:
+    def __init__(self, tokenizer, vocab_size: int, max_context: int):
+        self.tokenizer, self.vocab_size, self.max_context = tokenizer, vocab_size, max_context
+
+    def request(self, obj: dict, line: int) -> Request:
+        _reject_unknown(obj, _ENVELOPE_KEYS, "")
+        for key in ("custom_id", "url", "body"):
+            if key not in obj:
+                raise _Invalid(f"{key}: missing")
+        cid = obj["custom_id"]
+        if not isinstance(cid, str) or not cid:
+            raise _Invalid(f"custom_id: must be a non-empty string; got {_show(cid)}")
+        if "method" in obj and obj["method"] != "POST":
+            raise _Invalid(f"method: must be 'POST'; got {_show(obj['method'])}")
+        url = obj["url"]
+        if not isinstance(url, str):
+            raise _Invalid(f"url: must be a string, one of {', '.join(_BODY_KEYS)}; got {_show(url)}")
+        if url not in _BODY_KEYS:
+            raise _Invalid(f"url {url!r}: unknown; expected one of {', '.join(_BODY_KEYS)}")
+        body = obj["body"]
+        if not isinstance(body, dict):
+            raise _Invalid(f"body: must be a JSON object; got {_show(body)}")
+        # null means "not given", as in the OpenAI API (clients often send "stop": null).
+        body = {k: v for k, v in body.items() if v is not None}
+        _reject_unknown(body, _BODY_KEYS[url] + _IGNORED_KEYS, "body")
+        if "n" in body and (type(body["n"]) is not int or body["n"] != 1):
+            raise _Invalid(f"body.n: must be 1; got {_show(body['n'])}")
+        prompt = self.prompt(body)
+        if url == SCORE_URL:
+            return self.score(body, line, cid, prompt)
+        return self.completion(body, line, cid, prompt)
+
+    def score(self, body: dict, line: int, cid: str, prompt: tuple[int, ...]) -> ScoreRequest:
+        cands = self.candidates(body)
+        suffixes = ()
+        if "suffixes" in body:
+            items = _nonempty_list(body["suffixes"], "body.suffixes", "strings or token id lists")
+            suffixes = tuple(self.text_or_ids(s, f"body.suffixes[{i}]") for i, s in enumerate(items))
+        longest_suffix = max((len(s) for s in suffixes), default=0)
+        longest_cand = max(len(c.token_ids) for c in cands)
+        # The last candidate token is only scored, never fed back, hence - 1.
+        need = len(prompt) + longest_suffix + longest_cand - 1
+        if need > self.max_context:
+            raise _Invalid(f"body: prompt {len(prompt)} + longest suffix {longest_suffix} + longest candidate "
+                           f"{longest_cand} - 1 = {need} tokens exceed the model's context of {self.max_context}")
+        return ScoreRequest(line, cid, prompt, suffixes, cands)
+
+    def completion(self, body: dict, line: int, cid: str, prompt: tuple[int, ...]) -> CompletionRequest:
+        max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        if not _is_int(max_tokens) or max_tokens < 1:
+            raise _Invalid(f"body.max_tokens: must be an int >= 1; got {_show(max_tokens)}")
+        temperature = _number(body.get("temperature", 0.0), "body.temperature")
+        if temperature < 0:
+            raise _Invalid(f"body.temperature: must be >= 0; got {temperature}")
+        top_p = _number(body.get("top_p", 1.0), "body.top_p")
+        if not 0 < top_p <= 1:
+            raise _Invalid(f"body.top_p: must be in (0, 1]; got {top_p}")
+        seed = body.get("seed", 0)
+        if not _is_int(seed) or not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
+            raise _Invalid(f"body.seed: must be an int in [-2**63, 2**63); got {_show(seed)}")
+        stop = self.stop(body.get("stop", []))
+        stop_ids = body.get("stop_token_ids", [])
+        if not isinstance(stop_ids, list):
+            raise _Invalid(f"body.stop_token_ids: must be a list of token ids; got {_show(stop_ids)}")
+        stop_ids = self.ids(stop_ids, "body.stop_token_ids")
+        if len(prompt) + max_tokens > self.max_context:
+            raise _Invalid(f"body: prompt {len(prompt)} + max_tokens {max_tokens} = {len(prompt) + max_tokens} "
+                           f"tokens exceed the model's context of {self.max_context}")
+        return CompletionRequest(line, cid, prompt, max_tokens, temperature, top_p, seed, stop, stop_ids)
+
+    def prompt(self, body: dict) -> tuple[int, ...]:
+        if ("prompt" in body) == ("prompt_token_ids" in body):
+            raise _Invalid("body: needs exactly one of prompt, prompt_token_ids")
+        if "prompt_token_ids" in body:
+            return self.ids(_nonempty_list(body["prompt_token_ids"], "body.prompt_token_ids", "token ids"),
+                            "body.prompt_token_ids")
+        text = _text(body["prompt"], "body.prompt")
+        if self.tokenizer is None:
+            raise _Invalid("body.prompt: model has no tokenizer; send prompt_token_ids")
+        return self.encode(text, "body.prompt", special=True)
+
+    def candidates(self, body: dict) -> tuple[Candidate, ...]:
+        if ("candidates" in body) == ("candidate_token_ids" in body):
+            raise _Invalid("body: needs exactly one of candidates, candidate_token_ids")
+        if "candidate_token_ids" in body:
+            items = _nonempty_list(body["candidate_token_ids"], "body.candidate_token_ids", "token id lists")
+            paths = [f"body.candidate_token_ids[{i}]" for i in range(len(items))]
+            return tuple(Candidate(None, self.ids(_nonempty_list(c, p, "token ids"), p)) for c, p in zip(items, paths))
+        items = _nonempty_list(body["candidates"], "body.candidates", "strings")
+        if self.tokenizer is None:
+            raise _Invalid("body.candidates: model has no tokenizer; send candidate_token_ids")
+        texts = [_text(c, f"body.candidates[{i}]") for i, c in enumerate(items)]
+        return tuple(Candidate(t, self.encode(t, f"body.candidates[{i}]", special=False)) for i, t in enumerate(texts))
+
+    def text_or_ids(self, value, path: str) -> tuple[int, ...]:
+        if isinstance(value, list):
+            return self.ids(_nonempty_list(value, path, "token ids"), path)
+        text = _text(value, path, "a non-empty string or token id list")
+        if self.tokenizer is None:
+            raise _Invalid(f"{path}: model has no tokenizer; send token ids")
+        return self.encode(text, path, special=False)
+
+    def stop(self, value) -> tuple[str, ...]:
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list):
+            raise _Invalid(f"body.stop: must be a string or a list of strings; got {_show(value)}")
+        paths = ["body.stop"] if isinstance(value, str) else [f"body.stop[{i}]" for i in range(len(stops))]
+        stops = tuple(_text(s, p) for s, p in zip(stops, paths))
+        if stops and self.tokenizer is None:  # stop strings match detokenized text
+            raise _Invalid("body.stop: model has no tokenizer; use stop_token_ids")
+        return stops
+
+    def encode(self, text: str, path: str, *, special: bool) -> tuple[int, ...]:
+        ids = tuple(self.tokenizer.encode(text, add_special_tokens=special).ids)
+        if not ids:
+            raise _Invalid(f"{path}: {_show(text)} tokenizes to no tokens")
+        # A tokenizer may know added tokens the model's embedding does not have.
+        for t in ids:
+            if not 0 <= t < self.vocab_size:
+                raise _Invalid(f"{path}: tokenizer gave id {t}, outside the model's vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def ids(self, values: list, path: str) -> tuple[int, ...]:
+        for i, t in enumerate(values):
+            if not _is_int(t):
+                raise _Invalid(f"{path}[{i}]: must be a token id (int); got {_show(t)}")
+            if not 0 <= t < self.vocab_size:
+                raise _Invalid(f"{path}[{i}]: token id {t} outside the vocabulary [0, {self.vocab_size})")
+        return tuple(values)
+
+
+def _reject_unknown(obj: dict, known: tuple[str, ...], where: str) -> None:
+    unknown = sorted(k for k in obj if k not in known)
+    if not unknown:
+        return
+    hints = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1, cutoff=0.7)  # 0.6 pairs max_tokens with prompt_token_ids
+        hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+    raise _Invalid(f"{where + ': ' if where else ''}unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                   f"known: {', '.join(known)}")
+
+
+def _nonempty_list(value, path: str, of: str) -> list:
+    if not isinstance(value, list) or not value:
+        raise _Invalid(f"{path}: must be a non-empty list of {of}; got {_show(value)}")
+    return value
+
+
+def _text(value, path: str, what: str = "a non-empty string") -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid(f"{path}: must be {what}; got {_show(value)}")
+    try:
+        value.encode("utf-8")  # JSON "\ud800" escapes decode to lone surrogates the tokenizer rejects
+    except UnicodeEncodeError:
+        raise _Invalid(f"{path}: not valid Unicode text (lone surrogate)") from None
+    return value
+
+
+def _number(value, path: str) -> float:
+    # JSON parsing accepts NaN, Infinity and 400-digit ints; none is a usable sampling parameter.
+    if _is_int(value) or isinstance(value, float):
+        number = float(value) if abs(value) < 1e300 else math.inf
+        if math.isfinite(number):
+            return number
+    raise _Invalid(f"{path}: must be a finite number; got {_show(value)}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
+
+
+def _show(value) -> str:
+    """A short rendering of a bad value: scalars as JSON literals (strings quoted), containers by kind."""
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    if isinstance(value, dict):
+        return "an object"
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."

@@ -1,0 +1,214 @@
+"""Execute a Plan on an Engine: pack each batch (replaying the prefix-cache table), run the jit step, turn
+log-probabilities and tokens into result lines. `explain` replays the same packing without the model."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.costs import active_param_count
+from moejax.kv_pool import BLOCK
+from moejax.sched import packing
+from moejax.sched.planner import Plan
+from moejax.sched.prefix_cache import PrefixCache, block_hashes
+from moejax.sched.requests import CompletionRequest, ScoreRequest
+from moejax.sched.results import ResultStore, error_line, ok_line
+
+
+@dataclasses.dataclass
+class Metrics:
+    requests_ok: int = 0
+    requests_failed: int = 0
+    requests_resumed: int = 0
+    prompt_tokens: int = 0  # context tokens of all served requests (each sibling counts its whole context)
+    cached_prompt_tokens: int = 0  # of those, taken from the cross-batch prefix cache
+    computed_tokens: int = 0  # tokens actually run through the model in prefill (after all sharing)
+    padded_tokens: int = 0  # batch slots including padding
+    generated_tokens: int = 0
+    batches: int = 0
+    wall_s: float = 0.0
+    flops: float = 0.0  # matmul FLOPs of the computed tokens (attention scores excluded)
+
+    def summary(self, peak_flops: float | None) -> dict:
+        d = dataclasses.asdict(self)
+        total = self.prompt_tokens + self.generated_tokens
+        d["tokens_per_s"] = total / self.wall_s if self.wall_s else None
+        d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        d["shared_prefill_saving"] = 1 - self.computed_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        d["mfu_estimate"] = self.flops / self.wall_s / peak_flops if peak_flops and self.wall_s else None
+        return d
+
+
+class Runner:
+    def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None):
+        self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
+        self.progress = progress
+        self.metrics = Metrics()
+        self.cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
+        self.pool = None
+        self.future = Counter(h for u in plan.uses for h in u)
+        self._acc = defaultdict(float)  # (request, sibling, candidate) -> summed logprob
+        self._cached = {}  # (request, sibling) -> cached context tokens
+        self._reads_left = {i: sum(len(r.contexts) * len(c.token_ids) for c in r.candidates)
+                            for i, r in enumerate(requests) if isinstance(r, ScoreRequest)}
+        cfg = engine.config
+        self._flops_per_token = 2 * (active_param_count(cfg) - 2 * cfg.vocab_size * cfg.hidden_size)
+        self._head_flops = 2 * cfg.vocab_size * cfg.hidden_size
+
+    # -- packing (shared with explain) ----------------------------------------------------------------------
+    def _want_store(self, h: bytes) -> bool:
+        return self.future[h] > 0
+
+    def prepare(self, k: int):
+        batch = self.plan.batches[k]
+        for h in self.plan.uses[k]:
+            self.future[h] -= 1
+        if self.cache is not None:
+            self.cache.begin_batch()
+        if batch.kind == "score":
+            rows = [packing.pack_row(r, self.cache, self._want_store) for r in batch.rows]
+            return rows, packing.assemble(rows, self.plan.pool_blocks)
+        prior, stores = [], []
+        for r in batch.requests:
+            hashes = block_hashes(r.prompt)
+            slots = self.cache.match(hashes[: (len(r.prompt) - 1) // BLOCK]) if self.cache else []
+            prior.append(slots)
+            keep = []
+            for j, h in enumerate(hashes):
+                if self.cache is not None and h not in self.cache and self._want_store(h):
+                    slot = self.cache.allocate(h)
+                    if slot is not None:
+                        keep.append((slot, j * BLOCK))
+            stores.append(keep)
+        return prior, stores
+
+    # -- execution ------------------------------------------------------------------------------------------
+    def run(self) -> Metrics:
+        start = time.perf_counter()
+        if self.plan.pool_blocks:
+            self.pool = self.engine.init_pool(self.plan.pool_blocks)
+        for k, batch in enumerate(self.plan.batches):
+            prepared = self.prepare(k)
+            try:
+                if batch.kind == "score":
+                    self._run_score(batch, *prepared)
+                else:
+                    self._run_completions(batch, *prepared)
+            except Exception as e:  # a failing batch costs only its own requests
+                traceback.print_exc(file=sys.stderr)
+                self._fail_batch(batch, f"{type(e).__name__}: {e}")
+            self.metrics.batches += 1
+        jax.effects_barrier()
+        self.metrics.wall_s = time.perf_counter() - start
+        return self.metrics
+
+    def _run_score(self, batch, rows, assembled):
+        arrays, tags = assembled
+        lp, self.pool = self.engine.score_packed(arrays, self.pool)
+        m = self.metrics
+        m.computed_tokens += sum(len(r.tokens) for r in rows)
+        m.padded_tokens += arrays["tokens"].size
+        m.flops += self._flops_per_token * sum(len(r.tokens) for r in rows) + \
+            self._head_flops * sum(len(r.reads) for r in rows)
+        finished = set()
+        for b, row in enumerate(rows):
+            self._cached.update(row.cached)
+            for g, tag in enumerate(tags[b]):
+                self._acc[tag] += float(lp[b, g])
+                self._reads_left[tag[0]] -= 1
+                if not self._reads_left[tag[0]]:
+                    finished.add(tag[0])
+        for i in sorted(finished):
+            self._emit(i, self._score_body(i))
+
+    def _score_body(self, i: int) -> dict:
+        req = self.requests[i]
+        results = []
+        for s in range(len(req.contexts)):
+            lps = [self._acc.pop((i, s, j)) for j in range(len(req.candidates))]
+            norm = max(lps) + math.log(sum(math.exp(x - max(lps)) for x in lps))
+            cands = [{"text": c.text if c.text is not None else self._decode(c.token_ids),
+                      "token_ids": list(c.token_ids), "logprob": x, "prob": math.exp(x - norm)}
+                     for c, x in zip(req.candidates, lps)]
+            best = int(np.argmax(lps))
+            results.append({"candidates": cands, "best": cands[best]["text"], "best_index": best})
+        cached = sum(self._cached.pop((i, s), 0) for s in range(len(req.contexts)))
+        return {"object": "score", "results": results,
+                "usage": {"prompt_tokens": req.prompt_tokens, "cached_prompt_tokens": cached}}
+
+    def _run_completions(self, batch, prior, stores):
+        reqs = batch.requests
+        eos = tuple(self.engine.config.eos_token_ids)
+        stops = [tuple(r.stop_token_ids) + eos for r in reqs]
+        keys = jnp.stack([jax.random.fold_in(jax.random.key(r.seed), 0) for r in reqs])
+        outs, self.pool = self.engine.generate_rows(
+            [list(r.prompt) for r in reqs], [r.max_tokens for r in reqs], temperature=[r.temperature for r in reqs],
+            top_p=[r.top_p for r in reqs], keys=keys, stop_token_ids=stops, pool=self.pool,
+            prior_blocks=prior if self.cache else None, store_blocks=stores if self.cache else None)
+        m = self.metrics
+        new = [len(r.prompt) - BLOCK * len(p) for r, p in zip(reqs, prior)]
+        m.computed_tokens += sum(new)
+        m.padded_tokens += len(reqs) and max(new) * len(reqs)
+        m.flops += self._flops_per_token * (sum(new) + sum(map(len, outs))) + self._head_flops * sum(map(len, outs))
+        for r, out, p, st in zip(reqs, outs, prior, stops):
+            self._emit(self._index[r.line], self._completion_body(r, out, BLOCK * len(p), st))
+
+    def _completion_body(self, r: CompletionRequest, out: list[int], cached: int, stops) -> dict:
+        finish = "stop" if out and out[-1] in stops and len(out) <= r.max_tokens else "length"
+        ids = out
+        text = self._decode(out[:-1] if finish == "stop" else out)
+        if r.stop and text is not None:
+            cut = min((text.find(s) for s in r.stop if s in text), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                ids = next(out[:n] for n in range(1, len(out) + 1) if any(s in self._decode(out[:n]) for s in r.stop))
+        return {"object": "text_completion",
+                "choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": finish}],
+                "usage": {"prompt_tokens": len(r.prompt), "completion_tokens": len(ids), "total_tokens":
+                          len(r.prompt) + len(ids), "cached_prompt_tokens": cached}}
+
+    def _decode(self, ids) -> str | None:
+        tok = self.engine.tokenizer
+        return None if tok is None else tok.decode(list(ids))
+
+    @property
+    def _index(self) -> dict:
+        if not hasattr(self, "_line_index"):
+            self._line_index = {r.line: i for i, r in enumerate(self.requests)}
+        return self._line_index
+
+    def _emit(self, i: int, body: dict) -> None:
+        req = self.requests[i]
+        self.metrics.requests_ok += 1
+        self.metrics.prompt_tokens += body["usage"]["prompt_tokens"]
+        self.metrics.cached_prompt_tokens += body["usage"]["cached_prompt_tokens"]
+        if body["object"] == "text_completion":
+            self.metrics.generated_tokens += body["usage"]["completion_tokens"]
+        if self.store is not None:
+            self.store.write(req.line, ok_line(req.line, req.custom_id, body))
+        if self.progress is not None:
+            self.progress(1, self.metrics)
+
+    def _fail_batch(self, batch, message: str) -> None:
+        if batch.kind == "score":
+            idx = sorted({tag[0] for row in batch.rows for s in row for _, _, tag in s.reads})
+        else:
+            idx = [self._index[r.line] for r in batch.requests]
+        for i in idx:
+            if i in self._reads_left:
+                self._reads_left[i] = -1  # never emitted as ok
+            req = self.requests[i]
+            self.metrics.requests_failed += 1
+            if self.store is not None:
+                self.store.write(req.line, error_line(req.line, req.custom_id, f"batch failed: {message}",
+                                                      code="internal_error", status=500))
+        if self.cache is not None:  # the pool may be gone (donated into the failed call): start it afresh
+            self.cache = PrefixCache(self.plan.pool_blocks)
+            self.pool = self.engine.init_pool(self.plan.pool_blocks) if self.plan.pool_blocks else None
