@@ -1,5 +1,6 @@
 """Benchmarks: `python -m launch.bench <command> ...`; results are appended as JSON to bench/results/.
 
+serve: the batch runner on synthetic scoring workloads (launch/bench_serve.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert impl and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
@@ -25,6 +26,8 @@ import moejax
 from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
+
+from launch import bench_serve
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -210,6 +213,7 @@ def main(argv=None):
                    help="transformers experts implementations to time, e.g. grouped_mm,eager (default: its default)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/prefill-<device>.json)")
     p.set_defaults(run=prefill)
+    bench_serve.add_parser(sub).set_defaults(run=lambda a: bench_serve.serve(a, _environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -39,8 +39,9 @@ def parse_args(argv=None):
                    help="token budget of one batch, padding included (rows x row length; for completions rows x "
                         "(prompt + new tokens)); default 8192")
     p.add_argument("--kv-cache", choices=KV_MODES, default="auto",
-                   help="cross-batch prefix KV cache: on, off (scoring keeps no KV at all), or auto: on only when "
-                        "some prefix block recurs across batches (default)")
+                   help="cross-batch prefix KV cache. on: keep every prompt block (LRU, bounded by "
+                        "--prefix-cache-mb); off: scoring keeps no KV at all; auto (default): on only when some "
+                        "prefix block recurs across batches, keeping just those blocks")
     p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                    help="most device memory the prefix KV cache may use, in MiB (default 1024)")
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")

@@ -32,6 +32,7 @@ class CompletionBatch:
 class Plan:
     batches: list[ScoreBatch | CompletionBatch]
     kv_cache: bool  # keep a cross-batch prefix KV cache
+    store_all: bool  # store every full context block (on), or only blocks a later batch will read (auto)
     reason: str
     pool_blocks: int  # prefix-cache pool size (blocks); 0 when off
     uses: list[set[bytes]]  # block hashes each batch could read or store
@@ -67,14 +68,22 @@ def group_trees(seqs: Sequence[tuple[int, ScoreSeq]], cap: int) -> list[list[Sco
     return trees
 
 
+def row_length(largest: int, total: int, max_batch_tokens: int) -> int:
+    """Rows hold several trees: a row about 4x the largest tree keeps padding small (rows are pow2 long so a
+    few compiled shapes serve every batch), without exceeding the batch budget or the work left."""
+    budget = 1 << (max(max_batch_tokens, MIN_ROW).bit_length() - 1)
+    return max(bucket(largest, MIN_ROW), min(bucket(4 * largest, MIN_ROW), bucket(total, MIN_ROW), budget))
+
+
 def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int) -> list[ScoreBatch]:
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch."""
     pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
     batches = []
     while pending:
-        T = bucket(pending[0][0], MIN_ROW)
-        nrows = max(1, 1 << ((max_batch_tokens // T).bit_length() - 1)) if max_batch_tokens >= T else 1
+        total = sum(size for size, _ in pending)
+        T = row_length(pending[0][0], total, max_batch_tokens)
+        nrows = min(1 << (max(1, max_batch_tokens // T).bit_length() - 1), -(-total // T))
         rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
         for size, tree in pending:
             r = min(range(nrows), key=sums.__getitem__)
@@ -120,14 +129,15 @@ def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], 
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]
-    shared = sum(1 for n in Counter(h for u in uses for h in u).values() if n > 1)
+    counts = Counter(h for u in uses for h in u)
+    shared = sum(1 for n in counts.values() if n > 1)
     if kv_cache == "off":
-        on, reason = False, "off (--kv-cache off)"
+        on, reason = False, "off (--kv-cache off): scoring keeps no KV"
     elif kv_cache == "on":
-        on, reason = True, f"on (--kv-cache on); {shared} blocks recur across batches"
+        on, reason = True, f"on (--kv-cache on): every prompt block is kept (LRU); {shared} recur across batches"
     else:
         on = shared > 0
-        reason = (f"auto: on, {shared} prefix blocks recur across batches" if on else
-                  "auto: off, no prefix block recurs across batches (prefill-only requests keep no KV)")
-    pool = min(cache_blocks, shared) if on else 0
-    return Plan(batches, on, reason, pool, uses)
+        reason = (f"auto: on, {shared} prefix blocks recur across batches; only those are kept" if on else
+                  "auto: off, no prefix block recurs across batches (scoring keeps no KV)")
+    pool = min(cache_blocks, len(counts) if kv_cache == "on" else shared) if on else 0
+    return Plan(batches, on, kv_cache == "on", reason, pool, uses)

@@ -64,7 +64,7 @@ class Runner:
 
     # -- packing (shared with explain) ----------------------------------------------------------------------
     def _want_store(self, h: bytes) -> bool:
-        return self.future[h] > 0
+        return self.plan.store_all or self.future[h] > 0
 
     def prepare(self, k: int):
         batch = self.plan.batches[k]
