@@ -131,14 +131,7 @@ class GQAttention(nnx.Module):
             out = attend(q, cache["k"], cache["v"], positions, k_pos, self.scale, self.window, sinks)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 
-    def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, q_pos, k_pos, tree=None):
-        """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r])."""
-        B, S, _ = latent.shape
-        kv_h = jnp.einsum("bsr,rhf->bshf", latent, w_kv, preferred_element_type=_f32).astype(q_nope.dtype)
-        k = jnp.concatenate([kv_h[..., : self.nope],
-                             jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
-        q_full = jnp.concatenate([q_nope, q_rope], -1)
-        return attend(q_full, k, kv_h[..., self.nope:], q_pos, k_pos, self.scale, tree=tree)
+
 
 
 class MLAttention(nnx.Module):
