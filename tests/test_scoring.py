@@ -141,3 +141,22 @@ def test_auto_policy_and_kv_free_plan():
     p = plan(distinct, "auto")
     assert len(p.batches) > 1 and not p.kv_cache and p.pool_blocks == 0 and "off" in p.reason
     assert plan(lines, "on").pool_blocks <= 100 and plan(lines, "on").kv_cache
+
+
+def test_read_token_inside_a_cached_block_is_recomputed(engine):
+    """A context of exactly two blocks, fully cached by an earlier batch: its last token is recomputed (its
+    cached copy hidden) so its logits exist, and the score is unchanged."""
+    from moejax.sched.packing import ScoreSeq, assemble, pack_row
+    from moejax.sched.prefix_cache import PrefixCache
+    ctx = tuple(np.random.default_rng(2).integers(1, engine.config.vocab_size, 32).tolist())
+    seq = ScoreSeq(ctx, 32, "ctx", ((31, 3, "t"),))
+    cache, pool = PrefixCache(4), engine.init_pool(4)
+    logits = engine.logits([list(ctx)])[0, 31].astype(np.float64)
+    want = logits[3] - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    for expect_prior in (0, 2):
+        cache.begin_batch()
+        row = pack_row([seq], cache, want_store=lambda h: True)
+        assert len(row.prior_slots) == expect_prior
+        lp, pool = engine.score_packed(assemble([row], 4)[0], pool)
+        np.testing.assert_allclose(lp[0, 0], want, rtol=1e-4, atol=2e-4)
+    assert row.positions == [31] and row.cached == {"ctx": 31}
