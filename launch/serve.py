@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -50,7 +51,12 @@ def parse_args(argv=None):
 
 
 def read_lines(path: str) -> list[str]:
-    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8", errors="replace").read()
+    # newline="": only "\n" ends a line (as on stdin); utf-8-sig drops a byte-order mark.
+    if path == "-":
+        text = sys.stdin.buffer.read().decode("utf-8-sig", errors="replace")
+    else:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+            text = f.read()
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines
 
@@ -59,6 +65,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.max_batch_tokens < 16:
         sys.exit(f"--max-batch-tokens must be >= 16; got {args.max_batch_tokens}")
+    out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else "."
+    if not os.path.isdir(out_dir):
+        sys.exit(f"--output: folder {out_dir!r} does not exist")
     try:
         lines = read_lines(args.input)
     except OSError as e:

@@ -1,32 +1,598 @@
-"""The quick-start runner: `python -m launch.serve` on the embedded default preset."""
+"""The batch runner `python -m launch.serve`: JSONL requests in, one result line per input line out, in order.
+
+Most tests call `serve_lines` / `explain_lines` in-process on one module-scoped engine; subprocesses are used
+only where the process is the point (the CLI itself, stdin, SIGKILL and resume)."""
 import json
+import math
 import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import moejax
 from conftest import fixture_dir
+from launch import serve as serve_cli
+from moejax.sched.batch import explain_lines, serve_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples", "requests.jsonl")
+TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024, context 2048
+TINY_VOCAB, TINY_CONTEXT, TINY_EOS = 1024, 2048, 0
+FLAGS = ["--model", "--input", "--output", "--dtype", "--max-batch-tokens", "--kv-cache", "--metrics", "--explain"]
 
 
-def serve(*args):
+def read_text(path) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def example_lines() -> list[str]:
+    return read_text(EXAMPLES).splitlines()
+
+
+def cli(*args, input=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "launch.serve", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          input=input, timeout=timeout)
 
 
-def test_default_run_generates_for_demo_prompts():
-    r = serve("--max-new-tokens", "4", "--dtype", "float32")
+def rows_of(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def summary_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("# ")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def score(cid, prompt, cands, suffixes=None) -> str:
+    body = {"prompt_token_ids": prompt, "candidate_token_ids": cands}
+    if suffixes is not None:
+        body["suffixes"] = suffixes
+    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/score", "body": body})
+
+
+def completion(cid, prompt, max_tokens, **extra) -> str:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions",
+                       "body": {"prompt_token_ids": prompt, "max_tokens": max_tokens, **extra}})
+
+
+def check_score_body(body: dict, req_body: dict) -> None:
+    """Structure and normalization of one /v1/score body against the request that produced it."""
+    assert body["object"] == "score"
+    cands = req_body.get("candidate_token_ids") or req_body["candidates"]
+    assert len(body["results"]) == len(req_body.get("suffixes", [None]))  # one result per suffix (sibling)
+    for res in body["results"]:
+        assert len(res["candidates"]) == len(cands)
+        assert math.isclose(sum(c["prob"] for c in res["candidates"]), 1.0, abs_tol=1e-9)
+        lps = [c["logprob"] for c in res["candidates"]]
+        assert all(math.isfinite(x) and x < 0 for x in lps)
+        assert res["best_index"] == int(np.argmax(lps))
+        assert res["best"] == res["candidates"][res["best_index"]]["text"]
+        # prob is the softmax of the logprobs over the candidates
+        norm = math.log(sum(math.exp(x) for x in lps))
+        for c, lp in zip(res["candidates"], lps):
+            assert math.isclose(c["prob"], math.exp(lp - norm), rel_tol=1e-6, abs_tol=1e-12)
+        if "candidate_token_ids" in req_body:
+            assert [c["token_ids"] for c in res["candidates"]] == cands
+
+
+def check_completion_body(body: dict, req_body: dict, eos=(TINY_EOS,)) -> None:
+    assert body["object"] == "text_completion"
+    (choice,) = body["choices"]
+    ids, max_tokens = choice["token_ids"], req_body.get("max_tokens", 16)
+    assert 1 <= len(ids) <= max_tokens
+    assert all(isinstance(t, int) for t in ids)
+    assert choice["finish_reason"] in ("stop", "length")
+    if choice["finish_reason"] == "length":
+        assert len(ids) == max_tokens
+    elif not req_body.get("stop"):
+        assert ids[-1] in tuple(req_body.get("stop_token_ids", ())) + tuple(eos)
+    usage = body["usage"]
+    assert usage["completion_tokens"] == len(ids)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + len(ids)
+
+
+def line_no(row: dict) -> int:
+    """The input line a result belongs to: ids are `req_<line>-<fingerprint of the line>`."""
+    m = re.fullmatch(r"req_(\d+)-[0-9a-f]{8}", row["id"])
+    assert m, row["id"]
+    return int(m.group(1))
+
+
+def check_ok(row: dict, n: int, line: str) -> dict:
+    req = json.loads(line)
+    assert line_no(row) == n and row["custom_id"] == req["custom_id"], row
+    assert row["error"] is None and row["response"]["status_code"] == 200, row
+    body = row["response"]["body"]
+    if req["url"] == "/v1/score":
+        check_score_body(body, req["body"])
+    else:
+        check_completion_body(body, req["body"])
+    return body
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return moejax.load(TINY, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
+    assert engine.tokenizer is not None
+    return engine
+
+
+# ---- 1. the main job on the examples, and --help ---------------------------------------------------------------------
+
+def test_main_job_on_examples():
+    lines = example_lines()
+    r = cli("--input", EXAMPLES, "--dtype", "float32")
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(rows) == 3 and all(len(row["token_ids"]) == 4 for row in rows)
+    rows = rows_of(r.stdout)  # stdout holds only result lines: the summary goes to stderr
+    assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
+    kinds, ranked = set(), 0
+    for n, (row, line) in enumerate(zip(rows, lines), start=1):
+        body = check_ok(row, n, line)
+        kinds.add(body["object"])
+        req_body = json.loads(line)["body"]
+        if "suffixes" in req_body:  # the multi-suffix (ranking) request: one result per suffix
+            assert len(req_body["suffixes"]) > 1 and len(body["results"]) == len(req_body["suffixes"])
+            ranked += 1
+    assert kinds == {"score", "text_completion"} and ranked == 1
+    summary = summary_line(r.stderr)
+    assert summary.startswith(f"# {TINY} on ")
+    assert f"{len(lines)} ok, 0 failed, 0 resumed" in summary
 
 
-def test_text_prompt_with_tokenizer_and_errors():
-    r = serve("--model", fixture_dir("qwen3_moe"), "--prompt", "the cat", "--max-new-tokens", "3", "--no-stop")
+def test_help_as_a_process():
+    r = cli("--help", timeout=120)
     assert r.returncode == 0, r.stderr
-    row = json.loads(r.stdout)
-    assert len(row["token_ids"]) == 3 and isinstance(row["text"], str)
-    r = serve("--prompt", "hello")
-    assert r.returncode != 0 and "has no tokenizer.json" in r.stderr
-    r = serve("--prompt-ids", "1,x")
-    assert r.returncode != 0 and "not a comma-separated list of ints" in r.stderr
+    for flag in FLAGS:
+        assert flag in r.stdout, flag
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input", "/nonexistent/requests.jsonl"], "--input: cannot read"),
+    (["--input", EXAMPLES, "--max-batch-tokens", "8"], "--max-batch-tokens must be >= 16"),
+    (["--input", EXAMPLES, "--model", "/nonexistent/model-dir"], "neither a checkpoint directory nor a preset"),
+    (["--input", EXAMPLES, "--output", "/nonexistent/dir/out.jsonl"], "--output: folder '/nonexistent/dir'"),
+])
+def test_cli_argument_errors_exit_with_a_message(args, message):
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.main(args)
+    assert isinstance(exc.value.code, str) and message in exc.value.code
+
+
+# ---- 2. --explain ----------------------------------------------------------------------------------------------
+
+def test_explain_loads_no_weights():
+    engine = moejax.load(TINY, dtype="float32")  # a fresh engine: the module one may have run already
+    assert engine._state is None
+    lines = example_lines() + ["not json", completion("late", [1, 2, 3], 4)]
+    text = explain_lines(engine, lines, max_batch_tokens=64)
+    assert engine._state is None
+    assert "prefix KV cache:" in text and "batches:" in text
+    assert "score" in text and "completion" in text
+    n_batches = int(re.search(r"(\d+) batches:", text).group(1))
+    assert n_batches >= 2 and len(re.findall(r"^\s+\d+ (score|completion) ", text, re.M)) == n_batches
+
+
+def test_explain_loads_no_checkpoint_weights():
+    engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
+    line = json.dumps({"custom_id": "t", "url": "/v1/score",
+                       "body": {"prompt": "the cat sat on the mat", "candidates": [" yes", " no"]}})
+    text = explain_lines(engine, [line])
+    assert engine._state is None and "1 batches:" in text
+
+
+def test_explain_process_writes_no_output(tmp_path):
+    out = tmp_path / "out.jsonl"
+    r = cli("--input", EXAMPLES, "--output", str(out), "--explain", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    assert "batches:" in r.stdout and "prefix KV cache:" in r.stdout
+    assert '"status_code"' not in r.stdout  # a plan, not results
+    assert os.listdir(tmp_path) == []  # no output, no journal, no tmp file
+
+
+# ---- 3. bad lines ----------------------------------------------------------------------------------------------
+
+GOOD_SCORE = [11, 12, 13, 14, 15, 16, 17, 18]
+
+BAD_LINE_CASES = [  # (line, custom_id reported, message fragment)
+    ('{"custom_id": "nj", "url": "/v1/score", "body": {', None, "not JSON"),
+    (json.dumps({"url": "/v1/score", "body": {"prompt_token_ids": [1], "candidate_token_ids": [[2]]}}),
+     None, "custom_id: missing"),
+    (json.dumps({"custom_id": "type", "url": "/v1/completions", "body": {"prompt_token_ids": [1, 2],
+                                                                          "max_tokens": "8"}}),
+     "type", "body.max_tokens: must be an int >= 1; got '8'"),
+    (json.dumps({"custom_id": "ids-type", "url": "/v1/score",
+                 "body": {"prompt_token_ids": [1, "2"], "candidate_token_ids": [[3]]}}),
+     "ids-type", "body.prompt_token_ids[1]: must be a token id (int)"),
+    (json.dumps({"custom_id": "url", "url": "/v1/chat/completions", "body": {"prompt_token_ids": [1]}}),
+     "url", "url '/v1/chat/completions': unknown"),
+    (score("long-score", [7] * (TINY_CONTEXT - 1), [[1, 2, 3]]), "long-score",
+     f"= {TINY_CONTEXT + 1} tokens exceed the model's context of {TINY_CONTEXT}"),
+    (completion("long-completion", [7] * (TINY_CONTEXT - 4), 8), "long-completion",
+     f"max_tokens 8 = {TINY_CONTEXT + 4} tokens exceed the model's context of {TINY_CONTEXT}"),
+    (score("no-cands", [1, 2, 3], []), "no-cands", "body.candidate_token_ids: must be a non-empty list"),
+    (score("good-1", [5, 6, 7], [[8]]), "good-1", "custom_id 'good-1' duplicates line 1"),
+    (json.dumps({"custom_id": "text", "url": "/v1/score", "body": {"prompt": "hello", "candidate_token_ids": [[1]]}}),
+     "text", "body.prompt: model has no tokenizer; send prompt_token_ids"),
+    (json.dumps({"custom_id": "text-cands", "url": "/v1/score",
+                 "body": {"prompt_token_ids": [1], "candidates": ["a", "b"]}}),
+     "text-cands", "body.candidates: model has no tokenizer"),
+    (score("oov", [1, 2, TINY_VOCAB], [[3]]), "oov", f"token id {TINY_VOCAB} outside the vocabulary [0, {TINY_VOCAB})"),
+    (score("oov-cand", [1, 2], [[3], [-1]]), "oov-cand", "body.candidate_token_ids[1][0]: token id -1 outside"),
+    (completion("zero", [1, 2, 3], 0), "zero", "body.max_tokens: must be an int >= 1; got 0"),
+    ("", None, "empty line"),
+    ("[1, 2]", None, "not a JSON object"),
+]
+
+
+def good_lines(k: int) -> list[str]:
+    """Varied good lines, the k-th for the k-th gap between bad lines."""
+    if k == 0:
+        return [score("good-1", GOOD_SCORE, [[501], [502]])]
+    if k % 3 == 1:
+        return [completion(f"good-c{k}", [20 + k, 30, 40], 1 + k % 5)]
+    if k % 3 == 2:
+        return [score(f"good-s{k}", GOOD_SCORE + [100 + k], [[601, 602], [603]], suffixes=[[k], [k, k + 1]])]
+    return [score(f"good-s{k}", [200 + k] * (k + 2), [[700 + k]] * 1 + [[701]])]
+
+
+def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
+    lines, expected = [], {}  # line number -> (custom_id, message fragment) for bad lines
+    for k, (bad, cid, fragment) in enumerate(BAD_LINE_CASES):
+        lines += good_lines(k)
+        lines.append(bad)
+        expected[len(lines)] = (cid, fragment)
+    lines += good_lines(len(BAD_LINE_CASES))
+    out = tmp_path / "out.jsonl"
+    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=256)
+    rows = rows_of(read_text(out))
+    assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
+    ok_bodies = {}
+    for n, (row, line) in enumerate(zip(rows, lines), start=1):
+        if n in expected:
+            cid, fragment = expected[n]
+            assert line_no(row) == n and row == {"id": row["id"], "custom_id": cid, "line": n,
+                           "response": {"status_code": 400, "body": None},
+                           "error": {"code": "invalid_request", "message": row["error"]["message"]}}, row
+            assert fragment in row["error"]["message"], (n, row["error"]["message"])
+        else:
+            ok_bodies[n] = check_ok(row, n, line)
+    assert summary["requests_failed"] == len(BAD_LINE_CASES)
+    assert summary["requests_ok"] == len(lines) - len(BAD_LINE_CASES) == len(ok_bodies)
+    assert summary["lines"] == len(lines)
+    assert not os.path.exists(str(out) + ".partial")
+
+    # Bad lines do not change what the good ones get.
+    good = [line for n, line in enumerate(lines, start=1) if n not in expected]
+    alone = tmp_path / "alone.jsonl"
+    serve_lines(tiny, good, str(alone), max_batch_tokens=256)
+    for row, body in zip(rows_of(read_text(alone)), ok_bodies.values()):
+        got = row["response"]["body"]
+        if body["object"] == "score":
+            for r1, r2 in zip(got["results"], body["results"]):
+                np.testing.assert_allclose([c["logprob"] for c in r1["candidates"]],
+                                           [c["logprob"] for c in r2["candidates"]], atol=1e-4)
+        else:
+            assert got["choices"][0]["token_ids"] == body["choices"][0]["token_ids"]
+
+
+def test_all_lines_bad_still_writes_every_line(tiny, tmp_path):
+    out = tmp_path / "out.jsonl"
+    lines = ["nope", completion("z", [1], 0), ""]
+    summary = serve_lines(tiny, lines, str(out))
+    rows = rows_of(read_text(out))
+    assert [line_no(row) for row in rows] == [1, 2, 3]
+    assert all(row["response"]["status_code"] == 400 for row in rows)
+    assert summary["requests_failed"] == 3 and summary["requests_ok"] == 0
+
+
+def test_empty_input_writes_an_empty_file(tiny, tmp_path):
+    out = tmp_path / "out.jsonl"
+    summary = serve_lines(tiny, [], str(out))
+    assert read_text(out) == "" and summary["lines"] == 0 and summary["requests_ok"] == 0
+
+
+# ---- 4. text requests on a checkpoint with a tokenizer ---------------------------------------------------------
+
+def text_score_line(cid="ts"):
+    return json.dumps({"custom_id": cid, "url": "/v1/score",
+                       "body": {"prompt": "Question: is the cat on the mat?", "candidates": [" yes", " no", " maybe"],
+                                "suffixes": [" Answer:", " Reply:", [46, 22]]}})
+
+
+def text_completion_line(cid, prompt, max_tokens, **extra):
+    return json.dumps({"custom_id": cid, "url": "/v1/completions",
+                       "body": {"prompt": prompt, "max_tokens": max_tokens, **extra}})
+
+
+def test_text_requests_with_a_tokenizer(qwen3, tmp_path):
+    tok = qwen3.tokenizer
+    prompt = "the cat sat on"
+    lines = [text_score_line(), text_completion_line("free", prompt, 20)]
+    out = tmp_path / "out.jsonl"
+    serve_lines(qwen3, lines, str(out))
+    rows = rows_of(read_text(out))
+    assert [row["response"]["status_code"] for row in rows] == [200, 200], rows
+
+    sc = rows[0]["response"]["body"]
+    check_score_body(sc, json.loads(lines[0])["body"])
+    texts = [" yes", " no", " maybe"]
+    assert len(sc["results"]) == 3
+    for res in sc["results"]:
+        assert [c["text"] for c in res["candidates"]] == texts  # echoed as sent
+        assert [c["token_ids"] for c in res["candidates"]] == [tok.encode(t, add_special_tokens=False).ids
+                                                                for t in texts]
+        assert res["best"] in texts
+    assert sc["usage"]["prompt_tokens"] == sum(
+        len(tok.encode("Question: is the cat on the mat?").ids) + len(s)
+        for s in (tok.encode(" Answer:", add_special_tokens=False).ids,
+                  tok.encode(" Reply:", add_special_tokens=False).ids, [46, 22]))
+
+    free = rows[1]["response"]["body"]["choices"][0]
+    assert free["finish_reason"] == "length" and len(free["token_ids"]) == 20
+    assert free["text"] == tok.decode(free["token_ids"])
+    text = free["text"]
+    # A stop string that occurs in the middle of the free-running greedy text, and one that never occurs.
+    stop = next(text[i:i + 2] for i in range(len(text) // 3, len(text) - 2) if text[i:i + 2].strip())
+    never = "\u00a7never\u00a7"
+    assert never not in text
+    lines2 = [text_completion_line("stopped", prompt, 20, stop=[never, stop]),
+              text_completion_line("single-stop", prompt, 20, stop=stop),
+              text_completion_line("not-hit", prompt, 20, stop=never)]
+    out2 = tmp_path / "out2.jsonl"
+    serve_lines(qwen3, lines2, str(out2))
+    rows2 = rows_of(read_text(out2))
+    for row in rows2[:2]:
+        choice = row["response"]["body"]["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        assert stop not in choice["text"] and never not in choice["text"]
+        assert choice["text"] == text[:text.find(stop)]
+        ids = choice["token_ids"]
+        assert 1 <= len(ids) < 20 and ids == free["token_ids"][:len(ids)]
+        assert row["response"]["body"]["usage"]["completion_tokens"] == len(ids)
+    not_hit = rows2[2]["response"]["body"]["choices"][0]
+    assert not_hit["finish_reason"] == "length" and not_hit["text"] == text
+    assert not_hit["token_ids"] == free["token_ids"]
+
+
+def test_text_lines_that_cannot_be_served(qwen3, tmp_path):
+    lines = [
+        json.dumps({"custom_id": "nl", "url": "/v1/score", "body": {"prompt": "hi", "candidates": ["\n"]}}),
+        text_score_line("ok"),
+        json.dumps({"custom_id": "long", "url": "/v1/completions",
+                    "body": {"prompt": "a" * 300, "max_tokens": 4}}),
+    ]
+    out = tmp_path / "out.jsonl"
+    serve_lines(qwen3, lines, str(out))
+    rows = rows_of(read_text(out))
+    assert [row["response"]["status_code"] for row in rows] == [400, 200, 400]
+    assert "tokenizes to no tokens" in rows[0]["error"]["message"]  # this fixture's vocabulary has no newline
+    assert "exceed the model's context of 256" in rows[2]["error"]["message"]
+
+
+# ---- 5. stdin and --metrics ------------------------------------------------------------------------------------
+
+def test_stdin_input_and_metrics_file(tmp_path):
+    metrics = tmp_path / "m.json"
+    # The examples (whose compiled steps test_main_job_on_examples left in the persistent cache) plus a bad line.
+    lines = example_lines()
+    lines.insert(2, "garbage")
+    r = cli("--input", "-", "--metrics", str(metrics), "--dtype", "float32", input="\n".join(lines) + "\n")
+    assert r.returncode == 0, r.stderr
+    rows = rows_of(r.stdout)
+    assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
+    assert rows[2]["response"]["status_code"] == 400 and "not JSON" in rows[2]["error"]["message"]
+    generated = prompt_tokens = 0
+    for n, (row, line) in enumerate(zip(rows, lines), start=1):
+        if n != 3:
+            body = check_ok(row, n, line)
+            prompt_tokens += body["usage"]["prompt_tokens"]
+            generated += body["usage"].get("completion_tokens", 0)
+    k = next(k for k, line in enumerate(lines) if '"suffixes"' in line)  # the ranking request
+    req = json.loads(lines[k])["body"]  # each suffix's context counts whole
+    assert rows[k]["response"]["body"]["usage"]["prompt_tokens"] == sum(
+        len(req["prompt_token_ids"]) + len(s) for s in req["suffixes"])
+    m = json.loads(read_text(metrics))
+    assert m["model"] == TINY and m["dtype"] == "float32" and m["lines"] == len(lines)
+    assert m["requests_ok"] == len(lines) - 1 and m["requests_failed"] == 1 and m["requests_resumed"] == 0
+    assert m["prompt_tokens"] == prompt_tokens and m["generated_tokens"] == generated
+    assert isinstance(m["tokens_per_s"], float) and m["tokens_per_s"] > 0
+    assert math.isclose(m["tokens_per_s"], (prompt_tokens + generated) / m["wall_s"], rel_tol=1e-9)
+    assert 0.0 <= m["prefix_cache_hit_rate"] <= 1.0
+    assert math.isclose(m["prefix_cache_hit_rate"], m["cached_prompt_tokens"] / prompt_tokens)
+    assert f"{len(lines) - 1} ok, 1 failed" in summary_line(r.stderr)
+
+
+# ---- a failing batch costs only its own requests -----------------------------------------------------------------
+
+def test_failing_batch_gives_500_to_its_requests_only(tiny, tmp_path, monkeypatch):
+    calls = []
+    real_score = tiny.score_packed
+
+    def flaky_score(batch, pool=None):
+        calls.append(batch["tokens"].shape)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return real_score(batch, pool)
+
+    def broken_generate(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(tiny, "score_packed", flaky_score)
+    monkeypatch.setattr(tiny, "generate_rows", broken_generate)
+    # Each score request needs a 64-token row of its own at this budget, so it is a batch of its own; the
+    # longest goes first, into the failing call.
+    lines = [score("s50", list(range(100, 150)), [[1], [2]]),
+             score("s60", list(range(200, 260)), [[1], [2]]),
+             "nope",
+             completion("c", [1, 2, 3], 4),
+             score("s40", list(range(300, 340)), [[1], [2]])]
+    out = tmp_path / "out.jsonl"
+    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=64)
+    assert len(calls) == 3 and summary["batches"] == 4
+    rows = rows_of(read_text(out))
+    assert [line_no(row) for row in rows] == list(range(1, 6))
+    assert [row["response"]["status_code"] for row in rows] == [200, 500, 400, 500, 200]
+    assert rows[1]["custom_id"] == "s60" and rows[1]["error"]["code"] == "internal_error"
+    assert rows[1]["error"]["message"] == "batch failed: RuntimeError: boom"
+    assert rows[3]["error"]["message"] == "batch failed: MemoryError: no room"
+    check_ok(rows[0], 1, lines[0])
+    check_ok(rows[4], 5, lines[4])
+    assert summary["requests_ok"] == 2 and summary["requests_failed"] == 3
+    # Rerun with the engine healthy and line 3 fixed: server errors are retried, the changed line is served
+    # anew (its id fingerprints the new text), the rest is reused.
+    monkeypatch.undo()
+    lines[2] = score("fixed", [5, 6, 7], [[1], [2]])
+    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=64)
+    rows = rows_of(read_text(out))
+    assert [row["response"]["status_code"] for row in rows] == [200] * 5
+    assert summary["requests_resumed"] == 2 and summary["requests_ok"] == 3
+    check_ok(rows[2], 3, lines[2])
+
+
+# ---- 6. kill and resume ----------------------------------------------------------------------------------------
+
+RESUME_N = 60
+
+
+def resume_input(path) -> list[str]:
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(RESUME_N):
+        prompt = rng.integers(1, TINY_VOCAB, int(rng.integers(3, 50))).tolist()
+        cands = [rng.integers(1, TINY_VOCAB, int(rng.integers(1, 3))).tolist() for _ in range(int(rng.integers(2, 4)))]
+        lines.append(score(f"r{i}", prompt, cands))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines
+
+
+def resumed_count(stderr: str) -> int:
+    return int(re.search(r"(\d+) resumed", summary_line(stderr)).group(1))
+
+
+def logprobs(rows) -> list[list[float]]:
+    return [[c["logprob"] for res in row["response"]["body"]["results"] for c in res["candidates"]] for row in rows]
+
+
+def test_sigkill_then_resume_completes_the_output(tmp_path):
+    inp, out, ref = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
+    journal = str(out) + ".partial"
+    resume_input(inp)
+    args = ["--input", str(inp), "--max-batch-tokens", "64", "--dtype", "float32"]
+
+    child = subprocess.Popen([sys.executable, "-m", "launch.serve", *args, "--output", str(out)], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if os.path.exists(journal) and read_text(journal).count("\n") >= 3:
+                break
+            assert child.poll() is None, "the runner exited before it could be killed"
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    assert child.returncode == -signal.SIGKILL  # it really was interrupted
+    assert not os.path.exists(out)
+    done = read_text(journal).count("\n")
+    assert 3 <= done < RESUME_N
+
+    r = cli(*args, "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert 0 < resumed_count(r.stderr) < RESUME_N
+    assert not os.path.exists(journal) and not os.path.exists(str(out) + ".tmp")
+    rows = rows_of(read_text(out))
+    assert [line_no(row) for row in rows] == list(range(1, RESUME_N + 1))
+    assert [row["custom_id"] for row in rows] == [f"r{i}" for i in range(RESUME_N)]
+    assert all(row["response"]["status_code"] == 200 for row in rows)
+
+    # Same numbers as an uninterrupted run (batches differ, so only up to float32 noise).
+    r = cli(*args, "--output", str(ref))
+    assert r.returncode == 0, r.stderr
+    assert resumed_count(r.stderr) == 0
+    want = logprobs(rows_of(read_text(ref)))
+    got = logprobs(rows)
+    assert [len(x) for x in got] == [len(x) for x in want]
+    np.testing.assert_allclose(np.concatenate(got), np.concatenate(want), atol=1e-4, rtol=0)
+
+    # A rerun on the complete output recomputes nothing and rewrites it byte for byte.
+    before = read_text(out)
+    r = cli(*args, "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert resumed_count(r.stderr) == RESUME_N
+    assert "0 computed" in summary_line(r.stderr)
+    assert read_text(out) == before
+    assert not os.path.exists(journal)
+
+
+# ---- 7. property: garbage in, one line out per line -------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 40) | st.sampled_from([1024, 2**31, 2**63, -2**70, 10**40])
+    | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+KEYS = ["custom_id", "method", "url", "body", "prompt", "prompt_token_ids", "candidates", "candidate_token_ids",
+        "suffixes", "max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n", "model"]
+
+
+@st.composite
+def mutated_example(draw):
+    text = draw(st.sampled_from(example_lines()))
+    if draw(st.booleans()):
+        obj = json.loads(text)
+        for _ in range(draw(st.integers(1, 3))):
+            target = obj["body"] if draw(st.booleans()) and isinstance(obj.get("body"), dict) else obj
+            key = draw(st.sampled_from(KEYS))
+            if draw(st.booleans()):
+                target.pop(key, None)
+            else:
+                target[key] = draw(json_values)
+        text = json.dumps(obj, allow_nan=True)
+    if draw(st.booleans()):  # textual damage: truncate, or splice some characters in
+        i = draw(st.integers(0, len(text)))
+        text = text[:i] + draw(st.text(max_size=3)) + text[i + draw(st.integers(0, 3)):]
+    return text
+
+
+garbage_line = st.one_of(st.text(max_size=30), json_values.map(json.dumps), mutated_example(),
+                         st.sampled_from(example_lines()))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=st.lists(garbage_line, max_size=6))
+def test_garbage_lines_one_result_each_in_order(tiny, lines):
+    lines = [line.replace("\n", " ") for line in lines]  # one request per line, as read from a file
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.jsonl")
+        summary = serve_lines(tiny, lines, out, max_batch_tokens=256)
+        text = read_text(out)
+        assert not os.path.exists(out + ".partial")
+    rows = rows_of(text)
+    assert len(rows) == len(lines) == summary["lines"]
+    for i, row in enumerate(rows, start=1):
+        assert line_no(row) == i
+        if row["error"] is None:
+            assert row["response"]["status_code"] == 200 and row["response"]["body"]["object"] in (
+                "score", "text_completion")
+            assert row["custom_id"] == json.loads(lines[i - 1])["custom_id"]
+        else:
+            assert row["response"]["status_code"] in (400, 500) and row["response"]["body"] is None
+            assert row["error"]["code"] and row["error"]["message"]
+    assert summary["requests_ok"] + summary["requests_failed"] == len(lines)

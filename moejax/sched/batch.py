@@ -8,7 +8,7 @@ from moejax.kv_pool import BLOCK
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
 from moejax.sched.requests import BadLine, parse_lines
-from moejax.sched.results import ResultStore, error_line
+from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Runner
 
 
@@ -16,7 +16,8 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings)
-    store = ResultStore(store_path, {e.line: e.custom_id for e in entries})
+    store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
+                        {e.line: request_id(e.line, lines[e.line - 1]) for e in entries})
     todo = [e for e in entries if not isinstance(e, BadLine) and not store.done(e.line)]
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
@@ -41,7 +42,7 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
     with store:
         for e in entries:
             if isinstance(e, BadLine) and not store.done(e.line):
-                store.write(e.line, error_line(e.line, e.custom_id, e.message))
+                store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line]))
                 bad += 1
         bar = progress(len(todo)) if progress is not None else None
         metrics = Runner(engine, plan, todo, store, progress=bar).run()

@@ -7,29 +7,41 @@ it onto the output atomically.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import sys
 import time
 
 _FSYNC_EVERY_S = 1.0  # flush every write, but fsync at most this often (and always at close)
 
 
-def ok_line(line: int, custom_id: str, body: dict) -> dict:
-    return {"id": f"req_{line}", "custom_id": custom_id, "response": {"status_code": 200, "body": body}, "error": None}
+def request_id(line: int, text: str) -> str:
+    """`req_<line>-<fingerprint of the line's text>`: a rerun reuses a result only for the very same request."""
+    return f"req_{line}-{hashlib.blake2b(text.encode('utf-8', 'replace'), digest_size=4).hexdigest()}"
 
 
-def error_line(line: int, custom_id: str | None, message: str, *, code="invalid_request", status=400) -> dict:
-    return {"id": f"req_{line}", "custom_id": custom_id, "line": line,
+def ok_line(line: int, custom_id: str, body: dict, *, rid: str | None = None) -> dict:
+    return {"id": rid or f"req_{line}", "custom_id": custom_id, "response": {"status_code": 200, "body": body},
+            "error": None}
+
+
+def error_line(line: int, custom_id: str | None, message: str, *, code="invalid_request", status=400,
+               rid: str | None = None) -> dict:
+    return {"id": rid or f"req_{line}", "custom_id": custom_id, "line": line,
             "response": {"status_code": status, "body": None}, "error": {"code": code, "message": message}}
 
 
 class ResultStore:
     """Output file + a '<output>.partial' journal."""
 
-    def __init__(self, output_path: str | None, expected: dict[int, str | None]):
+    def __init__(self, output_path: str | None, expected: dict[int, str | None],
+                 ids: dict[int, str] | None = None):
+        """expected: line -> custom_id; ids: line -> result id (default `req_<line>`, see request_id)."""
         self.output_path = output_path
         self.expected = dict(expected)
+        self.ids = {n: (ids or {}).get(n, f"req_{n}") for n in self.expected}
         # line -> serialized result; keeping the text means a rerun rewrites byte-identical output.
         self._results: dict[int, str] = {}
         self._journal = None
@@ -57,8 +69,10 @@ class ResultStore:
             if not isinstance(result, dict):
                 continue
             line = _line_of(result.get("id"))
-            # Only reuse a result whose custom_id still matches: the input file may have changed.
-            if line in self.expected and result.get("custom_id") == self.expected[line]:
+            # Only reuse a result for the same request (the input file may have changed), and never a server
+            # error: those are retried.
+            if (line in self.expected and result["id"] == self.ids[line]
+                    and result.get("custom_id") == self.expected[line] and _status(result) != 500):
                 self._results[line] = text
 
     def done(self, line: int) -> bool:
@@ -72,7 +86,7 @@ class ResultStore:
         return sorted(n for n in self.expected if n not in self._results)
 
     def write(self, line: int, result: dict) -> None:
-        if result.get("id") != f"req_{line}":
+        if result.get("id") != self.ids.get(line, f"req_{line}"):
             raise ValueError(f"result id {result.get('id')!r} does not match line {line}")
         if line not in self.expected:
             raise ValueError(f"line {line} is not an expected input line")
@@ -140,12 +154,17 @@ class ResultStore:
         self.close()
 
 
+_ID = re.compile(r"req_([1-9][0-9]*)(-[0-9a-f]{8})?")
+
+
 def _line_of(result_id) -> int | None:
-    digits = result_id[4:] if isinstance(result_id, str) and result_id.startswith("req_") else ""
-    # Round-trip check rejects "req_01", "req_+1" and non-ASCII digits.
-    if digits.isdigit() and result_id == f"req_{int(digits)}":
-        return int(digits)
-    return None
+    m = _ID.fullmatch(result_id) if isinstance(result_id, str) else None
+    return int(m.group(1)) if m else None
+
+
+def _status(result: dict):
+    response = result.get("response")
+    return response.get("status_code") if isinstance(response, dict) else None
 
 
 def _fsync_dir(path: str) -> None:

@@ -192,7 +192,7 @@ class Runner:
         if body["object"] == "text_completion":
             self.metrics.generated_tokens += body["usage"]["completion_tokens"]
         if self.store is not None:
-            self.store.write(req.line, ok_line(req.line, req.custom_id, body))
+            self.store.write(req.line, ok_line(req.line, req.custom_id, body, rid=self.store.ids[req.line]))
         if self.progress is not None:
             self.progress(1, self.metrics)
 
@@ -208,7 +208,8 @@ class Runner:
             self.metrics.requests_failed += 1
             if self.store is not None:
                 self.store.write(req.line, error_line(req.line, req.custom_id, f"batch failed: {message}",
-                                                      code="internal_error", status=500))
+                                                      code="internal_error", status=500,
+                                                      rid=self.store.ids[req.line]))
         if self.cache is not None:  # the pool may be gone (donated into the failed call): start it afresh
             self.cache = PrefixCache(self.plan.pool_blocks)
             self.pool = self.engine.init_pool(self.plan.pool_blocks) if self.plan.pool_blocks else None
