@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.buckets import bucket
 from moejax.costs import active_param_count
+from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kv_pool import BLOCK
 from moejax.sched import packing
 from moejax.sched.planner import Plan
@@ -155,7 +157,7 @@ class Runner:
         m = self.metrics
         new = [len(r.prompt) - BLOCK * len(p) for r, p in zip(reqs, prior)]
         m.computed_tokens += sum(new)
-        m.padded_tokens += len(reqs) and max(new) * len(reqs)
+        m.padded_tokens += bucket(len(reqs)) * bucket(max(new), MIN_SEQ_BUCKET)
         m.flops += self._flops_per_token * (sum(new) + sum(map(len, outs))) + self._head_flops * sum(map(len, outs))
         for r, out, p, st in zip(reqs, outs, prior, stops):
             self._emit(self._index[r.line], self._completion_body(r, out, BLOCK * len(p), st))
