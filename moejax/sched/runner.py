@@ -97,8 +97,8 @@ class Runner:
         if self.plan.pool_blocks:
             self.pool = self.engine.init_pool(self.plan.pool_blocks)
         for k, batch in enumerate(self.plan.batches):
-            prepared = self.prepare(k)
             try:
+                prepared = self.prepare(k)
                 if batch.kind == "score":
                     self._run_score(batch, *prepared)
                 else:
