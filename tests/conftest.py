@@ -20,3 +20,21 @@ def reference(name: str) -> dict:
 def _compile_cache(tmp_path_factory):
     # Keep the persistent compilation cache inside the test run, not in the user's home.
     os.environ.setdefault("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
+def kill_when_journal_has(child, journal: str, lines: int, *, timeout: float, poll: float = 0.01) -> None:
+    """SIGKILL `child` (a Popen) once `journal` holds at least `lines` lines; fails if it exits first."""
+    import signal
+    import time
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(journal):
+                with open(journal, encoding="utf-8") as f:
+                    if f.read().count("\n") >= lines:
+                        break
+            assert child.poll() is None, "the process exited before it could be killed"
+            time.sleep(poll)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()

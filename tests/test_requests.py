@@ -6,6 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from garbage import damage
+
 from moejax.sched.requests import (
     BadLine, Candidate, CompletionRequest, ScoreRequest, parse_line, parse_lines,
 )
@@ -292,8 +294,6 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-KEYS = ["custom_id", "method", "url", "body", "prompt", "prompt_token_ids", "candidates", "candidate_token_ids",
-        "suffixes", "max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n", "model"]
 VALID = [
     {"custom_id": "s", "url": "/v1/score",
      "body": {"prompt": "hello", "candidates": ["a", "b"], "suffixes": [" x", [1, 2]]}},
@@ -305,19 +305,7 @@ VALID = [
 
 @st.composite
 def mutated_valid_line(draw):
-    obj = json.loads(json.dumps(draw(st.sampled_from(VALID))))
-    for _ in range(draw(st.integers(1, 3))):
-        target = obj["body"] if draw(st.booleans()) and isinstance(obj.get("body"), dict) else obj
-        key = draw(st.sampled_from(KEYS))
-        if draw(st.booleans()):
-            target.pop(key, None)
-        else:
-            target[key] = draw(json_values)
-    text = json.dumps(obj, allow_nan=True)
-    if draw(st.booleans()):  # textual damage: cut or splice the line
-        i = draw(st.integers(0, len(text)))
-        text = text[:i] + draw(st.text(max_size=3)) + text[i + draw(st.integers(0, 3)):]
-    return text
+    return damage(draw, json.loads(json.dumps(draw(st.sampled_from(VALID)))), json_values)
 
 
 garbage_line = st.one_of(st.text(max_size=40), json_values.map(json.dumps), mutated_valid_line(),

@@ -3,10 +3,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from conftest import kill_when_journal_has
 from moejax.sched.results import ResultStore, error_line, ok_line
 
 RESULTS_PY = os.path.join(os.path.dirname(__file__), "..", "moejax", "sched", "results.py")
@@ -155,16 +155,7 @@ def test_sigkill_midway_then_resume(tmp_path):
     out = str(tmp_path / "out.jsonl")
     ids = {i: f"c{i}" for i in range(1, 41)}
     child = subprocess.Popen([sys.executable, "-c", CHILD, RESULTS_PY, out])
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if os.path.exists(out + ".partial") and read(out + ".partial").count("\n") >= 2:
-                break
-            assert child.poll() is None, "child exited before it could be killed"
-            time.sleep(0.01)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.wait()
+    kill_when_journal_has(child, out + ".partial", 2, timeout=10)
     assert child.returncode == -signal.SIGKILL and not os.path.exists(out)
 
     with ResultStore(out, ids) as store:

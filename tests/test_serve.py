@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moejax
-from conftest import fixture_dir
+from conftest import fixture_dir, kill_when_journal_has
+from garbage import damage
 from launch import serve as serve_cli
 from moejax.sched.batch import explain_lines, serve_lines
 
@@ -497,16 +497,7 @@ def test_sigkill_then_resume_completes_the_output(tmp_path):
 
     child = subprocess.Popen([sys.executable, "-m", "launch.serve", *args, "--output", str(out)], cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if os.path.exists(journal) and read_text(journal).count("\n") >= 3:
-                break
-            assert child.poll() is None, "the runner exited before it could be killed"
-            time.sleep(0.005)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.wait()
+    kill_when_journal_has(child, journal, 3, timeout=240, poll=0.005)
     assert child.returncode == -signal.SIGKILL  # it really was interrupted
     assert not os.path.exists(out)
     done = read_text(journal).count("\n")
@@ -548,27 +539,12 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=10,
 )
-KEYS = ["custom_id", "method", "url", "body", "prompt", "prompt_token_ids", "candidates", "candidate_token_ids",
-        "suffixes", "max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n", "model"]
 
 
 @st.composite
 def mutated_example(draw):
-    text = draw(st.sampled_from(example_lines()))
-    if draw(st.booleans()):
-        obj = json.loads(text)
-        for _ in range(draw(st.integers(1, 3))):
-            target = obj["body"] if draw(st.booleans()) and isinstance(obj.get("body"), dict) else obj
-            key = draw(st.sampled_from(KEYS))
-            if draw(st.booleans()):
-                target.pop(key, None)
-            else:
-                target[key] = draw(json_values)
-        text = json.dumps(obj, allow_nan=True)
-    if draw(st.booleans()):  # textual damage: truncate, or splice some characters in
-        i = draw(st.integers(0, len(text)))
-        text = text[:i] + draw(st.text(max_size=3)) + text[i + draw(st.integers(0, 3)):]
-    return text
+    obj = json.loads(draw(st.sampled_from(example_lines())))
+    return damage(draw, obj, json_values, rewrite=draw(st.booleans()))
 
 
 garbage_line = st.one_of(st.text(max_size=30), json_values.map(json.dumps), mutated_example(),
