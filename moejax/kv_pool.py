@@ -24,16 +24,20 @@ def store(pool, keys, block_ids, src):
         new = {}
         for name, a in layer_pool.items():
             k = layer_keys[name]
-            idx = src.reshape(B, NS * BLOCK).reshape((B, NS * BLOCK) + (1,) * (k.ndim - 2))
+            idx = src.reshape((B, NS * BLOCK) + (1,) * (k.ndim - 2))
             blocks = jnp.take_along_axis(k, idx, axis=1).reshape(B * NS, BLOCK, *a.shape[2:])
             new[name] = a.at[flat_ids].set(blocks.astype(a.dtype), mode="drop")
         out.append(new)
     return out
 
 
+def concat_prior(prior, new):
+    """Keys [B, P, ...] of earlier tokens followed by a call's own keys [B, T, ...]."""
+    return jnp.concatenate([prior.astype(new.dtype), new], axis=1)
+
+
 def concat_keys(prior, new):
     """Per-layer keys of a packed call: prior keys (or None) followed by the call's own keys."""
     if prior is None:
         return new
-    return [{name: jnp.concatenate([p[name].astype(n[name].dtype), n[name]], axis=1) for name in n}
-            for p, n in zip(prior, new)]
+    return [{name: concat_prior(p[name], n[name]) for name in n} for p, n in zip(prior, new)]

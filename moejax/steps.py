@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax import kv_pool
-from moejax.models.attention import TreeMask, write_cache
+from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
 from moejax.sampling import sample
 
@@ -61,8 +61,7 @@ def prefill(graphdef, impl, state, pool, tokens, positions, last, temperature, t
     cache = model.init_cache(B, cache_len)
     if prior_ids is not None:
         prior = kv_pool.gather(pool, prior_ids)
-        slots = jnp.broadcast_to(jnp.arange(prior_ids.shape[1] * kv_pool.BLOCK, dtype=jnp.int32),
-                                 (B, prior_ids.shape[1] * kv_pool.BLOCK))
+        slots = cache_positions(prior_ids.shape[1] * kv_pool.BLOCK, B)
         cache = [{name: write_cache(c[name], slots, p[name]) for name in c} for c, p in zip(cache, prior)]
     logits, cache = model(tokens, positions, cache, read_cache=prior_ids is not None, impl=impl, gather_idx=last)
     if store_ids is not None:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.config import ModelConfig
+from moejax.kv_pool import concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
 _f32 = jnp.float32
@@ -72,10 +73,6 @@ def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask
     return out.reshape(B, T, Hq, v.shape[-1]).astype(q.dtype)
 
 
-def _cat(prior, new):
-    return jnp.concatenate([prior.astype(new.dtype), new], axis=1)
-
-
 def write_cache(cache, positions, new):
     """Store new [B,T,...] at slot = position, per sequence."""
     rows = jnp.arange(positions.shape[0])[:, None]
@@ -119,7 +116,7 @@ class GQAttention(nnx.Module):
         sinks = self.sinks[...] if self.sinks is not None else None
         if tree is not None:
             new = {"k": k, "v": v}
-            keys, values = (k, v) if prior is None else (_cat(prior["k"], k), _cat(prior["v"], v))
+            keys, values = (k, v) if prior is None else (concat_prior(prior["k"], k), concat_prior(prior["v"], v))
             out = attend(q, keys, values, positions, tree.k_pos, self.scale, self.window, sinks, tree)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         if cache is not None:
@@ -130,8 +127,6 @@ class GQAttention(nnx.Module):
             k_pos = cache_positions(cache["k"].shape[1], B)
             out = attend(q, cache["k"], cache["v"], positions, k_pos, self.scale, self.window, sinks)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
-
-
 
 
 class MLAttention(nnx.Module):
@@ -186,7 +181,7 @@ class MLAttention(nnx.Module):
         if tree is not None:
             new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
             if prior is not None:
-                latent, k_rope = _cat(prior["latent"], latent), _cat(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
+                latent, k_rope = concat_prior(prior["latent"], latent), concat_prior(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
             out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, positions, tree.k_pos, tree)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         if cache is not None:

@@ -3,6 +3,7 @@ fixed number of pool slots with LRU eviction. Host-side only: the KV lives in th
 this table says which hash is in which slot. Deterministic, so `--explain` can replay it without a model."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -12,13 +13,19 @@ from moejax.kv_pool import BLOCK
 
 def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]:
     """Hash of every full block of `tokens` (at most `limit`); block k's hash covers blocks 0..k."""
+    hashes = _chain(tuple(tokens))
+    return list(hashes if limit is None else hashes[:limit])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _chain(tokens: tuple[int, ...]) -> tuple[bytes, ...]:
+    # Memoized: the planner and the packer hash the same contexts.
     out, parent = [], b""
-    n = len(tokens) // BLOCK if limit is None else min(limit, len(tokens) // BLOCK)
-    for k in range(n):
+    for k in range(len(tokens) // BLOCK):
         chunk = ",".join(map(str, tokens[k * BLOCK:(k + 1) * BLOCK])).encode()
         parent = hashlib.blake2b(parent + b"|" + chunk, digest_size=16).digest()
         out.append(parent)
-    return out
+    return tuple(out)
 
 
 class PrefixCache:

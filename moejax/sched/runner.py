@@ -58,6 +58,7 @@ class Runner:
         self.future = Counter(h for u in plan.uses for h in u)
         self._acc = defaultdict(float)  # (request, sibling, candidate) -> summed logprob
         self._cached = {}  # (request, sibling) -> cached context tokens
+        self._index = {r.line: i for i, r in enumerate(requests)}  # input line -> request index
         self._reads_left = {i: sum(len(r.contexts) * len(c.token_ids) for c in r.candidates)
                             for i, r in enumerate(requests) if isinstance(r, ScoreRequest)}
         cfg = engine.config
@@ -79,15 +80,18 @@ class Runner:
             return rows, packing.assemble(rows, self.plan.pool_blocks)
         prior, stores = [], []
         for r in batch.requests:
-            hashes = block_hashes(r.prompt)
-            slots = self.cache.match(hashes[: (len(r.prompt) - 1) // BLOCK]) if self.cache else []
-            prior.append(slots)
             keep = []
-            for j, h in enumerate(hashes):
-                if self.cache is not None and h not in self.cache and self._want_store(h):
-                    slot = self.cache.allocate(h)
-                    if slot is not None:
-                        keep.append((slot, j * BLOCK))
+            if self.cache is None:
+                slots = []
+            else:
+                hashes = block_hashes(r.prompt)
+                slots = self.cache.match(hashes[: (len(r.prompt) - 1) // BLOCK])
+                for j, h in enumerate(hashes):
+                    if h not in self.cache and self._want_store(h):
+                        slot = self.cache.allocate(h)
+                        if slot is not None:
+                            keep.append((slot, j * BLOCK))
+            prior.append(slots)
             stores.append(keep)
         return prior, stores
 
@@ -163,7 +167,7 @@ class Runner:
             self._emit(self._index[r.line], self._completion_body(r, out, BLOCK * len(p), st))
 
     def _completion_body(self, r: CompletionRequest, out: list[int], cached: int, stops) -> dict:
-        finish = "stop" if out and out[-1] in stops and len(out) <= r.max_tokens else "length"
+        finish = "stop" if out and out[-1] in stops else "length"
         ids = out
         text = self._decode(out[:-1] if finish == "stop" else out)
         if r.stop and text is not None:
@@ -179,12 +183,6 @@ class Runner:
     def _decode(self, ids) -> str | None:
         tok = self.engine.tokenizer
         return None if tok is None else tok.decode(list(ids))
-
-    @property
-    def _index(self) -> dict:
-        if not hasattr(self, "_line_index"):
-            self._line_index = {r.line: i for i, r in enumerate(self.requests)}
-        return self._line_index
 
     def _emit(self, i: int, body: dict) -> None:
         req = self.requests[i]
