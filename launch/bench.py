@@ -1,7 +1,9 @@
 """Benchmarks: `python -m launch.bench <command> ...`; results are appended as JSON to bench/results/.
 
 serve: the batch runner on synthetic scoring workloads (launch/bench_serve.py).
-prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert impl and, when torch and
+kernels: grouped GEMM, expert FFN and attention backends against dense matmul, ragged_dot and cuDNN
+(launch/bench_kernels.py).
+prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
 seeded), saved to a temporary directory and moejax loads that directory, so both engines run identical
@@ -13,10 +15,6 @@ import argparse
 import gc
 import json
 import os
-import platform
-import shlex
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -27,33 +25,8 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import bench_serve
-
-
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds used by every process on this machine, by this process); (0, 0) off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:8]]
-    except OSError:
-        return 0.0, 0.0
-    own = os.times()
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
-
-
-def _time(fn, repeats: int) -> tuple[float, list[float], float]:
-    """(first call incl. compilation, [seconds of each timed run], share of the CPUs other processes
-    used during the timed runs -- a benchmark sharing its cores reads slow)."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    runs, (all0, own0), start = [], _cpu_seconds(), time.perf_counter()
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    (all1, own1), wall = _cpu_seconds(), time.perf_counter() - start
-    return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
+from launch import bench_kernels, bench_serve
+from launch.bench_util import environment, time_calls
 
 
 def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) -> dict:
@@ -65,31 +38,6 @@ def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) ->
     return dict(engine=engine, impl=impl, tokens_per_s=tokens / median, tflops_per_s=flops / median / 1e12,
                 seconds_median=median, seconds_min=best, seconds=runs, repeats=len(runs), first_call_s=first,
                 other_processes_cpu_share=other, **extra)
-
-
-def _environment() -> dict:
-    import flax
-    import jax
-    import jaxlib
-    dev = jax.devices()[0]
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    versions = dict(python=platform.python_version(), jax=jax.__version__, jaxlib=jaxlib.__version__,
-                    flax=flax.__version__, numpy=np.__version__, moejax=moejax.__version__)
-    for name in ("torch", "transformers"):
-        try:
-            versions[name] = __import__(name).__version__
-        except ImportError:
-            pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True, text=True).stdout.split("\n")
-    except OSError:
-        commit, dirty = "", []
-    return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),
-                            cpu=cpu, cpu_count=os.cpu_count()),
-                versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),
-                command=shlex.join([sys.executable, "-m", "launch.bench", *sys.argv[1:]]))
 
 
 def _hf_checkpoint(hf_config: dict, directory: str, seed: int):
@@ -116,7 +64,7 @@ def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[
         used = getattr(model.config, "_experts_implementation", None)
         out = {}
         with torch.no_grad():
-            timing = _time(lambda: out.__setitem__("logits", model(input_ids=x, use_cache=False).logits), repeats)
+            timing = time_calls(lambda: out.__setitem__("logits", model(input_ids=x, use_cache=False).logits), repeats)
         logits = out["logits"].float().numpy() if logits is None else logits
         results.append(_result("transformers", str(used), tokens, flops, timing,
                                attn_implementation="eager", experts_implementation=used, torch_threads=torch.get_num_threads()))
@@ -140,7 +88,7 @@ def prefill(args) -> dict:
         except ImportError as e:
             print(f"transformers comparison skipped: {e}")
             use_hf = False
-    env, hf_results, hf_logits, tmp = _environment(), [], None, None
+    env, hf_results, hf_logits, tmp = environment(), [], None, None
     source = args.model
     load_avg = [os.getloadavg()]
     if use_hf:
@@ -165,10 +113,10 @@ def prefill(args) -> dict:
         gc.collect()
     results = []
     for impl in args.impls.split(","):
-        engine = moejax.load(source, dtype=args.dtype, expert_impl=impl, num_layers=args.num_layers,
+        engine = moejax.load(source, dtype=args.dtype, kernels=f"experts={impl}", num_layers=args.num_layers,
                              compilation_cache=False)
         out = {}
-        timing = _time(lambda: out.__setitem__("logits", engine.logits(ids)), args.repeats)
+        timing = time_calls(lambda: out.__setitem__("logits", engine.logits(ids)), args.repeats)
         extra = {}
         if hf_logits is not None:
             diff = float(np.max(np.abs(out["logits"] - hf_logits)))
@@ -205,7 +153,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--impls", default="sorted,ragged,dense")
+    p.add_argument("--impls", default="xla,ragged_dot,dense", help="expert FFN backends to time")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-transformers", action="store_true")
@@ -213,7 +161,8 @@ def main(argv=None):
                    help="transformers experts implementations to time, e.g. grouped_mm,eager (default: its default)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/prefill-<device>.json)")
     p.set_defaults(run=prefill)
-    bench_serve.add_parser(sub).set_defaults(run=lambda a: bench_serve.serve(a, _environment()))
+    bench_serve.add_parser(sub).set_defaults(run=lambda a: bench_serve.serve(a, environment()))
+    bench_kernels.add_parser(sub).set_defaults(run=lambda a: bench_kernels.kernels(a, environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

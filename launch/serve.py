@@ -35,7 +35,9 @@ def parse_args(argv=None):
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--num-layers", type=int, default=None, help="run only the first N layers (for trials)")
-    p.add_argument("--expert-impl", default="auto", help="expert FFN path: auto, sorted, ragged, dense")
+    p.add_argument("--kernels", default="auto",
+                   help="kernel backends: auto (Pallas on GPU, XLA on CPU), one name for every op (xla, pallas, "
+                        "pallas_interpret) or per op, e.g. experts=ragged_dot,attention=xla")
     p.add_argument("--max-batch-tokens", type=int, default=8192,
                    help="token budget of one batch, padding included (rows x row length; for completions rows x "
                         "(prompt + new tokens)); default 8192")
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
-    options = {"expert_impl": args.expert_impl}
+    options = {"kernels": args.kernels}
     if args.num_layers is not None:
         options["num_layers"] = args.num_layers
     try:

@@ -12,6 +12,7 @@ from flax import nnx
 from moejax import steps
 from moejax.buckets import bucket
 from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
 
 MIN_SEQ_BUCKET = 16
@@ -21,22 +22,22 @@ class Engine:
     """Serve one model. Weights are created lazily: a full-shape preset costs nothing until it runs."""
 
     def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], nnx.State],
-                 tokenizer=None, *, dtype=jnp.float32, expert_impl: str = "sorted", name: str = ""):
+                 tokenizer=None, *, dtype=jnp.float32, kernels: Kernels = Kernels(), name: str = ""):
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = jnp.dtype(dtype)
-        self.expert_impl = expert_impl
+        self.kernels = kernels
         self.name = name
         self._graphdef = graphdef
         self.abstract_params = abstract_state
         self._materialize = materialize
         self._state = None
         bind = functools.partial
-        self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, expert_impl))
-        self._score_fn = jax.jit(bind(steps.score, graphdef, expert_impl), donate_argnums=(1,))
-        self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, expert_impl), static_argnames=("cache_len",),
+        self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, kernels))
+        self._score_fn = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,))
+        self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, kernels), static_argnames=("cache_len",),
                                    donate_argnums=(1,))
-        self._decode_fn = jax.jit(bind(steps.decode, graphdef, expert_impl), static_argnames=("steps",))
+        self._decode_fn = jax.jit(bind(steps.decode, graphdef, kernels), static_argnames=("steps",))
 
     # -- weights ---------------------------------------------------------------------------------
     @property

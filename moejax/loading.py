@@ -1,6 +1,7 @@
 """moejax.load: a checkpoint directory or a preset name -> Engine."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 
@@ -10,13 +11,13 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.engine import Engine
-from moejax.kernels import EXPERT_IMPLS
+from moejax.kernels.backends import Kernels, on_gpu
 from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
 from moejax.models.decoder import MoEModel
 from moejax.presets import PRESETS, preset_config
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-OPTIONS = ("num_layers", "seed", "expert_impl", "compilation_cache")
+OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache")
 
 
 def presets() -> list[str]:
@@ -39,17 +40,20 @@ def enable_compilation_cache(path: str | None = None) -> str:
 def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     """Load `model` (a HF checkpoint directory or a preset name; see `presets()`).
 
-    options: num_layers (run the first N layers only), seed (preset weights), expert_impl
-    ("auto", "sorted", "ragged", "dense"), compilation_cache (True, False or a directory)."""
+    options: num_layers (run the first N layers only), seed (preset weights), kernels (backends of the expert FFN
+    and attention: "auto", one name for both such as "xla" or "pallas", or per op, e.g.
+    "experts=ragged_dot,attention=reference"; see moejax.kernels), compilation_cache (True, False or a directory)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
     if dtype not in DTYPES:
         raise ValueError(f"moejax.load: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    impl = options.get("expert_impl", "auto")
-    impl = "sorted" if impl == "auto" else impl
-    if impl not in EXPERT_IMPLS:
-        raise ValueError(f"moejax.load: expert_impl {impl!r} is not one of auto, {', '.join(EXPERT_IMPLS)}")
+    try:
+        kernels = Kernels.parse(options.get("kernels"))
+    except ValueError as e:
+        raise ValueError(f"moejax.load: {e}") from None
+    if kernels.experts == "auto":  # attention's auto also depends on shapes: it stays per call
+        kernels = dataclasses.replace(kernels, experts="pallas" if on_gpu() else "xla")
     cache_opt = options.get("compilation_cache", True)
     if cache_opt:
         enable_compilation_cache(cache_opt if isinstance(cache_opt, str) else None)
@@ -89,7 +93,7 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         def materialize():
             return fill({p: random_param(p, s, seed) for p, s in shapes.items()})
         tokenizer = None
-    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, expert_impl=impl, name=model)
+    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model)
 
 
 def random_param(path: tuple, abstract, seed: int):

@@ -1,5 +1,5 @@
 """The jit-compiled steps behind Engine: full-sequence logits, packed-tree scoring, prefill and decode.
-Pure functions of (graphdef, expert impl, params, arrays); the Engine binds and compiles them."""
+Pure functions of (graphdef, kernels, params, arrays); the Engine binds and compiles them."""
 from __future__ import annotations
 
 import jax
@@ -16,14 +16,14 @@ def _model(graphdef, state) -> MoEModel:
     return nnx.merge(graphdef, state)
 
 
-def full_logits(graphdef, impl, state, tokens):
+def full_logits(graphdef, kernels, state, tokens):
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    logits, _ = _model(graphdef, state)(tokens, positions, impl=impl)
+    logits, _ = _model(graphdef, state)(tokens, positions, kernels=kernels)
     return logits
 
 
-def score(graphdef, impl, state, pool, batch):
+def score(graphdef, kernels, state, pool, batch):
     """Log-probabilities of target tokens in rows of packed token trees.
 
     batch: tokens, positions, q_pre, q_post [B, T] (DFS spans of each token's node); read_idx [B, U] (rows whose
@@ -39,7 +39,7 @@ def score(graphdef, impl, state, pool, batch):
         return new if prior is None else jnp.concatenate([batch[f"prior_{name}"], new], axis=1)
 
     tree = TreeMask(batch["q_pre"], keys("pre"), keys("post"), keys("pos"))
-    logits, new = model(batch["tokens"], batch["positions"], impl=impl, gather_idx=batch["read_idx"], tree=tree,
+    logits, new = model(batch["tokens"], batch["positions"], kernels=kernels, gather_idx=batch["read_idx"], tree=tree,
                         prior=prior)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]
@@ -49,7 +49,7 @@ def score(graphdef, impl, state, pool, batch):
     return picked, pool
 
 
-def prefill(graphdef, impl, state, pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None,
+def prefill(graphdef, kernels, state, pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None,
             store_ids=None, store_src=None, *, cache_len):
     """Right-padded prompt rows -> (cache, first new token per row, pool). Cache slot = position.
 
@@ -63,14 +63,14 @@ def prefill(graphdef, impl, state, pool, tokens, positions, last, temperature, t
         prior = kv_pool.gather(pool, prior_ids)
         slots = cache_positions(prior_ids.shape[1] * kv_pool.BLOCK, B)
         cache = [{name: write_cache(c[name], slots, p[name]) for name in c} for c, p in zip(cache, prior)]
-    logits, cache = model(tokens, positions, cache, read_cache=prior_ids is not None, impl=impl, gather_idx=last)
+    logits, cache = model(tokens, positions, cache, read_cache=prior_ids is not None, kernels=kernels, gather_idx=last)
     if store_ids is not None:
         pool = kv_pool.store(pool, cache, store_ids, store_src)
     step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     return cache, sample(logits, temperature, top_p, step_keys), pool
 
 
-def decode(graphdef, impl, state, cache, first, lengths, temperature, top_p, keys, stops, max_new, *, steps):
+def decode(graphdef, kernels, state, cache, first, lengths, temperature, top_p, keys, stops, max_new, *, steps):
     """Decode until every row has max_new[row] tokens or has emitted one of its stop tokens (stops [B, S], -1
     pads). Returns (tokens, counts)."""
     model = _model(graphdef, state)
@@ -87,7 +87,7 @@ def decode(graphdef, impl, state, cache, first, lengths, temperature, top_p, key
     def body(carry):
         step, cache, out, done, count, last = carry
         positions = (lengths + step - 1)[:, None]
-        logits, cache = model(last[:, None], positions, cache, impl=impl, gather_idx=jnp.zeros((B,), jnp.int32))
+        logits, cache = model(last[:, None], positions, cache, kernels=kernels, gather_idx=jnp.zeros((B,), jnp.int32))
         step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
         tok = sample(logits, temperature, top_p, step_keys)
         tok = jnp.where(done, last, tok)

@@ -1,4 +1,14 @@
-"""Compute kernels. Each op has a plain-JAX path; Pallas GPU kernels arrive with the kernels issue."""
-from moejax.kernels.expert_ffn import EXPERT_IMPLS, expert_ffn
+"""Compute kernels, one folder per op, each with a plain-JAX path beside its Pallas GPU kernel.
 
-__all__ = ["EXPERT_IMPLS", "expert_ffn"]
+Backends are chosen by argument (`backend="auto"` picks by platform), never by environment variable."""
+from moejax.kernels.attention import BACKENDS as ATTENTION_BACKENDS
+from moejax.kernels.attention import attention, cascade_attention
+from moejax.kernels.backends import Kernels
+from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
+from moejax.kernels.expert_ffn import expert_ffn
+from moejax.kernels.grouped_matmul import BACKENDS as GROUPED_MATMUL_BACKENDS
+from moejax.kernels.grouped_matmul import grouped_matmul
+from moejax.kernels.routing import Routing, combine, dispatch, gather_rows
+
+__all__ = ["ATTENTION_BACKENDS", "EXPERT_BACKENDS", "GROUPED_MATMUL_BACKENDS", "Kernels", "Routing", "attention",
+           "cascade_attention", "combine", "dispatch", "expert_ffn", "gather_rows", "grouped_matmul"]

@@ -1,6 +1,7 @@
 """Attention blocks: GQA/MHA (biases, q/k norm, sinks, sliding window) and DeepSeek MLA.
 
-Every block takes `x [B, T, D]`, absolute `positions [B, T]` and either
+Every block takes `x [B, T, D]`, absolute `positions [B, T]` (consecutive within a row), the attention backend
+(moejax.kernels.attention) and either
 - an optional per-layer cache whose slot index equals the token position -> `(out [B, T, D], new_cache)`, or
 - a `TreeMask` and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed token
   trees -> `(out, new)` where `new` holds this call's keys in cache layout (to store them for reuse).
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.config import ModelConfig
+from moejax.kernels.attention import attention
 from moejax.kv_pool import concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
@@ -43,7 +45,8 @@ class TreeMask(NamedTuple):
 
 
 def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask | None = None):
-    """Causal attention with GQA head groups. q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv];
+    """Causal attention with GQA head groups over explicit key positions (packed token trees; the kernels take
+    consecutive positions only). q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv];
     q_pos [B,T], k_pos [B,S]. A key is visible when k_pos <= q_pos (and k_pos > q_pos - window), and, with a
     `tree`, when its node is an ancestor-or-self of the query's node.
     sinks [Hq]: one extra logit per head that takes softmax mass but contributes no value (GPT-OSS)."""
@@ -105,7 +108,8 @@ class GQAttention(nnx.Module):
         shape = (batch, length, self.num_kv_heads, self.head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None,
+                 backend="auto"):
         B, T, _ = x.shape
         q = _proj(x, self.wq, self.bq).reshape(B, T, self.num_heads, self.head_dim)
         k = _proj(x, self.wk, self.bk).reshape(B, T, self.num_kv_heads, self.head_dim)
@@ -122,10 +126,10 @@ class GQAttention(nnx.Module):
         if cache is not None:
             cache = {"k": write_cache(cache["k"], positions, k), "v": write_cache(cache["v"], positions, v)}
         if cache is None or not read_cache:  # every key is in this call (prefill into an empty cache)
-            out = attend(q, k, v, positions, positions, self.scale, self.window, sinks)
-        else:
-            k_pos = cache_positions(cache["k"].shape[1], B)
-            out = attend(q, cache["k"], cache["v"], positions, k_pos, self.scale, self.window, sinks)
+            out = attention(q, k, v, sliding_window=self.window, sinks=sinks, scale=self.scale, backend=backend)
+        else:  # cache slot == position, so query t sits at key index positions[:, t]
+            out = attention(q, cache["k"], cache["v"], sliding_window=self.window, sinks=sinks,
+                            q_offset=positions[:, 0], scale=self.scale, backend=backend)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 
 
@@ -162,7 +166,8 @@ class MLAttention(nnx.Module):
         return {"latent": jnp.zeros((batch, length, self.rank), dtype),
                 "k_rope": jnp.zeros((batch, length, self.rope_dim), dtype)}
 
-    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None,
+                 backend="auto"):
         B, T, _ = x.shape
         H = self.num_heads
         if self.wq is not None:
@@ -182,27 +187,30 @@ class MLAttention(nnx.Module):
             new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
             if prior is not None:
                 latent, k_rope = concat_prior(prior["latent"], latent), concat_prior(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
-            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, positions, tree.k_pos, tree)
+            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, tree=tree, q_pos=positions)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         if cache is not None:
             cache = {"latent": write_cache(cache["latent"], positions, latent),
                      "k_rope": write_cache(cache["k_rope"], positions, k_rope[:, :, 0])}
         if cache is None or not read_cache:  # expanded form: cheaper when every key is in this call
-            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, positions, positions)
+            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, backend=backend)
         else:
             q_lat = jnp.einsum("bthn,rhn->bthr", q_nope, w_uk, preferred_element_type=_f32).astype(x.dtype)
             q_abs = jnp.concatenate([q_lat, q_rope], -1)
             k_abs = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
-            k_pos = cache_positions(k_abs.shape[1], B)
-            o_lat = attend(q_abs, k_abs, cache["latent"][:, :, None, :], positions, k_pos, self.scale)
+            o_lat = attention(q_abs, k_abs, cache["latent"][:, :, None, :], q_offset=positions[:, 0], scale=self.scale,
+                              backend=backend)
             out = jnp.einsum("bthr,rhv->bthv", o_lat, w_uv, preferred_element_type=_f32).astype(x.dtype)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 
-    def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, q_pos, k_pos, tree=None):
-        """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r])."""
+    def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, *, tree=None, q_pos=None, backend="auto"):
+        """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r]):
+        over a packed tree, or causal over this call's own tokens."""
         B, S, _ = latent.shape
         kv_h = jnp.einsum("bsr,rhf->bshf", latent, w_kv, preferred_element_type=_f32).astype(q_nope.dtype)
         k = jnp.concatenate([kv_h[..., : self.nope],
                              jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
-        q_full = jnp.concatenate([q_nope, q_rope], -1)
-        return attend(q_full, k, kv_h[..., self.nope:], q_pos, k_pos, self.scale, tree=tree)
+        q_full, v = jnp.concatenate([q_nope, q_rope], -1), kv_h[..., self.nope:]
+        if tree is not None:
+            return attend(q_full, k, v, q_pos, tree.k_pos, self.scale, tree=tree)
+        return attention(q_full, k, v, scale=self.scale, backend=backend)  # T == S: queries are every key

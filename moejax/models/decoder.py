@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
 from moejax.models.attention import GQAttention, MLAttention
 from moejax.models.layers import RMSNorm, rope_cos_sin
 from moejax.models.moe import DenseMLP, MoEBlock
@@ -22,11 +23,11 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def __call__(self, x, positions, cos, sin, cache, read_cache, impl, tree=None, prior=None):
-        h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache, tree, prior)
+    def __call__(self, x, positions, cos, sin, cache, read_cache, kernels: Kernels, tree=None, prior=None):
+        h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache, tree, prior, kernels.attention)
         x = x + h
         y = self.mlp_norm(x)
-        y = self.mlp(y, impl) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
+        y = self.mlp(y, kernels.experts) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
         return x + y, cache
 
 
@@ -45,7 +46,7 @@ class MoEModel(nnx.Module):
         dtype = self.embed.dtype
         return [layer.attn.init_cache(batch, length, dtype) for layer in self.layers]
 
-    def __call__(self, tokens, positions, cache=None, *, read_cache=True, impl="sorted", gather_idx=None,
+    def __call__(self, tokens, positions, cache=None, *, read_cache=True, kernels=Kernels(), gather_idx=None,
                  tree=None, prior=None):
         """tokens, positions [B, T] -> float32 logits [B, T, V], or only at `gather_idx` ([B] -> [B, V],
         [B, U] -> [B, U, V]), and the per-layer cache.
@@ -58,7 +59,7 @@ class MoEModel(nnx.Module):
         cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, impl, tree,
+            x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, kernels, tree,
                          None if prior is None else prior[i])
             new_cache.append(c)
         if gather_idx is not None:

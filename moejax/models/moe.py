@@ -73,7 +73,7 @@ class MoEBlock(nnx.Module):
         logits = jnp.dot(x2.astype(_f32), self.router[...], precision=jax.lax.Precision.HIGHEST)
         return logits if self.router_bias is None else logits + self.router_bias[...]
 
-    def __call__(self, x, impl: str = "sorted"):
+    def __call__(self, x, backend: str = "auto"):
         B, T, D = x.shape
         x2 = x.reshape(B * T, D)
         bias = None if self.correction_bias is None else self.correction_bias[...]
@@ -81,7 +81,7 @@ class MoEBlock(nnx.Module):
         opt = lambda p: None if p is None else p[...]
         y = expert_ffn(x2, idx, weights, self.we_gate_up[...], self.we_down[...], opt(self.be_gate_up),
                        opt(self.be_down), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
-                       alpha=self.cfg.swiglu_alpha, impl=impl)
+                       alpha=self.cfg.swiglu_alpha, backend=backend)
         if self.shared is not None:
             s = self.shared(x2)
             if self.shared_gate is not None:

@@ -1,0 +1,64 @@
+"""Shared by the benchmarks: timing with CPU-contention accounting, and the record of device, versions and command."""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import moejax
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds used by every process on this machine, by this process); (0, 0) off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:8]]
+    except OSError:
+        return 0.0, 0.0
+    own = os.times()
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def time_calls(fn, repeats: int) -> tuple[float, list[float], float]:
+    """(first call incl. compilation, [seconds of each timed run], share of the CPUs other processes
+    used during the timed runs -- a benchmark sharing its cores reads slow)."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    runs, (all0, own0), start = [], cpu_seconds(), time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    (all1, own1), wall = cpu_seconds(), time.perf_counter() - start
+    return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
+
+
+def environment() -> dict:
+    import flax
+    import jax
+    import jaxlib
+    dev = jax.devices()[0]
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    versions = dict(python=platform.python_version(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                    flax=flax.__version__, numpy=np.__version__, moejax=moejax.__version__)
+    for name in ("torch", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True, text=True).stdout.split("\n")
+    except OSError:
+        commit, dirty = "", []
+    return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),
+                            cpu=cpu, cpu_count=os.cpu_count()),
+                versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),
+                command=shlex.join([sys.executable, "-m", "launch.bench", *sys.argv[1:]]))

@@ -1,0 +1,53 @@
+"""Backend names shared by the kernels, and what `auto` means on each platform."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def resolve(op: str, backend: str, choices: tuple[str, ...], auto: str | None = None) -> str:
+    """`auto` -> `auto` argument, else "pallas" on GPU and "xla" elsewhere; unknown names are a ValueError."""
+    if backend == "auto":
+        return auto or ("pallas" if on_gpu() else "xla")
+    if backend not in choices:
+        raise ValueError(f"{op}: backend {backend!r} is not one of auto, {', '.join(choices)}")
+    return backend
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """Which backend each op of the model uses; hashable, so jit can take it as a static argument."""
+    experts: str = "auto"
+    attention: str = "auto"
+
+    @classmethod
+    def parse(cls, spec: "str | dict | Kernels | None") -> "Kernels":
+        """None/"auto"; one backend name for every op ("xla", "pallas", "pallas_interpret"); or per op as a dict or
+        "experts=ragged_dot,attention=xla". Names are checked against each op's backends."""
+        from moejax.kernels.attention import BACKENDS as ATTENTION
+        from moejax.kernels.expert_ffn import BACKENDS as EXPERTS
+        if isinstance(spec, Kernels):
+            return spec
+        if spec is None:
+            spec = "auto"
+        if isinstance(spec, str):
+            if "=" in spec:
+                pairs = [part.split("=", 1) for part in spec.split(",") if part.strip()]
+                spec = {k.strip(): v.strip() for k, v in pairs}
+            else:
+                spec = {"experts": spec, "attention": spec}
+        if not isinstance(spec, dict):
+            raise ValueError(f"kernels: expected a backend name, 'op=backend,...' or a dict, got {spec!r}")
+        unknown = sorted(set(spec) - {"experts", "attention"})
+        if unknown:
+            raise ValueError(f"kernels: unknown op(s) {unknown}; ops are experts, attention")
+        for op, choices in (("experts", EXPERTS), ("attention", ATTENTION)):
+            name = spec.get(op, "auto")
+            if name != "auto" and name not in choices:
+                raise ValueError(f"kernels: {op} backend {name!r} is not one of auto, {', '.join(choices)}")
+        return cls(**spec)

@@ -1,0 +1,30 @@
+"""Routed expert FFN, dropless: tokens x top-k assignments -> sum_j w[n,j] * down_e(glu(gate_up_e(x_n))).
+
+Backends:
+- `pallas` (GPU) / `pallas_interpret` (CPU tests): dispatch, one grouped kernel for gate/up with the activation
+  fused (the [M, 2I] intermediate never reaches HBM), one grouped kernel for down, combine.
+- `xla` (CPU): dispatch, then per non-empty expert a few row windows through the whole FFN (grouped_matmul.xla).
+- `ragged_dot`: `jax.lax.ragged_dot` for both projections (baseline).
+- `dense`: every token through every expert, masked by the routing weights (E/k times the FLOPs; baseline).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from moejax.kernels.backends import resolve
+from moejax.kernels.expert_ffn import baselines, grouped
+
+BACKENDS = ("pallas", "pallas_interpret", "xla", "ragged_dot", "dense")
+
+
+def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, act="silu", limit=7.0,
+               alpha=1.702, backend="auto"):
+    """x [N, D]; idx, weights [N, k]; w_gate_up [E, D, 2I] ([gate | up]); w_down [E, I, D]; biases [E, 2I],
+    [E, D] -> [N, D] in x.dtype (float32 accumulation)."""
+    backend = resolve("expert_ffn", backend, BACKENDS)
+    x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
+        None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
+    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "xla": grouped.xla,
+          "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
+    y = fn(x, idx, weights.astype(jnp.float32), w_gate_up, w_down, b_gate_up, b_down, act, limit, alpha)
+    return y.astype(x.dtype)

@@ -1,0 +1,32 @@
+"""grouped_matmul(x [M, K], w [G, K, N], group_sizes [G]) -> [M, N]: rows grouped in order, group g's rows
+times w[g]; rows past sum(group_sizes) are 0. float32 accumulation, output in x.dtype.
+
+Backends: `pallas` (Triton GPU kernel), `pallas_interpret` (the same kernel interpreted, CPU tests), `xla` (plain
+JAX for CPU), `ragged_dot` (`jax.lax.ragged_dot`, a baseline), `reference` (dense masked, G times the FLOPs).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from moejax.kernels.backends import resolve
+from moejax.kernels.grouped_matmul import pallas, reference, xla
+
+BACKENDS = ("pallas", "pallas_interpret", "xla", "ragged_dot", "reference")
+
+
+def _ragged_dot(x, w, group_sizes):
+    y = jax.lax.ragged_dot(x, w, group_sizes.astype(jnp.int32), preferred_element_type=jnp.float32)
+    return jnp.where((jnp.arange(x.shape[0]) < jnp.sum(group_sizes))[:, None], y, 0)
+
+
+def grouped_matmul(x, w, group_sizes, *, backend: str = "auto"):
+    backend = resolve("grouped_matmul", backend, BACKENDS)
+    x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+    if x.ndim != 2 or w.ndim != 3 or group_sizes.shape != (w.shape[0],) or x.shape[1] != w.shape[1]:
+        raise ValueError(f"grouped_matmul: need x [M, K], w [G, K, N], group_sizes [G]; got x {x.shape}, "
+                         f"w {w.shape}, group_sizes {group_sizes.shape}")
+    if backend in ("pallas", "pallas_interpret"):
+        return pallas.grouped_matmul(x, w, group_sizes, interpret=backend == "pallas_interpret")
+    fn = {"xla": xla.grouped_matmul, "ragged_dot": _ragged_dot, "reference": reference.grouped_matmul}[backend]
+    return fn(x, w, group_sizes).astype(x.dtype)

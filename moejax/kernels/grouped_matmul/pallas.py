@@ -1,0 +1,125 @@
+"""Grouped GEMM as a Pallas kernel for the Triton GPU lowering (and the Pallas interpreter on CPU).
+
+Work items are (row tile, column block) pairs. Row tiles never straddle groups: each group's rows are cut into
+tiles of `bm`, so a tile reads one group's weights; at most cdiv(M, bm) + G tiles exist and the grid has that
+many, tiles past the last one exit at once. A tile's rows past its group's end are computed but never stored.
+Column blocks of one tile run on consecutive programs, so each group's weight tiles are read while hot in L2.
+
+The same kernel does the fused expert gate/up step: it keeps two accumulators (gate and up columns of one
+block) and stores only the activation, so the [M, 2I] intermediate never goes to HBM.
+
+Shapes: the caller pads rows to a multiple of `bm` plus one tile (dynamic slices stay in bounds in the
+interpreter, which clamps starts) and K, N to multiples of 16 (real models already are).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from moejax.kernels.activation import glu
+
+_f32 = jnp.float32
+
+
+def _divisor(n: int, options) -> int:
+    return next(b for b in options if n % b == 0)
+
+
+def blocks(rows: int, groups: int, k: int, n: int) -> tuple[int, int, int]:
+    """(bm, bn, bk): 128-row tiles when groups average >= 128 rows, else 64 (16 for decode-sized batches)."""
+    mean = rows / max(groups, 1)
+    bm = 128 if mean >= 128 else 64 if rows >= 64 else 16
+    return bm, _divisor(n, (128, 64, 32, 16)), _divisor(k, (64, 32, 16))
+
+
+def tile_schedule(group_sizes, bm: int, tiles: int):
+    """-> int32 [3, tiles]: (group, first row, end row of the group) per tile; empty tiles have end == first."""
+    G = group_sizes.shape[0]
+    sizes = group_sizes.astype(jnp.int32)
+    per_group = (sizes + bm - 1) // bm
+    tile_end = jnp.cumsum(per_group)
+    row_end = jnp.cumsum(sizes)
+    t = jnp.arange(tiles, dtype=jnp.int32)
+    g = jnp.searchsorted(tile_end, t, side="right").astype(jnp.int32)
+    gc = jnp.minimum(g, G - 1)
+    first = row_end[gc] - sizes[gc] + (t - (tile_end[gc] - per_group[gc])) * bm
+    valid = g < G
+    return jnp.stack([gc, jnp.where(valid, first, 0), jnp.where(valid, row_end[gc], 0)])
+
+
+def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, k, half, act, limit, alpha, precision):
+    b_ref, o_ref = refs if len(refs) == 2 else (None, refs[0])
+    t, j = pl.program_id(0), pl.program_id(1)
+    g, row0, end = meta_ref[0, t], meta_ref[1, t], meta_ref[2, t]
+
+    @pl.when(end > row0)
+    def _():
+        cols = [pl.ds(j * bn, bn)] + ([pl.ds(half + j * bn, bn)] if act else [])
+
+        def step(kb, accs):
+            xk = plt.load(x_ref.at[pl.ds(row0, bm), pl.ds(kb * bk, bk)])
+            return tuple(acc + jnp.dot(xk, plt.load(w_ref.at[g, pl.ds(kb * bk, bk), c]),
+                                       preferred_element_type=_f32, precision=precision)
+                         for acc, c in zip(accs, cols))
+
+        accs = jax.lax.fori_loop(0, k // bk, step, tuple(jnp.zeros((bm, bn), _f32) for _ in cols))
+        if b_ref is not None:
+            accs = tuple(acc + plt.load(b_ref.at[g, c]).astype(_f32)[None, :] for acc, c in zip(accs, cols))
+        out = glu(accs[0], accs[1], act, limit, alpha) if act else accs[0]
+        rows = row0 + jnp.arange(bm)
+        plt.store(o_ref.at[pl.ds(row0, bm), pl.ds(j * bn, bn)], out.astype(o_ref.dtype),
+                  mask=(rows < end)[:, None])
+
+
+def grouped_call(x, w, bias, group_sizes, *, bm: int, out_dtype, act=None, limit=7.0, alpha=1.702,
+                 interpret=False):
+    """x [Mp, K] (Mp = a multiple of bm, one spare tile included), w [G, K, N], bias [G, N] or None.
+    act=None: -> [Mp, N] = x @ w[group] (+ bias). act set: w holds [gate | up] halves of width N/2 each and the
+    result is [Mp, N/2] = glu(gate, up). Rows past sum(group_sizes) are left unwritten."""
+    Mp, K = x.shape
+    G, _, N = w.shape
+    width = N // 2 if act else N
+    _, bn, bk = blocks(Mp, G, K, width)
+    tiles = Mp // bm - 1 + G
+    meta = tile_schedule(group_sizes, bm, tiles)
+    precision = jax.lax.Precision.HIGHEST if x.dtype == _f32 else None  # IEEE, not TF32, for float32 models
+    kernel = functools.partial(_kernel, bm=bm, bn=bn, bk=bk, k=K, half=width, act=act, limit=limit, alpha=alpha,
+                               precision=precision)
+    warps = 8 if bm * bn * (2 if act else 1) >= 128 * 128 else 4
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((Mp, width), out_dtype),
+        grid=(tiles, width // bn),
+        interpret=interpret,
+        compiler_params=plt.CompilerParams(num_warps=warps, num_stages=3),
+        name="grouped_glu" if act else "grouped_matmul",
+    )(meta, x, w, *([] if bias is None else [bias]))
+
+
+def pad_rows(x, bm: int):
+    """x [M, K] -> [cdiv(M, bm) * bm + bm, K]: whole tiles plus one spare, so every tile's slice is in bounds."""
+    M = x.shape[0]
+    return jnp.pad(x, ((0, -(-M // bm) * bm + bm - M), (0, 0)))
+
+
+def pad_to_16(a, axis: int):
+    extra = -a.shape[axis] % 16
+    if not extra:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(a, widths)
+
+
+def grouped_matmul(x, w, group_sizes, *, interpret=False):
+    """x [M, K], w [G, K, N] -> [M, N] in x.dtype (float32 accumulation); rows past sum(group_sizes) are 0."""
+    M, N = x.shape[0], w.shape[2]
+    bm = blocks(M, w.shape[0], 16, 16)[0]
+    xp = pad_to_16(pad_rows(x, bm), 1)
+    wp = pad_to_16(pad_to_16(w, 1), 2)
+    out = grouped_call(xp, wp, None, group_sizes, bm=bm, out_dtype=x.dtype, interpret=interpret)[:M, :N]
+    return jnp.where((jnp.arange(M) < jnp.sum(group_sizes))[:, None], out, 0).astype(x.dtype)
