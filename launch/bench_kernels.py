@@ -31,7 +31,7 @@ ATTENTION = dict(heads=32, kv_heads=4, head_dim=128)  # Qwen3-30B-A3B
 def add_parser(sub):
     p = sub.add_parser("kernels", help="grouped GEMM, expert FFN and attention backends vs dense/ragged_dot/cuDNN")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"expert shapes: {', '.join(SHAPES)}")
-    p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K, CPU 256,1024)")
+    p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K, CPU 64,256: ragged_dot needs ~20 s per call at 256 here)")
     p.add_argument("--seqs", default=None, help="prefill lengths for attention (default GPU 4K..32K, CPU 512,2048)")
     p.add_argument("--decode-batch", type=int, default=None, help="sequences per decode step (GPU 64, CPU 8)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="default: GPU bf16, CPU f32")
@@ -81,7 +81,7 @@ def grouped(args, dtype, table):
                for _ in range(wsets)]
         wd = [jnp.asarray((rng.standard_normal((E, I, D), np.float32) / np.sqrt(I))).astype(dtype)
               for _ in range(wsets)]
-        for T in _ints(args.tokens, [1024, 2048, 4096, 8192, 16384, 32768] if gpu else [256, 1024]):
+        for T in _ints(args.tokens, [1024, 2048, 4096, 8192, 16384, 32768] if gpu else [64, 256]):
             M = T * k
             case = f"{shape_name} T={T}"
             sets = []

@@ -11,15 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax import export
 
 from moejax.kernels.attention import BACKENDS, attention, cascade_attention, cudnn, pallas, pick_backend, xla
+from triton_lowering import TRITON, cuda_module
 
 ON_GPU = jax.default_backend() == "gpu"
 CPU_BACKENDS = ("reference", "xla", "pallas_interpret")
 HERE = CPU_BACKENDS + (("pallas",) if ON_GPU else ())  # the compiled Triton kernel where it can run
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
-TRITON = "__gpu$xla.gpu.triton"
 
 
 def oracle(q, k, v, *, causal=True, window=None, sinks=None, q_offset=None, kv_lengths=None, scale=None):
@@ -195,10 +194,7 @@ def test_cascade_matches_attention_over_concatenation(backend, c):
 
 
 def _lowers_to_triton(fn, *shapes):
-    args = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
-    exp = export.export(jax.jit(fn), platforms=["cuda"],
-                        disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON)])(*args)
-    return TRITON in exp.mlir_module()
+    return TRITON in cuda_module(fn, *(jax.ShapeDtypeStruct(s, d) for s, d in shapes))
 
 
 @pytest.mark.parametrize("B,T,S,Hq,Hkv,D,Dv,extra", [

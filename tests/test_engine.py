@@ -139,5 +139,15 @@ def test_bad_inputs_are_clear_errors(tiny):
     assert tiny.generate([[1]], 0) == [[]]
 
 
+@pytest.mark.parametrize("spec,message", [
+    ("experts=fast", "experts backend 'fast' is not one of auto, pallas"),
+    ("dense", "attention backend 'dense' is not one of"),  # an experts-only name for every op
+    ("experts=xla,mlp=xla", "unknown op\\(s\\) \\['mlp'\\]"),
+])
+def test_bad_kernels_spec_is_a_clear_error(spec, message):
+    with pytest.raises(ValueError, match="moejax.load: kernels: " + message):
+        moejax.load("tiny-qwen3-moe", kernels=spec)
+
+
 def test_persistent_compilation_cache_is_enabled(tiny):
     assert jax.config.jax_compilation_cache_dir

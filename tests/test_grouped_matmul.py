@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax import export
 
 from moejax.kernels import GROUPED_MATMUL_BACKENDS, combine, dispatch, expert_ffn, gather_rows, grouped_matmul
+from moejax.kernels.backends import on_gpu
+from triton_lowering import TRITON, cuda_module
 
-CPU_BACKENDS = [b for b in GROUPED_MATMUL_BACKENDS if b != "pallas"]
-TRITON = "__gpu$xla.gpu.triton"
+BACKENDS = [b for b in GROUPED_MATMUL_BACKENDS if b != "pallas" or on_gpu()]  # compiled Pallas: GPU only
 
 
 def reference(x, w, sizes):
@@ -51,7 +51,7 @@ def make(G, M, K, N, shape, seed, dtype=np.float32):
     return x, w, sizes
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_float32_matches_float64(backend, problem):
@@ -63,7 +63,7 @@ def test_float32_matches_float64(backend, problem):
     assert np.linalg.norm(out - ref) <= 1e-5 * max(np.linalg.norm(ref), 1e-6)
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bfloat16_accumulates_in_float32(backend):
     x, w, sizes = make(5, 300, 64, 48, "some_empty", 3)
     bf = [a.astype(ml_dtypes.bfloat16) for a in (x, w)]
@@ -98,23 +98,17 @@ def test_dispatch_then_combine_is_the_weighted_sum(N, E, data):
     np.testing.assert_allclose(np.asarray(combine(scaled, r, w)), expected, rtol=1e-5, atol=1e-6)
 
 
-def _lowers_to_triton(fn, *shapes) -> str:
-    exp = export.export(jax.jit(fn), platforms=["cuda"],
-                        disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON)])(*shapes)
-    return exp.mlir_module()
-
-
 @pytest.mark.parametrize("rows,hidden,width,experts", [(8192 * 8, 2048, 768, 128), (8, 2880, 2880, 32)])
 def test_pallas_kernels_lower_for_gpu(rows, hidden, width, experts):
     """The Triton lowering runs on CPU: block shapes, loads/stores and dots must be legal for it (compiling
     the Triton IR to PTX needs a GPU)."""
     S, bf = jax.ShapeDtypeStruct, jnp.bfloat16
-    module = _lowers_to_triton(lambda x, w, g: grouped_matmul(x, w, g, backend="pallas"),
+    module = cuda_module(lambda x, w, g: grouped_matmul(x, w, g, backend="pallas"),
                                S((rows, hidden), bf), S((experts, hidden, width), bf), S((experts,), jnp.int32))
     assert module.count(TRITON) == 1
     k = 8 if rows > 8 else 4
     N = rows // k
-    module = _lowers_to_triton(
+    module = cuda_module(
         lambda x, i, wt, a, b, ba, bb: expert_ffn(x, i, wt, a, b, ba, bb, act="swiglu_clamp", backend="pallas"),
         S((N, hidden), bf), S((N, k), jnp.int32), S((N, k), jnp.float32), S((experts, hidden, 2 * width), bf),
         S((experts, width, hidden), bf), S((experts, 2 * width), bf), S((experts, hidden), bf))
