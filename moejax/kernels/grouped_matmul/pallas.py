@@ -3,7 +3,8 @@
 Work items are (row tile, column block) pairs. Row tiles never straddle groups: each group's rows are cut into
 tiles of `bm`, so a tile reads one group's weights; at most cdiv(M, bm) + G tiles exist and the grid has that
 many, tiles past the last one exit at once. A tile's rows past its group's end are computed but never stored.
-Column blocks of one tile run on consecutive programs, so each group's weight tiles are read while hot in L2.
+The grid is (row tiles, column blocks), row tiles first, so that the tiles of one group, launched together, read
+the same weight columns (whether that keeps them in L2 is for a GPU run of `launch.bench kernels` to show).
 
 The same kernel does the fused expert gate/up step: it keeps two accumulators (gate and up columns of one
 block) and stores only the activation, so the [M, 2I] intermediate never goes to HBM.
