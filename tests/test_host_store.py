@@ -1,0 +1,55 @@
+"""The host store keeps routed expert weights in pinned host memory and brings them back unchanged."""
+import numpy as np
+import pytest
+from flax import nnx
+
+import moejax
+from moejax.offload import HOST_LIMIT_ENV, HostStore, is_routed_expert, pinned_host_limit_bytes
+
+
+@pytest.fixture(scope="module")
+def expert_arrays():
+    engine = moejax.load("tiny-qwen3-moe", dtype="float32")
+    return {path: var.get_value() for path, var in nnx.to_flat_state(engine.params) if is_routed_expert(path)}
+
+
+def test_arrays_live_in_pinned_host_and_fetch_returns_them_on_device(expert_arrays):
+    store = HostStore.from_arrays(expert_arrays.items())
+    assert store.layers == sorted({p[1] for p in expert_arrays})
+    for layer in store.layers:
+        for name, host in store.arrays(layer).items():
+            assert host.sharding.memory_kind == "pinned_host"
+        fetched = store.fetch(layer)
+        assert set(fetched) == {p[3] for p in expert_arrays if p[1] == layer}
+        for name, dev in fetched.items():
+            assert dev.sharding.memory_kind == "device"
+            np.testing.assert_array_equal(np.asarray(dev), np.asarray(expert_arrays[("layers", layer, "mlp", name)]))
+    assert store.total_bytes() == sum(a.nbytes for a in expert_arrays.values())
+
+
+def test_numpy_arrays_from_a_checkpoint_go_straight_to_host(expert_arrays):
+    path, array = next(iter(expert_arrays.items()))
+    store = HostStore.from_arrays([(path, np.asarray(array))])
+    assert store.arrays(path[1])[path[3]].sharding.memory_kind == "pinned_host"
+    assert store.layer_bytes(path[1]) == array.nbytes
+
+
+def test_only_routed_expert_arrays_are_accepted():
+    with pytest.raises(ValueError, match=r"\('layers', 0, 'attn', 'wq'\) is not a routed expert array"):
+        HostStore.from_arrays([(("layers", 0, "attn", "wq"), np.zeros(2, np.float32))])
+
+
+def test_gpu_pinned_host_pool_follows_the_xla_setting(monkeypatch):
+    assert pinned_host_limit_bytes("cpu") is None
+    monkeypatch.delenv(HOST_LIMIT_ENV, raising=False)
+    assert pinned_host_limit_bytes("gpu") == 64 * 2**30
+    monkeypatch.setenv(HOST_LIMIT_ENV, "200")
+    assert pinned_host_limit_bytes("gpu") == 200 * 2**30
+
+
+def test_a_store_over_the_pool_is_refused_with_the_numbers(expert_arrays):
+    total = sum(a.nbytes for a in expert_arrays.values())
+    HostStore.from_arrays(expert_arrays.items(), limit_bytes=total)  # exactly fits
+    with pytest.raises(ValueError, match=rf"more than .* GiB of pinned host memory, over XLA's pool of .* GiB; "
+                                         rf"set {HOST_LIMIT_ENV} higher"):
+        HostStore.from_arrays(expert_arrays.items(), limit_bytes=total - 1)
