@@ -12,6 +12,7 @@ over two sets so no call reuses the previous call's data from cache.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,8 @@ ATTENTION = dict(heads=32, kv_heads=4, head_dim=128)  # Qwen3-30B-A3B
 def add_parser(sub):
     p = sub.add_parser("kernels", help="grouped GEMM, expert FFN and attention backends vs dense/ragged_dot/cuDNN")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"expert shapes: {', '.join(SHAPES)}")
-    p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K, CPU 64,256: ragged_dot needs ~20 s per call at 256 here)")
+    p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K; CPU 64,256, where "
+                                                  "ragged_dot took 10-15 s per call at 256 on 2 cores)")
     p.add_argument("--seqs", default=None, help="prefill lengths for attention (default GPU 4K..32K, CPU 512,2048)")
     p.add_argument("--decode-batch", type=int, default=None, help="sequences per decode step (GPU 64, CPU 8)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="default: GPU bf16, CPU f32")
@@ -46,8 +48,8 @@ def _ints(text, default):
 
 
 def _median_seconds(fn, inputs, repeats):
-    calls = iter(range(10**9))
-    first, runs, other = time_calls(lambda: jax.block_until_ready(fn(*inputs[next(calls) % len(inputs)])), repeats)
+    rotation = itertools.cycle(inputs)
+    first, runs, other = time_calls(lambda: jax.block_until_ready(fn(*next(rotation))), repeats)
     return float(np.median(runs)), dict(seconds=runs, first_call_s=first, other_processes_cpu_share=other)
 
 

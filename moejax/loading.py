@@ -11,7 +11,8 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.engine import Engine
-from moejax.kernels.backends import Kernels, on_gpu
+from moejax.kernels.backends import Kernels, resolve
+from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
 from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
 from moejax.models.decoder import MoEModel
 from moejax.presets import PRESETS, preset_config
@@ -52,8 +53,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         kernels = Kernels.parse(options.get("kernels"))
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
-    if kernels.experts == "auto":  # attention's auto also depends on shapes: it stays per call
-        kernels = dataclasses.replace(kernels, experts="pallas" if on_gpu() else "xla")
+    # attention's auto also depends on shapes: it stays per call
+    kernels = dataclasses.replace(kernels, experts=resolve("expert_ffn", kernels.experts, EXPERT_BACKENDS))
     cache_opt = options.get("compilation_cache", True)
     if cache_opt:
         enable_compilation_cache(cache_opt if isinstance(cache_opt, str) else None)

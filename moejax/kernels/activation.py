@@ -17,3 +17,9 @@ def glu(gate, up, kind: str, limit: float, alpha: float):
     gate = jnp.minimum(gate, limit)
     up = jnp.clip(up, -limit, limit)
     return gate * _sigmoid(gate * alpha) * (up + 1.0)
+
+
+def glu_of(h, kind: str, limit: float, alpha: float):
+    """h [..., 2I] = [gate | up] -> glu [..., I]."""
+    gate, up = jnp.split(h, 2, axis=-1)
+    return glu(gate, up, kind, limit, alpha)

@@ -26,14 +26,14 @@ BACKENDS = ("reference", "xla", "pallas", "pallas_interpret", "cudnn")
 def attention(q, k, v, *, causal=True, sliding_window=None, sinks=None, q_offset=None, kv_lengths=None,
               scale=None, return_lse=False, backend="auto"):
     _check(q, k, v, causal, sliding_window, sinks, return_lse)
+    if backend == "cudnn":  # asked for by name; `auto` picks it only where it applies
+        why = cudnn.unsupported_reason(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse)
+        if why is not None:
+            raise ValueError(f"backend 'cudnn' does not handle this call: {why}")
     auto = backend == "auto" and pick_backend(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths,
                                               return_lse)
     backend = resolve("attention", backend, BACKENDS, auto=auto or None)
     B = q.shape[0]
-    if backend == "cudnn":
-        why = cudnn.unsupported_reason(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse)
-        if why is not None:
-            raise ValueError(f"backend 'cudnn' does not handle this call: {why}")
     out, lse = _run(q, k, v, None if q_offset is None else _per_row(q_offset, B, "q_offset"),
                     None if kv_lengths is None else _per_row(kv_lengths, B, "kv_lengths"), sinks,
                     causal=bool(causal), window=None if sliding_window is None else int(sliding_window),

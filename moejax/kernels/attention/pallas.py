@@ -24,16 +24,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from moejax.kernels.attention import reference
+from moejax.kernels.padding import pad_axis, round_up
 
 _f32 = jnp.float32
 
 
 def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
 
 
 def block_sizes(d: int, rows: int, s: int) -> tuple[int, int, int, int]:
@@ -121,14 +118,6 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
         plt.store(o_ref.at[:, pl.ds(a, n)], (a_out * inv[:, None]).astype(o_ref.dtype))
 
 
-def _pad_axis(x, axis: int, size: int):
-    if x.shape[axis] == size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad)
-
-
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse", "interpret"))
 def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse, interpret=False):
     B, T, Hq, D = q.shape
@@ -136,13 +125,13 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
     G = Hq // Hkv
     R = T * G
     block_r, block_k, num_warps, num_stages = block_sizes(max(D, Dv), R, S)
-    Rp, Sp, Dp, Dvp = _round_up(R, block_r), _round_up(S, block_k), _round_up(D, 16), _round_up(Dv, 16)
+    Rp, Sp, Dp, Dvp = round_up(R, block_r), round_up(S, block_k), round_up(D, 16), round_up(Dv, 16)
 
     # q rows (t, g) per kv head: [B, Hkv, T*G, D]
     qr = q.reshape(B, T, Hkv, G, D).transpose(0, 2, 1, 3, 4).reshape(B, Hkv, R, D)
-    qr = _pad_axis(_pad_axis(qr, 2, Rp), 3, Dp)
-    kp = _pad_axis(_pad_axis(k, 1, Sp), 3, Dp)
-    vp = _pad_axis(_pad_axis(v, 1, Sp), 3, Dvp)
+    qr = pad_axis(pad_axis(qr, 2, Rp), 3, Dp)
+    kp = pad_axis(pad_axis(k, 1, Sp), 3, Dp)
+    vp = pad_axis(pad_axis(v, 1, Sp), 3, Dvp)
 
     grid = (B, Hkv, Rp // block_r)
     scalar = pl.BlockSpec((None,), lambda b, h, i: (b,))

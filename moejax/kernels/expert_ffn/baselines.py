@@ -4,15 +4,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels.activation import glu
+from moejax.kernels.activation import glu_of
 from moejax.kernels.routing import combine, dispatch, gather_rows
 
 _f32 = jnp.float32
-
-
-def _glu(h, act, limit, alpha):
-    gate, up = jnp.split(h, 2, axis=-1)
-    return glu(gate, up, act, limit, alpha)
 
 
 def ragged_dot(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
@@ -22,7 +17,7 @@ def ragged_dot(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     h = jax.lax.ragged_dot(xs, wgu, routing.group_sizes, preferred_element_type=_f32)
     if bgu is not None:
         h = h + bgu[e].astype(_f32)
-    y = jax.lax.ragged_dot(_glu(h, act, limit, alpha).astype(x.dtype), wd, routing.group_sizes,
+    y = jax.lax.ragged_dot(glu_of(h, act, limit, alpha).astype(x.dtype), wd, routing.group_sizes,
                            preferred_element_type=_f32)
     if bd is not None:
         y = y + bd[e].astype(_f32)
@@ -34,7 +29,7 @@ def dense(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     h = jnp.einsum("nd,edf->enf", x, wgu, preferred_element_type=_f32)
     if bgu is not None:
         h = h + bgu.astype(_f32)[:, None]
-    y = jnp.einsum("enf,efd->end", _glu(h, act, limit, alpha).astype(x.dtype), wd, preferred_element_type=_f32)
+    y = jnp.einsum("enf,efd->end", glu_of(h, act, limit, alpha).astype(x.dtype), wd, preferred_element_type=_f32)
     if bd is not None:
         y = y + bd.astype(_f32)[:, None]
     mix = jnp.zeros((x.shape[0], E), _f32).at[jnp.arange(x.shape[0])[:, None], idx].add(weights)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from moejax.kernels.activation import glu
+from moejax.kernels.activation import glu_of
 from moejax.kernels.grouped_matmul import pallas as gmm
 from moejax.kernels.grouped_matmul.xla import for_each_group
+from moejax.kernels.padding import pad_to_16
 from moejax.kernels.routing import combine, dispatch, gather_rows
 
 _f32 = jnp.float32
@@ -16,8 +17,7 @@ def ffn_rows(xs, wgu, wd, bgu, bd, act, limit, alpha):
     h = jnp.dot(xs, wgu, preferred_element_type=_f32)
     if bgu is not None:
         h = h + bgu.astype(_f32)
-    gate, up = jnp.split(h, 2, axis=-1)
-    y = jnp.dot(glu(gate, up, act, limit, alpha).astype(xs.dtype), wd, preferred_element_type=_f32)
+    y = jnp.dot(glu_of(h, act, limit, alpha).astype(xs.dtype), wd, preferred_element_type=_f32)
     return y if bd is None else y + bd.astype(_f32)
 
 
@@ -32,7 +32,7 @@ def xla(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
 def _pad_halves(w, axis: int):
     """Pad each of the [gate | up] halves along `axis` to a multiple of 16 (test-sized shapes only)."""
     gate, up = jnp.split(w, 2, axis=axis)
-    return jnp.concatenate([gmm.pad_to_16(gate, axis), gmm.pad_to_16(up, axis)], axis=axis)
+    return jnp.concatenate([pad_to_16(gate, axis), pad_to_16(up, axis)], axis=axis)
 
 
 def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, interpret):
@@ -42,14 +42,14 @@ def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, interpret):
     routing = dispatch(idx, E)
     bm = gmm.blocks(N * k, E, 16, 16)[0]
     # Gather straight into the padded row layout; spare rows repeat real rows and are never stored.
-    order = jnp.pad(routing.order, (0, gmm.pad_rows(routing.order[:, None], bm).shape[0] - N * k))
-    xs = gmm.pad_to_16(x[order // k], 1)
-    wgu_p = _pad_halves(gmm.pad_to_16(wgu, 1), 2)
+    order = jnp.pad(routing.order, (0, gmm.padded_rows(N * k, bm) - N * k))
+    xs = pad_to_16(x[order // k], 1)
+    wgu_p = _pad_halves(pad_to_16(wgu, 1), 2)
     bgu_p = None if bgu is None else _pad_halves(bgu, 1)
     a = gmm.grouped_call(xs, wgu_p, bgu_p, routing.group_sizes, bm=bm, out_dtype=x.dtype, act=act, limit=limit,
                          alpha=alpha, interpret=interpret)
-    wd_p = gmm.pad_to_16(gmm.pad_to_16(wd, 1), 2)
-    bd_p = None if bd is None else gmm.pad_to_16(bd, 1)
+    wd_p = pad_to_16(pad_to_16(wd, 1), 2)
+    bd_p = None if bd is None else pad_to_16(bd, 1)
     y = gmm.grouped_call(a, wd_p, bd_p, routing.group_sizes, bm=bm, out_dtype=_f32, interpret=interpret)
     return combine(y[: N * k, :D], routing, weights)
 

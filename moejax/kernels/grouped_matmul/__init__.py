@@ -11,13 +11,14 @@ import jax.numpy as jnp
 
 from moejax.kernels.backends import resolve
 from moejax.kernels.grouped_matmul import pallas, reference, xla
+from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 
 BACKENDS = ("pallas", "pallas_interpret", "xla", "ragged_dot", "reference")
 
 
 def _ragged_dot(x, w, group_sizes):
     y = jax.lax.ragged_dot(x, w, group_sizes.astype(jnp.int32), preferred_element_type=jnp.float32)
-    return jnp.where((jnp.arange(x.shape[0]) < jnp.sum(group_sizes))[:, None], y, 0)
+    return zero_rows_of_no_group(y, group_sizes)
 
 
 def grouped_matmul(x, w, group_sizes, *, backend: str = "auto"):

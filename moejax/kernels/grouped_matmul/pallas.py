@@ -22,6 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from moejax.kernels.activation import glu
+from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.padding import pad_axis, pad_to_16, round_up
 
 _f32 = jnp.float32
 
@@ -101,26 +103,16 @@ def grouped_call(x, w, bias, group_sizes, *, bm: int, out_dtype, act=None, limit
     )(meta, x, w, *([] if bias is None else [bias]))
 
 
-def pad_rows(x, bm: int):
-    """x [M, K] -> [cdiv(M, bm) * bm + bm, K]: whole tiles plus one spare, so every tile's slice is in bounds."""
-    M = x.shape[0]
-    return jnp.pad(x, ((0, -(-M // bm) * bm + bm - M), (0, 0)))
-
-
-def pad_to_16(a, axis: int):
-    extra = -a.shape[axis] % 16
-    if not extra:
-        return a
-    widths = [(0, 0)] * a.ndim
-    widths[axis] = (0, extra)
-    return jnp.pad(a, widths)
+def padded_rows(rows: int, bm: int) -> int:
+    """Whole tiles plus one spare, so every tile's slice is in bounds."""
+    return round_up(rows, bm) + bm
 
 
 def grouped_matmul(x, w, group_sizes, *, interpret=False):
     """x [M, K], w [G, K, N] -> [M, N] in x.dtype (float32 accumulation); rows past sum(group_sizes) are 0."""
     M, N = x.shape[0], w.shape[2]
     bm = blocks(M, w.shape[0], 16, 16)[0]
-    xp = pad_to_16(pad_rows(x, bm), 1)
+    xp = pad_to_16(pad_axis(x, 0, padded_rows(M, bm)), 1)
     wp = pad_to_16(pad_to_16(w, 1), 2)
     out = grouped_call(xp, wp, None, group_sizes, bm=bm, out_dtype=x.dtype, interpret=interpret)[:M, :N]
-    return jnp.where((jnp.arange(M) < jnp.sum(group_sizes))[:, None], out, 0).astype(x.dtype)
+    return zero_rows_of_no_group(out, group_sizes).astype(x.dtype)

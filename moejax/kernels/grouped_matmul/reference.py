@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from moejax.kernels.grouped_matmul.groups import group_of_rows
+
 _f32 = jnp.float32
-
-
-def group_of_rows(group_sizes, rows: int):
-    """[rows] group id of each row; rows past sum(group_sizes) get G (no group)."""
-    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
-    return jnp.searchsorted(ends, jnp.arange(rows, dtype=jnp.int32), side="right")
 
 
 def grouped_matmul(x, w, group_sizes):

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.buckets import bucket
+from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 
 _f32 = jnp.float32
 
@@ -61,7 +62,7 @@ def for_each_group(xs, group_sizes, out_dim: int, body):
         return jax.lax.dynamic_update_slice_in_dim(ys, jax.lax.switch(which, branches), off, 0)
 
     ys = jax.lax.fori_loop(0, jnp.sum(group_sizes > 0), group, jnp.zeros((M + tile, out_dim), _f32))[:M]
-    return jnp.where((jnp.arange(M) < jnp.sum(group_sizes))[:, None], ys, 0.0)
+    return zero_rows_of_no_group(ys, group_sizes)
 
 
 def grouped_matmul(x, w, group_sizes):

@@ -1,0 +1,22 @@
+"""Padding shared by the Pallas kernels: Triton wants power-of-two tiles, and the interpreter clamps dynamic
+slice starts (a slice past the end would silently shift data), so inputs are padded to whole tiles."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def pad_axis(a, axis: int, size: int):
+    """Zero-pad `axis` of `a` up to `size` (no copy when it already has that size)."""
+    if a.shape[axis] == size:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return jnp.pad(a, widths)
+
+
+def pad_to_16(a, axis: int):
+    return pad_axis(a, axis, round_up(a.shape[axis], 16))
