@@ -22,7 +22,10 @@ class Engine:
     """Serve one model. Weights are created lazily: a full-shape preset costs nothing until it runs."""
 
     def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], nnx.State],
-                 tokenizer=None, *, dtype=jnp.float32, kernels: Kernels = Kernels(), name: str = ""):
+                 tokenizer=None, *, dtype=jnp.float32, kernels: Kernels = Kernels(), name: str = "",
+                 memory_plan=None, make_placement: Callable | None = None):
+        """materialize() -> the weights (nnx.State), or (weights, HostStore) for an offloaded model, whose
+        `make_placement(store)` gives the placement that runs its routed experts (moejax.offload)."""
         self.config = config
         self.tokenizer = tokenizer
         self.dtype = jnp.dtype(dtype)
@@ -32,6 +35,17 @@ class Engine:
         self.abstract_params = abstract_state
         self._materialize = materialize
         self._state = None
+        self.memory_plan = memory_plan
+        self.store = None  # HostStore of an offloaded model, once its weights are loaded
+        self.placement = None
+        self.saturation = None  # offload.saturation.Saturation, once profiled
+        self._make_placement = make_placement
+        self._layered = None
+        if make_placement is not None:  # layer by layer from Python (moejax.offload.layered)
+            layered = lambda name: lambda *a, **k: getattr(self.layered_steps, name)(*a, **k)  # noqa: E731
+            self._logits_fn, self._score_fn = layered("logits"), layered("score")
+            self._prefill_fn, self._decode_fn = layered("prefill"), layered("decode")
+            return
         bind = functools.partial
         self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, kernels))
         self._score_fn = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,))
@@ -42,9 +56,60 @@ class Engine:
     # -- weights ---------------------------------------------------------------------------------
     @property
     def params(self) -> nnx.State:
+        """The weights (an offloaded model's routed experts are 0-d stand-ins here: they are in `store`)."""
         if self._state is None:
-            self._state = self._materialize()
+            out = self._materialize()
+            self._state, self.store = out if isinstance(out, tuple) else (out, None)
         return self._state
+
+    @property
+    def graphdef(self):
+        return self._graphdef
+
+    @property
+    def layered_steps(self):
+        """The steps of an offloaded model (built with its weights and placement on first use)."""
+        if self._layered is None:
+            from moejax.offload.layered import LayeredSteps
+            params = self.params
+            self.placement = self._make_placement(self.store)
+            self._layered = LayeredSteps(self._graphdef, params, self.kernels, self.placement)
+        return self._layered
+
+    def layer_experts(self, layer: int) -> dict:
+        """Routed expert arrays of one MoE layer on the device, wherever they live ([E, ...] by name)."""
+        if self.store is None:
+            return nnx.merge(self._graphdef, self.params).layers[layer].mlp.expert_weights()
+        if not self.store.per_expert:
+            return self.store.fetch(layer)
+        experts = [self.store.fetch_expert(layer, e) for e in range(self.store.num_experts(layer))]
+        return {name: jnp.stack([e[name] for e in experts]) for name in experts[0]}
+
+    def stats(self) -> dict:
+        """Offloading counters since load or `reset_stats`: per MoE layer and in total, hits, misses, prefetches,
+        bytes moved host -> device, seconds waited on transfers (and, speculative, mispredicted tokens)."""
+        if self._make_placement is None:
+            return {"placement": "resident"}
+        placement = self.layered_steps.placement
+        extra = placement.cache.stats() if hasattr(placement, "cache") else {}
+        return {"placement": placement.name, **placement.stats.as_dict(extra)}
+
+    def reset_stats(self) -> None:
+        if self._make_placement is not None:
+            from moejax.offload.stats import OffloadStats
+            self.layered_steps.placement.stats = OffloadStats()
+
+    def explain(self) -> str:
+        """The memory plan, the placement and (when profiled) the saturation threshold, as text."""
+        lines = [f"model {self.name}: {self.config.num_layers} layers, {self.param_bytes() / 2**30:.2f} GiB of "
+                 f"weights ({self.dtype.name})"]
+        if self.memory_plan is not None:
+            lines.append(self.memory_plan.describe())
+        if self._make_placement is not None:
+            lines.append("placement " + self.layered_steps.placement.describe())
+        if self.saturation is not None:
+            lines.append(self.saturation.describe())
+        return "\n".join(lines)
 
     def param_bytes(self) -> int:
         """Bytes of all weights (from abstract shapes; allocates nothing)."""

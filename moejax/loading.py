@@ -15,10 +15,12 @@ from moejax.kernels.backends import Kernels, resolve
 from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
 from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
 from moejax.models.decoder import MoEModel
+from moejax.offload.host_store import HostStore, is_routed_expert
+from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory
 from moejax.presets import PRESETS, preset_config
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache")
+OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache") + OFFLOAD_OPTIONS
 
 
 def presets() -> list[str]:
@@ -43,7 +45,14 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
 
     options: num_layers (run the first N layers only), seed (preset weights), kernels (backends of the expert FFN
     and attention: "auto", one name for both such as "xla" or "pallas", or per op, e.g.
-    "experts=ragged_dot,attention=reference"; see moejax.kernels), compilation_cache (True, False or a directory)."""
+    "experts=ragged_dot,attention=reference"; see moejax.kernels), compilation_cache (True, False or a directory).
+
+    Expert offloading (moejax.offload; one device): placement ("auto": resident when the model fits the budget,
+    else streamed, else cached; "resident", "streamed", "cached"), device_memory_gb (cap on what moejax uses on the
+    device; default: the device's memory, no cap on CPU), window (streamed: MoE layers copied ahead),
+    cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "oracle" or a predictor object),
+    default_vectors (directory written by DefaultVectors.save, for the router predictor), prefetch_distance,
+    speculative (run predicted experts instead of loading true-router misses)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -81,20 +90,36 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
             var.set_value(values[path])
         return nnx.from_flat_state(list(flat.items()))
 
+    plan = offload_plan(cfg, shapes, options)
+    offloaded = plan.placement != "resident"
+
+    def place(path, array):
+        """Checkpoint or preset tensor -> device array; routed experts of an offloaded model go to the store."""
+        if offloaded and is_routed_expert(path):
+            store.add(path, array)
+            return jnp.zeros((), array.dtype)  # a stand-in: the layers get their experts from the placement
+        return jax.device_put(array)
+
+    def with_store(build):
+        def materialize():
+            nonlocal store
+            store = HostStore(per_expert=plan.placement == "cached") if offloaded else None
+            state = build()
+            return (state, store) if offloaded else state
+        return materialize
+
+    store = None
     if is_dir:
         skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
         read = plan_params(model, cfg, shapes, ignore_layers_from=cfg.num_layers if skips_layers else None)
-
-        def materialize():
-            return fill(read(lambda _, x: jax.device_put(x)))
+        materialize = with_store(lambda: fill(read(place)))
         tokenizer = load_tokenizer(model)
     else:
         seed = int(options.get("seed", 0))
-
-        def materialize():
-            return fill({p: random_param(p, s, seed) for p, s in shapes.items()})
+        materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
         tokenizer = None
-    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model)
+    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
+                  memory_plan=plan, make_placement=placement_factory(plan, options, kernels) if offloaded else None)
 
 
 def random_param(path: tuple, abstract, seed: int):

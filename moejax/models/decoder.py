@@ -23,10 +23,14 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def __call__(self, x, positions, cos, sin, cache, read_cache, kernels: Kernels, tree=None, prior=None):
+    def attend(self, x, positions, cos, sin, cache, read_cache, kernels: Kernels, tree=None, prior=None):
+        """The attention half: -> (residual after attention, its normalized input to the MLP, cache)."""
         h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache, tree, prior, kernels.attention)
         x = x + h
-        y = self.mlp_norm(x)
+        return x, self.mlp_norm(x), cache
+
+    def __call__(self, x, positions, cos, sin, cache, read_cache, kernels: Kernels, tree=None, prior=None):
+        x, y, cache = self.attend(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
         y = self.mlp(y, kernels.experts) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
         return x + y, cache
 
@@ -55,18 +59,31 @@ class MoEModel(nnx.Module):
         says the cache held nothing before this call, so attention reads only the new keys.
         With a `tree` (TreeMask) the rows are packed token trees that may attend to `prior` keys (per-layer
         cache-layout arrays [B, P, ...]); the second output is then this call's keys per layer."""
-        x = self.embed[...][tokens]
-        cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
+        x, cos, sin = self.embed_inputs(tokens, positions)
+        x, new_cache = self.run_layers(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+        return self.head(x, gather_idx), (None if cache is None and tree is None else new_cache)
+
+    def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, kernels=Kernels(), tree=None,
+                   prior=None):
+        """Every decoder layer in turn -> (hidden states, per-layer caches or new keys)."""
         new_cache = []
         for i, layer in enumerate(self.layers):
             x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, kernels, tree,
                          None if prior is None else prior[i])
             new_cache.append(c)
+        return x, new_cache
+
+    def embed_inputs(self, tokens, positions):
+        """-> (hidden states [B, T, D], rotary cos, sin): what the first layer takes."""
+        cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
+        return self.embed[...][tokens], cos, sin
+
+    def head(self, x, gather_idx=None):
+        """Last hidden states -> float32 logits (at every position, or at `gather_idx` as in __call__)."""
         if gather_idx is not None:
             one = gather_idx.ndim == 1
             x = jnp.take_along_axis(x, (gather_idx[:, None] if one else gather_idx)[..., None], axis=1)
             x = x[:, 0] if one else x
         x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-        logits = jnp.dot(x, head, preferred_element_type=_f32)
-        return logits, (None if cache is None and tree is None else new_cache)
+        return jnp.dot(x, head, preferred_element_type=_f32)

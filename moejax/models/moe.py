@@ -10,6 +10,7 @@ from moejax.config import ModelConfig
 from moejax.kernels import expert_ffn
 
 _f32 = jnp.float32
+EXPERT_ARRAYS = ("we_gate_up", "we_down", "be_gate_up", "be_down")  # what offloading moves
 
 
 def _param(shape, dtype):
@@ -73,19 +74,35 @@ class MoEBlock(nnx.Module):
         logits = jnp.dot(x2.astype(_f32), self.router[...], precision=jax.lax.Precision.HIGHEST)
         return logits if self.router_bias is None else logits + self.router_bias[...]
 
+    def expert_weights(self) -> dict:
+        """The routed experts' arrays by name (absent biases left out), as `routed` takes them."""
+        return {name: getattr(self, name)[...] for name in EXPERT_ARRAYS if getattr(self, name) is not None}
+
+    def route_tokens(self, x2):
+        """[N, D] -> (expert ids [N, k], float32 weights [N, k])."""
+        bias = None if self.correction_bias is None else self.correction_bias[...]
+        return route(self.cfg, self.router_logits(x2), bias)
+
+    def routed(self, x2, idx, weights, experts: dict, backend: str = "auto"):
+        """Routed experts' weighted output [N, D]; `experts` may come from anywhere (this block's own arrays, a
+        host-streamed copy, or a cache holding a subset, with `idx` renumbered to it)."""
+        return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
+                          experts.get("be_down"), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
+                          alpha=self.cfg.swiglu_alpha, backend=backend)
+
+    def with_shared(self, x2, y):
+        """Add the shared expert (if any) to the routed output y [N, D]."""
+        if self.shared is None:
+            return y
+        s = self.shared(x2)
+        if self.shared_gate is not None:
+            gate = jax.nn.sigmoid(jnp.dot(x2, self.shared_gate[...], preferred_element_type=_f32))
+            s = (gate * s.astype(_f32)).astype(x2.dtype)
+        return y + s
+
     def __call__(self, x, backend: str = "auto"):
         B, T, D = x.shape
         x2 = x.reshape(B * T, D)
-        bias = None if self.correction_bias is None else self.correction_bias[...]
-        idx, weights = route(self.cfg, self.router_logits(x2), bias)
-        opt = lambda p: None if p is None else p[...]
-        y = expert_ffn(x2, idx, weights, self.we_gate_up[...], self.we_down[...], opt(self.be_gate_up),
-                       opt(self.be_down), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
-                       alpha=self.cfg.swiglu_alpha, backend=backend)
-        if self.shared is not None:
-            s = self.shared(x2)
-            if self.shared_gate is not None:
-                gate = jax.nn.sigmoid(jnp.dot(x2, self.shared_gate[...], preferred_element_type=_f32))
-                s = (gate * s.astype(_f32)).astype(x.dtype)
-            y = y + s
-        return y.reshape(B, T, D)
+        idx, weights = self.route_tokens(x2)
+        y = self.routed(x2, idx, weights, self.expert_weights(), backend)
+        return self.with_shared(x2, y).reshape(B, T, D)

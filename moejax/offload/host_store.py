@@ -13,14 +13,15 @@ from typing import Iterable
 
 import jax
 
+from moejax.models.moe import EXPERT_ARRAYS
+
 HOST_LIMIT_ENV = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
 DEFAULT_GPU_HOST_LIMIT_GB = 64
-EXPERT_LEAVES = ("we_gate_up", "we_down", "be_gate_up", "be_down")
 
 
 def is_routed_expert(path: tuple) -> bool:
     """Flat nnx parameter path -> whether it is a routed expert array (('layers', i, 'mlp', 'we_down'))."""
-    return len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_LEAVES
+    return len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS
 
 
 def pinned_host_limit_bytes(platform: str | None = None) -> int | None:
@@ -35,41 +36,62 @@ def _sharding(kind: str, device=None):
 
 
 class HostStore:
-    """layer -> {name: array in pinned_host}. Build with `from_arrays`; `fetch(layer)` starts the copies."""
+    """layer -> {name: array in pinned_host}, or with `per_expert` layer -> {name: [one array per expert]} (for
+    an expert cache, which moves single experts). Build with `from_arrays`; `fetch` / `fetch_expert` start the
+    copies to the device."""
 
-    def __init__(self, layers: dict[int, dict[str, jax.Array]], device=None):
+    def __init__(self, device=None, *, per_expert: bool = False, limit_bytes: int | None = -1):
+        """An empty store; `add` fills it. limit_bytes: refuse beyond this many bytes (default: the platform's
+        pinned host pool; None: no cap)."""
         self.device = device or jax.devices()[0]
-        self._layers = layers
+        self.per_expert = per_expert
+        self.limit_bytes = pinned_host_limit_bytes() if limit_bytes == -1 else limit_bytes
+        self._layers: dict[int, dict[str, object]] = {}
+        self._total = 0
 
     @classmethod
-    def from_arrays(cls, items: Iterable[tuple[tuple, object]], device=None, limit_bytes: int | None = -1
-                    ) -> "HostStore":
-        """(flat path, array) pairs of routed expert arrays (numpy as read from a checkpoint, or jax) ->
-        store. Each array goes straight to pinned host memory; raises ValueError, with the numbers, when
-        the total exceeds `limit_bytes` (default: the platform's pinned host pool; None: no cap)."""
-        host = _sharding("pinned_host", device)
-        layers: dict[int, dict[str, jax.Array]] = {}
-        limit, total = (pinned_host_limit_bytes() if limit_bytes == -1 else limit_bytes), 0
+    def from_arrays(cls, items: Iterable[tuple[tuple, object]], device=None, limit_bytes: int | None = -1,
+                    per_expert: bool = False) -> "HostStore":
+        """(flat path, array) pairs of routed expert arrays -> store (see `add`)."""
+        store = cls(device, per_expert=per_expert, limit_bytes=limit_bytes)
         for path, array in items:
-            if not is_routed_expert(path):
-                raise ValueError(f"HostStore: {path} is not a routed expert array")
-            total += array.nbytes
-            if limit is not None and total > limit:
-                raise ValueError(f"HostStore: routed experts need more than {total / 2**30:.1f} GiB of pinned host "
-                                 f"memory, over XLA's pool of {limit / 2**30:.1f} GiB; set {HOST_LIMIT_ENV} higher "
-                                 f"before starting (and have that much host RAM)")
-            layers.setdefault(path[1], {})[path[3]] = jax.device_put(array, host)
-        return cls(layers, device)
+            store.add(path, array)
+        return store
+
+    def add(self, path: tuple, array) -> None:
+        """One routed expert array (numpy as read from a checkpoint, or jax) straight to pinned host memory
+        (split along the expert axis for a per_expert store); raises ValueError, with the numbers, when the
+        total exceeds the limit."""
+        if not is_routed_expert(path):
+            raise ValueError(f"HostStore: {path} is not a routed expert array")
+        self._total += array.nbytes
+        if self.limit_bytes is not None and self._total > self.limit_bytes:
+            raise ValueError(f"HostStore: routed experts need more than {self._total / 2**30:.1f} GiB of pinned "
+                             f"host memory, over XLA's pool of {self.limit_bytes / 2**30:.1f} GiB; set "
+                             f"{HOST_LIMIT_ENV} higher before starting (and have that much host RAM)")
+        host = _sharding("pinned_host", self.device)
+        if self.per_expert:
+            placed = [jax.device_put(array[e], host) for e in range(array.shape[0])]
+        else:
+            placed = jax.device_put(array, host)
+        self._layers.setdefault(path[1], {})[path[3]] = placed
 
     @property
     def layers(self) -> list[int]:
         return sorted(self._layers)
 
-    def arrays(self, layer: int) -> dict[str, jax.Array]:
+    def arrays(self, layer: int) -> dict[str, object]:
         return dict(self._layers[layer])
 
+    def num_experts(self, layer: int) -> int:
+        first = next(iter(self._layers[layer].values()))
+        return len(first) if self.per_expert else first.shape[0]
+
     def layer_bytes(self, layer: int) -> int:
-        return sum(a.nbytes for a in self._layers[layer].values())
+        return sum(sum(a.nbytes for a in v) if self.per_expert else v.nbytes for v in self._layers[layer].values())
+
+    def expert_bytes(self, layer: int) -> int:
+        return self.layer_bytes(layer) // self.num_experts(layer)
 
     def total_bytes(self) -> int:
         return sum(self.layer_bytes(layer) for layer in self._layers)
@@ -77,5 +99,14 @@ class HostStore:
     def fetch(self, layer: int) -> dict[str, jax.Array]:
         """Start copying one layer's experts to device memory; returns at once (the copies are async and
         whatever reads the arrays waits for them)."""
+        if self.per_expert:
+            raise ValueError("HostStore.fetch: this store holds single experts (per_expert); use fetch_expert")
         device = _sharding("device", self.device)
         return {name: jax.device_put(a, device) for name, a in self._layers[layer].items()}
+
+    def fetch_expert(self, layer: int, expert: int) -> dict[str, jax.Array]:
+        """Start copying one expert of one layer to device memory (a per_expert store); returns at once."""
+        if not self.per_expert:
+            raise ValueError("HostStore.fetch_expert: this store holds whole layers; build it with per_expert=True")
+        device = _sharding("device", self.device)
+        return {name: jax.device_put(a[expert], device) for name, a in self._layers[layer].items()}

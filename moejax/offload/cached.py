@@ -1,0 +1,125 @@
+"""Cached placement (Speculating Experts, fMoE): a fixed number of device slots, each holding one expert of one
+layer, shared by all MoE layers (moejax.offload.expert_cache decides who sits where and who is evicted).
+A MoE layer asks for the experts its tokens use; misses are loaded on demand and waited for. With a predictor,
+the experts it expects `distance` layers ahead are prefetched right after this layer's work is issued, so the
+copies overlap the compute.
+
+- exact (speculative=False): the true router's experts run; predictions only move weights, so the logits
+  equal the resident model's.
+- speculative=True: a layer runs the experts and weights predicted for it (as Speculating Experts does); the
+  true router still runs, to count the tokens whose expert set differs (stats: mispredicted_tokens).
+
+The experts of one step are stacked into one [m, ...] array for the expert FFN (m rounded up to a power of
+two); when a step needs more distinct experts than `pass_experts`, it runs in passes of that many and sums."""
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.buckets import bucket
+from moejax.offload.expert_cache import ExpertCache
+from moejax.offload import layered
+from moejax.offload.host_store import HostStore
+from moejax.offload.stats import OffloadStats
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("backend",))
+def routed_subset(graphdef, state, y, idx, weights, local_of, experts, *, backend):
+    """Routed output [N, D] of the experts in `experts` (a list of per-expert dicts); local_of [E] gives each
+    expert's position in that list or -1, and tokens' choices outside it contribute nothing."""
+    local = local_of[idx]
+    present = local >= 0
+    stacked = {name: jnp.stack([e[name] for e in experts]) for name in experts[0]}
+    mlp = nnx.merge(graphdef, state).mlp
+    return mlp.routed(y.reshape(-1, y.shape[-1]), jnp.where(present, local, 0), jnp.where(present, weights, 0.0),
+                      stacked, backend)
+
+
+class Cached:
+    name = "cached"
+
+    def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *, predictor=None,
+                 speculative: bool = False, pass_experts: int | None = None):
+        if not store.per_expert:
+            raise ValueError("cached placement needs a per_expert HostStore")
+        if speculative and predictor is None:
+            raise ValueError("cached placement: speculative=True needs a predictor")
+        self.store, self.backend, self.predictor, self.speculative = store, backend, predictor, speculative
+        self.cache = ExpertCache(cache_slots, eviction)
+        self.pass_experts = min(pass_experts or cache_slots, cache_slots)
+        self.stats = OffloadStats()
+        self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
+        self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
+
+    def begin_pass(self, steps) -> None:
+        self._planned.clear()
+        self._steps = steps
+        if self.predictor is not None:
+            self.predictor.begin_pass(steps)
+
+    def moe(self, layer, graphdef, state, x, y, idx, weights):
+        s = self.stats[layer]
+        predicted = {} if self.predictor is None else \
+            self.predictor.predict(self._steps.passes, layer, x, y, idx, weights)
+        if layer in predicted:  # a prediction for this very layer (the oracle): load it as a prefetch first
+            self._prefetch(layer, predicted[layer][0])
+        if self.speculative:
+            self._planned.update(predicted)
+        if self.speculative and layer in self._planned:
+            run_idx, run_weights = self._planned.pop(layer)
+            s.speculated_tokens += idx.shape[0]
+            differs = jnp.any(jnp.sort(run_idx, axis=1) != jnp.sort(idx, axis=1), axis=1)
+            s.mispredicted_tokens += int(jnp.sum(differs))
+        else:
+            run_idx, run_weights = idx, weights
+        needed = np.unique(np.asarray(run_idx))
+        out = None
+        for start in range(0, len(needed), self.pass_experts):
+            chunk = needed[start: start + self.pass_experts]
+            experts = self._request(layer, chunk)
+            local_of = np.full((self.store.num_experts(layer),), -1, np.int32)
+            local_of[chunk] = np.arange(len(chunk), dtype=np.int32)
+            experts += [experts[-1]] * (bucket(len(experts)) - len(experts))  # fewer distinct shapes to compile
+            part = routed_subset(graphdef, state, y, run_idx, run_weights, jnp.asarray(local_of), experts,
+                                 backend=self.backend)
+            out = part if out is None else out + part
+        for target, (p_idx, _) in predicted.items():  # after this layer's work is issued: the copies overlap it
+            if target != layer:
+                self._prefetch(target, p_idx)
+        return layered.finish(graphdef, state, x, y, out)
+
+    def _request(self, layer: int, chunk) -> list[dict[str, jax.Array]]:
+        s = self.stats[layer]
+        hits, loads, _ = self.cache.request([(layer, int(e)) for e in chunk])
+        loaded = []
+        for (_, expert), slot in loads:
+            self._slots[slot] = self.store.fetch_expert(layer, expert)
+            loaded.append(self._slots[slot])
+            s.bytes_h2d += self.store.expert_bytes(layer)
+        s.hits, s.misses = s.hits + len(hits), s.misses + len(loads)
+        start = time.perf_counter()
+        jax.block_until_ready(loaded + [self._slots[slot] for _, slot in hits])  # prefetches may still be on the way
+        s.wait_s += time.perf_counter() - start
+        return [self._slots[self.cache.slot((layer, int(e)))] for e in chunk]
+
+    def _prefetch(self, layer: int, p_idx) -> None:
+        chosen, counts = np.unique(np.asarray(p_idx), return_counts=True)
+        order = np.argsort(-counts, kind="stable")  # most-used first: what fits is what matters most
+        scores = {(layer, int(e)): float(c) / p_idx.shape[0] for e, c in zip(chosen, counts)}
+        loads, _ = self.cache.prefetch([(layer, int(chosen[i])) for i in order], scores)
+        s = self.stats[layer]
+        for (_, expert), slot in loads:
+            self._slots[slot] = self.store.fetch_expert(layer, expert)
+            s.prefetches += 1
+            s.bytes_h2d += self.store.expert_bytes(layer)
+
+    def describe(self) -> str:
+        pred = "none" if self.predictor is None else self.predictor.describe()
+        mode = "speculative" if self.speculative else "exact"
+        return (f"cached: {self.cache.num_slots} expert slots, eviction {self.cache.policy}, predictor {pred} "
+                f"({mode}), up to {self.pass_experts} experts per pass")

@@ -1,0 +1,115 @@
+"""The Engine's steps run layer by layer from Python, so a placement can move routed expert weights between
+layers: begin and end of each step (moejax.steps) are jits as in the resident model, each decoder layer is two
+jits (attention + router, then experts + shared expert + residual) that all MoE layers of one shape share, and
+between them the placement (moejax.offload.streamed / cached) supplies the experts.
+
+The parameters given to these steps hold 0-d stand-ins for the routed expert arrays: those live in a HostStore."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from flax import nnx
+
+from moejax import steps
+from moejax.kernels.backends import Kernels
+from moejax.models.moe import MoEBlock
+
+_layer_jit = functools.partial(jax.jit, static_argnums=(0,), static_argnames=("kernels", "read_cache"))
+_experts_jit = functools.partial(jax.jit, static_argnums=(0,), static_argnames=("backend",))
+
+
+@_layer_jit
+def whole_layer(graphdef, state, x, positions, cos, sin, cache, tree, prior, *, kernels, read_cache):
+    return nnx.merge(graphdef, state)(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+
+
+@_layer_jit
+def attend_route(graphdef, state, x, positions, cos, sin, cache, tree, prior, *, kernels, read_cache):
+    """-> (residual after attention, normalized MoE input, cache, router's expert ids [N, k], weights [N, k])."""
+    layer = nnx.merge(graphdef, state)
+    x, y, cache = layer.attend(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+    idx, weights = layer.mlp.route_tokens(y.reshape(-1, y.shape[-1]))
+    return x, y, cache, idx, weights
+
+
+@_experts_jit
+def routed(graphdef, state, y, idx, weights, experts, *, backend):
+    """Routed experts' output [N, D] for experts given as arrays [E', ...] (idx numbers them)."""
+    return nnx.merge(graphdef, state).mlp.routed(y.reshape(-1, y.shape[-1]), idx, weights, experts, backend)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def finish(graphdef, state, x, y, routed_out):
+    """Add the shared expert and the residual: the layer's output."""
+    y2 = y.reshape(-1, y.shape[-1])
+    return x + nnx.merge(graphdef, state).mlp.with_shared(y2, routed_out).reshape(x.shape)
+
+
+def _phase(fn, graphdef, state, *args, **static):
+    return fn(steps.model_of(graphdef, state), *args, **static)
+
+
+class LayeredSteps:
+    """logits / score / prefill / decode with the signatures of the Engine's jitted steps; `placement` runs the
+    routed experts of every MoE layer (`placement.moe(layer, graphdef, state, x, y, idx, weights) -> x`)."""
+
+    def __init__(self, graphdef, params, kernels: Kernels, placement):
+        model = steps.model_of(graphdef, params)
+        self.layers = [nnx.split(layer) for layer in model.layers]
+        self.moe_layers = [i for i, layer in enumerate(model.layers) if isinstance(layer.mlp, MoEBlock)]
+        self.kernels, self.placement = kernels, placement
+        self.passes = 0  # forward passes through the layers so far (predictors key their state on it)
+        jit = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
+        self._logits = jit(steps.logits_begin), jit(steps.logits_end)
+        self._score = jit(steps.score_begin), jit(steps.score_end, donate_argnums=(4,))
+        self._prefill = (jit(steps.prefill_begin, static_argnames=("cache_len",)),
+                         jit(steps.prefill_end, static_argnames=("cache_len",), donate_argnums=(4,)))
+        self._decode_start = jax.jit(steps.decode_start, static_argnums=(3,))
+        self._decode = jit(steps.decode_begin), jit(steps.decode_end)
+
+    def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+        self.placement.begin_pass(self)
+        new = []
+        for i, (graphdef, state) in enumerate(self.layers):
+            args = (x, positions, cos, sin, None if cache is None else cache[i], tree,
+                    None if prior is None else prior[i])
+            if i in self.moe_layers:
+                x, y, c, idx, weights = attend_route(graphdef, state, *args, kernels=self.kernels,
+                                                     read_cache=read_cache)
+                x = self.placement.moe(i, graphdef, state, x, y, idx, weights)
+            else:
+                x, c = whole_layer(graphdef, state, *args, kernels=self.kernels, read_cache=read_cache)
+            new.append(c)
+        self.passes += 1
+        return x, new
+
+    def _run(self, phases, state, *args, read_cache=True, **static):
+        begin, end = phases
+        inputs, context = begin(state, *args, **static)
+        x, new = self.run_layers(**inputs, read_cache=read_cache)
+        return end(state, x, new, context, *args, **static)
+
+    # -- the Engine's steps ----------------------------------------------------------------------------------
+    def logits(self, state, tokens):
+        return self._run(self._logits, state, tokens)
+
+    def score(self, state, pool, batch):
+        return self._run(self._score, state, pool, batch)
+
+    def prefill(self, state, pool, *args, cache_len, **optional):
+        read_cache = steps.prefill_reads_cache(pool, *args, **optional)
+        return self._run(self._prefill, state, pool, *args, read_cache=read_cache, cache_len=cache_len, **optional)
+
+    def decode(self, state, cache, first, lengths, temperature, top_p, keys, stops, max_new, *, steps):
+        begin, end = self._decode
+        step, out, done, count, last = self._decode_start(first, max_new, stops, steps)
+        limit = int(np.max(np.asarray(max_new)))
+        for t in range(1, limit):  # the resident loop's condition, checked on the host
+            if bool(np.all(np.asarray(done))):
+                break
+            x, cache = self.run_layers(**begin(state, step, last, lengths), cache=cache)
+            step, out, done, count, last = end(state, x, step, out, done, count, last, temperature, top_p, keys,
+                                               stops, max_new)
+        return out, count

@@ -1,0 +1,137 @@
+"""Device memory planning for one GPU: from a budget (`device_memory_gb`), decide where routed experts live and
+how big the streaming window or the expert cache is, or refuse with the numbers. Everything that is not a
+routed expert (embeddings, attention, norms, routers, shared experts) is always resident; a fraction of the
+budget is kept for activations and KV caches. A model that fits entirely stays resident unless told otherwise."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+PLACEMENTS = ("auto", "resident", "streamed", "cached")
+RESERVE_FRACTION = 0.1  # of the budget, for activations, KV cache and XLA workspace
+DEFAULT_WINDOW = 2  # layers in flight beyond the computing one: more only costs memory once copies are hidden
+MIN_PASS_EXPERTS = 16  # experts stacked per pass of the cached FFN (at least top-k)
+
+
+class MemoryPlanError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    placement: str
+    budget_bytes: int | None
+    resident_bytes: int  # weights that never move
+    expert_bytes: int  # one routed expert of one layer
+    experts_per_layer: int
+    moe_layers: int
+    reserve_bytes: int
+    window: int | None = None  # streamed
+    cache_slots: int | None = None  # cached
+    pass_experts: int | None = None  # cached: experts stacked per FFN pass (a transient copy)
+    reason: str = ""
+
+    @property
+    def layer_expert_bytes(self) -> int:
+        return self.expert_bytes * self.experts_per_layer
+
+    @property
+    def expert_device_bytes(self) -> int:
+        if self.placement == "streamed":
+            return (self.window + 1) * self.layer_expert_bytes
+        if self.placement == "cached":
+            return (self.cache_slots + self.pass_experts) * self.expert_bytes
+        return self.moe_layers * self.layer_expert_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.resident_bytes + self.expert_device_bytes
+
+    def describe(self) -> str:
+        gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+        budget = "no cap" if self.budget_bytes is None else gib(self.budget_bytes)
+        what = {"resident": "all routed experts on the device",
+                "streamed": f"window {self.window}: {self.window + 1} layers of experts on the device",
+                "cached": f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"}[self.placement]
+        return (f"memory plan: {self.placement} ({what}); budget {budget}, reserve {gib(self.reserve_bytes)}; "
+                f"resident weights {gib(self.resident_bytes)} + experts {gib(self.expert_device_bytes)} = "
+                f"{gib(self.device_bytes)}; one expert {self.expert_bytes / 2**20:.1f} MiB, one layer of experts "
+                f"{gib(self.layer_expert_bytes)} x {self.moe_layers} MoE layers\n  why: {self.reason}")
+
+
+def device_budget_bytes(device_memory_gb: float | None) -> int | None:
+    """The cap in bytes: the given GB, else what the first device reports (None on CPU: no cap)."""
+    if device_memory_gb is not None:
+        if device_memory_gb <= 0:
+            raise MemoryPlanError(f"device_memory_gb must be > 0, got {device_memory_gb}")
+        return int(device_memory_gb * 2**30)
+    stats = jax.devices()[0].memory_stats() if jax.default_backend() == "gpu" else None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, moe_layers: int, top_k: int,
+                budget_bytes: int | None, placement: str = "auto", window: int | None = None,
+                cache_slots: int | None = None) -> MemoryPlan:
+    if placement not in PLACEMENTS:
+        raise MemoryPlanError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
+    all_experts = expert_bytes * experts_per_layer * moe_layers
+    resident = total_bytes - all_experts
+    reserve = 0 if budget_bytes is None else int(RESERVE_FRACTION * budget_bytes)
+    base = dict(budget_bytes=budget_bytes, resident_bytes=resident, expert_bytes=expert_bytes,
+                experts_per_layer=experts_per_layer, moe_layers=moe_layers, reserve_bytes=reserve)
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    if moe_layers == 0 and placement in ("streamed", "cached"):
+        raise MemoryPlanError(f"placement {placement!r}: the model has no MoE layers to offload")
+    if budget_bytes is None:
+        if placement in ("auto", "resident"):
+            return MemoryPlan("resident", **base, reason="no device memory cap")
+        if placement == "streamed":
+            return _streamed(base, window or DEFAULT_WINDOW, "no device memory cap; window as asked or default")
+        slots = cache_slots or 2 * experts_per_layer
+        return _cached(base, slots, top_k, "no device memory cap; slots as asked or two layers' worth")
+    free = budget_bytes - reserve - resident
+    fits = f"budget {gib(budget_bytes)} - reserve {gib(reserve)} - resident weights {gib(resident)}"
+    if free < 0:
+        raise MemoryPlanError(f"cannot fit: the weights that always stay on the device ({gib(resident)}) plus the "
+                              f"reserve ({gib(reserve)}) exceed the budget of {gib(budget_bytes)}")
+    if placement == "resident" or (placement == "auto" and all_experts <= free):
+        if all_experts > free:
+            raise MemoryPlanError(f"placement 'resident': all routed experts need {gib(all_experts)} but {fits} "
+                                  f"leaves {gib(free)}; use placement 'streamed' or 'cached'")
+        return MemoryPlan("resident", **base, reason=f"the whole model fits: experts {gib(all_experts)} <= {gib(free)} "
+                                                      f"free ({fits})")
+    layer_bytes = expert_bytes * experts_per_layer
+    max_window = min(free // layer_bytes - 1, moe_layers - 1)
+    if placement == "streamed" or (placement == "auto" and max_window >= 1):
+        if window is not None and window > max_window:
+            raise MemoryPlanError(f"streamed window {window} needs {window + 1} layers of experts = "
+                                  f"{gib((window + 1) * layer_bytes)} but {fits} leaves {gib(free)} "
+                                  f"(window {max(max_window, 0)} at most)")
+        if max_window < 1:
+            raise MemoryPlanError(f"streamed placement needs 2 layers of experts ({gib(2 * layer_bytes)}) on the "
+                                  f"device but {fits} leaves {gib(free)}; use placement 'cached' or a larger budget")
+        return _streamed(base, window or min(DEFAULT_WINDOW, max_window),
+                         f"experts {gib(all_experts)} > {gib(free)} free ({fits}); window {max_window} at most")
+    pass_experts = min(experts_per_layer, max(top_k, MIN_PASS_EXPERTS))
+    max_slots = min(free // expert_bytes - pass_experts, experts_per_layer * moe_layers)
+    slots = cache_slots or max_slots
+    if slots < top_k or slots > max_slots:
+        raise MemoryPlanError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
+                              f"{expert_bytes / 2**20:.1f} MiB but {fits} leaves {gib(free)} (at most {max_slots} "
+                              f"slots; at least top-k = {top_k} needed)")
+    return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {gib(free)} free ({fits})"
+                   if placement == "auto" else f"asked for; at most {max_slots} slots fit")
+
+
+def _streamed(base, window, reason) -> MemoryPlan:
+    if window < 1:
+        raise MemoryPlanError(f"streamed window must be >= 1, got {window}")
+    return MemoryPlan("streamed", **base, window=int(window), reason=reason)
+
+
+def _cached(base, slots, top_k, reason) -> MemoryPlan:
+    if slots < top_k:
+        raise MemoryPlanError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
+    pass_experts = min(int(slots), base["experts_per_layer"], max(top_k, MIN_PASS_EXPERTS))
+    return MemoryPlan("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason)

@@ -1,0 +1,16 @@
+"""The oracle predictor: it "predicts" each MoE layer's experts as that layer's true router output, at distance
+0. A speculative run with it must equal the resident model; its hit rate is the ceiling of any predictor."""
+from __future__ import annotations
+
+
+class OraclePredictor:
+    distance = 0
+
+    def begin_pass(self, steps) -> None:
+        pass
+
+    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+        return {layer: (idx, weights)}
+
+    def describe(self) -> str:
+        return "oracle (true router, distance 0)"

@@ -1,0 +1,143 @@
+"""Router-based expert prediction (Speculating Experts §3): default vectors d_{l,e} (the mean output of expert e
+of layer l over calibration tokens routed to it) turn the post-attention residual r_l into the quasi-hidden
+state r_l + Σ_e g_e·d_{l,e}, an estimate of layer l+1's residual; layer l+1's MLP norm and router applied to it
+predict l+1's experts. For a distance d > 1 the estimate is chained through the predicted routing of each layer
+in between (a dense layer in between adds nothing: it has no default vectors).
+
+g_e are the weights of layer l's true router (it runs anyway, and is closer to the truth than a prediction)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from moejax.buckets import bucket
+from moejax.offload import layered
+
+_f32 = jnp.float32
+
+
+@dataclasses.dataclass
+class DefaultVectors:
+    vectors: np.ndarray  # [L, E, D] float32; zero rows for dense layers and experts never chosen
+    counts: np.ndarray  # [L, E] calibration tokens routed to each expert
+
+    def save(self, path: str) -> str:
+        """Write with orbax to the directory `path` (which must not exist yet)."""
+        path = os.path.abspath(path)
+        saver = ocp.StandardCheckpointer()
+        saver.save(path, {"vectors": self.vectors, "counts": self.counts})
+        saver.wait_until_finished()
+        return path
+
+    @classmethod
+    def load(cls, path: str) -> "DefaultVectors":
+        try:
+            tree = ocp.StandardCheckpointer().restore(os.path.abspath(path))
+        except Exception as e:  # orbax raises several types for a missing or foreign directory
+            raise ValueError(f"default vectors: cannot read {path!r} ({type(e).__name__}: {e})") from None
+        return cls(np.asarray(tree["vectors"], np.float32), np.asarray(tree["counts"]))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _hop(graphdef, state, h, vectors, idx, weights):
+    """h [N, D] float32 residual estimate of the previous layer, plus that layer's default-vector mix ->
+    the next (MoE) layer's residual estimate and its router's choice."""
+    h = h + jnp.einsum("nk,nkd->nd", weights, vectors[idx])
+    layer = nnx.merge(graphdef, state)
+    p_idx, p_weights = layer.mlp.route_tokens(layer.mlp_norm(h.astype(layer.mlp_norm.weight[...].dtype)))
+    return h, p_idx, p_weights
+
+
+class RouterPredictor:
+    def __init__(self, vectors: DefaultVectors, distance: int = 1):
+        if distance < 1:
+            raise ValueError(f"router predictor: distance must be >= 1, got {distance}")
+        self.vectors, self.distance = vectors, int(distance)
+        self._device_vectors = jnp.asarray(vectors.vectors)
+
+    def begin_pass(self, steps) -> None:
+        self._steps = steps
+        if self.vectors.vectors.shape[0] != len(steps.layers):
+            raise ValueError(f"router predictor: default vectors cover {self.vectors.vectors.shape[0]} layers, "
+                             f"the model has {len(steps.layers)}")
+
+    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+        target = layer + self.distance
+        moe = self._steps.moe_layers
+        if target not in moe:
+            return {}
+        h, prev = x.reshape(-1, x.shape[-1]).astype(_f32), layer
+        for j in range(layer + 1, target + 1):
+            if j in moe:  # add the last MoE layer's default-vector mix, route layer j
+                graphdef, state = self._steps.layers[j]
+                h, idx, weights = _hop(graphdef, state, h, self._device_vectors[prev], idx, weights)
+                prev = j
+        return {target: (idx, weights)}
+
+    def describe(self) -> str:
+        return f"router (quasi-hidden state, distance {self.distance})"
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("backend",))
+def _expert_sums(graphdef, state, y, idx, valid, experts, *, backend):
+    """Per expert: the summed unweighted output over valid tokens routed to it [E, D], and their count [E]."""
+    mlp = nnx.merge(graphdef, state).mlp
+    y2 = y.reshape(-1, y.shape[-1])
+    E = experts["we_down"].shape[0]
+    sums, counts = jnp.zeros((E, y2.shape[-1]), _f32), jnp.zeros((E,), _f32)
+    for k in range(idx.shape[1]):
+        out = mlp.routed(y2, idx[:, k:k + 1], jnp.ones((y2.shape[0], 1), _f32), experts, backend).astype(_f32)
+        sums = sums + jax.ops.segment_sum(out * valid[:, None], idx[:, k], E)
+        counts = counts + jax.ops.segment_sum(valid, idx[:, k], E)
+    return sums, counts
+
+
+class _Calibrating:
+    """A placement that runs each MoE layer exactly (experts from `experts_of`) and sums per-expert outputs."""
+
+    name = "calibrating"
+
+    def __init__(self, experts_of, shape, backend):
+        self.experts_of, self.backend = experts_of, backend
+        self.sums, self.counts = np.zeros(shape, np.float64), np.zeros(shape[:2], np.int64)
+        self.valid = None
+
+    def begin_pass(self, steps) -> None:
+        pass
+
+    def moe(self, layer, graphdef, state, x, y, idx, weights):
+        experts = self.experts_of(layer)
+        sums, counts = _expert_sums(graphdef, state, y, idx, self.valid, experts, backend=self.backend)
+        self.sums[layer] += np.asarray(sums)
+        self.counts[layer] += np.asarray(counts).astype(np.int64)
+        out = layered.routed(graphdef, state, y, idx, weights, experts, backend=self.backend)
+        return layered.finish(graphdef, state, x, y, out)
+
+
+def calibrate(engine, prompts, *, max_tokens: int = 512) -> DefaultVectors:
+    """Default vectors from running `prompts` (lists of token ids, each cut to `max_tokens`) through `engine`
+    (any placement: its experts are read layer by layer from wherever they live)."""
+    cfg = engine.config
+    placement = _Calibrating(engine.layer_experts, (cfg.num_layers, cfg.num_experts, cfg.hidden_size),
+                             engine.kernels.experts)
+    steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
+    for prompt in prompts:
+        ids = list(prompt)[:max_tokens]
+        if not ids:
+            continue
+        T = bucket(len(ids), 16)
+        tokens = np.zeros((1, T), np.int32)
+        tokens[0, : len(ids)] = ids
+        placement.valid = jnp.asarray(np.arange(T) < len(ids), _f32)
+        steps.logits(engine.params, jnp.asarray(tokens))
+    if not placement.counts.any():
+        raise ValueError("calibrate: no tokens in the calibration prompts")
+    vectors = placement.sums / np.maximum(placement.counts, 1)[..., None]
+    return DefaultVectors(vectors.astype(np.float32), placement.counts)

@@ -1,0 +1,77 @@
+"""`moejax.load`'s offloading options: checked, turned into a MemoryPlan, and into the placement the Engine runs."""
+from __future__ import annotations
+
+import numpy as np
+
+from moejax.config import ModelConfig
+from moejax.offload.cached import Cached
+from moejax.offload.expert_cache import POLICIES
+from moejax.offload.host_store import is_routed_expert
+from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes, plan_memory
+from moejax.offload.predict import PREDICTORS, DefaultVectors, OraclePredictor, RouterPredictor
+from moejax.offload.streamed import Streamed
+
+OFFLOAD_OPTIONS = ("placement", "device_memory_gb", "window", "cache_slots", "eviction", "predictor",
+                   "default_vectors", "prefetch_distance", "speculative")
+_ONLY_FOR = {"window": "streamed", "cache_slots": "cached", "eviction": "cached", "predictor": "cached",
+             "default_vectors": "cached", "prefetch_distance": "cached", "speculative": "cached"}
+
+
+def _error(message: str):
+    return ValueError(f"moejax.load: {message}")
+
+
+def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
+    """Abstract parameter shapes + load options -> MemoryPlan (ValueError naming the option or the numbers)."""
+    placement = options.get("placement") or "auto"
+    for name, only in _ONLY_FOR.items():
+        if options.get(name) not in (None, False) and placement not in ("auto", only):
+            raise _error(f"{name} applies to placement {only!r}, not {placement!r}")
+    for name in ("window", "cache_slots", "prefetch_distance"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+            raise _error(f"{name} must be an int >= 1, got {value!r}")
+    eviction = options.get("eviction") or "lru"
+    if eviction not in POLICIES:
+        raise _error(f"eviction must be one of {', '.join(POLICIES)}; got {eviction!r}")
+    predictor = options.get("predictor")
+    if isinstance(predictor, str) and predictor not in PREDICTORS:
+        raise _error(f"predictor must be one of {', '.join(PREDICTORS)} or a predictor object; got {predictor!r}")
+    if predictor == "router" and not options.get("default_vectors"):
+        raise _error("predictor 'router' needs default_vectors: a directory written by DefaultVectors.save "
+                     "(make one with `python -m launch.calibrate`)")
+    if options.get("speculative") and predictor is None:
+        raise _error("speculative=True needs a predictor")
+    nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
+    total = sum(nbytes(a) for a in shapes.values())
+    experts = sum(nbytes(a) for path, a in shapes.items() if is_routed_expert(path))
+    moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
+    E = cfg.num_experts or 1
+    try:
+        return plan_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
+                           moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
+                           budget_bytes=device_budget_bytes(options.get("device_memory_gb")), placement=placement,
+                           window=options.get("window"), cache_slots=options.get("cache_slots"))
+    except MemoryPlanError as e:
+        raise _error(str(e)) from None
+
+
+def placement_factory(plan, options: dict, kernels):
+    """-> make(store) building the placement of an offloaded plan (predictor files are read here, at load)."""
+    predictor = options.get("predictor")
+    if predictor == "router":
+        try:
+            vectors = DefaultVectors.load(options["default_vectors"])
+        except ValueError as e:
+            raise _error(str(e)) from None
+        predictor = RouterPredictor(vectors, options.get("prefetch_distance") or 1)
+    elif predictor == "oracle":
+        predictor = OraclePredictor()
+
+    def make(store):
+        if plan.placement == "streamed":
+            return Streamed(store, plan.window, kernels.experts)
+        return Cached(store, plan.cache_slots, options.get("eviction") or "lru", kernels.experts,
+                      predictor=predictor, speculative=bool(options.get("speculative")),
+                      pass_experts=plan.pass_experts)
+    return make
