@@ -21,6 +21,10 @@ import sys
 import time
 
 import moejax
+from moejax.offload.expert_cache import POLICIES
+from moejax.offload.memory_plan import PLACEMENTS
+from moejax.offload.predict import PREDICTORS
+from moejax.offload.saturation import profile_saturation
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
@@ -47,6 +51,24 @@ def parse_args(argv=None):
                         "prefix block recurs across batches, keeping just those blocks")
     p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                    help="most device memory the prefix KV cache may use, in MiB (default 1024)")
+    g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
+    g.add_argument("--placement", default="auto", choices=PLACEMENTS,
+                   help="where routed experts live: auto (resident when the model fits --device-memory-gb, else "
+                        "streamed, else cached), resident, streamed (layers copied ahead from host memory; "
+                        "prefill batches are packed to the profiled saturation threshold), cached (an expert "
+                        "cache; for decode and small batches)")
+    g.add_argument("--device-memory-gb", type=float, default=None,
+                   help="device memory moejax may use (default: the device's; no cap on CPU)")
+    g.add_argument("--window", type=int, default=None, help="streamed: MoE layers copied ahead (default: planned)")
+    g.add_argument("--cache-slots", type=int, default=None, help="cached: expert slots (default: what fits)")
+    g.add_argument("--eviction", default=None, choices=POLICIES, help="cached: eviction policy (default lru)")
+    g.add_argument("--predictor", default=None, choices=PREDICTORS, help="cached: expert predictor for prefetch")
+    g.add_argument("--default-vectors", default=None,
+                   help="cached, --predictor router: directory from `python -m launch.calibrate`")
+    g.add_argument("--prefetch-distance", type=int, default=None, help="router predictor: layers ahead (default 1)")
+    g.add_argument("--speculative", action="store_true",
+                   help="cached: run the predicted experts instead of loading the true router's misses "
+                        "(changes outputs; the metrics count mispredicted tokens)")
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
     return p.parse_args(argv)
@@ -74,14 +96,19 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
-    options = {"kernels": args.kernels}
-    if args.num_layers is not None:
-        options["num_layers"] = args.num_layers
+    options = {"kernels": args.kernels, "placement": args.placement}
+    for name in ("num_layers", "device_memory_gb", "window", "cache_slots", "eviction", "predictor",
+                 "default_vectors", "prefetch_distance", "speculative"):
+        if getattr(args, name) not in (None, False):
+            options[name] = getattr(args, name)
     try:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
+    if engine.memory_plan.placement == "streamed":  # measure Θ: the runner packs prefill batches to it
+        profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
     if args.explain:
+        print(engine.explain())
         print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
                             prefix_cache_mb=args.prefix_cache_mb))
         return 0

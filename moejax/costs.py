@@ -114,3 +114,8 @@ def param_count(cfg: ModelConfig, *, active: bool = False) -> int:
 
 def active_param_count(cfg: ModelConfig) -> int:
     return param_count(cfg, active=True)
+
+
+def layer_flops_per_token(cfg: ModelConfig) -> float:
+    """Matmul FLOPs per token through the decoder layers (embedding and head excluded; attention scores too)."""
+    return 2.0 * (active_param_count(cfg) - 2 * cfg.vocab_size * cfg.hidden_size)

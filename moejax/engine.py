@@ -101,8 +101,9 @@ class Engine:
 
     def explain(self) -> str:
         """The memory plan, the placement and (when profiled) the saturation threshold, as text."""
-        lines = [f"model {self.name}: {self.config.num_layers} layers, {self.param_bytes() / 2**30:.2f} GiB of "
-                 f"weights ({self.dtype.name})"]
+        from moejax.offload.memory_plan import size
+        lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
+                 f"({self.dtype.name})"]
         if self.memory_plan is not None:
             lines.append(self.memory_plan.describe())
         if self._make_placement is not None:

@@ -18,6 +18,14 @@ class MemoryPlanError(ValueError):
     pass
 
 
+def size(nbytes: float) -> str:
+    """Bytes for people: 1.50 GiB, 12.0 MiB, 3.2 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{int(nbytes)} B"
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     placement: str
@@ -49,15 +57,14 @@ class MemoryPlan:
         return self.resident_bytes + self.expert_device_bytes
 
     def describe(self) -> str:
-        gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
-        budget = "no cap" if self.budget_bytes is None else gib(self.budget_bytes)
+        budget = "no cap" if self.budget_bytes is None else size(self.budget_bytes)
         what = {"resident": "all routed experts on the device",
                 "streamed": f"window {self.window}: {self.window + 1} layers of experts on the device",
                 "cached": f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"}[self.placement]
-        return (f"memory plan: {self.placement} ({what}); budget {budget}, reserve {gib(self.reserve_bytes)}; "
-                f"resident weights {gib(self.resident_bytes)} + experts {gib(self.expert_device_bytes)} = "
-                f"{gib(self.device_bytes)}; one expert {self.expert_bytes / 2**20:.1f} MiB, one layer of experts "
-                f"{gib(self.layer_expert_bytes)} x {self.moe_layers} MoE layers\n  why: {self.reason}")
+        return (f"memory plan: {self.placement} ({what}); budget {budget}, reserve {size(self.reserve_bytes)}; "
+                f"resident weights {size(self.resident_bytes)} + experts {size(self.expert_device_bytes)} = "
+                f"{size(self.device_bytes)}; one expert {size(self.expert_bytes)}, one layer of experts "
+                f"{size(self.layer_expert_bytes)} x {self.moe_layers} MoE layers\n  why: {self.reason}")
 
 
 def device_budget_bytes(device_memory_gb: float | None) -> int | None:
@@ -80,7 +87,6 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
     reserve = 0 if budget_bytes is None else int(RESERVE_FRACTION * budget_bytes)
     base = dict(budget_bytes=budget_bytes, resident_bytes=resident, expert_bytes=expert_bytes,
                 experts_per_layer=experts_per_layer, moe_layers=moe_layers, reserve_bytes=reserve)
-    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     if moe_layers == 0 and placement in ("streamed", "cached"):
         raise MemoryPlanError(f"placement {placement!r}: the model has no MoE layers to offload")
     if budget_bytes is None:
@@ -91,36 +97,36 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
         slots = cache_slots or 2 * experts_per_layer
         return _cached(base, slots, top_k, "no device memory cap; slots as asked or two layers' worth")
     free = budget_bytes - reserve - resident
-    fits = f"budget {gib(budget_bytes)} - reserve {gib(reserve)} - resident weights {gib(resident)}"
+    fits = f"budget {size(budget_bytes)} - reserve {size(reserve)} - resident weights {size(resident)}"
     if free < 0:
-        raise MemoryPlanError(f"cannot fit: the weights that always stay on the device ({gib(resident)}) plus the "
-                              f"reserve ({gib(reserve)}) exceed the budget of {gib(budget_bytes)}")
+        raise MemoryPlanError(f"cannot fit: the weights that always stay on the device ({size(resident)}) plus the "
+                              f"reserve ({size(reserve)}) exceed the budget of {size(budget_bytes)}")
     if placement == "resident" or (placement == "auto" and all_experts <= free):
         if all_experts > free:
-            raise MemoryPlanError(f"placement 'resident': all routed experts need {gib(all_experts)} but {fits} "
-                                  f"leaves {gib(free)}; use placement 'streamed' or 'cached'")
-        return MemoryPlan("resident", **base, reason=f"the whole model fits: experts {gib(all_experts)} <= {gib(free)} "
+            raise MemoryPlanError(f"placement 'resident': all routed experts need {size(all_experts)} but {fits} "
+                                  f"leaves {size(free)}; use placement 'streamed' or 'cached'")
+        return MemoryPlan("resident", **base, reason=f"the whole model fits: experts {size(all_experts)} <= {size(free)} "
                                                       f"free ({fits})")
     layer_bytes = expert_bytes * experts_per_layer
     max_window = min(free // layer_bytes - 1, moe_layers - 1)
     if placement == "streamed" or (placement == "auto" and max_window >= 1):
         if window is not None and window > max_window:
             raise MemoryPlanError(f"streamed window {window} needs {window + 1} layers of experts = "
-                                  f"{gib((window + 1) * layer_bytes)} but {fits} leaves {gib(free)} "
+                                  f"{size((window + 1) * layer_bytes)} but {fits} leaves {size(free)} "
                                   f"(window {max(max_window, 0)} at most)")
         if max_window < 1:
-            raise MemoryPlanError(f"streamed placement needs 2 layers of experts ({gib(2 * layer_bytes)}) on the "
-                                  f"device but {fits} leaves {gib(free)}; use placement 'cached' or a larger budget")
+            raise MemoryPlanError(f"streamed placement needs 2 layers of experts ({size(2 * layer_bytes)}) on the "
+                                  f"device but {fits} leaves {size(free)}; use placement 'cached' or a larger budget")
         return _streamed(base, window or min(DEFAULT_WINDOW, max_window),
-                         f"experts {gib(all_experts)} > {gib(free)} free ({fits}); window {max_window} at most")
+                         f"experts {size(all_experts)} > {size(free)} free ({fits}); window {max_window} at most")
     pass_experts = min(experts_per_layer, max(top_k, MIN_PASS_EXPERTS))
     max_slots = min(free // expert_bytes - pass_experts, experts_per_layer * moe_layers)
     slots = cache_slots or max_slots
     if slots < top_k or slots > max_slots:
         raise MemoryPlanError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
-                              f"{expert_bytes / 2**20:.1f} MiB but {fits} leaves {gib(free)} (at most {max_slots} "
+                              f"{size(expert_bytes)} but {fits} leaves {size(free)} (at most {max_slots} "
                               f"slots; at least top-k = {top_k} needed)")
-    return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {gib(free)} free ({fits})"
+    return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
                    if placement == "auto" else f"asked for; at most {max_slots} slots fit")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 
+from moejax.buckets import bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
@@ -19,6 +20,8 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
                         {e.line: request_id(e.line, lines[e.line - 1]) for e in entries})
     todo = [e for e in entries if not isinstance(e, BadLine) and not store.done(e.line)]
+    if engine.saturation is not None:  # streamed experts: batches of at least Θ FLOPs hide the copies
+        max_batch_tokens = max(max_batch_tokens, bucket(engine.saturation.theta_tokens, 16))
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                      cache_blocks=cache_blocks)
@@ -53,4 +56,4 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": plan.reason,
-            "batches_planned": len(plan.batches), **metrics.summary(peak)}
+            "batches_planned": len(plan.batches), **metrics.summary(peak), "offload": engine.stats()}

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.buckets import bucket
-from moejax.costs import active_param_count
+from moejax.costs import layer_flops_per_token
 from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kv_pool import BLOCK
 from moejax.sched import packing
@@ -62,7 +62,7 @@ class Runner:
         self._reads_left = {i: sum(len(r.contexts) * len(c.token_ids) for c in r.candidates)
                             for i, r in enumerate(requests) if isinstance(r, ScoreRequest)}
         cfg = engine.config
-        self._flops_per_token = 2 * (active_param_count(cfg) - 2 * cfg.vocab_size * cfg.hidden_size)
+        self._flops_per_token = layer_flops_per_token(cfg)
         self._head_flops = 2 * cfg.vocab_size * cfg.hidden_size
 
     # -- packing (shared with explain) ----------------------------------------------------------------------

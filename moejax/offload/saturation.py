@@ -1,0 +1,103 @@
+"""Saturation threshold Θ of the streamed placement (MoE-Prefill Eq. 3, §B.4): a profile pass times every layer
+twice on a reference batch of F_ref FLOPs — compute only (each layer's experts already on the device) and with
+streaming — and Θ = (1+ε)·(max_l T_l / T_0)·F_ref, with T_0 the compute-only time of the first MoE layer and T_l
+the wall time of layer l while streaming. Batches of at least Θ FLOPs compute long enough to hide the copies;
+the batch runner packs prefill batches to that size."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from moejax.costs import layer_flops_per_token
+from moejax.offload import layered
+
+EPSILON = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Saturation:
+    theta_flops: float
+    ref_tokens: int
+    ref_flops: float
+    t0_s: float  # compute-only time of the first MoE layer
+    compute_s: dict  # MoE layer -> compute-only seconds
+    streamed_s: dict  # MoE layer -> wall seconds while streaming
+    epsilon: float
+
+    @property
+    def theta_tokens(self) -> int:
+        return int(np.ceil(self.theta_flops / (self.ref_flops / self.ref_tokens)))
+
+    def describe(self) -> str:
+        worst = max(self.streamed_s, key=self.streamed_s.get)
+        ms = lambda d: ", ".join(f"{k}: {v * 1e3:.2f}" for k, v in d.items())  # noqa: E731
+        return (f"saturation threshold: Θ = (1+{self.epsilon})·(max T_l {self.streamed_s[worst] * 1e3:.2f} ms "
+                f"(layer {worst}) / T_0 {self.t0_s * 1e3:.2f} ms)·F_ref {self.ref_flops:.3g} = "
+                f"{self.theta_flops:.3g} FLOPs = {self.theta_tokens} tokens per prefill batch "
+                f"(profiled on {self.ref_tokens} tokens)\n  compute-only ms per MoE layer: {ms(self.compute_s)}"
+                f"\n  streamed ms per MoE layer: {ms(self.streamed_s)}")
+
+
+class _Stopwatch:
+    """Wraps a Streamed placement: waits for every MoE layer's output and times it from the previous one's;
+    with `compute_only`, the next layer's experts are fetched and waited for before its clock starts."""
+
+    name = "stopwatch"
+
+    def __init__(self, streamed, engine, compute_only: bool):
+        self.inner, self.engine, self.compute_only = streamed, engine, compute_only
+        self.times: dict[int, float] = {}
+
+    def begin_pass(self, steps) -> None:
+        self._order = steps.moe_layers
+        self._ready = self._load(self._order[0]) if self.compute_only else None
+        self.inner.begin_pass(steps)
+        self._start = time.perf_counter()
+
+    def _load(self, layer):
+        return jax.block_until_ready(self.engine.layer_experts(layer))
+
+    def moe(self, layer, graphdef, state, x, y, idx, weights):
+        if self.compute_only:
+            out = layered.finish(graphdef, state, x, y, layered.routed(graphdef, state, y, idx, weights, self._ready,
+                                                                       backend=self.inner.backend))
+        else:
+            out = self.inner.moe(layer, graphdef, state, x, y, idx, weights)
+        jax.block_until_ready(out)
+        self.times[layer] = min(self.times.get(layer, np.inf), time.perf_counter() - self._start)
+        if self.compute_only:
+            nxt = self._order.index(layer) + 1
+            self._ready = self._load(self._order[nxt]) if nxt < len(self._order) else None
+        self._start = time.perf_counter()
+        return out
+
+
+def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
+                       seed: int = 0) -> Saturation:
+    """Profile a streamed engine on one row of `tokens` random ids (after a warm-up pass that compiles)."""
+    if engine.memory_plan is None or engine.memory_plan.placement != "streamed":
+        raise ValueError("profile_saturation: the engine's placement is not 'streamed'")
+    steps = engine.layered_steps
+    streamed = steps.placement
+    tokens = min(tokens, engine.config.max_position_embeddings)
+    ids = np.random.default_rng(seed).integers(0, engine.config.vocab_size, (1, tokens))
+    engine.logits(ids)  # compile every shape first
+    watches = {mode: _Stopwatch(streamed, engine, mode) for mode in (True, False)}
+    try:
+        for _ in range(repeats):
+            for watch in watches.values():
+                steps.placement = watch
+                engine.logits(ids)
+    finally:
+        steps.placement = streamed
+        engine.reset_stats()
+    compute, streaming = watches[True].times, watches[False].times
+    t0 = compute[steps.moe_layers[0]]
+    ref_flops = layer_flops_per_token(engine.config) * tokens
+    theta = (1 + epsilon) * max(streaming.values()) / t0 * ref_flops
+    saturation = Saturation(theta, tokens, ref_flops, t0, compute, streaming, epsilon)
+    engine.saturation = saturation
+    return saturation
