@@ -58,9 +58,12 @@ class MemoryPlan:
 
     def describe(self) -> str:
         budget = "no cap" if self.budget_bytes is None else size(self.budget_bytes)
-        what = {"resident": "all routed experts on the device",
-                "streamed": f"window {self.window}: {self.window + 1} layers of experts on the device",
-                "cached": f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"}[self.placement]
+        if self.placement == "streamed":
+            what = f"window {self.window}: {self.window + 1} layers of experts on the device"
+        elif self.placement == "cached":
+            what = f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"
+        else:
+            what = "all routed experts on the device"
         return (f"memory plan: {self.placement} ({what}); budget {budget}, reserve {size(self.reserve_bytes)}; "
                 f"resident weights {size(self.resident_bytes)} + experts {size(self.expert_device_bytes)} = "
                 f"{size(self.device_bytes)}; one expert {size(self.expert_bytes)}, one layer of experts "
