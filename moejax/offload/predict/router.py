@@ -1,8 +1,8 @@
 """Router-based expert prediction (Speculating Experts §3): default vectors d_{l,e} (the mean output of expert e
 of layer l over calibration tokens routed to it) turn the post-attention residual r_l into the quasi-hidden
 state r_l + Σ_e g_e·d_{l,e}, an estimate of layer l+1's residual; layer l+1's MLP norm and router applied to it
-predict l+1's experts. For a distance d > 1 the estimate is chained through the predicted routing of each layer
-in between (a dense layer in between adds nothing: it has no default vectors).
+predict l+1's experts. The distance d counts MoE layers (a dense layer in between is skipped: it has no default
+vectors); for d > 1 the estimate is chained through the predicted routing of each MoE layer in between.
 
 g_e are the weights of layer l's true router (it runs anyway, and is closer to the truth than a prediction)."""
 from __future__ import annotations
@@ -69,17 +69,16 @@ class RouterPredictor:
                              f"the model has {len(steps.layers)}")
 
     def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
-        target = layer + self.distance
         moe = self._steps.moe_layers
-        if target not in moe:
+        ahead = moe[moe.index(layer) + 1: moe.index(layer) + 1 + self.distance]  # distance counts MoE layers
+        if len(ahead) < self.distance:
             return {}
         h, prev = x.reshape(-1, x.shape[-1]).astype(_f32), layer
-        for j in range(layer + 1, target + 1):
-            if j in moe:  # add the last MoE layer's default-vector mix, route layer j
-                graphdef, state = self._steps.layers[j]
-                h, idx, weights = _hop(graphdef, state, h, self._device_vectors[prev], idx, weights)
-                prev = j
-        return {target: (idx, weights)}
+        for j in ahead:  # add the previous MoE layer's default-vector mix, route layer j
+            graphdef, state = self._steps.layers[j]
+            h, idx, weights = _hop(graphdef, state, h, self._device_vectors[prev], idx, weights)
+            prev = j
+        return {prev: (idx, weights)}
 
     def describe(self) -> str:
         return f"router (quasi-hidden state, distance {self.distance})"

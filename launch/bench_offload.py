@@ -1,0 +1,339 @@
+"""`python -m launch.bench offload`: expert offloading on one device, measured against the resident model.
+
+- h2d: pinned-host -> device bandwidth of one large `jax.device_put` (the source already in pinned_host memory,
+  `block_until_ready`, median of repeats): the peak the other sections are compared with.
+- prefill: a resident and a streamed engine of the same preset and seed. The streamed one's saturation threshold
+  Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4 to 4Θ tokens (each rounded
+  to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens): throughput of streamed
+  vs resident, routed-expert bytes moved per pass and the H2D rate that implies (bytes / streamed seconds).
+  The timed call is `engine.logits` (all positions, logits copied back to the host) on CPU; on a GPU it is a
+  prefill through `engine.generate(rows, 1)` (KV cache, head on the last position only), since the full logits
+  of the larger batches (tokens x vocab x 4 bytes) outgrow the device and their copy back would dominate;
+  --call picks either.
+- decode: batch-1 greedy decode with the cached placement: on demand (no predictor), exact prefetch and
+  speculative execution with the router predictor (default vectors calibrated on the resident engine), and the
+  resident model. Time per output token is the slope between two lengths (see DECODE_METHOD); counters are the
+  difference of `engine.stats()` between the same two lengths, per output token. The analytic bound of what
+  overlapping copies with compute can save is min(compute, copy) / (compute + copy), with compute the resident
+  TPOT and copy the on-demand bytes per token over the h2d peak.
+
+Each timed case runs once to warm up (compilation), then --repeats timed runs; medians are reported. Nothing is
+asserted: the record states targets next to the measurements.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+import moejax
+from moejax.buckets import bucket
+from moejax.costs import layer_flops_per_token
+from moejax.kernels.backends import on_gpu
+from moejax.offload.predict import calibrate
+from moejax.offload.saturation import profile_saturation
+from launch.bench_util import time_calls
+
+GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
+THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)
+DECODE_METHOD = ("TPOT = (median s of generate(prompt, 1 + n_long) - median s of generate(prompt, 1 + n_short)) "
+                 "/ (n_long - n_short), n_short = new_tokens // 2, n_long = new_tokens: both runs include the "
+                 "prefill and the decode loop's setup, which cancel. Cached modes: counters of one more "
+                 "generate(prompt, 1 + n_long) reset when its decode loop starts (a wrapper around "
+                 "engine.layered_steps.decode), divided by its n_long decode steps; decode_loop_s_per_token is "
+                 "that loop's wall time per step, a cross-check of the slope")
+NOTE = ("On CPU the pinned_host and device memories are the same RAM and a 'copy' is a memcpy, so the CPU "
+        "ratios (streamed/resident, achieved/peak H2D, bound reached) say nothing about a GPU.")
+TARGETS = dict(prefill_throughput_ratio_above_theta=0.9, prefill_h2d_fraction_below_theta=0.8)
+
+
+def add_parser(sub):
+    p = sub.add_parser("offload", help="H2D bandwidth; streamed vs resident prefill around Θ; cached decode TPOT")
+    p.add_argument("--model", default=None, help=f"preset (default GPU {GPU_MODEL}, CPU {CPU_MODEL})")
+    p.add_argument("--num-layers", type=int, default=None, help="first N layers (default GPU 8, CPU all)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: GPU bf16, CPU f32")
+    p.add_argument("--seq", type=int, default=None, help="prefill row length at most (power of two; GPU 4096, "
+                                                         "CPU 512)")
+    p.add_argument("--tokens", default=None, help="prefill token counts (default Θ/4..4Θ from the profile)")
+    p.add_argument("--max-tokens", type=int, default=None, help="drop prefill sizes above this")
+    p.add_argument("--profile-tokens", type=int, default=None, help="Θ profile batch (GPU 4096, CPU 512)")
+    p.add_argument("--call", default=None, choices=["logits", "prefill"],
+                   help="prefill timed through engine.logits or engine.generate(rows, 1) (default CPU logits, "
+                        "GPU prefill)")
+    p.add_argument("--window", type=int, default=1, help="streamed: MoE layers copied ahead")
+    p.add_argument("--cache-slots", type=int, default=None,
+                   help="cached decode: expert slots (default half the experts of all layers, at least 2 top-k)")
+    p.add_argument("--eviction", default="lru", choices=["lru", "lfu", "priority"])
+    p.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; quick 4)")
+    p.add_argument("--prompt-len", type=int, default=64, help="decode prompt tokens")
+    p.add_argument("--temperature", type=float, default=0.0, help="decode sampling temperature (0: greedy)")
+    p.add_argument("--h2d-mib", type=int, default=None, help="H2D copy size in MiB (GPU 1024, CPU 64)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls per case (GPU 5, CPU 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="smallest sizes: a smoke run")
+    p.add_argument("--out", default=None, help="JSON file (default bench/results/offload-<device>.json)")
+    return p
+
+
+def _defaults(args, gpu: bool):
+    args.model = args.model or (GPU_MODEL if gpu else CPU_MODEL)
+    args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    args.call = args.call or ("prefill" if gpu else "logits")
+    args.repeats = args.repeats or (1 if args.quick else 5 if gpu else 3)
+    args.seq = bucket(args.seq or (4096 if gpu else 512))
+    args.profile_tokens = args.profile_tokens or (64 if args.quick else 4096 if gpu else 512)
+    args.new_tokens = args.new_tokens or (4 if args.quick else 64)
+    args.h2d_mib = args.h2d_mib or (16 if args.quick else 1024 if gpu else 64)
+    if args.num_layers is None and gpu:
+        args.num_layers = 8
+    if args.quick and args.tokens is None:
+        args.tokens = "16,64"
+    if args.new_tokens < 2:
+        raise ValueError("--new-tokens must be >= 2 (TPOT is a slope between two lengths)")
+    return args
+
+
+def _load(args, **options):
+    return moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
+                       compilation_cache=False, **options)
+
+
+def _median(fn, repeats) -> tuple[float, dict]:
+    first, runs, other = time_calls(fn, repeats)
+    return float(np.median(runs)), dict(seconds=runs, first_call_s=first, other_processes_cpu_share=other)
+
+
+# -- h2d ---------------------------------------------------------------------------------------------------------
+def h2d(args) -> dict:
+    device = jax.devices()[0]
+    n = args.h2d_mib << 20
+    host = jax.device_put(np.arange(n // 4, dtype=np.uint32),
+                          jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host"))
+    target = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    sec, timing = _median(lambda: jax.block_until_ready(jax.device_put(host, target)), max(args.repeats, 10))
+    del host
+    row = dict(bytes=n, seconds_median=sec, gb_per_s=n / sec / 1e9, source_memory_kind="pinned_host",
+               **timing)
+    print(f"h2d: {n / 2**20:.0f} MiB pinned_host -> device in {sec * 1e3:.2f} ms = {row['gb_per_s']:.2f} GB/s "
+          f"(median of {len(timing['seconds'])})", flush=True)
+    return row
+
+
+# -- prefill -----------------------------------------------------------------------------------------------------
+def _sizes(args, theta_tokens: int) -> list[int]:
+    if args.tokens:
+        sizes = [int(v) for v in args.tokens.split(",")]
+    else:  # nearest power of two (a multiple of 16): no row or batch padding
+        sizes = [max(16, 1 << int(round(np.log2(max(m * theta_tokens, 1))))) for m in THETA_MULTIPLES]
+    if args.max_tokens:
+        sizes = [s for s in sizes if s <= args.max_tokens]
+    return sorted(set(sizes))
+
+
+def _rows(tokens: int, seq: int) -> tuple[int, int]:
+    T = min(seq, tokens)
+    return max(1, tokens // T), T
+
+
+def _saturation_record(sat) -> dict:
+    return dict(theta_flops=sat.theta_flops, theta_tokens=sat.theta_tokens, ref_tokens=sat.ref_tokens,
+                ref_flops=sat.ref_flops, t0_s=sat.t0_s, epsilon=sat.epsilon, compute_s=sat.compute_s,
+                streamed_s=sat.streamed_s)
+
+
+def _timed_call(engine, call: str, ids):
+    if call == "logits":
+        return lambda: engine.logits(ids)
+    rows = ids.tolist()
+    return lambda: engine.generate(rows, 1)
+
+
+def prefill(args, peak_gb_per_s: float, resident) -> dict:
+    streamed = _load(args, placement="streamed", window=args.window)
+    t0 = time.perf_counter()
+    sat = profile_saturation(streamed, tokens=args.profile_tokens)
+    print(streamed.explain(), flush=True)
+    print(f"  (profiled in {time.perf_counter() - t0:.1f}s)", flush=True)
+    store = streamed.store
+    per_pass = store.total_bytes()
+    rng = np.random.default_rng(args.seed + 2)
+    rows = []
+    print(f"  {'tokens':>7s} {'B x T':>10s} {'/Θ':>5s} {'resident':>11s} {'streamed':>11s} {'str/res':>7s} "
+          f"{'MiB/pass':>9s} {'H2D GB/s':>8s} {'/peak':>6s} {'wait/pass':>10s}", flush=True)
+    for tokens in _sizes(args, sat.theta_tokens):
+        B, T = _rows(tokens, args.seq)
+        ids = rng.integers(0, resident.config.vocab_size, (B, T))
+        res_s, res_t = _median(_timed_call(resident, args.call, ids), args.repeats)
+        streamed.reset_stats()
+        str_s, str_t = _median(_timed_call(streamed, args.call, ids), args.repeats)
+        stats, passes = streamed.stats()["total"], 1 + args.repeats
+        gbps = per_pass / str_s / 1e9
+        row = dict(tokens=B * T, batch=B, seq=T, tokens_over_theta=B * T / sat.theta_tokens,
+                   regime="transfer-bound" if B * T < sat.theta_tokens else "compute-bound",
+                   resident_s=res_s, streamed_s=str_s, resident_tokens_per_s=B * T / res_s,
+                   streamed_tokens_per_s=B * T / str_s, throughput_ratio=res_s / str_s,
+                   bytes_per_pass=per_pass, measured_bytes_per_pass=stats["bytes_h2d"] / passes,
+                   wait_s_per_pass=stats["wait_s"] / passes, h2d_gb_per_s=gbps, h2d_fraction_of_peak=gbps / peak_gb_per_s,
+                   resident_timing=res_t, streamed_timing=str_t)
+        rows.append(row)
+        print(f"  {B * T:7d} {f'{B} x {T}':>10s} {row['tokens_over_theta']:5.2f} {res_s * 1e3:9.2f}ms "
+              f"{str_s * 1e3:9.2f}ms {row['throughput_ratio']:7.3f} {per_pass / 2**20:9.1f} {gbps:8.2f} "
+              f"{row['h2d_fraction_of_peak']:6.3f} {row['wait_s_per_pass'] * 1e3:8.2f}ms", flush=True)
+    cfg = streamed.config
+    record = dict(window=args.window, call=args.call, max_row_tokens=args.seq, profile_tokens=args.profile_tokens,
+                  layer_flops_per_token=layer_flops_per_token(cfg),
+                  moe_layers=len(store.layers), expert_bytes_per_layer={l: store.layer_bytes(l) for l in store.layers},
+                  saturation=_saturation_record(sat), memory_plan=streamed.memory_plan.describe(),
+                  throughput_ratio="resident_s / streamed_s (streamed throughput over resident)",
+                  h2d_gb_per_s="bytes_per_pass (routed experts of all MoE layers) / streamed_s", rows=rows)
+    del streamed, store
+    gc.collect()
+    return record
+
+
+# -- decode ------------------------------------------------------------------------------------------------------
+def _counters(stats: dict, tokens: int) -> dict:
+    """engine.stats() of a decode loop -> totals per output token and hit rates (overall, per MoE layer)."""
+    total = stats["total"]
+    fields = ("hits", "misses", "prefetches", "bytes_h2d", "wait_s", "speculated_tokens", "mispredicted_tokens")
+    rate = lambda s: s["hits"] / (s["hits"] + s["misses"]) if s["hits"] + s["misses"] else None  # noqa: E731
+    out = dict(per_token={f: total[f] / tokens for f in fields}, hit_rate=rate(total),
+               layer_hit_rates={layer: rate(s) for layer, s in stats["layers"].items()},
+               totals=total, layers=stats["layers"])
+    if total["speculated_tokens"]:
+        out["mispredicted_fraction"] = total["mispredicted_tokens"] / total["speculated_tokens"]
+    return out
+
+
+def _decode_loop(engine, prompt, n: int, temperature: float, seed: int) -> dict:
+    """One generate(prompt, n) of a cached engine with its counters reset when the decode loop starts (after
+    the prefill), read when it ends: (tokens, decode-loop seconds, engine.stats() of the loop alone)."""
+    steps = engine.layered_steps
+    seen, original = {}, steps.decode
+
+    def decode(*args, **kwargs):
+        engine.reset_stats()
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(original(*args, **kwargs))
+        seen.update(seconds=time.perf_counter() - t0, stats=engine.stats())
+        return out
+    steps.decode = decode
+    try:
+        seen["tokens"] = engine.generate([prompt], n, temperature=temperature, seed=seed)[0]
+    finally:
+        del steps.decode
+        engine.reset_stats()
+    return seen
+
+
+def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
+    short, long = 1 + args.new_tokens // 2, 1 + args.new_tokens
+    out, times = {}, {}
+    for n in (short, long):
+        run = lambda: out.__setitem__(n, engine.generate([prompt], n, temperature=args.temperature,  # noqa: E731
+                                                         seed=args.seed)[0])
+        sec, timing = _median(run, args.repeats)
+        times[n] = dict(seconds_median=sec, **timing)
+    tpot = (times[long]["seconds_median"] - times[short]["seconds_median"]) / (long - short)
+    tokens = out[long]
+    row = dict(mode=name, tpot_s=tpot, lengths={n: times[n] for n in (short, long)}, tokens=tokens,
+               distinct_tokens=len(set(tokens)))
+    if reference is not None:
+        row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference)) / len(reference)
+    if engine.memory_plan is not None and engine.memory_plan.placement == "cached":
+        loop = _decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
+        steps_run = len(loop["tokens"]) - 1  # the first token comes from the prefill
+        row.update(placement=engine.layered_steps.placement.describe(), decode_loop_s_per_token=loop["seconds"] /
+                   steps_run, stats=_counters(loop["stats"], steps_run))
+    s = row.get("stats")
+    extra = "" if s is None else (
+        f"  hit rate {s['hit_rate']:.3f}  {s['per_token']['bytes_h2d'] / 2**20:7.3f} MiB/token  "
+        f"wait {s['per_token']['wait_s'] * 1e3:6.3f} ms/token"
+        + (f"  mispredicted {s['mispredicted_fraction']:.3f}" if "mispredicted_fraction" in s else ""))
+    match = f"  same tokens {row['tokens_equal_resident']:.2f}" if "tokens_equal_resident" in row else ""
+    print(f"  {name:12s} TPOT {tpot * 1e3:8.3f} ms{extra}{match}  ({row['distinct_tokens']} distinct tokens)",
+          flush=True)
+    return row
+
+
+def decode(args, peak_gb_per_s: float, resident) -> dict:
+    cfg = resident.config
+    moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
+    k = cfg.num_experts_per_tok
+    slots = args.cache_slots or max(2 * k, cfg.num_experts * moe_layers // 2)
+    rng = np.random.default_rng(args.seed + 1)
+    prompt = rng.integers(0, cfg.vocab_size, args.prompt_len).tolist()
+    n_cal, len_cal = (2, 64) if args.quick else (8, 256)
+    cal_prompts = rng.integers(0, cfg.vocab_size, (n_cal, len_cal)).tolist()
+    how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
+    print(f"decode: batch 1 {how}, prompt {args.prompt_len} tokens, {args.new_tokens} new; cached placement, {slots} "
+          f"slots of {cfg.num_experts} x {moe_layers} experts, eviction {args.eviction}", flush=True)
+    rows = [_decode_case("resident", resident, prompt, args)]
+    reference = rows[0]["tokens"]
+    t0 = time.perf_counter()
+    vectors = calibrate(resident, cal_prompts)
+    calibrate_s = time.perf_counter() - t0
+    modes = [("on-demand", {}), ("prefetch", dict(predictor="router", prefetch_distance=1)),
+             ("speculative", dict(predictor="router", prefetch_distance=1, speculative=True))]
+    with tempfile.TemporaryDirectory(prefix="moejax-bench-vectors-") as tmp:
+        path = vectors.save(os.path.join(tmp, "vectors"))
+        for name, options in modes:
+            if "predictor" in options:
+                options = dict(options, default_vectors=path)
+            engine = _load(args, placement="cached", cache_slots=slots, eviction=args.eviction, **options)
+            rows.append(_decode_case(name, engine, prompt, args, reference))
+            del engine
+            gc.collect()
+    by = {r["mode"]: r for r in rows}
+    compute = by["resident"]["tpot_s"]
+    copy = by["on-demand"]["stats"]["per_token"]["bytes_h2d"] / (peak_gb_per_s * 1e9)
+    bound = min(compute, copy) / (compute + copy) if compute > 0 and copy > 0 else None  # None: a slope <= 0
+    analytic = dict(compute_s=compute, copy_s=copy, bound=bound,
+                    formula="bound = min(compute, copy) / (compute + copy); compute = resident TPOT, copy = "
+                            "on-demand bytes_h2d per token / h2d peak; reached = (1 - TPOT_mode / "
+                            "TPOT_on-demand) / bound")
+    ondemand = by["on-demand"]["tpot_s"]
+    for name in ("prefetch", "speculative"):
+        saved = 1 - by[name]["tpot_s"] / ondemand
+        analytic[f"saved_{name}"] = saved
+        analytic[f"reached_{name}"] = saved / bound if bound else None
+    print(f"  bound: compute {compute * 1e3:.3f} ms, copy {copy * 1e3:.3f} ms -> overlap saves at most "
+          f"{_fmt(bound)} of on-demand time; prefetch saved {analytic['saved_prefetch']:.3f} (reached "
+          f"{_fmt(analytic['reached_prefetch'])}), speculative saved {analytic['saved_speculative']:.3f} (reached "
+          f"{_fmt(analytic['reached_speculative'])})", flush=True)
+    return dict(batch=1, prompt_len=args.prompt_len, new_tokens=args.new_tokens, temperature=args.temperature,
+                method=DECODE_METHOD,
+                cache_slots=slots, eviction=args.eviction, prefetch_distance=1,
+                calibration=dict(prompts=n_cal, tokens_each=len_cal, source="random ids through the resident engine",
+                                 seconds=calibrate_s),
+                analytic=analytic, rows=rows)
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def offload(args, env) -> dict:
+    gpu = on_gpu()
+    _defaults(args, gpu)
+    t0 = time.perf_counter()
+    print(f"offload: {args.model} ({args.num_layers or 'all'} layers, {args.dtype}), repeats {args.repeats}",
+          flush=True)
+    peak = h2d(args)
+    resident = _load(args, placement="resident")
+    cfg = resident.config
+    prefill_record = prefill(args, peak["gb_per_s"], resident)
+    decode_record = decode(args, peak["gb_per_s"], resident)
+    if not gpu:
+        print(f"(note: {NOTE})")
+    return dict(**env, benchmark="offload", note=NOTE, targets=TARGETS,
+                config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
+                            num_experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
+                            hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
+                            dtype=args.dtype, seed=args.seed, repeats=args.repeats, quick=args.quick),
+                timing="host clock around block_until_ready / host results, median after a warm-up call",
+                wall_s=time.perf_counter() - t0, h2d=peak, prefill=prefill_record, decode=decode_record)
