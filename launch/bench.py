@@ -3,7 +3,8 @@
 serve: the batch runner on synthetic scoring workloads (launch/bench_serve.py).
 kernels: grouped GEMM, expert FFN and attention backends against dense matmul, ragged_dot and cuDNN
 (launch/bench_kernels.py).
-offload: pinned-host -> device bandwidth, streamed vs resident prefill around Θ, cached decode TPOT (launch/bench_offload.py).
+offload: pinned-host -> device bandwidth, streamed vs resident prefill around the saturation threshold, decode
+time per token with cached experts (launch/bench_offload.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,

@@ -68,7 +68,7 @@ def add_parser(sub):
     p.add_argument("--cache-slots", type=int, default=None,
                    help="cached decode: expert slots (default half the experts of all layers, at least 2 top-k)")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu", "priority"])
-    p.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; quick 4)")
+    p.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; quick 8)")
     p.add_argument("--prompt-len", type=int, default=64, help="decode prompt tokens")
     p.add_argument("--temperature", type=float, default=0.0, help="decode sampling temperature (0: greedy)")
     p.add_argument("--h2d-mib", type=int, default=None, help="H2D copy size in MiB (GPU 1024, CPU 64)")
@@ -86,7 +86,7 @@ def _defaults(args, gpu: bool):
     args.repeats = args.repeats or (1 if args.quick else 5 if gpu else 3)
     args.seq = bucket(args.seq or (4096 if gpu else 512))
     args.profile_tokens = args.profile_tokens or (64 if args.quick else 4096 if gpu else 512)
-    args.new_tokens = args.new_tokens or (4 if args.quick else 64)
+    args.new_tokens = args.new_tokens or (8 if args.quick else 64)
     args.h2d_mib = args.h2d_mib or (16 if args.quick else 1024 if gpu else 64)
     if args.num_layers is None and gpu:
         args.num_layers = 8
@@ -115,7 +115,6 @@ def h2d(args) -> dict:
                           jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host"))
     target = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
     sec, timing = _median(lambda: jax.block_until_ready(jax.device_put(host, target)), max(args.repeats, 10))
-    del host
     row = dict(bytes=n, seconds_median=sec, gb_per_s=n / sec / 1e9, source_memory_kind="pinned_host",
                **timing)
     print(f"h2d: {n / 2**20:.0f} MiB pinned_host -> device in {sec * 1e3:.2f} ms = {row['gb_per_s']:.2f} GB/s "
@@ -172,12 +171,14 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
         str_s, str_t = _median(_timed_call(streamed, args.call, ids), args.repeats)
         stats, passes = streamed.stats()["total"], 1 + args.repeats
         gbps = per_pass / str_s / 1e9
-        row = dict(tokens=B * T, batch=B, seq=T, tokens_over_theta=B * T / sat.theta_tokens,
+        row = dict(tokens=B * T, batch=B, seq=T, padded_tokens=bucket(B) * bucket(T, 16),
+                   tokens_over_theta=B * T / sat.theta_tokens,
                    regime="transfer-bound" if B * T < sat.theta_tokens else "compute-bound",
                    resident_s=res_s, streamed_s=str_s, resident_tokens_per_s=B * T / res_s,
                    streamed_tokens_per_s=B * T / str_s, throughput_ratio=res_s / str_s,
                    bytes_per_pass=per_pass, measured_bytes_per_pass=stats["bytes_h2d"] / passes,
-                   wait_s_per_pass=stats["wait_s"] / passes, h2d_gb_per_s=gbps, h2d_fraction_of_peak=gbps / peak_gb_per_s,
+                   wait_s_per_pass=stats["wait_s"] / passes, h2d_gb_per_s=gbps,
+                   h2d_fraction_of_peak=gbps / peak_gb_per_s,
                    resident_timing=res_t, streamed_timing=str_t)
         rows.append(row)
         print(f"  {B * T:7d} {f'{B} x {T}':>10s} {row['tokens_over_theta']:5.2f} {res_s * 1e3:9.2f}ms "
@@ -186,7 +187,8 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
     cfg = streamed.config
     record = dict(window=args.window, call=args.call, max_row_tokens=args.seq, profile_tokens=args.profile_tokens,
                   layer_flops_per_token=layer_flops_per_token(cfg),
-                  moe_layers=len(store.layers), expert_bytes_per_layer={l: store.layer_bytes(l) for l in store.layers},
+                  moe_layers=len(store.layers),
+                  expert_bytes_per_layer={i: store.layer_bytes(i) for i in store.layers},
                   saturation=_saturation_record(sat), memory_plan=streamed.memory_plan.describe(),
                   throughput_ratio="resident_s / streamed_s (streamed throughput over resident)",
                   h2d_gb_per_s="bytes_per_pass (routed experts of all MoE layers) / streamed_s", rows=rows)

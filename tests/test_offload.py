@@ -178,3 +178,16 @@ def test_saturation_profile_and_explain():
     assert "memory plan: streamed" in text and "saturation threshold" in text and "window 1" in text
     with pytest.raises(ValueError, match="not 'streamed'"):
         profile_saturation(moejax.load("tiny-qwen3-moe", placement="cached"))
+
+
+def test_router_predictor_two_moe_layers_ahead(tmp_path, resident_runs):
+    name = "gpt_oss"  # three MoE layers: layer 0 predicts layer 2 through layer 1's predicted routing
+    ref_logits, ref_tokens = resident_runs(name)
+    resident = moejax.load(fixture_dir(name), dtype="float32")
+    path = calibrate(resident, [list(r) for r in _ids(resident.config, (2, 16), seed=2)]).save(str(tmp_path / "v"))
+    engine = moejax.load(fixture_dir(name), dtype="float32", placement="cached", cache_slots=16, predictor="router",
+                         default_vectors=path, prefetch_distance=2)
+    assert _rel(engine.logits(_ids(resident.config)), ref_logits) <= TOL
+    assert engine.generate(PROMPTS, 6) == ref_tokens
+    layers = engine.stats()["layers"]
+    assert layers[2]["prefetches"] > 0 and layers[1]["prefetches"] == 0
