@@ -79,3 +79,22 @@ def test_explain_prints_the_memory_plan_and_the_saturation_threshold(tmp_path):
                           "--placement", "resident", "--device-memory-gb", "0.0001"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert bad.returncode != 0 and "placement 'resident': all routed experts need" in bad.stderr
+
+
+def test_calibrate_cli_then_serve_with_the_router_predictor(tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(_lines()) + "\nnot json\n")
+    out = tmp_path / "vectors"
+    run = subprocess.run([sys.executable, "-m", "launch.calibrate", "--model", fixture_dir(NAME), "--dtype",
+                          "float32", "--input", str(inp), "--out", str(out)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "8 prompts" in run.stderr and "1 bad lines skipped" in run.stderr
+    ref, _ = _serve(tmp_path, "resident")
+    rows, metrics = _serve(tmp_path, "router", "--placement", "cached", "--cache-slots", "8", "--predictor", "router",
+                           "--default-vectors", str(out))
+    _same(rows, ref)
+    assert metrics["offload"]["total"]["prefetches"] > 0
+    again = subprocess.run([sys.executable, "-m", "launch.calibrate", "--model", fixture_dir(NAME), "--input",
+                            str(inp), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode != 0 and "already exists" in again.stderr

@@ -1,0 +1,67 @@
+"""python -m launch.calibrate: default vectors for the router expert predictor (Speculating Experts §3).
+
+Runs the prompts of a requests file (the launch.serve format; bad lines are skipped with a count) through the
+model, averages each expert's output over the tokens routed to it, and saves the vectors with orbax; serve with
+`--placement cached --predictor router --default-vectors DIR`.
+
+  python -m launch.calibrate --model /ckpt/Qwen3-30B-A3B --input sample.jsonl --out vectors/qwen3-30b \\
+      --placement streamed --device-memory-gb 40
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import moejax
+from launch.serve import read_lines
+from moejax.offload.memory_plan import PLACEMENTS
+from moejax.offload.predict import calibrate
+from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.calibrate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-qwen3-moe", help="HF checkpoint directory or preset")
+    p.add_argument("--input", required=True, help="requests JSONL (launch.serve format) whose prompts calibrate")
+    p.add_argument("--out", required=True, help="directory to write (must not exist)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument("--max-prompts", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=512, help="tokens per prompt at most")
+    p.add_argument("--placement", default="auto", choices=PLACEMENTS[:3],
+                   help="where the experts live while calibrating (see launch.serve)")
+    p.add_argument("--device-memory-gb", type=float, default=None)
+    args = p.parse_args(argv)
+    if os.path.exists(args.out):
+        sys.exit(f"--out: {args.out!r} already exists")
+    options = {"placement": args.placement}
+    for name in ("num_layers", "device_memory_gb"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    try:
+        engine = moejax.load(args.model, dtype=args.dtype, **options)
+        lines = read_lines(args.input)
+    except (ValueError, OSError) as e:
+        sys.exit(f"launch.calibrate: {e}")
+    cfg = engine.config
+    entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
+                          max_context=cfg.max_position_embeddings)
+    prompts = []
+    for e in entries:
+        if not isinstance(e, BadLine):
+            prompts += [list(e.prompt)] if isinstance(e, CompletionRequest) else [list(c) for c in e.contexts]
+    skipped = sum(isinstance(e, BadLine) for e in entries)
+    if not prompts:
+        sys.exit(f"launch.calibrate: no usable prompt in {args.input!r} ({skipped} bad lines)")
+    vectors = calibrate(engine, prompts[: args.max_prompts], max_tokens=args.max_tokens)
+    path = vectors.save(args.out)
+    tokens = int(vectors.counts.sum() // max(cfg.num_experts_per_tok, 1))
+    print(f"wrote {path}: {min(len(prompts), args.max_prompts)} prompts, {tokens} token-layer visits, "
+          f"{skipped} bad lines skipped", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
