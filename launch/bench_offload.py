@@ -12,10 +12,10 @@
   --call picks either.
 - decode: batch-1 greedy decode with the cached placement: on demand (no predictor), exact prefetch and
   speculative execution with the router predictor (default vectors calibrated on the resident engine), and the
-  resident model. Time per output token is the slope between two lengths (see DECODE_METHOD); counters are the
-  difference of `engine.stats()` between the same two lengths, per output token. The analytic bound of what
-  overlapping copies with compute can save is min(compute, copy) / (compute + copy), with compute the resident
-  TPOT and copy the on-demand bytes per token over the h2d peak.
+  resident model. Time per output token is the slope between two lengths; counters are `engine.stats()` of the
+  decode loop alone, per output token (see DECODE_METHOD). The analytic bound of what overlapping copies with
+  compute can save is min(compute, copy) / (compute + copy), with compute the resident TPOT and copy the
+  on-demand bytes per token over the h2d peak.
 
 Each timed case runs once to warm up (compilation), then --repeats timed runs; medians are reported. Nothing is
 asserted: the record states targets next to the measurements.
@@ -198,7 +198,7 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
 
 
 # -- decode ------------------------------------------------------------------------------------------------------
-def _counters(stats: dict, tokens: int) -> dict:
+def _counters(stats: dict, tokens: int, top_k: int) -> dict:
     """engine.stats() of a decode loop -> totals per output token and hit rates (overall, per MoE layer)."""
     total = stats["total"]
     fields = ("hits", "misses", "prefetches", "bytes_h2d", "wait_s", "speculated_tokens", "mispredicted_tokens")
@@ -208,6 +208,9 @@ def _counters(stats: dict, tokens: int) -> dict:
                totals=total, layers=stats["layers"])
     if total["speculated_tokens"]:
         out["mispredicted_fraction"] = total["mispredicted_tokens"] / total["speculated_tokens"]
+        # top-k choices: the fraction of predicted (token, expert) pairs the true router did not make
+        choices = total["speculated_tokens"] * top_k
+        out["mispredicted_choice_fraction"] = total["mispredicted_choices"] / choices if choices else None
     return out
 
 
@@ -250,12 +253,13 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
         loop = _decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
         steps_run = len(loop["tokens"]) - 1  # the first token comes from the prefill
         row.update(placement=engine.layered_steps.placement.describe(), decode_loop_s_per_token=loop["seconds"] /
-                   steps_run, stats=_counters(loop["stats"], steps_run))
+                   steps_run, stats=_counters(loop["stats"], steps_run, engine.config.num_experts_per_tok))
     s = row.get("stats")
     extra = "" if s is None else (
         f"  hit rate {s['hit_rate']:.3f}  {s['per_token']['bytes_h2d'] / 2**20:7.3f} MiB/token  "
         f"wait {s['per_token']['wait_s'] * 1e3:6.3f} ms/token"
-        + (f"  mispredicted {s['mispredicted_fraction']:.3f}" if "mispredicted_fraction" in s else ""))
+        + (f"  mispredicted tokens {s['mispredicted_fraction']:.3f}, choices "
+           f"{s['mispredicted_choice_fraction']:.3f}" if "mispredicted_fraction" in s else ""))
     match = f"  same tokens {row['tokens_equal_resident']:.2f}" if "tokens_equal_resident" in row else ""
     print(f"  {name:12s} TPOT {tpot * 1e3:8.3f} ms{extra}{match}  ({row['distinct_tokens']} distinct tokens)",
           flush=True)

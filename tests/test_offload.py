@@ -60,7 +60,7 @@ def test_speculative_with_the_oracle_equals_resident(name, resident_runs):
     assert _rel(engine.logits(_ids(cfg)), ref_logits) <= TOL
     assert engine.generate(PROMPTS, 6) == ref_tokens
     total = engine.stats()["total"]
-    assert total["speculated_tokens"] > 0 and total["mispredicted_tokens"] == 0
+    assert total["speculated_tokens"] > 0 and total["mispredicted_tokens"] == total["mispredicted_choices"] == 0
     assert total["prefetches"] > 0
 
 
@@ -131,6 +131,8 @@ def test_router_predictor_exact_and_speculative(tmp_path, resident_runs):
     total = spec.stats()["total"]
     assert np.isfinite(out).all()
     assert 0 < total["speculated_tokens"] and 0 <= total["mispredicted_tokens"] <= total["speculated_tokens"]
+    assert total["mispredicted_tokens"] <= total["mispredicted_choices"] <= \
+        cfg.num_experts_per_tok * total["mispredicted_tokens"]
     if total["mispredicted_tokens"]:  # speculation changed the experts of some tokens: outputs move with them
         assert _rel(out, ref_logits) > TOL
     per_layer = spec.stats()["layers"]

@@ -7,7 +7,8 @@ copies overlap the compute.
 - exact (speculative=False): the true router's experts run; predictions only move weights, so the logits
   equal the resident model's.
 - speculative=True: a layer runs the experts and weights predicted for it (as Speculating Experts does); the
-  true router still runs, to count the tokens whose expert set differs (stats: mispredicted_tokens).
+  true router still runs, to count the tokens whose expert set differs and the expert choices it did not make
+  (stats: mispredicted_tokens, mispredicted_choices).
 
 The experts of one step are stacked into one [m, ...] array for the expert FFN (m rounded up to a power of
 two); when a step needs more distinct experts than `pass_experts`, it runs in passes of that many and sums."""
@@ -73,8 +74,9 @@ class Cached:
         if self.speculative and layer in self._planned:
             run_idx, run_weights = self._planned.pop(layer)
             s.speculated_tokens += idx.shape[0]
-            differs = jnp.any(jnp.sort(run_idx, axis=1) != jnp.sort(idx, axis=1), axis=1)
-            s.mispredicted_tokens += int(jnp.sum(differs))
+            wrong = ~jnp.any(run_idx[:, :, None] == idx[:, None, :], axis=2)  # [N, k]: choice not made by the router
+            s.mispredicted_tokens += int(jnp.sum(jnp.any(wrong, axis=1)))
+            s.mispredicted_choices += int(jnp.sum(wrong))
         else:
             run_idx, run_weights = idx, weights
         needed = np.unique(np.asarray(run_idx))
