@@ -71,9 +71,9 @@ class _Recording(Streamed):
         super().__init__(*args)
         self.log = []
 
-    def moe(self, layer, graphdef, state, x, y, idx, weights):
-        self.log.append((layer, np.unique(np.asarray(idx))))
-        return super().moe(layer, graphdef, state, x, y, idx, weights)
+    def moe(self, layer, x, y, idx, weights):
+        self.log.append((layer.index, np.unique(np.asarray(idx))))
+        return super().moe(layer, x, y, idx, weights)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "priority"])

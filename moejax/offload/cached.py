@@ -14,7 +14,6 @@ The experts of one step are stacked into one [m, ...] array for the expert FFN (
 two); when a step needs more distinct experts than `pass_experts`, it runs in passes of that many and sums."""
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -29,7 +28,6 @@ from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("backend",))
 def routed_subset(graphdef, state, y, idx, weights, local_of, experts, *, backend):
     """Routed output [N, D] of the experts in `experts` (a list of per-expert dicts); local_of [E] gives each
     expert's position in that list or -1, and tokens' choices outside it contribute nothing."""
@@ -63,7 +61,8 @@ class Cached:
         if self.predictor is not None:
             self.predictor.begin_pass(steps)
 
-    def moe(self, layer, graphdef, state, x, y, idx, weights):
+    def moe(self, handle, x, y, idx, weights):
+        layer = handle.index
         s = self.stats[layer]
         predicted = {} if self.predictor is None else \
             self.predictor.predict(self._steps.passes, layer, x, y, idx, weights)
@@ -87,13 +86,13 @@ class Cached:
             local_of = np.full((self.store.num_experts(layer),), -1, np.int32)
             local_of[chunk] = np.arange(len(chunk), dtype=np.int32)
             experts += [experts[-1]] * (bucket(len(experts)) - len(experts))  # fewer distinct shapes to compile
-            part = routed_subset(graphdef, state, y, run_idx, run_weights, jnp.asarray(local_of), experts,
-                                 backend=self.backend)
+            part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
+                          backend=self.backend)
             out = part if out is None else out + part
         for target, (p_idx, _) in predicted.items():  # after this layer's work is issued: the copies overlap it
             if target != layer:
                 self._prefetch(target, p_idx)
-        return layered.finish(graphdef, state, x, y, out)
+        return handle(layered.finish, x, y, out)
 
     def _request(self, layer: int, chunk) -> list[dict[str, jax.Array]]:
         s = self.stats[layer]

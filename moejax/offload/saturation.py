@@ -60,12 +60,13 @@ class _Stopwatch:
     def _load(self, layer):
         return jax.block_until_ready(self.engine.layer_experts(layer))
 
-    def moe(self, layer, graphdef, state, x, y, idx, weights):
+    def moe(self, handle, x, y, idx, weights):
+        layer = handle.index
         if self.compute_only:
-            out = layered.finish(graphdef, state, x, y, layered.routed(graphdef, state, y, idx, weights, self._ready,
-                                                                       backend=self.inner.backend))
+            out = handle(layered.finish, x, y, handle(layered.routed, y, idx, weights, self._ready,
+                                                      backend=self.inner.backend))
         else:
-            out = self.inner.moe(layer, graphdef, state, x, y, idx, weights)
+            out = self.inner.moe(handle, x, y, idx, weights)
         jax.block_until_ready(out)
         self.times[layer] = min(self.times.get(layer, np.inf), time.perf_counter() - self._start)
         if self.compute_only:

@@ -28,7 +28,8 @@ class Streamed:
         for layer in self._order[: self.window]:
             self._prefetch(layer)
 
-    def moe(self, layer, graphdef, state, x, y, idx, weights):
+    def moe(self, handle, x, y, idx, weights):
+        layer = handle.index
         experts = self._ahead.pop(layer, None)
         s = self.stats[layer]
         if experts is None:
@@ -42,8 +43,8 @@ class Streamed:
         start = time.perf_counter()
         jax.block_until_ready(experts)  # the only wait: the copies of later layers keep running
         s.wait_s += time.perf_counter() - start
-        out = layered.routed(graphdef, state, y, idx, weights, experts, backend=self.backend)
-        return layered.finish(graphdef, state, x, y, out)
+        out = handle(layered.routed, y, idx, weights, experts, backend=self.backend)
+        return handle(layered.finish, x, y, out)
 
     def _prefetch(self, layer: int, current: int | None = None) -> None:
         if layer != current and layer not in self._ahead:

@@ -8,7 +8,6 @@ g_e are the weights of layer l's true router (it runs anyway, and is closer to t
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import jax
@@ -45,7 +44,6 @@ class DefaultVectors:
         return cls(np.asarray(tree["vectors"], np.float32), np.asarray(tree["counts"]))
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
 def _hop(graphdef, state, h, vectors, idx, weights):
     """h [N, D] float32 residual estimate of the previous layer, plus that layer's default-vector mix ->
     the next (MoE) layer's residual estimate and its router's choice."""
@@ -75,8 +73,7 @@ class RouterPredictor:
             return {}
         h, prev = x.reshape(-1, x.shape[-1]).astype(_f32), layer
         for j in ahead:  # add the previous MoE layer's default-vector mix, route layer j
-            graphdef, state = self._steps.layers[j]
-            h, idx, weights = _hop(graphdef, state, h, self._device_vectors[prev], idx, weights)
+            h, idx, weights = self._steps.layers[j](_hop, h, self._device_vectors[prev], idx, weights)
             prev = j
         return {prev: (idx, weights)}
 
@@ -84,7 +81,6 @@ class RouterPredictor:
         return f"router (quasi-hidden state, distance {self.distance})"
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("backend",))
 def _expert_sums(graphdef, state, y, idx, valid, experts, *, backend):
     """Per expert: the summed unweighted output over valid tokens routed to it [E, D], and their count [E]."""
     mlp = nnx.merge(graphdef, state).mlp
@@ -111,13 +107,14 @@ class _Calibrating:
     def begin_pass(self, steps) -> None:
         pass
 
-    def moe(self, layer, graphdef, state, x, y, idx, weights):
+    def moe(self, handle, x, y, idx, weights):
+        layer = handle.index
         experts = self.experts_of(layer)
-        sums, counts = _expert_sums(graphdef, state, y, idx, self.valid, experts, backend=self.backend)
+        sums, counts = handle(_expert_sums, y, idx, self.valid, experts, backend=self.backend)
         self.sums[layer] += np.asarray(sums)
         self.counts[layer] += np.asarray(counts).astype(np.int64)
-        out = layered.routed(graphdef, state, y, idx, weights, experts, backend=self.backend)
-        return layered.finish(graphdef, state, x, y, out)
+        out = handle(layered.routed, y, idx, weights, experts, backend=self.backend)
+        return handle(layered.finish, x, y, out)
 
 
 def calibrate(engine, prompts, *, max_tokens: int = 512) -> DefaultVectors:
