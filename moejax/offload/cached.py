@@ -39,6 +39,13 @@ def routed_subset(graphdef, state, y, idx, weights, local_of, experts, *, backen
                       stacked, backend)
 
 
+@jax.jit
+def _mispredicted(predicted, true):
+    """-> [tokens whose predicted expert set differs, predicted (token, expert) choices the router did not make]."""
+    wrong = ~jnp.any(predicted[:, :, None] == true[:, None, :], axis=2)
+    return jnp.stack([jnp.sum(jnp.any(wrong, axis=1)), jnp.sum(wrong)])
+
+
 class Cached:
     name = "cached"
 
@@ -73,9 +80,9 @@ class Cached:
         if self.speculative and layer in self._planned:
             run_idx, run_weights = self._planned.pop(layer)
             s.speculated_tokens += idx.shape[0]
-            wrong = ~jnp.any(run_idx[:, :, None] == idx[:, None, :], axis=2)  # [N, k]: choice not made by the router
-            s.mispredicted_tokens += int(jnp.sum(jnp.any(wrong, axis=1)))
-            s.mispredicted_choices += int(jnp.sum(wrong))
+            tokens, choices = np.asarray(_mispredicted(run_idx, idx))
+            s.mispredicted_tokens += int(tokens)
+            s.mispredicted_choices += int(choices)
         else:
             run_idx, run_weights = idx, weights
         needed = np.unique(np.asarray(run_idx))
