@@ -16,10 +16,11 @@ from moejax import steps
 from moejax.kernels.backends import Kernels
 from moejax.models.moe import MoEBlock
 
+
 class Layer:
     """One decoder layer of the layer-wise steps: its index, weights, and `layer(fn, *arrays, **static)`, which runs
     `fn(graphdef, state, *arrays, **static)` jitted (keywords are static). Layers of one structure share the
-    compiled functions, and no call hashes the graphdef (that costs ~0.1 ms a call in nnx)."""
+    compiled functions, and no call hashes the graphdef (an nnx GraphDef hash took ~0.15 ms here, per call)."""
 
     def __init__(self, index: int, graphdef, state, shared: dict):
         self.index, self.graphdef, self.state = index, graphdef, state
