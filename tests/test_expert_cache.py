@@ -43,6 +43,17 @@ def test_lfu_evicts_least_frequently_used_and_keeps_counts_after_eviction():
     assert run(cache, [E]) == [[D]]
 
 
+def test_lfu_counts_a_hit_as_one_use():
+    c = ExpertCache(2, "lfu")
+    Y, X, Z, W = (0, 1), (0, 2), (0, 3), (0, 4)
+    c.request([Y])  # Y: 1 use (a miss)
+    c.request([Y])  # Y: 2 uses (a hit counts once)
+    c.request([X])  # X: 1
+    assert c.request([Z])[2] == [X]  # X 1 < Y 2
+    assert c.request([X])[2] == [Z]  # Z 1 < Y 2; X now 2 uses, more recent than Y
+    assert c.request([W])[2] == [Y]  # X and Y both 2: the older, Y, goes (were hits counted twice, X would)
+
+
 def test_duplicates_collapse_into_one_use():
     cache = ExpertCache(2, "lfu")
     hits, loads, evicted = cache.request([A, A, B, A])
