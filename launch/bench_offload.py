@@ -2,7 +2,8 @@
 
 - h2d: pinned-host -> device bandwidth of one large `jax.device_put` (the source already in pinned_host memory,
   `block_until_ready`, median of repeats): the peak the other sections are compared with.
-- prefill: a resident and a streamed engine of the same preset and seed. The streamed one's saturation threshold
+- prefill: a resident and a streamed engine of the same preset and seed (and a streamed one with stream='jit',
+  where XLA schedules the copies inside the whole-model jit: the alternative to compare on a GPU). The streamed one's saturation threshold
   Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4 to 4Θ tokens (each rounded
   to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens): throughput of streamed
   vs resident, routed-expert bytes moved per pass and the H2D rate that implies (bytes / streamed seconds).
@@ -153,6 +154,7 @@ def _timed_call(engine, call: str, ids):
 
 def prefill(args, peak_gb_per_s: float, resident) -> dict:
     streamed = _load(args, placement="streamed", window=args.window)
+    in_jit = _load(args, placement="streamed", stream="jit")  # the alternative: XLA schedules the copies
     t0 = time.perf_counter()
     sat = profile_saturation(streamed, tokens=args.profile_tokens)
     print(streamed.explain(), flush=True)
@@ -162,13 +164,15 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
     rng = np.random.default_rng(args.seed + 2)
     rows = []
     print(f"  {'tokens':>7s} {'B x T':>10s} {'/Θ':>5s} {'resident':>11s} {'streamed':>11s} {'str/res':>7s} "
-          f"{'MiB/pass':>9s} {'H2D GB/s':>8s} {'/peak':>6s} {'wait/pass':>10s}", flush=True)
+          f"{'MiB/pass':>9s} {'H2D GB/s':>8s} {'/peak':>6s} {'wait/pass':>10s} {'in-jit':>11s} {'jit/res':>7s}",
+          flush=True)
     for tokens in _sizes(args, sat.theta_tokens):
         B, T = _rows(tokens, args.seq)
         ids = rng.integers(0, resident.config.vocab_size, (B, T))
         res_s, res_t = _median(_timed_call(resident, args.call, ids), args.repeats)
         streamed.reset_stats()
         str_s, str_t = _median(_timed_call(streamed, args.call, ids), args.repeats)
+        jit_s, jit_t = _median(_timed_call(in_jit, args.call, ids), args.repeats)
         stats, passes = streamed.stats()["total"], 1 + args.repeats
         gbps = per_pass / str_s / 1e9
         row = dict(tokens=B * T, batch=B, seq=T, padded_tokens=bucket(B) * bucket(T, 16),
@@ -178,12 +182,14 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
                    streamed_tokens_per_s=B * T / str_s, throughput_ratio=res_s / str_s,
                    bytes_per_pass=per_pass, measured_bytes_per_pass=stats["bytes_h2d"] / passes,
                    wait_s_per_pass=stats["wait_s"] / passes, h2d_gb_per_s=gbps,
-                   h2d_fraction_of_peak=gbps / peak_gb_per_s,
-                   resident_timing=res_t, streamed_timing=str_t)
+                   h2d_fraction_of_peak=gbps / peak_gb_per_s, in_jit_s=jit_s, in_jit_throughput_ratio=res_s / jit_s,
+                   in_jit_h2d_gb_per_s=per_pass / jit_s / 1e9,
+                   resident_timing=res_t, streamed_timing=str_t, in_jit_timing=jit_t)
         rows.append(row)
         print(f"  {B * T:7d} {f'{B} x {T}':>10s} {row['tokens_over_theta']:5.2f} {res_s * 1e3:9.2f}ms "
               f"{str_s * 1e3:9.2f}ms {row['throughput_ratio']:7.3f} {per_pass / 2**20:9.1f} {gbps:8.2f} "
-              f"{row['h2d_fraction_of_peak']:6.3f} {row['wait_s_per_pass'] * 1e3:8.2f}ms", flush=True)
+              f"{row['h2d_fraction_of_peak']:6.3f} {row['wait_s_per_pass'] * 1e3:8.2f}ms {jit_s * 1e3:9.2f}ms "
+              f"{row['in_jit_throughput_ratio']:7.3f}", flush=True)
     cfg = streamed.config
     record = dict(window=args.window, call=args.call, max_row_tokens=args.seq, profile_tokens=args.profile_tokens,
                   layer_flops_per_token=layer_flops_per_token(cfg),
@@ -191,8 +197,10 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
                   expert_bytes_per_layer={i: store.layer_bytes(i) for i in store.layers},
                   saturation=_saturation_record(sat), memory_plan=streamed.memory_plan.describe(),
                   throughput_ratio="resident_s / streamed_s (streamed throughput over resident)",
+                  in_jit="stream='jit': the experts are host-memory inputs of the whole-model jit and XLA "
+                         "schedules their copies (no window); in_jit_throughput_ratio = resident_s / in_jit_s",
                   h2d_gb_per_s="bytes_per_pass (routed experts of all MoE layers) / streamed_s", rows=rows)
-    del streamed, store
+    del streamed, in_jit, store
     gc.collect()
     return record
 

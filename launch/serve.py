@@ -60,6 +60,9 @@ def parse_args(argv=None):
     g.add_argument("--device-memory-gb", type=float, default=None,
                    help="device memory moejax may use (default: the device's; no cap on CPU)")
     g.add_argument("--window", type=int, default=None, help="streamed: MoE layers copied ahead (default: planned)")
+    g.add_argument("--stream", default=None, choices=["python", "jit"],
+                   help="streamed: python (default; per-layer jits, --window layers copied ahead, Θ profiled) or "
+                        "jit (experts are host-memory inputs of the whole-model jit; XLA schedules the copies)")
     g.add_argument("--cache-slots", type=int, default=None, help="cached: expert slots (default: what fits)")
     g.add_argument("--eviction", default=None, choices=POLICIES, help="cached: eviction policy (default lru)")
     g.add_argument("--predictor", default=None, choices=PREDICTORS, help="cached: expert predictor for prefetch")
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
     options = {"kernels": args.kernels, "placement": args.placement}
-    for name in ("num_layers", "device_memory_gb", "window", "cache_slots", "eviction", "predictor",
+    for name in ("num_layers", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                  "default_vectors", "prefetch_distance", "speculative"):
         if getattr(args, name) not in (None, False):
             options[name] = getattr(args, name)
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
-    if engine.memory_plan.placement == "streamed":  # measure Θ: the runner packs prefill batches to it
+    if engine.memory_plan.placement == "streamed" and engine.layer_by_layer:  # measure Θ: the runner packs prefill batches to it
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
     if args.explain:
         print(engine.explain())

@@ -67,6 +67,11 @@ class Engine:
         return self._graphdef
 
     @property
+    def layer_by_layer(self) -> bool:
+        """Whether the steps run layer by layer from Python (an offloaded placement driving the experts)."""
+        return self._make_placement is not None
+
+    @property
     def layered_steps(self):
         """The steps of an offloaded model (built with its weights and placement on first use)."""
         if self._layered is None:
@@ -88,14 +93,16 @@ class Engine:
     def stats(self) -> dict:
         """Offloading counters since load or `reset_stats`: per MoE layer and in total, hits, misses, prefetches,
         bytes moved host -> device, seconds waited on transfers (and, speculative, mispredicted tokens)."""
-        if self._make_placement is None:
+        if not self.layer_by_layer:
+            if self.memory_plan is not None and self.memory_plan.placement == "streamed":
+                return {"placement": "streamed", "stream": "jit"}  # XLA moves the experts: nothing to count here
             return {"placement": "resident"}
         placement = self.layered_steps.placement
         extra = placement.cache.stats() if hasattr(placement, "cache") else {}
         return {"placement": placement.name, **placement.stats.as_dict(extra)}
 
     def reset_stats(self) -> None:
-        if self._make_placement is not None:
+        if self.layer_by_layer:
             from moejax.offload.stats import OffloadStats
             self.layered_steps.placement.stats = OffloadStats()
 
@@ -106,8 +113,11 @@ class Engine:
                  f"({self.dtype.name})"]
         if self.memory_plan is not None:
             lines.append(self.memory_plan.describe())
-        if self._make_placement is not None:
+        if self.layer_by_layer:
             lines.append("placement " + self.layered_steps.placement.describe())
+        elif self.memory_plan is not None and self.memory_plan.placement == "streamed":
+            lines.append("placement streamed inside the jit: the experts are host-memory inputs and XLA schedules "
+                         "their copies (no window, no counters)")
         if self.saturation is not None:
             lines.append(self.saturation.describe())
         return "\n".join(lines)

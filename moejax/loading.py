@@ -16,7 +16,8 @@ from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
 from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
 from moejax.models.decoder import MoEModel
 from moejax.offload.host_store import HostStore, is_routed_expert
-from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory
+from moejax.models.moe import MoEBlock
+from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory, streams_in_jit
 from moejax.presets import PRESETS, preset_config
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -49,7 +50,9 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
 
     Expert offloading (moejax.offload; one device): placement ("auto": resident when the model fits the budget,
     else streamed, else cached; "resident", "streamed", "cached"), device_memory_gb (cap on what moejax uses on the
-    device; default: the device's memory, no cap on CPU), window (streamed: MoE layers copied ahead),
+    device; default: the device's memory, no cap on CPU), window (streamed: MoE layers copied ahead), stream
+    (streamed: "python", a loop over per-layer jits that copies `window` layers ahead, or "jit": the experts are
+    host-memory inputs of the whole-model jit and XLA schedules their copies),
     cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "oracle" or a predictor object),
     default_vectors (directory written by DefaultVectors.save, for the router predictor), prefetch_distance,
     speculative (run predicted experts instead of loading true-router misses)."""
@@ -81,23 +84,27 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         cfg = cfg.replace(num_layers=int(n))
     dt = DTYPES[dtype]
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt))
-    graphdef, abstract_state = nnx.split(abstract)
-    flat = {path: var for path, var in nnx.to_flat_state(abstract_state)}
+    flat = {path: var for path, var in nnx.to_flat_state(nnx.state(abstract))}
     shapes = {path: var.get_value() for path, var in flat.items()}
+    plan = offload_plan(cfg, shapes, options)
+    in_jit = streams_in_jit(plan, options)
+    for layer in abstract.layers if in_jit else ():  # a static flag: part of the graphdef the jits see
+        if isinstance(layer.mlp, MoEBlock):
+            layer.mlp.host_experts = True
+    graphdef, abstract_state = nnx.split(abstract)
 
     def fill(values):
         for path, var in flat.items():
             var.set_value(values[path])
         return nnx.from_flat_state(list(flat.items()))
 
-    plan = offload_plan(cfg, shapes, options)
     offloaded = plan.placement != "resident"
 
     def place(path, array):
         """Checkpoint or preset tensor -> device array; routed experts of an offloaded model go to the store."""
         if offloaded and is_routed_expert(path):
-            store.add(path, array)
-            return jnp.zeros((), array.dtype)  # a stand-in: the layers get their experts from the placement
+            placed = store.add(path, array)  # in_jit: the jits take the host arrays; else the placement moves them
+            return placed if in_jit else jnp.zeros((), array.dtype)  # (a stand-in)
         return jax.device_put(array)
 
     def with_store(build):
@@ -119,7 +126,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
         tokenizer = None
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
-                  memory_plan=plan, make_placement=placement_factory(plan, options, kernels) if offloaded else None)
+                  memory_plan=plan,
+                  make_placement=placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
 
 
 def random_param(path: tuple, abstract, seed: int):

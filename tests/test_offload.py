@@ -39,14 +39,21 @@ def _small_cache(cfg) -> int:
 
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
-@pytest.mark.parametrize("placement", ["streamed", "cached"])
+@pytest.mark.parametrize("placement", ["streamed", "streamed_in_jit", "cached"])
 def test_exact_placements_equal_resident(name, placement, resident_runs):
     ref_logits, ref_tokens = resident_runs(name)
     cfg = moejax.load(fixture_dir(name)).config
-    options = dict(window=1) if placement == "streamed" else dict(cache_slots=_small_cache(cfg), eviction="lfu")
-    engine = moejax.load(fixture_dir(name), dtype="float32", placement=placement, **options)
+    options = {"streamed": dict(placement="streamed", window=1),
+               "streamed_in_jit": dict(placement="streamed", stream="jit"),
+               "cached": dict(placement="cached", cache_slots=_small_cache(cfg), eviction="lfu")}[placement]
+    engine = moejax.load(fixture_dir(name), dtype="float32", **options)
     assert _rel(engine.logits(_ids(cfg)), ref_logits) <= TOL
     assert engine.generate(PROMPTS, 6) == ref_tokens
+    if placement == "streamed_in_jit":  # the jits take the experts from host memory; XLA copies them
+        assert engine.stats() == {"placement": "streamed", "stream": "jit"}
+        mlp = engine.params["layers"][engine.config.moe_layers.index(True)]["mlp"]
+        assert mlp["we_gate_up"].get_value().sharding.memory_kind == "pinned_host"
+        return
     stats = engine.stats()["total"]
     assert stats["misses"] + stats["hits"] > 0 and stats["bytes_h2d"] > 0
 
@@ -160,6 +167,9 @@ def test_offloaded_store_lives_in_host_memory():
     (dict(placement="cached", predictor="tea leaves"), "predictor must be one of"),
     (dict(placement="cached", speculative=True), "speculative=True needs a predictor"),
     (dict(placement="streamed", window=0), "window must be an int >= 1"),
+    (dict(placement="streamed", stream="gpu"), "stream must be one of python, jit"),
+    (dict(placement="streamed", stream="jit", window=2), "window applies to stream='python'"),
+    (dict(placement="cached", stream="jit"), "stream applies to placement 'streamed'"),
     (dict(placement="cached", cache_slots=1), "at least top-k"),
     (dict(placement="cached", predictor="router", default_vectors="/nonexistent/vectors"), "cannot read"),
 ])

@@ -57,6 +57,10 @@ def route(cfg: ModelConfig, logits, correction_bias=None):
 
 
 class MoEBlock(nnx.Module):
+    # Set on every MoE block of a model whose routed experts are jit inputs in host memory (streamed inside the
+    # jit, moejax.offload): the block moves them to the device where it uses them and XLA schedules the copies.
+    host_experts = False
+
     def __init__(self, cfg: ModelConfig, dtype):
         D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
         self.cfg = cfg
@@ -76,7 +80,10 @@ class MoEBlock(nnx.Module):
 
     def expert_weights(self) -> dict:
         """The routed experts' arrays by name (absent biases left out), as `routed` takes them."""
-        return {name: getattr(self, name)[...] for name in EXPERT_ARRAYS if getattr(self, name) is not None}
+        arrays = {name: getattr(self, name)[...] for name in EXPERT_ARRAYS if getattr(self, name) is not None}
+        if self.host_experts:
+            arrays = {name: jax.device_put(a, jax.memory.Space.Device) for name, a in arrays.items()}
+        return arrays
 
     def route_tokens(self, x2):
         """[N, D] -> (expert ids [N, k], float32 weights [N, k])."""

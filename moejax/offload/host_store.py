@@ -58,10 +58,10 @@ class HostStore:
             store.add(path, array)
         return store
 
-    def add(self, path: tuple, array) -> None:
+    def add(self, path: tuple, array):
         """One routed expert array (numpy as read from a checkpoint, or jax) straight to pinned host memory
         (split along the expert axis for a per_expert store); raises ValueError, with the numbers, when the
-        total exceeds the limit."""
+        total exceeds the limit. Returns what it stored (an array, or a list of them)."""
         if not is_routed_expert(path):
             raise ValueError(f"HostStore: {path} is not a routed expert array")
         self._total += array.nbytes
@@ -75,6 +75,7 @@ class HostStore:
         else:
             placed = jax.device_put(array, host)
         self._layers.setdefault(path[1], {})[path[3]] = placed
+        return placed
 
     @property
     def layers(self) -> list[int]:

@@ -79,8 +79,8 @@ class _Stopwatch:
 def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
                        seed: int = 0) -> Saturation:
     """Profile a streamed engine on one row of `tokens` random ids (after a warm-up pass that compiles)."""
-    if engine.memory_plan is None or engine.memory_plan.placement != "streamed":
-        raise ValueError("profile_saturation: the engine's placement is not 'streamed'")
+    if engine.memory_plan is None or engine.memory_plan.placement != "streamed" or not engine.layer_by_layer:
+        raise ValueError("profile_saturation: the engine's placement is not 'streamed' with stream='python'")
     steps = engine.layered_steps
     streamed = steps.placement
     tokens = min(tokens, engine.config.max_position_embeddings)

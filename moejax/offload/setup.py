@@ -11,9 +11,10 @@ from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes, pla
 from moejax.offload.predict import PREDICTORS, DefaultVectors, OraclePredictor, RouterPredictor
 from moejax.offload.streamed import Streamed
 
-OFFLOAD_OPTIONS = ("placement", "device_memory_gb", "window", "cache_slots", "eviction", "predictor",
+OFFLOAD_OPTIONS = ("placement", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                    "default_vectors", "prefetch_distance", "speculative")
-_ONLY_FOR = {"window": "streamed", "cache_slots": "cached", "eviction": "cached", "predictor": "cached",
+STREAMS = ("python", "jit")
+_ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached", "eviction": "cached", "predictor": "cached",
              "default_vectors": "cached", "prefetch_distance": "cached", "speculative": "cached"}
 
 
@@ -31,6 +32,10 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
         value = options.get(name)
         if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
             raise _error(f"{name} must be an int >= 1, got {value!r}")
+    if options.get("stream", "python") not in STREAMS:
+        raise _error(f"stream must be one of {', '.join(STREAMS)}; got {options['stream']!r}")
+    if options.get("stream") == "jit" and options.get("window") is not None:
+        raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
     eviction = options.get("eviction") or "lru"
     if eviction not in POLICIES:
         raise _error(f"eviction must be one of {', '.join(POLICIES)}; got {eviction!r}")
@@ -54,6 +59,11 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
                            window=options.get("window"), cache_slots=options.get("cache_slots"))
     except MemoryPlanError as e:
         raise _error(str(e)) from None
+
+
+def streams_in_jit(plan, options: dict) -> bool:
+    """Streamed experts as host-memory inputs of the resident jits (XLA copies them in) instead of a Python loop."""
+    return plan.placement == "streamed" and options.get("stream") == "jit"
 
 
 def placement_factory(plan, options: dict, kernels):
