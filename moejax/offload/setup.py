@@ -1,6 +1,8 @@
 """`moejax.load`'s offloading options: checked, turned into a MemoryPlan, and into the placement the Engine runs."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from moejax.config import ModelConfig
@@ -53,12 +55,16 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
     moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
     E = cfg.num_experts or 1
     try:
-        return plan_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
+        plan = plan_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
                            moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
                            budget_bytes=device_budget_bytes(options.get("device_memory_gb")), placement=placement,
                            window=options.get("window"), cache_slots=options.get("cache_slots"))
     except MemoryPlanError as e:
         raise _error(str(e)) from None
+    if streams_in_jit(plan, options):
+        plan = dataclasses.replace(plan, reason=plan.reason + "; stream='jit': XLA decides how many layers of "
+                                   "experts are on the device at once (the window is a plan, not enforced)")
+    return plan
 
 
 def streams_in_jit(plan, options: dict) -> bool:
