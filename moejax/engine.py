@@ -107,7 +107,8 @@ class Engine:
             self.layered_steps.placement.stats = OffloadStats()
 
     def explain(self) -> str:
-        """The memory plan, the placement and (when profiled) the saturation threshold, as text."""
+        """The memory plan, the placement and (when profiled) the saturation threshold, as text. For a
+        layer-by-layer placement this builds it, which loads the weights."""
         from moejax.offload.memory_plan import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
