@@ -19,9 +19,10 @@ from moejax.offload.host_store import HostStore, is_routed_expert
 from moejax.models.moe import MoEBlock
 from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory, streams_in_jit
 from moejax.presets import PRESETS, preset_config
+from moejax.sharding.setup import layout_of
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache") + OFFLOAD_OPTIONS
+OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache", "layout") + OFFLOAD_OPTIONS
 
 
 def presets() -> list[str]:
@@ -55,7 +56,9 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     host-memory inputs of the whole-model jit and XLA schedules their copies),
     cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "oracle" or a predictor object),
     default_vectors (directory written by DefaultVectors.save, for the router predictor), prefetch_distance,
-    speculative (run predicted experts instead of loading true-router misses)."""
+    speculative (run predicted experts instead of loading true-router misses).
+
+    layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -91,6 +94,10 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     for layer in abstract.layers if in_jit else ():  # a static flag: part of the graphdef the jits see
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.host_experts = True
+    layout = layout_of(options.get("layout"), cfg, plan)
+    for layer in abstract.layers if layout else ():
+        if isinstance(layer.mlp, MoEBlock):
+            layer.mlp.run_experts = layout.run_experts
     graphdef, abstract_state = nnx.split(abstract)
 
     def fill(values):
@@ -105,7 +112,7 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         if offloaded and is_routed_expert(path):
             placed = store.add(path, array)  # in_jit: the jits take the host arrays; else the placement moves them
             return placed if in_jit else jnp.zeros((), array.dtype)  # (a stand-in)
-        return jax.device_put(array)
+        return jax.device_put(array, layout.sharding_of(path) if layout else None)
 
     def with_store(build):
         def materialize():

@@ -60,6 +60,9 @@ class MoEBlock(nnx.Module):
     # Set on every MoE block of a model whose routed experts are jit inputs in host memory (streamed inside the
     # jit, moejax.offload): the block moves them to the device where it uses them and XLA schedules the copies.
     host_experts = False
+    # Set by the loader for a parallel layout: run_experts(local_ffn, x2, idx, weights, experts) spreads the routed
+    # experts over devices (moejax.sharding.experts) and computes what local_ffn would on one device.
+    run_experts = None
 
     def __init__(self, cfg: ModelConfig, dtype):
         D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
@@ -93,9 +96,13 @@ class MoEBlock(nnx.Module):
     def routed(self, x2, idx, weights, experts: dict, backend: str = "auto"):
         """Routed experts' weighted output [N, D]; `experts` may come from anywhere (this block's own arrays, a
         host-streamed copy, or a cache holding a subset, with `idx` renumbered to it)."""
-        return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
-                          experts.get("be_down"), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
-                          alpha=self.cfg.swiglu_alpha, backend=backend)
+        def local(x2, idx, weights, experts):
+            return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
+                              experts.get("be_down"), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
+                              alpha=self.cfg.swiglu_alpha, backend=backend)
+        if self.run_experts is not None:
+            return self.run_experts(local, x2, idx, weights, experts)
+        return local(x2, idx, weights, experts)
 
     def with_shared(self, x2, y):
         """Add the shared expert (if any) to the routed output y [N, D]."""

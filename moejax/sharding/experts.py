@@ -1,0 +1,83 @@
+"""Routed experts as shard_map programs over a 1-D mesh (axis "x"); every variant computes the single-device
+expert FFN. Tokens arrive split by rows over the devices (data parallel); `local_ffn(x, idx, weights, experts)`
+is the single-device routed FFN (moejax.models.moe.MoEBlock.routed) applied to whatever each device holds.
+
+- replicated: every device holds all experts and runs its own tokens.
+- ep, exchange=gather: all-gather the tokens, each device runs the choices that fall on its E/P experts
+  (the rest weigh 0), a reduce-scatter sums the partial outputs back onto the tokens' devices.
+- ep, exchange=all_to_all: each (token, choice) row goes to the device owning its expert in padded, dropless
+  buffers (P x n*k rows: any device may receive every row), the owner runs its experts (top-1, unweighted),
+  and a second all-to-all brings the rows back for the weighted sum."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from moejax.sharding.layout import Layout
+
+AXIS = "x"
+_f32 = jnp.float32
+
+
+def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: dict):
+    """x2 [N, D], idx / weights [N, k] -> [N, D] in x2.dtype, as local_ffn on one device would give."""
+    n_dev = mesh.shape[AXIS]
+    N = x2.shape[0]
+    pad = -N % n_dev  # shard_map splits rows evenly: pad with tokens of weight 0
+    if pad:
+        x2 = jnp.pad(x2, ((0, pad), (0, 0)))
+        idx, weights = jnp.pad(idx, ((0, pad), (0, 0))), jnp.pad(weights, ((0, pad), (0, 0)))
+    names = sorted(experts)
+    if layout.experts == "replicated":
+        body, expert_spec = (lambda x, i, w, *ws: local_ffn(x, i, w, dict(zip(names, ws)))), P()
+    elif layout.exchange == "gather":
+        body, expert_spec = _gather_body(local_ffn, names, n_dev), P(AXIS)
+    else:
+        body, expert_spec = _all_to_all_body(local_ffn, names, n_dev), P(AXIS)
+    run = jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(AXIS), P(AXIS)) + (expert_spec,) * len(names),
+                        out_specs=P(AXIS), check_vma=False)
+    out = run(x2, idx, weights, *(experts[k] for k in names))
+    return out[:N] if pad else out
+
+
+def _mine(idx, per_device):
+    """Which choices fall on this device's experts, and their local expert ids."""
+    me = jax.lax.axis_index(AXIS)
+    return idx // per_device == me, idx % per_device
+
+
+def _gather_body(local_ffn, names, n_dev):
+    def body(x, idx, weights, *ws):
+        experts = dict(zip(names, ws))
+        per_device = ws[0].shape[0]
+        x_all, idx_all, w_all = (jax.lax.all_gather(a, AXIS, tiled=True) for a in (x, idx, weights))
+        mine, local = _mine(idx_all, per_device)
+        partial = local_ffn(x_all, jnp.where(mine, local, 0), jnp.where(mine, w_all, 0.0), experts)
+        return jax.lax.psum_scatter(partial.astype(_f32), AXIS, scatter_dimension=0, tiled=True).astype(x.dtype)
+    return body
+
+
+def _all_to_all_body(local_ffn, names, n_dev):
+    def body(x, idx, weights, *ws):
+        experts = dict(zip(names, ws))
+        per_device = ws[0].shape[0]
+        n, k = idx.shape
+        rows = n * k
+        dest = (idx // per_device).reshape(rows)
+        order = jnp.argsort(dest, stable=True)  # rows grouped by destination device
+        sorted_dest = dest[order]
+        starts = jnp.searchsorted(sorted_dest, jnp.arange(n_dev), side="left")
+        slot = jnp.arange(rows) - starts[sorted_dest]  # position inside its destination's block
+        token = order // k
+        send_x = jnp.zeros((n_dev, rows, x.shape[1]), x.dtype).at[sorted_dest, slot].set(x[token])
+        send_e = jnp.zeros((n_dev, rows), jnp.int32).at[sorted_dest, slot].set(
+            (idx.reshape(rows) % per_device)[order])
+        send_ok = jnp.zeros((n_dev, rows), _f32).at[sorted_dest, slot].set(1.0)
+        recv_x, recv_e, recv_ok = (jax.lax.all_to_all(a, AXIS, 0, 0) for a in (send_x, send_e, send_ok))
+        out = local_ffn(recv_x.reshape(n_dev * rows, -1), recv_e.reshape(-1, 1), recv_ok.reshape(-1, 1), experts)
+        back = jax.lax.all_to_all(out.reshape(n_dev, rows, -1), AXIS, 0, 0)  # back[d, s]: my row sent to d at s
+        y = back[sorted_dest, slot]  # [rows, D] in sorted order
+        y = jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)  # (token, choice) order
+        return jnp.einsum("nkd,nk->nd", y.astype(_f32), weights.astype(_f32)).astype(x.dtype)
+    return body

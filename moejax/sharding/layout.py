@@ -1,0 +1,68 @@
+"""Layout specs: how attention and routed experts are spread over devices, e.g. "attn=dp,experts=ep".
+
+Keys: attn in {dp, tp}; experts in {replicated, tp, ep, async_ep, dep}; devices=N (default: all);
+exchange in {all_to_all, gather} (ep: tokens to experts by two all-to-alls, or by an all-gather of tokens and a
+reduce-scatter of outputs); for dep: attn_devices=A, expert_devices=B, r1, r2, order in {asas, aass}."""
+from __future__ import annotations
+
+import dataclasses
+
+ATTN = ("dp", "tp")
+EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep")
+EXCHANGES = ("all_to_all", "gather")
+ORDERS = ("asas", "aass")
+IMPLEMENTED = {("dp", "replicated"), ("dp", "ep")}  # the rest of the table is still to come
+_INTS = ("devices", "attn_devices", "expert_devices", "r1", "r2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    attn: str = "dp"
+    experts: str = "replicated"
+    devices: int | None = None
+    exchange: str = "all_to_all"
+    attn_devices: int | None = None
+    expert_devices: int | None = None
+    r1: int = 1
+    r2: int = 1
+    order: str = "asas"
+
+    @classmethod
+    def parse(cls, spec: str) -> "Layout":
+        """"attn=dp,experts=ep,devices=8" -> Layout (ValueError naming the bad key or value)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values: dict = {}
+        for part in filter(None, (p.strip() for p in str(spec).split(","))):
+            key, sep, value = part.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not value:
+                raise ValueError(f"layout {spec!r}: {part!r} is not key=value")
+            if key not in fields:
+                raise ValueError(f"layout {spec!r}: unknown key {key!r}; known: {', '.join(sorted(fields))}")
+            if key in values:
+                raise ValueError(f"layout {spec!r}: {key!r} given twice")
+            if key in _INTS:
+                if not value.isdigit() or int(value) < 1:
+                    raise ValueError(f"layout {spec!r}: {key} must be an int >= 1, got {value!r}")
+                value = int(value)
+            values[key] = value
+        for key, allowed in (("attn", ATTN), ("experts", EXPERTS), ("exchange", EXCHANGES), ("order", ORDERS)):
+            if key in values and values[key] not in allowed:
+                raise ValueError(f"layout {spec!r}: {key} must be one of {', '.join(allowed)}, got {values[key]!r}")
+        return cls(**values)
+
+    def resolve(self, num_experts: int, available: int) -> "Layout":
+        """Check against the model and the devices present; fill in `devices`."""
+        n = self.devices or available
+        if n > available:
+            raise ValueError(f"layout: devices={n} but only {available} are present")
+        if (self.attn, self.experts) not in IMPLEMENTED:
+            raise ValueError(f"layout: attn={self.attn},experts={self.experts} is not implemented yet (have: "
+                             f"{', '.join(f'attn={a},experts={e}' for a, e in sorted(IMPLEMENTED))})")
+        if self.experts == "ep" and num_experts % n:
+            raise ValueError(f"layout: experts=ep needs the {num_experts} experts to divide evenly over {n} devices")
+        return dataclasses.replace(self, devices=n)
+
+    def __str__(self) -> str:
+        out = f"attn={self.attn},experts={self.experts},devices={self.devices}"
+        return out + (f",exchange={self.exchange}" if self.experts == "ep" else "")

@@ -1,0 +1,69 @@
+"""Run by tests/test_sharding.py in a process with 8 simulated CPU devices: every layout against the one-device
+float32 model (logits, greedy tokens) and, at the expert level, against the single-device expert FFN with
+uneven token counts and all tokens routed to one expert. Prints one JSON line of results."""
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import moejax  # noqa: E402
+from moejax.kernels import expert_ffn  # noqa: E402
+from moejax.sharding import Layout, make_mesh  # noqa: E402
+from moejax.sharding.experts import sharded_routed  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",
+           "attn=dp,experts=ep,devices=4"]
+PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+
+
+def rel(out, ref) -> float:
+    return float(np.max(np.abs(np.asarray(out) - np.asarray(ref))) / np.max(np.abs(np.asarray(ref))))
+
+
+def models(names):
+    out = {}
+    for name in names:
+        path = os.path.join(FIXTURES, name)
+        ids = np.random.default_rng(0).integers(0, 100, (3, 11))
+        ref = moejax.load(path, dtype="float32")
+        ref_logits, ref_tokens = ref.logits(ids), ref.generate(PROMPTS, 5)
+        for spec in LAYOUTS:
+            engine = moejax.load(path, dtype="float32", layout=spec)
+            out[f"{name} {spec}"] = dict(rel=rel(engine.logits(ids), ref_logits),
+                                         same_tokens=engine.generate(PROMPTS, 5) == ref_tokens)
+    return out
+
+
+def experts():
+    rng = np.random.default_rng(1)
+    N, D, I, E, k = 37, 16, 8, 16, 4  # 37 tokens: not a multiple of 8 devices
+    x = jnp.asarray(rng.normal(size=(N, D)), jnp.float32)
+    w = jnp.asarray(rng.random((N, k)), jnp.float32)
+    ex = dict(we_gate_up=jnp.asarray(rng.normal(size=(E, D, 2 * I)) * 0.1, jnp.float32),
+              we_down=jnp.asarray(rng.normal(size=(E, I, D)) * 0.1, jnp.float32),
+              be_down=jnp.asarray(rng.normal(size=(E, D)), jnp.float32))
+
+    def ffn(x, i, w, e):
+        return expert_ffn(x, i, w, e["we_gate_up"], e["we_down"], None, e["be_down"], backend="xla")
+    routings = {"random": np.argsort(rng.random((N, E)), axis=1)[:, :k],
+                "skewed": np.tile(np.arange(k), (N, 1))}  # every token on experts 0..k-1: all on device 0
+    out = {}
+    for kind, idx in routings.items():
+        idx = jnp.asarray(idx, jnp.int32)
+        ref = ffn(x, idx, w, ex)
+        for spec in LAYOUTS:
+            layout = Layout.parse(spec).resolve(E, len(jax.devices()))
+            mesh = make_mesh(layout.devices)
+            got = jax.jit(lambda x, i, w, e: sharded_routed(layout, mesh, ffn, x, i, w, e))(x, idx, w, ex)
+            out[f"{kind} {spec}"] = rel(got, ref)
+    return out
+
+
+if __name__ == "__main__":
+    assert len(jax.devices()) == 8, jax.devices()
+    print(json.dumps({"models": models(sys.argv[1:]), "experts": experts()}))
