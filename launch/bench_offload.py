@@ -3,8 +3,8 @@
 - h2d: pinned-host -> device bandwidth of one large `jax.device_put` (the source already in pinned_host memory,
   `block_until_ready`, median of repeats): the peak the other sections are compared with.
 - prefill: a resident and a streamed engine of the same preset and seed (and a streamed one with stream='jit',
-  where XLA schedules the copies inside the whole-model jit: the alternative to compare on a GPU). The streamed one's saturation threshold
-  Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4 to 4Θ tokens (each rounded
+  where XLA schedules the copies inside the whole-model jit: the alternative to compare on a GPU). The streamed
+  one's saturation threshold Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4 to 4Θ tokens (each rounded
   to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens): throughput of streamed
   vs resident, routed-expert bytes moved per pass and the H2D rate that implies (bytes / streamed seconds).
   The timed call is `engine.logits` (all positions, logits copied back to the host) on CPU; on a GPU it is a

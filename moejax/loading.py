@@ -112,7 +112,7 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         if offloaded and is_routed_expert(path):
             placed = store.add(path, array)  # in_jit: the jits take the host arrays; else the placement moves them
             return placed if in_jit else jnp.zeros((), array.dtype)  # (a stand-in)
-        return jax.device_put(array, layout.sharding_of(path) if layout else None)
+        return layout.place(path, array) if layout else jax.device_put(array)
 
     def with_store(build):
         def materialize():

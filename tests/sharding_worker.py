@@ -1,6 +1,7 @@
 """Run by tests/test_sharding.py in a process with 8 simulated CPU devices: every layout against the one-device
-float32 model (logits, greedy tokens) and, at the expert level, against the single-device expert FFN with
-uneven token counts and all tokens routed to one expert. Prints one JSON line of results."""
+float32 model (logits, greedy tokens); at the expert level against the single-device expert FFN with uneven
+token counts and all tokens routed to one expert; and AsyncEP's gathers in the compiled HLO. Prints one JSON
+line of results."""
 import json
 import os
 import sys
@@ -13,11 +14,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import moejax  # noqa: E402
 from moejax.kernels import expert_ffn  # noqa: E402
 from moejax.sharding import Layout, make_mesh  # noqa: E402
-from moejax.sharding.experts import sharded_routed  # noqa: E402
+from moejax.sharding.experts import sharded_routed, tp_columns  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",
-           "attn=dp,experts=ep,devices=4"]
+           "attn=dp,experts=ep,devices=4", "attn=dp,experts=tp", "attn=dp,experts=async_ep",
+           "attn=tp,experts=tp,devices=4", "attn=tp,experts=ep,devices=4"]  # the fixtures have 4 heads
+EXPERT_LAYOUTS = LAYOUTS[:6]
 PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
 
 
@@ -56,14 +59,28 @@ def experts():
     for kind, idx in routings.items():
         idx = jnp.asarray(idx, jnp.int32)
         ref = ffn(x, idx, w, ex)
-        for spec in LAYOUTS:
-            layout = Layout.parse(spec).resolve(E, len(jax.devices()))
+        for spec in EXPERT_LAYOUTS:
+            layout = Layout.parse(spec).resolve(E, len(jax.devices()), expert_width=I)
             mesh = make_mesh(layout.devices)
-            got = jax.jit(lambda x, i, w, e: sharded_routed(layout, mesh, ffn, x, i, w, e))(x, idx, w, ex)
+            weights = ex if layout.experts != "tp" else \
+                dict(ex, we_gate_up=tp_columns(ex["we_gate_up"], layout.devices))  # as moejax.load lays them out
+            got = jax.jit(lambda x, i, w, e: sharded_routed(layout, mesh, ffn, x, i, w, e))(x, idx, w, weights)
             out[f"{kind} {spec}"] = rel(got, ref)
     return out
 
 
+def async_ep_gathers(name):
+    """AsyncEP: the operands of the all-gathers that bring each layer's experts together, in the compiled step.
+    They must be parameters: then no gather waits on any layer's compute, and XLA may start it early."""
+    engine = moejax.load(os.path.join(FIXTURES, name), dtype="float32", layout="attn=dp,experts=async_ep")
+    text = engine._logits_fn.lower(engine.params, jnp.zeros((8, 16), jnp.int32)).compile().as_text()
+    operands = []
+    for line in text.splitlines():
+        if " all-gather(" in line and "shard_map" in line:
+            operands.append(line.split(" all-gather(", 1)[1].split(")", 1)[0])
+    return dict(operands=operands, moe_layers=sum(engine.config.moe_layers))
+
+
 if __name__ == "__main__":
     assert len(jax.devices()) == 8, jax.devices()
-    print(json.dumps({"models": models(sys.argv[1:]), "experts": experts()}))
+    print(json.dumps({"models": models(sys.argv[1:]), "experts": experts(), "async_ep": async_ep_gathers("qwen3_moe")}))

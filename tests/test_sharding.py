@@ -1,5 +1,5 @@
-"""Parallel layouts (first piece of the layouts work: attn=dp with replicated experts and expert parallelism by
-all-to-all or all-gather/reduce-scatter). Each is compared with the single-device float32 model: logits within
+"""Parallel layouts: attn in {dp, tp} with experts replicated, tp, ep (all-to-all or all-gather/reduce-scatter)
+or async_ep (DEP is still to come). Each is compared with the single-device float32 model: logits within
 1e-5 relative (the partitioned attention and norms may reorder float sums) and the same greedy tokens, in a
 process with 8 simulated CPU devices; also at the expert level with uneven token counts and skewed routing."""
 import json
@@ -25,16 +25,22 @@ def results():
 
 
 def test_every_layout_equals_one_device(results):
-    assert len(results["models"]) == 12
+    assert len(results["models"]) == 24
     for case, r in results["models"].items():
         assert r["rel"] <= TOL, case
         assert r["same_tokens"], case
 
 
 def test_expert_exchanges_with_uneven_and_skewed_routing(results):
-    assert len(results["experts"]) == 8
+    assert len(results["experts"]) == 12
     for case, err in results["experts"].items():
         assert err <= TOL, case
+
+
+def test_async_ep_gathers_depend_only_on_weights(results):
+    gathers = results["async_ep"]
+    assert len(gathers["operands"]) == 2 * gathers["moe_layers"]  # gate/up and down of every MoE layer
+    assert all(op.startswith("%param") for op in gathers["operands"]), gathers["operands"]
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -55,7 +61,7 @@ def test_specs_checked_against_the_model_and_devices():
     with pytest.raises(ValueError, match="devices=4 but only 1 are present"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=ep,devices=4")
     with pytest.raises(ValueError, match="not implemented yet"):
-        moejax.load("tiny-qwen3-moe", layout="attn=tp,experts=tp")
+        moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=dep")
     with pytest.raises(ValueError, match="do not combine yet"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=replicated", placement="streamed")
     assert str(Layout.parse("experts=ep,devices=2").resolve(8, 2)) == "attn=dp,experts=ep,devices=2,exchange=all_to_all"

@@ -9,8 +9,9 @@ Eviction policies (the victim is the resident key ranked lowest; ties always fal
 - "lru": least recently used. A prefetched key's recency is its prefetch time, so it is not the next victim.
 - "lfu": fewest requests since the cache was created (counts survive eviction).
 - "priority": fMoE §4.5 "Expert eviction priority" (PRI_evict = 1 / (p * freq), highest evicted; the
-  product form below avoids dividing by p = 0): the victim has the lowest (count + 1) * p, where count is the LFU request count (+1 so a never-requested key
-  still has a frequency) and p the score from `set_scores`/`prefetch` (0.0 until scored).
+  product form below avoids dividing by p = 0): the victim has the lowest (count + 1) * p, where count is the
+  LFU request count (+1 so a never-requested key still has a frequency) and p the score from
+  `set_scores`/`prefetch` (0.0 until scored).
 
 Protection: a request never evicts one of its own keys. A prefetch never evicts a key named in the same
 call, nor a key an earlier prefetch loaded that no request has used yet (use count 0 since it was loaded):

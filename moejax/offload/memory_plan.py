@@ -108,8 +108,8 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
         if all_experts > free:
             raise MemoryPlanError(f"placement 'resident': all routed experts need {size(all_experts)} but {fits} "
                                   f"leaves {size(free)}; use placement 'streamed' or 'cached'")
-        return MemoryPlan("resident", **base, reason=f"the whole model fits: experts {size(all_experts)} <= {size(free)} "
-                                                      f"free ({fits})")
+        return MemoryPlan("resident", **base, reason=f"the whole model fits: experts {size(all_experts)} <= "
+                                                      f"{size(free)} free ({fits})")
     layer_bytes = expert_bytes * experts_per_layer
     max_window = min(free // layer_bytes - 1, moe_layers - 1)
     if placement == "streamed" or (placement == "auto" and max_window >= 1):

@@ -16,7 +16,8 @@ from moejax.offload.streamed import Streamed
 OFFLOAD_OPTIONS = ("placement", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                    "default_vectors", "prefetch_distance", "speculative")
 STREAMS = ("python", "jit")
-_ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached", "eviction": "cached", "predictor": "cached",
+_ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached", "eviction": "cached",
+             "predictor": "cached",
              "default_vectors": "cached", "prefetch_distance": "cached", "speculative": "cached"}
 
 

@@ -3,6 +3,11 @@ expert FFN. Tokens arrive split by rows over the devices (data parallel); `local
 is the single-device routed FFN (moejax.models.moe.MoEBlock.routed) applied to whatever each device holds.
 
 - replicated: every device holds all experts and runs its own tokens.
+- async_ep (MoE-Prefill §6.2): weights stored split by expert as for ep, but each layer's full expert set is
+  all-gathered (shard_map reshards the P("x") weights to replicated) and every device runs its own tokens
+  locally: the gather depends only on the weights, so XLA may run it ahead, under earlier layers' compute.
+- tp: every expert's width (I) split over the devices ([gate | up] columns interleaved per device at load,
+  `tp_columns`); each device runs all tokens through its slice and a psum adds the partial outputs.
 - ep, exchange=gather: all-gather the tokens, each device runs the choices that fall on its E/P experts
   (the rest weigh 0), a reduce-scatter sums the partial outputs back onto the tokens' devices.
 - ep, exchange=all_to_all: each (token, choice) row goes to the device owning its expert in padded, dropless
@@ -29,16 +34,42 @@ def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: d
         x2 = jnp.pad(x2, ((0, pad), (0, 0)))
         idx, weights = jnp.pad(idx, ((0, pad), (0, 0))), jnp.pad(weights, ((0, pad), (0, 0)))
     names = sorted(experts)
-    if layout.experts == "replicated":
+    token_spec = P(AXIS)
+    if layout.experts in ("replicated", "async_ep"):
         body, expert_spec = (lambda x, i, w, *ws: local_ffn(x, i, w, dict(zip(names, ws)))), P()
+    elif layout.experts == "tp":
+        body, token_spec = _tp_body(local_ffn, names), P()
+        expert_spec = None  # per array below
     elif layout.exchange == "gather":
         body, expert_spec = _gather_body(local_ffn, names, n_dev), P(AXIS)
     else:
         body, expert_spec = _all_to_all_body(local_ffn, names, n_dev), P(AXIS)
-    run = jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), P(AXIS), P(AXIS)) + (expert_spec,) * len(names),
-                        out_specs=P(AXIS), check_vma=False)
+    specs = [TP_SPECS[k] for k in names] if expert_spec is None else [expert_spec] * len(names)
+    run = jax.shard_map(body, mesh=mesh, in_specs=(token_spec,) * 3 + tuple(specs), out_specs=token_spec,
+                        check_vma=False)
     out = run(x2, idx, weights, *(experts[k] for k in names))
     return out[:N] if pad else out
+
+
+TP_SPECS = {"we_gate_up": P(None, None, AXIS), "be_gate_up": P(None, AXIS), "we_down": P(None, AXIS, None),
+            "be_down": P()}
+
+
+def tp_columns(array, devices: int):
+    """[..., 2I] laid out [gate | up] -> [gate_0 | up_0 | gate_1 | up_1 | ...]: device p's contiguous
+    1/devices slice is then its own [gate_p | up_p], which the local GLU splits in half."""
+    *lead, two_i = array.shape
+    i_local = two_i // 2 // devices
+    return array.reshape(*lead, 2, devices, i_local).swapaxes(-3, -2).reshape(*lead, two_i)
+
+
+def _tp_body(local_ffn, names):
+    def body(x, idx, weights, *ws):
+        experts = dict(zip(names, ws))
+        if "be_down" in experts:  # added once, not once per width slice
+            experts["be_down"] = jnp.where(jax.lax.axis_index(AXIS) == 0, experts["be_down"], 0)
+        return jax.lax.psum(local_ffn(x, idx, weights, experts).astype(_f32), AXIS).astype(x.dtype)
+    return body
 
 
 def _mine(idx, per_device):

@@ -11,7 +11,7 @@ ATTN = ("dp", "tp")
 EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep")
 EXCHANGES = ("all_to_all", "gather")
 ORDERS = ("asas", "aass")
-IMPLEMENTED = {("dp", "replicated"), ("dp", "ep")}  # the rest of the table is still to come
+IMPLEMENTED = {(a, e) for a in ATTN for e in ("replicated", "tp", "ep", "async_ep")}  # dep is still to come
 _INTS = ("devices", "attn_devices", "expert_devices", "r1", "r2")
 
 
@@ -51,7 +51,7 @@ class Layout:
                 raise ValueError(f"layout {spec!r}: {key} must be one of {', '.join(allowed)}, got {values[key]!r}")
         return cls(**values)
 
-    def resolve(self, num_experts: int, available: int) -> "Layout":
+    def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0) -> "Layout":
         """Check against the model and the devices present; fill in `devices`."""
         n = self.devices or available
         if n > available:
@@ -59,8 +59,13 @@ class Layout:
         if (self.attn, self.experts) not in IMPLEMENTED:
             raise ValueError(f"layout: attn={self.attn},experts={self.experts} is not implemented yet (have: "
                              f"{', '.join(f'attn={a},experts={e}' for a, e in sorted(IMPLEMENTED))})")
-        if self.experts == "ep" and num_experts % n:
-            raise ValueError(f"layout: experts=ep needs the {num_experts} experts to divide evenly over {n} devices")
+        if self.experts in ("ep", "async_ep") and num_experts % n:
+            raise ValueError(f"layout: experts={self.experts} needs the {num_experts} experts to divide evenly over "
+                             f"{n} devices")
+        if self.experts == "tp" and expert_width % n:
+            raise ValueError(f"layout: experts=tp needs the expert width {expert_width} to divide over {n} devices")
+        if self.attn == "tp" and heads % n:
+            raise ValueError(f"layout: attn=tp needs the {heads} attention heads to divide over {n} devices")
         return dataclasses.replace(self, devices=n)
 
     def __str__(self) -> str:

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import EXPERT_ARRAYS
-from moejax.sharding.experts import AXIS, sharded_routed
+from moejax.sharding.experts import AXIS, TP_SPECS, sharded_routed, tp_columns
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
 
@@ -20,11 +20,33 @@ class LayoutSetup:
     layout: Layout
     mesh: object
     run_experts: object  # one object for every block: the graphdefs of equal layers stay equal
+    kv_heads: int
 
-    def sharding_of(self, path: tuple) -> NamedSharding:
-        """Routed expert arrays split by expert index under ep; everything else replicated."""
-        routed = len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS
-        return NamedSharding(self.mesh, P(AXIS) if routed and self.layout.experts == "ep" else P())
+    def place(self, path: tuple, array):
+        """A parameter on the mesh, by the rules: routed experts split by expert index (ep, async_ep) or by width
+        (tp, with gate/up columns interleaved per device); attention split by heads under attn=tp; the rest
+        replicated."""
+        spec, name = P(), path[-1] if path[-1] != "weight" else None
+        if len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS:
+            if self.layout.experts in ("ep", "async_ep"):
+                spec = P(AXIS)
+            elif self.layout.experts == "tp":
+                spec = TP_SPECS[name]
+                if name in ("we_gate_up", "be_gate_up"):
+                    array = tp_columns(array, self.layout.devices)
+        elif self.layout.attn == "tp" and len(path) == 4 and path[2] == "attn" and name in self.heads:
+            spec = self.heads[name]
+        return jax.device_put(array, NamedSharding(self.mesh, spec))
+
+    @property
+    def heads(self) -> dict:
+        """attn=tp: which attention arrays split by heads (columns of the input projections, rows of the output
+        one; kv projections only when the kv heads divide too)."""
+        by_heads = {"wq": P(None, AXIS), "bq": P(AXIS), "wq_b": P(None, AXIS), "wkv_b": P(None, AXIS),
+                    "wo": P(AXIS, None), "sinks": P(AXIS)}
+        if self.kv_heads % self.layout.devices == 0:
+            by_heads.update(wk=P(None, AXIS), wv=P(None, AXIS), bk=P(AXIS), bv=P(AXIS))
+        return by_heads
 
 
 def layout_of(spec, cfg, plan) -> LayoutSetup | None:
@@ -32,11 +54,12 @@ def layout_of(spec, cfg, plan) -> LayoutSetup | None:
         return None
     try:
         layout = spec if isinstance(spec, Layout) else Layout.parse(spec)
-        layout = layout.resolve(cfg.num_experts or 1, len(jax.devices()))
+        layout = layout.resolve(cfg.num_experts or 1, len(jax.devices()), expert_width=cfg.moe_intermediate_size or 0,
+                                heads=cfg.num_heads)
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
     if plan.placement != "resident":
         raise ValueError(f"moejax.load: layout {layout} and placement {plan.placement!r} do not combine yet "
                          "(offloading is one device)")
     mesh = make_mesh(layout.devices)
-    return LayoutSetup(layout, mesh, functools.partial(sharded_routed, layout, mesh))
+    return LayoutSetup(layout, mesh, functools.partial(sharded_routed, layout, mesh), cfg.num_kv_heads or 0)
