@@ -51,6 +51,9 @@ def parse_args(argv=None):
                         "prefix block recurs across batches, keeping just those blocks")
     p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                    help="most device memory the prefix KV cache may use, in MiB (default 1024)")
+    p.add_argument("--layout", default=None,
+                   help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts "
+                        "replicated|tp|ep|async_ep; devices=N; exchange=all_to_all|gather; see moejax.sharding)")
     g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
     g.add_argument("--placement", default="auto", choices=PLACEMENTS,
                    help="where routed experts live: auto (resident when the model fits --device-memory-gb, else "
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
     options = {"kernels": args.kernels, "placement": args.placement}
-    for name in ("num_layers", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
+    for name in ("num_layers", "layout", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                  "default_vectors", "prefetch_distance", "speculative"):
         if getattr(args, name) not in (None, False):
             options[name] = getattr(args, name)

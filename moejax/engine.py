@@ -23,7 +23,7 @@ class Engine:
 
     def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], nnx.State],
                  tokenizer=None, *, dtype=jnp.float32, kernels: Kernels = Kernels(), name: str = "",
-                 memory_plan=None, make_placement: Callable | None = None):
+                 memory_plan=None, make_placement: Callable | None = None, layout=None):
         """materialize() -> the weights (nnx.State), or (weights, HostStore) for an offloaded model, whose
         `make_placement(store)` gives the placement that runs its routed experts (moejax.offload)."""
         self.config = config
@@ -36,6 +36,7 @@ class Engine:
         self._materialize = materialize
         self._state = None
         self.memory_plan = memory_plan
+        self.layout = layout  # moejax.sharding.Layout, or None: one device
         self.store = None  # HostStore of an offloaded model, once its weights are loaded
         self.placement = None
         self.saturation = None  # offload.saturation.Saturation, once profiled
@@ -112,6 +113,8 @@ class Engine:
         from moejax.offload.memory_plan import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
+        if self.layout is not None:
+            lines.append(f"layout {self.layout}")
         if self.memory_plan is not None:
             lines.append(self.memory_plan.describe())
         if self.layer_by_layer:

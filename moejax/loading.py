@@ -133,7 +133,7 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
         tokenizer = None
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
-                  memory_plan=plan,
+                  memory_plan=plan, layout=layout.layout if layout else None,
                   make_placement=placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
 
 

@@ -65,3 +65,23 @@ def test_specs_checked_against_the_model_and_devices():
     with pytest.raises(ValueError, match="do not combine yet"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=replicated", placement="streamed")
     assert str(Layout.parse("experts=ep,devices=2").resolve(8, 2)) == "attn=dp,experts=ep,devices=2,exchange=all_to_all"
+
+
+def test_serve_with_a_layout_gives_the_one_device_results(tmp_path):
+    lines = [json.dumps({"custom_id": "c", "url": "/v1/completions", "body": {"prompt_token_ids": [1, 2, 3, 4],
+                                                                               "max_tokens": 5}}),
+             json.dumps({"custom_id": "s", "url": "/v1/score", "body": {"prompt_token_ids": [5, 6, 7],
+                                                                         "candidate_token_ids": [[8], [9, 10]]}})]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    outs = {}
+    for tag, extra in (("one", []), ("ep", ["--layout", "attn=dp,experts=ep"])):
+        run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", os.path.join(HERE, "fixtures", "gpt_oss"),
+                              "--dtype", "float32", "--input", str(tmp_path / "in.jsonl"), "--output",
+                              str(tmp_path / f"{tag}.jsonl"), *extra], cwd=os.path.dirname(HERE), env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outs[tag] = [json.loads(line)["response"]["body"] for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
+    assert outs["ep"][0]["choices"][0]["token_ids"] == outs["one"][0]["choices"][0]["token_ids"]
+    for got, want in zip(outs["ep"][1]["results"][0]["candidates"], outs["one"][1]["results"][0]["candidates"]):
+        assert got["logprob"] == pytest.approx(want["logprob"], rel=1e-5, abs=1e-5)
