@@ -95,6 +95,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.host_experts = True
     layout = layout_of(options.get("layout"), cfg, plan)
+    if layout:
+        abstract.split_batch = layout.split_batch
     for layer in abstract.layers if layout else ():
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.run_experts = layout.run_experts

@@ -81,6 +81,20 @@ def async_ep_gathers(name):
     return dict(operands=operands, moe_layers=sum(engine.config.moe_layers))
 
 
+def collective_kinds(name):
+    """The collectives in each layout's compiled full-logits step, by kind."""
+    import re
+    out = {}
+    for spec in ("attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",
+                 "attn=dp,experts=tp"):
+        engine = moejax.load(os.path.join(FIXTURES, name), dtype="float32", layout=spec)
+        text = engine._logits_fn.lower(engine.params, jnp.zeros((8, 16), jnp.int32)).compile().as_text()
+        kinds = re.findall(r" (all-to-all|all-gather|reduce-scatter|all-reduce|collective-permute)\(", text)
+        out[spec] = sorted(set(kinds))
+    return out
+
+
 if __name__ == "__main__":
     assert len(jax.devices()) == 8, jax.devices()
-    print(json.dumps({"models": models(sys.argv[1:]), "experts": experts(), "async_ep": async_ep_gathers("qwen3_moe")}))
+    print(json.dumps({"models": models(sys.argv[1:]), "experts": experts(), "async_ep": async_ep_gathers("qwen3_moe"),
+                      "collectives": collective_kinds("qwen3_moe")}))

@@ -43,6 +43,17 @@ def test_async_ep_gathers_depend_only_on_weights(results):
     assert all(op.startswith("%param") for op in gathers["operands"]), gathers["operands"]
 
 
+def test_data_parallel_layouts_communicate_only_for_their_experts(results):
+    """Hidden states are split by batch rows under attn=dp and routing runs inside each layout's program on each
+    device's own tokens (no top-k gather of router logits): only the expert exchange itself communicates."""
+    assert results["collectives"] == {
+        "attn=dp,experts=replicated": [],
+        "attn=dp,experts=ep": ["all-to-all"],
+        "attn=dp,experts=ep,exchange=gather": ["all-gather", "reduce-scatter"],
+        "attn=dp,experts=tp": ["all-gather", "all-reduce"],  # tokens gathered for the width slices, then a psum
+    }
+
+
 @pytest.mark.parametrize("spec, message", [
     ("attn=dp,experts=everywhere", "experts must be one of"),
     ("attn=dp,nodes=2", "unknown key 'nodes'"),

@@ -38,6 +38,10 @@ class DecoderLayer(nnx.Module):
 class MoEModel(nnx.Module):
     """Build under `nnx.eval_shape` (weights are filled by the checkpoint loader or the preset init)."""
 
+    # Set by the loader for a data-parallel layout: split_batch(x [B, T, D]) constrains hidden states to be split
+    # by rows over the devices, so attention runs on each device's own sequences.
+    split_batch = None
+
     def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
         self.cfg = cfg
         self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
@@ -76,7 +80,8 @@ class MoEModel(nnx.Module):
     def embed_inputs(self, tokens, positions):
         """-> (hidden states [B, T, D], rotary cos, sin): what the first layer takes."""
         cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
-        return self.embed[...][tokens], cos, sin
+        x = self.embed[...][tokens]
+        return (x if self.split_batch is None else self.split_batch(x)), cos, sin
 
     def head(self, x, gather_idx=None):
         """Last hidden states -> float32 logits (at every position, or at `gather_idx` as in __call__)."""

@@ -60,8 +60,9 @@ class MoEBlock(nnx.Module):
     # Set on every MoE block of a model whose routed experts are jit inputs in host memory (streamed inside the
     # jit, moejax.offload): the block moves them to the device where it uses them and XLA schedules the copies.
     host_experts = False
-    # Set by the loader for a parallel layout: run_experts(local_ffn, x2, idx, weights, experts) spreads the routed
-    # experts over devices (moejax.sharding.experts) and computes what local_ffn would on one device.
+    # Set by the loader for a parallel layout: run_experts(local_ffn, x2, None, None, experts, route=route_tokens)
+    # routes and runs the experts as a program over devices (moejax.sharding.experts), computing what local_ffn
+    # would on one device; routing inside it keeps top-k on each device's own tokens.
     run_experts = None
 
     def __init__(self, cfg: ModelConfig, dtype):
@@ -96,13 +97,14 @@ class MoEBlock(nnx.Module):
     def routed(self, x2, idx, weights, experts: dict, backend: str = "auto"):
         """Routed experts' weighted output [N, D]; `experts` may come from anywhere (this block's own arrays, a
         host-streamed copy, or a cache holding a subset, with `idx` renumbered to it)."""
+        return self._local_ffn(backend)(x2, idx, weights, experts)
+
+    def _local_ffn(self, backend):
         def local(x2, idx, weights, experts):
             return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
                               experts.get("be_down"), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
                               alpha=self.cfg.swiglu_alpha, backend=backend)
-        if self.run_experts is not None:
-            return self.run_experts(local, x2, idx, weights, experts)
-        return local(x2, idx, weights, experts)
+        return local
 
     def with_shared(self, x2, y):
         """Add the shared expert (if any) to the routed output y [N, D]."""
@@ -117,6 +119,10 @@ class MoEBlock(nnx.Module):
     def __call__(self, x, backend: str = "auto"):
         B, T, D = x.shape
         x2 = x.reshape(B * T, D)
-        idx, weights = self.route_tokens(x2)
-        y = self.routed(x2, idx, weights, self.expert_weights(), backend)
+        if self.run_experts is not None:
+            y = self.run_experts(self._local_ffn(backend), x2, None, None, self.expert_weights(),
+                                 route=self.route_tokens)
+        else:
+            idx, weights = self.route_tokens(x2)
+            y = self.routed(x2, idx, weights, self.expert_weights(), backend)
         return self.with_shared(x2, y).reshape(B, T, D)

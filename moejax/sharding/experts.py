@@ -25,14 +25,17 @@ AXIS = "x"
 _f32 = jnp.float32
 
 
-def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: dict):
-    """x2 [N, D], idx / weights [N, k] -> [N, D] in x2.dtype, as local_ffn on one device would give."""
+def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: dict, route=None):
+    """x2 [N, D], idx / weights [N, k] -> [N, D] in x2.dtype, as local_ffn on one device would give.
+    With `route` (x2 -> idx, weights) instead of idx/weights, routing runs inside the program on each device's
+    tokens (a top-k over tokens split across devices would otherwise be gathered by the partitioner)."""
     n_dev = mesh.shape[AXIS]
     N = x2.shape[0]
     pad = -N % n_dev  # shard_map splits rows evenly: pad with tokens of weight 0
     if pad:
         x2 = jnp.pad(x2, ((0, pad), (0, 0)))
-        idx, weights = jnp.pad(idx, ((0, pad), (0, 0))), jnp.pad(weights, ((0, pad), (0, 0)))
+        if route is None:
+            idx, weights = jnp.pad(idx, ((0, pad), (0, 0))), jnp.pad(weights, ((0, pad), (0, 0)))
     names = sorted(experts)
     token_spec = P(AXIS)
     if layout.experts in ("replicated", "async_ep"):
@@ -45,9 +48,14 @@ def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: d
     else:
         body, expert_spec = _all_to_all_body(local_ffn, names, n_dev), P(AXIS)
     specs = [TP_SPECS[k] for k in names] if expert_spec is None else [expert_spec] * len(names)
-    run = jax.shard_map(body, mesh=mesh, in_specs=(token_spec,) * 3 + tuple(specs), out_specs=token_spec,
-                        check_vma=False)
-    out = run(x2, idx, weights, *(experts[k] for k in names))
+    if route is None:
+        run = jax.shard_map(body, mesh=mesh, in_specs=(token_spec,) * 3 + tuple(specs), out_specs=token_spec,
+                            check_vma=False)
+        out = run(x2, idx, weights, *(experts[k] for k in names))
+    else:  # padded rows are routed too: they only ever meet their own (sliced-off) output rows
+        run = jax.shard_map(lambda x, *ws: body(x, *route(x), *ws), mesh=mesh,
+                            in_specs=(token_spec,) + tuple(specs), out_specs=token_spec, check_vma=False)
+        out = run(x2, *(experts[k] for k in names))
     return out[:N] if pad else out
 
 

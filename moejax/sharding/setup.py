@@ -22,6 +22,13 @@ class LayoutSetup:
     run_experts: object  # one object for every block: the graphdefs of equal layers stay equal
     kv_heads: int
 
+    @property
+    def split_batch(self):
+        """attn=dp: hidden states split by batch rows (None under attn=tp, where every device sees every token)."""
+        if self.layout.attn != "dp":
+            return None
+        return functools.partial(jax.lax.with_sharding_constraint, shardings=NamedSharding(self.mesh, P(AXIS)))
+
     def place(self, path: tuple, array):
         """A parameter on the mesh, by the rules: routed experts split by expert index (ep, async_ep) or by width
         (tp, with gate/up columns interleaved per device); attention split by heads under attn=tp; the rest
