@@ -76,6 +76,9 @@ def test_specs_checked_against_the_model_and_devices():
     with pytest.raises(ValueError, match="do not combine yet"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=replicated", placement="streamed")
     assert str(Layout.parse("experts=ep,devices=2").resolve(8, 2)) == "attn=dp,experts=ep,devices=2,exchange=all_to_all"
+    # a layout spreads the weights, so the one-device memory planner does not push them to the host
+    spread = moejax.load("qwen3-30b-a3b", device_memory_gb=16, layout="attn=dp,experts=replicated").memory_plan
+    assert spread.placement == "resident" and "layout" in spread.reason
 
 
 def test_serve_with_a_layout_gives_the_one_device_results(tmp_path):

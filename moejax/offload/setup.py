@@ -28,6 +28,7 @@ def _error(message: str):
 def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
     """Abstract parameter shapes + load options -> MemoryPlan (ValueError naming the option or the numbers)."""
     placement = options.get("placement") or "auto"
+    spread = options.get("layout") is not None and placement == "auto"  # weights split over devices: not planned
     for name, only in _ONLY_FOR.items():
         if options.get(name) not in (None, False) and placement not in ("auto", only):
             raise _error(f"{name} applies to placement {only!r}, not {placement!r}")
@@ -58,10 +59,14 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
     try:
         plan = plan_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
                            moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
-                           budget_bytes=device_budget_bytes(options.get("device_memory_gb")), placement=placement,
+                           budget_bytes=None if spread else device_budget_bytes(options.get("device_memory_gb")),
+                           placement=placement,
                            window=options.get("window"), cache_slots=options.get("cache_slots"))
     except MemoryPlanError as e:
         raise _error(str(e)) from None
+    if spread:
+        plan = dataclasses.replace(plan, reason="a layout spreads the weights over devices (per-device memory is "
+                                   "not planned yet)")
     if streams_in_jit(plan, options):
         plan = dataclasses.replace(plan, reason=plan.reason + "; stream='jit': XLA decides how many layers of "
                                    "experts are on the device at once (the window is a plan, not enforced)")
