@@ -38,7 +38,6 @@ class Engine:
         self.memory_plan = memory_plan
         self.layout = layout  # moejax.sharding.Layout, or None: one device
         self.store = None  # HostStore of an offloaded model, once its weights are loaded
-        self.placement = None
         self.saturation = None  # offload.saturation.Saturation, once profiled
         self._make_placement = make_placement
         self._layered = None
@@ -78,8 +77,7 @@ class Engine:
         if self._layered is None:
             from moejax.offload.layered import LayeredSteps
             params = self.params
-            self.placement = self._make_placement(self.store)
-            self._layered = LayeredSteps(self._graphdef, params, self.kernels, self.placement)
+            self._layered = LayeredSteps(self._graphdef, params, self.kernels, self._make_placement(self.store))
         return self._layered
 
     def layer_experts(self, layer: int) -> dict:

@@ -13,6 +13,11 @@ _f32 = jnp.float32
 EXPERT_ARRAYS = ("we_gate_up", "we_down", "be_gate_up", "be_down")  # what offloading moves
 
 
+def is_routed_expert(path: tuple) -> bool:
+    """Flat nnx parameter path -> whether it is a routed expert array (('layers', i, 'mlp', 'we_down'))."""
+    return len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS
+
+
 def _param(shape, dtype):
     return nnx.Param(jnp.zeros(shape, dtype))
 

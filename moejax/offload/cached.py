@@ -106,9 +106,7 @@ class Cached:
         hits, loads, _ = self.cache.request([(layer, int(e)) for e in chunk])
         loaded = []
         for (_, expert), slot in loads:
-            self._slots[slot] = self.store.fetch_expert(layer, expert)
-            loaded.append(self._slots[slot])
-            s.bytes_h2d += self.store.expert_bytes(layer)
+            loaded.append(self._load(layer, expert, slot))
         s.hits, s.misses = s.hits + len(hits), s.misses + len(loads)
         start = time.perf_counter()
         jax.block_until_ready(loaded + [self._slots[slot] for _, slot in hits])  # prefetches may still be on the way
@@ -120,11 +118,15 @@ class Cached:
         order = np.argsort(-counts, kind="stable")  # most-used first: what fits is what matters most
         scores = {(layer, int(e)): float(c) / p_idx.shape[0] for e, c in zip(chosen, counts)}
         loads, _ = self.cache.prefetch([(layer, int(chosen[i])) for i in order], scores)
-        s = self.stats[layer]
         for (_, expert), slot in loads:
-            self._slots[slot] = self.store.fetch_expert(layer, expert)
-            s.prefetches += 1
-            s.bytes_h2d += self.store.expert_bytes(layer)
+            self._load(layer, expert, slot)
+        self.stats[layer].prefetches += len(loads)
+
+    def _load(self, layer: int, expert: int, slot: int) -> dict[str, jax.Array]:
+        """Start copying one expert into a slot (async) and count its bytes."""
+        self._slots[slot] = self.store.fetch_expert(layer, expert)
+        self.stats[layer].bytes_h2d += self.store.expert_bytes(layer)
+        return self._slots[slot]
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()

@@ -13,15 +13,10 @@ from typing import Iterable
 
 import jax
 
-from moejax.models.moe import EXPERT_ARRAYS
+from moejax.models.moe import is_routed_expert
 
 HOST_LIMIT_ENV = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
 DEFAULT_GPU_HOST_LIMIT_GB = 64
-
-
-def is_routed_expert(path: tuple) -> bool:
-    """Flat nnx parameter path -> whether it is a routed expert array (('layers', i, 'mlp', 'we_down'))."""
-    return len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS
 
 
 def pinned_host_limit_bytes(platform: str | None = None) -> int | None:

@@ -59,6 +59,11 @@ def finish(graphdef, state, x, y, routed_out):
     return x + nnx.merge(graphdef, state).mlp.with_shared(y2, routed_out).reshape(x.shape)
 
 
+def run_moe(layer: "Layer", x, y, idx, weights, experts, backend):
+    """The experts half of a MoE layer, given its experts' arrays: routed experts, shared expert, residual."""
+    return layer(finish, x, y, layer(routed, y, idx, weights, experts, backend=backend))
+
+
 def _phase(fn, graphdef, state, *args, **static):
     return fn(steps.model_of(graphdef, state), *args, **static)
 

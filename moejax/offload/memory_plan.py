@@ -122,7 +122,7 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
                                   f"device but {fits} leaves {size(free)}; use placement 'cached' or a larger budget")
         return _streamed(base, window or min(DEFAULT_WINDOW, max_window),
                          f"experts {size(all_experts)} > {size(free)} free ({fits}); window {max_window} at most")
-    pass_experts = min(experts_per_layer, max(top_k, MIN_PASS_EXPERTS))
+    pass_experts = _pass_experts(experts_per_layer, top_k)
     max_slots = min(free // expert_bytes - pass_experts, experts_per_layer * moe_layers)
     slots = cache_slots or max_slots
     if slots < top_k or slots > max_slots:
@@ -131,6 +131,11 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
                               f"slots; at least top-k = {top_k} needed)")
     return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
                    if placement == "auto" else f"asked for; at most {max_slots} slots fit")
+
+
+def _pass_experts(experts_per_layer: int, top_k: int) -> int:
+    """Experts the cached FFN stacks per pass (before the cap by the slot count)."""
+    return min(experts_per_layer, max(top_k, MIN_PASS_EXPERTS))
 
 
 def _streamed(base, window, reason) -> MemoryPlan:
@@ -142,5 +147,5 @@ def _streamed(base, window, reason) -> MemoryPlan:
 def _cached(base, slots, top_k, reason) -> MemoryPlan:
     if slots < top_k:
         raise MemoryPlanError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
-    pass_experts = min(int(slots), base["experts_per_layer"], max(top_k, MIN_PASS_EXPERTS))
+    pass_experts = min(int(slots), _pass_experts(base["experts_per_layer"], top_k))
     return MemoryPlan("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason)

@@ -63,8 +63,7 @@ class _Stopwatch:
     def moe(self, handle, x, y, idx, weights):
         layer = handle.index
         if self.compute_only:
-            out = handle(layered.finish, x, y, handle(layered.routed, y, idx, weights, self._ready,
-                                                      backend=self.inner.backend))
+            out = layered.run_moe(handle, x, y, idx, weights, self._ready, self.inner.backend)
         else:
             out = self.inner.moe(handle, x, y, idx, weights)
         jax.block_until_ready(out)

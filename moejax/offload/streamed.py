@@ -43,8 +43,7 @@ class Streamed:
         start = time.perf_counter()
         jax.block_until_ready(experts)  # the only wait: the copies of later layers keep running
         s.wait_s += time.perf_counter() - start
-        out = handle(layered.routed, y, idx, weights, experts, backend=self.backend)
-        return handle(layered.finish, x, y, out)
+        return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
     def _prefetch(self, layer: int, current: int | None = None) -> None:
         if layer != current and layer not in self._ahead:

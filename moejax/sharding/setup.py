@@ -9,7 +9,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.models.moe import EXPERT_ARRAYS
+from moejax.models.moe import is_routed_expert
 from moejax.sharding.experts import AXIS, TP_SPECS, sharded_routed, tp_columns
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
@@ -34,15 +34,15 @@ class LayoutSetup:
         (tp, with gate/up columns interleaved per device); attention split by heads under attn=tp; the rest
         replicated."""
         spec, name = P(), path[-1] if path[-1] != "weight" else None
-        if len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS:
+        if is_routed_expert(path):
             if self.layout.experts in ("ep", "async_ep"):
                 spec = P(AXIS)
             elif self.layout.experts == "tp":
                 spec = TP_SPECS[name]
                 if name in ("we_gate_up", "be_gate_up"):
                     array = tp_columns(array, self.layout.devices)
-        elif self.layout.attn == "tp" and len(path) == 4 and path[2] == "attn" and name in self.heads:
-            spec = self.heads[name]
+        elif self.layout.attn == "tp" and len(path) == 4 and path[2] == "attn":
+            spec = self.heads.get(name, P())
         return jax.device_put(array, NamedSharding(self.mesh, spec))
 
     @property

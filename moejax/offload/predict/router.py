@@ -113,8 +113,7 @@ class _Calibrating:
         sums, counts = handle(_expert_sums, y, idx, self.valid, experts, backend=self.backend)
         self.sums[layer] += np.asarray(sums)
         self.counts[layer] += np.asarray(counts).astype(np.int64)
-        out = handle(layered.routed, y, idx, weights, experts, backend=self.backend)
-        return handle(layered.finish, x, y, out)
+        return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
 
 def calibrate(engine, prompts, *, max_tokens: int = 512) -> DefaultVectors:
