@@ -50,7 +50,7 @@ def test_data_parallel_layouts_communicate_only_for_their_experts(results):
         "attn=dp,experts=replicated": [],
         "attn=dp,experts=ep": ["all-to-all"],
         "attn=dp,experts=ep,exchange=gather": ["all-gather", "reduce-scatter"],
-        "attn=dp,experts=tp": ["all-gather", "all-reduce"],  # tokens gathered for the width slices, then a psum
+        "attn=dp,experts=tp": ["all-gather", "reduce-scatter"],  # tokens gathered for the width slices, outputs summed back
     }
 
 

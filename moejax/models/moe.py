@@ -61,6 +61,16 @@ def route(cfg: ModelConfig, logits, correction_bias=None):
     return idx, weights * cfg.routed_scaling_factor
 
 
+def local_expert_ffn(cfg: ModelConfig, backend: str = "auto"):
+    """The single-device routed FFN of cfg's experts: (x2 [N, D], idx [N, k], weights [N, k], experts by name) ->
+    weighted output [N, D]. Needs no block: an expert group that holds only the experts runs it (DEP)."""
+    def local(x2, idx, weights, experts):
+        return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
+                          experts.get("be_down"), act=cfg.expert_act, limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha,
+                          backend=backend)
+    return local
+
+
 class MoEBlock(nnx.Module):
     # Set on every MoE block of a model whose routed experts are jit inputs in host memory (streamed inside the
     # jit, moejax.offload): the block moves them to the device where it uses them and XLA schedules the copies.
@@ -105,11 +115,7 @@ class MoEBlock(nnx.Module):
         return self._local_ffn(backend)(x2, idx, weights, experts)
 
     def _local_ffn(self, backend):
-        def local(x2, idx, weights, experts):
-            return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
-                              experts.get("be_down"), act=self.cfg.expert_act, limit=self.cfg.swiglu_limit,
-                              alpha=self.cfg.swiglu_alpha, backend=backend)
-        return local
+        return local_expert_ffn(self.cfg, backend)
 
     def with_shared(self, x2, y):
         """Add the shared expert (if any) to the routed output y [N, D]."""

@@ -7,7 +7,9 @@ is the single-device routed FFN (moejax.models.moe.MoEBlock.routed) applied to w
   all-gathered (shard_map reshards the P("x") weights to replicated) and every device runs its own tokens
   locally: the gather depends only on the weights, so XLA may run it ahead, under earlier layers' compute.
 - tp: every expert's width (I) split over the devices ([gate | up] columns interleaved per device at load,
-  `tp_columns`); each device runs all tokens through its slice and a psum adds the partial outputs.
+  `tp_columns`); each device runs all tokens through its slice. Under attn=dp the tokens are all-gathered first
+  and a reduce-scatter sums the partial outputs back onto the tokens' devices (Table 1's DP+TP row); under
+  attn=tp every device already holds every token and a psum adds the partial outputs.
 - ep, exchange=gather: all-gather the tokens, each device runs the choices that fall on its E/P experts
   (the rest weigh 0), a reduce-scatter sums the partial outputs back onto the tokens' devices.
 - ep, exchange=all_to_all: each (token, choice) row goes to the device owning its expert in padded, dropless
@@ -41,7 +43,8 @@ def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: d
     if layout.experts in ("replicated", "async_ep"):
         body, expert_spec = (lambda x, i, w, *ws: local_ffn(x, i, w, dict(zip(names, ws)))), P()
     elif layout.experts == "tp":
-        body, token_spec = _tp_body(local_ffn, names), P()
+        split = layout.attn == "dp"
+        body, token_spec = _tp_body(local_ffn, names, split), (P(AXIS) if split else P())
         expert_spec = None  # per array below
     elif layout.exchange == "gather":
         body, expert_spec = _gather_body(local_ffn, names, n_dev), P(AXIS)
@@ -71,12 +74,16 @@ def tp_columns(array, devices: int):
     return array.reshape(*lead, 2, devices, i_local).swapaxes(-3, -2).reshape(*lead, two_i)
 
 
-def _tp_body(local_ffn, names):
+def _tp_body(local_ffn, names, split_tokens: bool):
     def body(x, idx, weights, *ws):
         experts = dict(zip(names, ws))
         if "be_down" in experts:  # added once, not once per width slice
             experts["be_down"] = jnp.where(jax.lax.axis_index(AXIS) == 0, experts["be_down"], 0)
-        return jax.lax.psum(local_ffn(x, idx, weights, experts).astype(_f32), AXIS).astype(x.dtype)
+        if not split_tokens:
+            return jax.lax.psum(local_ffn(x, idx, weights, experts).astype(_f32), AXIS).astype(x.dtype)
+        x_all, idx_all, w_all = (jax.lax.all_gather(a, AXIS, tiled=True) for a in (x, idx, weights))
+        partial = local_ffn(x_all, idx_all, w_all, experts).astype(_f32)
+        return jax.lax.psum_scatter(partial, AXIS, scatter_dimension=0, tiled=True).astype(x.dtype)
     return body
 
 
