@@ -77,7 +77,9 @@ class Engine:
         if self._layered is None:
             from moejax.offload.layered import LayeredSteps
             params = self.params
-            self._layered = LayeredSteps(self._graphdef, params, self.kernels, self._make_placement(self.store))
+            placement = self._make_placement(self.store)
+            steps_class = getattr(placement, "steps_class", LayeredSteps)  # DEP drives its layers its own way
+            self._layered = steps_class(self._graphdef, params, self.kernels, placement)
         return self._layered
 
     def layer_experts(self, layer: int) -> dict:
@@ -102,8 +104,8 @@ class Engine:
 
     def reset_stats(self) -> None:
         if self.layer_by_layer:
-            from moejax.offload.stats import OffloadStats
-            self.layered_steps.placement.stats = OffloadStats()
+            placement = self.layered_steps.placement
+            placement.stats = type(placement.stats)()
 
     def explain(self) -> str:
         """The memory plan, the placement and (when profiled) the saturation threshold, as text. For a

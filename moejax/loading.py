@@ -97,7 +97,7 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     layout = layout_of(options.get("layout"), cfg, plan)
     if layout:
         abstract.split_batch = layout.split_batch
-    for layer in abstract.layers if layout else ():
+    for layer in abstract.layers if layout and not layout.disaggregated else ():
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.run_experts = layout.run_experts
     graphdef, abstract_state = nnx.split(abstract)
@@ -108,9 +108,13 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         return nnx.from_flat_state(list(flat.items()))
 
     offloaded = plan.placement != "resident"
+    disaggregated = layout is not None and layout.disaggregated
 
     def place(path, array):
-        """Checkpoint or preset tensor -> device array; routed experts of an offloaded model go to the store."""
+        """Checkpoint or preset tensor -> device array; routed experts of an offloaded model go to the store, of a
+        DEP model to its expert group."""
+        if disaggregated and is_routed_expert(path):
+            return store.add(path, array)  # (a stand-in on the attention group)
         if offloaded and is_routed_expert(path):
             placed = store.add(path, array)  # in_jit: the jits take the host arrays; else the placement moves them
             return placed if in_jit else jnp.zeros((), array.dtype)  # (a stand-in)
@@ -119,9 +123,10 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     def with_store(build):
         def materialize():
             nonlocal store
-            store = HostStore(per_expert=plan.placement == "cached") if offloaded else None
+            store = HostStore(per_expert=plan.placement == "cached") if offloaded else \
+                layout.expert_group() if disaggregated else None
             state = build()
-            return (state, store) if offloaded else state
+            return (state, store) if store is not None else state
         return materialize
 
     store = None
@@ -136,7 +141,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         tokenizer = None
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
                   memory_plan=plan, layout=layout.layout if layout else None,
-                  make_placement=placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
+                  make_placement=layout.make_placement(cfg, kernels) if disaggregated else
+                  placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
 
 
 def random_param(path: tuple, abstract, seed: int):

@@ -1,7 +1,7 @@
 """Run by tests/test_sharding.py in a process with 8 simulated CPU devices: every layout against the one-device
-float32 model (logits, greedy tokens); at the expert level against the single-device expert FFN with uneven
-token counts and all tokens routed to one expert; and AsyncEP's gathers in the compiled HLO. Prints one JSON
-line of results."""
+float32 model (logits, greedy tokens), also with every token routed to the same experts; at the expert level
+against the single-device expert FFN with uneven token counts and all tokens routed to one expert; AsyncEP's
+gathers in the compiled HLO; DEP's groups and dispatch order. Prints one JSON line of results."""
 import json
 import os
 import sys
@@ -12,6 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import moejax  # noqa: E402
+from flax import nnx  # noqa: E402
 from moejax.kernels import expert_ffn  # noqa: E402
 from moejax.sharding import Layout, make_mesh  # noqa: E402
 from moejax.sharding.experts import sharded_routed, tp_columns  # noqa: E402
@@ -19,7 +20,9 @@ from moejax.sharding.experts import sharded_routed, tp_columns  # noqa: E402
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",
            "attn=dp,experts=ep,devices=4", "attn=dp,experts=tp", "attn=dp,experts=async_ep",
-           "attn=tp,experts=tp,devices=4", "attn=tp,experts=ep,devices=4"]  # the fixtures have 4 heads
+           "attn=tp,experts=tp,devices=4", "attn=tp,experts=ep,devices=4",  # the fixtures have 4 heads
+           "attn=dp,experts=dep", "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=2,r2=3,order=aass",
+           "attn=dp,experts=dep,attn_devices=6,expert_devices=2,r1=3,r2=2,exchange=gather"]
 EXPERT_LAYOUTS = LAYOUTS[:6]
 PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
 
@@ -39,6 +42,40 @@ def models(names):
             engine = moejax.load(path, dtype="float32", layout=spec)
             out[f"{name} {spec}"] = dict(rel=rel(engine.logits(ids), ref_logits),
                                          same_tokens=engine.generate(PROMPTS, 5) == ref_tokens)
+    return out
+
+
+def zero_routers(engine):
+    """Every router's logits 0: top-k breaks the ties by index, so every token goes to experts 0..k-1 (one EP
+    device's)."""
+    for path, var in nnx.to_flat_state(engine.params):
+        if path[-1] == "router":
+            var.set_value(var.get_value() * 0)
+    return engine
+
+
+def skewed(name):
+    path = os.path.join(FIXTURES, name)
+    ids = np.random.default_rng(2).integers(0, 100, (3, 11))
+    ref = zero_routers(moejax.load(path, dtype="float32")).logits(ids)
+    return {spec: rel(zero_routers(moejax.load(path, dtype="float32", layout=spec)).logits(ids), ref)
+            for spec in LAYOUTS}
+
+
+def dep_groups(name):
+    """Where DEP's parts live and the order its attention group's work was dispatched in, for both orders."""
+    out = {}
+    for order in ("asas", "aass"):
+        spec = f"attn=dp,experts=dep,attn_devices=3,expert_devices=4,r1=2,r2=2,order={order}"
+        engine = moejax.load(os.path.join(FIXTURES, name), dtype="float32", layout=spec)
+        engine.logits(np.zeros((4, 16), np.int32))  # 16: a length bucket, no padding
+        ids = lambda arrays: sorted({d.id for a in jax.tree.leaves(arrays) for d in a.devices()})  # noqa: E731
+        store = engine.store
+        out[order] = dict(params=ids(engine.params), experts=ids([store.fetch(l) for l in store.layers]),
+                          experts_per_device=sorted({s.data.shape[0] for l in store.layers
+                                                     for s in store.fetch(l)["we_down"].addressable_shards}),
+                          schedule=[list(e) for e in engine.layered_steps.schedule],
+                          stats=engine.stats()["total"])
     return out
 
 
@@ -94,7 +131,15 @@ def collective_kinds(name):
     return out
 
 
-if __name__ == "__main__":
+PARTS = {"models": lambda name: models([name]), "experts": lambda: experts(),
+         "async_ep": lambda: async_ep_gathers("qwen3_moe"), "collectives": lambda: collective_kinds("qwen3_moe"),
+         "skewed": lambda: skewed("qwen3_moe"), "dep": lambda: dep_groups("deepseek_v2_lite")}
+
+if __name__ == "__main__":  # arguments: parts to run, "models:NAME" for one family's layouts
     assert len(jax.devices()) == 8, jax.devices()
-    print(json.dumps({"models": models(sys.argv[1:]), "experts": experts(), "async_ep": async_ep_gathers("qwen3_moe"),
-                      "collectives": collective_kinds("qwen3_moe")}))
+    out: dict = {}
+    for part in sys.argv[1:]:
+        name, _, arg = part.partition(":")
+        result = PARTS[name](*([arg] if arg else []))
+        out[name] = {**out.get(name, {}), **result} if name == "models" else result
+    print(json.dumps(out))

@@ -1,7 +1,8 @@
 """Parallel layouts: attn in {dp, tp} with experts replicated, tp, ep (all-to-all or all-gather/reduce-scatter)
-or async_ep (DEP is still to come). Each is compared with the single-device float32 model: logits within
-1e-5 relative (the partitioned attention and norms may reorder float sums) and the same greedy tokens, in a
-process with 8 simulated CPU devices; also at the expert level with uneven token counts and skewed routing."""
+or async_ep, and DEP (attention and expert groups, r1 micro-batches, r2 token chunks, ASAS/AASS). Each is
+compared with the single-device float32 model: logits within 1e-5 relative (the partitioned attention and norms
+may reorder float sums) and the same greedy tokens, in a process with 8 simulated CPU devices; also with every
+token routed to the same experts, and at the expert level with uneven token counts and skewed routing."""
 import json
 import os
 import subprocess
@@ -15,17 +16,32 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-5
 
 
+# Three worker processes side by side (compiling is mostly one thread each): one family's layouts and some checks.
+WORKERS = (["models:qwen3_moe", "skewed", "async_ep"], ["models:deepseek_v2_lite", "dep", "collectives"],
+           ["models:gpt_oss", "experts"])
+
+
 @pytest.fixture(scope="module")
 def results():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, os.path.join(HERE, "sharding_worker.py"), "qwen3_moe", "deepseek_v2_lite",
-                          "gpt_oss"], capture_output=True, text=True, timeout=900, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    runs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sharding_worker.py"), *parts], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for parts in WORKERS]
+    out: dict = {"models": {}}
+    try:
+        for run in runs:
+            stdout, stderr = run.communicate(timeout=900)
+            assert run.returncode == 0, stderr[-3000:]
+            result = json.loads(stdout.strip().splitlines()[-1])
+            out["models"].update(result.pop("models"))
+            out.update(result)
+    finally:
+        for run in runs:
+            run.kill()
+    return out
 
 
 def test_every_layout_equals_one_device(results):
-    assert len(results["models"]) == 24
+    assert len(results["models"]) == 33  # 11 layouts x 3 families
     for case, r in results["models"].items():
         assert r["rel"] <= TOL, case
         assert r["same_tokens"], case
@@ -35,6 +51,38 @@ def test_expert_exchanges_with_uneven_and_skewed_routing(results):
     assert len(results["experts"]) == 12
     for case, err in results["experts"].items():
         assert err <= TOL, case
+
+
+def test_every_layout_with_all_tokens_on_the_same_experts(results):
+    assert len(results["skewed"]) == 11
+    for spec, err in results["skewed"].items():
+        assert err <= TOL, spec
+
+
+def _expected_schedule(order, moe_layers, r1, r2):
+    """FinDEP's dispatch order on the attention group: ASAS puts each micro-batch's shared expert right after its
+    attention (and expert chunks), AASS all shared experts after all attentions; outputs combine last."""
+    out = []
+    for layer in moe_layers:
+        for m in range(r1):
+            out += [["attn", layer, m]] + [["experts", layer, m, j] for j in range(r2)]
+            out += [["shared", layer, m]] if order == "asas" else []
+        out += [["shared", layer, m] for m in range(r1)] if order == "aass" else []
+        out += [["combine", layer, m] for m in range(r1)]
+    return out
+
+
+def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
+    """attn_devices=3, expert_devices=4, r1=2, r2=2 on deepseek_v2_lite (dense first layer, shared experts; D=32,
+    k=2, 8 experts) for 4 rows of 16 tokens: micro-batches of 32 tokens, chunks of 16 padded to 24 rows
+    (a multiple of lcm(3, 4))."""
+    for order, r in results["dep"].items():
+        assert r["params"] == [0, 1, 2], order  # attention, norms, routers, shared experts, stand-ins
+        assert r["experts"] == [3, 4, 5, 6] and r["experts_per_device"] == [2], order  # EP inside the group
+        assert r["schedule"] == _expected_schedule(order, [1, 2], 2, 2), order
+        chunks = 2 * 2 * 2  # MoE layers x micro-batches x chunks
+        assert r["stats"] == {"a2e_bytes": chunks * 24 * (32 * 4 + 2 * 4 + 2 * 4),  # hidden f32, ids, weights
+                              "e2a_bytes": chunks * 24 * 32 * 4, "chunks": chunks}, order
 
 
 def test_async_ep_gathers_depend_only_on_weights(results):
@@ -61,17 +109,39 @@ def test_data_parallel_layouts_communicate_only_for_their_experts(results):
     ("attn", "is not key=value"),
     ("attn=dp,devices=0", "devices must be an int >= 1"),
     ("attn=dp,experts=ep,exchange=carrier_pigeon", "exchange must be one of"),
+    ("attn=dp,experts=ep,r1=2", "r1 applies to experts=dep, not ep"),
+    ("attn=dp,experts=tp,exchange=gather", "exchange applies to experts=ep or dep"),
+    ("attn=dp,experts=dep,order=sasa", "order must be one of asas, aass"),
 ])
 def test_bad_specs_name_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
         Layout.parse(spec)
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("experts=dep,attn_devices=3,expert_devices=3,devices=8", "devices=8 but attn_devices=3 \\+ expert_devices=3 = 6"),
+    ("experts=dep,expert_devices=3", "8 experts to divide evenly over the 3 expert devices"),
+    ("experts=dep,attn_devices=8", "leaves no device of the 8 for the other group"),
+    ("experts=dep,attn_devices=4,expert_devices=8", "12 devices but only 8 are present"),
+])
+def test_bad_dep_groups_name_the_numbers(spec, message):
+    with pytest.raises(ValueError, match=message):
+        Layout.parse(spec).resolve(8, 8)
+
+
+def test_dep_groups_default_to_halves():
+    assert str(Layout.parse("experts=dep,r1=2").resolve(8, 8)) == (
+        "attn=dp,experts=dep,devices=8,attn_devices=4,expert_devices=4,r1=2,r2=1,order=asas,exchange=all_to_all")
+    assert Layout.parse("experts=dep,expert_devices=2").resolve(8, 6).attn_devices == 4
+
+
 def test_specs_checked_against_the_model_and_devices():
     import moejax
     with pytest.raises(ValueError, match="devices=4 but only 1 are present"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=ep,devices=4")
-    with pytest.raises(ValueError, match="not implemented yet"):
+    with pytest.raises(ValueError, match="runs attention data-parallel"):
+        moejax.load("tiny-qwen3-moe", layout="attn=tp,experts=dep")
+    with pytest.raises(ValueError, match="needs 2 or more devices"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=dep")
     with pytest.raises(ValueError, match="do not combine yet"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=replicated", placement="streamed")
@@ -89,13 +159,15 @@ def test_serve_with_a_layout_gives_the_one_device_results(tmp_path):
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     outs = {}
-    for tag, extra in (("one", []), ("ep", ["--layout", "attn=dp,experts=ep"])):
+    for tag, extra in (("one", []), ("ep", ["--layout", "attn=dp,experts=ep"]),
+                       ("dep", ["--layout", "attn=dp,experts=dep,r1=2,r2=2,order=aass"])):
         run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", os.path.join(HERE, "fixtures", "gpt_oss"),
                               "--dtype", "float32", "--input", str(tmp_path / "in.jsonl"), "--output",
                               str(tmp_path / f"{tag}.jsonl"), *extra], cwd=os.path.dirname(HERE), env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
         outs[tag] = [json.loads(line)["response"]["body"] for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
-    assert outs["ep"][0]["choices"][0]["token_ids"] == outs["one"][0]["choices"][0]["token_ids"]
-    for got, want in zip(outs["ep"][1]["results"][0]["candidates"], outs["one"][1]["results"][0]["candidates"]):
-        assert got["logprob"] == pytest.approx(want["logprob"], rel=1e-5, abs=1e-5)
+    for tag in ("ep", "dep"):
+        assert outs[tag][0]["choices"][0]["token_ids"] == outs["one"][0]["choices"][0]["token_ids"], tag
+        for got, want in zip(outs[tag][1]["results"][0]["candidates"], outs["one"][1]["results"][0]["candidates"]):
+            assert got["logprob"] == pytest.approx(want["logprob"], rel=1e-5, abs=1e-5), tag

@@ -2,7 +2,9 @@
 
 Keys: attn in {dp, tp}; experts in {replicated, tp, ep, async_ep, dep}; devices=N (default: all);
 exchange in {all_to_all, gather} (ep: tokens to experts by two all-to-alls, or by an all-gather of tokens and a
-reduce-scatter of outputs); for dep: attn_devices=A, expert_devices=B, r1, r2, order in {asas, aass}."""
+reduce-scatter of outputs; dep: the same, inside the expert group); for dep (FinDEP): attn_devices=A and
+expert_devices=B (the first A devices run attention, the next B the routed experts; default: half each, or
+whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass}."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +13,10 @@ ATTN = ("dp", "tp")
 EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep")
 EXCHANGES = ("all_to_all", "gather")
 ORDERS = ("asas", "aass")
-IMPLEMENTED = {(a, e) for a in ATTN for e in ("replicated", "tp", "ep", "async_ep")}  # dep is still to come
+IMPLEMENTED = {(a, e) for a in ATTN for e in ("replicated", "tp", "ep", "async_ep")} | {("dp", "dep")}
 _INTS = ("devices", "attn_devices", "expert_devices", "r1", "r2")
+_ONLY_FOR = {"exchange": ("ep", "dep"), "attn_devices": ("dep",), "expert_devices": ("dep",), "r1": ("dep",),
+             "r2": ("dep",), "order": ("dep",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +53,16 @@ class Layout:
         for key, allowed in (("attn", ATTN), ("experts", EXPERTS), ("exchange", EXCHANGES), ("order", ORDERS)):
             if key in values and values[key] not in allowed:
                 raise ValueError(f"layout {spec!r}: {key} must be one of {', '.join(allowed)}, got {values[key]!r}")
+        experts = values.get("experts", cls.experts)
+        for key, only in _ONLY_FOR.items():
+            if key in values and experts not in only:
+                raise ValueError(f"layout {spec!r}: {key} applies to experts={' or '.join(only)}, not {experts}")
         return cls(**values)
 
     def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0) -> "Layout":
         """Check against the model and the devices present; fill in `devices`."""
+        if self.experts == "dep":
+            return self._resolve_dep(num_experts, available)
         n = self.devices or available
         if n > available:
             raise ValueError(f"layout: devices={n} but only {available} are present")
@@ -68,6 +78,36 @@ class Layout:
             raise ValueError(f"layout: attn=tp needs the {heads} attention heads to divide over {n} devices")
         return dataclasses.replace(self, devices=n)
 
+    def _resolve_dep(self, num_experts: int, available: int) -> "Layout":
+        if self.attn != "dp":
+            raise ValueError("layout: experts=dep runs attention data-parallel inside its attention group (attn=dp)")
+        a, b, n = self.attn_devices, self.expert_devices, self.devices
+        if a is None and b is None:
+            n = n or available
+            if n < 2:
+                raise ValueError(f"layout: experts=dep needs 2 or more devices (an attention and an expert group), "
+                                 f"{n} given")
+            a, b = n // 2, n - n // 2
+        elif a is None or b is None:
+            n = n or available
+            given = a if b is None else b
+            if given >= n:
+                raise ValueError(f"layout: experts=dep: {'attn' if b is None else 'expert'}_devices={given} leaves no "
+                                 f"device of the {n} for the other group")
+            a, b = (a, n - a) if b is None else (n - b, b)
+        elif n is not None and n != a + b:
+            raise ValueError(f"layout: devices={n} but attn_devices={a} + expert_devices={b} = {a + b}")
+        if a + b > available:
+            raise ValueError(f"layout: attn_devices={a} + expert_devices={b} = {a + b} devices but only {available} "
+                             "are present")
+        if num_experts % b:
+            raise ValueError(f"layout: experts=dep needs the {num_experts} experts to divide evenly over the "
+                             f"{b} expert devices")
+        return dataclasses.replace(self, devices=a + b, attn_devices=a, expert_devices=b)
+
     def __str__(self) -> str:
         out = f"attn={self.attn},experts={self.experts},devices={self.devices}"
-        return out + (f",exchange={self.exchange}" if self.experts == "ep" else "")
+        if self.experts == "dep":
+            out += (f",attn_devices={self.attn_devices},expert_devices={self.expert_devices},r1={self.r1},"
+                    f"r2={self.r2},order={self.order}")
+        return out + (f",exchange={self.exchange}" if self.experts in ("ep", "dep") else "")

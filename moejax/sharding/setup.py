@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import is_routed_expert
+from moejax.sharding.dep import Disaggregated, ExpertGroup, group_meshes
 from moejax.sharding.experts import AXIS, TP_SPECS, sharded_routed, tp_columns
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
@@ -18,9 +19,22 @@ from moejax.sharding.mesh import make_mesh
 @dataclasses.dataclass(frozen=True)
 class LayoutSetup:
     layout: Layout
-    mesh: object
-    run_experts: object  # one object for every block: the graphdefs of equal layers stay equal
+    mesh: object  # every device of the layout; under DEP the attention group's
+    run_experts: object  # one object for every block: the graphdefs of equal layers stay equal (None under DEP)
     kv_heads: int
+    expert_mesh: object = None  # DEP: the expert group's devices
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.layout.experts == "dep"
+
+    def expert_group(self):
+        """DEP: where the loader puts the routed experts (the parameters keep stand-ins)."""
+        return ExpertGroup(self.mesh, self.expert_mesh)
+
+    def make_placement(self, cfg, kernels):
+        """DEP: -> make(store) giving the placement that drives the expert group (as Engine's make_placement)."""
+        return lambda store: Disaggregated(store, self.layout, cfg, kernels.experts)
 
     @property
     def split_batch(self):
@@ -68,5 +82,8 @@ def layout_of(spec, cfg, plan) -> LayoutSetup | None:
     if plan.placement != "resident":
         raise ValueError(f"moejax.load: layout {layout} and placement {plan.placement!r} do not combine yet "
                          "(offloading is one device)")
+    if layout.experts == "dep":
+        attn_mesh, expert_mesh = group_meshes(layout)
+        return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     mesh = make_mesh(layout.devices)
     return LayoutSetup(layout, mesh, functools.partial(sharded_routed, layout, mesh), cfg.num_kv_heads or 0)

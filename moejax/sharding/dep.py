@@ -1,0 +1,237 @@
+"""DEP (FinDEP §2-4): disaggregated expert parallelism. An attention group of A devices runs attention, norms,
+routers and shared experts (data parallel: each device its own sequences); an expert group of B devices holds the
+routed experts split by expert index and runs them as EP inside the group (moejax.sharding.experts). Each MoE
+layer sends its normalized hidden states with their routing A -> E and the routed outputs E -> A.
+
+The two groups run different programs, so DEP is driven from Python like the offloaded steps
+(moejax.offload.layered): each group's work is a jit on its own mesh, the transfers are `device_put`s between the
+meshes, and JAX's asynchronous dispatch lets both groups and the copies run at once. The batch is split into r1
+micro-batches (rows) and each expert step into r2 token chunks; the order of the attention group's work in a layer
+is ASAS (attention i, shared expert i, attention i+1, ...) or AASS (every attention, then every shared expert),
+the dispatch order each device then executes in. One process only: jax moves arrays between device sets of one
+process (a cross-host transfer between disjoint device sets is not supported on GPUs)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax.models.moe import local_expert_ffn
+from moejax.offload import layered
+from moejax.sharding.experts import AXIS, sharded_routed
+from moejax.sharding.layout import Layout
+from moejax.sharding.mesh import make_mesh
+
+
+class ExpertGroup:
+    """The routed experts of a DEP model: per MoE layer, arrays split by expert index over the expert group. The
+    model's parameters keep 0-d stand-ins on the attention group (its jits never see the expert group's arrays)."""
+    per_expert = False
+
+    def __init__(self, attn_mesh, expert_mesh):
+        self.attn_mesh, self.expert_mesh = attn_mesh, expert_mesh
+        self._layers: dict[int, dict] = defaultdict(dict)
+
+    def add(self, path: tuple, array):
+        """('layers', i, 'mlp', name) -> placed on the expert group; returns the stand-in for the parameters."""
+        self._layers[int(path[1])][path[3]] = jax.device_put(array, NamedSharding(self.expert_mesh, P(AXIS)))
+        return jax.device_put(jnp.zeros((), array.dtype), NamedSharding(self.attn_mesh, P()))
+
+    def fetch(self, layer: int) -> dict:
+        return dict(self._layers[layer])
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self._layers)
+
+
+@dataclasses.dataclass
+class TransferStats:
+    """Bytes between the groups, per MoE layer (all devices together; padding rows included)."""
+    a2e_bytes: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
+    e2a_bytes: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
+    chunks: dict = dataclasses.field(default_factory=lambda: defaultdict(int))
+
+    def as_dict(self, extra: dict | None = None) -> dict:
+        layers = {layer: dict(a2e_bytes=self.a2e_bytes[layer], e2a_bytes=self.e2a_bytes[layer],
+                              chunks=self.chunks[layer]) for layer in sorted(self.chunks)}
+        total = {name: sum(v[name] for v in layers.values()) for name in ("a2e_bytes", "e2a_bytes", "chunks")}
+        return {"total": total | (extra or {}), "layers": layers}
+
+
+def chunk_rows(n: int, r2: int, multiple: int) -> tuple[tuple[int, int], ...]:
+    """n tokens -> up to r2 chunks as (real rows, padded rows); padded rows are a multiple of `multiple` so both
+    groups split them evenly over their devices."""
+    sizes = [len(c) for c in np.array_split(np.arange(n), min(r2, n))]
+    return tuple((s, -(-s // multiple) * multiple) for s in sizes)
+
+
+def micro_batches(rows: int, r1: int) -> tuple[int, ...]:
+    return tuple(len(c) for c in np.array_split(np.arange(rows), min(r1, rows)))
+
+
+class Disaggregated:
+    """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters."""
+    name = "dep"
+
+    def __init__(self, store: ExpertGroup, layout: Layout, cfg, backend: str):
+        self.store, self.layout = store, layout
+        self.stats = TransferStats()
+        self.attn_rows = NamedSharding(store.attn_mesh, P(AXIS))
+        self.expert_rows = NamedSharding(store.expert_mesh, P(AXIS))
+        inner = Layout(attn="dp", experts="ep", devices=layout.expert_devices, exchange=layout.exchange)
+        self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh,
+                                                  local_expert_ffn(cfg, backend)))
+        self.multiple = math.lcm(layout.attn_devices, layout.expert_devices)
+
+    steps_class = property(lambda self: DisaggregatedSteps)
+
+    def begin_pass(self, steps) -> None:
+        pass
+
+    def run(self, layer: int, y2, idx, weights):
+        """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited)."""
+        sent = jax.device_put((y2, idx, weights), self.expert_rows)
+        out = self._experts(*sent, self.store.fetch(layer))
+        back = jax.device_put(out, self.attn_rows)
+        self.stats.a2e_bytes[layer] += sum(a.nbytes for a in sent)
+        self.stats.e2a_bytes[layer] += back.nbytes
+        self.stats.chunks[layer] += 1
+        return back
+
+    def describe(self) -> str:
+        lay = self.layout
+        return (f"dep: attention group devices 0..{lay.attn_devices - 1}, expert group devices {lay.attn_devices}.."
+                f"{lay.devices - 1} (EP inside, exchange {lay.exchange}); r1={lay.r1} micro-batches, r2={lay.r2} "
+                f"token chunks per expert step, order {lay.order}; per token and MoE layer A->E sends its hidden "
+                "state and routing, E->A its routed output (chunks padded to a multiple of "
+                f"{self.multiple} rows)")
+
+
+# -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
+def attend_chunks(graphdef, state, x, positions, cos, sin, cache, tree, prior, *, kernels, read_cache, chunks):
+    """Attention + router, then the MoE input cut into token chunks [(y2, idx, weights)] padded as `chunks` says."""
+    x, y, cache, idx, weights = layered.attend_route(graphdef, state, x, positions, cos, sin, cache, tree, prior,
+                                                     kernels=kernels, read_cache=read_cache)
+    y2 = y.reshape(-1, y.shape[-1])
+    out, start = [], 0
+    for real, padded in chunks:
+        pad = ((0, padded - real), (0, 0))
+        out.append(tuple(jnp.pad(a[start:start + real], pad) for a in (y2, idx, weights)))
+        start += real
+    return x, y, cache, out
+
+
+def shared_expert(graphdef, state, y):
+    """The shared expert's output [N, D] (what MoEBlock.with_shared adds to the routed output)."""
+    y2 = y.reshape(-1, y.shape[-1])
+    return nnx.merge(graphdef, state).mlp.with_shared(y2, jnp.zeros_like(y2))
+
+
+def combine(graphdef, state, x, shared, outs, *, chunks, split):
+    """The layer's output: residual + routed (chunks unpadded, in order) + shared, split by rows over the group."""
+    routed = jnp.concatenate([o[:real] for o, (real, _) in zip(outs, chunks)])
+    y = routed if shared is None else routed + shared
+    return split(x + y.reshape(x.shape))
+
+
+def _split(tree, *, sizes):
+    bounds = np.cumsum((0,) + sizes)
+    return tuple(jax.tree.map(lambda a: a[s:e], tree) for s, e in zip(bounds[:-1], bounds[1:]))
+
+
+def _concat(trees):
+    return jax.tree.map(lambda *parts: jnp.concatenate(parts), *trees)
+
+
+class MicroBatched(list):
+    """Per-micro-batch caches, kept split between the decode steps (so no step copies the whole KV cache)."""
+
+
+class DisaggregatedSteps(layered.LayeredSteps):
+    """The Engine's steps under DEP: begin and end on the attention group, the layers as FinDEP's pipeline."""
+
+    def __init__(self, graphdef, params, kernels, placement: Disaggregated):
+        super().__init__(graphdef, params, kernels, placement)
+        self._split_jit = jax.jit(_split, static_argnames=("sizes",))
+        self._concat_jit = jax.jit(_concat)
+        split = functools.partial(jax.lax.with_sharding_constraint, shardings=placement.attn_rows)
+        self._combine = functools.partial(combine, split=split)
+        self._has_shared = any(getattr(layer.mlp, "shared", None) is not None
+                               for layer in layered.steps.model_of(graphdef, params).layers)
+        # The last pass's dispatch order: ("attn" | "shared" | "combine", layer, micro-batch) and
+        # ("experts", layer, micro-batch, chunk), for --explain and tests.
+        self.schedule: list[tuple] = []
+
+    def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+        sizes = micro_batches(x.shape[0], self.placement.layout.r1)
+        split_cache = isinstance(cache, MicroBatched)
+        inputs = dict(x=x, positions=positions, cos=cos, sin=sin, tree=tree, prior=prior,
+                      cache=None if split_cache else cache)
+        parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
+        if split_cache:
+            for part, c in zip(parts, cache):
+                part["cache"] = c
+        parts = self._pipeline(parts, read_cache)
+        self.passes += 1
+        new = [p["cache"] for p in parts]
+        x = self._concat_jit([p["x"] for p in parts])
+        return x, (MicroBatched(new) if split_cache else self._concat_jit(new))
+
+    def _pipeline(self, parts, read_cache):
+        """Every layer for every micro-batch, dispatched in FinDEP's order; parts[i]["cache"] becomes the list of
+        the micro-batch's new per-layer caches (or keys)."""
+        lay = self.placement.layout
+        old = [p["cache"] for p in parts]
+        for p in parts:
+            p["cache"] = []
+        self.schedule = []
+        log = self.schedule.append
+        for i, layer in enumerate(self.layers):
+            args = [(p["x"], p["positions"], p["cos"], p["sin"], None if c is None else c[i], p["tree"],
+                     None if p["prior"] is None else p["prior"][i]) for p, c in zip(parts, old)]
+            if i not in self.moe_layers:
+                for p, a in zip(parts, args):
+                    p["x"], c = layer(layered.whole_layer, *a, kernels=self.kernels, read_cache=read_cache)
+                    p["cache"].append(c)
+                continue
+            flight, shared = [], [None] * len(parts)
+            for m, (p, a) in enumerate(zip(parts, args)):
+                chunks = chunk_rows(a[0].shape[0] * a[0].shape[1], lay.r2, self.placement.multiple)
+                x, y, c, sends = layer(attend_chunks, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
+                log(("attn", i, m))
+                p["cache"].append(c)
+                outs = []
+                for j, send in enumerate(sends):
+                    outs.append(self.placement.run(i, *send))
+                    log(("experts", i, m, j))
+                flight.append((x, y, outs, chunks))
+                if lay.order == "asas" and self._has_shared:
+                    shared[m] = layer(shared_expert, y)
+                    log(("shared", i, m))
+            if lay.order == "aass" and self._has_shared:
+                for m, (_, y, _, _) in enumerate(flight):
+                    shared[m] = layer(shared_expert, y)
+                    log(("shared", i, m))
+            for m, (p, (x, _, outs, chunks), s) in enumerate(zip(parts, flight, shared)):
+                p["x"] = layer(self._combine, x, s, outs, chunks=chunks)
+                log(("combine", i, m))
+        return parts
+
+    def decode(self, state, cache, first, *args, **kw):
+        sizes = micro_batches(first.shape[0], self.placement.layout.r1)
+        parts = MicroBatched(self._split_jit(cache, sizes=sizes))
+        return super().decode(state, parts, first, *args, **kw)
+
+
+def group_meshes(layout: Layout):
+    """-> (attention group mesh, expert group mesh) of a resolved DEP layout."""
+    return make_mesh(layout.attn_devices), make_mesh(layout.expert_devices, first=layout.attn_devices)
