@@ -15,6 +15,7 @@ writes the complete file in input order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from moejax.offload.saturation import profile_saturation
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
+from moejax.sharding import multihost
 
 
 def parse_args(argv=None):
@@ -75,6 +77,12 @@ def parse_args(argv=None):
     g.add_argument("--speculative", action="store_true",
                    help="cached: run the predicted experts instead of loading the true router's misses "
                         "(changes outputs; the metrics count mispredicted tokens)")
+    g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
+    g.add_argument("--coordinator", default=None, help="HOST:PORT of process 0, which serves the coordinator")
+    g.add_argument("--num-processes", type=int, default=None, help="how many processes take part")
+    g.add_argument("--process-id", type=int, default=None,
+                   help="this process's index, 0..N-1; every process runs the same batches, only process 0 writes "
+                        "--output and --metrics")
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
     return p.parse_args(argv)
@@ -93,6 +101,14 @@ def read_lines(path: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    multi = (args.coordinator, args.num_processes, args.process_id)
+    if None in multi:
+        if any(v is not None for v in multi):
+            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi) if v is None]
+            sys.exit(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
+        multi = None
+    elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
+        sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
     if args.max_batch_tokens < 16:
         sys.exit(f"--max-batch-tokens must be >= 16; got {args.max_batch_tokens}")
     out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else "."
@@ -107,26 +123,49 @@ def main(argv=None) -> int:
                  "default_vectors", "prefetch_distance", "speculative"):
         if getattr(args, name) not in (None, False):
             options[name] = getattr(args, name)
+    if multi:
+        try:  # before anything touches a JAX device
+            multihost.initialize(*multi)
+        except (ValueError, RuntimeError) as e:
+            sys.exit(f"--coordinator {args.coordinator}: {e}")
+        _check_processes_agree(args, lines)
     try:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
     if engine.memory_plan.placement == "streamed" and engine.layer_by_layer:  # measure Θ: the runner packs prefill batches to it
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
+    writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:
-        print(engine.explain())
-        print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
-                            prefix_cache_mb=args.prefix_cache_mb))
+        if writer:
+            print(engine.explain())
+            print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
+                                prefix_cache_mb=args.prefix_cache_mb))
         return 0
-    summary = serve_lines(engine, lines, args.output, max_batch_tokens=args.max_batch_tokens,
-                          kv_cache=args.kv_cache, prefix_cache_mb=args.prefix_cache_mb, progress=_progress_bar,
-                          peak=peak_flops(args.dtype))
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sys.stdout if writer else sink):
+        summary = serve_lines(engine, lines, args.output if writer else None, max_batch_tokens=args.max_batch_tokens,
+                              kv_cache=args.kv_cache, prefix_cache_mb=args.prefix_cache_mb,
+                              progress=_progress_bar if writer else None, peak=peak_flops(args.dtype))
+    if not writer:
+        return 0
     summary = {"model": args.model, "dtype": args.dtype, **summary}
     print(_format_summary(summary), file=sys.stderr)
     if args.metrics:
         with open(args.metrics, "w") as f:
             json.dump(summary, f, indent=1)
     return 0
+
+
+def _check_processes_agree(args, lines: list[str]) -> None:
+    """Several processes must run the very same batches: each process feeds the rows its own devices hold, so
+    different inputs would mix requests silently. Only process 0 keeps a journal, and the others cannot see it
+    (other hosts), so a run does not resume: process 0 tells every process whether its output already exists."""
+    if not multihost.same_everywhere("\n".join(lines).encode("utf-8", "replace")):
+        sys.exit("--input: the processes read different requests; every process needs the same input")
+    exists = args.output and any(os.path.exists(p) for p in (args.output, args.output + ".partial"))
+    if multihost.main_says(exists):
+        sys.exit(f"--output {args.output}: process 0 has this output or its journal already; a run over several "
+                 "processes does not resume (the others cannot see it): remove it or write elsewhere")
 
 
 def _progress_bar(total: int):

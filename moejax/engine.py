@@ -144,8 +144,19 @@ class Engine:
                              f"{self.config.max_position_embeddings}")
         padded = np.zeros((bucket(B), bucket(T, MIN_SEQ_BUCKET)), np.int32)
         padded[:B, :T] = ids
+        if self.layout is not None and jax.process_count() > 1:
+            return self._logits_multiprocess(padded)[:B, :T]
         out = self._logits_fn(self.params, jnp.asarray(padded))
         return np.asarray(out[:B, :T])
+
+    def _logits_multiprocess(self, padded: np.ndarray) -> np.ndarray:
+        """Several processes: the ids (the same in every process) as one global array split by rows over the
+        layout's devices, the logits back as numpy on every process (moejax.sharding.multihost)."""
+        from moejax.sharding.mesh import make_mesh
+        from moejax.sharding.multihost import shard_rows, to_host
+        mesh = make_mesh(self.layout.attn_devices or self.layout.devices)  # dep: the ids go to its attention group
+        return to_host(self._logits_fn(self.params, shard_rows(padded, mesh)))
+
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:
