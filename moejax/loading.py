@@ -94,7 +94,7 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     for layer in abstract.layers if in_jit else ():  # a static flag: part of the graphdef the jits see
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.host_experts = True
-    layout = layout_of(options.get("layout"), cfg, plan)
+    layout = layout_of(options.get("layout"), cfg, plan, in_jit)
     if layout:
         abstract.split_batch = layout.split_batch
     for layer in abstract.layers if layout and not layout.disaggregated else ():
@@ -123,7 +123,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     def with_store(build):
         def materialize():
             nonlocal store
-            store = HostStore(per_expert=plan.placement == "cached") if offloaded else \
+            store = HostStore(per_expert=plan.placement == "cached",
+                              sharding=layout.expert_shards if layout else None) if offloaded else \
                 layout.expert_group() if disaggregated else None
             state = build()
             return (state, store) if store is not None else state
@@ -141,8 +142,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         tokenizer = None
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
                   memory_plan=plan, layout=layout.layout if layout else None,
-                  make_placement=layout.make_placement(cfg, kernels) if disaggregated else
-                  placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
+                  make_placement=layout.make_placement(cfg, kernels, plan) if layout and (disaggregated or offloaded)
+                  else placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
 
 
 def random_param(path: tuple, abstract, seed: int):

@@ -115,7 +115,10 @@ def async_ep_gathers(name):
     for line in text.splitlines():
         if " all-gather(" in line and "shard_map" in line:
             operands.append(line.split(" all-gather(", 1)[1].split(")", 1)[0])
-    return dict(operands=operands, moe_layers=sum(engine.config.moe_layers))
+    first = engine.config.moe_layers.index(True)
+    whole = {i: engine.params["layers"][i]["mlp"]["we_down"].sharding.is_fully_replicated
+             for i, moe in enumerate(engine.config.moe_layers) if moe}
+    return dict(operands=operands, moe_layers=sum(engine.config.moe_layers), first=first, whole=whole)
 
 
 def collective_kinds(name):
@@ -131,9 +134,42 @@ def collective_kinds(name):
     return out
 
 
+def two_channel(name):
+    """AsyncEP streamed from pinned host memory: the one-device results, the host -> device bytes, and the
+    compiled MoE-layer program whose all-gathers (the next layer's experts) read only its inputs."""
+    from moejax.offload import layered
+    path = os.path.join(FIXTURES, name)
+    ids = np.random.default_rng(0).integers(0, 100, (8, 11))  # a row per device: no activation moves between them
+    ref = moejax.load(path, dtype="float32")
+    engine = moejax.load(path, dtype="float32", layout="attn=dp,experts=async_ep", placement="streamed", window=1)
+    placement = engine.layered_steps.placement
+    captured = {}
+    call = layered.Layer.__call__
+
+    def capture(self, fn, *args, **static):  # the arguments of one MoE layer's program, to compile it below
+        if fn is placement._step:
+            captured.setdefault("call", (self, args, static))
+        return call(self, fn, *args, **static)
+    layered.Layer.__call__ = capture
+    try:
+        logits = engine.logits(ids)
+    finally:
+        layered.Layer.__call__ = call
+    stats = engine.stats()["total"]
+    layer, args, static = captured["call"]
+    text = layer._mine[placement._step].lower(layer.state, *args, **static).compile().as_text()
+    operands = [line.split(" all-gather(", 1)[1].split(")", 1)[0]
+                for line in text.splitlines() if " all-gather(" in line]
+    return dict(rel=rel(logits, ref.logits(ids)), same_tokens=engine.generate(PROMPTS, 5) == ref.generate(PROMPTS, 5),
+                bytes_h2d=stats["bytes_h2d"], misses=stats["misses"], layer_bytes=engine.store.layer_bytes(
+                    engine.store.layers[0]), moe_layers=len(engine.store.layers), operands=operands,
+                arrays=len(engine.store.arrays(engine.store.layers[0])))
+
+
 PARTS = {"models": lambda name: models([name]), "experts": lambda: experts(),
          "async_ep": lambda: async_ep_gathers("qwen3_moe"), "collectives": lambda: collective_kinds("qwen3_moe"),
-         "skewed": lambda: skewed("qwen3_moe"), "dep": lambda: dep_groups("deepseek_v2_lite")}
+         "skewed": lambda: skewed("qwen3_moe"), "dep": lambda: dep_groups("deepseek_v2_lite"),
+         "two_channel": lambda name: {name: two_channel(name)}}
 
 if __name__ == "__main__":  # arguments: parts to run, "models:NAME" for one family's layouts
     assert len(jax.devices()) == 8, jax.devices()
@@ -141,5 +177,5 @@ if __name__ == "__main__":  # arguments: parts to run, "models:NAME" for one fam
     for part in sys.argv[1:]:
         name, _, arg = part.partition(":")
         result = PARTS[name](*([arg] if arg else []))
-        out[name] = {**out.get(name, {}), **result} if name == "models" else result
+        out[name] = {**out.get(name, {}), **result} if name in ("models", "two_channel") else result
     print(json.dumps(out))

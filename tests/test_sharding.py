@@ -17,8 +17,9 @@ TOL = 1e-5
 
 
 # Three worker processes side by side (compiling is mostly one thread each): one family's layouts and some checks.
-WORKERS = (["models:qwen3_moe", "skewed", "async_ep"], ["models:deepseek_v2_lite", "dep", "collectives"],
-           ["models:gpt_oss", "experts"])
+WORKERS = (["models:qwen3_moe", "skewed", "async_ep", "two_channel:qwen3_moe"],
+           ["models:deepseek_v2_lite", "dep", "collectives", "two_channel:deepseek_v2_lite"],
+           ["models:gpt_oss", "experts", "two_channel:gpt_oss"])
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +87,26 @@ def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
 
 
 def test_async_ep_gathers_depend_only_on_weights(results):
+    """Every device holds the first MoE layer's experts whole and a shard of the others'; each later layer's
+    gathers read only parameters, so none waits on any layer's compute and XLA may start them early."""
     gathers = results["async_ep"]
-    assert len(gathers["operands"]) == 2 * gathers["moe_layers"]  # gate/up and down of every MoE layer
+    assert {int(i): whole for i, whole in gathers["whole"].items()} == {
+        i: i == gathers["first"] for i in map(int, gathers["whole"])}
+    assert len(gathers["operands"]) == 2 * (gathers["moe_layers"] - 1)  # gate/up and down of each later MoE layer
     assert all(op.startswith("%param") for op in gathers["operands"]), gathers["operands"]
+
+
+def test_async_ep_streamed_from_host_equals_one_device_and_gathers_only_inputs(results):
+    """AsyncEP's two channels (MoE-Prefill §6.3), window 1: each MoE layer's program all-gathers the next layer's
+    experts from shards that came from pinned host memory; the gathers read only the program's inputs (one per
+    expert array), so they need not wait for the layer's compute. The first pass moves every layer's shards once,
+    plus the next pass's first layer (gathered by the last layer) and the one after it (the window)."""
+    assert len(results["two_channel"]) == 3
+    for name, r in results["two_channel"].items():
+        assert r["rel"] <= TOL and r["same_tokens"], name
+        assert len(r["operands"]) == r["arrays"] and all(op.startswith("%param") for op in r["operands"]), name
+        assert r["misses"] == 1, name  # only the first layer of the first pass waits for its gather
+        assert r["bytes_h2d"] == (r["moe_layers"] + 2) * r["layer_bytes"], name
 
 
 def test_data_parallel_layouts_communicate_only_for_their_experts(results):
@@ -98,7 +116,7 @@ def test_data_parallel_layouts_communicate_only_for_their_experts(results):
         "attn=dp,experts=replicated": [],
         "attn=dp,experts=ep": ["all-to-all"],
         "attn=dp,experts=ep,exchange=gather": ["all-gather", "reduce-scatter"],
-        "attn=dp,experts=tp": ["all-gather", "reduce-scatter"],  # tokens gathered for the width slices, outputs summed back
+        "attn=dp,experts=tp": ["all-gather", "reduce-scatter"],  # tokens to every width slice, outputs summed back
     }
 
 
@@ -143,8 +161,12 @@ def test_specs_checked_against_the_model_and_devices():
         moejax.load("tiny-qwen3-moe", layout="attn=tp,experts=dep")
     with pytest.raises(ValueError, match="needs 2 or more devices"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=dep")
-    with pytest.raises(ValueError, match="do not combine yet"):
+    with pytest.raises(ValueError, match="only as experts=async_ep with placement='streamed'"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=replicated", placement="streamed")
+    with pytest.raises(ValueError, match="stream=jit"):
+        moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=async_ep", placement="streamed", stream="jit")
+    with pytest.raises(ValueError, match="placement 'cached'"):
+        moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=async_ep", placement="cached")
     assert str(Layout.parse("experts=ep,devices=2").resolve(8, 2)) == "attn=dp,experts=ep,devices=2,exchange=all_to_all"
     # a layout spreads the weights, so the one-device memory planner does not push them to the host
     spread = moejax.load("qwen3-30b-a3b", device_memory_gb=16, layout="attn=dp,experts=replicated").memory_plan

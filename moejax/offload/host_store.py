@@ -26,19 +26,17 @@ def pinned_host_limit_bytes(platform: str | None = None) -> int | None:
     return int(float(os.environ.get(HOST_LIMIT_ENV, DEFAULT_GPU_HOST_LIMIT_GB)) * 2**30)
 
 
-def _sharding(kind: str, device=None):
-    return jax.sharding.SingleDeviceSharding(device or jax.devices()[0], memory_kind=kind)
-
-
 class HostStore:
     """layer -> {name: array in pinned_host}, or with `per_expert` layer -> {name: [one array per expert]} (for
     an expert cache, which moves single experts). Build with `from_arrays`; `fetch` / `fetch_expert` start the
     copies to the device."""
 
-    def __init__(self, device=None, *, per_expert: bool = False, limit_bytes: int | None = -1):
+    def __init__(self, device=None, *, per_expert: bool = False, limit_bytes: int | None = -1, sharding=None):
         """An empty store; `add` fills it. limit_bytes: refuse beyond this many bytes (default: the platform's
-        pinned host pool; None: no cap)."""
+        pinned host pool; None: no cap). sharding: whole layers split over several devices' host memory
+        (AsyncEP with offloading) instead of one device's."""
         self.device = device or jax.devices()[0]
+        self.sharding = sharding
         self.per_expert = per_expert
         self.limit_bytes = pinned_host_limit_bytes() if limit_bytes == -1 else limit_bytes
         self._layers: dict[int, dict[str, object]] = {}
@@ -64,7 +62,7 @@ class HostStore:
             raise ValueError(f"HostStore: routed experts need more than {self._total / 2**30:.1f} GiB of pinned "
                              f"host memory, over XLA's pool of {self.limit_bytes / 2**30:.1f} GiB; set "
                              f"{HOST_LIMIT_ENV} higher before starting (and have that much host RAM)")
-        host = _sharding("pinned_host", self.device)
+        host = self._sharding("pinned_host")
         if self.per_expert:
             placed = [jax.device_put(array[e], host) for e in range(array.shape[0])]
         else:
@@ -97,12 +95,17 @@ class HostStore:
         whatever reads the arrays waits for them)."""
         if self.per_expert:
             raise ValueError("HostStore.fetch: this store holds single experts (per_expert); use fetch_expert")
-        device = _sharding("device", self.device)
+        device = self._sharding("device")
         return {name: jax.device_put(a, device) for name, a in self._layers[layer].items()}
 
     def fetch_expert(self, layer: int, expert: int) -> dict[str, jax.Array]:
         """Start copying one expert of one layer to device memory (a per_expert store); returns at once."""
         if not self.per_expert:
             raise ValueError("HostStore.fetch_expert: this store holds whole layers; build it with per_expert=True")
-        device = _sharding("device", self.device)
+        device = self._sharding("device")
         return {name: jax.device_put(a[expert], device) for name, a in self._layers[layer].items()}
+
+    def _sharding(self, kind: str):
+        if self.sharding is not None:
+            return self.sharding.with_memory_kind(kind)
+        return jax.sharding.SingleDeviceSharding(self.device, memory_kind=kind)

@@ -67,6 +67,10 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
     if spread:
         plan = dataclasses.replace(plan, reason="a layout spreads the weights over devices (per-device memory is "
                                    "not planned yet)")
+    elif options.get("layout") is not None:
+        plan = dataclasses.replace(plan, reason=plan.reason + "; planned as one device: under experts=async_ep each "
+                                   "device holds the current and next layer's experts whole and window layers of its "
+                                   "1/devices shards")
     if streams_in_jit(plan, options):
         plan = dataclasses.replace(plan, reason=plan.reason + "; stream='jit': XLA decides how many layers of "
                                    "experts are on the device at once (the window is a plan, not enforced)")

@@ -6,11 +6,13 @@ import dataclasses
 import functools
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import is_routed_expert
 from moejax.sharding.dep import Disaggregated, ExpertGroup, group_meshes
+from moejax.sharding.gathered import GatheredStreamed
 from moejax.sharding.experts import AXIS, TP_SPECS, sharded_routed, tp_columns
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
@@ -23,6 +25,7 @@ class LayoutSetup:
     run_experts: object  # one object for every block: the graphdefs of equal layers stay equal (None under DEP)
     kv_heads: int
     expert_mesh: object = None  # DEP: the expert group's devices
+    first_moe: int | None = None  # async_ep keeps this layer's experts whole on every device
 
     @property
     def disaggregated(self) -> bool:
@@ -32,9 +35,18 @@ class LayoutSetup:
         """DEP: where the loader puts the routed experts (the parameters keep stand-ins)."""
         return ExpertGroup(self.mesh, self.expert_mesh)
 
-    def make_placement(self, cfg, kernels):
-        """DEP: -> make(store) giving the placement that drives the expert group (as Engine's make_placement)."""
-        return lambda store: Disaggregated(store, self.layout, cfg, kernels.experts)
+    @property
+    def expert_shards(self):
+        """Where an offloaded layout's routed experts go: split by expert index over the devices (a HostStore
+        puts them in each device's pinned host memory)."""
+        return NamedSharding(self.mesh, P(AXIS))
+
+    def make_placement(self, cfg, kernels, plan):
+        """-> make(store) giving the placement that runs the routed experts layer by layer (as Engine's
+        make_placement): DEP's expert group, or AsyncEP's two-channel pipeline from the host."""
+        if self.disaggregated:
+            return lambda store: Disaggregated(store, self.layout, cfg, kernels.experts)
+        return lambda store: GatheredStreamed(store, plan.window, self.mesh, cfg, kernels.experts)
 
     @property
     def split_batch(self):
@@ -44,12 +56,13 @@ class LayoutSetup:
         return functools.partial(jax.lax.with_sharding_constraint, shardings=NamedSharding(self.mesh, P(AXIS)))
 
     def place(self, path: tuple, array):
-        """A parameter on the mesh, by the rules: routed experts split by expert index (ep, async_ep) or by width
-        (tp, with gate/up columns interleaved per device); attention split by heads under attn=tp; the rest
-        replicated."""
+        """A parameter on the mesh, by the rules: routed experts split by expert index (ep, async_ep; async_ep
+        keeps the first MoE layer's whole on every device, MoE-Prefill §6.2: nothing to gather before the first
+        layer) or by width (tp, with gate/up columns interleaved per device); attention split by heads under
+        attn=tp; the rest replicated."""
         spec, name = P(), path[-1] if path[-1] != "weight" else None
         if is_routed_expert(path):
-            if self.layout.experts in ("ep", "async_ep"):
+            if self.layout.experts == "ep" or (self.layout.experts == "async_ep" and path[1] != self.first_moe):
                 spec = P(AXIS)
             elif self.layout.experts == "tp":
                 spec = TP_SPECS[name]
@@ -57,7 +70,11 @@ class LayoutSetup:
                     array = tp_columns(array, self.layout.devices)
         elif self.layout.attn == "tp" and len(path) == 4 and path[2] == "attn":
             spec = self.heads.get(name, P())
-        return jax.device_put(array, NamedSharding(self.mesh, spec))
+        sharding = NamedSharding(self.mesh, spec)
+        if jax.process_count() > 1:  # device_put would first check that every process holds the same array
+            host = np.asarray(array)
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        return jax.device_put(array, sharding)
 
     @property
     def heads(self) -> dict:
@@ -70,7 +87,9 @@ class LayoutSetup:
         return by_heads
 
 
-def layout_of(spec, cfg, plan) -> LayoutSetup | None:
+def layout_of(spec, cfg, plan, in_jit: bool = False) -> LayoutSetup | None:
+    """The checked layout (None without one); offloading combines only as AsyncEP's two-channel pipeline
+    (experts=async_ep, placement='streamed', streamed from Python)."""
     if spec is None:
         return None
     try:
@@ -79,11 +98,18 @@ def layout_of(spec, cfg, plan) -> LayoutSetup | None:
                                 heads=cfg.num_heads)
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
-    if plan.placement != "resident":
-        raise ValueError(f"moejax.load: layout {layout} and placement {plan.placement!r} do not combine yet "
-                         "(offloading is one device)")
+    two_channel = layout.experts == "async_ep" and plan.placement == "streamed" and not in_jit
+    if plan.placement != "resident" and not two_channel:
+        raise ValueError(f"moejax.load: layout {layout} and placement {plan.placement!r}"
+                         f"{' (stream=jit)' if in_jit else ''} do not combine; with a layout, experts are offloaded "
+                         "only as experts=async_ep with placement='streamed' (stream='python')")
     if layout.experts == "dep":
+        if jax.process_count() > 1:
+            raise ValueError("moejax.load: experts=dep runs in one process (its groups exchange activations with "
+                             "device_put, which does not cross processes)")
         attn_mesh, expert_mesh = group_meshes(layout)
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     mesh = make_mesh(layout.devices)
-    return LayoutSetup(layout, mesh, functools.partial(sharded_routed, layout, mesh), cfg.num_kv_heads or 0)
+    first_moe = next((i for i, moe in enumerate(cfg.moe_layers) if moe), None)
+    return LayoutSetup(layout, mesh, functools.partial(sharded_routed, layout, mesh), cfg.num_kv_heads or 0,
+                       first_moe=first_moe)
