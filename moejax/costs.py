@@ -16,12 +16,20 @@ Conventions (shared by cost models, planners and benchmarks):
   `all_logits=False` (one position per sequence).
 - Parameter counts include biases, norms, embeddings and the lm_head; "active" counts the k routed
   experts a token uses instead of all E.
+- Communication (`layout_comm`): bytes SENT per device per layer of one forward step, ring-style, for a group
+  of P devices: all-gather of a result of R bytes (P-1)/P*R; reduce-scatter of an operand of O bytes
+  (P-1)/P*O; all-reduce of S bytes 2(P-1)/P*S; all-to-all of an operand of O bytes (P-1)/P*O (the block for
+  itself stays); collective-permute its operand. "As implemented" counts what moves, padding included
+  (moejax.sharding.hlo_comm reads the same from compiled HLO); "ideal" is MoE-Prefill Table 1's figure
+  (uniform routing, model dtype, no routing metadata). Expert ids (int32), routing weights, row flags and
+  partial sums (float32) count 4 bytes whatever the model dtype. XLA:CPU widens 16-bit collectives to float32.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from moejax.config import ModelConfig
+from moejax.sharding.layout import Layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,3 +127,129 @@ def active_param_count(cfg: ModelConfig) -> int:
 def layer_flops_per_token(cfg: ModelConfig) -> float:
     """Matmul FLOPs per token through the decoder layers (embedding and head excluded; attention scores too)."""
     return 2.0 * (active_param_count(cfg) - 2 * cfg.vocab_size * cfg.hidden_size)
+
+
+# -- communication of a parallel layout (moejax.sharding) -------------------------------------------------------
+
+_F32 = _I32 = 4  # routing weights, row flags and partial sums are float32, expert ids int32, whatever the dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    kind: str  # the HLO collective: all-gather, reduce-scatter, all-reduce, all-to-all
+    what: str
+    bytes_sent: float  # per device, ring convention (module docstring)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutComm:
+    """Per-device forward communication of one layout at one shape: what the implementation moves (`attention`
+    in every layer, `experts` in every MoE layer) next to MoE-Prefill Table 1's figure for the same attention /
+    expert strategies (`ideal_*`: useful traffic only, no padding, routing metadata or float32 partial sums)."""
+    layout: str
+    devices: int
+    layers: int
+    expert_layers: int  # MoE layers whose expert program communicates (async_ep: all but the first)
+    attention: tuple[Transfer, ...] | None  # None: left to the XLA partitioner and not modelled (see `note`)
+    experts: tuple[Transfer, ...]
+    ideal_attention: float
+    ideal_experts: float
+    note: str = ""
+
+    @property
+    def attention_bytes(self) -> float | None:
+        return None if self.attention is None else sum(t.bytes_sent for t in self.attention)
+
+    @property
+    def experts_bytes(self) -> float:
+        return sum(t.bytes_sent for t in self.experts)
+
+    def layer_by_kind(self, part: str) -> dict[str, float]:
+        """Bytes per collective kind in one layer: part "attention" or "experts" (a MoE layer's program)."""
+        out: dict[str, float] = {}
+        for t in (self.attention if part == "attention" else self.experts) or ():
+            out[t.kind] = out.get(t.kind, 0.0) + t.bytes_sent
+        return out
+
+    def step_by_kind(self, part: str) -> dict[str, float]:
+        """Bytes per collective kind over the whole forward step: part "attention" (x layers) or "experts"
+        (x expert_layers)."""
+        times = self.layers if part == "attention" else self.expert_layers
+        return {kind: v * times for kind, v in self.layer_by_kind(part).items()}
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def layout_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, dtype_bytes: int) -> LayoutComm:
+    """Per-device, per-layer forward communication of `layout` (resolved: devices set) for one step over
+    `batch` x `seq` tokens with activations and weights of `dtype_bytes` (see the module docstring).
+    experts=dep raises NotImplementedError (its exchange is another program, accounted elsewhere)."""
+    if layout.experts == "dep":
+        raise NotImplementedError("layout_comm: experts=dep is not modelled here")
+    P = layout.devices
+    if not P:
+        raise ValueError(f"layout_comm: layout {layout} has no device count; resolve it first")
+    if layout.attn == "dp" and batch % P:
+        # the hidden states are split by batch rows: with uneven rows the partitioner reshards around every norm
+        raise ValueError(f"layout_comm: attn=dp needs the batch ({batch}) to be a multiple of the {P} devices")
+    D, b = cfg.hidden_size, dtype_bytes
+    N = batch * seq
+    n = -(-N // P)  # rows per device in the expert program (padded to a multiple of P)
+    ring = (P - 1) / P
+    note = ""
+    if layout.attn == "dp":
+        attention, ideal_attention = (), 0.0
+    else:
+        ideal_attention = 2 * ring * N * D * b  # Table 1: one all-reduce of the attention output
+        if layout.experts == "tp":  # hidden states replicated throughout: heads split, partial sums added
+            attention = (Transfer("all-reduce", "attention output, float32 partial sums",
+                                  2 * ring * N * D * _F32),)
+        else:
+            attention = None
+            note = ("left to the XLA partitioner: head-split attention meets an expert program on rows split by "
+                    "device, and what it moves depends on shapes (moejax.sharding.hlo_comm measures it)")
+    experts, ideal_experts = _expert_transfers(cfg, layout, N, n, b)
+    # async_ep keeps the first MoE layer's experts whole on every device (MoE-Prefill §6.2: nothing to gather
+    # before the first layer; moejax.sharding.setup)
+    expert_layers = sum(cfg.moe_layers) - (layout.experts == "async_ep" and any(cfg.moe_layers))
+    return LayoutComm(str(layout), P, cfg.num_layers, expert_layers, attention, experts, ideal_attention,
+                      ideal_experts, note)
+
+
+def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int):
+    """(what moejax.sharding.experts moves per MoE layer, Table 1's figure)."""
+    P, D, k, E, I = layout.devices, cfg.hidden_size, cfg.num_experts_per_tok, cfg.num_experts, cfg.moe_intermediate_size
+    ring, rows = (P - 1) / P, n * P
+    bias = cfg.expert_bias
+    if layout.experts == "replicated":
+        return (), 0.0
+    if layout.experts == "async_ep":  # each layer's full expert set gathered (off the critical path: async)
+        arrays = {"we_gate_up": E * D * 2 * I, "we_down": E * I * D, "be_gate_up": E * 2 * I * bias,
+                  "be_down": E * D * bias}
+        gathers = tuple(Transfer("all-gather", f"{name} of {E} experts", ring * size * b)
+                        for name, size in arrays.items() if size)
+        return gathers, sum(t.bytes_sent for t in gathers)
+    if layout.experts == "tp" and layout.attn == "tp":  # every device holds every token: sum the width slices
+        return (Transfer("all-reduce", "expert outputs, float32 partial sums", 2 * ring * rows * D * _F32),), \
+            2 * ring * N * D * b
+    if layout.experts == "tp" or layout.exchange == "gather":  # tokens to every device, partial outputs back
+        moved = (Transfer("all-gather", "tokens", ring * rows * D * b),
+                 Transfer("all-gather", "expert ids", ring * rows * k * _I32),
+                 Transfer("all-gather", "routing weights", ring * rows * k * _F32),
+                 Transfer("reduce-scatter", "expert outputs, float32 partial sums", ring * rows * D * _F32))
+        ideal = 2 * ring * N * D * b if layout.experts == "tp" else _ideal_ep(ring, N, P, k, D, b)
+        return moved, ideal
+    # ep, all_to_all: dropless buffers of P x n*k rows, of which a device sends the P-1 not its own
+    buffer = P * n * k
+    return (Transfer("all-to-all", "token rows (padded)", ring * buffer * D * b),
+            Transfer("all-to-all", "expert ids (padded)", ring * buffer * _I32),
+            Transfer("all-to-all", "row flags (padded)", ring * buffer * _F32),
+            Transfer("all-to-all", "outputs back (padded)", ring * buffer * D * b)), \
+        _ideal_ep(ring, N, P, k, D, b)
+
+
+def _ideal_ep(ring, N, P, k, D, b) -> float:
+    """Table 1's DP/EP (and TP/EP) pair of all-to-alls under uniform routing: each device's N/P tokens x k
+    choices, (P-1)/P of them to other devices, there and back."""
+    return 2 * ring * N / P * k * D * b

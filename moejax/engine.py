@@ -107,14 +107,19 @@ class Engine:
             placement = self.layered_steps.placement
             placement.stats = type(placement.stats)()
 
-    def explain(self) -> str:
+    def explain(self, comm_shape: tuple[int, int] | None = None) -> str:
         """The memory plan, the placement and (when profiled) the saturation threshold, as text. For a
-        layer-by-layer placement this builds it, which loads the weights."""
+        layer-by-layer placement this builds it, which loads the weights. With a layout, also the communication
+        per device per layer for a forward over `comm_shape` = (batch, seq) tokens (default: one row of 128
+        tokens per device): the analytic figures (moejax.costs.layout_comm, as implemented and MoE-Prefill
+        Table 1's) next to the collectives of the compiled full-logits step, which this compiles (loading the
+        weights first if they are not yet: the compiled step depends on how they are placed)."""
         from moejax.offload.memory_plan import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
         if self.layout is not None:
             lines.append(f"layout {self.layout}")
+            lines += self._explain_comm(comm_shape)
         if self.memory_plan is not None:
             lines.append(self.memory_plan.describe())
         if self.layer_by_layer:
@@ -125,6 +130,38 @@ class Engine:
         if self.saturation is not None:
             lines.append(self.saturation.describe())
         return "\n".join(lines)
+
+    def _explain_comm(self, shape) -> list[str]:
+        """explain(): a layout's communication, analytic next to measured (moejax.sharding.hlo_comm; split into
+        the routed experts' programs and the rest by op metadata)."""
+        from moejax.costs import layout_comm
+        from moejax.offload.memory_plan import size
+        from moejax.sharding import hlo_comm
+        if self.layer_by_layer or self.layout.experts == "dep":
+            return [f"communication: not accounted for experts={self.layout.experts} yet"]
+        B, T = shape or (self.layout.devices, min(128, self.config.max_position_embeddings))
+        comm = layout_comm(self.config, self.layout, B, T, self.dtype.itemsize)
+        ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
+        found = hlo_comm.collectives(self._logits_fn.lower(self.params, ids).compile().as_text())
+
+        def kinds(by_kind: dict, per: int = 1) -> str:
+            return ", ".join(f"{kind} {size(v / per)}" for kind, v in sorted(by_kind.items())) or "none"
+        lines = [f"communication per device per layer (attention) and MoE layer (routed experts), forward of "
+                 f"batch {B} x {T} tokens, bytes sent by ring convention; measured: the {len(found)} collectives of "
+                 f"the compiled full-logits step"]
+        for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
+                                            ("experts", comm.expert_layers, comm.experts, comm.ideal_experts)):
+            measured = hlo_comm.bytes_by_kind(found, in_shard_map=part == "experts")
+            if transfers is None:
+                analytic = "not modelled: " + comm.note
+            else:
+                detail = " + ".join(f"{t.what} {size(t.bytes_sent)}" for t in transfers)
+                analytic = kinds(comm.layer_by_kind(part)) + (f" = {detail}" if detail else "")
+            lines.append(f"  {part} (x{per}): analytic {analytic}; Table 1 {size(ideal)}; "
+                         f"measured {kinds(measured, max(per, 1))}")
+        if self.dtype.itemsize < 4 and jax.devices()[0].platform == "cpu":
+            lines.append("  (XLA:CPU widens 16-bit collectives to float32: measured exceeds analytic here)")
+        return lines
 
     def param_bytes(self) -> int:
         """Bytes of all weights (from abstract shapes; allocates nothing)."""
@@ -156,7 +193,6 @@ class Engine:
         from moejax.sharding.multihost import shard_rows, to_host
         mesh = make_mesh(self.layout.attn_devices or self.layout.devices)  # dep: the ids go to its attention group
         return to_host(self._logits_fn(self.params, shard_rows(padded, mesh)))
-
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:
@@ -224,7 +260,7 @@ class Engine:
                                               **{k: jnp.asarray(v) for k, v in extra.items()}, cache_len=cache_len)
         out, count = self._decode_fn(self.params, cache, first, jnp.asarray(lengths), temp, topp, row_keys,
                                      jnp.asarray(stops), jnp.asarray(maxn), steps=steps)
-        out, count = np.asarray(out), np.asarray(count)
+        out, count = _to_host(out), _to_host(count)
         return [out[i, : count[i]].tolist() for i in range(n)], pool
 
     # -- packed scoring and the prefix pool ----------------------------------------------------------------
@@ -241,7 +277,7 @@ class Engine:
     def score_packed(self, batch: dict, pool=None):
         """Run moejax.steps.score on host arrays; returns (logprobs [B, G] numpy, pool)."""
         lp, pool = self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()})
-        return np.asarray(lp), pool
+        return _to_host(lp), pool
 
     def _check_ids(self, ids: np.ndarray, where: str):
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
@@ -259,3 +295,11 @@ def _pad_rows(rows, B: int, width: int, fill) -> np.ndarray:
 
 def _pool_size(pool) -> int:
     return jax.tree.leaves(pool)[0].shape[0] if pool is not None else 0
+
+
+def _to_host(x) -> np.ndarray:
+    """A step's output as numpy; with several processes it may span devices of other processes (multihost)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from moejax.sharding.multihost import to_host
+    return to_host(x)

@@ -1,7 +1,7 @@
 """One process of tests/test_multihost.py: joins the others through jax.distributed, loads each fixture with each
-layout over the devices of every process, computes logits of fixed random batches, and (process 0 only) saves
-them with np.savez, with "topology" = [processes, devices]. `--fail-process I` makes process I raise after
-joining, before its first collective."""
+layout over the devices of every process, computes logits of fixed random batches and greedy generations
+(DP+EP), and (process 0 only) saves them with np.savez, with "topology" = [processes, devices].
+`--fail-process I` makes process I raise after joining, before its first collective."""
 import argparse
 import os
 import sys
@@ -18,6 +18,8 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LAYOUTS = ("attn=dp,experts=ep", "attn=dp,experts=async_ep")
 ROWS = (4, 3)  # 3: padded to the 8 devices by the multi-process path
 TOKENS = 11
+PROMPTS = [list(range(1 + i, 4 + i % 5 + i)) for i in range(16)]
+GENERATE = 4  # greedy tokens per prompt
 
 
 def batch(rows: int) -> np.ndarray:
@@ -54,6 +56,8 @@ def main() -> None:
             engine = moejax.load(os.path.join(FIXTURES, fixture), dtype="float32", layout=layout)
             for rows in ROWS:
                 out[key(fixture, layout, rows)] = engine.logits(batch(rows))
+            if layout == LAYOUTS[0]:  # 16 rows: the decode outputs split by rows over both processes
+                out[key(fixture, layout, "generate")] = np.array(engine.generate(PROMPTS, GENERATE))
     if multihost.is_main():
         np.savez(args.out, **out)
 

@@ -2,9 +2,10 @@
 joined by jax.distributed on 127.0.0.1 (gloo collectives), run the DP+EP and AsyncEP layouts over all 8 devices.
 Their logits must equal the one-process, one-device float32 model's (computed here) within a relative max error
 of 1e-5 (max |got - want| / max |want|; the partitioned program may sum floats in another order), for 4 rows
-and for 3 (padded to the 8 devices). A failing or missing process must not hang the others: each run of the
-workers has a deadline past which they are killed, and the JAX runtime itself ends the survivors after the
-heartbeat / shutdown / initialization timeouts; failures are reported with each process's exit and last error."""
+and for 3 (padded to the 8 devices), and DP+EP's greedy generations of 16 prompts must be the same. A failing or
+missing process must not hang the others: each run of the workers has a deadline past which they are killed,
+and the JAX runtime itself ends the survivors after the heartbeat / shutdown / initialization timeouts; failures
+are reported with each process's exit and last error."""
 import dataclasses
 import os
 import re
@@ -96,6 +97,8 @@ def test_dp_ep_and_async_ep_over_two_processes_equal_one_device(tmp_path):
     assert got.pop("topology").tolist() == [2, 8]
     assert got.pop("replicated").tolist() == [0.0, 1.0, 2.0]
     ref = moejax.load(os.path.join(HERE, "fixtures", "qwen3_moe"), dtype="float32")
+    generated = got.pop(worker.key("qwen3_moe", worker.LAYOUTS[0], "generate"))
+    assert generated.tolist() == ref.generate(worker.PROMPTS, worker.GENERATE)
     cases = [(layout, rows) for layout in worker.LAYOUTS for rows in worker.ROWS]
     assert sorted(got) == sorted(worker.key("qwen3_moe", layout, rows) for layout, rows in cases)
     for layout, rows in cases:
