@@ -23,6 +23,7 @@ Conventions (shared by cost models, planners and benchmarks):
   (moejax.sharding.hlo_comm reads the same from compiled HLO); "ideal" is MoE-Prefill Table 1's figure
   (uniform routing, model dtype, no routing metadata). Expert ids (int32), routing weights, row flags and
   partial sums (float32) count 4 bytes whatever the model dtype. XLA:CPU widens 16-bit collectives to float32.
+  DEP's transfers between its groups are `device_put`s between meshes (kind "device_put"), per sending device.
 """
 from __future__ import annotations
 
@@ -144,52 +145,62 @@ class Transfer:
 @dataclasses.dataclass(frozen=True)
 class LayoutComm:
     """Per-device forward communication of one layout at one shape: what the implementation moves (`attention`
-    in every layer, `experts` in every MoE layer) next to MoE-Prefill Table 1's figure for the same attention /
-    expert strategies (`ideal_*`: useful traffic only, no padding, routing metadata or float32 partial sums)."""
+    in every layer, `experts` in every MoE layer's expert program, `first_experts` in the first one's) next to
+    MoE-Prefill Table 1's figure for the same attention / expert strategies (`ideal_*`: useful traffic only, no
+    padding, routing metadata or float32 partial sums)."""
     layout: str
     devices: int
     layers: int
-    expert_layers: int  # MoE layers whose expert program communicates (async_ep: all but the first)
-    attention: tuple[Transfer, ...] | None  # None: left to the XLA partitioner and not modelled (see `note`)
+    moe_layers: int
+    attention: tuple[Transfer, ...]
     experts: tuple[Transfer, ...]
+    first_experts: tuple[Transfer, ...]  # async_ep: the first MoE layer's experts are whole, nothing to gather
     ideal_attention: float
     ideal_experts: float
-    note: str = ""
 
     @property
-    def attention_bytes(self) -> float | None:
-        return None if self.attention is None else sum(t.bytes_sent for t in self.attention)
+    def attention_bytes(self) -> float:
+        return sum(t.bytes_sent for t in self.attention)
 
     @property
     def experts_bytes(self) -> float:
         return sum(t.bytes_sent for t in self.experts)
 
     def layer_by_kind(self, part: str) -> dict[str, float]:
-        """Bytes per collective kind in one layer: part "attention" or "experts" (a MoE layer's program)."""
-        out: dict[str, float] = {}
-        for t in (self.attention if part == "attention" else self.experts) or ():
-            out[t.kind] = out.get(t.kind, 0.0) + t.bytes_sent
-        return out
+        """Bytes per collective kind in one layer: part "attention" or "experts" (a MoE layer's program, past the
+        first)."""
+        return by_kind(self.attention if part == "attention" else self.experts)
 
     def step_by_kind(self, part: str) -> dict[str, float]:
-        """Bytes per collective kind over the whole forward step: part "attention" (x layers) or "experts"
-        (x expert_layers)."""
-        times = self.layers if part == "attention" else self.expert_layers
-        return {kind: v * times for kind, v in self.layer_by_kind(part).items()}
+        """Bytes per collective kind over the whole forward step: part "attention" (x layers) or "experts" (the
+        first MoE layer's, then x the other MoE layers)."""
+        if part == "attention":
+            return by_kind(self.attention, self.layers)
+        out = by_kind(self.experts, self.moe_layers - 1) if self.moe_layers else {}
+        for kind, v in by_kind(self.first_experts if self.moe_layers else ()).items():
+            out[kind] = out.get(kind, 0.0) + v
+        return out
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+def by_kind(transfers, times: int = 1) -> dict[str, float]:
+    """Transfers -> bytes per collective kind (x times)."""
+    out: dict[str, float] = {}
+    for t in transfers:
+        out[t.kind] = out.get(t.kind, 0.0) + t.bytes_sent * times
+    return out
+
+
 def layout_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, dtype_bytes: int) -> LayoutComm:
     """Per-device, per-layer forward communication of `layout` (resolved: devices set) for one step over
-    `batch` x `seq` tokens with activations and weights of `dtype_bytes` (see the module docstring).
-    experts=dep raises NotImplementedError (its exchange is another program, accounted elsewhere)."""
-    if layout.experts == "dep":
-        raise NotImplementedError("layout_comm: experts=dep is not modelled here")
+    `batch` x `seq` tokens with activations and weights of `dtype_bytes` (see the module docstring)."""
     P = layout.devices
     if not P:
         raise ValueError(f"layout_comm: layout {layout} has no device count; resolve it first")
+    if layout.experts == "dep":
+        return _dep_comm(cfg, layout, batch, seq, dtype_bytes)
     if layout.attn == "dp" and batch % P:
         # the hidden states are split by batch rows: with uneven rows the partitioner reshards around every norm
         raise ValueError(f"layout_comm: attn=dp needs the batch ({batch}) to be a multiple of the {P} devices")
@@ -197,24 +208,41 @@ def layout_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, dtype_by
     N = batch * seq
     n = -(-N // P)  # rows per device in the expert program (padded to a multiple of P)
     ring = (P - 1) / P
-    note = ""
     if layout.attn == "dp":
         attention, ideal_attention = (), 0.0
-    else:
+    else:  # heads split, every device holds every token: the output projection's partial sums are added
+        attention = (Transfer("all-reduce", "attention output, float32 partial sums", 2 * ring * N * D * _F32),)
         ideal_attention = 2 * ring * N * D * b  # Table 1: one all-reduce of the attention output
-        if layout.experts == "tp":  # hidden states replicated throughout: heads split, partial sums added
-            attention = (Transfer("all-reduce", "attention output, float32 partial sums",
-                                  2 * ring * N * D * _F32),)
-        else:
-            attention = None
-            note = ("left to the XLA partitioner: head-split attention meets an expert program on rows split by "
-                    "device, and what it moves depends on shapes (moejax.sharding.hlo_comm measures it)")
     experts, ideal_experts = _expert_transfers(cfg, layout, N, n, b)
+    outputs = ()
+    if layout.attn == "tp" and layout.experts != "tp":  # the program splits the tokens: outputs back to all
+        outputs = (Transfer("all-gather", "expert outputs to every device", ring * n * P * D * b),)
     # async_ep keeps the first MoE layer's experts whole on every device (MoE-Prefill §6.2: nothing to gather
     # before the first layer; moejax.sharding.setup)
-    expert_layers = sum(cfg.moe_layers) - (layout.experts == "async_ep" and any(cfg.moe_layers))
-    return LayoutComm(str(layout), P, cfg.num_layers, expert_layers, attention, experts, ideal_attention,
-                      ideal_experts, note)
+    first = outputs if layout.experts == "async_ep" else experts + outputs
+    experts += outputs
+    return LayoutComm(str(layout), P, cfg.num_layers, sum(cfg.moe_layers), attention, experts, first,
+                      ideal_attention, ideal_experts)
+
+
+def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) -> LayoutComm:
+    """DEP: per attention device, A->E its share of each padded token chunk (hidden state, expert ids, weights);
+    per expert device, E->A its share of the outputs, plus EP inside the expert group on each chunk. Table 1
+    has no DEP row: `ideal_*` is the useful A->E + E->A traffic (hidden states there and back, no padding)."""
+    A, B, D, k = layout.attn_devices, layout.expert_devices, cfg.hidden_size, cfg.num_experts_per_tok
+    chunks = [c for rows in layout.micro_batches(batch) for c in layout.token_chunks(rows * seq)]
+    padded = sum(p for _, p in chunks)
+    inner = Layout(attn="dp", experts="ep", devices=B, exchange=layout.exchange)
+    inside: dict[tuple, float] = {}
+    for _, p in chunks:
+        for t in _expert_transfers(cfg, inner, p, p // B, b)[0]:
+            inside[(t.kind, t.what)] = inside.get((t.kind, t.what), 0.0) + t.bytes_sent
+    experts = (Transfer("device_put", "A->E hidden states and routing (padded chunks), per attention device",
+                        padded * (D * b + k * (_I32 + _F32)) / A),
+               Transfer("device_put", "E->A routed outputs (padded chunks), per expert device", padded * D * b / B))
+    experts += tuple(Transfer(kind, f"{what}, inside the expert group", v) for (kind, what), v in inside.items())
+    return LayoutComm(str(layout), A + B, cfg.num_layers, sum(cfg.moe_layers), (), experts, experts, 0.0,
+                      batch * seq * D * b * (1 / A + 1 / B))
 
 
 def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int):

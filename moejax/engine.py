@@ -133,32 +133,47 @@ class Engine:
 
     def _explain_comm(self, shape) -> list[str]:
         """explain(): a layout's communication, analytic next to measured (moejax.sharding.hlo_comm; split into
-        the routed experts' programs and the rest by op metadata)."""
-        from moejax.costs import layout_comm
+        the routed experts' programs and the rest by op metadata). DEP: its transfer counters instead, if a
+        forward has run since load or reset_stats (they cover every forward since, of whatever shape)."""
+        from moejax.costs import by_kind, layout_comm
         from moejax.offload.memory_plan import size
         from moejax.sharding import hlo_comm
-        if self.layer_by_layer or self.layout.experts == "dep":
-            return [f"communication: not accounted for experts={self.layout.experts} yet"]
-        B, T = shape or (self.layout.devices, min(128, self.config.max_position_embeddings))
-        comm = layout_comm(self.config, self.layout, B, T, self.dtype.itemsize)
+        lay = self.layout
+        default_batch = lay.attn_devices if lay.experts == "dep" else lay.devices
+        B, T = shape or (default_batch, min(128, self.config.max_position_embeddings))
+        comm = layout_comm(self.config, lay, B, T, self.dtype.itemsize)
+
+        def kinds(totals: dict, per: int = 1) -> str:
+            return ", ".join(f"{kind} {size(v / per)}" for kind, v in sorted(totals.items())) or "none"
+
+        def analytic(transfers) -> str:
+            detail = " + ".join(f"{t.what} {size(t.bytes_sent)}" for t in transfers)
+            return kinds(by_kind(transfers)) + (f" = {detail}" if detail else "")
+        head = (f"communication per device per layer (attention) and MoE layer (routed experts), forward of batch "
+                f"{B} x {T} tokens, bytes sent by ring convention")
+        if self.layer_by_layer:
+            lines = [head + "; measured: " + ("DEP's transfer counters" if lay.experts == "dep" else
+                                             "not for a layer-by-layer placement")]
+            lines.append(f"  experts (x{comm.moe_layers}): analytic {analytic(comm.experts)}; useful "
+                         f"{size(comm.ideal_experts)}")
+            stats = self.stats()
+            if lay.experts == "dep" and stats["layers"]:
+                a2e, e2a = (stats["total"][k] / len(stats["layers"]) for k in ("a2e_bytes", "e2a_bytes"))
+                lines.append(f"  measured since load/reset, per MoE layer: A->E {size(a2e / lay.attn_devices)} per "
+                             f"attention device, E->A {size(e2a / lay.expert_devices)} per expert device (the sum "
+                             "of every forward since, of its own shape)")
+            return lines
         ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
         found = hlo_comm.collectives(self._logits_fn.lower(self.params, ids).compile().as_text())
-
-        def kinds(by_kind: dict, per: int = 1) -> str:
-            return ", ".join(f"{kind} {size(v / per)}" for kind, v in sorted(by_kind.items())) or "none"
-        lines = [f"communication per device per layer (attention) and MoE layer (routed experts), forward of "
-                 f"batch {B} x {T} tokens, bytes sent by ring convention; measured: the {len(found)} collectives of "
-                 f"the compiled full-logits step"]
+        lines = [head + f"; measured: the {len(found)} collectives of the compiled full-logits step"]
         for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
-                                            ("experts", comm.expert_layers, comm.experts, comm.ideal_experts)):
+                                            ("experts", comm.moe_layers, comm.experts, comm.ideal_experts)):
             measured = hlo_comm.bytes_by_kind(found, in_shard_map=part == "experts")
-            if transfers is None:
-                analytic = "not modelled: " + comm.note
-            else:
-                detail = " + ".join(f"{t.what} {size(t.bytes_sent)}" for t in transfers)
-                analytic = kinds(comm.layer_by_kind(part)) + (f" = {detail}" if detail else "")
-            lines.append(f"  {part} (x{per}): analytic {analytic}; Table 1 {size(ideal)}; "
+            lines.append(f"  {part} (x{per}): analytic {analytic(transfers)}; Table 1 {size(ideal)}; "
                          f"measured {kinds(measured, max(per, 1))}")
+        if comm.first_experts != comm.experts:
+            lines.append(f"  first MoE layer's experts: analytic {analytic(comm.first_experts)} (whole on every "
+                         "device: the measured mean above includes it)")
         if self.dtype.itemsize < 4 and jax.devices()[0].platform == "cpu":
             lines.append("  (XLA:CPU widens 16-bit collectives to float32: measured exceeds analytic here)")
         return lines
@@ -303,3 +318,4 @@ def _to_host(x) -> np.ndarray:
         return np.asarray(x)
     from moejax.sharding.multihost import to_host
     return to_host(x)
+

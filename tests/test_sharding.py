@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import moejax
+from moejax.costs import layout_comm
 from moejax.sharding import Layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,13 +29,14 @@ def results():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     runs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sharding_worker.py"), *parts], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for parts in WORKERS]
-    out: dict = {"models": {}}
+    out: dict = {"models": {}, "two_channel": {}}
     try:
         for run in runs:
             stdout, stderr = run.communicate(timeout=900)
             assert run.returncode == 0, stderr[-3000:]
             result = json.loads(stdout.strip().splitlines()[-1])
-            out["models"].update(result.pop("models"))
+            for per_family in ("models", "two_channel"):
+                out[per_family].update(result.pop(per_family))
             out.update(result)
     finally:
         for run in runs:
@@ -84,6 +87,11 @@ def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
         chunks = 2 * 2 * 2  # MoE layers x micro-batches x chunks
         assert r["stats"] == {"a2e_bytes": chunks * 24 * (32 * 4 + 2 * 4 + 2 * 4),  # hidden f32, ids, weights
                               "e2a_bytes": chunks * 24 * 32 * 4, "chunks": chunks}, order
+        # the cost module's per-device figures, x the devices that send them and the MoE layers
+        cfg = moejax.load(os.path.join(HERE, "fixtures", "deepseek_v2_lite")).config
+        layout = Layout.parse(f"experts=dep,attn_devices=3,expert_devices=4,r1=2,r2=2,order={order}").resolve(8, 8)
+        a2e, e2a = layout_comm(cfg, layout, 4, 16, 4).experts[:2]
+        assert (a2e.bytes_sent * 3 * 2, e2a.bytes_sent * 4 * 2) == (r["stats"]["a2e_bytes"], r["stats"]["e2a_bytes"])
 
 
 def test_async_ep_gathers_depend_only_on_weights(results):
@@ -154,7 +162,6 @@ def test_dep_groups_default_to_halves():
 
 
 def test_specs_checked_against_the_model_and_devices():
-    import moejax
     with pytest.raises(ValueError, match="devices=4 but only 1 are present"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=ep,devices=4")
     with pytest.raises(ValueError, match="runs attention data-parallel"):

@@ -67,17 +67,6 @@ class TransferStats:
         return {"total": total | (extra or {}), "layers": layers}
 
 
-def chunk_rows(n: int, r2: int, multiple: int) -> tuple[tuple[int, int], ...]:
-    """n tokens -> up to r2 chunks as (real rows, padded rows); padded rows are a multiple of `multiple` so both
-    groups split them evenly over their devices."""
-    sizes = [len(c) for c in np.array_split(np.arange(n), min(r2, n))]
-    return tuple((s, -(-s // multiple) * multiple) for s in sizes)
-
-
-def micro_batches(rows: int, r1: int) -> tuple[int, ...]:
-    return tuple(len(c) for c in np.array_split(np.arange(rows), min(r1, rows)))
-
-
 class Disaggregated:
     """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters."""
     name = "dep"
@@ -90,7 +79,6 @@ class Disaggregated:
         inner = Layout(attn="dp", experts="ep", devices=layout.expert_devices, exchange=layout.exchange)
         self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh,
                                                   local_expert_ffn(cfg, backend)))
-        self.multiple = math.lcm(layout.attn_devices, layout.expert_devices)
 
     steps_class = property(lambda self: DisaggregatedSteps)
 
@@ -113,7 +101,7 @@ class Disaggregated:
                 f"{lay.devices - 1} (EP inside, exchange {lay.exchange}); r1={lay.r1} micro-batches, r2={lay.r2} "
                 f"token chunks per expert step, order {lay.order}; per token and MoE layer A->E sends its hidden "
                 "state and routing, E->A its routed output (chunks padded to a multiple of "
-                f"{self.multiple} rows)")
+                f"lcm(A, B) = {math.lcm(lay.attn_devices, lay.expert_devices)} rows)")
 
 
 # -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
@@ -172,7 +160,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         self.schedule: list[tuple] = []
 
     def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
-        sizes = micro_batches(x.shape[0], self.placement.layout.r1)
+        sizes = self.placement.layout.micro_batches(x.shape[0])
         split_cache = isinstance(cache, MicroBatched)
         inputs = dict(x=x, positions=positions, cos=cos, sin=sin, tree=tree, prior=prior,
                       cache=None if split_cache else cache)
@@ -205,7 +193,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
                 continue
             flight, shared = [], [None] * len(parts)
             for m, (p, a) in enumerate(zip(parts, args)):
-                chunks = chunk_rows(a[0].shape[0] * a[0].shape[1], lay.r2, self.placement.multiple)
+                chunks = lay.token_chunks(a[0].shape[0] * a[0].shape[1])
                 x, y, c, sends = layer(attend_chunks, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
                 log(("attn", i, m))
                 p["cache"].append(c)
@@ -227,7 +215,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         return parts
 
     def decode(self, state, cache, first, *args, **kw):
-        sizes = micro_batches(first.shape[0], self.placement.layout.r1)
+        sizes = self.placement.layout.micro_batches(first.shape[0])
         parts = MicroBatched(self._split_jit(cache, sizes=sizes))
         return super().decode(state, parts, first, *args, **kw)
 

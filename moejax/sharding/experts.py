@@ -14,11 +14,14 @@ is the single-device routed FFN (moejax.models.moe.MoEBlock.routed) applied to w
   (the rest weigh 0), a reduce-scatter sums the partial outputs back onto the tokens' devices.
 - ep, exchange=all_to_all: each (token, choice) row goes to the device owning its expert in padded, dropless
   buffers (P x n*k rows: any device may receive every row), the owner runs its experts (top-1, unweighted),
-  and a second all-to-all brings the rows back for the weighted sum."""
+  and a second all-to-all brings the rows back for the weighted sum.
+Under attn=tp every device holds every token: the programs that split tokens take each device's rows of the
+replicated input and all-gather their outputs back."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.sharding.layout import Layout
@@ -33,6 +36,9 @@ def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: d
     tokens (a top-k over tokens split across devices would otherwise be gathered by the partitioner)."""
     n_dev = mesh.shape[AXIS]
     N = x2.shape[0]
+    replicate = layout.attn == "tp" and layout.experts != "tp"  # tokens replicated outside, split inside
+    if replicate:  # keeps the program's row split from spreading back into head-split attention
+        x2 = jax.lax.with_sharding_constraint(x2, NamedSharding(mesh, P()))
     pad = -N % n_dev  # shard_map splits rows evenly: pad with tokens of weight 0
     if pad:
         x2 = jnp.pad(x2, ((0, pad), (0, 0)))
@@ -51,15 +57,22 @@ def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: d
     else:
         body, expert_spec = _all_to_all_body(local_ffn, names, n_dev), P(AXIS)
     specs = [TP_SPECS[k] for k in names] if expert_spec is None else [expert_spec] * len(names)
+    out_spec = token_spec
+    if replicate:  # outputs back to every device (an all-gather): head-split attention holds every token
+        body, out_spec = _gathered_outputs(body), P()
     if route is None:
-        run = jax.shard_map(body, mesh=mesh, in_specs=(token_spec,) * 3 + tuple(specs), out_specs=token_spec,
+        run = jax.shard_map(body, mesh=mesh, in_specs=(token_spec,) * 3 + tuple(specs), out_specs=out_spec,
                             check_vma=False)
         out = run(x2, idx, weights, *(experts[k] for k in names))
     else:  # padded rows are routed too: they only ever meet their own (sliced-off) output rows
         run = jax.shard_map(lambda x, *ws: body(x, *route(x), *ws), mesh=mesh,
-                            in_specs=(token_spec,) + tuple(specs), out_specs=token_spec, check_vma=False)
+                            in_specs=(token_spec,) + tuple(specs), out_specs=out_spec, check_vma=False)
         out = run(x2, *(experts[k] for k in names))
     return out[:N] if pad else out
+
+
+def _gathered_outputs(body):
+    return lambda *args: jax.lax.all_gather(body(*args), AXIS, tiled=True)
 
 
 TP_SPECS = {"we_gate_up": P(None, None, AXIS), "be_gate_up": P(None, AXIS), "we_down": P(None, AXIS, None),

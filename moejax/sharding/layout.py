@@ -8,6 +8,9 @@ whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, o
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import numpy as np
 
 ATTN = ("dp", "tp")
 EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep")
@@ -104,6 +107,17 @@ class Layout:
             raise ValueError(f"layout: experts=dep needs the {num_experts} experts to divide evenly over the "
                              f"{b} expert devices")
         return dataclasses.replace(self, devices=a + b, attn_devices=a, expert_devices=b)
+
+    def micro_batches(self, rows: int) -> tuple[int, ...]:
+        """DEP: rows of each of the (up to) r1 micro-batches of a batch."""
+        return tuple(len(c) for c in np.array_split(np.arange(rows), min(self.r1, rows)))
+
+    def token_chunks(self, tokens: int) -> tuple[tuple[int, int], ...]:
+        """DEP: a micro-batch's tokens as (up to) r2 chunks of (real rows, padded rows); padded to a multiple of
+        lcm(A, B) rows so that both groups split them evenly over their devices."""
+        multiple = math.lcm(self.attn_devices, self.expert_devices)
+        sizes = [len(c) for c in np.array_split(np.arange(tokens), min(self.r2, tokens))]
+        return tuple((s, -(-s // multiple) * multiple) for s in sizes)
 
     def __str__(self) -> str:
         out = f"attn={self.attn},experts={self.experts},devices={self.devices}"
