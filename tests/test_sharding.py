@@ -108,13 +108,15 @@ def test_async_ep_streamed_from_host_equals_one_device_and_gathers_only_inputs(r
     """AsyncEP's two channels (MoE-Prefill §6.3), window 1: each MoE layer's program all-gathers the next layer's
     experts from shards that came from pinned host memory; the gathers read only the program's inputs (one per
     expert array), so they need not wait for the layer's compute. The first pass moves every layer's shards once,
-    plus the next pass's first layer (gathered by the last layer) and the one after it (the window)."""
+    plus the next pass's first layer (gathered by the last layer) and the one after it (the window), unless that
+    one is the last layer itself, still in use (a model of 2 MoE layers)."""
     assert len(results["two_channel"]) == 3
     for name, r in results["two_channel"].items():
         assert r["rel"] <= TOL and r["same_tokens"], name
         assert len(r["operands"]) == r["arrays"] and all(op.startswith("%param") for op in r["operands"]), name
         assert r["misses"] == 1, name  # only the first layer of the first pass waits for its gather
-        assert r["bytes_h2d"] == (r["moe_layers"] + 2) * r["layer_bytes"], name
+        ahead = min(2, r["moe_layers"] - 1)
+        assert r["bytes_h2d"] == (r["moe_layers"] + ahead) * r["layer_bytes"], name
 
 
 def test_data_parallel_layouts_communicate_only_for_their_experts(results):
