@@ -7,6 +7,7 @@ missing process must not hang the others: each run of the workers has a deadline
 and the JAX runtime itself ends the survivors after the heartbeat / shutdown / initialization timeouts; failures
 are reported with each process's exit and last error."""
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -47,9 +48,10 @@ def report(finished: list[Finished]) -> str:
     return "\n".join(f.summary() + "\n  stderr tail: " + f.stderr[-1500:].replace("\n", "\n    ") for f in finished)
 
 
-def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=240) -> list[Finished]:
-    """Start tests/multihost_worker.py as the given processes of `num_processes` and wait for all of them; past
-    `deadline_s` kill every one still running and fail with what each printed."""
+def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=240, serve=None) -> list[Finished]:
+    """Start tests/multihost_worker.py (or `python -m launch.serve *serve`, with "{i}" the process index) as the
+    given processes of `num_processes` and wait for all of them; past `deadline_s` kill every one still running
+    and fail with what each printed."""
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -58,10 +60,12 @@ def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=2
     try:
         for i in processes:
             logs.append(open(tmp_path / f"worker{i}.stderr", "w+"))  # a file, not a pipe: no buffer to fill up
+            program = ["-m", "launch.serve", *(a.replace("{i}", str(i)) for a in serve)] if serve else \
+                [os.path.join(HERE, "multihost_worker.py"), "--out", str(tmp_path / f"logits{i}.npz"), *args]
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "multihost_worker.py"), "--coordinator", f"127.0.0.1:{port}",
-                 "--num-processes", str(num_processes), "--process-id", str(i), "--out",
-                 str(tmp_path / f"logits{i}.npz"), *args], stdout=subprocess.DEVNULL, stderr=logs[-1], env=env))
+                [sys.executable, *program, "--coordinator", f"127.0.0.1:{port}", "--num-processes",
+                 str(num_processes), "--process-id", str(i)], stdout=subprocess.DEVNULL, stderr=logs[-1], env=env,
+                cwd=os.path.dirname(HERE)))
         end = time.monotonic() + deadline_s
         for p in procs:
             p.wait(timeout=max(0.0, end - time.monotonic()))
@@ -131,6 +135,38 @@ def test_a_missing_process_ends_the_others_after_the_initialization_timeout(tmp_
     assert elapsed < 30, f"{elapsed:.0f}s\n{text}"
     assert not finished[0].killed and finished[0].returncode != 0, text
     assert "DEADLINE_EXCEEDED" in finished[0].summary(), text
+
+
+def test_serve_over_two_processes_gives_the_one_process_output(tmp_path):
+    """launch.serve with --coordinator: both processes run every batch (completions and scores), only process 0
+    writes, and what it writes equals a one-process run's output."""
+    lines = []
+    for i in range(6):
+        lines.append({"custom_id": f"c{i}", "url": "/v1/completions",
+                      "body": {"prompt_token_ids": [1 + i, 2, 3, 4 + i], "max_tokens": 4}})
+        lines.append({"custom_id": f"s{i}", "url": "/v1/score",
+                      "body": {"prompt_token_ids": [5, 6 + i, 7], "candidate_token_ids": [[8], [9, 10]]}})
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    model = os.path.join(HERE, "fixtures", "qwen3_moe")
+    common = ["--model", model, "--dtype", "float32", "--input", str(tmp_path / "in.jsonl")]
+    finished = run_workers(tmp_path, serve=[*common, "--output", str(tmp_path / "out{i}.jsonl"), "--layout",
+                                            "attn=dp,experts=ep"])
+    assert all(f.returncode == 0 for f in finished), report(finished)
+    assert not (tmp_path / "out1.jsonl").exists(), "only process 0 writes results"
+    one = subprocess.run([sys.executable, "-m", "launch.serve", *common, "--output", str(tmp_path / "one.jsonl")],
+                         cwd=os.path.dirname(HERE), env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    got, want = ([json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+                 for name in ("out0.jsonl", "one.jsonl"))
+    assert [r["custom_id"] for r in got] == [r["custom_id"] for r in want] and not any(r.get("error") for r in got)
+    for g, w in zip(got, want):
+        g, w = g["response"]["body"], w["response"]["body"]
+        if "choices" in w:
+            assert g["choices"][0]["token_ids"] == w["choices"][0]["token_ids"]
+        else:
+            for a, b in zip(g["results"][0]["candidates"], w["results"][0]["candidates"]):
+                assert a["logprob"] == pytest.approx(b["logprob"], rel=1e-5, abs=1e-5)
 
 
 @pytest.mark.parametrize("argv, message", [
