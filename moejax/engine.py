@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from moejax import steps
-from moejax.buckets import bucket
+from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
@@ -178,6 +178,15 @@ class Engine:
             lines.append("  (XLA:CPU widens 16-bit collectives to float32: measured exceeds analytic here)")
         return lines
 
+    @property
+    def row_multiple(self) -> int:
+        """Batches are padded to a multiple of this many rows: the devices that split them under a layout (DEP:
+        its attention devices, for each of its r1 micro-batches)."""
+        lay = self.layout
+        if lay is None or lay.attn != "dp":
+            return 1
+        return lay.attn_devices * lay.r1 if lay.experts == "dep" else lay.devices
+
     def param_bytes(self) -> int:
         """Bytes of all weights (from abstract shapes; allocates nothing)."""
         return sum(int(np.prod(v.shape)) * jnp.dtype(v.dtype).itemsize
@@ -194,7 +203,7 @@ class Engine:
         if T > self.config.max_position_embeddings:
             raise ValueError(f"token_ids: {T} tokens exceed the model's context of "
                              f"{self.config.max_position_embeddings}")
-        padded = np.zeros((bucket(B), bucket(T, MIN_SEQ_BUCKET)), np.int32)
+        padded = np.zeros((rows_bucket(B, self.row_multiple), bucket(T, MIN_SEQ_BUCKET)), np.int32)
         padded[:B, :T] = ids
         if self.layout is not None and jax.process_count() > 1:
             return self._logits_multiprocess(padded)[:B, :T]
@@ -241,7 +250,7 @@ class Engine:
         starts after them); store_blocks[r] = [(block id, first position)] of prompt blocks to keep in the pool.
         Returns (new tokens per row, pool)."""
         n = len(prompts)
-        B = bucket(n)
+        B = rows_bucket(n, self.row_multiple)
         skip = [BLOCK * len(p) for p in prior_blocks] if prior_blocks else [0] * n
         lengths = np.ones((B,), np.int32)
         lengths[:n] = [len(p) for p in prompts]

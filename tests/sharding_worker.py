@@ -166,10 +166,29 @@ def two_channel(name):
                 arrays=len(engine.store.arrays(engine.store.layers[0])))
 
 
+def padded_rows():
+    """Batches are padded to a multiple of the devices that split rows: the padded shape each step ran with, and
+    for DP+EP the collectives outside the expert program at that shape (an uneven split had XLA reshard and
+    all-reduce around every norm)."""
+    from moejax.sharding import hlo_comm
+    out = {}
+    for spec in ("attn=dp,experts=ep", "attn=dp,experts=replicated,devices=6", "attn=tp,experts=tp,devices=4",
+                 "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=2"):
+        engine = moejax.load(os.path.join(FIXTURES, "qwen3_moe"), dtype="float32", layout=spec)
+        shapes, step = [], engine._logits_fn
+        engine._logits_fn = lambda params, ids: shapes.append(ids.shape) or step(params, ids)
+        engine.logits(np.ones((3, 5), np.int32))
+        out[spec] = dict(rows=shapes[0][0], multiple=engine.row_multiple)
+        if not engine.layer_by_layer:
+            text = step.lower(engine.params, jnp.zeros(shapes[0], jnp.int32)).compile().as_text()
+            out[spec]["outside"] = hlo_comm.bytes_by_kind(hlo_comm.collectives(text), in_shard_map=False)
+    return out
+
+
 PARTS = {"models": lambda name: models([name]), "experts": lambda: experts(),
          "async_ep": lambda: async_ep_gathers("qwen3_moe"), "collectives": lambda: collective_kinds("qwen3_moe"),
          "skewed": lambda: skewed("qwen3_moe"), "dep": lambda: dep_groups("deepseek_v2_lite"),
-         "two_channel": lambda name: {name: two_channel(name)}}
+         "two_channel": lambda name: {name: two_channel(name)}, "padded_rows": padded_rows}
 
 if __name__ == "__main__":  # arguments: parts to run, "models:NAME" for one family's layouts
     assert len(jax.devices()) == 8, jax.devices()

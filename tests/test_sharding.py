@@ -21,7 +21,7 @@ TOL = 1e-5
 # Three worker processes side by side (compiling is mostly one thread each): one family's layouts and some checks.
 WORKERS = (["models:qwen3_moe", "skewed", "async_ep", "two_channel:qwen3_moe"],
            ["models:deepseek_v2_lite", "dep", "collectives", "two_channel:deepseek_v2_lite"],
-           ["models:gpt_oss", "experts", "two_channel:gpt_oss"])
+           ["models:gpt_oss", "experts", "two_channel:gpt_oss", "padded_rows"])
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,16 @@ def test_async_ep_streamed_from_host_equals_one_device_and_gathers_only_inputs(r
         assert r["misses"] == 1, name  # only the first layer of the first pass waits for its gather
         ahead = min(2, r["moe_layers"] - 1)
         assert r["bytes_h2d"] == (r["moe_layers"] + ahead) * r["layer_bytes"], name
+
+
+def test_batches_pad_to_a_multiple_of_the_devices_that_split_rows(results):
+    """3 rows: 8 under DP on 8 devices (and then nothing moves outside the expert program), 6 on 6 devices, the
+    plain bucket (4) under attn=tp, and 2 micro-batches x 2 attention devices under DEP."""
+    r = results["padded_rows"]
+    assert {spec: v["rows"] for spec, v in r.items()} == {
+        "attn=dp,experts=ep": 8, "attn=dp,experts=replicated,devices=6": 6, "attn=tp,experts=tp,devices=4": 4,
+        "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=2": 4}
+    assert r["attn=dp,experts=ep"]["outside"] == {} and r["attn=dp,experts=replicated,devices=6"]["outside"] == {}
 
 
 def test_data_parallel_layouts_communicate_only_for_their_experts(results):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from moejax.buckets import bucket
+from moejax.buckets import bucket, rows_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 
@@ -174,9 +174,10 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def assemble(rows: Sequence[Row], pool_size: int = 0):
-    """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g])."""
-    B = bucket(len(rows))
+def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1):
+    """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g]); the row count is
+    padded to a multiple of `row_multiple` (Engine.row_multiple)."""
+    B = rows_bucket(len(rows), row_multiple)
     T = bucket(max(len(r.tokens) for r in rows), MIN_ROW)
     U = bucket(max(len(r.reads) for r in rows), 8)
     G = bucket(max(len(r.targets) for r in rows), 8)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.buckets import bucket
+from moejax.buckets import bucket, rows_bucket
 from moejax.costs import layer_flops_per_token
 from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kv_pool import BLOCK
@@ -77,7 +77,7 @@ class Runner:
             self.cache.begin_batch()
         if batch.kind == "score":
             rows = [packing.pack_row(r, self.cache, self._want_store) for r in batch.rows]
-            return rows, packing.assemble(rows, self.plan.pool_blocks)
+            return rows, packing.assemble(rows, self.plan.pool_blocks, self.engine.row_multiple)
         prior, stores = [], []
         for r in batch.requests:
             keep = []
@@ -161,7 +161,7 @@ class Runner:
         m = self.metrics
         new = [len(r.prompt) - BLOCK * len(p) for r, p in zip(reqs, prior)]
         m.computed_tokens += sum(new)
-        m.padded_tokens += bucket(len(reqs)) * bucket(max(new), MIN_SEQ_BUCKET)
+        m.padded_tokens += rows_bucket(len(reqs), self.engine.row_multiple) * bucket(max(new), MIN_SEQ_BUCKET)
         m.flops += self._flops_per_token * (sum(new) + sum(map(len, outs))) + self._head_flops * sum(map(len, outs))
         for r, out, p, st in zip(reqs, outs, prior, stops):
             self._emit(self._index[r.line], self._completion_body(r, out, BLOCK * len(p), st))
