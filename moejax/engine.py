@@ -215,7 +215,7 @@ class Engine:
         layout's devices, the logits back as numpy on every process (moejax.sharding.multihost)."""
         from moejax.sharding.mesh import make_mesh
         from moejax.sharding.multihost import shard_rows, to_host
-        mesh = make_mesh(self.layout.attn_devices or self.layout.devices)  # dep: the ids go to its attention group
+        mesh = make_mesh(self.layout.devices)  # (DEP refuses several processes at load)
         return to_host(self._logits_fn(self.params, shard_rows(padded, mesh)))
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,

@@ -16,6 +16,7 @@ from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
 from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
 from moejax.models.decoder import MoEModel
 from moejax.offload.host_store import HostStore, is_routed_expert
+from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes
 from moejax.models.moe import MoEBlock
 from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory, streams_in_jit
 from moejax.presets import PRESETS, preset_config
@@ -95,6 +96,11 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.host_experts = True
     layout = layout_of(options.get("layout"), cfg, plan, in_jit)
+    if layout and plan.placement == "resident":
+        try:
+            plan = layout.plan_memory(plan, shapes, device_budget_bytes(options.get("device_memory_gb")))
+        except MemoryPlanError as e:
+            raise ValueError(f"moejax.load: {e}") from None
     if layout:
         abstract.split_batch = layout.split_batch
     for layer in abstract.layers if layout and not layout.disaggregated else ():

@@ -65,8 +65,8 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
     except MemoryPlanError as e:
         raise _error(str(e)) from None
     if spread:
-        plan = dataclasses.replace(plan, reason="a layout spreads the weights over devices (per-device memory is "
-                                   "not planned yet)")
+        plan = dataclasses.replace(plan, reason="a layout spreads the weights over devices")  # planned per device
+        # by moejax.sharding.setup once the layout is resolved
     elif options.get("layout") is not None:
         plan = dataclasses.replace(plan, reason=plan.reason + "; planned as one device: under experts=async_ep each "
                                    "device holds the current and next layer's experts whole and window layers of its "

@@ -15,6 +15,7 @@ from moejax.sharding.dep import Disaggregated, ExpertGroup, group_meshes
 from moejax.sharding.gathered import GatheredStreamed
 from moejax.sharding.experts import AXIS, TP_SPECS, sharded_routed, tp_columns
 from moejax.sharding.layout import Layout
+from moejax.sharding.memory import check_fits, device_weights
 from moejax.sharding.mesh import make_mesh
 
 
@@ -34,6 +35,14 @@ class LayoutSetup:
     def expert_group(self):
         """DEP: where the loader puts the routed experts (the parameters keep stand-ins)."""
         return ExpertGroup(self.mesh, self.expert_mesh)
+
+    def plan_memory(self, plan, shapes: dict, budget: int | None):
+        """The memory plan of a resident layout: each device's weights from the abstract shapes, checked against
+        the budget (ValueError with the numbers)."""
+        weights = device_weights(shapes, self.layout, self.first_moe, set(self.heads) if self.layout.attn == "tp"
+                                 else set())
+        check_fits(weights, budget)
+        return dataclasses.replace(plan, reason=f"a layout spreads the weights over devices ({weights.describe()})")
 
     @property
     def expert_shards(self):
