@@ -37,7 +37,7 @@ from moejax.costs import layer_flops_per_token
 from moejax.kernels.backends import on_gpu
 from moejax.offload.predict import calibrate
 from moejax.offload.saturation import profile_saturation
-from launch.bench_util import time_calls
+from launch.bench_util import time_calls, timed_call
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)
@@ -145,13 +145,6 @@ def _saturation_record(sat) -> dict:
                 streamed_s=sat.streamed_s)
 
 
-def _timed_call(engine, call: str, ids):
-    if call == "logits":
-        return lambda: engine.logits(ids)
-    rows = ids.tolist()
-    return lambda: engine.generate(rows, 1)
-
-
 def prefill(args, peak_gb_per_s: float, resident) -> dict:
     streamed = _load(args, placement="streamed", window=args.window)
     in_jit = _load(args, placement="streamed", stream="jit")  # the alternative: XLA schedules the copies
@@ -169,10 +162,10 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
     for tokens in _sizes(args, sat.theta_tokens):
         B, T = _rows(tokens, args.seq)
         ids = rng.integers(0, resident.config.vocab_size, (B, T))
-        res_s, res_t = _median(_timed_call(resident, args.call, ids), args.repeats)
+        res_s, res_t = _median(timed_call(resident, args.call, ids), args.repeats)
         streamed.reset_stats()
-        str_s, str_t = _median(_timed_call(streamed, args.call, ids), args.repeats)
-        jit_s, jit_t = _median(_timed_call(in_jit, args.call, ids), args.repeats)
+        str_s, str_t = _median(timed_call(streamed, args.call, ids), args.repeats)
+        jit_s, jit_t = _median(timed_call(in_jit, args.call, ids), args.repeats)
         stats, passes = streamed.stats()["total"], 1 + args.repeats
         gbps = per_pass / str_s / 1e9
         row = dict(tokens=B * T, batch=B, seq=T, padded_tokens=bucket(B) * bucket(T, 16),

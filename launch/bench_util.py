@@ -39,6 +39,15 @@ def time_calls(fn, repeats: int) -> tuple[float, list[float], float]:
     return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
 
 
+def timed_call(engine, call: str, ids):
+    """The call a benchmark times: "logits" (every position's logits back on the host) or a one-token generation
+    (a prefill that returns one token per row)."""
+    if call == "logits":
+        return lambda: engine.logits(ids)
+    rows = ids.tolist()
+    return lambda: engine.generate(rows, 1)
+
+
 def environment() -> dict:
     import flax
     import jax

@@ -180,12 +180,8 @@ class Engine:
 
     @property
     def row_multiple(self) -> int:
-        """Batches are padded to a multiple of this many rows: the devices that split them under a layout (DEP:
-        its attention devices, for each of its r1 micro-batches)."""
-        lay = self.layout
-        if lay is None or lay.attn != "dp":
-            return 1
-        return lay.attn_devices * lay.r1 if lay.experts == "dep" else lay.devices
+        """Batches are padded to a multiple of this many rows (Layout.row_multiple; 1 on one device)."""
+        return 1 if self.layout is None else self.layout.row_multiple
 
     def param_bytes(self) -> int:
         """Bytes of all weights (from abstract shapes; allocates nothing)."""

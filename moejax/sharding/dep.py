@@ -73,6 +73,7 @@ class Disaggregated:
 
     def __init__(self, store: ExpertGroup, layout: Layout, cfg, backend: str):
         self.store, self.layout = store, layout
+        self.has_shared = bool(cfg.shared_expert_size)  # MoEBlock.shared exists
         self.stats = TransferStats()
         self.attn_rows = NamedSharding(store.attn_mesh, P(AXIS))
         self.expert_rows = NamedSharding(store.expert_mesh, P(AXIS))
@@ -81,9 +82,6 @@ class Disaggregated:
                                                   local_expert_ffn(cfg, backend)))
 
     steps_class = property(lambda self: DisaggregatedSteps)
-
-    def begin_pass(self, steps) -> None:
-        pass
 
     def run(self, layer: int, y2, idx, weights):
         """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited)."""
@@ -153,8 +151,6 @@ class DisaggregatedSteps(layered.LayeredSteps):
         self._concat_jit = jax.jit(_concat)
         split = functools.partial(jax.lax.with_sharding_constraint, shardings=placement.attn_rows)
         self._combine = functools.partial(combine, split=split)
-        self._has_shared = any(getattr(layer.mlp, "shared", None) is not None
-                               for layer in layered.steps.model_of(graphdef, params).layers)
         # The last pass's dispatch order: ("attn" | "shared" | "combine", layer, micro-batch) and
         # ("experts", layer, micro-batch, chunk), for --explain and tests.
         self.schedule: list[tuple] = []
@@ -202,10 +198,10 @@ class DisaggregatedSteps(layered.LayeredSteps):
                     outs.append(self.placement.run(i, *send))
                     log(("experts", i, m, j))
                 flight.append((x, y, outs, chunks))
-                if lay.order == "asas" and self._has_shared:
+                if lay.order == "asas" and self.placement.has_shared:
                     shared[m] = layer(shared_expert, y)
                     log(("shared", i, m))
-            if lay.order == "aass" and self._has_shared:
+            if lay.order == "aass" and self.placement.has_shared:
                 for m, (_, y, _, _) in enumerate(flight):
                     shared[m] = layer(shared_expert, y)
                     log(("shared", i, m))

@@ -12,11 +12,11 @@ import functools
 import time
 
 import jax
-from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import local_expert_ffn
+from moejax.offload import layered
 from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
@@ -28,9 +28,7 @@ _LOCAL = Layout(attn="dp", experts="replicated")  # each device its own tokens a
 def moe_and_gather(graphdef, state, x, y, idx, weights, experts, next_shards, *, run, whole):
     """Layer l's routed experts (whole on every device) + shared expert + residual, and layer l+1's experts
     gathered whole from their shards (None: nothing to gather)."""
-    mlp = nnx.merge(graphdef, state).mlp
-    y2 = y.reshape(-1, y.shape[-1])
-    out = x + mlp.with_shared(y2, run(y2, idx, weights, experts)).reshape(x.shape)
+    out = layered.finish(graphdef, state, x, y, run(y.reshape(-1, y.shape[-1]), idx, weights, experts))
     gathered = None if next_shards is None else jax.lax.with_sharding_constraint(next_shards, whole)
     return out, gathered
 
@@ -43,7 +41,6 @@ class GatheredStreamed:
         if window < 1:
             raise ValueError(f"async_ep streamed placement: window must be >= 1, got {window}")
         self.store, self.window = store, int(window)
-        self.shards = NamedSharding(mesh, P("x"))
         whole = NamedSharding(mesh, P())
         run = functools.partial(sharded_routed, _LOCAL, mesh, local_expert_ffn(cfg, backend))
         self._step = functools.partial(moe_and_gather, run=run, whole=whole)

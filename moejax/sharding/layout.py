@@ -108,6 +108,14 @@ class Layout:
                              f"{b} expert devices")
         return dataclasses.replace(self, devices=a + b, attn_devices=a, expert_devices=b)
 
+    @property
+    def row_multiple(self) -> int:
+        """Batches are padded to a multiple of this many rows: the devices that split them (attn=dp; DEP: its
+        attention devices, for each of its r1 micro-batches); 1 under attn=tp or before `resolve`."""
+        if self.attn != "dp" or not self.devices:
+            return 1
+        return self.attn_devices * self.r1 if self.experts == "dep" else self.devices
+
     def micro_batches(self, rows: int) -> tuple[int, ...]:
         """DEP: rows of each of the (up to) r1 micro-batches of a batch."""
         return tuple(len(c) for c in np.array_split(np.arange(rows), min(self.r1, rows)))
