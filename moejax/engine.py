@@ -48,7 +48,7 @@ class Engine:
             return
         bind = functools.partial
         self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, kernels))
-        self._score_fn = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,))
+        self._score_fn = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,), static_argnames=("span",))
         self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, kernels), static_argnames=("cache_len",),
                                    donate_argnums=(1,))
         self._decode_fn = jax.jit(bind(steps.decode, graphdef, kernels), static_argnames=("steps",))
@@ -294,9 +294,11 @@ class Engine:
         shapes = jax.eval_shape(lambda: model.init_cache(1, 1))
         return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
 
-    def score_packed(self, batch: dict, pool=None):
-        """Run moejax.steps.score on host arrays; returns (logprobs [B, G] numpy, pool)."""
-        lp, pool = self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()})
+    def score_packed(self, batch: dict, pool=None, span=(0, None)):
+        """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] numpy,
+        pool)."""
+        lp, pool = self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()},
+                                  span=tuple(span))
         return _to_host(lp), pool
 
     def _check_ids(self, ids: np.ndarray, where: str):

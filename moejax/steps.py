@@ -44,23 +44,24 @@ def logits_end(model, x, new, context, tokens):
 
 
 # -- packed-tree scoring -------------------------------------------------------------------------------------
-def score_begin(model, pool, batch):
+def score_begin(model, pool, batch, *, span=(0, None)):
     """batch: tokens, positions, q_pre, q_post [B, T] (DFS spans of each token's node); read_idx [B, U] (rows whose
     next-token distribution is read); tgt_u, tgt_tok [B, G] (which read row, which token). Optional prior keys
     from the pool: prior_ids [B, NP] and prior_pos, prior_pre, prior_post [B, NP*BLOCK]; optional blocks to
-    store: store_ids [B, NS], store_src [B, NS, BLOCK] (indices into prior + new keys)."""
+    store: store_ids [B, NS], store_src [B, NS, BLOCK] (indices into prior + new keys). span (static): the
+    rows' TreeSpan (head, window), which keys attention reads (moejax.sched.packing.tree_span)."""
     prior = kv_pool.gather(pool, batch["prior_ids"]) if "prior_ids" in batch else None
 
     def keys(name):
         new = batch["positions"] if name == "pos" else batch[f"q_{name}"]
         return new if prior is None else jnp.concatenate([batch[f"prior_{name}"], new], axis=1)
 
-    tree = TreeMask(batch["q_pre"], keys("pre"), keys("post"), keys("pos"))
+    tree = TreeMask(batch["q_pre"], keys("pre"), keys("post"), keys("pos"), *span)
     x, cos, sin = model.embed_inputs(batch["tokens"], batch["positions"])
     return dict(x=x, positions=batch["positions"], cos=cos, sin=sin, tree=tree, prior=prior), prior
 
 
-def score_end(model, x, new, prior, pool, batch):
+def score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
     """-> (log-probabilities of the target tokens [B, G] float32, pool)."""
     logprobs = jax.nn.log_softmax(model.head(x, batch["read_idx"]), axis=-1)
     picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]

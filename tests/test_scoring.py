@@ -157,6 +157,7 @@ def test_read_token_inside_a_cached_block_is_recomputed(engine):
         cache.begin_batch()
         row = pack_row([seq], cache, want_store=lambda h: True)
         assert len(row.prior_slots) == expect_prior
-        lp, pool = engine.score_packed(assemble([row], 4)[0], pool)
+        arrays, _, span = assemble([row], 4)
+        lp, pool = engine.score_packed(arrays, pool, span)
         np.testing.assert_allclose(lp[0, 0], want, rtol=1e-4, atol=2e-4)
     assert row.positions == [31] and row.cached == {"ctx": 31}

@@ -8,14 +8,15 @@ Every block takes `x [B, T, D]`, absolute `positions [B, T]` (consecutive within
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from moejax.config import ModelConfig
-from moejax.kernels.attention import attention
+from moejax.kernels.attention import attention, blocked
 from moejax.kv_pool import concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
@@ -33,15 +34,41 @@ def _proj(x, w, b=None):
     return y.astype(x.dtype)
 
 
-class TreeMask(NamedTuple):
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q_pre", "k_pre", "k_post", "k_pos"],
+                   meta_fields=["head", "window"])
+@dataclasses.dataclass(frozen=True)
+class TreeMask:
     """Visibility for rows that pack token trees (shared prefixes, siblings, candidates) and forests of them.
     Nodes are numbered in DFS preorder and node n spans [pre_n, post_n) over its subtree, so key j is visible to
     query i when j's node is an ancestor-or-self of i's node: k_pre[j] <= q_pre[i] < k_post[j]; positions then
-    make it causal inside a node. Keys are the prior keys followed by this call's tokens."""
+    make it causal inside a node. Keys are the prior keys followed by this call's tokens.
+    head, window (static, from moejax.sched.packing.tree_span): every new key a query at row index i sees lies in
+    [0, head) or within `window` keys before the end of i's query block (None: anywhere before it), so
+    attention reads only those (moejax.kernels.attention.blocked.tree_blocks)."""
     q_pre: jax.Array  # [B, T]
     k_pre: jax.Array  # [B, S]
     k_post: jax.Array  # [B, S]
     k_pos: jax.Array  # [B, S]
+    head: int = 0
+    window: int | None = None
+
+
+def tree_attend(q, k, v, q_pos, scale, tree: TreeMask, window=None, sinks=None):
+    """`attend` over a packed tree, reading only the key ranges the tree's static span allows (blocked)."""
+    T, S = q.shape[1], k.shape[1]
+    P = S - T
+
+    def visible(qs, qe, idx):
+        k_pos = tree.k_pos[:, idx]
+        dist = q_pos[:, qs:qe, None] - k_pos[:, None, :]
+        vis = dist >= 0
+        if window is not None:
+            vis &= dist < window
+        q_pre = tree.q_pre[:, qs:qe, None]
+        return vis & (tree.k_pre[:, None, idx] <= q_pre) & (q_pre < tree.k_post[:, None, idx])
+
+    blocks = blocked.tree_blocks(T, P, tree.head, tree.window)
+    return blocked.attention(q, k, v, blocks, visible, scale, sinks)[0]
 
 
 def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask | None = None):
@@ -121,7 +148,7 @@ class GQAttention(nnx.Module):
         if tree is not None:
             new = {"k": k, "v": v}
             keys, values = (k, v) if prior is None else (concat_prior(prior["k"], k), concat_prior(prior["v"], v))
-            out = attend(q, keys, values, positions, tree.k_pos, self.scale, self.window, sinks, tree)
+            out = tree_attend(q, keys, values, positions, self.scale, tree, self.window, sinks)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         if cache is not None:
             cache = {"k": write_cache(cache["k"], positions, k), "v": write_cache(cache["v"], positions, v)}
@@ -212,5 +239,5 @@ class MLAttention(nnx.Module):
                              jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
         q_full, v = jnp.concatenate([q_nope, q_rope], -1), kv_h[..., self.nope:]
         if tree is not None:
-            return attend(q_full, k, v, q_pos, tree.k_pos, self.scale, tree=tree)
+            return tree_attend(q_full, k, v, q_pos, self.scale, tree)
         return attention(q_full, k, v, scale=self.scale, backend=backend)  # T == S: queries are every key

@@ -81,7 +81,8 @@ class LayeredSteps:
         self.passes = 0  # forward passes through the layers so far (predictors key their state on it)
         jit = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
         self._logits = jit(steps.logits_begin), jit(steps.logits_end)
-        self._score = jit(steps.score_begin), jit(steps.score_end, donate_argnums=(4,))
+        self._score = (jit(steps.score_begin, static_argnames=("span",)),
+                       jit(steps.score_end, donate_argnums=(4,), static_argnames=("span",)))
         self._prefill = (jit(steps.prefill_begin, static_argnames=("cache_len",)),
                          jit(steps.prefill_end, static_argnames=("cache_len",), donate_argnums=(4,)))
         self._decode_start = jax.jit(steps.decode_start, static_argnums=(3,))
@@ -112,8 +113,8 @@ class LayeredSteps:
     def logits(self, state, tokens):
         return self._run(self._logits, state, tokens)
 
-    def score(self, state, pool, batch):
-        return self._run(self._score, state, pool, batch)
+    def score(self, state, pool, batch, *, span=(0, None)):
+        return self._run(self._score, state, pool, batch, span=span)
 
     def prefill(self, state, pool, *args, cache_len, **optional):
         read_cache = steps.prefill_reads_cache(pool, *args, **optional)

@@ -25,7 +25,7 @@ def describe(plan, runner, engine) -> str:
     for k, batch in enumerate(plan.batches):
         prepared = runner.prepare(k)
         if batch.kind == "score":
-            rows, (arrays, _) = prepared
+            rows, (arrays, _, span) = prepared
             shape = tuple(sorted((name, a.shape) for name, a in arrays.items()))
             real = sum(len(r.tokens) for r in rows)
             hits = sum(sum(r.cached.values()) for r in rows)
@@ -35,7 +35,8 @@ def describe(plan, runner, engine) -> str:
             seqs = sum(len(r) for r in batch.rows)
             lines.append(f"  {k:3d} score       rows {len(rows):3d} -> B {B:3d} x T {T:5d} | {seqs} sequences, "
                          f"{real} tokens to compute ({real / (B * T):.0%} of slots), {hits} context tokens "
-                         f"from cache, prior {NP} blocks/row, {NS} blocks stored")
+                         f"from cache, prior {NP} blocks/row, {NS} blocks stored, attention head {span.head} "
+                         f"window {span.window or 'causal'}")
             total, padded, cached = total + real, padded + B * T, cached + hits
         else:
             prior, stores = prepared

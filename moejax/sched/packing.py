@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from moejax.buckets import bucket, rows_bucket
+from moejax.buckets import bucket, fine_bucket, rows_bucket
+from moejax.kernels.attention import blocked
 from moejax.kv_pool import BLOCK
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 
@@ -174,11 +176,66 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+class TreeSpan(NamedTuple):
+    """Static key ranges of a batch's blocked tree attention (moejax.models.attention.TreeMask): every new key a
+    query sees is in the row's head [0, head) or within `window` keys before its query block's end."""
+    head: int = 0
+    window: int | None = None  # None: anywhere before the block's end (the causal triangle)
+
+
+HEAD_QUANTUM = 64  # heads are rounded up to this, so prefixes of similar length share a compiled shape
+
+
+def tree_span(rows: Sequence[Row], T: int, block: int = blocked.BLOCK) -> TreeSpan:
+    """The cheapest span that holds every key any query of `rows` (padded to T) can see: with no head, or with a
+    head covering the rows' common root node (a prefix every token of every row descends from)."""
+    heads = {0}
+    common = min(_root_tokens(r) for r in rows)
+    if common:
+        heads.add(min(T, -(-common // HEAD_QUANTUM) * HEAD_QUANTUM))
+    best = None
+    for head in sorted(heads):
+        need = max(_reach(r, head, T, block) for r in rows)
+        window = None if need >= T else -(-max(need, block) // block) * block
+        cost = sum(hi - lo for _, _, ranges in blocked.tree_blocks(T, 0, head, window) for lo, hi in ranges)
+        if best is None or cost < best[0]:
+            best = cost, TreeSpan(head, window)
+    return best[1]
+
+
+def _root_tokens(row: Row) -> int:
+    """New tokens of the row's first node if every token of the row descends from it, else 0."""
+    if not row.tokens or max(row.pre) >= row.post[0]:
+        return 0
+    return row.pre.count(row.pre[0])
+
+
+def _reach(row: Row, head: int, T: int, block: int) -> int:
+    """max over query blocks [qs, qe) of qe - (the lowest key >= head that a query of the block sees)."""
+    pre, post = np.asarray(row.pre), np.asarray(row.post)
+    if pre.size == 0:
+        return 0
+    ids, first = np.unique(pre, return_index=True)  # nodes (by DFS number) and their first row index
+    last = pre.size - 1 - np.unique(pre[::-1], return_index=True)[1]
+    ancestor = (ids[None, :] <= ids[:, None]) & (ids[:, None] < post[first][None, :])  # [node, ancestor-or-self]
+    never = np.iinfo(np.int64).max
+    reach = np.where(last >= head, np.maximum(first, head), never)  # the lowest key >= head of each node
+    lowest = np.where(ancestor, reach[None, :], never).min(axis=1)
+    per_token = lowest[np.searchsorted(ids, pre)]
+    per_token[: min(head, pre.size)] = never  # queries inside the head see only the head
+    need = 0
+    for qs in range(0, min(pre.size, T), block):
+        lo = per_token[qs: qs + block].min()
+        if lo != never:
+            need = max(need, min(qs + block, T) - int(lo))
+    return need
+
+
 def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1):
-    """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g]); the row count is
-    padded to a multiple of `row_multiple` (Engine.row_multiple)."""
+    """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g], TreeSpan); the row
+    count is padded to a multiple of `row_multiple` (Engine.row_multiple)."""
     B = rows_bucket(len(rows), row_multiple)
-    T = bucket(max(len(r.tokens) for r in rows), MIN_ROW)
+    T = fine_bucket(max(len(r.tokens) for r in rows), MIN_ROW)
     U = bucket(max(len(r.reads) for r in rows), 8)
     G = bucket(max(len(r.targets) for r in rows), 8)
     NP = max(len(r.prior_slots) for r in rows)
@@ -210,4 +267,4 @@ def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1):
         for j, (slot, keys) in enumerate(r.stores):
             a["store_ids"][b, j] = slot
             a["store_src"][b, j] = [i if kind == "prior" else P + i for kind, i in keys]
-    return a, [[tag for _, _, tag in r.targets] for r in rows]
+    return a, [[tag for _, _, tag in r.targets] for r in rows], tree_span(rows, T)

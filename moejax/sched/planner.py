@@ -7,7 +7,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
-from moejax.buckets import bucket
+from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import block_hashes
@@ -68,11 +68,11 @@ def group_trees(seqs: Sequence[tuple[int, ScoreSeq]], cap: int) -> list[list[Sco
     return trees
 
 
-def row_length(largest: int, total: int, max_batch_tokens: int) -> int:
-    """Rows hold several trees: a row about 4x the largest tree keeps padding small (rows are pow2 long so a
-    few compiled shapes serve every batch), without exceeding the batch budget or the work left."""
-    budget = 1 << (max(max_batch_tokens, MIN_ROW).bit_length() - 1)
-    return max(bucket(largest, MIN_ROW), min(bucket(4 * largest, MIN_ROW), bucket(total, MIN_ROW), budget))
+def row_length(largest: int) -> int:
+    """Rows as long as the largest tree (fine buckets keep its padding under a third). Attention reads each
+    query's own tree (blocked tree attention), but a row of several trees pays the widest window for every query,
+    so rows longer than a tree only add work; smaller trees still share a row."""
+    return fine_bucket(largest, MIN_ROW)
 
 
 def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int) -> list[ScoreBatch]:
@@ -82,7 +82,7 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int) -> li
     batches = []
     while pending:
         total = sum(size for size, _ in pending)
-        T = row_length(pending[0][0], total, max_batch_tokens)
+        T = row_length(pending[0][0])
         nrows = min(1 << (max(1, max_batch_tokens // T).bit_length() - 1), -(-total // T))
         rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
         for size, tree in pending:

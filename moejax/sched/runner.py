@@ -116,8 +116,8 @@ class Runner:
         return self.metrics
 
     def _run_score(self, batch, rows, assembled):
-        arrays, tags = assembled
-        lp, self.pool = self.engine.score_packed(arrays, self.pool)
+        arrays, tags, span = assembled
+        lp, self.pool = self.engine.score_packed(arrays, self.pool, span)
         m = self.metrics
         m.computed_tokens += sum(len(r.tokens) for r in rows)
         m.padded_tokens += arrays["tokens"].size

@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels.attention import cudnn, pallas, reference, xla
+from moejax.kernels.attention import blocked, cudnn, pallas, reference, xla
 from moejax.kernels.backends import on_gpu, resolve
 
 BACKENDS = ("reference", "xla", "pallas", "pallas_interpret", "cudnn")
@@ -49,6 +49,11 @@ def _run(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_
     lengths = None if kv_lengths is None else jnp.clip(kv_lengths, 0, S)
     if backend == "cudnn":
         return cudnn.attention(q, k, v, causal=causal, window=window, kv_lengths=lengths, scale=scale), None
+    if backend == "xla" and causal and q_offset is None and kv_lengths is None and S <= BLOCKED_MAX_KEYS:
+        # Every bound is static: blocks of queries read only the keys up to their own end (the triangle).
+        return blocked.attention(q, k, v, blocked.causal_blocks(T, S, window),
+                                 lambda qs, qe, idx: _causal_visible(S - T + qs, qe - qs, idx, window)[None],
+                                 scale, sinks, return_lse)
     offsets = jnp.full((B,), S - T, jnp.int32) if q_offset is None else q_offset
     lengths = jnp.full((B,), S, jnp.int32) if lengths is None else lengths
     kw = dict(causal=causal, window=window, scale=scale, return_lse=return_lse)
@@ -57,6 +62,15 @@ def _run(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_
     if backend == "xla":
         return xla.attention(q, k, v, offsets, lengths, sinks, **kw)
     return pallas.attention(q, k, v, offsets, lengths, sinks, interpret=backend == "pallas_interpret", **kw)
+
+
+BLOCKED_MAX_KEYS = 8192  # beyond, the chunked online softmax keeps [T, CHUNK] logits instead of [BLOCK, S]
+
+
+def _causal_visible(first: int, n: int, idx, window):
+    """Static mask [n, K]: queries at key positions first..first+n-1 against keys idx."""
+    dist = (first + jnp.arange(n, dtype=jnp.int32))[:, None] - jnp.asarray(idx)[None, :]
+    return (dist >= 0) & (dist < window) if window is not None else dist >= 0
 
 
 def pick_backend(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse) -> str:
