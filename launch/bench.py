@@ -5,6 +5,8 @@ kernels: grouped GEMM, expert FFN and attention backends against dense matmul, r
 (launch/bench_kernels.py).
 offload: pinned-host -> device bandwidth, streamed vs resident prefill around the saturation threshold, decode
 time per token with cached experts (launch/bench_offload.py).
+peers: moejax against transformers and (with --vllm-python) vLLM, each in its own process, interleaved, on scoring
+with and without a shared prefix and on greedy generation (launch/bench_peers.py).
 layouts: each parallel layout on the devices present (8 simulated CPU devices, or GPUs): tokens/s against the
 one-device model, and bytes sent per device per layer, analytic next to measured (launch/bench_layouts.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
@@ -29,7 +31,7 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import bench_kernels, bench_layouts, bench_offload, bench_serve
+from launch import bench_kernels, bench_layouts, bench_offload, bench_peers, bench_serve
 from launch.bench_util import environment, time_calls
 
 
@@ -169,6 +171,7 @@ def main(argv=None):
     bench_kernels.add_parser(sub).set_defaults(run=lambda a: bench_kernels.kernels(a, environment()))
     bench_offload.add_parser(sub).set_defaults(run=lambda a: bench_offload.offload(a, environment()))
     bench_layouts.add_parser(sub).set_defaults(run=lambda a: bench_layouts.layouts(a, environment()))
+    bench_peers.add_parser(sub).set_defaults(run=lambda a: bench_peers.peers(a, environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
