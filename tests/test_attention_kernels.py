@@ -136,12 +136,31 @@ def test_explicit_edges(backend):
         assert np.all(np.asarray(out) == 0)
 
 
+@pytest.mark.parametrize("T,S", [(300, 300), (260, 420)])
+def test_xla_blocked_path_runs_several_query_blocks(T, S):
+    """Causal attention over a call's own keys (no offsets, no lengths): query blocks reading only the keys up to
+    their end, with windows, sinks and lse, in float32 and bfloat16."""
+    from moejax.kernels.attention import blocked
+    assert T > 2 * blocked.BLOCK
+    rng = np.random.default_rng(3)
+    sinks = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)):
+        q, k, v = make(rng, 2, T, S, 2, 2, 16, 8, dtype)
+        for w, s in ((None, None), (150, None), (None, sinks), (37, sinks)):
+            out = attention(q, k, v, sliding_window=w, sinks=s, backend="xla")
+            assert rel_err(out, oracle(q, k, v, window=w, sinks=s)[0]) <= tol
+        out, lse = attention(q, k, v, return_lse=True, backend="xla")
+        ref_out, ref_lse = oracle(q, k, v)
+        assert rel_err(out, ref_out) <= tol
+        check_lse(lse, ref_lse, tol)
+
+
 def test_xla_chunked_path_runs_several_chunks():
     rng = np.random.default_rng(2)
     S = 2 * xla.CHUNK + 276  # three chunks, the last one overlapping its predecessor
-    q, k, v = make(rng, 2, 3, S, 2, 2, 16, 8, jnp.float32)
+    q, k, v = make(rng, 2, xla.FEW_QUERIES + 2, S, 2, 2, 16, 8, jnp.float32)  # more queries than few_queries takes
     sinks = jnp.asarray(rng.standard_normal(4), jnp.float32)
-    cases = [dict(),  # queries are the last 3 keys
+    cases = [dict(),  # queries are the last keys (the blocked path)
              dict(q_offset=jnp.array([100, 700]), kv_lengths=jnp.array([S, 650])),  # later chunks skipped
              dict(q_offset=jnp.array([1200, 900]), sliding_window=300, sinks=sinks),  # early chunks skipped
              dict(causal=False, kv_lengths=jnp.array([0, 1100]))]

@@ -1,6 +1,7 @@
 """Plain-JAX attention that never holds more than CHUNK keys of logits per query: online softmax over KV
 chunks in a loop whose bounds skip chunks no query in the batch can see (past every kv_length, after every
-causal query, before every window). S <= CHUNK is the materialised reference.
+causal query, before every window). S <= CHUNK is the materialised reference; decode-sized calls (at most
+FEW_QUERIES queries per row) sum over the cache in place.
 """
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from jax import lax
 from moejax.kernels.attention import reference
 
 CHUNK = 512  # keys per step: [T, CHUNK] logits per head live at once
+FEW_QUERIES = 4  # up to this many queries per row, attention sums over the cache in place (few_queries)
 _f32 = jnp.float32
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse"))
 def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse):
     S = k.shape[1]
+    if q.shape[1] <= FEW_QUERIES:
+        return few_queries(q, k, v, q_offset, kv_lengths, sinks, causal=causal, window=window, scale=scale,
+                           return_lse=return_lse)
     if S <= CHUNK:
         return reference.attention(q, k, v, q_offset, kv_lengths, sinks, causal=causal, window=window,
                                    scale=scale, return_lse=return_lse)
@@ -62,6 +67,28 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
     if not return_lse:
         return out, None
     return out, lse.transpose(0, 3, 1, 2).reshape(B, T, Hq)
+
+
+def few_queries(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse):
+    """Decode-sized calls: products and sums over the cache as stored ([B, S, Hkv, D]). A dot would want keys
+    after heads and transpose the whole cache each call (each layer of each decode step)."""
+    B, T, Hq, D = q.shape
+    Hkv, Dv = k.shape[2], v.shape[-1]
+    G = Hq // Hkv
+    qg = q.reshape(B, T, 1, Hkv, G, D).astype(_f32)
+    s = jnp.sum(qg * k[:, None, :, :, None, :].astype(_f32), axis=-1) * scale  # [B, T, S, Hkv, G]
+    q_pos = q_offset[:, None] + jnp.arange(T, dtype=jnp.int32)
+    vis = reference.visible(q_pos, jnp.arange(k.shape[1], dtype=jnp.int32), kv_lengths, causal, window)
+    s = jnp.where(vis[..., None, None], s, -jnp.inf)
+    m = jnp.max(s, axis=2)  # [B, T, Hkv, G]
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m_safe[:, :, None])
+    l = jnp.sum(p, axis=2)
+    acc = jnp.sum(p[..., None] * v[:, None, :, :, None, :].astype(_f32), axis=2)  # [B, T, Hkv, G, Dv]
+    sink = None if sinks is None else sinks.reshape(1, 1, Hkv, G)
+    out, lse = finish(m, l, acc, sink)
+    out = out.reshape(B, T, Hq, Dv).astype(q.dtype)
+    return (out, lse.reshape(B, T, Hq)) if return_lse else (out, None)
 
 
 def finish(m, l, acc, sink):

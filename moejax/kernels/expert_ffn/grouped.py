@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from moejax.kernels.activation import glu_of
+from moejax.kernels.expert_ffn.baselines import dense
 from moejax.kernels.grouped_matmul import pallas as gmm
 from moejax.kernels.grouped_matmul.xla import for_each_group
 from moejax.kernels.padding import pad_to_16
@@ -21,7 +22,13 @@ def ffn_rows(xs, wgu, wd, bgu, bd, act, limit, alpha):
     return y if bd is None else y + bd.astype(_f32)
 
 
+DENSE_BELOW_ROWS_PER_EXPERT = 8  # measured crossover (launch.bench kernels): below it, one weight pass per expert
+# over every token beats the per-group loop, whose windows are at least 8 rows anyway
+
+
 def xla(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
+    if x.shape[0] * idx.shape[1] < DENSE_BELOW_ROWS_PER_EXPERT * wgu.shape[0]:  # decode-sized: static shapes
+        return dense(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha)
     routing = dispatch(idx, wgu.shape[0])
     pick = lambda b, g: None if b is None else b[g]  # noqa: E731
     ys = for_each_group(gather_rows(x, routing, idx.shape[1]), routing.group_sizes, x.shape[1],
