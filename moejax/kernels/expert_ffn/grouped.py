@@ -1,10 +1,14 @@
-"""Expert FFN over rows sorted by expert: the CPU windowed path and the Pallas kernels."""
+"""Expert FFN over rows sorted by expert: the CPU paths (expert slots for small batches, else per-group row
+windows) and the Pallas kernels."""
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
+from moejax.buckets import bucket
 from moejax.kernels.activation import glu_of
-from moejax.kernels.expert_ffn.baselines import dense
 from moejax.kernels.grouped_matmul import pallas as gmm
 from moejax.kernels.grouped_matmul.xla import for_each_group
 from moejax.kernels.padding import pad_to_16
@@ -22,18 +26,50 @@ def ffn_rows(xs, wgu, wd, bgu, bd, act, limit, alpha):
     return y if bd is None else y + bd.astype(_f32)
 
 
-DENSE_BELOW_ROWS_PER_EXPERT = 8  # measured crossover (launch.bench kernels): below it, one weight pass per expert
-# over every token beats the per-group loop, whose windows are at least 8 rows anyway
+CAPACITY_MAX_MEAN_ROWS = 32  # measured (N=8..4096 tokens, 32 experts top-4): slots win up to here, the loop after
 
 
 def xla(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
-    if x.shape[0] * idx.shape[1] < DENSE_BELOW_ROWS_PER_EXPERT * wgu.shape[0]:  # decode-sized: static shapes
-        return dense(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha)
-    routing = dispatch(idx, wgu.shape[0])
+    N, k = idx.shape
+    E = wgu.shape[0]
+    routing = dispatch(idx, E)
+    if N * k <= CAPACITY_MAX_MEAN_ROWS * E:  # decode and small batches: static shapes decide
+        return capacity(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha)
+    return _loop(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha)
+
+
+def _loop(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
     pick = lambda b, g: None if b is None else b[g]  # noqa: E731
-    ys = for_each_group(gather_rows(x, routing, idx.shape[1]), routing.group_sizes, x.shape[1],
+    ys = for_each_group(gather_rows(x, routing, weights.shape[1]), routing.group_sizes, x.shape[1],
                         lambda g, rows: ffn_rows(rows, wgu[g], wd[g], pick(bgu, g), pick(bd, g), act, limit, alpha))
     return combine(ys, routing, weights)
+
+
+def capacity(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
+    """Each expert's rows in C static slots: one batched matmul over the weights as stored, where the loop pays a
+    step per expert. C is the smallest of about 2x and 4x the mean rows per expert (at least 8) and N (an expert
+    gets at most one row per token, so N always holds them: the cost of the dense product) that holds the busiest
+    expert of this batch."""
+    (N, k), E = weights.shape, wgu.shape[0]
+    mean = -(-N * k // E)
+    tiers = sorted({min(N, max(8, bucket(f * mean))) for f in (2, 4)} | {N})
+    start = jnp.cumsum(routing.group_sizes) - routing.group_sizes
+    slot = jnp.arange(N * k, dtype=jnp.int32) - start[routing.expert_of_row]
+    rows = gather_rows(x, routing, k)
+
+    def slots(C):
+        buf = jnp.zeros((E, C, x.shape[1]), x.dtype).at[routing.expert_of_row, slot].set(rows, mode="drop")
+        h = jnp.einsum("ecd,edf->ecf", buf, wgu, preferred_element_type=_f32)
+        if bgu is not None:
+            h = h + bgu.astype(_f32)[:, None]
+        y = jnp.einsum("ecf,efd->ecd", glu_of(h, act, limit, alpha).astype(x.dtype), wd, preferred_element_type=_f32)
+        if bd is not None:
+            y = y + bd.astype(_f32)[:, None]
+        return combine(y[routing.expert_of_row, slot], routing, weights)
+
+    busiest = jnp.max(routing.group_sizes)
+    which = sum((busiest > C).astype(jnp.int32) for C in tiers[:-1])
+    return jax.lax.switch(which, [functools.partial(slots, C) for C in tiers])
 
 
 def _pad_halves(w, axis: int):
