@@ -38,7 +38,8 @@ def workloads(n_score: int, n_gen: int, vocab: int, seed: int) -> dict:
     cands = lambda: rng.choice(np.arange(3, vocab), 4, replace=False).tolist()  # noqa: E731
     shared = ids(480)
     return {
-        "A": {"kind": "score", "requests": [{"prompt": shared + ids(32), "candidates": cands()} for _ in range(n_score)]},
+        "A": {"kind": "score", "requests": [{"prompt": shared + ids(32), "candidates": cands()}
+                                            for _ in range(n_score)]},
         "B": {"kind": "score", "requests": [{"prompt": ids(512), "candidates": cands()} for _ in range(n_score)]},
         "C": {"kind": "generate", "prompts": [ids(128) for _ in range(n_gen)], "max_new": 64},
     }
@@ -61,8 +62,8 @@ def vllm_environment(python: str) -> dict:
     env = dict(os.environ)
     prefix = subprocess.run([python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                             check=True).stdout.strip()
-    preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", os.path.join(prefix, "lib", "libiomp5.so"))
-               if os.path.exists(p)]
+    preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                           os.path.join(prefix, "lib", "libiomp5.so")) if os.path.exists(p)]
     env.update(LD_PRELOAD=":".join(preload), VLLM_CPU_KVCACHE_SPACE="4",
                VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0",
                VLLM_ENABLE_V1_MULTIPROCESSING="0")
@@ -122,8 +123,11 @@ def peers(args, environment: dict) -> dict:
             json.dump(workloads(args.requests, args.prompts, vocab, args.seed), f)
         workers = {}
         for e in engines:
-            python, env = (args.vllm_python, vllm_environment(args.vllm_python)) if e == "vllm" else (sys.executable, None)
-            workers[e] = Worker(e, python, model, work_file, args.dtype, env)
+            if e == "vllm":
+                workers[e] = Worker(e, args.vllm_python, model, work_file, args.dtype,
+                                    vllm_environment(args.vllm_python))
+            else:
+                workers[e] = Worker(e, sys.executable, model, work_file, args.dtype)
             print(f"  {e}: ready in {workers[e].startup_s:.1f}s", flush=True)
         try:
             kinds = {"A": "score", "B": "score", "C": "generate"}

@@ -41,7 +41,8 @@ class MoejaxServe:
 
     def score(self, requests):
         lines = [json.dumps({"custom_id": str(i), "url": "/v1/score",
-                             "body": {"prompt_token_ids": r["prompt"], "candidate_token_ids": [[c] for c in r["candidates"]]}})
+                             "body": {"prompt_token_ids": r["prompt"],
+                                      "candidate_token_ids": [[c] for c in r["candidates"]]}})
                  for i, r in enumerate(requests)]
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "out.jsonl")

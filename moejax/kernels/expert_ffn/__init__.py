@@ -4,7 +4,8 @@ Backends:
 - `pallas` (GPU) / `pallas_interpret` (CPU tests): dispatch, one grouped kernel for gate/up with the activation
   fused (the [M, 2I] intermediate never reaches HBM), one grouped kernel for down, combine.
 - `xla` (CPU): dispatch; up to 32 rows per expert on average, C static slots per expert and one batched matmul
-  (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row windows (grouped_matmul.xla).
+  (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row
+  windows (grouped_matmul.xla).
 - `ragged_dot`: `jax.lax.ragged_dot` for both projections (baseline).
 - `dense`: every token through every expert, masked by the routing weights (E/k times the FLOPs; baseline).
 """

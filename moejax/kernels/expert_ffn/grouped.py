@@ -47,9 +47,9 @@ def _loop(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
 
 def capacity(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
     """Each expert's rows in C static slots: one batched matmul over the weights as stored, where the loop pays a
-    step per expert. C is the smallest of about 2x and 4x the mean rows per expert (at least 8) and N (an expert
-    gets at most one row per token, so N always holds them: the cost of the dense product) that holds the busiest
-    expert of this batch."""
+    step per expert. C is the smallest of about 2x and 4x the mean rows per expert (at least 8) and N (the cost of
+    the dense product; enough unless a token names an expert twice, as the cached placement's stand-ins do) that
+    holds the busiest expert of this batch; the loop takes what none holds."""
     (N, k), E = weights.shape, wgu.shape[0]
     mean = -(-N * k // E)
     tiers = sorted({min(N, max(8, bucket(f * mean))) for f in (2, 4)} | {N})
@@ -68,8 +68,9 @@ def capacity(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
         return combine(y[routing.expert_of_row, slot], routing, weights)
 
     busiest = jnp.max(routing.group_sizes)
-    which = sum((busiest > C).astype(jnp.int32) for C in tiers[:-1])
-    return jax.lax.switch(which, [functools.partial(slots, C) for C in tiers])
+    which = sum((busiest > C).astype(jnp.int32) for C in tiers)
+    loop = functools.partial(_loop, x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha)
+    return jax.lax.switch(which, [functools.partial(slots, C) for C in tiers] + [loop])
 
 
 def _pad_halves(w, axis: int):
