@@ -16,7 +16,7 @@ import numpy as np
 
 from moejax.kernels.attention import reference
 
-BLOCK = 128  # queries per block: [BLOCK * G, keys] logits per kv head live at once
+BLOCK = 128  # queries per block: [G * BLOCK, keys] logits per kv head live at once
 _f32 = jnp.float32
 
 Ranges = tuple[tuple[int, int], ...]
@@ -31,34 +31,35 @@ def attention(q, k, v, blocks: Sequence[tuple[int, int, Ranges]], visible: Calla
     Hkv, Dv = k.shape[2], v.shape[-1]
     G = Hq // Hkv
     prec = reference.precision(q.dtype)
-    q_h = q.reshape(B, T, Hkv, G, D).transpose(0, 2, 1, 3, 4)  # [B, Hkv, T, G, D]
+    # Query rows group-major (g, t): a head split over devices stays a split of the leading part of the merged
+    # axis, which the partitioner keeps (t-major merges would gather the heads), and masks broadcast over g.
+    q_h = q.reshape(B, T, Hkv, G, D).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, T, D]
     k_h, v_h = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, Hkv, S, D]
-    sink = None if sinks is None else sinks.astype(_f32).reshape(1, Hkv, 1, G)
+    sink = None if sinks is None else sinks.astype(_f32).reshape(1, Hkv, G, 1)
     outs, lses = [], []
     for qs, qe, ranges in blocks:
         n = qe - qs
         idx = np.concatenate([np.arange(lo, hi, dtype=np.int32) for lo, hi in ranges])
         kb = _take(k_h, ranges)
         vb = _take(v_h, ranges)
-        s = jnp.einsum("bhtd,bhsd->bhts", q_h[:, :, qs:qe].reshape(B, Hkv, n * G, D), kb,
-                       preferred_element_type=_f32, precision=prec) * scale
-        vis = jnp.broadcast_to(visible(qs, qe, idx)[:, None, :, None, :], (B, 1, n, G, idx.size))
-        s = jnp.where(vis.reshape(B, 1, n * G, idx.size), s, -jnp.inf).reshape(B, Hkv, n, G, idx.size)
-        m = jnp.max(s, axis=-1)  # [B, Hkv, n, G]
+        s = jnp.einsum("bhtd,bhsd->bhts", q_h[:, :, :, qs:qe].reshape(B, Hkv, G * n, D), kb,
+                       preferred_element_type=_f32, precision=prec).reshape(B, Hkv, G, n, idx.size) * scale
+        s = jnp.where(visible(qs, qe, idx)[:, None, None], s, -jnp.inf)
+        m = jnp.max(s, axis=-1)  # [B, Hkv, G, n]
         top = m if sink is None else jnp.maximum(m, sink)
         top = jnp.where(jnp.isfinite(top), top, 0.0)  # a query that sees nothing: exp(-inf) = 0, never NaN
         p = jnp.exp(s - top[..., None])
         l = jnp.sum(p, axis=-1)
         denom = l if sink is None else l + jnp.exp(sink - top)
-        o = jnp.einsum("bhts,bhsd->bhtd", p.reshape(B, Hkv, n * G, idx.size).astype(v.dtype), vb,
-                       preferred_element_type=_f32, precision=prec).reshape(B, Hkv, n, G, Dv)
+        o = jnp.einsum("bhts,bhsd->bhtd", p.reshape(B, Hkv, G * n, idx.size).astype(v.dtype), vb,
+                       preferred_element_type=_f32, precision=prec).reshape(B, Hkv, G, n, Dv)
         outs.append(o / jnp.where(denom == 0, 1.0, denom)[..., None])
         if return_lse:
             lses.append(jnp.where(l > 0, top + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf))
-    out = jnp.concatenate(outs, axis=2).transpose(0, 2, 1, 3, 4).reshape(B, T, Hq, Dv).astype(q.dtype)
+    out = jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dv).astype(q.dtype)
     if not return_lse:
         return out, None
-    return out, jnp.concatenate(lses, axis=2).transpose(0, 2, 1, 3).reshape(B, T, Hq)
+    return out, jnp.concatenate(lses, axis=3).transpose(0, 3, 1, 2).reshape(B, T, Hq)
 
 
 def _take(x, ranges: Ranges):
