@@ -423,11 +423,11 @@ def test_failing_batch_gives_500_to_its_requests_only(tiny, tmp_path, monkeypatc
     calls = []
     real_score = tiny.score_packed
 
-    def flaky_score(batch, pool=None):
+    def flaky_score(batch, pool=None, span=(0, None)):
         calls.append(batch["tokens"].shape)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return real_score(batch, pool)
+        return real_score(batch, pool, span)
 
     def broken_generate(*args, **kwargs):
         raise MemoryError("no room")
