@@ -83,18 +83,21 @@ def test_unknown_backend_is_an_error():
         expert_ffn(x, idx, w, wgu, wd, backend="fast")
 
 
-@pytest.mark.parametrize("E,k,N,skew", [(8, 2, 24, "uniform"),  # expert slots
-                                        (8, 2, 24, "one_expert_gets_all"),  # the largest slots (N)
-                                        (8, 2, 24, "some_empty"),  # the middle slots
-                                        (8, 2, 24, "repeated"),  # an expert named twice by a token: the loop
-                                        (2, 1, 3 * 32, "uniform")])  # over 32 rows per expert: the loop
-def test_xla_slots_of_each_size_and_loop(E, k, N, skew):
+@pytest.mark.parametrize("E,k,N,skew,tier", [(8, 2, 32, "uniform", 0),  # the smallest slots
+                                             (8, 2, 32, "some_empty", 1),  # the middle slots
+                                             (8, 2, 32, "one_expert_gets_all", 2),  # the largest slots (N)
+                                             (8, 2, 32, "repeated", 3),  # an expert named twice by a token: loop
+                                             (2, 1, 3 * 32, "uniform", None)])  # over 32 rows per expert: the loop
+def test_xla_slots_of_each_size_and_loop(E, k, N, skew, tier):
     from moejax.kernels.expert_ffn import grouped
-    assert (N * k <= grouped.CAPACITY_MAX_MEAN_ROWS * E) == (N < 90)
+    assert (N * k <= grouped.CAPACITY_MAX_MEAN_ROWS * E) == (tier is not None)
     args = make(E, k, N, 8, 6, "uniform" if skew == "repeated" else skew, 1, True)
     if skew == "repeated":  # the cached placement's stand-ins for absent experts: expert 0 with weight 0
         args[1][:, :] = 0
         args[2][:, 1] = 0.0
+    if tier is not None:  # the case takes the path it is named for
+        busiest = np.bincount(args[1].ravel(), minlength=E).max()
+        assert sum(busiest > C for C in grouped.slot_sizes(N, k, E)) == tier
     ref = reference(*args, "silu", 7.0, 1.702)
     out = np.asarray(jax.jit(lambda *a: expert_ffn(*a, backend="xla"))(*args))
     assert np.linalg.norm(out - ref) <= 1e-5 * np.linalg.norm(ref)
