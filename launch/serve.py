@@ -99,6 +99,43 @@ def read_lines(path: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
+# flag -> (smallest allowed value, what it is); checked before anything loads
+NUMBER_FLAGS = {"max_batch_tokens": (16, "tokens per batch"), "num_layers": (1, "layers"),
+                "prefix_cache_mb": (0, "MiB"), "device_memory_gb": (None, "GiB, more than 0"),
+                "window": (1, "MoE layers"), "cache_slots": (1, "expert slots"),
+                "prefetch_distance": (1, "layers ahead"), "num_processes": (1, "processes"),
+                "process_id": (0, "a process index")}
+
+
+def check_numbers(args) -> str | None:
+    """The first numeric flag out of range, as a message naming it; None when all are fine."""
+    for name, (least, what) in NUMBER_FLAGS.items():
+        value = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"{flag} must be a finite number; got {value}"
+        if (value <= 0) if least is None else (value < least):
+            return f"{flag} must be {'> 0' if least is None else f'>= {least}'} ({what}); got {value}"
+    if args.process_id is not None and args.num_processes is not None and args.process_id >= args.num_processes:
+        return f"--process-id must be below --num-processes ({args.num_processes}); got {args.process_id}"
+    return None
+
+
+def check_output_is_not_input(args) -> str | None:
+    """Writing results (or their journal) over the requests would destroy them."""
+    if not args.output or args.input == "-":
+        return None
+    source = os.path.realpath(args.input)
+    for path in (args.output, args.output + ".partial"):
+        same = os.path.realpath(path) == source or (
+            os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source))
+        if same:
+            return f"--output {args.output}: {path} is the input file {args.input}; refusing to overwrite the requests"
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     multi = (args.coordinator, args.num_processes, args.process_id)
@@ -109,8 +146,9 @@ def main(argv=None) -> int:
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
         sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
-    if args.max_batch_tokens < 16:
-        sys.exit(f"--max-batch-tokens must be >= 16; got {args.max_batch_tokens}")
+    problem = check_numbers(args) or check_output_is_not_input(args)
+    if problem:
+        sys.exit(problem)
     out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else "."
     if not os.path.isdir(out_dir):
         sys.exit(f"--output: folder {out_dir!r} does not exist")
@@ -121,7 +159,7 @@ def main(argv=None) -> int:
     options = {"kernels": args.kernels, "placement": args.placement}
     for name in ("num_layers", "layout", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                  "default_vectors", "prefetch_distance", "speculative"):
-        if getattr(args, name) not in (None, False):
+        if getattr(args, name) is not None and getattr(args, name) is not False:  # 0 is a value, not "not given"
             options[name] = getattr(args, name)
     if multi:
         try:  # before anything touches a JAX device

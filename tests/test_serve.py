@@ -173,6 +173,45 @@ def test_cli_argument_errors_exit_with_a_message(args, message):
     assert isinstance(exc.value.code, str) and message in exc.value.code
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--num-layers", "0", "--num-layers must be >= 1"),
+    ("--device-memory-gb", "0", "--device-memory-gb must be > 0"),
+    ("--device-memory-gb", "nan", "--device-memory-gb must be a finite number"),
+    ("--cache-slots", "0", "--cache-slots must be >= 1"),
+    ("--prefix-cache-mb", "-1", "--prefix-cache-mb must be >= 0"),
+    ("--window", "0", "--window must be >= 1"),
+    ("--prefetch-distance", "0", "--prefetch-distance must be >= 1"),
+])
+def test_numeric_flags_are_checked_before_the_model_loads(flag, value, message):
+    # The model does not exist: a message about the flag shows it was checked before anything loaded.
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.main(["--input", EXAMPLES, "--model", "/nonexistent/model-dir", flag, value])
+    assert isinstance(exc.value.code, str) and message in exc.value.code
+
+
+def test_process_id_must_be_below_the_process_count(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.main(["--input", EXAMPLES, "--output", str(tmp_path / "o.jsonl"), "--coordinator", "127.0.0.1:1",
+                        "--num-processes", "2", "--process-id", "2"])
+    assert "--process-id must be below --num-processes (2); got 2" in exc.value.code
+
+
+@pytest.mark.parametrize("how", ["same path", "symlink", "journal"])
+def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, how):
+    name = "out.jsonl.partial" if how == "journal" else "requests.jsonl"  # journal: OUTPUT.partial is the input
+    requests = tmp_path / name
+    requests.write_bytes(open(EXAMPLES, "rb").read())
+    before = requests.read_bytes()
+    output = {"same path": str(tmp_path / "." / name), "symlink": str(tmp_path / "link.jsonl"),
+              "journal": str(tmp_path / "out.jsonl")}[how]
+    if how == "symlink":
+        os.symlink(requests, output)
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.main(["--input", str(requests), "--output", output, "--model", "/nonexistent/model-dir"])
+    assert "is the input file" in exc.value.code and "refusing to overwrite the requests" in exc.value.code
+    assert requests.read_bytes() == before
+
+
 # ---- 2. --explain ----------------------------------------------------------------------------------------------
 
 def test_explain_loads_no_weights():
