@@ -89,11 +89,13 @@ def parse_args(argv=None):
 
 
 def read_lines(path: str) -> list[str]:
-    # newline="": only "\n" ends a line (as on stdin); utf-8-sig drops a byte-order mark.
+    # newline="": only "\n" ends a line (as on stdin); utf-8-sig drops a byte-order mark. Bytes that are not UTF-8
+    # stay as lone surrogates (surrogateescape), so the parser can refuse their lines instead of serving a
+    # replacement character.
     if path == "-":
-        text = sys.stdin.buffer.read().decode("utf-8-sig", errors="replace")
+        text = sys.stdin.buffer.read().decode("utf-8-sig", errors="surrogateescape")
     else:
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
             text = f.read()
     lines = text.split("\n")
     return lines[:-1] if lines and lines[-1] == "" else lines

@@ -329,6 +329,24 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
             assert got["choices"][0]["token_ids"] == body["choices"][0]["token_ids"]
 
 
+def test_bytes_that_are_not_utf8_make_their_line_a_400_naming_the_byte(tmp_path):
+    good_score, good_completion = score("ok-1", GOOD_SCORE, [[501], [502]]), completion("ok-2", [5, 6, 7], 2)
+    in_value = score("bad-bytes", [1, 2], [[3]]).encode().replace(b'"url"', b'"x\xff": 1, "url"')
+    in_id = completion("bad-\xe9", [1], 1).encode().replace(b"\\u00e9", b"\xe9")  # a Latin-1 custom_id
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b"\n".join([good_score.encode(), in_value, in_id, good_completion.encode()]) + b"\n")
+    out = tmp_path / "out.jsonl"
+    serve_cli.main(["--input", str(requests), "--output", str(out), "--model", TINY, "--dtype", "float32"])
+    rows = rows_of(out.read_bytes().decode("utf-8"))  # the output itself is UTF-8
+    assert [line_no(row) for row in rows] == [1, 2, 3, 4]
+    check_ok(rows[0], 1, good_score)
+    check_ok(rows[3], 4, good_completion)
+    for row, cid, raw in ((rows[1], "bad-bytes", in_value), (rows[2], None, in_id)):
+        assert row["response"]["status_code"] == 400 and row["custom_id"] == cid, row
+        at = raw.index(b"\xff" if cid else b"\xe9")
+        assert f"not valid UTF-8: byte 0x{raw[at]:02x} at byte {at} of the line" in row["error"]["message"], row
+
+
 def test_all_lines_bad_still_writes_every_line(tiny, tmp_path):
     out = tmp_path / "out.jsonl"
     lines = ["nope", completion("z", [1], 0), ""]

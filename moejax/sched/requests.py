@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -99,6 +100,9 @@ def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context:
     """One JSONL line -> a request, or a BadLine naming what is wrong."""
     if not text.strip():
         return BadLine(line, None, "empty line")
+    undecodable = _first_undecodable(text)
+    if undecodable is not None:
+        return BadLine(line, _readable_custom_id(text), undecodable)
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
@@ -113,6 +117,29 @@ def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context:
         return _Parser(tokenizer, vocab_size, max_context).request(obj, line)
     except _Invalid as e:
         return BadLine(line, cid, str(e))
+
+
+_ESCAPED = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of bytes that are not UTF-8
+
+
+def _first_undecodable(text: str) -> str | None:
+    """A message naming the first byte of the line that is not UTF-8, or None."""
+    found = _ESCAPED.search(text)
+    if found is None:
+        return None
+    offset = len(text[: found.start()].encode("utf-8", "surrogateescape"))
+    return (f"not valid UTF-8: byte 0x{ord(found.group()) - 0xDC00:02x} at byte {offset} of the line; send UTF-8 "
+            "(JSON escapes such as \\u00e9 for other characters)")
+
+
+def _readable_custom_id(text: str) -> str | None:
+    """The line's custom_id when the JSON around the bad bytes still parses and the id itself is clean."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    cid = obj.get("custom_id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) and cid and _ESCAPED.search(cid) is None else None
 
 
 class _Parser:

@@ -19,7 +19,7 @@ _FSYNC_EVERY_S = 1.0  # flush every write, but fsync at most this often (and alw
 
 def request_id(line: int, text: str) -> str:
     """`req_<line>-<fingerprint of the line's text>`: a rerun reuses a result only for the very same request."""
-    return f"req_{line}-{hashlib.blake2b(text.encode('utf-8', 'replace'), digest_size=4).hexdigest()}"
+    return f"req_{line}-{hashlib.blake2b(text.encode('utf-8', 'surrogateescape'), digest_size=4).hexdigest()}"
 
 
 def ok_line(line: int, custom_id: str, body: dict, *, rid: str | None = None) -> dict:
