@@ -11,6 +11,11 @@ Examples:
 
 Rerunning a command whose output file is incomplete (crash, kill) serves only the missing lines, then
 writes the complete file in input order.
+
+Exit status: 0 when every line got a result computed for it; 1 when any line failed (each still has its
+error line: 400 for invalid input, 500 for a failed batch; --allow-invalid-lines exits 0 when only invalid
+lines failed); any other failure (bad flags, unreadable input, a model that does not load) exits with a message
+before anything is written.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import sys
 import time
 
 import moejax
+from moejax.kernels.backends import Kernels
 from moejax.offload.expert_cache import POLICIES
 from moejax.offload.memory_plan import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
@@ -85,6 +91,8 @@ def parse_args(argv=None):
                         "--output and --metrics")
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
+    p.add_argument("--allow-invalid-lines", action="store_true",
+                   help="exit 0 when the only failed lines were invalid input (each still gets its 400 line)")
     return p.parse_args(argv)
 
 
@@ -138,6 +146,22 @@ def check_output_is_not_input(args) -> str | None:
     return None
 
 
+def check_kernels(args) -> str | None:
+    """A backend that cannot run on this platform is refused before the weights load."""
+    try:
+        why = Kernels.parse(args.kernels).unavailable()
+    except ValueError as e:
+        why = str(e).removeprefix("kernels: ")
+    return None if why is None else f"--kernels {args.kernels}: {why}"
+
+
+def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
+    """1 when the output has a failed line: a failed batch, or an invalid line (also one a resumed run
+    kept) unless --allow-invalid-lines; else 0."""
+    invalid = 0 if allow_invalid_lines else summary["requests_invalid"]
+    return 1 if summary["requests_batch_failed"] or invalid else 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     multi = (args.coordinator, args.num_processes, args.process_id)
@@ -148,7 +172,7 @@ def main(argv=None) -> int:
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
         sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
-    problem = check_numbers(args) or check_output_is_not_input(args)
+    problem = check_numbers(args) or check_output_is_not_input(args) or check_kernels(args)
     if problem:
         sys.exit(problem)
     out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else "."
@@ -193,7 +217,7 @@ def main(argv=None) -> int:
     if args.metrics:
         with open(args.metrics, "w") as f:
             json.dump(summary, f, indent=1)
-    return 0
+    return exit_status(summary, args.allow_invalid_lines)
 
 
 def _check_processes_agree(args, lines: list[str]) -> None:
@@ -230,7 +254,8 @@ def _format_summary(s: dict) -> str:
     rate = s["tokens_per_s"]
     mfu = s["mfu_estimate"]
     return (f"# {s['model']} on {s['device']}: {s['requests_ok']} ok, {s['requests_failed']} failed, "
-            f"{s['requests_resumed']} resumed | {s['prompt_tokens']} prompt tokens "
+            f"{s['requests_resumed']} resumed, {s['requests_invalid']} invalid lines in the input | "
+            f"{s['prompt_tokens']} prompt tokens "
             f"({s['cached_prompt_tokens']} from the prefix cache, {s['computed_tokens']} computed), "
             f"{s['generated_tokens']} generated | {s['wall_s']:.2f}s, "
             f"{'-' if rate is None else f'{rate:.0f}'} tok/s | prefix-cache hit rate "

@@ -69,6 +69,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
         kernels = Kernels.parse(options.get("kernels"))
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
+    if kernels.unavailable():
+        raise ValueError(f"moejax.load: kernels {kernels.unavailable()}")
     # attention's auto also depends on shapes: it stays per call
     kernels = dataclasses.replace(kernels, experts=resolve("expert_ffn", kernels.experts, EXPERT_BACKENDS))
     cache_opt = options.get("compilation_cache", True)

@@ -20,6 +20,7 @@ import moejax
 from conftest import fixture_dir, kill_when_journal_has
 from garbage import damage
 from launch import serve as serve_cli
+from moejax.kernels.backends import on_gpu
 from moejax.sched.batch import explain_lines, serve_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -189,6 +190,16 @@ def test_numeric_flags_are_checked_before_the_model_loads(flag, value, message):
     assert isinstance(exc.value.code, str) and message in exc.value.code
 
 
+@pytest.mark.skipif(on_gpu(), reason="GPU-only backends run here")
+@pytest.mark.parametrize("kernels", ["pallas", "experts=xla,attention=cudnn"])
+def test_gpu_only_kernels_are_refused_before_anything_loads(kernels):
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.main(["--input", EXAMPLES, "--model", "/nonexistent/model-dir", "--kernels", kernels])
+    assert exc.value.code.startswith(f"--kernels {kernels}: ") and "needs an NVIDIA GPU" in exc.value.code
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
+        moejax.load(TINY, kernels=kernels)
+
+
 def test_process_id_must_be_below_the_process_count(tmp_path):
     with pytest.raises(SystemExit) as exc:
         serve_cli.main(["--input", EXAMPLES, "--output", str(tmp_path / "o.jsonl"), "--coordinator", "127.0.0.1:1",
@@ -336,7 +347,8 @@ def test_bytes_that_are_not_utf8_make_their_line_a_400_naming_the_byte(tmp_path)
     requests = tmp_path / "requests.jsonl"
     requests.write_bytes(b"\n".join([good_score.encode(), in_value, in_id, good_completion.encode()]) + b"\n")
     out = tmp_path / "out.jsonl"
-    serve_cli.main(["--input", str(requests), "--output", str(out), "--model", TINY, "--dtype", "float32"])
+    argv = ["--input", str(requests), "--output", str(out), "--model", TINY, "--dtype", "float32"]
+    assert serve_cli.main(argv) == 1  # lines failed
     rows = rows_of(out.read_bytes().decode("utf-8"))  # the output itself is UTF-8
     assert [line_no(row) for row in rows] == [1, 2, 3, 4]
     check_ok(rows[0], 1, good_score)
@@ -345,6 +357,10 @@ def test_bytes_that_are_not_utf8_make_their_line_a_400_naming_the_byte(tmp_path)
         assert row["response"]["status_code"] == 400 and row["custom_id"] == cid, row
         at = raw.index(b"\xff" if cid else b"\xe9")
         assert f"not valid UTF-8: byte 0x{raw[at]:02x} at byte {at} of the line" in row["error"]["message"], row
+    # A rerun reuses every line; the output still holds the invalid lines' 400s, so the status stays 1 unless
+    # invalid input is allowed.
+    assert serve_cli.main(argv) == 1
+    assert serve_cli.main(argv + ["--allow-invalid-lines"]) == 0
 
 
 def test_all_lines_bad_still_writes_every_line(tiny, tmp_path):
@@ -449,7 +465,7 @@ def test_stdin_input_and_metrics_file(tmp_path):
     lines = example_lines()
     lines.insert(2, "garbage")
     r = cli("--input", "-", "--metrics", str(metrics), "--dtype", "float32", input="\n".join(lines) + "\n")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # a line failed (invalid input)
     rows = rows_of(r.stdout)
     assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
     assert rows[2]["response"]["status_code"] == 400 and "not JSON" in rows[2]["error"]["message"]
@@ -466,6 +482,7 @@ def test_stdin_input_and_metrics_file(tmp_path):
     m = json.loads(read_text(metrics))
     assert m["model"] == TINY and m["dtype"] == "float32" and m["lines"] == len(lines)
     assert m["requests_ok"] == len(lines) - 1 and m["requests_failed"] == 1 and m["requests_resumed"] == 0
+    assert m["requests_invalid"] == 1 and m["requests_batch_failed"] == 0
     assert m["prompt_tokens"] == prompt_tokens and m["generated_tokens"] == generated
     assert isinstance(m["tokens_per_s"], float) and m["tokens_per_s"] > 0
     assert math.isclose(m["tokens_per_s"], (prompt_tokens + generated) / m["wall_s"], rel_tol=1e-9)
@@ -510,6 +527,8 @@ def test_failing_batch_gives_500_to_its_requests_only(tiny, tmp_path, monkeypatc
     check_ok(rows[0], 1, lines[0])
     check_ok(rows[4], 5, lines[4])
     assert summary["requests_ok"] == 2 and summary["requests_failed"] == 3
+    assert summary["requests_batch_failed"] == 2 and summary["requests_invalid"] == 1
+    assert serve_cli.exit_status(summary, allow_invalid_lines=True) == 1  # 500s are never allowed
     # Rerun with the engine healthy and line 3 fixed: server errors are retried, the changed line is served
     # anew (its id fingerprints the new text), the rest is reused.
     monkeypatch.undo()

@@ -19,11 +19,24 @@ def resolve(op: str, backend: str, choices: tuple[str, ...], auto: str | None = 
     return backend
 
 
+GPU_ONLY = ("pallas", "cudnn")  # compiled for NVIDIA GPUs; pallas_interpret runs the Pallas kernels anywhere
+
+
 @dataclasses.dataclass(frozen=True)
 class Kernels:
     """Which backend each op of the model uses; hashable, so jit can take it as a static argument."""
     experts: str = "auto"
     attention: str = "auto"
+
+    def unavailable(self) -> str | None:
+        """Why a backend asked for by name cannot run on this platform (before anything loads), or None."""
+        if on_gpu():
+            return None
+        wrong = [f"{op}={name}" for op, name in dataclasses.asdict(self).items() if name in GPU_ONLY]
+        if not wrong:
+            return None
+        return (f"{', '.join(wrong)} needs an NVIDIA GPU and JAX runs on {jax.default_backend()} here; use auto, "
+                "xla (or pallas_interpret to run the Pallas kernels interpreted)")
 
     @classmethod
     def parse(cls, spec: "str | dict | Kernels | None") -> "Kernels":

@@ -52,7 +52,9 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
         if bar is not None:
             bar(None, metrics)
         store.finish()
+    metrics.requests_batch_failed = metrics.requests_failed  # the runner's failures: 500s, retried by a rerun
     metrics.requests_failed += bad
+    metrics.requests_invalid = sum(isinstance(e, BadLine) for e in entries)  # their 400s, new or resumed
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": plan.reason,

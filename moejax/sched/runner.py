@@ -27,7 +27,9 @@ from moejax.sched.results import ResultStore, error_line, ok_line
 @dataclasses.dataclass
 class Metrics:
     requests_ok: int = 0
-    requests_failed: int = 0
+    requests_failed: int = 0  # this run: invalid lines and requests of failed batches
+    requests_batch_failed: int = 0  # this run: requests of failed batches (500)
+    requests_invalid: int = 0  # invalid input lines (400), written by this run or an earlier one
     requests_resumed: int = 0
     prompt_tokens: int = 0  # context tokens of all served requests (each sibling counts its whole context)
     cached_prompt_tokens: int = 0  # of those, taken from the cross-batch prefix cache
