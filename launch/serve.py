@@ -45,7 +45,8 @@ def parse_args(argv=None):
                    help=f"HF checkpoint directory or preset ({', '.join(moejax.presets())}); default tiny-qwen3-moe")
     p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="default auto: the checkpoint's own (config.json's dtype / torch_dtype; presets: bfloat16)")
     p.add_argument("--num-layers", type=int, default=None, help="run only the first N layers (for trials)")
     p.add_argument("--kernels", default="auto",
                    help="kernel backends: auto (Pallas on GPU, XLA on CPU), one name for every op (xla, pallas, "
@@ -209,10 +210,10 @@ def main(argv=None) -> int:
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sys.stdout if writer else sink):
         summary = serve_lines(engine, lines, args.output if writer else None, max_batch_tokens=args.max_batch_tokens,
                               kv_cache=args.kv_cache, prefix_cache_mb=args.prefix_cache_mb,
-                              progress=_progress_bar if writer else None, peak=peak_flops(args.dtype))
+                              progress=_progress_bar if writer else None, peak=peak_flops(engine.dtype.name))
     if not writer:
         return 0
-    summary = {"model": args.model, "dtype": args.dtype, **summary}
+    summary = {"model": args.model, "dtype": engine.dtype.name, **summary}
     print(_format_summary(summary), file=sys.stderr)
     if args.metrics:
         with open(args.metrics, "w") as f:

@@ -43,8 +43,21 @@ def enable_compilation_cache(path: str | None = None) -> str:
     return path
 
 
-def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
-    """Load `model` (a HF checkpoint directory or a preset name; see `presets()`).
+def checkpoint_dtype(config: dict, where: str) -> str:
+    """What dtype="auto" means: the checkpoint's own `dtype` (`torch_dtype` in older configs), as vLLM and
+    transformers read it; bfloat16 when the config names none (the presets)."""
+    named = config.get("dtype", config.get("torch_dtype"))
+    if named is None:
+        return "bfloat16"
+    if named not in DTYPES:
+        raise ValueError(f"moejax.load: {where} config.json has dtype {named!r}, not one of {', '.join(DTYPES)}; "
+                         "pass dtype= explicitly")
+    return named
+
+
+def load(model: str, *, dtype: str = "auto", **options) -> Engine:
+    """Load `model` (a HF checkpoint directory or a preset name; see `presets()`). dtype: "auto" (the
+    checkpoint's own, bfloat16 for presets), "float32", "bfloat16" or "float16".
 
     options: num_layers (run the first N layers only), seed (preset weights), kernels (backends of the expert FFN
     and attention: "auto", one name for both such as "xla" or "pallas", or per op, e.g.
@@ -63,8 +76,8 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"moejax.load: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"moejax.load: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     try:
         kernels = Kernels.parse(options.get("kernels"))
     except ValueError as e:
@@ -81,7 +94,10 @@ def load(model: str, *, dtype: str = "bfloat16", **options) -> Engine:
     if not is_dir and model not in PRESETS:
         raise ValueError(f"moejax.load: {model!r} is neither a checkpoint directory nor a preset "
                          f"(presets: {', '.join(PRESETS)})")
-    cfg = ModelConfig.from_hf(read_config(model) if is_dir else preset_config(model))
+    hf_config = read_config(model) if is_dir else preset_config(model)
+    if dtype == "auto":
+        dtype = checkpoint_dtype(hf_config, model)
+    cfg = ModelConfig.from_hf(hf_config)
     full_layers = cfg.num_layers
     n = options.get("num_layers")
     if n is not None:

@@ -148,3 +148,34 @@ def test_unknown_model_and_options():
         moejax.load("tiny-qwen3-moe", windoww=3)
     with pytest.raises(ValueError, match="dtype 'int8'"):
         moejax.load("tiny-qwen3-moe", dtype="int8")
+
+
+@pytest.mark.parametrize("key, named, expected", [
+    ("dtype", None, "float32"),  # the fixture as transformers wrote it: "dtype": "float32"
+    ("dtype", "bfloat16", "bfloat16"),
+    ("torch_dtype", "float16", "float16"),  # older configs
+])
+def test_default_dtype_is_the_checkpoints_own(tmp_path, key, named, expected):
+    path = copy_fixture("qwen3_moe", tmp_path)
+    if named is not None:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config.pop("dtype", None)
+        config[key] = named
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+    engine = moejax.load(path)
+    assert engine.dtype.name == expected
+    assert moejax.load(path, dtype="float32").dtype.name == "float32"  # an explicit dtype wins
+
+
+def test_presets_default_to_bfloat16_and_an_unknown_checkpoint_dtype_is_an_error(tmp_path):
+    assert moejax.load("tiny-qwen3-moe").dtype.name == "bfloat16"
+    path = copy_fixture("qwen3_moe", tmp_path)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["dtype"] = "float8_e4m3fn"
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match="config.json has dtype 'float8_e4m3fn'.*pass dtype= explicitly"):
+        moejax.load(path)

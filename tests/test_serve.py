@@ -158,6 +158,7 @@ def test_main_job_on_examples():
 def test_help_as_a_process():
     r = cli("--help", timeout=120)
     assert r.returncode == 0, r.stderr
+    assert "default auto: the checkpoint's own" in r.stdout  # --dtype
     for flag in FLAGS:
         assert flag in r.stdout, flag
 
