@@ -13,7 +13,7 @@ from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels.backends import Kernels, resolve
 from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
-from moejax.models.checkpoint import load_tokenizer, plan_params, read_config
+from moejax.models.checkpoint import load_tokenizer, plan_params, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
 from moejax.offload.host_store import HostStore, is_routed_expert
 from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes
@@ -98,6 +98,10 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     if dtype == "auto":
         dtype = checkpoint_dtype(hf_config, model)
     cfg = ModelConfig.from_hf(hf_config)
+    # Generation stops at generation_config.json's end-of-sequence ids when it names any, else at config.json's:
+    # what transformers' generate does.
+    if is_dir and read_generation_eos(model):
+        cfg = cfg.replace(eos_token_ids=read_generation_eos(model))
     full_layers = cfg.num_layers
     n = options.get("num_layers")
     if n is not None:

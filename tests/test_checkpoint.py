@@ -179,3 +179,11 @@ def test_presets_default_to_bfloat16_and_an_unknown_checkpoint_dtype_is_an_error
         json.dump(config, f)
     with pytest.raises(ValueError, match="config.json has dtype 'float8_e4m3fn'.*pass dtype= explicitly"):
         moejax.load(path)
+
+
+def test_generation_config_eos_must_be_token_ids(tmp_path):
+    path = copy_fixture("qwen3_moe", tmp_path)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": ["</s>"]}, f)
+    with pytest.raises(CheckpointError, match=r"generation_config.json: eos_token_id must be a token id"):
+        moejax.load(path)

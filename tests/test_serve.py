@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -649,3 +650,21 @@ def test_garbage_lines_one_result_each_in_order(tiny, lines):
             assert row["response"]["status_code"] in (400, 500) and row["response"]["body"] is None
             assert row["error"]["code"] and row["error"]["message"]
     assert summary["requests_ok"] + summary["requests_failed"] == len(lines)
+
+
+def test_generation_stops_at_generation_config_eos_ids(tmp_path):
+    """generation_config.json's eos ids replace config.json's, as in transformers' generate (here config.json's
+    eos is 0 and the file names a token this prompt reaches greedily)."""
+    path = tmp_path / "model"
+    shutil.copytree(fixture_dir("qwen3_moe"), path)
+    prompt = [5, 6, 7, 8]
+    free = moejax.load(str(path), dtype="float32").generate([prompt], max_new_tokens=8, temperature=0.0,
+                                                             stop_token_ids=())[0]
+    at = next(i for i in range(1, len(free)) if free[i] not in free[:i] and free[i] != 0)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [free[at], 99999]}))
+    engine = moejax.load(str(path), dtype="float32")
+    assert engine.config.eos_token_ids == (free[at], 99999)
+    out = tmp_path / "out.jsonl"
+    serve_lines(engine, [completion("c", prompt, 8)], str(out))
+    (choice,) = rows_of(read_text(out))[0]["response"]["body"]["choices"]
+    assert choice["finish_reason"] == "stop" and choice["token_ids"] == free[: at + 1]

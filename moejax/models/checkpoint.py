@@ -25,6 +25,23 @@ class CheckpointError(ValueError):
     """A checkpoint that does not match its config; the message lists every problem found."""
 
 
+def read_generation_eos(path: str) -> tuple[int, ...]:
+    """End-of-sequence ids of `generation_config.json` (what transformers' generate stops at), or () when the file
+    or the field is absent."""
+    gen_path = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(gen_path):
+        return ()
+    try:
+        with open(gen_path) as f:
+            eos = json.load(f).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{gen_path}: not a JSON object ({e})") from None
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise CheckpointError(f"{gen_path}: eos_token_id must be a token id or a list of them; got {eos!r}")
+    return tuple(ids)
+
+
 def read_config(path: str) -> dict[str, Any]:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
