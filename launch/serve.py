@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
         sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
-    problem = check_numbers(args) or check_output_is_not_input(args) or check_kernels(args)
+    problem = check_numbers(args) or check_output_is_not_input(args)
     if problem:
         sys.exit(problem)
     out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else "."
@@ -194,6 +194,9 @@ def main(argv=None) -> int:
         except (ValueError, RuntimeError) as e:
             sys.exit(f"--coordinator {args.coordinator}: {e}")
         _check_processes_agree(args, lines)
+    problem = check_kernels(args)  # it asks JAX for the platform: only after joining the other processes
+    if problem:
+        sys.exit(problem)
     try:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
