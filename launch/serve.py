@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -125,7 +126,7 @@ def check_numbers(args) -> str | None:
         flag = "--" + name.replace("_", "-")
         if value is None:
             continue
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             return f"{flag} must be a finite number; got {value}"
         if (value <= 0) if least is None else (value < least):
             return f"{flag} must be {'> 0' if least is None else f'>= {least}'} ({what}); got {value}"
@@ -186,8 +187,9 @@ def main(argv=None) -> int:
     options = {"kernels": args.kernels, "placement": args.placement}
     for name in ("num_layers", "layout", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                  "default_vectors", "prefetch_distance", "speculative"):
-        if getattr(args, name) is not None and getattr(args, name) is not False:  # 0 is a value, not "not given"
-            options[name] = getattr(args, name)
+        value = getattr(args, name)
+        if value is not None and value is not False:  # 0 is a value, not "not given"
+            options[name] = value
     if multi:
         try:  # before anything touches a JAX device
             multihost.initialize(*multi)

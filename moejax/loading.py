@@ -82,8 +82,9 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
         kernels = Kernels.parse(options.get("kernels"))
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
-    if kernels.unavailable():
-        raise ValueError(f"moejax.load: kernels {kernels.unavailable()}")
+    unavailable = kernels.unavailable()
+    if unavailable:
+        raise ValueError(f"moejax.load: kernels {unavailable}")
     # attention's auto also depends on shapes: it stays per call
     kernels = dataclasses.replace(kernels, experts=resolve("expert_ffn", kernels.experts, EXPERT_BACKENDS))
     cache_opt = options.get("compilation_cache", True)
@@ -100,8 +101,9 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     cfg = ModelConfig.from_hf(hf_config)
     # Generation stops at generation_config.json's end-of-sequence ids when it names any, else at config.json's:
     # what transformers' generate does.
-    if is_dir and read_generation_eos(model):
-        cfg = cfg.replace(eos_token_ids=read_generation_eos(model))
+    generation_eos = read_generation_eos(model) if is_dir else ()
+    if generation_eos:
+        cfg = cfg.replace(eos_token_ids=generation_eos)
     full_layers = cfg.num_layers
     n = options.get("num_layers")
     if n is not None:

@@ -100,19 +100,19 @@ def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context:
     """One JSONL line -> a request, or a BadLine naming what is wrong."""
     if not text.strip():
         return BadLine(line, None, "empty line")
-    undecodable = _first_undecodable(text)
-    if undecodable is not None:
-        return BadLine(line, _readable_custom_id(text), undecodable)
+    undecodable = _first_undecodable(text)  # the first problem when a line has it, whatever else is wrong
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        return BadLine(line, None, f"not JSON: {e.msg} (char {e.pos})")
+        return BadLine(line, None, undecodable or f"not JSON: {e.msg} (char {e.pos})")
     except (ValueError, RecursionError) as e:  # e.g. a 5000-digit number, or nesting too deep
-        return BadLine(line, None, f"not JSON: {type(e).__name__}: {e}")
+        return BadLine(line, None, undecodable or f"not JSON: {type(e).__name__}: {e}")
     if not isinstance(obj, dict):
-        return BadLine(line, None, f"not a JSON object; got {_show(obj)}")
+        return BadLine(line, None, undecodable or f"not a JSON object; got {_show(obj)}")
     cid = obj.get("custom_id")
     cid = cid if isinstance(cid, str) and cid else None
+    if undecodable is not None:  # the custom_id is kept when the bad bytes are elsewhere
+        return BadLine(line, cid if cid is None or _ESCAPED.search(cid) is None else None, undecodable)
     try:
         return _Parser(tokenizer, vocab_size, max_context).request(obj, line)
     except _Invalid as e:
@@ -130,16 +130,6 @@ def _first_undecodable(text: str) -> str | None:
     offset = len(text[: found.start()].encode("utf-8", "surrogateescape"))
     return (f"not valid UTF-8: byte 0x{ord(found.group()) - 0xDC00:02x} at byte {offset} of the line; send UTF-8 "
             "(JSON escapes such as \\u00e9 for other characters)")
-
-
-def _readable_custom_id(text: str) -> str | None:
-    """The line's custom_id when the JSON around the bad bytes still parses and the id itself is clean."""
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    cid = obj.get("custom_id") if isinstance(obj, dict) else None
-    return cid if isinstance(cid, str) and cid and _ESCAPED.search(cid) is None else None
 
 
 class _Parser:
