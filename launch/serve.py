@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import os
+import secrets
 import sys
+import tempfile
 import time
 
 import moejax
@@ -33,9 +36,10 @@ from moejax.offload.expert_cache import POLICIES
 from moejax.offload.memory_plan import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
-from moejax.sched.batch import explain_lines, serve_lines
+from moejax.sched.batch import engine_settings, explain_lines, serve_lines
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
+from moejax.sched.results import SettingsMismatch, WriteFailed
 from moejax.sharding import multihost
 
 
@@ -46,6 +50,9 @@ def parse_args(argv=None):
                    help=f"HF checkpoint directory or preset ({', '.join(moejax.presets())}); default tiny-qwen3-moe")
     p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
+    p.add_argument("--error-file", default=None,
+                   help="also write the failed lines (4xx, 5xx; as in --output) to this file, as the OpenAI Batch API "
+                        "does")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
                    help="default auto: the checkpoint's own (config.json's dtype / torch_dtype; presets: bfloat16)")
     p.add_argument("--num-layers", type=int, default=None, help="run only the first N layers (for trials)")
@@ -136,15 +143,37 @@ def check_numbers(args) -> str | None:
 
 
 def check_output_is_not_input(args) -> str | None:
-    """Writing results (or their journal) over the requests would destroy them."""
-    if not args.output or args.input == "-":
+    """Writing results (or their journal, or the error file) over the requests would destroy them."""
+    outputs = [("--output", p) for p in (args.output, args.output + ".partial")] if args.output else []
+    if args.error_file:
+        outputs.append(("--error-file", args.error_file))
+        if args.output and _same_file(args.error_file, args.output):
+            return f"--error-file {args.error_file}: is the --output file; give another"
+    if args.input == "-":
         return None
-    source = os.path.realpath(args.input)
-    for path in (args.output, args.output + ".partial"):
-        same = os.path.realpath(path) == source or (
-            os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source))
-        if same:
-            return f"--output {args.output}: {path} is the input file {args.input}; refusing to overwrite the requests"
+    for flag, path in outputs:
+        if _same_file(path, args.input):
+            return f"{flag} {path}: is the input file {args.input}; refusing to overwrite the requests"
+    return None
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b) or (os.path.exists(a) and os.path.exists(b)
+                                                          and os.path.samefile(a, b))
+
+
+def check_writable(flag: str, path: str | None) -> str | None:
+    """Whether results can be written next to `path` (a read-only folder is refused before the model loads)."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{flag}: folder {folder!r} does not exist"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".moejax-write-test-"):
+            pass
+    except OSError as e:
+        return f"{flag}: cannot write in {folder!r}: {e.strerror or e}"
     return None
 
 
@@ -155,6 +184,33 @@ def check_kernels(args) -> str | None:
     except ValueError as e:
         why = str(e).removeprefix("kernels: ")
     return None if why is None else f"--kernels {args.kernels}: {why}"
+
+
+def run_settings(args, engine) -> dict:
+    """What decides this run's results (the journal records it; a resume must match): the model's identity (its
+    files' names, sizes and config, not just the path), dtype, kernels, layers, layout and the offload options."""
+    settings = {**engine_settings(engine), "model": model_identity(args.model)}
+    if engine.memory_plan is not None:
+        settings["placement"] = engine.memory_plan.placement
+    if args.speculative:  # runs predicted experts: the predictor decides the results
+        settings.update(speculative=True, predictor=args.predictor, prefetch_distance=args.prefetch_distance,
+                        default_vectors=model_identity(args.default_vectors) if args.default_vectors else None)
+    return settings
+
+
+def model_identity(path: str) -> str:
+    """A preset's name; for a directory, its real path and a hash of its JSON files and weight file sizes."""
+    if not os.path.isdir(path):
+        return path
+    digest = hashlib.blake2b(digest_size=8)
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if name.endswith(".json"):
+            with open(full, "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+        elif name.endswith((".safetensors", ".npz")):
+            digest.update(f"{name}\0{os.path.getsize(full)}".encode())
+    return f"{os.path.realpath(path)}@{digest.hexdigest()}"
 
 
 def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
@@ -174,12 +230,10 @@ def main(argv=None) -> int:
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
         sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
-    problem = check_numbers(args) or check_output_is_not_input(args)
+    problem = (check_numbers(args) or check_output_is_not_input(args) or check_writable("--output", args.output)
+               or check_writable("--error-file", args.error_file))
     if problem:
         sys.exit(problem)
-    out_dir = os.path.dirname(os.path.abspath(args.output)) if args.output else "."
-    if not os.path.isdir(out_dir):
-        sys.exit(f"--output: folder {out_dir!r} does not exist")
     try:
         lines = read_lines(args.input)
     except OSError as e:
@@ -212,10 +266,19 @@ def main(argv=None) -> int:
             print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
                                 prefix_cache_mb=args.prefix_cache_mb))
         return 0
-    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sys.stdout if writer else sink):
-        summary = serve_lines(engine, lines, args.output if writer else None, max_batch_tokens=args.max_batch_tokens,
-                              kv_cache=args.kv_cache, prefix_cache_mb=args.prefix_cache_mb,
-                              progress=_progress_bar if writer else None, peak=peak_flops(engine.dtype.name))
+    # Requests without a seed draw theirs from this; every process must draw the same.
+    nonce = multihost.main_number(secrets.randbits(62)) if multi else None
+    try:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sys.stdout if writer else sink):
+            summary = serve_lines(engine, lines, args.output if writer else None,
+                                  max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
+                                  prefix_cache_mb=args.prefix_cache_mb, progress=_progress_bar if writer else None,
+                                  peak=peak_flops(engine.dtype.name), settings=run_settings(args, engine),
+                                  seed_nonce=nonce, error_file=args.error_file if writer else None)
+    except SettingsMismatch as e:
+        sys.exit(f"--output {args.output}: {e}")
+    except WriteFailed as e:
+        sys.exit(f"--output: {e}")
     if not writer:
         return 0
     summary = {"model": args.model, "dtype": engine.dtype.name, **summary}

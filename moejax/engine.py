@@ -23,11 +23,13 @@ class Engine:
 
     def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], nnx.State],
                  tokenizer=None, *, dtype=jnp.float32, kernels: Kernels = Kernels(), name: str = "",
-                 memory_plan=None, make_placement: Callable | None = None, layout=None):
+                 memory_plan=None, make_placement: Callable | None = None, layout=None, chat_template=None):
         """materialize() -> the weights (nnx.State), or (weights, HostStore) for an offloaded model, whose
-        `make_placement(store)` gives the placement that runs its routed experts (moejax.offload)."""
+        `make_placement(store)` gives the placement that runs its routed experts (moejax.offload).
+        chat_template: moejax.chat.ChatTemplate, or None when the model has none."""
         self.config = config
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
         self.dtype = jnp.dtype(dtype)
         self.kernels = kernels
         self.name = name
@@ -44,10 +46,12 @@ class Engine:
         if make_placement is not None:  # layer by layer from Python (moejax.offload.layered)
             layered = lambda name: lambda *a, **k: getattr(self.layered_steps, name)(*a, **k)  # noqa: E731
             self._logits_fn, self._score_fn = layered("logits"), layered("score")
+            self._logprobs_fn = layered("logprobs")
             self._prefill_fn, self._decode_fn = layered("prefill"), layered("decode")
             return
         bind = functools.partial
         self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, kernels))
+        self._logprobs_fn = jax.jit(bind(steps.token_logprobs, graphdef, kernels), static_argnames=("k",))
         self._score_fn = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,), static_argnames=("span",))
         self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, kernels), static_argnames=("cache_len",),
                                    donate_argnums=(1,))
@@ -240,16 +244,16 @@ class Engine:
         return out
 
     def generate_rows(self, prompts, max_new, *, temperature, top_p, keys, stop_token_ids, pool=None,
-                      prior_blocks=None, store_blocks=None):
+                      prior_blocks=None, store_blocks=None, expand=None):
         """Per-row generation for the batch runner (inputs already validated). keys: PRNG keys [n].
         With a prefix pool: prior_blocks[r] = pool blocks holding prompt r's first 16*len tokens (the prefill
         starts after them); store_blocks[r] = [(block id, first position)] of prompt blocks to keep in the pool.
-        Returns (new tokens per row, pool)."""
+        expand[j]: the prompt that output row j continues (several choices share one prefill); then max_new,
+        temperature, top_p, keys and stop_token_ids are per output row. Returns (new tokens per row, pool)."""
         n = len(prompts)
-        B = rows_bucket(n, self.row_multiple)
+        m = n if expand is None else len(expand)
+        B, Bm = rows_bucket(n, self.row_multiple), rows_bucket(m, self.row_multiple)
         skip = [BLOCK * len(p) for p in prior_blocks] if prior_blocks else [0] * n
-        lengths = np.ones((B,), np.int32)
-        lengths[:n] = [len(p) for p in prompts]
         T = bucket(max(len(p) - s for p, s in zip(prompts, skip)), MIN_SEQ_BUCKET)
         tokens = np.zeros((B, T), np.int32)
         positions = np.tile(np.arange(T, dtype=np.int32), (B, 1))
@@ -258,6 +262,9 @@ class Engine:
             tokens[i, : len(p) - s] = p[s:]
             positions[i] += s
             last[i] = len(p) - s - 1
+        source = list(range(n)) if expand is None else list(expand)
+        lengths = np.ones((Bm,), np.int32)
+        lengths[:m] = [len(prompts[i]) for i in source]
         steps = bucket(max(max_new), MIN_SEQ_BUCKET)
         cache_len = bucket(int(lengths.max()), MIN_SEQ_BUCKET) + steps
         extra = {}
@@ -268,20 +275,48 @@ class Engine:
             extra["store_ids"] = _pad_rows([[b for b, _ in r] for r in store_blocks], B, width, _pool_size(pool))
             starts = _pad_rows([[p for _, p in r] for r in store_blocks], B, width, 0)
             extra["store_src"] = starts[:, :, None] + np.arange(BLOCK, dtype=np.int32)
-        stops = _pad_rows([list(s) for s in stop_token_ids], B, bucket(max(map(len, stop_token_ids), default=0), 4),
+        if expand is not None:
+            extra["expand"] = np.array(source + [0] * (Bm - m), np.int32)
+        stops = _pad_rows([list(s) for s in stop_token_ids], Bm, bucket(max(map(len, stop_token_ids), default=0), 4),
                           -1)
-        row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (B - n,))]) if B > n else keys
-        row = lambda values, fill: jnp.asarray(np.array(list(values) + [fill] * (B - n), np.float32))  # noqa: E731
+        row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (Bm - m,))]) if Bm > m else keys
+        row = lambda values, fill: jnp.asarray(np.array(list(values) + [fill] * (Bm - m), np.float32))  # noqa: E731
         temp, topp = row(temperature, 0.0), row(top_p, 1.0)
-        maxn = np.ones((B,), np.int32)
-        maxn[:n] = max_new
+        maxn = np.ones((Bm,), np.int32)
+        maxn[:m] = max_new
         cache, first, pool = self._prefill_fn(self.params, pool, jnp.asarray(tokens), jnp.asarray(positions),
                                               jnp.asarray(last), temp, topp, row_keys,
                                               **{k: jnp.asarray(v) for k, v in extra.items()}, cache_len=cache_len)
         out, count = self._decode_fn(self.params, cache, first, jnp.asarray(lengths), temp, topp, row_keys,
                                      jnp.asarray(stops), jnp.asarray(maxn), steps=steps)
         out, count = _to_host(out), _to_host(count)
-        return [out[i, : count[i]].tolist() for i in range(n)], pool
+        return [out[i, : count[i]].tolist() for i in range(m)], pool
+
+    def token_logprobs(self, sequences, k: int, *, max_batch_tokens: int = 4096):
+        """For each token sequence s: (logprob of s[t+1] after s[:t+1] for t < len(s) - 1, and the k most likely
+        next tokens there as (logprobs [len-1, k], ids [len-1, k])), as numpy. Rows are batched up to
+        `max_batch_tokens` padded tokens (the step holds [rows, T, vocab] float32 log-probabilities)."""
+        out = [None] * len(sequences)
+        order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+        while order:
+            T = bucket(len(sequences[order[0]]), MIN_SEQ_BUCKET)
+            take = max(1, min(len(order), max_batch_tokens // T))
+            rows, order = order[:take], order[take:]
+            B = rows_bucket(len(rows), self.row_multiple)
+            ids = np.zeros((B, T), np.int32)
+            for r, i in enumerate(rows):
+                ids[r, : len(sequences[i])] = sequences[i]
+            if self.layout is not None and jax.process_count() > 1:
+                from moejax.sharding.mesh import make_mesh
+                from moejax.sharding.multihost import shard_rows
+                tokens = shard_rows(ids, make_mesh(self.layout.devices))
+            else:
+                tokens = jnp.asarray(ids)
+            chosen, top, top_ids = (_to_host(a) for a in self._logprobs_fn(self.params, tokens, k=k))
+            for r, i in enumerate(rows):
+                L = len(sequences[i]) - 1
+                out[i] = (chosen[r, :L], top[r, :L], top_ids[r, :L])
+        return out
 
     # -- packed scoring and the prefix pool ----------------------------------------------------------------
     def init_pool(self, num_blocks: int):

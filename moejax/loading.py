@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels.backends import Kernels, resolve
@@ -166,11 +167,13 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
         read = plan_params(model, cfg, shapes, ignore_layers_from=cfg.num_layers if skips_layers else None)
         materialize = with_store(lambda: fill(read(place)))
         tokenizer = load_tokenizer(model)
+        chat = ChatTemplate.from_dir(model) if tokenizer is not None else None
     else:
         seed = int(options.get("seed", 0))
         materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
-        tokenizer = None
+        tokenizer, chat = None, None
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
+                  chat_template=chat,
                   memory_plan=plan, layout=layout.layout if layout else None,
                   make_placement=layout.make_placement(cfg, kernels, plan) if layout and (disaggregated or offloaded)
                   else placement_factory(plan, options, kernels) if offloaded and not in_jit else None)

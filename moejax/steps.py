@@ -43,6 +43,21 @@ def logits_end(model, x, new, context, tokens):
     return model.head(x)
 
 
+# -- log-probabilities of given tokens ------------------------------------------------------------------------
+def logprobs_begin(model, tokens, *, k):
+    return logits_begin(model, tokens)
+
+
+def logprobs_end(model, x, new, context, tokens, *, k):
+    """-> (log-probability of token t+1 at each position t [B, T] (the last column is meaningless), the k most
+    likely next tokens at each position: log-probabilities and ids [B, T, k])."""
+    logprobs = jax.nn.log_softmax(model.head(x).astype(jnp.float32), axis=-1)
+    following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
+    chosen = jnp.take_along_axis(logprobs, following[..., None], axis=-1)[..., 0]
+    top, ids = jax.lax.top_k(logprobs, k)
+    return chosen, top, ids
+
+
 # -- packed-tree scoring -------------------------------------------------------------------------------------
 def score_begin(model, pool, batch, *, span=(0, None)):
     """batch: tokens, positions, q_pre, q_post [B, T] (DFS spans of each token's node); read_idx [B, U] (rows whose
@@ -73,11 +88,12 @@ def score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
 
 # -- prefill -------------------------------------------------------------------------------------------------
 def prefill_begin(model, pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None, store_ids=None,
-                  store_src=None, *, cache_len):
+                  store_src=None, expand=None, *, cache_len):
     """Right-padded prompt rows. tokens/positions [B, T]: each row's prompt from its first uncached position;
     `last` [B] the index of its last prompt token. prior_ids [B, NP]: pool blocks holding positions
     [0, NP*BLOCK) of each row (a row whose prompt starts later has them all). store_ids/store_src: prompt
-    blocks to copy into the pool (src = slots). Cache slot = position."""
+    blocks to copy into the pool (src = slots). Cache slot = position. expand [B2]: the prefill row each decode
+    row continues (several choices of one prompt share its prefill); temperature, top_p, keys are then [B2]."""
     B = tokens.shape[0]
     cache = model.init_cache(B, cache_len)
     if prior_ids is not None:
@@ -89,12 +105,16 @@ def prefill_begin(model, pool, tokens, positions, last, temperature, top_p, keys
 
 
 def prefill_end(model, x, cache, context, pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None,
-                store_ids=None, store_src=None, *, cache_len):
-    """-> (cache, first new token per row, pool)."""
+                store_ids=None, store_src=None, expand=None, *, cache_len):
+    """-> (cache, first new token per row, pool); with `expand`, cache and tokens are per decode row."""
     if store_ids is not None:
         pool = kv_pool.store(pool, cache, store_ids, store_src)
+    logits = model.head(x, last)
+    if expand is not None:
+        cache = jax.tree.map(lambda c: c[expand], cache)
+        logits = logits[expand]
     step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    return cache, sample(model.head(x, last), temperature, top_p, step_keys), pool
+    return cache, sample(logits, temperature, top_p, step_keys), pool
 
 
 def prefill_reads_cache(pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None, *rest, **static):
@@ -156,5 +176,6 @@ def is_stop(tok, stops):
 
 
 full_logits = resident(logits_begin, logits_end)
+token_logprobs = resident(logprobs_begin, logprobs_end)
 score = resident(score_begin, score_end)
 prefill = resident(prefill_begin, prefill_end, prefill_reads_cache)

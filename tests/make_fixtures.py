@@ -357,13 +357,74 @@ def write_fixture(name):
     return size
 
 
+# A chat template in the style of Qwen's ChatML, in words this fixture's tiny vocabulary can spell (it has no
+# newline and no '<|im_start|>'): role headers, the end-of-text token after each turn, a refused role, a
+# template variable (enable_thinking, as Qwen3's), and indented tags so trim_blocks / lstrip_blocks matter.
+CHAT_TEMPLATE = """{%- for message in messages %}
+    {%- if message['role'] not in ['system', 'user', 'assistant'] %}
+        {{- raise_exception('Unknown role: ' + message['role']) }}
+    {%- endif %}
+    {% if loop.first and message['role'] != 'system' %}
+The robot reads.
+    {% endif %}
+{{ message['role'] | capitalize }} writes {{ message['content'] | trim }}{{ eos_token }}
+{% endfor %}
+{% if add_generation_prompt %}
+Assistant writes{% if enable_thinking is defined and not enable_thinking %} quickly{% endif %}
+{% endif %}"""
+
+# (OpenAI messages as a batch line sends them, template kwargs). Text parts are joined with a newline (vLLM's
+# default content format) before transformers renders them, as moejax.chat does.
+CHAT_CASES = [
+    ([{"role": "user", "content": "The clever fox reads a map."}], {}),
+    ([{"role": "system", "content": "Every robot sings."}, {"role": "user", "content": "  the old bridge  "},
+      {"role": "assistant", "content": "Seven blue clouds."}, {"role": "user", "content": "And the river?"}], {}),
+    ([{"role": "user", "content": [{"type": "text", "text": "Green garden"}, {"type": "text", "text": "lantern"}]}],
+     {}),
+    ([{"role": "user", "content": "The tiny engine."}], {"enable_thinking": False}),
+    ([{"role": "tool", "content": "stone"}], {}),
+]
+
+
+def write_chat(name="qwen3_moe"):
+    """tokenizer_config.json with CHAT_TEMPLATE, and chat_reference.json: each case rendered and tokenized by
+    transformers' apply_chat_template (or its error)."""
+    import json
+    d = OUT_DIR / name
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+              "pad_token": "<|endoftext|>", "model_max_length": MAX_POS, "chat_template": CHAT_TEMPLATE}
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    tok = tf.AutoTokenizer.from_pretrained(d)
+    cases = []
+    for messages, kwargs in CHAT_CASES:
+        plain = [{**m, "content": "\n".join(p["text"] for p in m["content"]) if isinstance(m["content"], list)
+                  else m["content"]} for m in messages]
+        case = {"messages": messages, "chat_template_kwargs": kwargs}
+        try:
+            case["text"] = tok.apply_chat_template(plain, add_generation_prompt=True, tokenize=False, **kwargs)
+            ids = tok.apply_chat_template(plain, add_generation_prompt=True, tokenize=True, **kwargs)
+            case["token_ids"] = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        except Exception as e:  # jinja2.TemplateError from raise_exception
+            case["error"] = f"{type(e).__name__}: {e}"
+        cases.append(case)
+    reference = {"transformers": tf.__version__, "cases": cases}
+    (d / "chat_reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    print(f"== {name}: chat template and {len(cases)} reference renderings (transformers {tf.__version__})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(FIXTURES), help="fixture name (repeatable)")
-    names = ap.parse_args().only or list(FIXTURES)
+    ap.add_argument("--chat", action="store_true", help="only (re)write qwen3_moe's chat template and reference")
+    args = ap.parse_args()
     tf.logging.set_verbosity_error()
     tf.utils.logging.disable_progress_bar()
+    if args.chat:
+        return write_chat()
+    names = args.only or list(FIXTURES)
     total = sum(write_fixture(n) for n in names)
+    if "qwen3_moe" in names:
+        write_chat()
     print(f"total: {total / 1e6:.2f} MB in {len(names)} fixture(s)")
 
 

@@ -6,13 +6,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from garbage import damage
+from garbage import FORMAT_EXAMPLES, damage
 
+from moejax.chat import ChatTemplate
 from moejax.sched.requests import (
-    BadLine, Candidate, CompletionRequest, ScoreRequest, parse_line, parse_lines,
+    MAX_N, BadLine, Candidate, CompletionRequest, ScoreRequest, parse_line, parse_lines,
 )
 
-TOKENIZER = Tokenizer.from_file(os.path.join(os.path.dirname(__file__), "fixtures", "qwen3_moe", "tokenizer.json"))
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen3_moe")
+TOKENIZER = Tokenizer.from_file(os.path.join(FIXTURE, "tokenizer.json"))
+CHAT = ChatTemplate.from_dir(FIXTURE)
 VOCAB = 256
 CONTEXT = 64
 LIMITS = dict(vocab_size=VOCAB, max_context=CONTEXT)
@@ -68,13 +71,14 @@ def test_score_suffixes_mixed_text_and_ids():
 
 def test_completion_defaults():
     r = complete({"prompt": "hello"})
-    assert r == CompletionRequest(7, "r1", tuple(TOKENIZER.encode("hello").ids), 16, 0.0, 1.0, 0, (), ())
+    assert r == CompletionRequest(7, "r1", tuple(TOKENIZER.encode("hello").ids), 16, 0.0, 1.0, None, (), (),
+                                 prompt_text="hello")  # seed None: the runner draws one
 
 
 def test_completion_all_fields_and_openai_keys():
     r = complete({"prompt_token_ids": [5], "max_tokens": 3, "temperature": 1, "top_p": 0.5, "seed": -4,
                   "stop": ["\n", "end"], "stop_token_ids": [0, 255], "model": "anything", "n": 1, "user": "u"})
-    assert r == CompletionRequest(7, "r1", (5,), 3, 1.0, 0.5, -4, ("\n", "end"), (0, 255))
+    assert r == CompletionRequest(7, "r1", (5,), 3, 1.0, 0.5, -4, ("\n", "end"), (0, 255), model="anything")
     assert isinstance(r.temperature, float)
     assert complete({"prompt_token_ids": [5], "stop": "x"}).stop == ("x",)
 
@@ -125,7 +129,7 @@ def test_unreadable_lines(text, expected):
      "url '/v1/chat': unknown; expected one of /v1/score, /v1/completions"),
     ({"custom_id": "a", "body": {}}, "url: missing"),
     ({"custom_id": "a", "url": ["/v1/score"], "body": {}},
-     "url: must be a string, one of /v1/score, /v1/completions; got a list"),
+     "url: must be a string, one of /v1/score, /v1/completions, /v1/chat/completions; got a list"),
     ({"custom_id": "a", "url": "/v1/score"}, "body: missing"),
     ({"custom_id": "a", "url": "/v1/score", "body": [1]}, "body: must be a JSON object; got a list"),
     ({"custom_id": "a", "url": "/v1/score", "bdy": {}}, "unknown key 'bdy' (did you mean 'body'?)"),
@@ -181,8 +185,8 @@ SCORE_OK = {"prompt_token_ids": [1, 2], "candidate_token_ids": [[3]]}
     ({**SCORE_OK, "suffixes": [[1, 300]]}, "body.suffixes[0][1]: token id 300 outside"),
     ({**SCORE_OK, "suffixes": ["\u00e9"]}, "body.suffixes[0]: '\u00e9' tokenizes to no tokens"),
     ({**SCORE_OK, "max_tokens": 3}, "body: unknown key 'max_tokens'; known: prompt, prompt_token_ids, candidates"),
-    ({**SCORE_OK, "n": 2}, "body.n: must be 1; got 2"),
-    ({**SCORE_OK, "n": True}, "body.n: must be 1; got true"),
+    ({**SCORE_OK, "n": 2}, "body.n: must be 1 for scoring; got 2"),
+    ({**SCORE_OK, "n": True}, "body.n: must be 1 for scoring; got true"),
 ])
 def test_bad_score_body(body, expected):
     assert error(score(body)).startswith(expected)
@@ -229,7 +233,8 @@ COMPLETE_OK = {"prompt_token_ids": [1, 2]}
     ({**COMPLETE_OK, "stop_token_ids": 3}, "body.stop_token_ids: must be a list of token ids; got 3"),
     ({**COMPLETE_OK, "stop_token_ids": [3, 256]}, "body.stop_token_ids[1]: token id 256 outside"),
     ({**COMPLETE_OK, "stop_token_ids": [None]}, "body.stop_token_ids[0]: must be a token id (int); got null"),
-    ({**COMPLETE_OK, "n": 3}, "body.n: must be 1; got 3"),
+    ({**COMPLETE_OK, "n": 0}, "body.n: must be an int in [1, 128]; got 0"),
+    ({**COMPLETE_OK, "n": MAX_N + 1}, f"body.n: must be an int in [1, {MAX_N}]; got {MAX_N + 1}"),
 ])
 def test_bad_completion_body(body, expected):
     assert error(complete(body)).startswith(expected)
@@ -300,6 +305,7 @@ VALID = [
     {"custom_id": "c", "method": "POST", "url": "/v1/completions",
      "body": {"prompt_token_ids": [1, 2], "max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "seed": 1,
               "stop": ["\n"], "stop_token_ids": [3]}},
+    *FORMAT_EXAMPLES,
 ]
 
 
@@ -313,12 +319,133 @@ garbage_line = st.one_of(st.text(max_size=40), json_values.map(json.dumps), muta
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(garbage_line, max_size=8), st.sampled_from([TOKENIZER, None]))
-def test_garbage_never_raises_and_keeps_line_numbers(lines, tokenizer):
-    out = parse_lines(lines, tokenizer=tokenizer, vocab_size=VOCAB, max_context=CONTEXT)
+@given(st.lists(garbage_line, max_size=8), st.sampled_from([(TOKENIZER, CHAT), (TOKENIZER, None), (None, None)]))
+def test_garbage_never_raises_and_keeps_line_numbers(lines, model):
+    tokenizer, chat_template = model
+    out = parse_lines(lines, tokenizer=tokenizer, vocab_size=VOCAB, max_context=CONTEXT, chat=chat_template)
     assert len(out) == len(lines)
     for n, entry in enumerate(out, start=1):
         assert entry.line == n
         assert isinstance(entry, (ScoreRequest, CompletionRequest, BadLine))
         if isinstance(entry, BadLine):
             assert entry.message
+            assert entry.param is None or entry.param in entry.message
+
+
+def test_the_format_examples_are_valid():
+    out = parse_lines([json.dumps(x) for x in FORMAT_EXAMPLES], tokenizer=TOKENIZER, chat=CHAT, **LIMITS)
+    assert not [e for e in out if isinstance(e, BadLine)], out
+
+
+# ---- the formats of OpenAI, vLLM and SGLang --------------------------------------------------------------------
+
+def chat(body, **kw):
+    return parse(line(body, url="/v1/chat/completions"), chat=CHAT, **kw)
+
+
+def test_completion_prompt_as_token_list_or_list_of_one():
+    assert complete({"prompt": [5, 6, 7]}).prompt == (5, 6, 7)
+    assert complete({"prompt": [[5, 6]]}).prompt == (5, 6)
+    r = complete({"prompt": ["hello"]})
+    assert r.prompt == tuple(TOKENIZER.encode("hello").ids) and r.prompt_text == "hello"
+    assert error(complete({"prompt": ["a", "b"]})) == "body.prompt: a list of 2 prompts; send one prompt per line"
+    assert error(complete({"prompt": [5, 999]})).startswith("body.prompt[1]: token id 999 outside the vocabulary")
+
+
+def test_completion_choices_logprobs_and_echo():
+    r = complete({"prompt": "hello", "n": 3, "best_of": 3, "logprobs": 5, "echo": True, "max_tokens": 0})
+    assert (r.n, r.logprobs, r.echo, r.max_tokens) == (3, 5, True, 0)
+    assert error(complete({"prompt": "hello", "max_tokens": 0})) == "body.max_tokens: must be an int >= 1; got 0"
+    assert error(complete({"prompt": "hello", "logprobs": 21})).startswith("body.logprobs: must be an int in [0, 20]")
+    assert error(complete({"prompt": "hello", "echo": 1})) == "body.echo: must be true or false; got 1"
+    assert error(complete({"prompt": "hello", "n": 2, "best_of": 3})).startswith("body.best_of: 3 is not supported")
+
+
+@pytest.mark.parametrize("field, default", [
+    ("frequency_penalty", 0), ("presence_penalty", 0.0), ("stream", False), ("logit_bias", {}), ("top_k", -1),
+    ("repetition_penalty", 1), ("stream_options", {"include_usage": True}), ("metadata", {"a": "b"}),
+    ("response_format", {"type": "text"}), ("service_tier", "auto"), ("suffix", ""),
+])
+def test_harmless_defaults_pass_and_other_values_are_refused(field, default):
+    assert isinstance(complete({"prompt": "hello", field: default}), CompletionRequest)
+    assert isinstance(chat({"messages": [{"role": "user", "content": "fox"}], field: default}), CompletionRequest)
+    other = {dict: {"x": 1} if field not in ("stream_options", "metadata") else [1], bool: True, str: "zzz"}.get(
+        type(default), 0.5)
+    message = error(complete({"prompt": "hello", field: other}))
+    assert message.startswith(f"body.{field}: ") and "is not supported" in message, message
+
+
+def test_stream_zero_is_not_false():
+    assert "body.stream: 0 is not supported" in error(complete({"prompt": "hello", "stream": 0}))
+
+
+def test_chat_renders_like_transformers():
+    reference = json.load(open(os.path.join(FIXTURE, "chat_reference.json")))
+    for case in reference["cases"]:
+        r = chat({"messages": case["messages"], "chat_template_kwargs": case["chat_template_kwargs"]}, max_context=256)
+        if "error" in case:  # the template's raise_exception
+            assert error(r) == "body.messages: the model's chat template refused them: Unknown role: tool"
+            continue
+        assert r.prompt == tuple(case["token_ids"]) and r.prompt_text == case["text"], case
+        assert r.chat and r.max_tokens == 256 - len(r.prompt)  # default: the rest of the context
+
+
+def test_chat_fields():
+    msgs = [{"role": "user", "content": "fox"}]
+    r = chat({"messages": msgs, "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 3, "n": 2, "seed": 5,
+              "temperature": 0.7, "stop": ["x"]})
+    assert (r.max_tokens, r.logprobs, r.n, r.seed, r.temperature, r.stop) == (4, 3, 2, 5, 0.7, ("x",))
+    assert chat({"messages": msgs, "logprobs": True}).logprobs == 0
+    assert chat({"messages": msgs, "logprobs": False}).logprobs is None
+    assert error(chat({"messages": msgs, "top_logprobs": 2})) == "body.top_logprobs: needs logprobs: true"
+    assert error(chat({"messages": msgs, "max_tokens": 2, "max_completion_tokens": 2})).startswith(
+        "body: give max_tokens or max_completion_tokens")
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "body.messages: must be a non-empty list of messages"),
+    ("hi", "body.messages: must be a non-empty list of messages"),
+    ([{"content": "x"}], "body.messages[0].role: must be a non-empty string"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     "body.messages[0].content[0]: only text parts"),
+    ([{"role": "user", "content": 3}], "body.messages[0].content: must be a string or a list of text parts"),
+    ([{"role": "user"}], "body.messages[0].content: missing"),
+])
+def test_bad_chat_messages(messages, message):
+    assert error(chat({"messages": messages})).startswith(message)
+
+
+def test_chat_without_a_template_is_a_400_naming_it():
+    r = parse(line({"messages": [{"role": "user", "content": "fox"}]}, url="/v1/chat/completions"))
+    assert error(r).startswith("body.messages: this model has no chat template") and r.param == "messages"
+
+
+def test_sglang_score_joins_query_and_items_as_sglang_does():
+    r = score({"query": "The clever", "items": [" fox", " robot"], "label_token_ids": [3, 4], "apply_softmax": True})
+    assert r.prompt == () and r.labels == "softmax"
+    assert r.contexts == (tuple(TOKENIZER.encode("The clever fox").ids), tuple(TOKENIZER.encode("The clever robot").ids))
+    assert r.candidates == (Candidate(None, (3,)), Candidate(None, (4,)))
+    first = score({"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [9], "item_first": True})
+    assert first.contexts == ((3, 1, 2), (4, 5, 1, 2)) and first.labels == "probs"
+    assert score({"query": "The", "items": " fox", "label_token_ids": [3]}).contexts == (
+        tuple(TOKENIZER.encode("The fox").ids),)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"query": "a", "items": ["b"]}, "body.label_token_ids: missing"),
+    ({"query": [1], "items": ["b"], "label_token_ids": [3]}, "body.items[0]: must be a token id list, as the query"),
+    ({"query": "a", "items": [[1]], "label_token_ids": [3]}, "body.items[0]: must be a string, as the query is"),
+    ({"query": "a", "items": ["b"], "label_token_ids": [300]}, "body.label_token_ids[0]: token id 300 outside"),
+    ({"query": "a", "items": [], "label_token_ids": [3]}, "body.items: must be a non-empty list"),
+    ({"query": "a", "items": ["b"], "label_token_ids": [3], "apply_softmax": "yes"},
+     "body.apply_softmax: must be true or false"),
+    ({"query": "a", "items": ["b"], "label_token_ids": [3], "prompt": "c"}, "body: unknown key 'prompt'"),
+])
+def test_bad_sglang_score(body, message):
+    assert error(score(body)).startswith(message)
+
+
+def test_bad_line_names_the_param():
+    assert complete({"prompt": "hello", "max_tokens": -1}).param == "max_tokens"
+    assert parse("{").param is None
+    assert parse(json.dumps({"custom_id": "a", "url": "/v2", "body": {}})).param == "url"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import moejax
 from conftest import fixture_dir, kill_when_journal_has
-from garbage import damage
+from garbage import FORMAT_EXAMPLES, damage
 from launch import serve as serve_cli
 from moejax.kernels.backends import on_gpu
 from moejax.sched.batch import explain_lines, serve_lines
@@ -270,8 +270,11 @@ BAD_LINE_CASES = [  # (line, custom_id reported, message fragment)
     (json.dumps({"custom_id": "ids-type", "url": "/v1/score",
                  "body": {"prompt_token_ids": [1, "2"], "candidate_token_ids": [[3]]}}),
      "ids-type", "body.prompt_token_ids[1]: must be a token id (int)"),
-    (json.dumps({"custom_id": "url", "url": "/v1/chat/completions", "body": {"prompt_token_ids": [1]}}),
-     "url", "url '/v1/chat/completions': unknown"),
+    (json.dumps({"custom_id": "url", "url": "/v1/embeddings", "body": {"prompt_token_ids": [1]}}),
+     "url", "url '/v1/embeddings': unknown"),
+    (json.dumps({"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user",
+                                                                                          "content": "hi"}]}}),
+     "chat", "body.messages: this model has no chat template"),
     (score("long-score", [7] * (TINY_CONTEXT - 1), [[1, 2, 3]]), "long-score",
      f"= {TINY_CONTEXT + 1} tokens exceed the model's context of {TINY_CONTEXT}"),
     (completion("long-completion", [7] * (TINY_CONTEXT - 4), 8), "long-completion",
@@ -317,9 +320,12 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
     for n, (row, line) in enumerate(zip(rows, lines), start=1):
         if n in expected:
             cid, fragment = expected[n]
+            message = row["error"]["message"]
+            error = {"message": message, "type": "invalid_request_error", "param": row["response"]["body"]["error"]["param"],
+                     "code": "invalid_request"}
             assert line_no(row) == n and row == {"id": row["id"], "custom_id": cid, "line": n,
-                           "response": {"status_code": 400, "body": None},
-                           "error": {"code": "invalid_request", "message": row["error"]["message"]}}, row
+                           "response": {"status_code": 400, "request_id": row["id"], "body": {"error": error}},
+                           "error": {"code": "invalid_request", "message": message}}, row
             assert fragment in row["error"]["message"], (n, row["error"]["message"])
         else:
             ok_bodies[n] = check_ok(row, n, line)
@@ -620,22 +626,38 @@ json_values = st.recursive(
 
 
 @st.composite
-def mutated_example(draw):
-    obj = json.loads(draw(st.sampled_from(example_lines())))
+def mutated_example(draw, examples):
+    obj = json.loads(draw(st.sampled_from(examples)))
     return damage(draw, obj, json_values, rewrite=draw(st.booleans()))
 
 
-garbage_line = st.one_of(st.text(max_size=30), json_values.map(json.dumps), mutated_example(),
-                         st.sampled_from(example_lines()))
+def garbage_lines(examples):
+    line = st.one_of(st.text(max_size=30), json_values.map(json.dumps), mutated_example(examples),
+                     st.sampled_from(examples))
+    return st.lists(line, max_size=6)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(lines=st.lists(garbage_line, max_size=6))
+GARBAGE = settings(max_examples=20, deadline=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@GARBAGE
+@given(lines=garbage_lines(example_lines()))
 def test_garbage_lines_one_result_each_in_order(tiny, lines):
+    check_garbage(tiny, lines)
+
+
+@GARBAGE
+@given(lines=garbage_lines([json.dumps(x) for x in FORMAT_EXAMPLES]))
+def test_garbage_in_the_openai_and_sglang_formats(qwen3, lines):
+    check_garbage(qwen3, lines)
+
+
+def check_garbage(engine, lines):
     lines = [line.replace("\n", " ") for line in lines]  # one request per line, as read from a file
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.jsonl")
-        summary = serve_lines(tiny, lines, out, max_batch_tokens=256)
+        summary = serve_lines(engine, lines, out, max_batch_tokens=256)
         text = read_text(out)
         assert not os.path.exists(out + ".partial")
     rows = rows_of(text)
@@ -644,11 +666,11 @@ def test_garbage_lines_one_result_each_in_order(tiny, lines):
         assert line_no(row) == i
         if row["error"] is None:
             assert row["response"]["status_code"] == 200 and row["response"]["body"]["object"] in (
-                "score", "text_completion")
+                "score", "scoring", "text_completion", "chat.completion")
             assert row["custom_id"] == json.loads(lines[i - 1])["custom_id"]
         else:
-            assert row["response"]["status_code"] in (400, 500) and row["response"]["body"] is None
-            assert row["error"]["code"] and row["error"]["message"]
+            assert row["response"]["status_code"] in (400, 500) and row["response"]["body"]["error"]["message"]
+            assert row["error"]["code"] and row["error"]["message"] == row["response"]["body"]["error"]["message"]
     assert summary["requests_ok"] + summary["requests_failed"] == len(lines)
 
 

@@ -2,30 +2,53 @@
 `python -m launch.serve`, callable in-process by tests and benchmarks)."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import secrets
+
 import jax
 
 from moejax.buckets import bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
-from moejax.sched.requests import BadLine, parse_lines
+from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Runner
 
 
-def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_cache_mb):
+def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_cache_mb, settings=None, seed_nonce=None):
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
-                          max_context=cfg.max_position_embeddings)
+                          max_context=cfg.max_position_embeddings, chat=engine.chat_template)
     store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
-                        {e.line: request_id(e.line, lines[e.line - 1]) for e in entries})
-    todo = [e for e in entries if not isinstance(e, BadLine) and not store.done(e.line)]
+                        {e.line: request_id(e.line, lines[e.line - 1]) for e in entries},
+                        settings=engine_settings(engine) if settings is None else settings,
+                        seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
+    todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
+            if not isinstance(e, BadLine) and not store.done(e.line)]
     if engine.saturation is not None:  # streamed experts: batches of at least Θ FLOPs hide the copies
         max_batch_tokens = max(max_batch_tokens, bucket(engine.saturation.theta_tokens, 16))
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                      cache_blocks=cache_blocks)
     return entries, store, todo, plan
+
+
+def engine_settings(engine) -> dict:
+    """What decides an engine's results, for the journal's header and each result's system_fingerprint. A caller
+    that knows more (launch.serve: offload and prediction options) passes its own."""
+    return {"model": engine.name, "dtype": engine.dtype.name, "kernels": str(engine.kernels),
+            "layers": engine.config.num_layers, "layout": None if engine.layout is None else str(engine.layout)}
+
+
+def with_seed(request, nonce: int, rid: str):
+    """A completion without a seed gets one of its own, drawn from the run's nonce and the request's id: different
+    for every request and run, the same when a journal is resumed (it keeps its nonce). It is in the result."""
+    if not isinstance(request, CompletionRequest) or request.seed is not None:
+        return request
+    digest = hashlib.blake2b(f"{nonce}:{rid}".encode(), digest_size=8).digest()
+    return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
 
 
 def explain_lines(engine, lines, *, max_batch_tokens=8192, kv_cache="auto", prefix_cache_mb=1024.0) -> str:
@@ -36,22 +59,28 @@ def explain_lines(engine, lines, *, max_batch_tokens=8192, kv_cache="auto", pref
 
 
 def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_cache="auto",
-                prefix_cache_mb=1024.0, progress=None, peak=None) -> dict:
+                prefix_cache_mb=1024.0, progress=None, peak=None, settings=None, seed_nonce=None,
+                error_file: str | None = None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its
-    journal from an interrupted run are skipped. Returns the run summary."""
+    journal from an interrupted run with the same settings are skipped; results made with other settings raise
+    results.SettingsMismatch before anything is written. settings: what decides the results (default
+    engine_settings); seed_nonce: what requests without a seed draw theirs from (default: random); error_file:
+    also write the failed lines there. A result that cannot be written raises results.WriteFailed (the journal
+    keeps what it has). Returns the run summary."""
     entries, store, todo, plan = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
-                                          kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb)
+                                          kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb, settings=settings,
+                                          seed_nonce=seed_nonce)
     bad = 0
     with store:
         for e in entries:
             if isinstance(e, BadLine) and not store.done(e.line):
-                store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line]))
+                store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line], param=e.param))
                 bad += 1
         bar = progress(len(todo)) if progress is not None else None
         metrics = Runner(engine, plan, todo, store, progress=bar).run()
         if bar is not None:
             bar(None, metrics)
-        store.finish()
+        store.finish(error_file)
     metrics.requests_batch_failed = metrics.requests_failed  # the runner's failures: 500s, retried by a rerun
     metrics.requests_failed += bad
     metrics.requests_invalid = sum(isinstance(e, BadLine) for e in entries)  # their 400s, new or resumed

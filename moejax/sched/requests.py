@@ -12,17 +12,24 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from moejax.sched.openai_params import NO_OP_KEYS, UnsupportedValue, check_no_ops
+
 SCORE_URL = "/v1/score"
 COMPLETIONS_URL = "/v1/completions"
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CHAT_URL = "/v1/chat/completions"
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat's default is the rest of the context)
+MAX_N = 128  # choices per request
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's chat limit; vLLM's default max_logprobs)
 
 _ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
-_IGNORED_KEYS = ("model", "n", "user")  # accepted for OpenAI compatibility; n must be 1
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n")
 _BODY_KEYS = {
-    SCORE_URL: ("prompt", "prompt_token_ids", "candidates", "candidate_token_ids", "suffixes"),
-    COMPLETIONS_URL: ("prompt", "prompt_token_ids", "max_tokens", "temperature", "top_p", "seed",
-                      "stop", "stop_token_ids"),
+    SCORE_URL: ("prompt", "prompt_token_ids", "candidates", "candidate_token_ids", "suffixes", "n", "model", "user"),
+    COMPLETIONS_URL: ("prompt", "prompt_token_ids", *_SAMPLING_KEYS, "logprobs", "echo", "best_of", "model", "user"),
+    CHAT_URL: ("messages", *_SAMPLING_KEYS, "max_completion_tokens", "logprobs", "top_logprobs", "model", "user",
+               "chat_template_kwargs", "add_generation_prompt", "continue_final_message"),
 }
+SGLANG_SCORE_KEYS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "user")
 _SEED_RANGE = (-2**63, 2**63)  # what jax.random.key accepts
 
 
@@ -39,6 +46,8 @@ class ScoreRequest:
     prompt: tuple[int, ...]
     suffixes: tuple[tuple[int, ...], ...]  # () when the request had no suffixes
     candidates: tuple[Candidate, ...]
+    model: str | None = None  # as the request named it (echoed in the response)
+    labels: str | None = None  # SGLang's query/items/label_token_ids form: "softmax" or "probs"; None: moejax's
 
     @property
     def contexts(self) -> tuple[tuple[int, ...], ...]:
@@ -56,12 +65,18 @@ class CompletionRequest:
     line: int
     custom_id: str
     prompt: tuple[int, ...]
-    max_tokens: int
+    max_tokens: int  # 0 only with echo: the prompt's log-probabilities, nothing generated
     temperature: float
     top_p: float
-    seed: int
+    seed: int | None  # None: the runner draws one (results.ResultStore.seed_nonce) and reports it
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
+    n: int = 1  # choices, sharing the prompt's prefill
+    logprobs: int | None = None  # top alternatives per token; None: no log-probabilities
+    echo: bool = False  # the prompt (and, with logprobs, its log-probabilities) before the completion
+    chat: bool = False  # /v1/chat/completions: prompt rendered by the chat template
+    prompt_text: str | None = None  # as sent (completions) or rendered (chat)
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,12 @@ class BadLine:
     line: int
     custom_id: str | None  # when it could be read from the line
     message: str
+
+    @property
+    def param(self) -> str | None:
+        """The request field the message names (OpenAI's error `param`), e.g. "max_tokens" or "messages"."""
+        m = re.match(r"body\.([A-Za-z_]+)|(custom_id|method|url)\b", self.message)
+        return (m.group(1) or m.group(2)) if m else None
 
 
 Request = ScoreRequest | CompletionRequest
@@ -78,7 +99,8 @@ class _Invalid(Exception):
     """Internal: aborts parsing of one line; becomes a BadLine."""
 
 
-def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context: int) -> list[Request | BadLine]:
+def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context: int,
+                chat=None) -> list[Request | BadLine]:
     """One entry per input line, in order. A repeated custom_id makes the later line bad; the first
     line carrying it keeps it (even if that line is itself bad), so output custom_ids stay unique
     where possible. Iterate a file object rather than split its text: a final newline must not
@@ -86,7 +108,7 @@ def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context
     first_line_of: dict[str, int] = {}
     out: list[Request | BadLine] = []
     for n, text in enumerate(lines, start=1):
-        entry = parse_line(text, n, tokenizer=tokenizer, vocab_size=vocab_size, max_context=max_context)
+        entry = parse_line(text, n, tokenizer=tokenizer, vocab_size=vocab_size, max_context=max_context, chat=chat)
         cid = entry.custom_id
         if cid is not None and cid in first_line_of:
             entry = BadLine(n, cid, f"custom_id {cid!r} duplicates line {first_line_of[cid]}")
@@ -96,8 +118,10 @@ def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context
     return out
 
 
-def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context: int) -> Request | BadLine:
-    """One JSONL line -> a request, or a BadLine naming what is wrong."""
+def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context: int,
+               chat=None) -> Request | BadLine:
+    """One JSONL line -> a request, or a BadLine naming what is wrong. chat: the model's chat template
+    (moejax.chat.ChatTemplate), or None when it has none."""
     if not text.strip():
         return BadLine(line, None, "empty line")
     undecodable = _first_undecodable(text)  # the first problem when a line has it, whatever else is wrong
@@ -114,8 +138,8 @@ def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context:
     if undecodable is not None:  # the custom_id is kept when the bad bytes are elsewhere
         return BadLine(line, cid if cid is None or _ESCAPED.search(cid) is None else None, undecodable)
     try:
-        return _Parser(tokenizer, vocab_size, max_context).request(obj, line)
-    except _Invalid as e:
+        return _Parser(tokenizer, vocab_size, max_context, chat).request(obj, line)
+    except (_Invalid, UnsupportedValue) as e:
         return BadLine(line, cid, str(e))
 
 
@@ -133,8 +157,8 @@ def _first_undecodable(text: str) -> str | None:
 
 
 class _Parser:
-    def __init__(self, tokenizer, vocab_size: int, max_context: int):
-        self.tokenizer, self.vocab_size, self.max_context = tokenizer, vocab_size, max_context
+    def __init__(self, tokenizer, vocab_size: int, max_context: int, chat=None):
+        self.tokenizer, self.vocab_size, self.max_context, self.chat = tokenizer, vocab_size, max_context, chat
 
     def request(self, obj: dict, line: int) -> Request:
         _reject_unknown(obj, _ENVELOPE_KEYS, "")
@@ -156,15 +180,24 @@ class _Parser:
             raise _Invalid(f"body: must be a JSON object; got {_show(body)}")
         # null means "not given", as in the OpenAI API (clients often send "stop": null).
         body = {k: v for k, v in body.items() if v is not None}
-        _reject_unknown(body, _BODY_KEYS[url] + _IGNORED_KEYS, "body")
-        if "n" in body and (type(body["n"]) is not int or body["n"] != 1):
-            raise _Invalid(f"body.n: must be 1; got {_show(body['n'])}")
-        prompt = self.prompt(body)
+        known = _BODY_KEYS[url]
+        if url == SCORE_URL and any(k in body for k in ("query", "items", "label_token_ids")):
+            known = SGLANG_SCORE_KEYS
+        check_no_ops(body, known)
+        _reject_unknown(body, known, "body", accepted=NO_OP_KEYS)
+        if "model" in body:
+            _text(body["model"], "body.model")
+        if known is SGLANG_SCORE_KEYS:
+            return self.labels_score(body, line, cid)
         if url == SCORE_URL:
-            return self.score(body, line, cid, prompt)
-        return self.completion(body, line, cid, prompt)
+            return self.score(body, line, cid, self.prompt(body))
+        if url == CHAT_URL:
+            return self.chat_completion(body, line, cid)
+        return self.completion(body, line, cid)
 
     def score(self, body: dict, line: int, cid: str, prompt: tuple[int, ...]) -> ScoreRequest:
+        if "n" in body and (not _is_int(body["n"]) or body["n"] != 1):
+            raise _Invalid(f"body.n: must be 1 for scoring; got {_show(body['n'])}")
         cands = self.candidates(body)
         suffixes = ()
         if "suffixes" in body:
@@ -177,21 +210,109 @@ class _Parser:
         if need > self.max_context:
             raise _Invalid(f"body: prompt {len(prompt)} + longest suffix {longest_suffix} + longest candidate "
                            f"{longest_cand} - 1 = {need} tokens exceed the model's context of {self.max_context}")
-        return ScoreRequest(line, cid, prompt, suffixes, cands)
+        return ScoreRequest(line, cid, prompt, suffixes, cands, model=body.get("model"))
 
-    def completion(self, body: dict, line: int, cid: str, prompt: tuple[int, ...]) -> CompletionRequest:
-        max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
-        if not _is_int(max_tokens) or max_tokens < 1:
-            raise _Invalid(f"body.max_tokens: must be an int >= 1; got {_show(max_tokens)}")
+    def labels_score(self, body: dict, line: int, cid: str) -> ScoreRequest:
+        """SGLang's /v1/score: each item joined to the query (text before tokenizing, as SGLang does; token lists
+        as lists), scored by the next-token probabilities of label_token_ids after it."""
+        for key in ("query", "items", "label_token_ids"):
+            if key not in body:
+                raise _Invalid(f"body.{key}: missing (SGLang scoring needs query, items and label_token_ids)")
+        item_first = _flag(body, "item_first", False)
+        softmax = _flag(body, "apply_softmax", False)
+        query, items = body["query"], body["items"]
+        items = [items] if isinstance(items, str) else _nonempty_list(items, "body.items", "strings or token id lists")
+        if isinstance(query, list):
+            query = self.ids(_nonempty_list(query, "body.query", "token ids"), "body.query")
+            contexts = []
+            for i, item in enumerate(items):
+                if not isinstance(item, list):
+                    raise _Invalid(f"body.items[{i}]: must be a token id list, as the query is; got {_show(item)}")
+                ids = self.ids(item, f"body.items[{i}]")
+                contexts.append(ids + query if item_first else query + ids)
+        else:
+            query = _text(query, "body.query", "a non-empty string or token id list")
+            if self.tokenizer is None:
+                raise _Invalid("body.query: model has no tokenizer; send token id lists")
+            contexts = []
+            for i, item in enumerate(items):
+                item = _text(item, f"body.items[{i}]", "a string, as the query is")
+                contexts.append(self.encode(item + query if item_first else query + item, f"body.items[{i}]",
+                                            special=True))
+        labels = self.ids(_nonempty_list(body["label_token_ids"], "body.label_token_ids", "token ids"),
+                          "body.label_token_ids")
+        longest = max(map(len, contexts))
+        if longest > self.max_context:
+            raise _Invalid(f"body.items: query + item of {longest} tokens exceed the model's context of "
+                           f"{self.max_context}")
+        return ScoreRequest(line, cid, (), tuple(map(tuple, contexts)), tuple(Candidate(None, (t,)) for t in labels),
+                            model=body.get("model"), labels="softmax" if softmax else "probs")
+
+    def completion(self, body: dict, line: int, cid: str) -> CompletionRequest:
+        prompt, text = self.completion_prompt(body)
+        echo = _flag(body, "echo", False)
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
+            raise _Invalid(f"body.logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {_show(logprobs)}")
+        least = 0 if echo else 1  # echo with max_tokens 0: the prompt's log-probabilities only (scoring)
+        max_tokens = self.max_tokens(body, "max_tokens", DEFAULT_MAX_TOKENS, least)
+        sampling = self.sampling(body, prompt, max_tokens)
+        if "best_of" in body and body["best_of"] != sampling["n"]:
+            raise _Invalid(f"body.best_of: {_show(body['best_of'])} is not supported (only best_of = n, "
+                           f"{sampling['n']} here)")
+        return CompletionRequest(line, cid, prompt, max_tokens, **sampling, logprobs=logprobs, echo=echo,
+                                 prompt_text=text, model=body.get("model"))
+
+    def chat_completion(self, body: dict, line: int, cid: str) -> CompletionRequest:
+        if self.chat is None:
+            raise _Invalid("body.messages: this model has no chat template (tokenizer_config.json's chat_template "
+                           "or chat_template.jinja); send /v1/completions with a prompt instead")
+        if "messages" not in body:
+            raise _Invalid("body.messages: missing")
+        kwargs = body.get("chat_template_kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise _Invalid(f"body.chat_template_kwargs: must be an object; got {_show(kwargs)}")
+        if _flag(body, "continue_final_message", False):
+            raise _Invalid("body.continue_final_message: true is not supported")
+        try:
+            text = self.chat.render(body["messages"], add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                                    **kwargs)
+        except ValueError as e:  # moejax.chat names the field
+            raise _Invalid(str(e)) from None
+        prompt = self.encode(text, "body.messages", special=False)  # the template wrote the special tokens
+        if "max_tokens" in body and "max_completion_tokens" in body:
+            raise _Invalid("body: give max_tokens or max_completion_tokens, not both")
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        max_tokens = self.max_tokens(body, key, max(self.max_context - len(prompt), 1), 1)
+        want = _flag(body, "logprobs", False)
+        top = body.get("top_logprobs", 0)
+        if not _is_int(top) or not 0 <= top <= MAX_LOGPROBS:
+            raise _Invalid(f"body.top_logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {_show(top)}")
+        if "top_logprobs" in body and not want:
+            raise _Invalid("body.top_logprobs: needs logprobs: true")
+        return CompletionRequest(line, cid, prompt, max_tokens, **self.sampling(body, prompt, max_tokens),
+                                 logprobs=top if want else None, chat=True, prompt_text=text, model=body.get("model"))
+
+    def max_tokens(self, body: dict, key: str, default: int, least: int) -> int:
+        value = body.get(key, default)
+        if not _is_int(value) or value < least:
+            raise _Invalid(f"body.{key}: must be an int >= {least}; got {_show(value)}")
+        return value
+
+    def sampling(self, body: dict, prompt: tuple[int, ...], max_tokens: int) -> dict:
+        """temperature, top_p, seed, stop, stop_token_ids and n, checked; and the context check."""
         temperature = _number(body.get("temperature", 0.0), "body.temperature")
         if temperature < 0:
             raise _Invalid(f"body.temperature: must be >= 0; got {temperature}")
         top_p = _number(body.get("top_p", 1.0), "body.top_p")
         if not 0 < top_p <= 1:
             raise _Invalid(f"body.top_p: must be in (0, 1]; got {top_p}")
-        seed = body.get("seed", 0)
-        if not _is_int(seed) or not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]:
+        seed = body.get("seed")
+        if seed is not None and (not _is_int(seed) or not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]):
             raise _Invalid(f"body.seed: must be an int in [-2**63, 2**63); got {_show(seed)}")
+        n = body.get("n", 1)
+        if not _is_int(n) or not 1 <= n <= MAX_N:
+            raise _Invalid(f"body.n: must be an int in [1, {MAX_N}]; got {_show(n)}")
         stop = self.stop(body.get("stop", []))
         stop_ids = body.get("stop_token_ids", [])
         if not isinstance(stop_ids, list):
@@ -200,7 +321,19 @@ class _Parser:
         if len(prompt) + max_tokens > self.max_context:
             raise _Invalid(f"body: prompt {len(prompt)} + max_tokens {max_tokens} = {len(prompt) + max_tokens} "
                            f"tokens exceed the model's context of {self.max_context}")
-        return CompletionRequest(line, cid, prompt, max_tokens, temperature, top_p, seed, stop, stop_ids)
+        return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n)
+
+    def completion_prompt(self, body: dict) -> tuple[tuple[int, ...], str | None]:
+        """A prompt as text, as a token id list (OpenAI allows it), or as a list of one of those; or
+        prompt_token_ids. -> (ids, text as sent or None)."""
+        value = body.get("prompt")
+        if isinstance(value, list) and value and not _is_int(value[0]):
+            if len(value) > 1:
+                raise _Invalid(f"body.prompt: a list of {len(value)} prompts; send one prompt per line")
+            value = body["prompt"] = value[0]
+        if isinstance(value, list) and "prompt_token_ids" not in body:
+            return self.ids(_nonempty_list(value, "body.prompt", "token ids"), "body.prompt"), None
+        return self.prompt(body), body.get("prompt")
 
     def prompt(self, body: dict) -> tuple[int, ...]:
         if ("prompt" in body) == ("prompt_token_ids" in body):
@@ -263,8 +396,9 @@ class _Parser:
         return tuple(values)
 
 
-def _reject_unknown(obj: dict, known: tuple[str, ...], where: str) -> None:
-    unknown = sorted(k for k in obj if k not in known)
+def _reject_unknown(obj: dict, known: tuple[str, ...], where: str, accepted: tuple[str, ...] = ()) -> None:
+    """known: the keys to list in the message; accepted: more keys that pass (not listed)."""
+    unknown = sorted(k for k in obj if k not in known and k not in accepted)
     if not unknown:
         return
     hints = []
@@ -273,6 +407,13 @@ def _reject_unknown(obj: dict, known: tuple[str, ...], where: str) -> None:
         hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
     raise _Invalid(f"{where + ': ' if where else ''}unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                    f"known: {', '.join(known)}")
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise _Invalid(f"body.{key}: must be true or false; got {_show(value)}")
+    return value
 
 
 def _nonempty_list(value, path: str, of: str) -> list:

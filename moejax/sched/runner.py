@@ -3,7 +3,6 @@ log-probabilities and tokens into result lines. `explain` replays the same packi
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 import traceback
@@ -11,7 +10,6 @@ from collections import Counter, defaultdict
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.costs import layer_flops_per_token
@@ -20,8 +18,9 @@ from moejax.kv_pool import BLOCK
 from moejax.sched import packing
 from moejax.sched.planner import Plan
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
-from moejax.sched.requests import CompletionRequest, ScoreRequest
-from moejax.sched.results import ResultStore, error_line, ok_line
+from moejax.sched.bodies import Bodies, Choice
+from moejax.sched.requests import MAX_LOGPROBS, ScoreRequest
+from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
 
 
 @dataclasses.dataclass
@@ -54,6 +53,7 @@ class Runner:
     def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None):
         self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
         self.progress = progress
+        self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
         self.cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
         self.pool = None
@@ -83,7 +83,7 @@ class Runner:
         prior, stores = [], []
         for r in batch.requests:
             keep = []
-            if self.cache is None:
+            if self.cache is None or not r.max_tokens:  # (echo of the prompt only: no prefill runs)
                 slots = []
             else:
                 hashes = block_hashes(r.prompt)
@@ -109,6 +109,8 @@ class Runner:
                     self._run_score(batch, *prepared)
                 else:
                     self._run_completions(batch, *prepared)
+            except WriteFailed:  # the results cannot be kept: stop (the journal keeps what it has)
+                raise
             except Exception as e:  # a failing batch costs only its own requests
                 traceback.print_exc(file=sys.stderr)
                 self._fail_batch(batch, f"{type(e).__name__}: {e}")
@@ -138,61 +140,79 @@ class Runner:
 
     def _score_body(self, i: int) -> dict:
         req = self.requests[i]
-        results = []
-        for s in range(len(req.contexts)):
-            lps = [self._acc.pop((i, s, j)) for j in range(len(req.candidates))]
-            norm = max(lps) + math.log(sum(math.exp(x - max(lps)) for x in lps))
-            cands = [{"text": c.text if c.text is not None else self._decode(c.token_ids),
-                      "token_ids": list(c.token_ids), "logprob": x, "prob": math.exp(x - norm)}
-                     for c, x in zip(req.candidates, lps)]
-            best = int(np.argmax(lps))
-            results.append({"candidates": cands, "best": cands[best]["text"], "best_index": best})
+        lps = [[self._acc.pop((i, s, j)) for j in range(len(req.candidates))] for s in range(len(req.contexts))]
         cached = sum(self._cached.pop((i, s), 0) for s in range(len(req.contexts)))
-        return {"object": "score", "results": results,
-                "usage": {"prompt_tokens": req.prompt_tokens, "cached_prompt_tokens": cached}}
+        return self.bodies.score(req, self._rid(req), lps, cached)
 
     def _run_completions(self, batch, prior, stores):
         reqs = batch.requests
         eos = tuple(self.engine.config.eos_token_ids)
-        stops = [tuple(r.stop_token_ids) + eos for r in reqs]
-        keys = jnp.stack([jax.random.fold_in(jax.random.key(r.seed), 0) for r in reqs])
-        outs, self.pool = self.engine.generate_rows(
-            [list(r.prompt) for r in reqs], [r.max_tokens for r in reqs], temperature=[r.temperature for r in reqs],
-            top_p=[r.top_p for r in reqs], keys=keys, stop_token_ids=stops, pool=self.pool,
-            prior_blocks=prior if self.cache else None, store_blocks=stores if self.cache else None)
+        gen = [k for k, r in enumerate(reqs) if r.max_tokens]  # max_tokens 0: echo of the prompt only
+        rows = [(k, c) for k in gen for c in range(reqs[k].n)]  # one decode row per choice
+        stops = [tuple(reqs[k].stop_token_ids) + eos for k, _ in rows]
+        outs = []
+        if gen:
+            keys = jnp.stack([jax.random.fold_in(jax.random.key(reqs[k].seed), c) for k, c in rows])
+            several = any(reqs[k].n > 1 for k in gen)
+            outs, self.pool = self.engine.generate_rows(
+                [list(reqs[k].prompt) for k in gen], [reqs[k].max_tokens for k, _ in rows],
+                temperature=[reqs[k].temperature for k, _ in rows], top_p=[reqs[k].top_p for k, _ in rows], keys=keys,
+                stop_token_ids=stops, pool=self.pool, prior_blocks=[prior[k] for k in gen] if self.cache else None,
+                store_blocks=[stores[k] for k in gen] if self.cache else None,
+                expand=[gen.index(k) for k, _ in rows] if several else None)
         m = self.metrics
-        new = [len(r.prompt) - BLOCK * len(p) for r, p in zip(reqs, prior)]
+        new = [len(reqs[k].prompt) - BLOCK * len(prior[k]) for k in gen]
         m.computed_tokens += sum(new)
-        m.padded_tokens += rows_bucket(len(reqs), self.engine.row_multiple) * bucket(max(new), MIN_SEQ_BUCKET)
+        if gen:
+            m.padded_tokens += rows_bucket(len(gen), self.engine.row_multiple) * bucket(max(new), MIN_SEQ_BUCKET)
         m.flops += self._flops_per_token * (sum(new) + sum(map(len, outs))) + self._head_flops * sum(map(len, outs))
-        for r, out, p, st in zip(reqs, outs, prior, stops):
-            self._emit(self._index[r.line], self._completion_body(r, out, BLOCK * len(p), st))
+        choices = {k: [] for k in range(len(reqs))}
+        for (k, _), out, st in zip(rows, outs, stops):
+            choices[k].append((Choice(out, "length"), st))
+        logprobs = self._logprobs(reqs, choices)
+        for k, r in enumerate(reqs):
+            made, prompt_lps = [], logprobs.get((k, "prompt"))
+            for c, (choice, st) in enumerate(choices[k] or [(Choice([], "length"), ())]):
+                if (k, c) in logprobs:
+                    choice.logprobs, choice.top = logprobs[(k, c)]
+                made.append(self.bodies.cut_at_stop(r, choice, st))
+            self._emit(self._index[r.line], self.bodies.completion(r, self._rid(r), made, BLOCK * len(prior[k]),
+                                                                   prompt_lps))
 
-    def _completion_body(self, r: CompletionRequest, out: list[int], cached: int, stops) -> dict:
-        finish = "stop" if out and out[-1] in stops else "length"
-        ids = out
-        text = self._decode(out[:-1] if finish == "stop" else out)
-        if r.stop and text is not None:
-            cut = min((text.find(s) for s in r.stop if s in text), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-                ids = next(out[:n] for n in range(1, len(out) + 1) if any(s in self._decode(out[:n]) for s in r.stop))
-        return {"object": "text_completion",
-                "choices": [{"index": 0, "text": text, "token_ids": ids, "finish_reason": finish}],
-                "usage": {"prompt_tokens": len(r.prompt), "completion_tokens": len(ids), "total_tokens":
-                          len(r.prompt) + len(ids), "cached_prompt_tokens": cached}}
+    def _logprobs(self, reqs, choices) -> dict:
+        """Log-probabilities of each choice's tokens (and, with echo, of the prompt's), from one teacher-forced
+        pass over prompt + completion: {(request, choice): (logprobs, top), (request, "prompt"): ...}."""
+        want = [k for k, r in enumerate(reqs) if r.logprobs is not None]
+        if not want:
+            return {}
+        seqs, keys = [], []
+        for k in want:
+            r = reqs[k]
+            for c, (choice, _) in enumerate(choices[k] or [(Choice([], "length"), ())]):
+                if choice.tokens or (r.echo and c == 0):
+                    seqs.append(list(r.prompt) + choice.tokens)
+                    keys.append((k, c))
+        if not seqs:
+            return {}
+        top_k = 5 if max(reqs[k].logprobs for k in want) <= 5 else MAX_LOGPROBS
+        out = {}
+        for (k, c), (lp, top, ids) in zip(keys, self.engine.token_logprobs(seqs, top_k)):
+            P = len(reqs[k].prompt)
+            pairs = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, top)]
+            out[(k, c)] = (lp[P - 1:].tolist(), pairs[P - 1:])
+            if reqs[k].echo and c == 0:
+                out[(k, "prompt")] = (lp[: P - 1].tolist(), pairs[: P - 1])
+        return out
 
-    def _decode(self, ids) -> str | None:
-        tok = self.engine.tokenizer
-        return None if tok is None else tok.decode(list(ids))
+    def _rid(self, req) -> str:
+        return self.store.ids[req.line] if self.store is not None else f"req_{req.line}"
 
     def _emit(self, i: int, body: dict) -> None:
         req = self.requests[i]
         self.metrics.requests_ok += 1
         self.metrics.prompt_tokens += body["usage"]["prompt_tokens"]
         self.metrics.cached_prompt_tokens += body["usage"]["cached_prompt_tokens"]
-        if body["object"] == "text_completion":
-            self.metrics.generated_tokens += body["usage"]["completion_tokens"]
+        self.metrics.generated_tokens += body["usage"].get("completion_tokens", 0)
         if self.store is not None:
             self.store.write(req.line, ok_line(req.line, req.custom_id, body, rid=self.store.ids[req.line]))
         if self.progress is not None:

@@ -52,6 +52,13 @@ def main_says(flag: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))
 
 
+def main_number(value: int) -> int:
+    """Process 0's `value` (an int in [0, 2**62)), on every process (a collective). Sent as two int32 halves:
+    without jax_enable_x64 an int64 would be cut to 32 bits."""
+    high, low = multihost_utils.broadcast_one_to_all(np.array([value >> 31, value & (2**31 - 1)], np.int32))
+    return (int(high) << 31) | int(low)
+
+
 def same_everywhere(data: bytes) -> bool:
     """Whether every process passed the same bytes; the same answer on every process (a collective)."""
     digest = np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), np.uint8)

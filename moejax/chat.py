@@ -1,0 +1,137 @@
+"""Chat templates: a checkpoint's Jinja2 template (tokenizer_config.json's `chat_template`, or
+`chat_template.jinja`) rendered as transformers' `apply_chat_template` renders it: a sandboxed environment with
+trim_blocks, lstrip_blocks and loop controls, `raise_exception`, `strftime_now`, a `tojson` that does not escape
+HTML, the tokenizer's special tokens as variables, and `add_generation_prompt`."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+
+class ChatTemplate:
+    def __init__(self, source: str, special_tokens: dict[str, object] | None = None):
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        self._template = _compile(source)
+
+    @classmethod
+    def from_dir(cls, path: str) -> ChatTemplate | None:
+        """The checkpoint's template (chat_template.jinja wins, as in transformers), or None when it has none."""
+        config = _read_json(os.path.join(path, "tokenizer_config.json"))
+        source = config.get("chat_template")
+        if isinstance(source, list):  # named templates: [{"name": ..., "template": ...}]
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        jinja_file = os.path.join(path, "chat_template.jinja")
+        if os.path.exists(jinja_file):
+            with open(jinja_file, encoding="utf-8") as f:
+                source = f.read()
+        if not isinstance(source, str) or not source:
+            return None
+        return cls(source, _special_tokens(config))
+
+    def render(self, messages, *, add_generation_prompt: bool = True, **kwargs) -> str:
+        """messages: OpenAI chat messages -> the prompt text. Raises ValueError naming the bad message."""
+        import jinja2
+        variables = {**self.special_tokens, **kwargs}  # as transformers: request kwargs override special tokens
+        try:
+            return self._template.render(messages=_messages(messages), add_generation_prompt=add_generation_prompt,
+                                         **variables)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"body.messages: the model's chat template refused them: {e}") from None
+
+
+def _messages(messages) -> list[dict]:
+    """Check the OpenAI message shape; text content parts are joined into one string (vLLM's default)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("body.messages: must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"body.messages[{i}]"
+        if not isinstance(m, dict):
+            raise ValueError(f"{where}: must be an object with role and content")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"{where}.role: must be a non-empty string")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    raise ValueError(f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                                     f"are supported; got {kind!r}")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"{where}.content: must be a string or a list of text parts")
+        elif content is None and role != "assistant":
+            raise ValueError(f"{where}.content: missing")
+        for text in filter(None, [content, m.get("name")]):
+            try:
+                text.encode("utf-8")
+            except (UnicodeEncodeError, AttributeError):
+                raise ValueError(f"{where}: not valid Unicode text") from None
+        out.append({**m, "content": content})
+    return out
+
+
+def _compile(source: str):
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        """transformers' `{% generation %}...{% endgeneration %}` (marks assistant tokens): rendered as its body."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat template: Jinja syntax error at line {e.lineno}: {e.message}") from None
+
+
+def _special_tokens(config: dict) -> dict:
+    """bos_token, eos_token, ... as strings (tokenizer_config.json may give them as AddedToken objects)."""
+    out = {}
+    for key, value in config.items():
+        if key.endswith("_token") and isinstance(value, dict):
+            value = value.get("content")
+        if key.endswith("_token") and isinstance(value, str):
+            out[key] = value
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list):
+        out["additional_special_tokens"] = [t.get("content") if isinstance(t, dict) else t for t in extra]
+    return out
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON: {e}") from None
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,137 @@
+"""Response bodies in the shapes clients parse: OpenAI's text_completion and chat.completion (choices, logprobs,
+usage), moejax's candidate scoring, and SGLang's /v1/score (`scores`). A body starts with `id`, `object`,
+`created`, `model` and `system_fingerprint` (the settings that made it; see results.fingerprint)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from moejax.sched.requests import CompletionRequest, ScoreRequest
+
+
+@dataclass
+class Choice:
+    """One generated continuation: its tokens, why it ended, and (when asked) per-token log-probabilities:
+    logprobs[t] of tokens[t], top[t] = [(id, logprob)] most likely first."""
+    tokens: list[int]
+    finish_reason: str
+    logprobs: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+
+
+class Bodies:
+    def __init__(self, tokenizer, model: str, fingerprint: str):
+        self.tokenizer, self.model, self.fingerprint = tokenizer, model, fingerprint
+
+    def head(self, kind: str, rid: str, req) -> dict:
+        prefix = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}.get(kind, "score")
+        return {"id": f"{prefix}-{rid}", "object": kind, "created": int(time.time()), "model": req.model or self.model,
+                "system_fingerprint": self.fingerprint}
+
+    def decode(self, ids) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode(list(ids))
+
+    def token_text(self, token: int) -> str:
+        return f"token_id:{token}" if self.tokenizer is None else self.tokenizer.decode([token])
+
+    # -- generation --------------------------------------------------------------------------------------------
+    def cut_at_stop(self, req: CompletionRequest, choice: Choice, stop_ids) -> tuple[Choice, str | None]:
+        """The choice ended at the first stop string (text and tokens cut there), and its text. A stop token
+        ends the tokens and is not part of the text."""
+        out = choice.tokens
+        finish = "stop" if out and out[-1] in stop_ids else choice.finish_reason
+        text = self.decode(out[:-1] if finish == "stop" and out and out[-1] in stop_ids else out)
+        if req.stop and text is not None:
+            cut = min((text.find(s) for s in req.stop if s in text), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                n = next(n for n in range(1, len(out) + 1) if any(s in self.decode(out[:n]) for s in req.stop))
+                choice = Choice(out[:n], finish, choice.logprobs and choice.logprobs[:n], choice.top and choice.top[:n])
+        choice.finish_reason = finish
+        return choice, text
+
+    def completion(self, req: CompletionRequest, rid: str, choices: list[tuple[Choice, str | None]], cached: int,
+                   prompt_logprobs: tuple[list[float], list] | None) -> dict:
+        body = self.head("chat.completion" if req.chat else "text_completion", rid, req)
+        out = []
+        for i, (c, text) in enumerate(choices):
+            if req.chat:
+                entry = {"index": i, "message": {"role": "assistant", "content": text},
+                         "logprobs": None if req.logprobs is None else {"content": self.chat_logprobs(req, c)}}
+            else:
+                entry = {"index": i, "text": text, "logprobs": None if req.logprobs is None else
+                         self.completion_logprobs(req, c, prompt_logprobs)}
+                if req.echo:
+                    prompt_text = req.prompt_text if req.prompt_text is not None else self.decode(req.prompt)
+                    entry["text"] = None if prompt_text is None or text is None else prompt_text + text
+            out.append({**entry, "token_ids": c.tokens, "finish_reason": c.finish_reason})
+        completion = sum(len(c.tokens) for c, _ in choices)
+        body.update(choices=out, seed=req.seed, usage={
+            "prompt_tokens": len(req.prompt), "completion_tokens": completion,
+            "total_tokens": len(req.prompt) + completion, "prompt_tokens_details": {"cached_tokens": cached},
+            "cached_prompt_tokens": cached})
+        return body
+
+    def completion_logprobs(self, req: CompletionRequest, c: Choice, prompt_logprobs) -> dict:
+        """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (dicts, the chosen token included),
+        text_offset; with echo the prompt's tokens come first (the first has no log-probability)."""
+        tokens, lps, tops = [], [], []
+        if req.echo:
+            first_lps, first_tops = prompt_logprobs
+            tokens += list(req.prompt)
+            lps += [None] + list(first_lps)
+            tops += [None] + list(first_tops)
+        tokens += c.tokens
+        lps += c.logprobs
+        tops += c.top
+        texts = [self.token_text(t) for t in tokens]
+        top_dicts = [None if top is None else self.top_dict(t, lp, top[: req.logprobs])
+                     for t, lp, top in zip(tokens, lps, tops)]
+        offsets, at = [], 0
+        for text in texts:
+            offsets.append(at)
+            at += len(text)
+        return {"tokens": texts, "token_logprobs": lps, "top_logprobs": top_dicts, "text_offset": offsets}
+
+    def top_dict(self, token: int, logprob: float, top) -> dict:
+        d = {self.token_text(t): lp for t, lp in top}
+        d.setdefault(self.token_text(token), logprob)
+        return d
+
+    def chat_logprobs(self, req: CompletionRequest, c: Choice) -> list[dict]:
+        def item(t, lp):
+            text = self.token_text(t)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        return [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top[: req.logprobs]]}
+                for t, lp, top in zip(c.tokens, c.logprobs, c.top)]
+
+    # -- scoring -----------------------------------------------------------------------------------------------
+    def score(self, req: ScoreRequest, rid: str, logprobs: list[list[float]], cached: int) -> dict:
+        """logprobs[s][j]: candidate j's log-probability after context s."""
+        if req.labels is not None:
+            return self.label_scores(req, rid, logprobs, cached)
+        results = []
+        for lps in logprobs:
+            norm = max(lps) + math.log(sum(math.exp(x - max(lps)) for x in lps))
+            cands = [{"text": c.text if c.text is not None else self.decode(c.token_ids),
+                      "token_ids": list(c.token_ids), "logprob": x, "prob": math.exp(x - norm)}
+                     for c, x in zip(req.candidates, lps)]
+            best = max(range(len(lps)), key=lps.__getitem__)
+            results.append({"candidates": cands, "best": cands[best]["text"], "best_index": best})
+        return {**self.head("score", rid, req), "results": results,
+                "usage": {"prompt_tokens": req.prompt_tokens, "cached_prompt_tokens": cached}}
+
+    def label_scores(self, req: ScoreRequest, rid: str, logprobs: list[list[float]], cached: int) -> dict:
+        """SGLang: per item, the label tokens' probabilities (apply_softmax: renormalised over the labels)."""
+        scores = []
+        for lps in logprobs:
+            if req.labels == "softmax":
+                top = max(lps)
+                total = sum(math.exp(x - top) for x in lps)
+                scores.append([math.exp(x - top) / total for x in lps])
+            else:
+                scores.append([math.exp(x) for x in lps])
+        return {**self.head("scoring", rid, req), "scores": scores,
+                "usage": {"prompt_tokens": req.prompt_tokens, "completion_tokens": 0,
+                          "total_tokens": req.prompt_tokens, "cached_prompt_tokens": cached}}
