@@ -214,3 +214,22 @@ def test_settings_name_the_model_files_dtype_and_kernels(tmp_path):
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
     assert model_identity(str(copy)) != a["model"]  # same path, other model
+
+
+def test_the_planner_counts_a_row_per_choice():
+    from moejax.sched.planner import pack_completion_batches
+    from moejax.sched.requests import CompletionRequest
+    reqs = [CompletionRequest(i, f"c{i}", (1,) * 10, 6, 0.0, 1.0, 0, (), (), n=4) for i in range(4)]
+    # each row caches 16 + 16 tokens: 8 rows, two requests of 4 choices, fill a 256-token batch
+    assert [len(b.requests) for b in pack_completion_batches(reqs, max_batch_tokens=256)] == [2, 2]
+
+
+def test_choices_continue_a_prefix_cached_by_an_earlier_batch(engine, tmp_path):
+    shared = list(range(5, 40))  # two full 16-token blocks
+    requests = [("/v1/completions", {"prompt": shared + [40 + i], "max_tokens": 3, "n": 2, "temperature": 0.8,
+                                     "seed": i}) for i in range(3)]
+    rows, summary = serve(engine, tmp_path, requests, kv_cache="on", max_batch_tokens=64)  # one request a batch
+    assert summary["batches_planned"] == 3 and summary["cached_prompt_tokens"] == 2 * 32
+    for i, row in enumerate(rows):
+        want = engine.generate([shared + [40 + i]] * 2, 3, temperature=0.8, seed=i)
+        assert [c["token_ids"] for c in ok(row)["choices"]] == want

@@ -23,6 +23,8 @@ def _lines() -> list[str]:
         body = {"prompt_token_ids": shared + [50 + i, 60 + i], "candidate_token_ids": [[70], [71, 72], [73]]}
         out.append(json.dumps({"custom_id": f"s{i}", "url": "/v1/score", "body": body}))
         body = {"prompt_token_ids": shared + [80 + i], "max_tokens": 6}
+        if i % 2:  # several sampled choices from one prefill, and their log-probabilities
+            body.update(n=2, temperature=0.8, seed=i, logprobs=2)
         out.append(json.dumps({"custom_id": f"c{i}", "url": "/v1/completions", "body": body}))
     return out
 
@@ -52,7 +54,10 @@ def _same(rows, ref):
                 for c, w in zip(got_r["candidates"], want_r["candidates"]):
                     assert c["logprob"] == pytest.approx(w["logprob"], rel=1e-5, abs=1e-5)
         else:
-            assert body["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+            assert [c["token_ids"] for c in body["choices"]] == [c["token_ids"] for c in want["choices"]]
+            for c, w in zip(body["choices"], want["choices"]):
+                if w["logprobs"] is not None:
+                    assert c["logprobs"]["token_logprobs"] == pytest.approx(w["logprobs"]["token_logprobs"], abs=1e-5)
 
 
 def test_a_model_over_the_budget_serves_streamed_and_cached(tmp_path):

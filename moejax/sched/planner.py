@@ -98,13 +98,14 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int) -> li
 
 
 def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens: int) -> list[CompletionBatch]:
-    """Longest (prompt + max_tokens) first; a batch grows while rows x padded cache length fits the budget."""
+    """Longest (prompt + max_tokens) first; a batch grows while rows (one per choice) x padded cache length fits
+    the budget."""
     ordered = sorted(reqs, key=lambda r: -(len(r.prompt) + r.max_tokens))
     batches, cur = [], []
     for r in ordered:
         trial = cur + [r]
         cache = bucket(max(len(x.prompt) for x in trial), MIN_ROW) + bucket(max(x.max_tokens for x in trial), MIN_ROW)
-        if cur and bucket(len(trial)) * cache > max_batch_tokens:
+        if cur and bucket(sum(x.n for x in trial)) * cache > max_batch_tokens:
             batches.append(CompletionBatch(cur))
             trial = [r]
         cur = trial
