@@ -7,7 +7,7 @@ REQUEST_KEYS = ["custom_id", "method", "url", "body", "prompt", "prompt_token_id
                 "candidate_token_ids", "suffixes", "max_tokens", "temperature", "top_p", "seed", "stop",
                 "stop_token_ids", "n", "model", "logprobs", "echo", "best_of", "messages", "max_completion_tokens",
                 "top_logprobs", "chat_template_kwargs", "query", "items", "label_token_ids", "apply_softmax",
-                "item_first", "frequency_penalty", "stream", "logit_bias"]
+                "item_first", "add_special_tokens", "frequency_penalty", "stream", "logit_bias"]
 
 # Valid lines of the newer formats for a model with a tokenizer and a chat template (the qwen3_moe fixture)
 FORMAT_EXAMPLES = [
@@ -25,6 +25,8 @@ FORMAT_EXAMPLES = [
      "body": {"query": "The clever", "items": [" fox", " robot"], "label_token_ids": [3, 4], "apply_softmax": True}},
     {"custom_id": "sglang-ids", "url": "/v1/score",
      "body": {"query": [5, 6], "items": [[7], [8, 9]], "label_token_ids": [3], "item_first": True}},
+    {"custom_id": "vllm", "url": "/generative_scoring",
+     "body": {"query": "The clever", "items": [" fox", [7]], "label_token_ids": [3, 4], "apply_softmax": False}},
 ]
 
 

@@ -151,6 +151,20 @@ def test_sglang_scores_match_the_engine_logits(engine, tmp_path):
     assert summary["computed_tokens"] < summary["prompt_tokens"]
 
 
+def test_vllm_generative_scores_match_the_engine_logits(engine, tmp_path):
+    rows, _ = serve(engine, tmp_path, [
+        ("/generative_scoring", {"query": "The clever", "items": [" fox", [9, 10]], "label_token_ids": [3, 4]}),
+        ("/generative_scoring", {"query": [5, 6], "items": [[8]], "label_token_ids": [3, 4], "apply_softmax": False}),
+    ])
+    softmax, probs = map(ok, rows)
+    query = engine.tokenizer.encode("The clever").ids
+    for i, item in enumerate([engine.tokenizer.encode(" fox", add_special_tokens=False).ids, [9, 10]]):
+        p = np.exp(log_softmax(engine, query + item)[-1][[3, 4]])
+        assert softmax["data"][i] == {"index": i, "object": "score", "score": pytest.approx(p[0] / p.sum(), rel=1e-4)}
+    assert probs["data"][0]["score"] == pytest.approx(np.exp(log_softmax(engine, [5, 6, 8])[-1][3]), rel=1e-4)
+    assert softmax["object"] == "list" and softmax["usage"]["prompt_tokens"] == len(query) * 2 + 3
+
+
 def test_output_lines_have_the_openai_batch_shape(engine, tmp_path):
     before = int(time.time())
     rows, _ = serve(engine, tmp_path, [("/v1/completions", {"prompt": [5, 6], "max_tokens": 2}),

@@ -129,7 +129,7 @@ def test_unreadable_lines(text, expected):
      "url '/v1/chat': unknown; expected one of /v1/score, /v1/completions"),
     ({"custom_id": "a", "body": {}}, "url: missing"),
     ({"custom_id": "a", "url": ["/v1/score"], "body": {}},
-     "url: must be a string, one of /v1/score, /v1/completions, /v1/chat/completions; got a list"),
+     "url: must be a string, one of /v1/score, /v1/completions, /v1/chat/completions, /generative_scoring; got a list"),
     ({"custom_id": "a", "url": "/v1/score"}, "body: missing"),
     ({"custom_id": "a", "url": "/v1/score", "body": [1]}, "body: must be a JSON object; got a list"),
     ({"custom_id": "a", "url": "/v1/score", "bdy": {}}, "unknown key 'bdy' (did you mean 'body'?)"),
@@ -429,6 +429,18 @@ def test_sglang_score_joins_query_and_items_as_sglang_does():
     assert first.contexts == ((3, 1, 2), (4, 5, 1, 2)) and first.labels == "probs"
     assert score({"query": "The", "items": " fox", "label_token_ids": [3]}).contexts == (
         tuple(TOKENIZER.encode("The fox").ids),)
+
+
+def test_vllm_generative_scoring_joins_token_ids_as_vllm_does():
+    r = parse(line({"query": "The clever", "items": [" fox", [7, 8]], "label_token_ids": [3, 4]},
+                   url="/generative_scoring"))
+    query = tuple(TOKENIZER.encode("The clever").ids)
+    assert r.contexts == (query + text_ids(" fox"), query + (7, 8)) and r.labels == "vllm-softmax"
+    r = parse(line({"query": [1, 2], "items": [[3]], "label_token_ids": [3], "apply_softmax": False,
+                    "item_first": True, "priority": 0}, url="/generative_scoring"))
+    assert r.contexts == ((3, 1, 2),) and r.labels == "vllm-probs"
+    assert error(parse(line({"query": "a", "items": "b", "label_token_ids": [3]}, url="/generative_scoring"))
+                 ).startswith("body.items: must be a non-empty list")
 
 
 @pytest.mark.parametrize("body, message", [

@@ -666,7 +666,7 @@ def check_garbage(engine, lines):
         assert line_no(row) == i
         if row["error"] is None:
             assert row["response"]["status_code"] == 200 and row["response"]["body"]["object"] in (
-                "score", "scoring", "text_completion", "chat.completion")
+                "score", "scoring", "list", "text_completion", "chat.completion")
             assert row["custom_id"] == json.loads(lines[i - 1])["custom_id"]
         else:
             assert row["response"]["status_code"] in (400, 500) and row["response"]["body"]["error"]["message"]

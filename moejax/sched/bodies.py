@@ -25,7 +25,7 @@ class Bodies:
         self.tokenizer, self.model, self.fingerprint = tokenizer, model, fingerprint
 
     def head(self, kind: str, rid: str, req) -> dict:
-        prefix = {"text_completion": "cmpl", "chat.completion": "chatcmpl"}.get(kind, "score")
+        prefix = {"text_completion": "cmpl", "chat.completion": "chatcmpl", "list": "generative-score"}.get(kind, "score")
         return {"id": f"{prefix}-{rid}", "object": kind, "created": int(time.time()), "model": req.model or self.model,
                 "system_fingerprint": self.fingerprint}
 
@@ -123,15 +123,19 @@ class Bodies:
                 "usage": {"prompt_tokens": req.prompt_tokens, "cached_prompt_tokens": cached}}
 
     def label_scores(self, req: ScoreRequest, rid: str, logprobs: list[list[float]], cached: int) -> dict:
-        """SGLang: per item, the label tokens' probabilities (apply_softmax: renormalised over the labels)."""
+        """Per item, the label tokens' probabilities (softmax: renormalised over the labels). SGLang answers all
+        of them (`scores`); vLLM the first label's (`data[].score`)."""
         scores = []
         for lps in logprobs:
-            if req.labels == "softmax":
+            if req.labels.endswith("softmax"):
                 top = max(lps)
                 total = sum(math.exp(x - top) for x in lps)
                 scores.append([math.exp(x - top) / total for x in lps])
             else:
                 scores.append([math.exp(x) for x in lps])
-        return {**self.head("scoring", rid, req), "scores": scores,
-                "usage": {"prompt_tokens": req.prompt_tokens, "completion_tokens": 0,
-                          "total_tokens": req.prompt_tokens, "cached_prompt_tokens": cached}}
+        usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": 0, "total_tokens": req.prompt_tokens,
+                 "cached_prompt_tokens": cached}
+        if req.labels.startswith("vllm"):
+            return {**self.head("list", rid, req), "data": [{"index": i, "object": "score", "score": s[0]}
+                                                            for i, s in enumerate(scores)], "usage": usage}
+        return {**self.head("scoring", rid, req), "scores": scores, "usage": usage}

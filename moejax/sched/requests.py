@@ -17,6 +17,7 @@ from moejax.sched.openai_params import NO_OP_KEYS, UnsupportedValue, check_no_op
 SCORE_URL = "/v1/score"
 COMPLETIONS_URL = "/v1/completions"
 CHAT_URL = "/v1/chat/completions"
+VLLM_SCORE_URL = "/generative_scoring"  # vLLM's generative scoring
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat's default is the rest of the context)
 MAX_N = 128  # choices per request
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's chat limit; vLLM's default max_logprobs)
@@ -30,6 +31,7 @@ _BODY_KEYS = {
                "chat_template_kwargs", "add_generation_prompt", "continue_final_message"),
 }
 SGLANG_SCORE_KEYS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "user")
+_BODY_KEYS[VLLM_SCORE_URL] = SGLANG_SCORE_KEYS + ("add_special_tokens", "priority")
 _SEED_RANGE = (-2**63, 2**63)  # what jax.random.key accepts
 
 
@@ -47,7 +49,9 @@ class ScoreRequest:
     suffixes: tuple[tuple[int, ...], ...]  # () when the request had no suffixes
     candidates: tuple[Candidate, ...]
     model: str | None = None  # as the request named it (echoed in the response)
-    labels: str | None = None  # SGLang's query/items/label_token_ids form: "softmax" or "probs"; None: moejax's
+    # query/items/label_token_ids: "softmax" or "probs" (SGLang's /v1/score), "vllm-softmax" or "vllm-probs"
+    # (vLLM's /generative_scoring); None: moejax's candidates
+    labels: str | None = None
 
     @property
     def contexts(self) -> tuple[tuple[int, ...], ...]:
@@ -189,6 +193,8 @@ class _Parser:
             _text(body["model"], "body.model")
         if known is SGLANG_SCORE_KEYS:
             return self.labels_score(body, line, cid)
+        if url == VLLM_SCORE_URL:
+            return self.labels_score(body, line, cid, vllm=True)
         if url == SCORE_URL:
             return self.score(body, line, cid, self.prompt(body))
         if url == CHAT_URL:
@@ -212,41 +218,53 @@ class _Parser:
                            f"{longest_cand} - 1 = {need} tokens exceed the model's context of {self.max_context}")
         return ScoreRequest(line, cid, prompt, suffixes, cands, model=body.get("model"))
 
-    def labels_score(self, body: dict, line: int, cid: str) -> ScoreRequest:
-        """SGLang's /v1/score: each item joined to the query (text before tokenizing, as SGLang does; token lists
-        as lists), scored by the next-token probabilities of label_token_ids after it."""
+    def labels_score(self, body: dict, line: int, cid: str, vllm: bool = False) -> ScoreRequest:
+        """Each item joined to the query, scored by the next-token probabilities of label_token_ids after it.
+        SGLang (/v1/score) joins texts before tokenizing (token lists as lists); vLLM (/generative_scoring)
+        tokenizes the query (with special tokens unless add_special_tokens is false) and each item (without) on
+        their own and joins the ids, and applies the softmax unless told not to."""
         for key in ("query", "items", "label_token_ids"):
             if key not in body:
-                raise _Invalid(f"body.{key}: missing (SGLang scoring needs query, items and label_token_ids)")
+                raise _Invalid(f"body.{key}: missing (label scoring needs query, items and label_token_ids)")
         item_first = _flag(body, "item_first", False)
-        softmax = _flag(body, "apply_softmax", False)
+        softmax = _flag(body, "apply_softmax", vllm)
+        special = _flag(body, "add_special_tokens", True)
+        if "priority" in body and not _is_int(body["priority"]):
+            raise _Invalid(f"body.priority: must be an int; got {_show(body['priority'])}")
         query, items = body["query"], body["items"]
-        items = [items] if isinstance(items, str) else _nonempty_list(items, "body.items", "strings or token id lists")
+        if isinstance(items, str) and not vllm:
+            items = [items]
+        items = _nonempty_list(items, "body.items", "strings or token id lists")
         if isinstance(query, list):
             query = self.ids(_nonempty_list(query, "body.query", "token ids"), "body.query")
-            contexts = []
-            for i, item in enumerate(items):
-                if not isinstance(item, list):
-                    raise _Invalid(f"body.items[{i}]: must be a token id list, as the query is; got {_show(item)}")
-                ids = self.ids(item, f"body.items[{i}]")
-                contexts.append(ids + query if item_first else query + ids)
         else:
             query = _text(query, "body.query", "a non-empty string or token id list")
             if self.tokenizer is None:
                 raise _Invalid("body.query: model has no tokenizer; send token id lists")
-            contexts = []
-            for i, item in enumerate(items):
-                item = _text(item, f"body.items[{i}]", "a string, as the query is")
-                contexts.append(self.encode(item + query if item_first else query + item, f"body.items[{i}]",
-                                            special=True))
+        contexts = []
+        for i, item in enumerate(items):
+            path = f"body.items[{i}]"
+            if vllm:
+                head = query if isinstance(query, tuple) else self.encode(query, "body.query", special=special)
+                tail = self.text_or_ids(item, path)
+                contexts.append(tail + head if item_first else head + tail)
+            elif isinstance(query, tuple):
+                if not isinstance(item, list):
+                    raise _Invalid(f"{path}: must be a token id list, as the query is; got {_show(item)}")
+                ids = self.ids(item, path)
+                contexts.append(ids + query if item_first else query + ids)
+            else:
+                item = _text(item, path, "a string, as the query is")
+                contexts.append(self.encode(item + query if item_first else query + item, path, special=True))
         labels = self.ids(_nonempty_list(body["label_token_ids"], "body.label_token_ids", "token ids"),
                           "body.label_token_ids")
         longest = max(map(len, contexts))
         if longest > self.max_context:
             raise _Invalid(f"body.items: query + item of {longest} tokens exceed the model's context of "
                            f"{self.max_context}")
+        kind = ("vllm-" if vllm else "") + ("softmax" if softmax else "probs")
         return ScoreRequest(line, cid, (), tuple(map(tuple, contexts)), tuple(Candidate(None, (t,)) for t in labels),
-                            model=body.get("model"), labels="softmax" if softmax else "probs")
+                            model=body.get("model"), labels=kind)
 
     def completion(self, body: dict, line: int, cid: str) -> CompletionRequest:
         prompt, text = self.completion_prompt(body)
