@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         sys.exit(f"launch.calibrate: {e}")
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
-                          max_context=cfg.max_position_embeddings)
+                          max_context=cfg.max_position_embeddings, chat=engine.chat_template)
     prompts = []
     for e in entries:
         if not isinstance(e, BadLine):

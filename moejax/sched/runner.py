@@ -148,6 +148,7 @@ class Runner:
         reqs = batch.requests
         eos = tuple(self.engine.config.eos_token_ids)
         gen = [k for k, r in enumerate(reqs) if r.max_tokens]  # max_tokens 0: echo of the prompt only
+        gen_row = {k: i for i, k in enumerate(gen)}  # request -> its prefill row
         rows = [(k, c) for k in gen for c in range(reqs[k].n)]  # one decode row per choice
         stops = [tuple(reqs[k].stop_token_ids) + eos for k, _ in rows]
         outs = []
@@ -159,7 +160,7 @@ class Runner:
                 temperature=[reqs[k].temperature for k, _ in rows], top_p=[reqs[k].top_p for k, _ in rows], keys=keys,
                 stop_token_ids=stops, pool=self.pool, prior_blocks=[prior[k] for k in gen] if self.cache else None,
                 store_blocks=[stores[k] for k in gen] if self.cache else None,
-                expand=[gen.index(k) for k, _ in rows] if several else None)
+                expand=[gen_row[k] for k, _ in rows] if several else None)
         m = self.metrics
         new = [len(reqs[k].prompt) - BLOCK * len(prior[k]) for k in gen]
         m.computed_tokens += sum(new)
