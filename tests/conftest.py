@@ -16,6 +16,13 @@ def reference(name: str) -> dict:
         return {k: z[k] for k in z.files}
 
 
+@pytest.fixture(scope="session")
+def qwen3_engine():
+    """The qwen3_moe fixture (a tokenizer and a chat template) in float32, shared so its compiled steps are too."""
+    import moejax
+    return moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _compile_cache(tmp_path_factory):
     # Keep the persistent compilation cache inside the test run, not in the user's home.

@@ -57,7 +57,7 @@ def make(E, k, N, D, I, skew, seed, bias):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_float32_paths_match_float64_reference(backend, problem):
     E, k, N, D, I, skew, seed, bias, act = problem

@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-import moejax
-from conftest import fixture_dir
 from moejax.sched.batch import serve_lines
 from moejax.sched.results import ResultStore, WriteFailed, ok_line
 
@@ -70,8 +68,8 @@ def test_a_read_only_folder_is_refused_before_anything_loads(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
+def engine(qwen3_engine):
+    return qwen3_engine
 
 
 def test_a_full_disk_stops_the_run_and_a_rerun_completes_it(engine, tmp_path):

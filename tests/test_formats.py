@@ -18,8 +18,8 @@ QWEN3 = fixture_dir("qwen3_moe")  # vocab 256, a tokenizer and a chat template
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return moejax.load(QWEN3, dtype="float32")
+def engine(qwen3_engine):
+    return qwen3_engine
 
 
 def serve(engine, tmp_path, requests, name="out.jsonl", **kw):

@@ -52,7 +52,7 @@ def make(G, M, K, N, shape, seed, dtype=np.float32):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_float32_matches_float64(backend, problem):
     x, w, sizes = make(*problem)
@@ -81,7 +81,7 @@ def test_bad_shapes_and_backend_are_errors():
         grouped_matmul(x, w, sizes, backend="cuda")
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 9), st.data())
 def test_dispatch_then_combine_is_the_weighted_sum(N, E, data):
     k = data.draw(st.integers(1, min(E, 4)))
