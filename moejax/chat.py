@@ -31,15 +31,23 @@ class ChatTemplate:
             return None
         return cls(source, _special_tokens(config))
 
-    def render(self, messages, *, add_generation_prompt: bool = True, **kwargs) -> str:
-        """messages: OpenAI chat messages -> the prompt text. Raises ValueError naming the bad message."""
+    def render(self, messages, *, add_generation_prompt: bool = True, kwargs: dict | None = None) -> str:
+        """messages: OpenAI chat messages -> the prompt text; kwargs: more template variables (vLLM's
+        chat_template_kwargs). Raises ValueError naming the bad field."""
         import jinja2
+        kwargs = kwargs or {}
+        taken = sorted({"messages", "add_generation_prompt"} & set(kwargs))
+        if taken:
+            raise ValueError(f"body.chat_template_kwargs: may not set {', '.join(taken)} (fields of the request)")
         variables = {**self.special_tokens, **kwargs}  # as transformers: request kwargs override special tokens
+        messages = _messages(messages)
         try:
-            return self._template.render(messages=_messages(messages), add_generation_prompt=add_generation_prompt,
-                                         **variables)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.TemplateError as e:
             raise ValueError(f"body.messages: the model's chat template refused them: {e}") from None
+        except Exception as e:  # a template doing arithmetic on a field it did not expect, say
+            raise ValueError(f"body.messages: the model's chat template failed on them: {type(e).__name__}: {e}") \
+                from None
 
 
 def _messages(messages) -> list[dict]:

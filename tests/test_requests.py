@@ -461,3 +461,18 @@ def test_bad_line_names_the_param():
     assert complete({"prompt": "hello", "max_tokens": -1}).param == "max_tokens"
     assert parse("{").param is None
     assert parse(json.dumps({"custom_id": "a", "url": "/v2", "body": {}})).param == "url"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"chat_template_kwargs": {"messages": []}}, "body.chat_template_kwargs: may not set messages"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "body.chat_template_kwargs: may not set add_gen"),
+    ({"chat_template_kwargs": []}, "body.chat_template_kwargs: must be an object"),
+])
+def test_chat_template_kwargs_cannot_break_the_parser(body, message):
+    assert error(chat({"messages": [{"role": "user", "content": "fox"}], **body})).startswith(message)
+
+
+def test_a_template_that_fails_on_a_message_is_a_clear_error():
+    failing = ChatTemplate("{{ messages[0]['content'] + 1 }}")
+    r = parse(line({"messages": [{"role": "user", "content": "fox"}]}, url="/v1/chat/completions"), chat=failing)
+    assert error(r).startswith("body.messages: the model's chat template failed on them: TypeError")

@@ -294,7 +294,7 @@ class _Parser:
             raise _Invalid("body.continue_final_message: true is not supported")
         try:
             text = self.chat.render(body["messages"], add_generation_prompt=_flag(body, "add_generation_prompt", True),
-                                    **kwargs)
+                                    kwargs=kwargs)
         except ValueError as e:  # moejax.chat names the field
             raise _Invalid(str(e)) from None
         prompt = self.encode(text, "body.messages", special=False)  # the template wrote the special tokens

@@ -85,7 +85,6 @@ class ResultStore:
         self._closed = False
         if output_path is not None:
             self.journal_path = output_path + ".partial"
-            self.tmp_path = output_path + ".tmp"
             # Output first, then journal: later journal entries win over a stale complete run.
             self._load(output_path)
             self._load(self.journal_path, journal=True)
