@@ -38,7 +38,8 @@ def _small_cache(cfg) -> int:
     return cfg.num_experts_per_tok + 1  # evictions on every layer, and passes when a step needs more experts
 
 
-@pytest.mark.parametrize("name", FIXTURE_NAMES)
+# The *_nonorm fixtures differ from their family only in attention norms, which offloading does not touch.
+@pytest.mark.parametrize("name", [n for n in FIXTURE_NAMES if not n.endswith("_nonorm")])
 @pytest.mark.parametrize("placement", ["streamed", "streamed_in_jit", "cached"])
 def test_exact_placements_equal_resident(name, placement, resident_runs):
     ref_logits, ref_tokens = resident_runs(name)

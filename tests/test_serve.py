@@ -155,6 +155,21 @@ def test_main_job_on_examples():
     assert f"{len(lines)} ok, 0 failed, 0 resumed" in summary
 
 
+def test_batch_files_of_openai_vllm_and_sglang_run_unchanged(tmp_path):
+    """examples/formats.jsonl as those APIs' clients write their batch files (chat and completions with the fields
+    they carry, SGLang and vLLM scoring), on a checkpoint with a chat template: every line served, exit 0."""
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    r = cli("--model", fixture_dir("qwen3_moe"), "--input", os.path.join(ROOT, "examples", "formats.jsonl"),
+            "--output", str(out), "--error-file", str(errors))
+    assert r.returncode == 0, r.stderr
+    rows = rows_of(read_text(out))
+    assert [row["custom_id"] for row in rows] == [f"request-{i}" for i in range(1, 7)]
+    assert [row["response"]["status_code"] for row in rows] == [200] * 6 and read_text(errors) == ""
+    assert [row["response"]["body"]["object"] for row in rows] == [
+        "chat.completion", "chat.completion", "text_completion", "text_completion", "scoring", "list"]
+    assert rows[0]["response"]["body"]["model"] == "gpt-4o-mini"
+
+
 def test_help_as_a_process():
     r = cli("--help", timeout=120)
     assert r.returncode == 0, r.stderr

@@ -40,8 +40,9 @@ class Bodies:
         """The choice ended at the first stop string (text and tokens cut there), and its text. A stop token
         ends the tokens and is not part of the text."""
         out = choice.tokens
-        finish = "stop" if out and out[-1] in stop_ids else choice.finish_reason
-        text = self.decode(out[:-1] if finish == "stop" and out and out[-1] in stop_ids else out)
+        stopped = bool(out) and out[-1] in stop_ids
+        finish = "stop" if stopped else choice.finish_reason
+        text = self.decode(out[:-1] if stopped else out)
         if req.stop and text is not None:
             cut = min((text.find(s) for s in req.stop if s in text), default=-1)
             if cut >= 0:
