@@ -1,6 +1,7 @@
 """Response bodies in the shapes clients parse: OpenAI's text_completion and chat.completion (choices, logprobs,
-usage), moejax's candidate scoring, and SGLang's /v1/score (`scores`). A body starts with `id`, `object`,
-`created`, `model` and `system_fingerprint` (the settings that made it; see results.fingerprint)."""
+usage), moejax's candidate scoring, SGLang's /v1/score (`scores`) and vLLM's generative scoring (`data[].score`).
+A body starts with `id`, `object`, `created`, `model` and `system_fingerprint` (the settings that made it; see
+results.fingerprint)."""
 from __future__ import annotations
 
 import math

@@ -3,6 +3,10 @@ their defaults (`"frequency_penalty": 0`, `"stream": false`, ...): those are acc
 other value would ask for a result moejax does not compute, so it is refused with a message naming the field."""
 from __future__ import annotations
 
+import json
+
+from moejax.sched.fields import Invalid
+
 _ANY_OBJECT = "any object"
 _ANY_BOOL = "true or false"
 
@@ -19,12 +23,8 @@ NO_OPS: dict[str, tuple | str] = {
 NO_OP_KEYS = tuple(NO_OPS)
 
 
-class UnsupportedValue(ValueError):
-    pass
-
-
 def check_no_ops(body: dict, known: tuple[str, ...]) -> None:
-    """Raise UnsupportedValue naming the first no-op field of `body` (one the endpoint does not itself use) whose
+    """Raise Invalid naming the first no-op field of `body` (one the endpoint does not itself use) whose
     value is not one of its defaults."""
     for key, allowed in NO_OPS.items():
         if key not in body or key in known:
@@ -35,7 +35,7 @@ def check_no_ops(body: dict, known: tuple[str, ...]) -> None:
         if isinstance(allowed, tuple) and any(_same(value, a) for a in allowed):
             continue
         shown = " or ".join(_json(a) for a in allowed) if isinstance(allowed, tuple) else allowed
-        raise UnsupportedValue(f"body.{key}: {_json(value)[:40]} is not supported; moejax accepts only {shown} (the "
+        raise Invalid(f"body.{key}: {_json(value)[:40]} is not supported; moejax accepts only {shown} (the "
                                "default, which changes nothing): drop the field or use that value")
 
 
@@ -48,5 +48,4 @@ def _same(value, default) -> bool:
 
 
 def _json(value) -> str:
-    import json
     return json.dumps(value)

@@ -5,14 +5,13 @@ path and the problem. Bad input never raises and never affects other lines.
 """
 from __future__ import annotations
 
-import difflib
 import json
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from moejax.sched.openai_params import NO_OP_KEYS, UnsupportedValue, check_no_ops
+from moejax.sched.fields import Invalid, flag, is_int, nonempty_list, number, reject_unknown, show, string_field
+from moejax.sched.openai_params import NO_OP_KEYS, check_no_ops
 
 SCORE_URL = "/v1/score"
 COMPLETIONS_URL = "/v1/completions"
@@ -99,10 +98,6 @@ class BadLine:
 Request = ScoreRequest | CompletionRequest
 
 
-class _Invalid(Exception):
-    """Internal: aborts parsing of one line; becomes a BadLine."""
-
-
 def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context: int,
                 chat=None) -> list[Request | BadLine]:
     """One entry per input line, in order. A repeated custom_id makes the later line bad; the first
@@ -136,14 +131,14 @@ def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context:
     except (ValueError, RecursionError) as e:  # e.g. a 5000-digit number, or nesting too deep
         return BadLine(line, None, undecodable or f"not JSON: {type(e).__name__}: {e}")
     if not isinstance(obj, dict):
-        return BadLine(line, None, undecodable or f"not a JSON object; got {_show(obj)}")
+        return BadLine(line, None, undecodable or f"not a JSON object; got {show(obj)}")
     cid = obj.get("custom_id")
     cid = cid if isinstance(cid, str) and cid else None
     if undecodable is not None:  # the custom_id is kept when the bad bytes are elsewhere
         return BadLine(line, cid if cid is None or _ESCAPED.search(cid) is None else None, undecodable)
     try:
         return _Parser(tokenizer, vocab_size, max_context, chat).request(obj, line)
-    except (_Invalid, UnsupportedValue) as e:
+    except Invalid as e:
         return BadLine(line, cid, str(e))
 
 
@@ -165,32 +160,32 @@ class _Parser:
         self.tokenizer, self.vocab_size, self.max_context, self.chat = tokenizer, vocab_size, max_context, chat
 
     def request(self, obj: dict, line: int) -> Request:
-        _reject_unknown(obj, _ENVELOPE_KEYS, "")
+        reject_unknown(obj, _ENVELOPE_KEYS, "")
         for key in ("custom_id", "url", "body"):
             if key not in obj:
-                raise _Invalid(f"{key}: missing")
+                raise Invalid(f"{key}: missing")
         cid = obj["custom_id"]
         if not isinstance(cid, str) or not cid:
-            raise _Invalid(f"custom_id: must be a non-empty string; got {_show(cid)}")
+            raise Invalid(f"custom_id: must be a non-empty string; got {show(cid)}")
         if "method" in obj and obj["method"] != "POST":
-            raise _Invalid(f"method: must be 'POST'; got {_show(obj['method'])}")
+            raise Invalid(f"method: must be 'POST'; got {show(obj['method'])}")
         url = obj["url"]
         if not isinstance(url, str):
-            raise _Invalid(f"url: must be a string, one of {', '.join(_BODY_KEYS)}; got {_show(url)}")
+            raise Invalid(f"url: must be a string, one of {', '.join(_BODY_KEYS)}; got {show(url)}")
         if url not in _BODY_KEYS:
-            raise _Invalid(f"url {url!r}: unknown; expected one of {', '.join(_BODY_KEYS)}")
+            raise Invalid(f"url {url!r}: unknown; expected one of {', '.join(_BODY_KEYS)}")
         body = obj["body"]
         if not isinstance(body, dict):
-            raise _Invalid(f"body: must be a JSON object; got {_show(body)}")
+            raise Invalid(f"body: must be a JSON object; got {show(body)}")
         # null means "not given", as in the OpenAI API (clients often send "stop": null).
         body = {k: v for k, v in body.items() if v is not None}
         known = _BODY_KEYS[url]
         if url == SCORE_URL and any(k in body for k in ("query", "items", "label_token_ids")):
             known = SGLANG_SCORE_KEYS
         check_no_ops(body, known)
-        _reject_unknown(body, known, "body", accepted=NO_OP_KEYS)
+        reject_unknown(body, known, "body", accepted=NO_OP_KEYS)
         if "model" in body:
-            _text(body["model"], "body.model")
+            string_field(body["model"], "body.model")
         if known is SGLANG_SCORE_KEYS:
             return self.labels_score(body, line, cid)
         if url == VLLM_SCORE_URL:
@@ -202,19 +197,19 @@ class _Parser:
         return self.completion(body, line, cid)
 
     def score(self, body: dict, line: int, cid: str, prompt: tuple[int, ...]) -> ScoreRequest:
-        if "n" in body and (not _is_int(body["n"]) or body["n"] != 1):
-            raise _Invalid(f"body.n: must be 1 for scoring; got {_show(body['n'])}")
+        if "n" in body and (not is_int(body["n"]) or body["n"] != 1):
+            raise Invalid(f"body.n: must be 1 for scoring; got {show(body['n'])}")
         cands = self.candidates(body)
         suffixes = ()
         if "suffixes" in body:
-            items = _nonempty_list(body["suffixes"], "body.suffixes", "strings or token id lists")
+            items = nonempty_list(body["suffixes"], "body.suffixes", "strings or token id lists")
             suffixes = tuple(self.text_or_ids(s, f"body.suffixes[{i}]") for i, s in enumerate(items))
         longest_suffix = max((len(s) for s in suffixes), default=0)
         longest_cand = max(len(c.token_ids) for c in cands)
         # The last candidate token is only scored, never fed back, hence - 1.
         need = len(prompt) + longest_suffix + longest_cand - 1
         if need > self.max_context:
-            raise _Invalid(f"body: prompt {len(prompt)} + longest suffix {longest_suffix} + longest candidate "
+            raise Invalid(f"body: prompt {len(prompt)} + longest suffix {longest_suffix} + longest candidate "
                            f"{longest_cand} - 1 = {need} tokens exceed the model's context of {self.max_context}")
         return ScoreRequest(line, cid, prompt, suffixes, cands, model=body.get("model"))
 
@@ -225,22 +220,22 @@ class _Parser:
         their own and joins the ids, and applies the softmax unless told not to."""
         for key in ("query", "items", "label_token_ids"):
             if key not in body:
-                raise _Invalid(f"body.{key}: missing (label scoring needs query, items and label_token_ids)")
-        item_first = _flag(body, "item_first", False)
-        softmax = _flag(body, "apply_softmax", vllm)
-        special = _flag(body, "add_special_tokens", True)
-        if "priority" in body and not _is_int(body["priority"]):
-            raise _Invalid(f"body.priority: must be an int; got {_show(body['priority'])}")
+                raise Invalid(f"body.{key}: missing (label scoring needs query, items and label_token_ids)")
+        item_first = flag(body, "item_first", False)
+        softmax = flag(body, "apply_softmax", vllm)
+        special = flag(body, "add_special_tokens", True)
+        if "priority" in body and not is_int(body["priority"]):
+            raise Invalid(f"body.priority: must be an int; got {show(body['priority'])}")
         query, items = body["query"], body["items"]
         if isinstance(items, str) and not vllm:
             items = [items]
-        items = _nonempty_list(items, "body.items", "strings or token id lists")
+        items = nonempty_list(items, "body.items", "strings or token id lists")
         if isinstance(query, list):
-            query = self.ids(_nonempty_list(query, "body.query", "token ids"), "body.query")
+            query = self.ids(nonempty_list(query, "body.query", "token ids"), "body.query")
         else:
-            query = _text(query, "body.query", "a non-empty string or token id list")
+            query = string_field(query, "body.query", "a non-empty string or token id list")
             if self.tokenizer is None:
-                raise _Invalid("body.query: model has no tokenizer; send token id lists")
+                raise Invalid("body.query: model has no tokenizer; send token id lists")
         contexts = []
         for i, item in enumerate(items):
             path = f"body.items[{i}]"
@@ -250,17 +245,17 @@ class _Parser:
                 contexts.append(tail + head if item_first else head + tail)
             elif isinstance(query, tuple):
                 if not isinstance(item, list):
-                    raise _Invalid(f"{path}: must be a token id list, as the query is; got {_show(item)}")
+                    raise Invalid(f"{path}: must be a token id list, as the query is; got {show(item)}")
                 ids = self.ids(item, path)
                 contexts.append(ids + query if item_first else query + ids)
             else:
-                item = _text(item, path, "a string, as the query is")
+                item = string_field(item, path, "a string, as the query is")
                 contexts.append(self.encode(item + query if item_first else query + item, path, special=True))
-        labels = self.ids(_nonempty_list(body["label_token_ids"], "body.label_token_ids", "token ids"),
+        labels = self.ids(nonempty_list(body["label_token_ids"], "body.label_token_ids", "token ids"),
                           "body.label_token_ids")
         longest = max(map(len, contexts))
         if longest > self.max_context:
-            raise _Invalid(f"body.items: query + item of {longest} tokens exceed the model's context of "
+            raise Invalid(f"body.items: query + item of {longest} tokens exceed the model's context of "
                            f"{self.max_context}")
         kind = ("vllm-" if vllm else "") + ("softmax" if softmax else "probs")
         return ScoreRequest(line, cid, (), tuple(map(tuple, contexts)), tuple(Candidate(None, (t,)) for t in labels),
@@ -268,76 +263,76 @@ class _Parser:
 
     def completion(self, body: dict, line: int, cid: str) -> CompletionRequest:
         prompt, text = self.completion_prompt(body)
-        echo = _flag(body, "echo", False)
+        echo = flag(body, "echo", False)
         logprobs = body.get("logprobs")
-        if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
-            raise _Invalid(f"body.logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {_show(logprobs)}")
+        if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
+            raise Invalid(f"body.logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {show(logprobs)}")
         least = 0 if echo else 1  # echo with max_tokens 0: the prompt's log-probabilities only (scoring)
         max_tokens = self.max_tokens(body, "max_tokens", DEFAULT_MAX_TOKENS, least)
         sampling = self.sampling(body, prompt, max_tokens)
         if "best_of" in body and body["best_of"] != sampling["n"]:
-            raise _Invalid(f"body.best_of: {_show(body['best_of'])} is not supported (only best_of = n, "
+            raise Invalid(f"body.best_of: {show(body['best_of'])} is not supported (only best_of = n, "
                            f"{sampling['n']} here)")
         return CompletionRequest(line, cid, prompt, max_tokens, **sampling, logprobs=logprobs, echo=echo,
                                  prompt_text=text, model=body.get("model"))
 
     def chat_completion(self, body: dict, line: int, cid: str) -> CompletionRequest:
         if self.chat is None:
-            raise _Invalid("body.messages: this model has no chat template (tokenizer_config.json's chat_template "
+            raise Invalid("body.messages: this model has no chat template (tokenizer_config.json's chat_template "
                            "or chat_template.jinja); send /v1/completions with a prompt instead")
         if "messages" not in body:
-            raise _Invalid("body.messages: missing")
+            raise Invalid("body.messages: missing")
         kwargs = body.get("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
-            raise _Invalid(f"body.chat_template_kwargs: must be an object; got {_show(kwargs)}")
-        if _flag(body, "continue_final_message", False):
-            raise _Invalid("body.continue_final_message: true is not supported")
+            raise Invalid(f"body.chat_template_kwargs: must be an object; got {show(kwargs)}")
+        if flag(body, "continue_final_message", False):
+            raise Invalid("body.continue_final_message: true is not supported")
         try:
-            text = self.chat.render(body["messages"], add_generation_prompt=_flag(body, "add_generation_prompt", True),
+            text = self.chat.render(body["messages"], add_generation_prompt=flag(body, "add_generation_prompt", True),
                                     kwargs=kwargs)
         except ValueError as e:  # moejax.chat names the field
-            raise _Invalid(str(e)) from None
+            raise Invalid(str(e)) from None
         prompt = self.encode(text, "body.messages", special=False)  # the template wrote the special tokens
         if "max_tokens" in body and "max_completion_tokens" in body:
-            raise _Invalid("body: give max_tokens or max_completion_tokens, not both")
+            raise Invalid("body: give max_tokens or max_completion_tokens, not both")
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         max_tokens = self.max_tokens(body, key, max(self.max_context - len(prompt), 1), 1)
-        want = _flag(body, "logprobs", False)
+        want = flag(body, "logprobs", False)
         top = body.get("top_logprobs", 0)
-        if not _is_int(top) or not 0 <= top <= MAX_LOGPROBS:
-            raise _Invalid(f"body.top_logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {_show(top)}")
+        if not is_int(top) or not 0 <= top <= MAX_LOGPROBS:
+            raise Invalid(f"body.top_logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {show(top)}")
         if "top_logprobs" in body and not want:
-            raise _Invalid("body.top_logprobs: needs logprobs: true")
+            raise Invalid("body.top_logprobs: needs logprobs: true")
         return CompletionRequest(line, cid, prompt, max_tokens, **self.sampling(body, prompt, max_tokens),
                                  logprobs=top if want else None, chat=True, prompt_text=text, model=body.get("model"))
 
     def max_tokens(self, body: dict, key: str, default: int, least: int) -> int:
         value = body.get(key, default)
-        if not _is_int(value) or value < least:
-            raise _Invalid(f"body.{key}: must be an int >= {least}; got {_show(value)}")
+        if not is_int(value) or value < least:
+            raise Invalid(f"body.{key}: must be an int >= {least}; got {show(value)}")
         return value
 
     def sampling(self, body: dict, prompt: tuple[int, ...], max_tokens: int) -> dict:
         """temperature, top_p, seed, stop, stop_token_ids and n, checked; and the context check."""
-        temperature = _number(body.get("temperature", 0.0), "body.temperature")
+        temperature = number(body.get("temperature", 0.0), "body.temperature")
         if temperature < 0:
-            raise _Invalid(f"body.temperature: must be >= 0; got {temperature}")
-        top_p = _number(body.get("top_p", 1.0), "body.top_p")
+            raise Invalid(f"body.temperature: must be >= 0; got {temperature}")
+        top_p = number(body.get("top_p", 1.0), "body.top_p")
         if not 0 < top_p <= 1:
-            raise _Invalid(f"body.top_p: must be in (0, 1]; got {top_p}")
+            raise Invalid(f"body.top_p: must be in (0, 1]; got {top_p}")
         seed = body.get("seed")
-        if seed is not None and (not _is_int(seed) or not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]):
-            raise _Invalid(f"body.seed: must be an int in [-2**63, 2**63); got {_show(seed)}")
+        if seed is not None and (not is_int(seed) or not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]):
+            raise Invalid(f"body.seed: must be an int in [-2**63, 2**63); got {show(seed)}")
         n = body.get("n", 1)
-        if not _is_int(n) or not 1 <= n <= MAX_N:
-            raise _Invalid(f"body.n: must be an int in [1, {MAX_N}]; got {_show(n)}")
+        if not is_int(n) or not 1 <= n <= MAX_N:
+            raise Invalid(f"body.n: must be an int in [1, {MAX_N}]; got {show(n)}")
         stop = self.stop(body.get("stop", []))
         stop_ids = body.get("stop_token_ids", [])
         if not isinstance(stop_ids, list):
-            raise _Invalid(f"body.stop_token_ids: must be a list of token ids; got {_show(stop_ids)}")
+            raise Invalid(f"body.stop_token_ids: must be a list of token ids; got {show(stop_ids)}")
         stop_ids = self.ids(stop_ids, "body.stop_token_ids")
         if len(prompt) + max_tokens > self.max_context:
-            raise _Invalid(f"body: prompt {len(prompt)} + max_tokens {max_tokens} = {len(prompt) + max_tokens} "
+            raise Invalid(f"body: prompt {len(prompt)} + max_tokens {max_tokens} = {len(prompt) + max_tokens} "
                            f"tokens exceed the model's context of {self.max_context}")
         return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n)
 
@@ -345,129 +340,70 @@ class _Parser:
         """A prompt as text, as a token id list (OpenAI allows it), or as a list of one of those; or
         prompt_token_ids. -> (ids, text as sent or None)."""
         value = body.get("prompt")
-        if isinstance(value, list) and value and not _is_int(value[0]):
+        if isinstance(value, list) and value and not is_int(value[0]):
             if len(value) > 1:
-                raise _Invalid(f"body.prompt: a list of {len(value)} prompts; send one prompt per line")
+                raise Invalid(f"body.prompt: a list of {len(value)} prompts; send one prompt per line")
             value = body["prompt"] = value[0]
         if isinstance(value, list) and "prompt_token_ids" not in body:
-            return self.ids(_nonempty_list(value, "body.prompt", "token ids"), "body.prompt"), None
+            return self.ids(nonempty_list(value, "body.prompt", "token ids"), "body.prompt"), None
         return self.prompt(body), body.get("prompt")
 
     def prompt(self, body: dict) -> tuple[int, ...]:
         if ("prompt" in body) == ("prompt_token_ids" in body):
-            raise _Invalid("body: needs exactly one of prompt, prompt_token_ids")
+            raise Invalid("body: needs exactly one of prompt, prompt_token_ids")
         if "prompt_token_ids" in body:
-            return self.ids(_nonempty_list(body["prompt_token_ids"], "body.prompt_token_ids", "token ids"),
+            return self.ids(nonempty_list(body["prompt_token_ids"], "body.prompt_token_ids", "token ids"),
                             "body.prompt_token_ids")
-        text = _text(body["prompt"], "body.prompt")
+        text = string_field(body["prompt"], "body.prompt")
         if self.tokenizer is None:
-            raise _Invalid("body.prompt: model has no tokenizer; send prompt_token_ids")
+            raise Invalid("body.prompt: model has no tokenizer; send prompt_token_ids")
         return self.encode(text, "body.prompt", special=True)
 
     def candidates(self, body: dict) -> tuple[Candidate, ...]:
         if ("candidates" in body) == ("candidate_token_ids" in body):
-            raise _Invalid("body: needs exactly one of candidates, candidate_token_ids")
+            raise Invalid("body: needs exactly one of candidates, candidate_token_ids")
         if "candidate_token_ids" in body:
-            items = _nonempty_list(body["candidate_token_ids"], "body.candidate_token_ids", "token id lists")
+            items = nonempty_list(body["candidate_token_ids"], "body.candidate_token_ids", "token id lists")
             paths = [f"body.candidate_token_ids[{i}]" for i in range(len(items))]
-            return tuple(Candidate(None, self.ids(_nonempty_list(c, p, "token ids"), p)) for c, p in zip(items, paths))
-        items = _nonempty_list(body["candidates"], "body.candidates", "strings")
+            return tuple(Candidate(None, self.ids(nonempty_list(c, p, "token ids"), p)) for c, p in zip(items, paths))
+        items = nonempty_list(body["candidates"], "body.candidates", "strings")
         if self.tokenizer is None:
-            raise _Invalid("body.candidates: model has no tokenizer; send candidate_token_ids")
-        texts = [_text(c, f"body.candidates[{i}]") for i, c in enumerate(items)]
+            raise Invalid("body.candidates: model has no tokenizer; send candidate_token_ids")
+        texts = [string_field(c, f"body.candidates[{i}]") for i, c in enumerate(items)]
         return tuple(Candidate(t, self.encode(t, f"body.candidates[{i}]", special=False)) for i, t in enumerate(texts))
 
     def text_or_ids(self, value, path: str) -> tuple[int, ...]:
         if isinstance(value, list):
-            return self.ids(_nonempty_list(value, path, "token ids"), path)
-        text = _text(value, path, "a non-empty string or token id list")
+            return self.ids(nonempty_list(value, path, "token ids"), path)
+        text = string_field(value, path, "a non-empty string or token id list")
         if self.tokenizer is None:
-            raise _Invalid(f"{path}: model has no tokenizer; send token ids")
+            raise Invalid(f"{path}: model has no tokenizer; send token ids")
         return self.encode(text, path, special=False)
 
     def stop(self, value) -> tuple[str, ...]:
         stops = [value] if isinstance(value, str) else value
         if not isinstance(stops, list):
-            raise _Invalid(f"body.stop: must be a string or a list of strings; got {_show(value)}")
+            raise Invalid(f"body.stop: must be a string or a list of strings; got {show(value)}")
         paths = ["body.stop"] if isinstance(value, str) else [f"body.stop[{i}]" for i in range(len(stops))]
-        stops = tuple(_text(s, p) for s, p in zip(stops, paths))
+        stops = tuple(string_field(s, p) for s, p in zip(stops, paths))
         if stops and self.tokenizer is None:  # stop strings match detokenized text
-            raise _Invalid("body.stop: model has no tokenizer; use stop_token_ids")
+            raise Invalid("body.stop: model has no tokenizer; use stop_token_ids")
         return stops
 
     def encode(self, text: str, path: str, *, special: bool) -> tuple[int, ...]:
         ids = tuple(self.tokenizer.encode(text, add_special_tokens=special).ids)
         if not ids:
-            raise _Invalid(f"{path}: {_show(text)} tokenizes to no tokens")
+            raise Invalid(f"{path}: {show(text)} tokenizes to no tokens")
         # A tokenizer may know added tokens the model's embedding does not have.
         for t in ids:
             if not 0 <= t < self.vocab_size:
-                raise _Invalid(f"{path}: tokenizer gave id {t}, outside the model's vocabulary [0, {self.vocab_size})")
+                raise Invalid(f"{path}: tokenizer gave id {t}, outside the model's vocabulary [0, {self.vocab_size})")
         return ids
 
     def ids(self, values: list, path: str) -> tuple[int, ...]:
         for i, t in enumerate(values):
-            if not _is_int(t):
-                raise _Invalid(f"{path}[{i}]: must be a token id (int); got {_show(t)}")
+            if not is_int(t):
+                raise Invalid(f"{path}[{i}]: must be a token id (int); got {show(t)}")
             if not 0 <= t < self.vocab_size:
-                raise _Invalid(f"{path}[{i}]: token id {t} outside the vocabulary [0, {self.vocab_size})")
+                raise Invalid(f"{path}[{i}]: token id {t} outside the vocabulary [0, {self.vocab_size})")
         return tuple(values)
-
-
-def _reject_unknown(obj: dict, known: tuple[str, ...], where: str, accepted: tuple[str, ...] = ()) -> None:
-    """known: the keys to list in the message; accepted: more keys that pass (not listed)."""
-    unknown = sorted(k for k in obj if k not in known and k not in accepted)
-    if not unknown:
-        return
-    hints = []
-    for k in unknown:
-        close = difflib.get_close_matches(k, known, n=1, cutoff=0.7)  # 0.6 pairs max_tokens with prompt_token_ids
-        hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
-    raise _Invalid(f"{where + ': ' if where else ''}unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                   f"known: {', '.join(known)}")
-
-
-def _flag(body: dict, key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if not isinstance(value, bool):
-        raise _Invalid(f"body.{key}: must be true or false; got {_show(value)}")
-    return value
-
-
-def _nonempty_list(value, path: str, of: str) -> list:
-    if not isinstance(value, list) or not value:
-        raise _Invalid(f"{path}: must be a non-empty list of {of}; got {_show(value)}")
-    return value
-
-
-def _text(value, path: str, what: str = "a non-empty string") -> str:
-    if not isinstance(value, str) or not value:
-        raise _Invalid(f"{path}: must be {what}; got {_show(value)}")
-    try:
-        value.encode("utf-8")  # JSON "\ud800" escapes decode to lone surrogates the tokenizer rejects
-    except UnicodeEncodeError:
-        raise _Invalid(f"{path}: not valid Unicode text (lone surrogate)") from None
-    return value
-
-
-def _number(value, path: str) -> float:
-    # JSON parsing accepts NaN, Infinity and 400-digit ints; none is a usable sampling parameter.
-    if _is_int(value) or isinstance(value, float):
-        number = float(value) if abs(value) < 1e300 else math.inf
-        if math.isfinite(number):
-            return number
-    raise _Invalid(f"{path}: must be a finite number; got {_show(value)}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
-
-
-def _show(value) -> str:
-    """A short rendering of a bad value: scalars as JSON literals (strings quoted), containers by kind."""
-    if isinstance(value, list):
-        return "an empty list" if not value else "a list"
-    if isinstance(value, dict):
-        return "an object"
-    shown = repr(value) if isinstance(value, str) else json.dumps(value)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
