@@ -1,21 +1,25 @@
-"""python -m launch.serve: the moejax batch runner. Reads OpenAI-batch-style JSONL requests
-(/v1/score: prefill-only scoring of candidates; /v1/completions: generation) and writes one result line per
-input line, in input order.
+"""python -m launch.serve: the moejax batch runner. Reads JSONL requests in the OpenAI Batch envelope
+(/v1/chat/completions and /v1/completions: generation; /v1/score: prefill-only scoring, moejax's candidates or
+SGLang's query/items/label_token_ids; /generative_scoring: vLLM's) and writes one result line per input line, in
+input order, as the OpenAI Batch API does.
 
 Examples:
   python -m launch.serve --input examples/requests.jsonl                 # tiny-qwen3-moe preset, to stdout
+  python -m launch.serve --model tests/fixtures/qwen3_moe --input examples/formats.jsonl   # chat, SGLang, vLLM
   python -m launch.serve --model /ckpt/Qwen3-30B-A3B --input reqs.jsonl --output results.jsonl \\
       --max-batch-tokens 32768 --metrics metrics.json
   cat reqs.jsonl | python -m launch.serve --input - --output results.jsonl --kv-cache off
   python -m launch.serve --input reqs.jsonl --explain                    # print the plan, run nothing
 
-Rerunning a command whose output file is incomplete (crash, kill) serves only the missing lines, then
-writes the complete file in input order.
+Rerunning a command whose output file is incomplete (crash, kill, full disk) serves only the missing lines, then
+writes the complete file in input order; a rerun with settings that change results (model, dtype, kernels,
+layout, placement, ...) is refused instead.
 
 Exit status: 0 when every line got a result computed for it; 1 when any line failed (each still has its
 error line: 400 for invalid input, 500 for a failed batch; --allow-invalid-lines exits 0 when only invalid
-lines failed); any other failure (bad flags, unreadable input, a model that does not load) exits with a message
-before anything is written.
+lines failed) or when results could not be written (the journal keeps what was written); any other failure (bad
+flags, unreadable input, an output folder that cannot be written, a model that does not load, an output made
+with other settings) exits with a message before anything is written.
 """
 from __future__ import annotations
 
