@@ -239,6 +239,21 @@ def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, 
     assert requests.read_bytes() == before
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--error-file", "{input}"], "--error-file {input}: is the input file"),
+    (["--output", "{dir}/o.jsonl", "--error-file", "{dir}/o.jsonl"], "--error-file {dir}/o.jsonl: is the --output file"),
+    (["--error-file", "{dir}/missing/e.jsonl"], "--error-file: folder '{dir}/missing' does not exist"),
+])
+def test_an_error_file_that_would_destroy_something_is_refused(tmp_path, flags, message):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(open(EXAMPLES, "rb").read())
+    fill = lambda text: text.format(input=requests, dir=tmp_path)  # noqa: E731
+    with pytest.raises(SystemExit) as exc:
+        serve_cli.main(["--input", str(requests), *map(fill, flags), "--model", "/nonexistent/model-dir"])
+    assert exc.value.code.startswith(fill(message)), exc.value.code
+    assert requests.read_bytes() == open(EXAMPLES, "rb").read()
+
+
 # ---- 2. --explain ----------------------------------------------------------------------------------------------
 
 def test_explain_loads_no_weights():
