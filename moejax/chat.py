@@ -39,7 +39,8 @@ class ChatTemplate:
         taken = sorted({"messages", "add_generation_prompt"} & set(kwargs))
         if taken:
             raise ValueError(f"body.chat_template_kwargs: may not set {', '.join(taken)} (fields of the request)")
-        variables = {**self.special_tokens, **kwargs}  # as transformers: request kwargs override special tokens
+        # As transformers: tools and documents are None unless given; request kwargs override special tokens.
+        variables = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
         messages = _messages(messages)
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
@@ -76,11 +77,13 @@ def _messages(messages) -> list[dict]:
             raise ValueError(f"{where}.content: must be a string or a list of text parts")
         elif content is None and role != "assistant":
             raise ValueError(f"{where}.content: missing")
+        if "name" in m and not isinstance(m["name"], str):
+            raise ValueError(f"{where}.name: must be a string")
         for text in filter(None, [content, m.get("name")]):
             try:
                 text.encode("utf-8")
-            except (UnicodeEncodeError, AttributeError):
-                raise ValueError(f"{where}: not valid Unicode text") from None
+            except UnicodeEncodeError:
+                raise ValueError(f"{where}: not valid Unicode text (lone surrogate)") from None
         out.append({**m, "content": content})
     return out
 

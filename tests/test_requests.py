@@ -410,6 +410,8 @@ def test_chat_fields():
      "body.messages[0].content[0]: only text parts"),
     ([{"role": "user", "content": 3}], "body.messages[0].content: must be a string or a list of text parts"),
     ([{"role": "user"}], "body.messages[0].content: missing"),
+    ([{"role": "user", "content": "x", "name": 3}], "body.messages[0].name: must be a string"),
+    ([{"role": "user", "content": "\ud800"}], "body.messages[0]: not valid Unicode text"),
 ])
 def test_bad_chat_messages(messages, message):
     assert error(chat({"messages": messages})).startswith(message)
@@ -476,3 +478,8 @@ def test_a_template_that_fails_on_a_message_is_a_clear_error():
     failing = ChatTemplate("{{ messages[0]['content'] + 1 }}")
     r = parse(line({"messages": [{"role": "user", "content": "fox"}]}, url="/v1/chat/completions"), chat=failing)
     assert error(r).startswith("body.messages: the model's chat template failed on them: TypeError")
+
+
+def test_templates_see_tools_and_documents_as_none_as_in_transformers():
+    template = ChatTemplate("{% if tools is none and documents is none %}plain{% endif %} {{ messages[0]['content'] }}")
+    assert template.render([{"role": "user", "content": "fox"}]) == "plain fox"
