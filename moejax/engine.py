@@ -205,18 +205,22 @@ class Engine:
                              f"{self.config.max_position_embeddings}")
         padded = np.zeros((rows_bucket(B, self.row_multiple), bucket(T, MIN_SEQ_BUCKET)), np.int32)
         padded[:B, :T] = ids
-        if self.layout is not None and jax.process_count() > 1:
-            return self._logits_multiprocess(padded)[:B, :T]
-        out = self._logits_fn(self.params, jnp.asarray(padded))
-        return np.asarray(out[:B, :T])
+        out = self._logits_fn(self.params, self._token_rows(padded))
+        return _to_host(out)[:B, :T] if self._rows_span_processes else np.asarray(out[:B, :T])
 
-    def _logits_multiprocess(self, padded: np.ndarray) -> np.ndarray:
-        """Several processes: the ids (the same in every process) as one global array split by rows over the
-        layout's devices, the logits back as numpy on every process (moejax.sharding.multihost)."""
+    @property
+    def _rows_span_processes(self) -> bool:
+        return self.layout is not None and jax.process_count() > 1
+
+    def _token_rows(self, padded: np.ndarray):
+        """Host token ids [B, T] as a step's input. Several processes: the ids (the same in every process) as one
+        global array split by rows over the layout's devices (moejax.sharding.multihost); the outputs come back
+        through _to_host."""
+        if not self._rows_span_processes:
+            return jnp.asarray(padded)
         from moejax.sharding.mesh import make_mesh
-        from moejax.sharding.multihost import shard_rows, to_host
-        mesh = make_mesh(self.layout.devices)  # (DEP refuses several processes at load)
-        return to_host(self._logits_fn(self.params, shard_rows(padded, mesh)))
+        from moejax.sharding.multihost import shard_rows
+        return shard_rows(padded, make_mesh(self.layout.devices))  # (DEP refuses several processes at load)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:
@@ -306,13 +310,7 @@ class Engine:
             ids = np.zeros((B, T), np.int32)
             for r, i in enumerate(rows):
                 ids[r, : len(sequences[i])] = sequences[i]
-            if self.layout is not None and jax.process_count() > 1:
-                from moejax.sharding.mesh import make_mesh
-                from moejax.sharding.multihost import shard_rows
-                tokens = shard_rows(ids, make_mesh(self.layout.devices))
-            else:
-                tokens = jnp.asarray(ids)
-            chosen, top, top_ids = (_to_host(a) for a in self._logprobs_fn(self.params, tokens, k=k))
+            chosen, top, top_ids = (_to_host(a) for a in self._logprobs_fn(self.params, self._token_rows(ids), k=k))
             for r, i in enumerate(rows):
                 L = len(sequences[i]) - 1
                 out[i] = (chosen[r, :L], top[r, :L], top_ids[r, :L])

@@ -21,7 +21,7 @@ def reject_unknown(obj: dict, known: tuple[str, ...], where: str, accepted: tupl
         close = difflib.get_close_matches(k, known, n=1, cutoff=0.7)  # 0.6 pairs max_tokens with prompt_token_ids
         hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
     raise Invalid(f"{where + ': ' if where else ''}unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                   f"known: {', '.join(known)}")
+                  f"known: {', '.join(known)}")
 
 
 def flag(body: dict, key: str, default: bool) -> bool:

@@ -210,7 +210,7 @@ class _Parser:
         need = len(prompt) + longest_suffix + longest_cand - 1
         if need > self.max_context:
             raise Invalid(f"body: prompt {len(prompt)} + longest suffix {longest_suffix} + longest candidate "
-                           f"{longest_cand} - 1 = {need} tokens exceed the model's context of {self.max_context}")
+                          f"{longest_cand} - 1 = {need} tokens exceed the model's context of {self.max_context}")
         return ScoreRequest(line, cid, prompt, suffixes, cands, model=body.get("model"))
 
     def labels_score(self, body: dict, line: int, cid: str, vllm: bool = False) -> ScoreRequest:
@@ -236,13 +236,14 @@ class _Parser:
             query = string_field(query, "body.query", "a non-empty string or token id list")
             if self.tokenizer is None:
                 raise Invalid("body.query: model has no tokenizer; send token id lists")
+        if vllm and not isinstance(query, tuple):  # vLLM tokenizes the query on its own, once
+            query = self.encode(query, "body.query", special=special)
         contexts = []
         for i, item in enumerate(items):
             path = f"body.items[{i}]"
             if vllm:
-                head = query if isinstance(query, tuple) else self.encode(query, "body.query", special=special)
                 tail = self.text_or_ids(item, path)
-                contexts.append(tail + head if item_first else head + tail)
+                contexts.append(tail + query if item_first else query + tail)
             elif isinstance(query, tuple):
                 if not isinstance(item, list):
                     raise Invalid(f"{path}: must be a token id list, as the query is; got {show(item)}")
@@ -256,7 +257,7 @@ class _Parser:
         longest = max(map(len, contexts))
         if longest > self.max_context:
             raise Invalid(f"body.items: query + item of {longest} tokens exceed the model's context of "
-                           f"{self.max_context}")
+                          f"{self.max_context}")
         kind = ("vllm-" if vllm else "") + ("softmax" if softmax else "probs")
         return ScoreRequest(line, cid, (), tuple(map(tuple, contexts)), tuple(Candidate(None, (t,)) for t in labels),
                             model=body.get("model"), labels=kind)
@@ -272,14 +273,14 @@ class _Parser:
         sampling = self.sampling(body, prompt, max_tokens)
         if "best_of" in body and body["best_of"] != sampling["n"]:
             raise Invalid(f"body.best_of: {show(body['best_of'])} is not supported (only best_of = n, "
-                           f"{sampling['n']} here)")
+                          f"{sampling['n']} here)")
         return CompletionRequest(line, cid, prompt, max_tokens, **sampling, logprobs=logprobs, echo=echo,
                                  prompt_text=text, model=body.get("model"))
 
     def chat_completion(self, body: dict, line: int, cid: str) -> CompletionRequest:
         if self.chat is None:
             raise Invalid("body.messages: this model has no chat template (tokenizer_config.json's chat_template "
-                           "or chat_template.jinja); send /v1/completions with a prompt instead")
+                          "or chat_template.jinja); send /v1/completions with a prompt instead")
         if "messages" not in body:
             raise Invalid("body.messages: missing")
         kwargs = body.get("chat_template_kwargs", {})
@@ -333,7 +334,7 @@ class _Parser:
         stop_ids = self.ids(stop_ids, "body.stop_token_ids")
         if len(prompt) + max_tokens > self.max_context:
             raise Invalid(f"body: prompt {len(prompt)} + max_tokens {max_tokens} = {len(prompt) + max_tokens} "
-                           f"tokens exceed the model's context of {self.max_context}")
+                          f"tokens exceed the model's context of {self.max_context}")
         return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n)
 
     def completion_prompt(self, body: dict) -> tuple[tuple[int, ...], str | None]:

@@ -77,6 +77,7 @@ class ResultStore:
         self.seed_nonce = seed_nonce
         # line -> serialized result; keeping the text means a rerun rewrites byte-identical output.
         self._results: dict[int, str] = {}
+        self._failed: set[int] = set()  # lines whose result is an error (loaded results are all served ones)
         self._journal = None
         self._has_header = False
         self._foreign: dict[str, int] = {}  # file -> results made with other settings
@@ -159,6 +160,10 @@ class ResultStore:
             raise RuntimeError("ResultStore is closed")
         text = json.dumps(result)
         self._results[line] = text
+        if _status(result) == 200:
+            self._failed.discard(line)
+        else:
+            self._failed.add(line)
         if self.output_path is None:
             return  # stdout mode: nothing to journal, finish() prints
         try:
@@ -198,18 +203,19 @@ class ResultStore:
             first = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
             raise RuntimeError(f"{len(missing)} of {len(self.expected)} lines have no result (lines {first})")
         ordered = [self._results[n] + "\n" for n in sorted(self.expected)]
+        errors = [self._results[n] + "\n" for n in sorted(self._failed)]
         if self.output_path is None:
             sys.stdout.writelines(ordered)
             sys.stdout.flush()
             if error_path is not None:
-                _write_atomically(error_path, [t for t in ordered if _status(json.loads(t)) != 200])
+                _write_atomically(error_path, errors)
             self.close()
             return
         try:
             self.close()  # everything is in the journal before the output is written
             _write_atomically(self.output_path, ordered)
             if error_path is not None:
-                _write_atomically(error_path, [t for t in ordered if _status(json.loads(t)) != 200])
+                _write_atomically(error_path, errors)
         except OSError as e:
             raise WriteFailed(f"{getattr(e, 'filename', None) or self.output_path}: cannot write the results: "
                               f"{e.strerror or e}. Every result is kept in {self.journal_path}: make room and rerun "

@@ -167,13 +167,14 @@ class Runner:
         if gen:
             m.padded_tokens += rows_bucket(len(gen), self.engine.row_multiple) * bucket(max(new), MIN_SEQ_BUCKET)
         m.flops += self._flops_per_token * (sum(new) + sum(map(len, outs))) + self._head_flops * sum(map(len, outs))
-        choices = {k: [] for k in range(len(reqs))}
+        # An echo-only request (max_tokens 0) has one empty choice: the prompt, and its log-probabilities if asked.
+        choices = {k: [] if r.max_tokens else [(Choice([], "length"), ())] for k, r in enumerate(reqs)}
         for (k, _), out, st in zip(rows, outs, stops):
             choices[k].append((Choice(out, "length"), st))
         logprobs = self._logprobs(reqs, choices)
         for k, r in enumerate(reqs):
             made, prompt_lps = [], logprobs.get((k, "prompt"))
-            for c, (choice, st) in enumerate(choices[k] or [(Choice([], "length"), ())]):
+            for c, (choice, st) in enumerate(choices[k]):
                 if (k, c) in logprobs:
                     choice.logprobs, choice.top = logprobs[(k, c)]
                 made.append(self.bodies.cut_at_stop(r, choice, st))
@@ -189,7 +190,7 @@ class Runner:
         seqs, keys = [], []
         for k in want:
             r = reqs[k]
-            for c, (choice, _) in enumerate(choices[k] or [(Choice([], "length"), ())]):
+            for c, (choice, _) in enumerate(choices[k]):
                 if choice.tokens or (r.echo and c == 0):
                     seqs.append(list(r.prompt) + choice.tokens)
                     keys.append((k, c))
