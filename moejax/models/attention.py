@@ -17,6 +17,7 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.kernels.attention import attention, blocked
+from moejax.kernels.precision import f32_einsum
 from moejax.kv_pool import concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
@@ -28,7 +29,7 @@ def _dense(shape, dtype):
 
 
 def _proj(x, w, b=None):
-    y = jnp.einsum("btd,df->btf", x, w[...], preferred_element_type=_f32)
+    y = f32_einsum("btd,df->btf", x, w[...])
     if b is not None:
         y = y + b[...].astype(_f32)
     return y.astype(x.dtype)
@@ -80,7 +81,7 @@ def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask
     B, T, Hq, D = q.shape
     Hkv = k.shape[2]
     qg = q.reshape(B, T, Hkv, Hq // Hkv, D)
-    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=_f32) * scale
+    logits = f32_einsum("btkgd,bskd->bkgts", qg, k) * scale
     dist = q_pos[:, :, None] - k_pos[:, None, :]  # [B,T,S]
     visible = dist >= 0
     if window is not None:
@@ -99,7 +100,7 @@ def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask
     if sinks is not None:
         denom = denom + jnp.exp(sink - m)
     p = (p / jnp.maximum(denom, 1e-30)).astype(v.dtype)  # a query that sees no key gets 0, not NaN
-    out = jnp.einsum("bkgts,bskd->btkgd", p, v, preferred_element_type=_f32)
+    out = f32_einsum("bkgts,bskd->btkgd", p, v)
     return out.reshape(B, T, Hq, v.shape[-1]).astype(q.dtype)
 
 
@@ -222,19 +223,19 @@ class MLAttention(nnx.Module):
         if cache is None or not read_cache:  # expanded form: cheaper when every key is in this call
             out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, backend=backend)
         else:
-            q_lat = jnp.einsum("bthn,rhn->bthr", q_nope, w_uk, preferred_element_type=_f32).astype(x.dtype)
+            q_lat = f32_einsum("bthn,rhn->bthr", q_nope, w_uk).astype(x.dtype)
             q_abs = jnp.concatenate([q_lat, q_rope], -1)
             k_abs = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
             o_lat = attention(q_abs, k_abs, cache["latent"][:, :, None, :], q_offset=positions[:, 0], scale=self.scale,
                               backend=backend)
-            out = jnp.einsum("bthr,rhv->bthv", o_lat, w_uv, preferred_element_type=_f32).astype(x.dtype)
+            out = f32_einsum("bthr,rhv->bthv", o_lat, w_uv).astype(x.dtype)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 
     def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, *, tree=None, q_pos=None, backend="auto"):
         """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r]):
         over a packed tree, or causal over this call's own tokens."""
         B, S, _ = latent.shape
-        kv_h = jnp.einsum("bsr,rhf->bshf", latent, w_kv, preferred_element_type=_f32).astype(q_nope.dtype)
+        kv_h = f32_einsum("bsr,rhf->bshf", latent, w_kv).astype(q_nope.dtype)
         k = jnp.concatenate([kv_h[..., : self.nope],
                              jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
         q_full, v = jnp.concatenate([q_nope, q_rope], -1), kv_h[..., self.nope:]

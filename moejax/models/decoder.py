@@ -6,11 +6,11 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
+from moejax.kernels.precision import f32_dot
 from moejax.models.attention import GQAttention, MLAttention
 from moejax.models.layers import RMSNorm, rope_cos_sin
 from moejax.models.moe import DenseMLP, MoEBlock
 
-_f32 = jnp.float32
 
 
 class DecoderLayer(nnx.Module):
@@ -91,4 +91,4 @@ class MoEModel(nnx.Module):
             x = x[:, 0] if one else x
         x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-        return jnp.dot(x, head, preferred_element_type=_f32)
+        return f32_dot(x, head)

@@ -8,6 +8,7 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.kernels import expert_ffn
+from moejax.kernels.precision import f32_dot
 
 _f32 = jnp.float32
 EXPERT_ARRAYS = ("we_gate_up", "we_down", "be_gate_up", "be_down")  # what offloading moves
@@ -32,7 +33,7 @@ class DenseMLP(nnx.Module):
 
     def __call__(self, x):
         def lin(v, w, b):
-            y = jnp.dot(v, w[...], preferred_element_type=_f32)
+            y = f32_dot(v, w[...])
             return y if b is None else y + b[...].astype(_f32)
         h = jax.nn.silu(lin(x, self.w_gate, self.b_gate)) * lin(x, self.w_up, self.b_up)
         return lin(h.astype(x.dtype), self.w_down, self.b_down).astype(x.dtype)
@@ -123,7 +124,7 @@ class MoEBlock(nnx.Module):
             return y
         s = self.shared(x2)
         if self.shared_gate is not None:
-            gate = jax.nn.sigmoid(jnp.dot(x2, self.shared_gate[...], preferred_element_type=_f32))
+            gate = jax.nn.sigmoid(f32_dot(x2, self.shared_gate[...]))
             s = (gate * s.astype(_f32)).astype(x2.dtype)
         return y + s
 

@@ -11,12 +11,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from moejax.kernels.precision import for_operands
+
 _f32 = jnp.float32
 
 
-def precision(dtype):
-    """float32 inputs get true float32 dots (GPUs would otherwise round them to tf32)."""
-    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+precision = for_operands  # float32 inputs get true float32 dots (GPUs would otherwise round them to TF32)
 
 
 def visible(q_pos, key_idx, kv_lengths, causal: bool, window: int | None):

@@ -12,6 +12,7 @@ from moejax.kernels.activation import glu_of
 from moejax.kernels.grouped_matmul import pallas as gmm
 from moejax.kernels.grouped_matmul.xla import for_each_group
 from moejax.kernels.padding import pad_to_16
+from moejax.kernels.precision import f32_dot, f32_einsum
 from moejax.kernels.routing import combine, dispatch, gather_rows
 
 _f32 = jnp.float32
@@ -19,10 +20,10 @@ _f32 = jnp.float32
 
 def ffn_rows(xs, wgu, wd, bgu, bd, act, limit, alpha):
     """One expert's FFN on rows xs [m, D] -> float32 [m, D]."""
-    h = jnp.dot(xs, wgu, preferred_element_type=_f32)
+    h = f32_dot(xs, wgu)
     if bgu is not None:
         h = h + bgu.astype(_f32)
-    y = jnp.dot(glu_of(h, act, limit, alpha).astype(xs.dtype), wd, preferred_element_type=_f32)
+    y = f32_dot(glu_of(h, act, limit, alpha).astype(xs.dtype), wd)
     return y if bd is None else y + bd.astype(_f32)
 
 
@@ -65,10 +66,10 @@ def capacity(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
 
     def slots(C):
         buf = jnp.zeros((E, C, x.shape[1]), x.dtype).at[routing.expert_of_row, slot].set(rows, mode="drop")
-        h = jnp.einsum("ecd,edf->ecf", buf, wgu, preferred_element_type=_f32)
+        h = f32_einsum("ecd,edf->ecf", buf, wgu)
         if bgu is not None:
             h = h + bgu.astype(_f32)[:, None]
-        y = jnp.einsum("ecf,efd->ecd", glu_of(h, act, limit, alpha).astype(x.dtype), wd, preferred_element_type=_f32)
+        y = f32_einsum("ecf,efd->ecd", glu_of(h, act, limit, alpha).astype(x.dtype), wd)
         if bd is not None:
             y = y + bd.astype(_f32)[:, None]
         return combine(y[routing.expert_of_row, slot], routing, weights)

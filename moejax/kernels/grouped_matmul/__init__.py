@@ -12,12 +12,14 @@ import jax.numpy as jnp
 from moejax.kernels.backends import resolve
 from moejax.kernels.grouped_matmul import pallas, reference, xla
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.precision import for_operands
 
 BACKENDS = ("pallas", "pallas_interpret", "xla", "ragged_dot", "reference")
 
 
 def _ragged_dot(x, w, group_sizes):
-    y = jax.lax.ragged_dot(x, w, group_sizes.astype(jnp.int32), preferred_element_type=jnp.float32)
+    y = jax.lax.ragged_dot(x, w, group_sizes.astype(jnp.int32), preferred_element_type=jnp.float32,
+                           precision=for_operands(x.dtype))
     return zero_rows_of_no_group(y, group_sizes)
 
 

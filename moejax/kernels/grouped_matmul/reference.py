@@ -5,13 +5,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from moejax.kernels.grouped_matmul.groups import group_of_rows
+from moejax.kernels.precision import f32_einsum
 
-_f32 = jnp.float32
 
 
 def grouped_matmul(x, w, group_sizes):
     """x [M, K], w [G, K, N] -> float32 [M, N]."""
     gid = group_of_rows(group_sizes, x.shape[0])
-    y = jnp.einsum("mk,gkn->mgn", x, w, preferred_element_type=_f32)
+    y = f32_einsum("mk,gkn->mgn", x, w)
     mine = jnp.take_along_axis(y, jnp.minimum(gid, w.shape[0] - 1)[:, None, None], axis=1)[:, 0]
     return jnp.where((gid < w.shape[0])[:, None], mine, 0.0)

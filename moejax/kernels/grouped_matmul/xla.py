@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from moejax.buckets import bucket
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.precision import f32_dot
 
 _f32 = jnp.float32
 
@@ -68,4 +69,4 @@ def for_each_group(xs, group_sizes, out_dim: int, body):
 def grouped_matmul(x, w, group_sizes):
     """x [M, K], w [G, K, N] -> float32 [M, N]."""
     return for_each_group(x, group_sizes, w.shape[2],
-                          lambda g, rows: jnp.dot(rows, w[g], preferred_element_type=_f32))
+                          lambda g, rows: f32_dot(rows, w[g]))

@@ -1,0 +1,21 @@
+"""The matmul precision moejax asks for: float32 operands get true float32 dots. JAX's default lets GPUs round
+float32 operands to TF32 (10 mantissa bits), which moves a float32 model's logits far past float32 rounding
+(transformers under torch's defaults does not); 16-bit operands take the default, which multiplies exactly."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def for_operands(dtype):
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def f32_einsum(spec: str, a, b):
+    """jnp.einsum with a float32 result, at the precision `a`'s dtype asks for."""
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
+
+
+def f32_dot(a, b):
+    """jnp.dot with a float32 result, at the precision `a`'s dtype asks for."""
+    return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
