@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.kernels.attention import BACKENDS, attention, cascade_attention, cudnn, pallas, pick_backend, xla
-from triton_lowering import TRITON, cuda_module
+from moejax.kernels.lowering import TRITON, cuda_module
 
 ON_GPU = jax.default_backend() == "gpu"
 CPU_BACKENDS = ("reference", "xla", "pallas_interpret")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from moejax.kernels import GROUPED_MATMUL_BACKENDS, combine, dispatch, expert_ffn, gather_rows, grouped_matmul
 from moejax.kernels.backends import on_gpu
-from triton_lowering import TRITON, cuda_module
+from moejax.kernels.lowering import TRITON, cuda_module
 
 BACKENDS = [b for b in GROUPED_MATMUL_BACKENDS if b != "pallas" or on_gpu()]  # compiled Pallas: GPU only
 

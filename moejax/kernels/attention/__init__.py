@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.kernels.attention import blocked, cudnn, pallas, reference, xla
-from moejax.kernels.backends import on_gpu, resolve
+from moejax.kernels.backends import on_gpu, pallas_unavailable, resolve
 
 BACKENDS = ("reference", "xla", "pallas", "pallas_interpret", "cudnn")
 
@@ -74,12 +74,13 @@ def _causal_visible(first: int, n: int, idx, window):
 
 
 def pick_backend(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse) -> str:
-    """'xla' off GPU; on GPU cuDNN where it computes the case exactly, else the Pallas kernel."""
+    """'xla' off GPU; on GPU cuDNN where it computes the case exactly, else the Pallas kernel (XLA where this JAX
+    cannot run it)."""
     if not on_gpu():
         return "xla"
     if cudnn.supports(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse):
         return "cudnn"
-    return "pallas"
+    return "pallas" if pallas_unavailable() is None else "xla"
 
 
 def _check(q, k, v, causal, sliding_window, sinks, return_lse):

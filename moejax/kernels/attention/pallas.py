@@ -21,7 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
+try:
+    from jax.experimental.pallas import triton as plt
+except ImportError:  # a JAX without the Triton backend: backends.pallas_unavailable() refuses these kernels
+    plt = None
 
 from moejax.kernels.attention import reference
 from moejax.kernels.padding import pad_axis, round_up

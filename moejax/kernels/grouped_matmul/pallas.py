@@ -19,7 +19,10 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
+try:
+    from jax.experimental.pallas import triton as plt
+except ImportError:  # a JAX without the Triton backend: backends.pallas_unavailable() refuses these kernels
+    plt = None
 
 from moejax.kernels.activation import glu
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group

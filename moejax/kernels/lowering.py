@@ -1,5 +1,6 @@
 """Lower a jitted function for CUDA on any machine: Pallas kernels become Triton IR inside a custom call, which
-checks block shapes, loads, stores and dots against the Triton lowering (compiling that IR needs a GPU)."""
+checks block shapes, loads, stores and dots against the Triton lowering (compiling that IR needs a GPU). The
+tests use it on CPU; `launch.gpu_env` uses it to catch the warnings JAX raises while lowering the kernels."""
 import jax
 from jax import export
 
