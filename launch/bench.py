@@ -32,7 +32,7 @@ from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
 from launch import bench_kernels, bench_layouts, bench_offload, bench_peers, bench_serve
-from launch.bench_util import environment, time_calls
+from launch.bench_util import device_tag, environment, time_calls
 
 
 def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) -> dict:
@@ -176,7 +176,7 @@ def main(argv=None):
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
     record = args.run(args)
-    out = args.out or os.path.join("bench", "results", f"{args.command}-{record['device']['kind'].replace(' ', '_')}.json")
+    out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(record['device']['kind'])}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     runs = json.load(open(out))["runs"] if os.path.exists(out) else []
     with open(out, "w") as f:

@@ -25,13 +25,14 @@ from moejax.kernels.backends import on_gpu
 from launch.bench_util import time_calls
 
 SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, width=768, experts=128, top_k=8),
-          "mixtral-8x7b": dict(hidden=4096, width=14336, experts=8, top_k=2)}
+          "mixtral-8x7b": dict(hidden=4096, width=14336, experts=8, top_k=2),
+          "tiny": dict(hidden=64, width=32, experts=8, top_k=2)}  # a smoke run (launch.gpu_check --dry-run)
 ATTENTION = dict(heads=32, kv_heads=4, head_dim=128)  # Qwen3-30B-A3B
 
 
 def add_parser(sub):
     p = sub.add_parser("kernels", help="grouped GEMM, expert FFN and attention backends vs dense/ragged_dot/cuDNN")
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"expert shapes: {', '.join(SHAPES)}")
+    p.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b", help=f"expert shapes: {', '.join(SHAPES)}")
     p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K; CPU 64,256, where "
                                                   "ragged_dot took 10-15 s per call at 256 on 2 cores)")
     p.add_argument("--seqs", default=None, help="prefill lengths for attention (default GPU 4K..32K, CPU 512,2048)")

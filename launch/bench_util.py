@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
 import time
 
 import numpy as np
-
-import moejax
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -48,10 +47,17 @@ def timed_call(engine, call: str, ids):
     return lambda: engine.generate(rows, 1)
 
 
+def device_tag(kind: str) -> str:
+    """A device kind as result file names carry it ('NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3')."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", kind.strip()) or "unknown-device"
+
+
 def environment() -> dict:
     import flax
     import jax
     import jaxlib
+
+    import moejax
     dev = jax.devices()[0]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()

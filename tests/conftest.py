@@ -1,4 +1,8 @@
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -27,6 +31,43 @@ def qwen3_engine():
 def _compile_cache(tmp_path_factory):
     # Keep the persistent compilation cache inside the test run, not in the user's home.
     os.environ.setdefault("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
+GPU_CHECK_DRY_RUN = "tests/test_gpu_check.py::test_dry_run_runs_every_step_and_writes_every_output"
+_dry_run: dict = {}
+
+
+def _start_gpu_check_dry_run() -> dict:
+    work = tempfile.mkdtemp(prefix="moejax-gpu-check-dry-run-")
+    paths = {name: os.path.join(work, name) for name in ("out", "results", "stdout", "stderr")}
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=os.path.join(work, "cache"))
+    with open(paths["stdout"], "w") as stdout, open(paths["stderr"], "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "launch.gpu_check", "--dry-run", "--out", paths["out"],
+                                 "--results-dir", paths["results"]], cwd=os.path.dirname(os.path.dirname(
+                                     os.path.abspath(__file__))), stdout=stdout, stderr=stderr, env=env)
+    return dict(proc=proc, work=work, **paths)
+
+
+def pytest_collection_finish(session):
+    """The GPU check's dry run is a chain of processes (about 100 s, mostly one core): start it as soon as the
+    session knows its test will run, so that it runs beside the other tests on the second core."""
+    if any(item.nodeid == GPU_CHECK_DRY_RUN for item in session.items):
+        _dry_run.update(_start_gpu_check_dry_run())
+
+
+def pytest_sessionfinish(session):
+    if _dry_run and _dry_run["proc"].poll() is None:  # its test never ran (interrupted, -x): do not leave it behind
+        _dry_run["proc"].kill()
+
+
+@pytest.fixture(scope="session")
+def gpu_check_dry_run():
+    """The finished dry run: returncode, stdout, stderr and its --out and --results-dir folders."""
+    run = _dry_run or _start_gpu_check_dry_run()
+    run["proc"].wait(timeout=900)
+    yield dict(returncode=run["proc"].returncode, out=run["out"], results=run["results"],
+               stdout=open(run["stdout"]).read(), stderr=open(run["stderr"]).read())
+    shutil.rmtree(run["work"], ignore_errors=True)
 
 
 def kill_when_journal_has(child, journal: str, lines: int, *, timeout: float, poll: float = 0.01) -> None:
