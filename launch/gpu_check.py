@@ -184,10 +184,13 @@ class Check:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.dry:
             env.setdefault("JAX_PLATFORMS", "cpu")
-        results = run_steps(self.first_steps(), self.log, self.args.budget_s, env)
-        results += run_steps(self.later_steps(), self.log, self.args.budget_s - (time.monotonic() - t0), env)
-        self.record.update(seconds=time.monotonic() - t0, steps=[r.__dict__ for r in results])
-        return self._write(results)
+        try:
+            results = run_steps(self.first_steps(), self.log, self.args.budget_s, env)
+            results += run_steps(self.later_steps(), self.log, self.args.budget_s - (time.monotonic() - t0), env)
+            self.record.update(seconds=time.monotonic() - t0, steps=[r.__dict__ for r in results])
+            return self._write(results)
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
 
     def _write(self, results) -> int:
         out, name = self.args.out, f"gpu_check-{self.tag}"
