@@ -40,7 +40,8 @@ def versions() -> dict:
     return out
 
 
-def nvidia_smi() -> dict | None:
+def nvidia_smi() -> list | dict | None:
+    """One dict per GPU; {"error": ...} when nvidia-smi fails; None where there is no nvidia-smi."""
     query = "name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit,compute_cap"
     try:
         run = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
