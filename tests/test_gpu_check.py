@@ -3,6 +3,7 @@ cannot rot between GPU runs; its step runner keeps going past failing, slow and 
 kernels step aside, with a clear reason, when a JAX cannot run their Triton lowering."""
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,3 +109,27 @@ def test_pallas_kernels_step_aside_when_jax_refuses_triton(triton_deprecation_is
     assert Kernels.parse("xla").unavailable() is None
     assert resolve("expert_ffn", "auto", ("xla", "pallas")) == "xla"
 
+
+
+def test_outcomes_plugin_records_each_test_as_it_ends(tmp_path):
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_bad(): assert 1 == 2, 'one is not two'\n"
+        "@pytest.mark.skip(reason='not here')\n"
+        "def test_skipped(): pass\n"
+        "@pytest.mark.xfail(reason='known')\n"
+        "def test_known(): assert False\n"
+        "@pytest.fixture\n"
+        "def broken(): raise RuntimeError('fixture broke')\n"
+        "def test_setup_error(broken): pass\n")
+    out = tmp_path / "outcomes.jsonl"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.pytest_outcomes",
+                    str(tmp_path / "test_sample.py"), "--outcomes", str(out), "--rootdir", str(tmp_path)],
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True, timeout=120)
+    lines = {json.loads(x)["test"].split("::")[-1]: json.loads(x) for x in out.read_text().splitlines()}
+    assert {k: v["outcome"] for k, v in lines.items()} == {
+        "test_ok": "passed", "test_bad": "failed", "test_skipped": "skipped", "test_known": "xfailed",
+        "test_setup_error": "error"}
+    assert "one is not two" in lines["test_bad"]["message"] and "fixture broke" in lines["test_setup_error"]["message"]
+    assert lines["test_skipped"]["message"] == "Skipped: not here"
