@@ -53,6 +53,7 @@ def device_tag(kind: str) -> str:
 
 
 def environment() -> dict:
+    # Imported here: launch.gpu_check uses device_tag and must start even where jax or moejax would not import.
     import flax
     import jax
     import jaxlib
