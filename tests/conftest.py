@@ -37,6 +37,14 @@ GPU_CHECK_DRY_RUN = "tests/test_gpu_check.py::test_dry_run_runs_every_step_and_w
 _dry_run: dict = {}
 
 
+def _one_core():
+    """Pin the dry run (and the processes it starts) to one core: XLA sizes its thread pools by the cores a process
+    may use, so it cannot crowd the test session off both."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) > 1:
+        os.sched_setaffinity(0, {cores[-1]})
+
+
 def _start_gpu_check_dry_run() -> dict:
     work = tempfile.mkdtemp(prefix="moejax-gpu-check-dry-run-")
     paths = {name: os.path.join(work, name) for name in ("out", "results", "stdout", "stderr")}
@@ -44,7 +52,8 @@ def _start_gpu_check_dry_run() -> dict:
     with open(paths["stdout"], "w") as stdout, open(paths["stderr"], "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "launch.gpu_check", "--dry-run", "--out", paths["out"],
                                  "--results-dir", paths["results"]], cwd=os.path.dirname(os.path.dirname(
-                                     os.path.abspath(__file__))), stdout=stdout, stderr=stderr, env=env)
+                                     os.path.abspath(__file__))), stdout=stdout, stderr=stderr, env=env,
+                                preexec_fn=_one_core)
     return dict(proc=proc, work=work, **paths)
 
 
