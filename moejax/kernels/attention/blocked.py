@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.kernels.attention import reference
+from moejax.kernels.precision import for_operands
 
 BLOCK = 128  # queries per block: [G * BLOCK, keys] logits per kv head live at once
 _f32 = jnp.float32
@@ -30,7 +30,7 @@ def attention(q, k, v, blocks: Sequence[tuple[int, int, Ranges]], visible: Calla
     B, T, Hq, D = q.shape
     Hkv, Dv = k.shape[2], v.shape[-1]
     G = Hq // Hkv
-    prec = reference.precision(q.dtype)
+    prec = for_operands(q.dtype)
     # Query rows group-major (g, t): a head split over devices stays a split of the leading part of the merged
     # axis, which the partitioner keeps (t-major merges would gather the heads), and masks broadcast over g.
     q_h = q.reshape(B, T, Hkv, G, D).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, T, D]

@@ -26,8 +26,8 @@ try:
 except ImportError:  # a JAX without the Triton backend: backends.pallas_unavailable() refuses these kernels
     plt = None
 
-from moejax.kernels.attention import reference
 from moejax.kernels.padding import pad_axis, round_up
+from moejax.kernels.precision import for_operands
 
 _f32 = jnp.float32
 
@@ -154,7 +154,7 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
         out_shape.append(jax.ShapeDtypeStruct((B, Hkv, Rp), _f32))
         out_specs.append(pl.BlockSpec((None, None, block_r), lambda b, h, i: (b, h, i)))
 
-    precision = reference.precision(q.dtype)
+    precision = for_operands(q.dtype)
     kernel = functools.partial(
         _kernel, G=G, R=R, block_r=block_r, block_k=block_k, causal=causal, window=window, scale=scale,
         d_pieces=_pieces(Dp), dv_pieces=_pieces(Dvp), has_sinks=sinks is not None, precision=precision)

@@ -16,9 +16,6 @@ from moejax.kernels.precision import for_operands
 _f32 = jnp.float32
 
 
-precision = for_operands  # float32 inputs get true float32 dots (GPUs would otherwise round them to TF32)
-
-
 def visible(q_pos, key_idx, kv_lengths, causal: bool, window: int | None):
     """q_pos [B,T], key_idx [C] -> bool [B,T,C]: key j is visible to the query at q_pos."""
     j = key_idx[None, None, :]
@@ -38,7 +35,7 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
     q_pos = q_offset[:, None] + jnp.arange(T, dtype=jnp.int32)
     vis = visible(q_pos, jnp.arange(S, dtype=jnp.int32), kv_lengths, causal, window)
     s = jnp.einsum("btkgd,bskd->bkgts", q.reshape(B, T, Hkv, G, D), k, preferred_element_type=_f32,
-                   precision=precision(q.dtype)) * scale
+                   precision=for_operands(q.dtype)) * scale
     s = jnp.where(vis[:, None, None], s, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
     if sinks is not None:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from moejax.kernels.attention import reference
+from moejax.kernels.precision import for_operands
 
 CHUNK = 512  # keys per step: [T, CHUNK] logits per head live at once
 FEW_QUERIES = 4  # up to this many queries per row, attention sums over the cache in place (few_queries)
@@ -31,7 +32,7 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
     Hkv, Dv = k.shape[2], v.shape[-1]
     G = Hq // Hkv
     qg = q.reshape(B, T, Hkv, G, D)
-    prec = reference.precision(q.dtype)
+    prec = for_operands(q.dtype)
     q_pos = q_offset[:, None] + jnp.arange(T, dtype=jnp.int32)
 
     # Chunks [c_lo, c_hi) hold every key any query of the batch can see.

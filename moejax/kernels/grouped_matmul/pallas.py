@@ -27,6 +27,7 @@ except ImportError:  # a JAX without the Triton backend: backends.pallas_unavail
 from moejax.kernels.activation import glu
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 from moejax.kernels.padding import pad_axis, pad_to_16, round_up
+from moejax.kernels.precision import for_operands
 
 _f32 = jnp.float32
 
@@ -92,7 +93,7 @@ def grouped_call(x, w, bias, group_sizes, *, bm: int, out_dtype, act=None, limit
     _, bn, bk = blocks(Mp, G, K, width)
     tiles = Mp // bm - 1 + G
     meta = tile_schedule(group_sizes, bm, tiles)
-    precision = jax.lax.Precision.HIGHEST if x.dtype == _f32 else None  # IEEE, not TF32, for float32 models
+    precision = for_operands(x.dtype)  # IEEE, not TF32, for float32 models
     kernel = functools.partial(_kernel, bm=bm, bn=bn, bk=bk, k=K, half=width, act=act, limit=limit, alpha=alpha,
                                precision=precision)
     warps = 8 if bm * bn * (2 if act else 1) >= 128 * 128 else 4

@@ -8,7 +8,6 @@ from moejax.kernels.grouped_matmul.groups import group_of_rows
 from moejax.kernels.precision import f32_einsum
 
 
-
 def grouped_matmul(x, w, group_sizes):
     """x [M, K], w [G, K, N] -> float32 [M, N]."""
     gid = group_of_rows(group_sizes, x.shape[0])
