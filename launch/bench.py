@@ -9,6 +9,8 @@ peers: moejax against transformers and (with --vllm-python) vLLM, each in its ow
 with and without a shared prefix and on greedy generation (launch/bench_peers.py).
 layouts: each parallel layout on the devices present (8 simulated CPU devices, or GPUs): tokens/s against the
 one-device model, and bytes sent per device per layer, analytic next to measured (launch/bench_layouts.py).
+quality: held-out perplexity, top-1 accuracy and expert load of a model with a tokenizer, against a bigram floor
+(launch/bench_quality.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
@@ -31,7 +33,7 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import bench_kernels, bench_layouts, bench_offload, bench_peers, bench_serve
+from launch import bench_kernels, bench_layouts, bench_offload, bench_peers, bench_quality, bench_serve
 from launch.bench_util import device_tag, environment, time_calls
 
 
@@ -172,6 +174,7 @@ def main(argv=None):
     bench_offload.add_parser(sub).set_defaults(run=lambda a: bench_offload.offload(a, environment()))
     bench_layouts.add_parser(sub).set_defaults(run=lambda a: bench_layouts.layouts(a, environment()))
     bench_peers.add_parser(sub).set_defaults(run=lambda a: bench_peers.peers(a, environment()))
+    bench_quality.add_parser(sub).set_defaults(run=lambda a: bench_quality.quality(a, environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

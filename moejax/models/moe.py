@@ -80,6 +80,9 @@ class MoEBlock(nnx.Module):
     # routes and runs the experts as a program over devices (moejax.sharding.experts), computing what local_ffn
     # would on one device; routing inside it keeps top-k on each device's own tokens.
     run_experts = None
+    # Set by moejax.train (forward_with_router): route_tokens sows its router logits as an nnx.Intermediate
+    # ("sown_router_logits") for nnx.capture; the training losses and the quality bench read them.
+    record_router = False
 
     def __init__(self, cfg: ModelConfig, dtype):
         D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
@@ -108,7 +111,10 @@ class MoEBlock(nnx.Module):
     def route_tokens(self, x2):
         """[N, D] -> (expert ids [N, k], float32 weights [N, k])."""
         bias = None if self.correction_bias is None else self.correction_bias[...]
-        return route(self.cfg, self.router_logits(x2), bias)
+        logits = self.router_logits(x2)
+        if self.record_router:
+            self.sow(nnx.Intermediate, "sown_router_logits", logits)
+        return route(self.cfg, logits, bias)
 
     def routed(self, x2, idx, weights, experts: dict, backend: str = "auto"):
         """Routed experts' weighted output [N, D]; `experts` may come from anywhere (this block's own arrays, a
