@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--export", default=None, help="HF checkpoint directory to write when the run completes "
                    "(default: OUT/export)")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--no-export", action="store_true", help="do not export when the run completes")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics.jsonl is always written)")
     defaults = Settings()
     p.add_argument("--config", default=None, choices=list(TRAIN_CONFIGS), help=f"model shape ({defaults.config})")
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     except (ValueError, FileExistsError, FileNotFoundError) as e:
         sys.exit(str(e))
     result = train(run, progress=False if args.no_progress else None)
-    if result["stopped_by"] is not None:
+    if result["stopped_by"] is not None or args.no_export:
         return 0
     from moejax.train.export import export
     target = args.export or os.path.join(args.out, "export")

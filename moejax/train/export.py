@@ -67,7 +67,11 @@ def export(run, result: dict, target: str, *, dtype: str = "bfloat16", quality: 
 
 
 def _machine() -> str:
-    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), {platform.system()}"
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    return f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()}"
 
 
 def model_card(run, result: dict, q: dict, dtype: str) -> str:
@@ -77,6 +81,8 @@ def model_card(run, result: dict, q: dict, dtype: str) -> str:
     shares = np.asarray(q["expert_share"]) * cfg.num_experts  # 1 = the uniform share
     rows = "\n".join(f"| {i} | {row.min():.2f} | {row.max():.2f} | " + " ".join(f"{v:.2f}" for v in row) + " |"
                      for i, row in enumerate(shares))
+    greedy = "\n".join(f"- `{g['prompt']!r}` → `{g['completion']!r}` ({'parses' if g['parses'] else 'does not parse'})"
+                       for g in q.get("greedy", ()))
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     return f"""# {s.config}: a small Qwen3-MoE trained on Python source
 
@@ -106,12 +112,18 @@ Measured with moejax.train.quality (what `python -m launch.bench quality` runs) 
 
 | | this model | bigram floor |
 |---|---|---|
+| cross-entropy (nats per token) | {np.log(q['perplexity']):.3f} | {np.log(q['bigram_perplexity']):.3f} |
 | perplexity | {q['perplexity']:.2f} | {q['bigram_perplexity']:.2f} |
 | top-1 next-token accuracy | {q['top1_accuracy']:.3f} | {q['bigram_top1_accuracy']:.3f} |
 
 - Perplexity ≤ half the bigram's: {met(ratio <= 0.5)} (ratio {ratio:.3f}).
 - Every expert of every layer between 0.25× and 4× the uniform share of routed tokens: {met(
         0.25 <= shares.min() and shares.max() <= 4)} (min {shares.min():.2f}×, max {shares.max():.2f}×).
+
+Greedy completions (up to the first blank line; "parses": prompt + completion is valid Python, an open
+block at the end allowed): {sum(g['parses'] for g in q.get('greedy', ()))} of {len(q.get('greedy', ()))} parse.
+
+{greedy}
 
 Expert load per MoE layer (share of routed tokens ÷ uniform share):
 

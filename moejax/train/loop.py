@@ -145,6 +145,16 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
+def _drop_metrics_after(path: str, step: int) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
 def train(run: Run, *, progress: bool | None = None) -> dict:
     """Train until settings.steps (from the newest checkpoint if any). -> {"params", "step", "stopped_by",
     "wall_s", "tokens_seen"}; stopped_by is None when the run completed."""
@@ -160,6 +170,7 @@ def train(run: Run, *, progress: bool | None = None) -> dict:
         state, position = ckpts.restore(latest, state)
         step, wall_before, tokens_seen = position["step"], position["wall_s"], position["tokens_seen"]
         run.log(f"resumed from the checkpoint at step {step} ({tokens_seen} tokens seen)")
+        _drop_metrics_after(os.path.join(run.out, "metrics.jsonl"), step)  # those steps run again
 
     @jax.jit
     def train_step(state, window):

@@ -3,6 +3,8 @@ layer's share of routed tokens per expert, through the engine's own forward; and
 interpolated bigram model fit on training tokens (the floor a trained model must beat)."""
 from __future__ import annotations
 
+import ast
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +88,33 @@ def bigram_quality(train: np.ndarray, held_out: np.ndarray, vocab: int, *, windo
                 bigram_lambda=best[1])
 
 
+GREEDY_PROMPTS = ("for i in range(", "def __init__(self", "import os\nimport ", "if __name__ == ",
+                  "class Stack:\n    def push(self, item):\n        ")
+
+
+def parses(code: str) -> bool:
+    """Whether `code` is valid Python, allowing an open block at the end (a body is added after a trailing ':')."""
+    for candidate in (code, code.rstrip() + "\n" + " " * 16 + "pass\n"):
+        try:
+            ast.parse(candidate)
+            return True
+        except SyntaxError:
+            pass
+    return False
+
+
+def greedy_samples(engine, prompts=GREEDY_PROMPTS, *, max_new: int = 24) -> list[dict]:
+    """Each prompt's greedy completion up to the first blank line or end of text, and whether prompt + completion
+    is valid Python (`parses`)."""
+    tok = engine.tokenizer
+    outs = engine.generate([tok.encode(p).ids for p in prompts], max_new, stop_token_ids=engine.config.eos_token_ids)
+    samples = []
+    for prompt, ids in zip(prompts, outs):
+        text = tok.decode([t for t in ids if t not in engine.config.eos_token_ids]).split("\n\n")[0]
+        samples.append(dict(prompt=prompt, completion=text, parses=parses(prompt + text)))
+    return samples
+
+
 def run_quality(checkpoint: str, run) -> dict:
     """The model card's numbers: the exported checkpoint (as served: its own dtype) on the run's held-out split,
     the bigram fit on its training split."""
@@ -94,4 +123,5 @@ def run_quality(checkpoint: str, run) -> dict:
     window = min(run.settings.seq_len, engine.config.max_position_embeddings - 1)
     out = model_quality(engine, run.held_out_tokens, window=window)
     out.update(bigram_quality(run.train_tokens, run.held_out_tokens, engine.config.vocab_size, window=window))
+    out["greedy"] = greedy_samples(engine)
     return out
