@@ -4,7 +4,7 @@ SGLang's query/items/label_token_ids; /generative_scoring: vLLM's) and writes on
 input order, as the OpenAI Batch API does.
 
 Examples:
-  python -m launch.serve --input examples/requests.jsonl                 # tiny-qwen3-moe preset, to stdout
+  python -m launch.serve --input examples/requests.jsonl                 # embedded pycode-moe, to stdout
   python -m launch.serve --model tests/fixtures/qwen3_moe --input examples/formats.jsonl   # chat, SGLang, vLLM
   python -m launch.serve --model /ckpt/Qwen3-30B-A3B --input reqs.jsonl --output results.jsonl \\
       --max-batch-tokens 32768 --metrics metrics.json
@@ -44,14 +44,16 @@ from moejax.sched.batch import engine_settings, explain_lines, serve_lines
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
 from moejax.sched.results import SettingsMismatch, WriteFailed
+from moejax.presets import DEFAULT_MODEL, resolve_embedded
 from moejax.sharding import multihost
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m launch.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny-qwen3-moe",
-                   help=f"HF checkpoint directory or preset ({', '.join(moejax.presets())}); default tiny-qwen3-moe")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"HF checkpoint directory, embedded model or preset ({', '.join(moejax.presets())}); "
+                        f"default {DEFAULT_MODEL}")
     p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
     p.add_argument("--error-file", default=None,
@@ -202,10 +204,12 @@ def run_settings(args, engine) -> dict:
     return settings
 
 
-def model_identity(path: str) -> str:
-    """A preset's name; for a directory, its real path and a hash of its JSON files and weight file sizes."""
+def model_identity(model: str) -> str:
+    """A preset's name; for a directory, its real path (an embedded model: its name) and a hash of its JSON files
+    and weight file sizes."""
+    path = resolve_embedded(model)
     if not os.path.isdir(path):
-        return path
+        return model
     digest = hashlib.blake2b(digest_size=8)
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
@@ -214,7 +218,7 @@ def model_identity(path: str) -> str:
                 digest.update(name.encode() + b"\0" + f.read())
         elif name.endswith((".safetensors", ".npz")):
             digest.update(f"{name}\0{os.path.getsize(full)}".encode())
-    return f"{os.path.realpath(path)}@{digest.hexdigest()}"
+    return f"{model if path != model else os.path.realpath(path)}@{digest.hexdigest()}"
 
 
 def exit_status(summary: dict, allow_invalid_lines: bool) -> int:

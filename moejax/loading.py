@@ -20,7 +20,7 @@ from moejax.offload.host_store import HostStore, is_routed_expert
 from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes
 from moejax.models.moe import MoEBlock
 from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory, streams_in_jit
-from moejax.presets import PRESETS, preset_config
+from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -28,7 +28,8 @@ OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache", "layout") + OFF
 
 
 def presets() -> list[str]:
-    return list(PRESETS)
+    """Names `load` accepts besides directories: the embedded trained models, then the random-weight presets."""
+    return list(EMBEDDED) + list(PRESETS)
 
 
 def enable_compilation_cache(path: str | None = None) -> str:
@@ -92,10 +93,12 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     if cache_opt:
         enable_compilation_cache(cache_opt if isinstance(cache_opt, str) else None)
 
+    name, model = model, resolve_embedded(model)
     is_dir = os.path.isdir(model)
     if not is_dir and model not in PRESETS:
-        raise ValueError(f"moejax.load: {model!r} is neither a checkpoint directory nor a preset "
-                         f"(presets: {', '.join(PRESETS)})")
+        missing = f" (its files are missing from {os.path.dirname(__file__)}/assets)" if model in EMBEDDED else ""
+        raise ValueError(f"moejax.load: {model!r} is neither a checkpoint directory nor a preset{missing} "
+                         f"(presets: {', '.join(presets())})")
     hf_config = read_config(model) if is_dir else preset_config(model)
     if dtype == "auto":
         dtype = checkpoint_dtype(hf_config, model)
@@ -172,7 +175,7 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
         seed = int(options.get("seed", 0))
         materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
         tokenizer, chat = None, None
-    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=model,
+    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=name,
                   chat_template=chat,
                   memory_plan=plan, layout=layout.layout if layout else None,
                   make_placement=layout.make_placement(cfg, kernels, plan) if layout and (disaggregated or offloaded)

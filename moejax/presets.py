@@ -1,10 +1,14 @@
-"""Built-in model presets: HF-style config dicts, weights drawn at random from a seed (no download).
-
-`tiny-*` presets run on a CPU in seconds; the others have the real models' shapes, for benchmarks and
-memory planning (build them with `num_layers=` to run a slice)."""
+"""Built-in models. Presets: HF-style config dicts, weights drawn at random from a seed (no download); `tiny-*`
+run on a CPU in seconds, the others have the real models' shapes, for benchmarks and memory planning (build them
+with `num_layers=` to run a slice). Embedded: trained checkpoint directories shipped inside the package
+(moejax/assets/<name>, written by `python -m launch.train`), loaded like any checkpoint directory."""
 from __future__ import annotations
 
 import copy
+import os
+
+EMBEDDED = ("pycode-moe",)  # a Qwen3-MoE trained on the Python standard library's sources (its README.md)
+DEFAULT_MODEL = "pycode-moe"
 
 _QWEN3_30B = dict(
     model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
@@ -52,6 +56,22 @@ PRESETS = {
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,
     "gpt-oss-20b": _GPT_OSS_20B,
 }
+
+
+def embedded_dir(name: str) -> str | None:
+    """The directory of an embedded trained model, or None when `name` is not one (or its files are missing)."""
+    if name not in EMBEDDED:
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", name)
+    return path if os.path.isfile(os.path.join(path, "config.json")) else None
+
+
+def resolve_embedded(model: str) -> str:
+    """An embedded model's name -> its directory (a directory of that name in the working directory wins);
+    anything else unchanged."""
+    if model in EMBEDDED and not os.path.isdir(model):
+        return embedded_dir(model) or model
+    return model
 
 
 def preset_config(name: str) -> dict:

@@ -5,6 +5,7 @@ Dev-only: needs torch, transformers (5.23) and tokenizers; moejax itself never i
 
     python tests/make_fixtures.py              # all fixtures
     python tests/make_fixtures.py --only gpt_oss --only mixtral
+    python tests/make_fixtures.py --embedded   # the shipped model's reference (after python -m launch.train)
 
 Each ``tests/fixtures/<name>/`` holds what ``save_pretrained`` writes plus ``reference.npz``:
   input_ids (2,16) int32, logits (2,16,V) float32 (eager fp32 full causal forward),
@@ -412,13 +413,44 @@ def write_chat(name="qwen3_moe"):
     print(f"== {name}: chat template and {len(cases)} reference renderings (transformers {tf.__version__})")
 
 
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "moejax" / "assets" / "pycode-moe"
+EMBEDDED_PROMPTS = ("for i in range(", "def __init__(self", "import os\nimport sys\n\n\ndef main():\n    ")
+TOKENIZER_STRINGS = ("def f(x):\n    return x + 1\n", "naïve café ☃ — ünïcode\t'\\x00'", "    # comment\r\n",
+                     "<|endoftext|>class A:", "", "x" * 300)
+LAST_POSITIONS = 4
+
+
+def write_embedded_reference():
+    """The shipped model (moejax/assets/pycode-moe) through transformers in float32: each prompt's token ids as
+    AutoTokenizer gives them and its logits at the last LAST_POSITIONS positions; AutoTokenizer's ids for
+    TOKENIZER_STRINGS. Rerun whenever the shipped model changes."""
+    tok = tf.AutoTokenizer.from_pretrained(EMBEDDED_DIR)
+    model = tf.AutoModelForCausalLM.from_pretrained(EMBEDDED_DIR, dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
+    out = dict(prompts=np.array(EMBEDDED_PROMPTS), tokenizer_strings=np.array(TOKENIZER_STRINGS))
+    for i, prompt in enumerate(EMBEDDED_PROMPTS):
+        ids = tok(prompt)["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -LAST_POSITIONS:].float().numpy()
+        out[f"ids_{i}"], out[f"logits_{i}"] = np.array(ids, np.int32), logits
+    for j, text in enumerate(TOKENIZER_STRINGS):
+        out[f"tokenizer_ids_{j}"] = np.array(tok(text)["input_ids"], np.int32)
+    path = OUT_DIR / "pycode_moe_reference.npz"
+    np.savez_compressed(path, **out)
+    print(f"{path}: {path.stat().st_size / 1e3:.0f} kB (transformers {tf.__version__})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(FIXTURES), help="fixture name (repeatable)")
     ap.add_argument("--chat", action="store_true", help="only (re)write qwen3_moe's chat template and reference")
+    ap.add_argument("--embedded", action="store_true",
+                    help="only (re)write the shipped model's transformers reference (pycode_moe_reference.npz)")
     args = ap.parse_args()
     tf.logging.set_verbosity_error()
     tf.utils.logging.disable_progress_bar()
+    if args.embedded:
+        return write_embedded_reference()
     if args.chat:
         return write_chat()
     names = args.only or list(FIXTURES)

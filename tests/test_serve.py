@@ -27,6 +27,7 @@ from moejax.sched.batch import explain_lines, serve_lines
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "requests.jsonl")
 TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024, context 2048
+DEFAULT = "pycode-moe"  # launch.serve's default: the embedded trained model, with a tokenizer
 TINY_VOCAB, TINY_CONTEXT, TINY_EOS = 1024, 2048, 0
 FLAGS = ["--model", "--input", "--output", "--dtype", "--max-batch-tokens", "--kv-cache", "--metrics", "--explain"]
 
@@ -136,12 +137,14 @@ def qwen3(qwen3_engine):
 # ---- 1. the main job on the examples, and --help ---------------------------------------------------------------------
 
 def test_main_job_on_examples():
+    """The README's first command: the text examples on the embedded trained model, answered as a Python
+    programmer expects."""
     lines = example_lines()
     r = cli("--input", EXAMPLES, "--dtype", "float32")
     assert r.returncode == 0, r.stderr
     rows = rows_of(r.stdout)  # stdout holds only result lines: the summary goes to stderr
     assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
-    kinds, ranked = set(), 0
+    kinds, ranked, answers = set(), 0, {}
     for n, (row, line) in enumerate(zip(rows, lines), start=1):
         body = check_ok(row, n, line)
         kinds.add(body["object"])
@@ -149,9 +152,17 @@ def test_main_job_on_examples():
         if "suffixes" in req_body:  # the multi-suffix (ranking) request: one result per suffix
             assert len(req_body["suffixes"]) > 1 and len(body["results"]) == len(req_body["suffixes"])
             ranked += 1
+        answers[row["custom_id"]] = [res["best"] for res in body["results"]] if "results" in body else \
+            req_body["prompt"] + body["choices"][0]["text"]
     assert kinds == {"score", "text_completion"} and ranked == 1
+    # the trained model picks the closing token a programmer would (its model card says what it gets wrong)
+    assert answers["close-init"] == ["):"] and answers["is-none"] == [" None"]
+    assert answers["close-each-call"][0] == ")" and answers["close-each-call"][2] == "v)"
+    prompts = {json.loads(line)["custom_id"]: json.loads(line)["body"].get("prompt") for line in lines}
+    for cid in ("complete-range", "complete-init", "complete-imports"):
+        assert len(answers[cid]) > len(prompts[cid])  # text came back, not token ids only
     summary = summary_line(r.stderr)
-    assert summary.startswith(f"# {TINY} on ")
+    assert summary.startswith(f"# {DEFAULT} on ")
     assert f"{len(lines)} ok, 0 failed, 0 resumed" in summary
 
 
@@ -513,11 +524,13 @@ def test_stdin_input_and_metrics_file(tmp_path):
             prompt_tokens += body["usage"]["prompt_tokens"]
             generated += body["usage"].get("completion_tokens", 0)
     k = next(k for k, line in enumerate(lines) if '"suffixes"' in line)  # the ranking request
-    req = json.loads(lines[k])["body"]  # each suffix's context counts whole
+    req = json.loads(lines[k])["body"]  # each suffix's context counts whole; texts are tokenized on their own
+    tokens = moejax.load(DEFAULT).tokenizer  # (loads no weights)
+    count = lambda text: len(tokens.encode(text, add_special_tokens=False).ids)  # noqa: E731
     assert rows[k]["response"]["body"]["usage"]["prompt_tokens"] == sum(
-        len(req["prompt_token_ids"]) + len(s) for s in req["suffixes"])
+        count(req["prompt"]) + count(s) for s in req["suffixes"])
     m = json.loads(read_text(metrics))
-    assert m["model"] == TINY and m["dtype"] == "float32" and m["lines"] == len(lines)
+    assert m["model"] == DEFAULT and m["dtype"] == "float32" and m["lines"] == len(lines)
     assert m["requests_ok"] == len(lines) - 1 and m["requests_failed"] == 1 and m["requests_resumed"] == 0
     assert m["requests_invalid"] == 1 and m["requests_batch_failed"] == 0
     assert m["prompt_tokens"] == prompt_tokens and m["generated_tokens"] == generated
@@ -606,7 +619,7 @@ def test_sigkill_then_resume_completes_the_output(tmp_path):
     inp, out, ref = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
     journal = str(out) + ".partial"
     resume_input(inp)
-    args = ["--input", str(inp), "--max-batch-tokens", "64", "--dtype", "float32"]
+    args = ["--input", str(inp), "--max-batch-tokens", "64", "--dtype", "float32", "--model", TINY]
 
     child = subprocess.Popen([sys.executable, "-m", "launch.serve", *args, "--output", str(out)], cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
