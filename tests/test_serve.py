@@ -268,7 +268,7 @@ def test_an_error_file_that_would_destroy_something_is_refused(tmp_path, flags, 
 # ---- 2. --explain ----------------------------------------------------------------------------------------------
 
 def test_explain_loads_no_weights():
-    engine = moejax.load(TINY, dtype="float32")  # a fresh engine: the module one may have run already
+    engine = moejax.load(DEFAULT, dtype="float32")  # the examples' model (text); a fresh engine, so nothing ran yet
     assert engine._state is None
     lines = example_lines() + ["not json", completion("late", [1, 2, 3], 4)]
     text = explain_lines(engine, lines, max_batch_tokens=64)
