@@ -116,7 +116,7 @@ def grouped(args, dtype, table):
             base, t = _median_seconds(jax.jit(dense_ffn), [(d["xs"], d["wgu"][0], d["wd"][0]) for d in sets],
                                       args.repeats)
             ref = _row(table, "ffn", case, "dense_ffn", ffn_flops, base, t)
-            for name in [mine, "ragged_dot"] + ([] if gpu else ["dense"]):
+            for name in [mine, "tiled", "ragged_dot"] + ([] if gpu else ["dense"]):
                 fn = jax.jit(functools.partial(expert_ffn, backend=name))
                 sec, t = _median_seconds(fn, [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets],
                                          args.repeats)

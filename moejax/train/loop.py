@@ -31,11 +31,11 @@ from moejax.train.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
 @dataclasses.dataclass(frozen=True)
 class Settings:
     config: str = "pycode-moe"
-    steps: int = 1000
+    steps: int = 1400
     batch: int = 8
     seq_len: int = 512
     peak_lr: float = 2e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 70
     final_lr_ratio: float = 0.1  # cosine decays to peak_lr * this at the last step
     weight_decay: float = 0.1
     clip_norm: float = 1.0

@@ -6,6 +6,8 @@ Backends:
 - `xla` (CPU): dispatch; up to 32 rows per expert on average, C static slots per expert and one batched matmul
   (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row
   windows (grouped_matmul.xla).
+- `tiled`: each expert's rows padded to whole tiles, one batched matmul over tiles with their experts' weights
+  gathered; differentiable, so training uses it (expert_ffn.tiled).
 - `ragged_dot`: `jax.lax.ragged_dot` for both projections (baseline).
 - `dense`: every token through every expert, masked by the routing weights (E/k times the FLOPs; baseline).
 """
@@ -14,9 +16,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from moejax.kernels.backends import resolve
-from moejax.kernels.expert_ffn import baselines, grouped
+from moejax.kernels.expert_ffn import baselines, grouped, tiled
 
-BACKENDS = ("pallas", "pallas_interpret", "xla", "ragged_dot", "dense")
+BACKENDS = ("pallas", "pallas_interpret", "xla", "tiled", "ragged_dot", "dense")
 
 
 def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, act="silu", limit=7.0,
@@ -26,7 +28,7 @@ def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, 
     backend = resolve("expert_ffn", backend, BACKENDS)
     x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
         None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
-    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "xla": grouped.xla,
+    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "xla": grouped.xla, "tiled": tiled.tiled,
           "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
     y = fn(x, idx, weights.astype(jnp.float32), w_gate_up, w_down, b_gate_up, b_down, act, limit, alpha)
     return y.astype(x.dtype)
