@@ -94,7 +94,10 @@ def parse_args(argv=None):
     g.add_argument("--predictor", default=None, choices=PREDICTORS, help="cached: expert predictor for prefetch")
     g.add_argument("--default-vectors", default=None,
                    help="cached, --predictor router: directory from `python -m launch.calibrate`")
-    g.add_argument("--prefetch-distance", type=int, default=None, help="router predictor: layers ahead (default 1)")
+    g.add_argument("--estimator", default=None,
+                   help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`")
+    g.add_argument("--prefetch-distance", type=int, default=None,
+                   help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)")
     g.add_argument("--speculative", action="store_true",
                    help="cached: run the predicted experts instead of loading the true router's misses "
                         "(changes outputs; the metrics count mispredicted tokens)")
@@ -200,7 +203,8 @@ def run_settings(args, engine) -> dict:
         settings["placement"] = engine.memory_plan.placement
     if args.speculative:  # runs predicted experts: the predictor decides the results
         settings.update(speculative=True, predictor=args.predictor, prefetch_distance=args.prefetch_distance,
-                        default_vectors=model_identity(args.default_vectors) if args.default_vectors else None)
+                        default_vectors=model_identity(args.default_vectors) if args.default_vectors else None,
+                        estimator=model_identity(args.estimator) if args.estimator else None)
     return settings
 
 
@@ -248,7 +252,7 @@ def main(argv=None) -> int:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
     options = {"kernels": args.kernels, "placement": args.placement}
     for name in ("num_layers", "layout", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
-                 "default_vectors", "prefetch_distance", "speculative"):
+                 "default_vectors", "estimator", "prefetch_distance", "speculative"):
         value = getattr(args, name)
         if value is not None and value is not False:  # 0 is a value, not "not given"
             options[name] = value

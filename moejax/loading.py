@@ -70,8 +70,10 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     device; default: the device's memory, no cap on CPU), window (streamed: MoE layers copied ahead), stream
     (streamed: "python", a loop over per-layer jits that copies `window` layers ahead, or "jit": the experts are
     host-memory inputs of the whole-model jit and XLA schedules their copies),
-    cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "oracle" or a predictor object),
-    default_vectors (directory written by DefaultVectors.save, for the router predictor), prefetch_distance,
+    cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "estimator", "hybrid",
+    "previous_hidden", "oracle" or a predictor object), default_vectors (directory written by DefaultVectors.save,
+    for the router predictor), estimator (directory written by `launch.distill`, for "estimator" and "hybrid"),
+    prefetch_distance (MoE layers ahead; an estimator's distance is the one it was distilled for),
     speculative (run predicted experts instead of loading true-router misses).
 
     layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout)."""

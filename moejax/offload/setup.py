@@ -10,15 +10,17 @@ from moejax.offload.cached import Cached
 from moejax.offload.expert_cache import POLICIES
 from moejax.offload.host_store import is_routed_expert
 from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes, plan_memory
-from moejax.offload.predict import PREDICTORS, DefaultVectors, OraclePredictor, RouterPredictor
+from moejax.offload.predict import (PREDICTORS, DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
+                                    OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
 from moejax.offload.streamed import Streamed
 
 OFFLOAD_OPTIONS = ("placement", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
-                   "default_vectors", "prefetch_distance", "speculative")
+                   "default_vectors", "estimator", "prefetch_distance", "speculative")
 STREAMS = ("python", "jit")
 _ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached", "eviction": "cached",
              "predictor": "cached",
-             "default_vectors": "cached", "prefetch_distance": "cached", "speculative": "cached"}
+             "default_vectors": "cached", "estimator": "cached", "prefetch_distance": "cached",
+             "speculative": "cached"}
 
 
 def _error(message: str):
@@ -49,6 +51,13 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
     if predictor == "router" and not options.get("default_vectors"):
         raise _error("predictor 'router' needs default_vectors: a directory written by DefaultVectors.save "
                      "(make one with `python -m launch.calibrate`)")
+    if predictor in ("estimator", "hybrid") and not options.get("estimator"):
+        raise _error(f"predictor {predictor!r} needs estimator: a directory written by `python -m launch.distill`")
+    if options.get("estimator") and predictor not in ("estimator", "hybrid"):
+        raise _error(f"estimator applies to predictor 'estimator' or 'hybrid', not {predictor!r}")
+    if options.get("default_vectors") and predictor != "router":
+        raise _error(f"default_vectors applies to predictor 'router', not {predictor!r} (an estimator directory "
+                     "holds its own)")
     if options.get("speculative") and predictor is None:
         raise _error("speculative=True needs a predictor")
     nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
@@ -91,6 +100,18 @@ def placement_factory(plan, options: dict, kernels):
         except ValueError as e:
             raise _error(str(e)) from None
         predictor = RouterPredictor(vectors, options.get("prefetch_distance") or 1)
+    elif predictor in ("estimator", "hybrid"):
+        try:
+            net = EstimatorNet.load(options["estimator"])
+            distance = options.get("prefetch_distance")
+            if distance is not None and distance != net.shape.distance:
+                raise ValueError(f"prefetch_distance {distance} differs from the estimator's, which was distilled "
+                                 f"for distance {net.shape.distance}")
+            predictor = EstimatorPredictor(net) if predictor == "estimator" else HybridPredictor(net)
+        except ValueError as e:
+            raise _error(str(e)) from None
+    elif predictor == "previous_hidden":
+        predictor = PreviousHiddenPredictor(options.get("prefetch_distance") or 1)
     elif predictor == "oracle":
         predictor = OraclePredictor()
 

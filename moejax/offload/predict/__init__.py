@@ -3,10 +3,19 @@
 
 - `router` (Speculating Experts §3): layer l+d's router applied to the quasi-hidden state
   norm_{l+1}(r_l + Σ_e g_e·d_{l,e}), chained d layers ahead, with default vectors d from `calibrate`.
-- `oracle`: the true router of the layer itself (distance 0); the reference a speculative run must match."""
+- `estimator` / `hybrid` (§6.3): a distilled network from the quasi-hidden state to layer l+d's router logits, at
+  every layer (Est-PF) or where the router predictor measured poorly (Hybrid-PF); `launch.distill` trains it.
+- `previous_hidden` (§3.3's baseline): layer l's router input fed to layer l+d's router.
+- `oracle`: the true router of the layer itself (distance 0); the reference a speculative run must match.
+
+`traces` records what predictors are trained and measured on; `replay` measures them on it."""
+from moejax.offload.predict.baselines import PreviousHiddenPredictor
+from moejax.offload.predict.estimator import EstimatorNet
+from moejax.offload.predict.learned import EstimatorPredictor, HybridPredictor
 from moejax.offload.predict.oracle import OraclePredictor
 from moejax.offload.predict.router import DefaultVectors, RouterPredictor, calibrate
 
-PREDICTORS = ("router", "oracle")
+PREDICTORS = ("router", "estimator", "hybrid", "previous_hidden", "oracle")
 
-__all__ = ["PREDICTORS", "DefaultVectors", "OraclePredictor", "RouterPredictor", "calibrate"]
+__all__ = ["PREDICTORS", "DefaultVectors", "EstimatorNet", "EstimatorPredictor", "HybridPredictor", "OraclePredictor",
+           "PreviousHiddenPredictor", "RouterPredictor", "calibrate"]

@@ -1,0 +1,158 @@
+"""Learned expert predictors (issue 17): routing traces, the distilled estimator and the predictors built on it,
+replayed over traces and run in the cached placement against the resident float32 model."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import moejax
+from conftest import fixture_dir
+from moejax.offload.predict import (EstimatorNet, EstimatorPredictor, HybridPredictor, OraclePredictor,
+                                    PreviousHiddenPredictor, RouterPredictor, replay)
+from moejax.offload.predict.traces import Traces, record
+from moejax.train.distill import choose_hybrid, distill
+from moejax.train.model import forward_with_router
+
+TOL = 1e-6
+# gpt_oss: three MoE layers (distance 1 and 2 both have pairs), expert biases; deepseek_v3: a dense first layer
+# and a correction bias, which routing from predicted logits must apply.
+NAME = "gpt_oss"
+
+
+def _prompts(cfg, n=20, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, cfg.vocab_size, size=int(rng.integers(8, 32))).tolist() for _ in range(n)]
+
+
+def _rel(out, ref):
+    return float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.fixture(scope="module")
+def resident():
+    return moejax.load(fixture_dir(NAME), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def recorded(resident):
+    return record(resident, _prompts(resident.config))
+
+
+@pytest.fixture(scope="module")
+def distilled(resident, recorded, tmp_path_factory):
+    """A short distillation, saved and loaded back: (EstimatorNet as trained, its directory)."""
+    traces, vectors = recorded
+    net = distill(replay.steps_of(resident), traces, vectors, train_steps=120, batch=256, lr=3e-3, latent=32,
+                  mlp=64, eval_every=40, validation_every=5, log=lambda *a: None, progress=False)
+    path = net.save(str(tmp_path_factory.mktemp("estimator") / "est"))
+    return net, path
+
+
+def test_traces_hold_each_prompts_tokens_and_the_models_router_logits(resident, recorded, tmp_path):
+    traces, vectors = recorded
+    prompts = _prompts(resident.config)
+    assert traces.tokens.tolist() == [t for p in prompts for t in p]
+    assert np.diff(traces.starts).tolist() == [len(p) for p in prompts]
+    cfg = resident.config
+    assert traces.moe_layers == [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
+    # the router logits the training forward sees for the first prompt, alone
+    import jax.numpy as jnp
+    from flax import nnx
+    model = nnx.merge(resident.graphdef, resident.params)
+    _, router = forward_with_router(model, jnp.asarray([prompts[0]]), resident.kernels)
+    for m in range(len(traces.moe_layers)):
+        np.testing.assert_allclose(traces.router_logits[:len(prompts[0]), m], np.asarray(router[m]), rtol=1e-5,
+                                   atol=1e-5)
+    assert vectors.counts[traces.moe_layers].sum() == len(traces.tokens) * len(traces.moe_layers) * \
+        cfg.num_experts_per_tok
+    traces.save(str(tmp_path / "t.npz"))
+    back = Traces.load(str(tmp_path / "t.npz"))
+    assert back.moe_layers == traces.moe_layers and np.array_equal(back.residual, traces.residual)
+    train, held = traces.split(5)
+    assert train.num_prompts + held.num_prompts == traces.num_prompts
+    assert len(train.tokens) + len(held.tokens) == len(traces.tokens)
+
+
+def test_oracle_replay_recalls_everything_and_baselines_are_measured(resident, recorded):
+    traces, vectors = recorded
+    steps = replay.steps_of(resident)
+    assert replay.recall_by_layer(steps, OraclePredictor(), traces)["overall"] == 1.0
+    for predictor in (RouterPredictor(vectors, 1), PreviousHiddenPredictor(1), PreviousHiddenPredictor(2)):
+        out = replay.recall_by_layer(steps, predictor, traces)
+        assert sorted(out["per_layer"]) == traces.moe_layers[predictor.distance:]
+        assert all(0.0 <= r <= 1.0 for r in out["per_layer"].values())
+
+
+def test_distillation_lowers_the_validation_kl_and_round_trips(distilled):
+    net, path = distilled
+    history = net.info["history"]
+    assert history[-1]["validation_kl"] < history[0]["validation_kl"]
+    assert history[-1]["train_kl"] < history[0]["train_kl"]
+    back = EstimatorNet.load(path)
+    assert back.shape == net.shape and back.info["hybrid_layers"] == net.info["hybrid_layers"]
+    assert all(np.array_equal(np.asarray(back.params[k]), np.asarray(net.params[k])) for k in net.params)
+    np.testing.assert_array_equal(back.vectors.vectors, net.vectors.vectors)
+    with open(os.path.join(path, "estimator.json")) as f:
+        assert json.load(f)["shape"]["distance"] == 1
+
+
+def test_choose_hybrid_takes_the_estimator_where_the_router_is_worse():
+    router = {1: 0.5, 2: 0.9, 3: 0.7}
+    estimator = {1: 0.8, 2: 0.6, 3: 0.75}
+    tau, layers = choose_hybrid(router, estimator)
+    assert layers == [1, 3] and 0.7 < tau <= 0.9
+    assert choose_hybrid(router, {1: 0.1, 2: 0.1, 3: 0.1}) == (0.0, [])  # never better: no estimator layer
+
+
+@pytest.mark.parametrize("predictor", ["estimator", "hybrid", "previous_hidden"])
+def test_exact_cached_with_each_new_predictor_equals_resident(predictor, resident, distilled):
+    _, path = distilled
+    cfg = resident.config
+    ids = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 11))
+    ref = resident.logits(ids)
+    options = dict(estimator=path) if predictor != "previous_hidden" else {}
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor=predictor, **options)
+    assert _rel(engine.logits(ids), ref) <= TOL
+    assert engine.stats()["total"]["prefetches"] > 0
+
+
+def test_speculative_estimator_runs_its_predictions(resident, distilled):
+    _, path = distilled
+    cfg = resident.config
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor="estimator", estimator=path, speculative=True)
+    out = engine.logits(np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 11)))
+    total = engine.stats()["total"]
+    assert np.isfinite(out).all() and total["speculated_tokens"] > 0
+    assert engine.stats()["layers"][engine.layered_steps.moe_layers[0]]["speculated_tokens"] == 0
+
+
+def test_replay_uses_the_predictors_own_code(resident, recorded, distilled):
+    """Hybrid = the estimator on its chosen target layers and the router predictor elsewhere, layer by layer."""
+    net, _ = distilled
+    traces, _ = recorded
+    steps = replay.steps_of(resident)
+    est = replay.recall_by_layer(steps, EstimatorPredictor(net), traces)["per_layer"]
+    router = replay.recall_by_layer(steps, RouterPredictor(net.vectors, 1), traces)["per_layer"]
+    hybrid = replay.recall_by_layer(steps, HybridPredictor(net), traces)["per_layer"]
+    for t, r in hybrid.items():
+        assert r == (est[t] if t in net.info["hybrid_layers"] else router[t])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(predictor="estimator"), "needs estimator"),
+    (dict(predictor="previous_hidden", estimator="/x"), "estimator applies to predictor"),
+    (dict(predictor="estimator", estimator="/nonexistent/est"), "holds no estimator.json"),
+])
+def test_bad_estimator_options_are_clear_errors(options, message):
+    with pytest.raises(ValueError, match=message):
+        moejax.load("tiny-qwen3-moe", placement="cached", **options)
+
+
+def test_an_estimator_serves_only_its_own_distance(distilled):
+    _, path = distilled
+    with pytest.raises(ValueError, match="distilled for distance 1"):
+        moejax.load(fixture_dir(NAME), placement="cached", predictor="estimator", estimator=path,
+                    prefetch_distance=2)
