@@ -54,13 +54,13 @@ def read_texts(path: str) -> list[str]:
     return texts
 
 
-def _stdlib_texts(which: str) -> list[str]:
+def stdlib_texts(which: str) -> list[str]:
     root = corpus.stdlib_dir()
     train, held_out = corpus.split(corpus.source_files(root))
     return [corpus.read_source(os.path.join(root, f)) for f in (held_out if which == "held_out" else train)]
 
 
-def _tokens(tokenizer, texts: list[str], eos: int) -> np.ndarray:
+def token_stream(tokenizer, texts: list[str], eos: int) -> np.ndarray:
     ids = []
     for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
         ids += enc.ids + [eos]
@@ -76,11 +76,11 @@ def quality(args, env: dict) -> dict:
     eos = engine.tokenizer.token_to_id(END_OF_TEXT)
     if eos is None:
         eos = engine.config.eos_token_ids[0]
-    texts = read_texts(args.text) if args.text else _stdlib_texts(args.stdlib)
-    held_out = _tokens(engine.tokenizer, texts, eos)
+    texts = read_texts(args.text) if args.text else stdlib_texts(args.stdlib)
+    held_out = token_stream(engine.tokenizer, texts, eos)
     if args.max_tokens:
         held_out = held_out[:args.max_tokens + 1]
-    train = _tokens(engine.tokenizer, read_texts(args.bigram_text) if args.bigram_text else _stdlib_texts("train"),
+    train = token_stream(engine.tokenizer, read_texts(args.bigram_text) if args.bigram_text else stdlib_texts("train"),
                     eos)
     window = min(args.window, engine.config.max_position_embeddings - 1)
     print(f"quality: {args.model} ({engine.dtype}) on {len(held_out)} tokens in windows of {window}; bigram fit "

@@ -20,6 +20,18 @@ from moejax.offload.predict import calibrate
 from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 
 
+def request_prompts(engine, lines) -> tuple[list[list[int]], int]:
+    """Token ids of every prompt in requests lines (a score request's contexts each), and how many lines were bad."""
+    cfg = engine.config
+    entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
+                          max_context=cfg.max_position_embeddings, chat=engine.chat_template)
+    prompts = []
+    for e in entries:
+        if not isinstance(e, BadLine):
+            prompts += [list(e.prompt)] if isinstance(e, CompletionRequest) else [list(c) for c in e.contexts]
+    return prompts, sum(isinstance(e, BadLine) for e in entries)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,18 +57,12 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except (ValueError, OSError) as e:
         sys.exit(f"launch.calibrate: {e}")
-    cfg = engine.config
-    entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
-                          max_context=cfg.max_position_embeddings, chat=engine.chat_template)
-    prompts = []
-    for e in entries:
-        if not isinstance(e, BadLine):
-            prompts += [list(e.prompt)] if isinstance(e, CompletionRequest) else [list(c) for c in e.contexts]
-    skipped = sum(isinstance(e, BadLine) for e in entries)
+    prompts, skipped = request_prompts(engine, lines)
     if not prompts:
         sys.exit(f"launch.calibrate: no usable prompt in {args.input!r} ({skipped} bad lines)")
     vectors = calibrate(engine, prompts[: args.max_prompts], max_tokens=args.max_tokens)
     path = vectors.save(args.out)
+    cfg = engine.config
     tokens = int(vectors.counts.sum() // max(cfg.num_experts_per_tok, 1))
     print(f"wrote {path}: {min(len(prompts), args.max_prompts)} prompts, {tokens} token-layer visits, "
           f"{skipped} bad lines skipped", file=sys.stderr)

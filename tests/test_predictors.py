@@ -156,3 +156,23 @@ def test_an_estimator_serves_only_its_own_distance(distilled):
     with pytest.raises(ValueError, match="distilled for distance 1"):
         moejax.load(fixture_dir(NAME), placement="cached", predictor="estimator", estimator=path,
                     prefetch_distance=2)
+
+
+def test_launch_distill_from_text_writes_a_servable_estimator(tmp_path, capsys):
+    from launch.distill import main
+    text = tmp_path / "docs"
+    text.mkdir()
+    (text / "a.txt").write_text("def add(a, b):\n    return a + b\n" * 40)
+    out = tmp_path / "est"
+    assert main(["--model", fixture_dir("qwen3_moe"), "--text", str(text), "--out", str(out), "--window", "32",
+                 "--tokens", "640", "--steps", "30", "--batch", "128", "--latent", "16", "--mlp", "32",
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "validation recall per target layer" in err and "hybrid: estimator on layers" in err
+    net = EstimatorNet.load(str(out))
+    assert net.info["train_tokens"] + net.info["validation_tokens"] <= 640 and net.info["source"] == str(text)
+    engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32", placement="cached", predictor="hybrid",
+                         estimator=str(out))
+    assert "hybrid" in engine.explain()
+    with pytest.raises(SystemExit, match="already exists"):
+        main(["--model", fixture_dir("qwen3_moe"), "--text", str(text), "--out", str(out)])

@@ -90,7 +90,7 @@ def test_explain_prints_the_memory_plan_and_the_saturation_threshold(tmp_path):
     assert bad.returncode != 0 and "placement 'resident': all routed experts need" in bad.stderr
 
 
-def test_calibrate_cli_then_serve_with_the_router_predictor(tmp_path):
+def test_calibrate_and_distill_clis_then_serve_with_the_router_and_hybrid_predictors(tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text("\n".join(_lines()) + "\nnot json\n")
     out = tmp_path / "vectors"
@@ -107,3 +107,13 @@ def test_calibrate_cli_then_serve_with_the_router_predictor(tmp_path):
     again = subprocess.run([sys.executable, "-m", "launch.calibrate", "--model", fixture_dir(NAME), "--input",
                             str(inp), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode != 0 and "already exists" in again.stderr
+    est = tmp_path / "estimator"
+    run = subprocess.run([sys.executable, "-m", "launch.distill", "--model", fixture_dir(NAME), "--dtype", "float32",
+                          "--input", str(inp), "--out", str(est), "--steps", "20", "--batch", "64", "--latent", "16",
+                          "--mlp", "32", "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "hybrid: estimator on layers" in run.stderr
+    rows, metrics = _serve(tmp_path, "hybrid", "--placement", "cached", "--cache-slots", "8", "--predictor", "hybrid",
+                           "--estimator", str(est))
+    _same(rows, ref)  # exact mode: the predictor only moves weights
+    assert metrics["offload"]["total"]["prefetches"] > 0

@@ -38,11 +38,13 @@ class Traces:
                       np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), list(self.moe_layers))
 
     def split(self, every: int = 10) -> tuple["Traces", "Traces"]:
-        """(train, held out) by prompt: prompt r is held out when r % every == every - 1."""
+        """(train, held out) by prompt: prompt r is held out when r % every == every - 1 (every is capped at the
+        number of prompts, so at least one is held out)."""
+        if self.num_prompts < 2:
+            raise ValueError(f"traces: {self.num_prompts} prompt(s) cannot be split into training and validation")
+        every = min(every, self.num_prompts)
         held = [r for r in range(self.num_prompts) if r % every == every - 1]
         keep = [r for r in range(self.num_prompts) if r % every != every - 1]
-        if not held or not keep:
-            raise ValueError(f"traces: {self.num_prompts} prompts cannot be split 1 in {every}")
         return self.prompts(keep), self.prompts(held)
 
     def save(self, path: str) -> None:
