@@ -11,6 +11,8 @@ layouts: each parallel layout on the devices present (8 simulated CPU devices, o
 one-device model, and bytes sent per device per layer, analytic next to measured (launch/bench_layouts.py).
 quality: held-out perplexity, top-1 accuracy and expert load of a model with a tokenizer, against a bigram floor
 (launch/bench_quality.py).
+predictors: every expert predictor on held-out routing traces: recall per layer and distance, expert-cache hit
+rates with each as prefetcher, and the accuracy cost of executing its predictions (launch/bench_predictors.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
@@ -33,7 +35,8 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import bench_kernels, bench_layouts, bench_offload, bench_peers, bench_quality, bench_serve
+from launch import (bench_kernels, bench_layouts, bench_offload, bench_peers, bench_predictors, bench_quality,
+                    bench_serve)
 from launch.bench_util import device_tag, environment, time_calls
 
 
@@ -175,6 +178,7 @@ def main(argv=None):
     bench_layouts.add_parser(sub).set_defaults(run=lambda a: bench_layouts.layouts(a, environment()))
     bench_peers.add_parser(sub).set_defaults(run=lambda a: bench_peers.peers(a, environment()))
     bench_quality.add_parser(sub).set_defaults(run=lambda a: bench_quality.quality(a, environment()))
+    bench_predictors.add_parser(sub).set_defaults(run=lambda a: bench_predictors.predictors(a, environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -176,3 +176,48 @@ def test_launch_distill_from_text_writes_a_servable_estimator(tmp_path, capsys):
     assert "hybrid" in engine.explain()
     with pytest.raises(SystemExit, match="already exists"):
         main(["--model", fixture_dir("qwen3_moe"), "--text", str(text), "--out", str(out)])
+
+
+def test_cache_replay_counts_hits_misses_and_bytes():
+    from moejax.offload.predict.cache_replay import replay_cache
+    truth = [np.array([[0, 1], [0, 1], [2, 3]]), np.array([[1, 2], [1, 2], [1, 2]])]  # 2 MoE layers, 3 tokens
+    cold = replay_cache(truth, [1, 3], slots=8, policy="lru", expert_bytes=10)
+    # layer 1: miss miss, hit hit, miss miss; layer 3: miss miss, hit hit, hit hit
+    assert (cold["hits"], cold["misses"], cold["prefetch_loads"]) == (6, 6, 0) and cold["bytes_moved"] == 60
+    oracle = {1: (truth[0], np.ones((3, 2))), 3: (truth[1], np.ones((3, 2)))}
+    warm = replay_cache(truth, [1, 3], slots=8, policy="lru", predicted=oracle, distance=0, expert_bytes=10)
+    assert warm["hit_rate"] == 1.0 and warm["prefetch_loads"] == 6 and warm["bytes_moved"] == 60
+    # layer 1 predicts layer 3's experts after it runs; with 2 slots each prefetch evicts what layer 1 used, so
+    # layer 3 always hits and layer 1 always misses
+    ahead = {3: (truth[1], np.ones((3, 2)))}
+    tight = replay_cache(truth, [1, 3], slots=2, policy="lru", predicted=ahead, distance=1, expert_bytes=1)
+    assert (tight["hits"], tight["misses"], tight["prefetch_loads"], tight["bytes_moved"]) == (6, 6, 6, 12)
+
+
+def test_bench_predictors_reports_every_measure(tmp_path):
+    import argparse
+
+    from launch import bench_predictors
+    parser = argparse.ArgumentParser()
+    bench_predictors.add_parser(parser.add_subparsers())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.py").write_text("for i in range(10):\n    print(i, i * i)\n" * 30)
+    args = parser.parse_args(["predictors", "--model", fixture_dir("qwen3_moe"), "--dtype", "float32", "--text",
+                              str(docs), "--train-text", str(docs), "--tokens", "256", "--train-tokens", "512",
+                              "--distill-steps", "10", "--window", "64", "--cache-tokens", "32", "--slots", "4,16",
+                              "--speculative-windows", "1", "--input", os.path.join(os.path.dirname(__file__), "..",
+                                                                                    "examples", "requests.jsonl"),
+                              "--plot", str(tmp_path / "recall.png")])
+    out = bench_predictors.predictors(args, {})
+    names = {(r["predictor"], r["distance"]) for r in out["recall"]}
+    assert names == {("oracle", 0)} | {(n, 1) for n in ("previous_hidden", "router", "estimator", "hybrid")}
+    assert next(r for r in out["recall"] if r["predictor"] == "oracle")["overall"] == 1.0
+    assert {(c["policy"], c["slots"]) for c in out["cache"]} == {(p, s) for p in ("lru", "lfu", "priority")
+                                                                for s in (4, 16)}
+    assert all(c["hit_rate"] == 1.0 for c in out["cache"] if c["prefetch"] == "oracle")
+    assert all(c["bytes_moved"] > 0 for c in out["cache"])
+    spec = {s["predictor"]: s for s in out["speculative"]}
+    assert set(spec) == {"previous_hidden", "router", "estimator", "hybrid"}
+    assert all(s["perplexity"] > 1 and s["multiple_choice"] > 0 for s in spec.values())
+    assert os.path.getsize(tmp_path / "recall.png") > 0 and "built from" in out["estimators"]

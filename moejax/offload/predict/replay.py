@@ -26,8 +26,9 @@ def true_routing(steps, traces: Traces, chunk: int = 8192) -> list[tuple[np.ndar
     return out
 
 
-def predictions(steps, predictor, traces: Traces, truth=None, chunk: int = 8192) -> dict[int, np.ndarray]:
-    """{target layer: predicted expert ids [N, k]} from replaying every source MoE layer through `predictor`."""
+def predictions(steps, predictor, traces: Traces, truth=None, chunk: int = 8192) -> dict[int, tuple]:
+    """{target layer: (predicted expert ids [N, k], their weights [N, k])} from replaying every source MoE layer
+    through `predictor`."""
     truth = truth or true_routing(steps, traces, chunk)
     predictor.begin_pass(steps)
     found: dict[int, list] = {}
@@ -36,9 +37,10 @@ def predictions(steps, predictor, traces: Traces, truth=None, chunk: int = 8192)
             x = traces.residual[s:s + chunk, m]
             y = steps.layers[layer](mlp_norm, x)
             idx, weights = (a[s:s + chunk] for a in truth[m])
-            for target, (p_idx, _) in predictor.predict(0, layer, x, y, idx, weights).items():
-                found.setdefault(target, []).append(np.asarray(p_idx))
-    return {t: np.concatenate(parts) for t, parts in found.items()}
+            for target, (p_idx, p_weights) in predictor.predict(0, layer, x, y, idx, weights).items():
+                found.setdefault(target, []).append((np.asarray(p_idx), np.asarray(p_weights)))
+    return {t: (np.concatenate([i for i, _ in parts]), np.concatenate([w for _, w in parts]))
+            for t, parts in found.items()}
 
 
 def recall(predicted: np.ndarray, true: np.ndarray) -> float:
@@ -46,11 +48,11 @@ def recall(predicted: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.any(true[:, :, None] == predicted[:, None, :], axis=2)))
 
 
-def recall_by_layer(steps, predictor, traces: Traces, truth=None) -> dict:
+def recall_by_layer(steps, predictor, traces: Traces, truth=None, predicted=None) -> dict:
     """-> {"per_layer": {target layer: recall}, "overall": recall over every predicted (token, layer)}."""
     truth = truth or true_routing(steps, traces)
     position = {layer: m for m, layer in enumerate(traces.moe_layers)}
-    predicted = predictions(steps, predictor, traces, truth)
-    per_layer = {t: recall(p, truth[position[t]][0]) for t, p in sorted(predicted.items())}
+    predicted = predicted or predictions(steps, predictor, traces, truth)
+    per_layer = {t: recall(p, truth[position[t]][0]) for t, (p, _) in sorted(predicted.items())}
     overall = float(np.mean(list(per_layer.values()))) if per_layer else float("nan")  # equal tokens per layer
     return dict(per_layer=per_layer, overall=overall)

@@ -1,0 +1,41 @@
+"""The expert cache replayed over traces as batch-1 decode: token by token, each MoE layer requests its true
+experts from an ExpertCache (moejax.offload.expert_cache, the bookkeeping the cached placement runs), then
+prefetches what a predictor said at that layer for layer l + d (its predicted weights are the priority scores).
+A token's routing in a prefill is its routing when decoded, so a prefill trace is a decode trace too."""
+from __future__ import annotations
+
+import numpy as np
+
+from moejax.offload.expert_cache import ExpertCache
+
+
+def replay_cache(truth_idx: list[np.ndarray], moe_layers: list[int], slots: int, policy: str, *,
+                 predicted: dict | None = None, distance: int = 1, expert_bytes: int = 0) -> dict:
+    """truth_idx: per MoE layer, the true expert ids [N, k]; predicted: {target layer: (ids [N, k'], weights)}
+    from replay.predictions, made at MoE layer target - distance. -> hits, misses, prefetch loads, hit rate,
+    bytes moved host -> device (misses and prefetches, expert_bytes each)."""
+    cache = ExpertCache(slots, policy)
+    made_at: dict[int, list] = {}  # source layer -> [(target layer, (ids, weights))]
+    for target, pred in (predicted or {}).items():
+        made_at.setdefault(moe_layers[moe_layers.index(target) - distance], []).append((target, pred))
+    loads = 0
+
+    def prefetch(target, idx, weights) -> int:
+        keys = [(target, int(e)) for e in idx]
+        got, _ = cache.prefetch(keys, dict(zip(keys, np.asarray(weights, float).tolist())))
+        return len(got)
+
+    for t in range(len(truth_idx[0])):
+        for m, layer in enumerate(moe_layers):
+            ahead = made_at.get(layer, ())
+            for target, (idx, weights) in ahead:  # distance 0 (the oracle): loaded before the layer runs
+                if target == layer:
+                    loads += prefetch(target, idx[t], weights[t])
+            cache.request([(layer, int(e)) for e in truth_idx[m][t]])
+            for target, (idx, weights) in ahead:  # after the layer's work is issued, as the placement does
+                if target != layer:
+                    loads += prefetch(target, idx[t], weights[t])
+    s = cache.stats()
+    requests = s["hits"] + s["misses"]
+    return dict(hits=s["hits"], misses=s["misses"], prefetch_loads=loads, hit_rate=s["hits"] / max(requests, 1),
+                bytes_moved=(s["misses"] + loads) * expert_bytes)
