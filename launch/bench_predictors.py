@@ -1,15 +1,16 @@
 """`python -m launch.bench predictors`: every expert predictor measured on held-out routing traces.
 
 - recall: the share of true (token, layer, expert) choices each predictor named, per target MoE layer and
-  overall, at each prefetch distance (oracle, previous_hidden, router, estimator, hybrid; expert maps are not
-  built yet and are listed under "missing");
+  overall, at each prefetch distance (oracle, previous_hidden, router, estimator, hybrid, expert_map; expert
+  maps predict a set per decode iteration whose size follows the search score, reported as "set_size");
 - cache: the expert cache replayed as batch-1 decode over the same traces, for lru / lfu / priority at several
   slot counts, without prefetch and with each distance-1 predictor prefetching: hit rate and bytes moved;
 - speculative: held-out perplexity and top-1 when each distance-1 predictor's experts are executed instead of
-  the router's, against exact execution, and how many multiple-choice answers (--input score requests) change.
+  the router's, against exact execution, and how many multiple-choice answers (--input score requests) change
+  (expert maps prefetch only: one set per pass cannot be executed per token).
 
-Without --estimator, default vectors and one estimator per distance are built from --train-text / --train-stdlib
-(and the output says so).
+Without --estimator / --maps, default vectors, one estimator and one expert-map store per distance are built
+from --train-text / --train-stdlib (and the output says so).
 
   python -m launch.bench predictors --model pycode-moe --stdlib held_out --train-stdlib train --plot recall.png
 """
@@ -29,6 +30,8 @@ def add_parser(sub):
     test.add_argument("--stdlib", choices=["held_out", "train"], help="a split of the stdlib corpus")
     p.add_argument("--input", default=None, help="requests JSONL whose score requests are the multiple-choice set")
     p.add_argument("--estimator", default=None, help="an estimator directory (launch.distill); else built")
+    p.add_argument("--maps", default=None, help="an expert-map directory (launch.calibrate --maps); else built")
+    p.add_argument("--capacity", type=int, default=1024, help="maps kept when building the store")
     train = p.add_mutually_exclusive_group()
     train.add_argument("--train-text", default=None, help="text to build default vectors and estimators from")
     train.add_argument("--train-stdlib", choices=["train", "held_out"], default=None)
@@ -56,31 +59,53 @@ def _predictors(nets, vectors, distance):
 
 
 def _build(args, engine, distances, log):
-    """-> ({distance: EstimatorNet}, DefaultVectors, how they were made)."""
+    """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made)."""
+    from flax import nnx
+
     from moejax.offload.predict import EstimatorNet, replay
+    from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
     from moejax.offload.predict.traces import record
     from moejax.train.distill import distill
+    nets, vectors, stores, made = {}, None, {}, []
     if args.estimator:
         net = EstimatorNet.load(args.estimator)
-        return {net.shape.distance: net}, net.vectors, f"loaded from {args.estimator}"
+        nets, vectors = {net.shape.distance: net}, net.vectors
+        made.append(f"estimator loaded from {args.estimator}")
+    if args.maps:
+        store = ExpertMapStore.load(args.maps)
+        stores = {store.distance: store}
+        made.append(f"expert maps loaded from {args.maps}")
+    if args.estimator and args.maps:
+        return nets, vectors, stores, "; ".join(made)
     if not (args.train_text or args.train_stdlib):
-        raise SystemExit("predictors: give --estimator DIR, or --train-text / --train-stdlib to build one")
+        raise SystemExit("predictors: give --estimator DIR and --maps DIR, or --train-text / --train-stdlib to "
+                         "build what is not given")
     texts = read_texts(args.train_text) if args.train_text else stdlib_texts(args.train_stdlib)
     prompts = text_prompts(engine, texts, args.window)
     order = np.random.default_rng(0).permutation(len(prompts))
-    traces, vectors = record(engine, [prompts[i] for i in order], max_tokens=args.train_tokens)
-    source = args.train_text or f"stdlib:{args.train_stdlib}"
-    log(f"predictors: built default vectors and estimators from {len(traces.tokens)} tokens of {source}")
-    steps = replay.steps_of(engine)
-    nets = {d: distill(steps, traces, vectors, distance=d, train_steps=args.distill_steps, log=log, progress=False)
-            for d in distances}
-    return nets, vectors, f"built from {len(traces.tokens)} tokens of {source}"
+    traces, train_vectors = record(engine, [prompts[i] for i in order], max_tokens=args.train_tokens)
+    source = f"{len(traces.tokens)} tokens of {args.train_text or 'stdlib:' + args.train_stdlib}"
+    log(f"predictors: building what was not given from {source}")
+    if not args.estimator:
+        steps = replay.steps_of(engine)
+        vectors = train_vectors
+        nets = {d: distill(steps, traces, vectors, distance=d, train_steps=args.distill_steps, log=log,
+                           progress=False) for d in distances}
+        made.append(f"default vectors and estimators built from {source}")
+    if not args.maps:
+        embed = np.asarray(nnx.merge(engine.graphdef, engine.params).embed[...], np.float32)
+        stores = {d: build_store(traces, embed, capacity=args.capacity, distance=d) for d in distances}
+        made.append(f"expert maps built from {source} ({traces.num_prompts} prompts)")
+    return nets, vectors, stores, "; ".join(made)
 
 
 def predictors(args, env: dict) -> dict:
     import moejax
     from moejax.offload.predict import OraclePredictor, replay
+    from flax import nnx
+
     from moejax.offload.predict.cache_replay import replay_cache
+    from moejax.offload.predict.expert_maps import replay_predictions
     from moejax.offload.predict.speculation_cost import best_answers, window_quality
     from moejax.offload.predict.traces import record
     log = lambda msg: print(msg, flush=True)  # noqa: E731
@@ -92,9 +117,11 @@ def predictors(args, env: dict) -> dict:
     prompts = text_prompts(engine, texts, args.window)
     traces, _ = record(engine, prompts, max_tokens=args.tokens)
     log(f"predictors: {args.model}, {len(traces.tokens)} held-out tokens of {args.text or 'stdlib:' + args.stdlib}")
-    nets, vectors, built = _build(args, engine, distances, log)
+    nets, vectors, stores, built = _build(args, engine, distances, log)
     steps = replay.steps_of(engine)
     truth = replay.true_routing(steps, traces)
+    embed = np.asarray(nnx.merge(engine.graphdef, engine.params).embed[...], np.float32)
+    k = cfg.num_experts_per_tok
 
     recall, predicted_d1 = [], {}
     oracle = replay.recall_by_layer(steps, OraclePredictor(), traces, truth)
@@ -108,13 +135,22 @@ def predictors(args, env: dict) -> dict:
                 " ".join(f"{t}:{v:.2f}" for t, v in r["per_layer"].items()))
             if d == 1:
                 predicted_d1[name] = predicted
+        if d in stores:
+            predicted, set_size = replay_predictions(stores[d], traces, embed, k)
+            r = replay.recall_by_layer(steps, None, traces, truth, predicted)
+            recall.append(dict(predictor="expert_map", distance=d, set_size=set_size, **_keyed(r)))
+            log(f"  recall {'expert_map':16s} d={d}: {r['overall']:.3f}  " +
+                " ".join(f"{t}:{v:.2f}" for t, v in r["per_layer"].items()) + f"  ({set_size:.1f} experts a set)")
+            if d == 1:
+                predicted_d1["expert_map"] = predicted
 
-    k = cfg.num_experts_per_tok
     slot_counts = [int(s) for s in args.slots.split(",")] if args.slots else [k * moe_count * f for f in (1, 2, 4)]
     expert_bytes = _expert_bytes(engine)
     n = min(args.cache_tokens, len(traces.tokens))
     head = [idx[:n] for idx, _ in truth]
     cut = lambda pred: {t: (i[:n], w[:n]) for t, (i, w) in pred.items()}  # noqa: E731
+    moe = traces.moe_layers
+    map_sources = {moe[t]: moe[max(t - 1, 0)] for t in range(len(moe))}  # the first layer: semantic, before it runs
     oracle_pred = {layer: (idx[:n], w[:n]) for layer, (idx, w) in zip(traces.moe_layers, truth)}
     cache = []
     for policy in ("lru", "lfu", "priority"):
@@ -122,8 +158,9 @@ def predictors(args, env: dict) -> dict:
             runs = {"none": (None, 1), "oracle": (oracle_pred, 0)}
             runs.update({name: (cut(p), 1) for name, p in predicted_d1.items()})
             for name, (pred, distance) in runs.items():
+                sources = map_sources if name == "expert_map" else None
                 r = replay_cache(head, traces.moe_layers, slots, policy, predicted=pred, distance=distance,
-                                 expert_bytes=expert_bytes)
+                                 sources=sources, expert_bytes=expert_bytes)
                 cache.append(dict(policy=policy, slots=slots, prefetch=name, tokens=n, **r))
             log(f"  cache {policy:8s} {slots:4d} slots: " + " ".join(
                 f"{c['prefetch']}={c['hit_rate']:.3f}" for c in cache[-len(runs):]))
@@ -132,7 +169,6 @@ def predictors(args, env: dict) -> dict:
     result = dict(env, bench="predictors", model=args.model, dtype=str(engine.dtype),
                   text=args.text or f"stdlib:{args.stdlib}", held_out_tokens=int(len(traces.tokens)),
                   estimators=built, distances=distances, recall=recall, cache=cache, speculative=speculative,
-                  missing=["expert_map (fMoE expert maps are not built yet)"],
                   targets=dict(estimator_recall_above_router_at_its_worst_layer=True,
                                hybrid_at_least_the_better_of_router_and_estimator=True,
                                speculative_relative_perplexity_cost_at_most=0.05))

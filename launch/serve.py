@@ -96,11 +96,15 @@ def parse_args(argv=None):
                    help="cached, --predictor router: directory from `python -m launch.calibrate`")
     g.add_argument("--estimator", default=None,
                    help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`")
+    g.add_argument("--maps", default=None,
+                   help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`")
     g.add_argument("--prefetch-distance", type=int, default=None,
                    help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)")
     g.add_argument("--speculative", action="store_true",
                    help="cached: run the predicted experts instead of loading the true router's misses "
                         "(changes outputs; the metrics count mispredicted tokens)")
+    g.add_argument("--router-free", action="store_true",
+                   help="--speculative: predictions chain from the predicted routing, not the true router's")
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
     g.add_argument("--coordinator", default=None, help="HOST:PORT of process 0, which serves the coordinator")
     g.add_argument("--num-processes", type=int, default=None, help="how many processes take part")
@@ -204,7 +208,8 @@ def run_settings(args, engine) -> dict:
     if args.speculative:  # runs predicted experts: the predictor decides the results
         settings.update(speculative=True, predictor=args.predictor, prefetch_distance=args.prefetch_distance,
                         default_vectors=model_identity(args.default_vectors) if args.default_vectors else None,
-                        estimator=model_identity(args.estimator) if args.estimator else None)
+                        estimator=model_identity(args.estimator) if args.estimator else None,
+                        router_free=args.router_free)
     return settings
 
 
@@ -252,7 +257,7 @@ def main(argv=None) -> int:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
     options = {"kernels": args.kernels, "placement": args.placement}
     for name in ("num_layers", "layout", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
-                 "default_vectors", "estimator", "prefetch_distance", "speculative"):
+                 "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free"):
         value = getattr(args, name)
         if value is not None and value is not False:  # 0 is a value, not "not given"
             options[name] = value

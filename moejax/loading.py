@@ -71,10 +71,12 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     (streamed: "python", a loop over per-layer jits that copies `window` layers ahead, or "jit": the experts are
     host-memory inputs of the whole-model jit and XLA schedules their copies),
     cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "estimator", "hybrid",
-    "previous_hidden", "oracle" or a predictor object), default_vectors (directory written by DefaultVectors.save,
+    "expert_map", "previous_hidden", "oracle" or a predictor object), maps (directory written by
+    `launch.calibrate --maps`, for "expert_map"), default_vectors (directory written by DefaultVectors.save,
     for the router predictor), estimator (directory written by `launch.distill`, for "estimator" and "hybrid"),
     prefetch_distance (MoE layers ahead; an estimator's distance is the one it was distilled for),
-    speculative (run predicted experts instead of loading true-router misses).
+    speculative (run predicted experts instead of loading true-router misses), router_free (speculative: the
+    predictor builds on the predicted routing of the layers it ran, Speculating Experts §6.4).
 
     layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout)."""
     unknown = sorted(set(options) - set(OPTIONS))

@@ -211,7 +211,10 @@ def test_bench_predictors_reports_every_measure(tmp_path):
                               "--plot", str(tmp_path / "recall.png")])
     out = bench_predictors.predictors(args, {})
     names = {(r["predictor"], r["distance"]) for r in out["recall"]}
-    assert names == {("oracle", 0)} | {(n, 1) for n in ("previous_hidden", "router", "estimator", "hybrid")}
+    assert names == {("oracle", 0)} | {(n, 1) for n in ("previous_hidden", "router", "estimator", "hybrid",
+                                                         "expert_map")}
+    maps = next(r for r in out["recall"] if r["predictor"] == "expert_map")
+    assert maps["set_size"] >= 2 and len(maps["per_layer"]) >= 1
     assert next(r for r in out["recall"] if r["predictor"] == "oracle")["overall"] == 1.0
     assert {(c["policy"], c["slots"]) for c in out["cache"]} == {(p, s) for p in ("lru", "lfu", "priority")
                                                                 for s in (4, 16)}
@@ -220,4 +223,30 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     spec = {s["predictor"]: s for s in out["speculative"]}
     assert set(spec) == {"previous_hidden", "router", "estimator", "hybrid"}
     assert all(s["perplexity"] > 1 and s["multiple_choice"] > 0 for s in spec.values())
-    assert os.path.getsize(tmp_path / "recall.png") > 0 and "built from" in out["estimators"]
+    assert {c["prefetch"] for c in out["cache"]} == {"none", "oracle", "previous_hidden", "router", "estimator",
+                                                     "hybrid", "expert_map"}
+    assert os.path.getsize(tmp_path / "recall.png") > 0 and "expert maps built from" in out["estimators"]
+
+
+def test_router_free_chains_each_prediction_from_the_previous_one(resident, distilled):
+    """§6.4: with router_free the estimator at layer l is fed the routing it predicted for l, not the router's."""
+    net, _ = distilled
+    seen = []
+
+    class Recording(EstimatorPredictor):
+        def predict(self, pass_no, layer, x, y, idx, weights):
+            out = super().predict(pass_no, layer, x, y, idx, weights)
+            seen.append((layer, np.asarray(idx), {t: np.asarray(i) for t, (i, _) in out.items()}))
+            return out
+
+    cfg = resident.config
+    ids = np.random.default_rng(6).integers(0, cfg.vocab_size, (2, 11))
+    for router_free in (False, True):
+        seen.clear()
+        engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                             predictor=Recording(net), speculative=True, router_free=router_free)
+        engine.logits(ids)
+        (l0, _, made0), (l1, given1, _) = seen[0], seen[1]
+        assert np.array_equal(given1, made0[l1]) == router_free
+    with pytest.raises(ValueError, match="router_free=True applies to speculative=True"):
+        moejax.load(fixture_dir(NAME), placement="cached", predictor="oracle", router_free=True)

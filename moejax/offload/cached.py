@@ -9,6 +9,9 @@ copies overlap the compute.
 - speculative=True: a layer runs the experts and weights predicted for it (as Speculating Experts does); the
   true router still runs, to count the tokens whose expert set differs and the expert choices it did not make
   (stats: mispredicted_tokens, mispredicted_choices).
+- router_free (speculative only; Speculating Experts §6.4): where a layer runs predicted experts, the predictor
+  also builds its next prediction from them, not from the true router's, so routing decisions chain from
+  prediction to prediction. The true router still runs inside the attention step, for the statistics only.
 
 The experts of one step are stacked into one [m, ...] array for the expert FFN (m rounded up to a power of
 two); when a step needs more distinct experts than `pass_experts`, it runs in passes of that many and sums."""
@@ -50,11 +53,14 @@ class Cached:
     name = "cached"
 
     def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *, predictor=None,
-                 speculative: bool = False, pass_experts: int | None = None):
+                 speculative: bool = False, router_free: bool = False, pass_experts: int | None = None):
         if not store.per_expert:
             raise ValueError("cached placement needs a per_expert HostStore")
         if speculative and predictor is None:
             raise ValueError("cached placement: speculative=True needs a predictor")
+        if router_free and not speculative:
+            raise ValueError("cached placement: router_free=True needs speculative=True")
+        self.router_free = router_free
         self.store, self.backend, self.predictor, self.speculative = store, backend, predictor, speculative
         self.cache = ExpertCache(cache_slots, eviction)
         self.pass_experts = min(pass_experts or cache_slots, cache_slots)
@@ -71,10 +77,12 @@ class Cached:
     def moe(self, handle, x, y, idx, weights):
         layer = handle.index
         s = self.stats[layer]
+        source = self._planned.get(layer) if self.router_free else None
+        src_idx, src_weights = (idx, weights) if source is None else source
         predicted = {} if self.predictor is None else \
-            self.predictor.predict(self._steps.passes, layer, x, y, idx, weights)
+            self.predictor.predict(self._steps.passes, layer, x, y, src_idx, src_weights)
         if layer in predicted:  # a prediction for this very layer (the oracle): load it as a prefetch first
-            self._prefetch(layer, predicted[layer][0])
+            self._prefetch(layer, *predicted[layer])
         if self.speculative:
             self._planned.update(predicted)
         if self.speculative and layer in self._planned:
@@ -96,9 +104,9 @@ class Cached:
             part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
                           backend=self.backend)
             out = part if out is None else out + part
-        for target, (p_idx, _) in predicted.items():  # after this layer's work is issued: the copies overlap it
+        for target, (p_idx, p_weights) in predicted.items():  # after this layer's work is issued: copies overlap it
             if target != layer:
-                self._prefetch(target, p_idx)
+                self._prefetch(target, p_idx, p_weights)
         return handle(layered.finish, x, y, out)
 
     def _request(self, layer: int, chunk) -> list[dict[str, jax.Array]]:
@@ -113,11 +121,16 @@ class Cached:
         s.wait_s += time.perf_counter() - start
         return [self._slots[self.cache.slot((layer, int(e)))] for e in chunk]
 
-    def _prefetch(self, layer: int, p_idx) -> None:
-        chosen, counts = np.unique(np.asarray(p_idx), return_counts=True)
-        order = np.argsort(-counts, kind="stable")  # most-used first: what fits is what matters most
-        scores = {(layer, int(e)): float(c) / p_idx.shape[0] for e, c in zip(chosen, counts)}
-        loads, _ = self.cache.prefetch([(layer, int(chosen[i])) for i in order], scores)
+    def _prefetch(self, layer: int, p_idx, p_weights) -> None:
+        """Load the predicted experts, the highest predicted weight (summed over rows, as a share of the rows)
+        first: what fits is what matters most; the shares are the cache's priority scores."""
+        ids, w = np.asarray(p_idx).reshape(-1), np.asarray(p_weights, np.float64).reshape(-1)
+        keep = ids >= 0
+        share = np.bincount(ids[keep], weights=w[keep], minlength=self.store.num_experts(layer)) / p_idx.shape[0]
+        chosen = np.unique(ids[keep])
+        order = chosen[np.argsort(-share[chosen], kind="stable")]
+        loads, _ = self.cache.prefetch([(layer, int(e)) for e in order],
+                                       {(layer, int(e)): float(share[e]) for e in order})
         for (_, expert), slot in loads:
             self._load(layer, expert, slot)
         self.stats[layer].prefetches += len(loads)
@@ -130,6 +143,6 @@ class Cached:
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()
-        mode = "speculative" if self.speculative else "exact"
+        mode = ("speculative, router-free" if self.router_free else "speculative") if self.speculative else "exact"
         return (f"cached: {self.cache.num_slots} expert slots, eviction {self.cache.policy}, predictor {pred} "
                 f"({mode}), up to {self.pass_experts} experts per pass")

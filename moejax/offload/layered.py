@@ -90,6 +90,7 @@ class LayeredSteps:
         self._decode = jit(steps.decode_begin), jit(steps.decode_end)
 
     def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+        self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
         self.placement.begin_pass(self)
         new = []
         for i, layer in enumerate(self.layers):

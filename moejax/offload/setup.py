@@ -12,15 +12,16 @@ from moejax.offload.host_store import is_routed_expert
 from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes, plan_memory
 from moejax.offload.predict import (PREDICTORS, DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
                                     OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
+from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
 from moejax.offload.streamed import Streamed
 
 OFFLOAD_OPTIONS = ("placement", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
-                   "default_vectors", "estimator", "prefetch_distance", "speculative")
+                   "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free")
 STREAMS = ("python", "jit")
 _ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached", "eviction": "cached",
              "predictor": "cached",
-             "default_vectors": "cached", "estimator": "cached", "prefetch_distance": "cached",
-             "speculative": "cached"}
+             "default_vectors": "cached", "estimator": "cached", "maps": "cached", "prefetch_distance": "cached",
+             "speculative": "cached", "router_free": "cached"}
 
 
 def _error(message: str):
@@ -55,9 +56,18 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
         raise _error(f"predictor {predictor!r} needs estimator: a directory written by `python -m launch.distill`")
     if options.get("estimator") and predictor not in ("estimator", "hybrid"):
         raise _error(f"estimator applies to predictor 'estimator' or 'hybrid', not {predictor!r}")
+    if predictor == "expert_map" and not options.get("maps"):
+        raise _error("predictor 'expert_map' needs maps: a directory written by `python -m launch.calibrate --maps`")
+    if options.get("maps") and predictor != "expert_map":
+        raise _error(f"maps applies to predictor 'expert_map', not {predictor!r}")
+    if predictor == "expert_map" and options.get("speculative"):
+        raise _error("predictor 'expert_map' predicts one set of experts per pass, not each token's: it prefetches "
+                     "only, and speculative=True cannot run it")
     if options.get("default_vectors") and predictor != "router":
         raise _error(f"default_vectors applies to predictor 'router', not {predictor!r} (an estimator directory "
                      "holds its own)")
+    if options.get("router_free") and not options.get("speculative"):
+        raise _error("router_free=True applies to speculative=True (it chains predictions in speculative mode)")
     if options.get("speculative") and predictor is None:
         raise _error("speculative=True needs a predictor")
     nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
@@ -110,6 +120,16 @@ def placement_factory(plan, options: dict, kernels):
             predictor = EstimatorPredictor(net) if predictor == "estimator" else HybridPredictor(net)
         except ValueError as e:
             raise _error(str(e)) from None
+    elif predictor == "expert_map":
+        try:
+            store = ExpertMapStore.load(options["maps"])
+            distance = options.get("prefetch_distance")
+            if distance is not None and distance != store.distance:
+                raise ValueError(f"prefetch_distance {distance} differs from the maps', built for distance "
+                                 f"{store.distance}")
+            predictor = ExpertMapPredictor(store)
+        except ValueError as e:
+            raise _error(str(e)) from None
     elif predictor == "previous_hidden":
         predictor = PreviousHiddenPredictor(options.get("prefetch_distance") or 1)
     elif predictor == "oracle":
@@ -120,5 +140,6 @@ def placement_factory(plan, options: dict, kernels):
             return Streamed(store, plan.window, kernels.experts)
         return Cached(store, plan.cache_slots, options.get("eviction") or "lru", kernels.experts,
                       predictor=predictor, speculative=bool(options.get("speculative")),
+                      router_free=bool(options.get("router_free")),
                       pass_experts=plan.pass_experts)
     return make

@@ -5,6 +5,8 @@
   norm_{l+1}(r_l + Σ_e g_e·d_{l,e}), chained d layers ahead, with default vectors d from `calibrate`.
 - `estimator` / `hybrid` (§6.3): a distilled network from the quasi-hidden state to layer l+d's router logits, at
   every layer (Est-PF) or where the router predictor measured poorly (Hybrid-PF); `launch.distill` trains it.
+- `expert_map` (fMoE §4): per-request gate distributions found by semantic then trajectory search, a
+  similarity-aware number of experts per layer; `launch.calibrate --maps` builds the store.
 - `previous_hidden` (§3.3's baseline): layer l's router input fed to layer l+d's router.
 - `oracle`: the true router of the layer itself (distance 0); the reference a speculative run must match.
 
@@ -15,7 +17,7 @@ from moejax.offload.predict.learned import EstimatorPredictor, HybridPredictor
 from moejax.offload.predict.oracle import OraclePredictor
 from moejax.offload.predict.router import DefaultVectors, RouterPredictor, calibrate
 
-PREDICTORS = ("router", "estimator", "hybrid", "previous_hidden", "oracle")
+PREDICTORS = ("router", "estimator", "hybrid", "expert_map", "previous_hidden", "oracle")
 
 __all__ = ["PREDICTORS", "DefaultVectors", "EstimatorNet", "EstimatorPredictor", "HybridPredictor", "OraclePredictor",
            "PreviousHiddenPredictor", "RouterPredictor", "calibrate"]

@@ -10,19 +10,23 @@ from moejax.offload.expert_cache import ExpertCache
 
 
 def replay_cache(truth_idx: list[np.ndarray], moe_layers: list[int], slots: int, policy: str, *,
-                 predicted: dict | None = None, distance: int = 1, expert_bytes: int = 0) -> dict:
-    """truth_idx: per MoE layer, the true expert ids [N, k]; predicted: {target layer: (ids [N, k'], weights)}
-    from replay.predictions, made at MoE layer target - distance. -> hits, misses, prefetch loads, hit rate,
-    bytes moved host -> device (misses and prefetches, expert_bytes each)."""
+                 predicted: dict | None = None, distance: int = 1, sources: dict | None = None,
+                 expert_bytes: int = 0) -> dict:
+    """truth_idx: per MoE layer, the true expert ids [N, k]; predicted: {target layer: (ids [N, k'] (-1: none),
+    weights)} from replay.predictions, made at MoE layer target - distance (or at sources[target]; a prediction
+    made at its own layer loads before the layer runs). -> hits, misses, prefetch loads, hit rate, bytes moved
+    host -> device (misses and prefetches, expert_bytes each)."""
     cache = ExpertCache(slots, policy)
     made_at: dict[int, list] = {}  # source layer -> [(target layer, (ids, weights))]
     for target, pred in (predicted or {}).items():
-        made_at.setdefault(moe_layers[moe_layers.index(target) - distance], []).append((target, pred))
+        source = sources[target] if sources else moe_layers[moe_layers.index(target) - distance]
+        made_at.setdefault(source, []).append((target, pred))
     loads = 0
 
     def prefetch(target, idx, weights) -> int:
-        keys = [(target, int(e)) for e in idx]
-        got, _ = cache.prefetch(keys, dict(zip(keys, np.asarray(weights, float).tolist())))
+        keep = np.asarray(idx) >= 0
+        keys = [(target, int(e)) for e in np.asarray(idx)[keep]]
+        got, _ = cache.prefetch(keys, dict(zip(keys, np.asarray(weights, float)[keep].tolist())))
         return len(got)
 
     for t in range(len(truth_idx[0])):

@@ -1,0 +1,111 @@
+"""fMoE expert maps (issue 17): the store's search, dedup and persistence, Eq. 6-8's selection, §4.5's
+priorities, and the predictor in the cached placement against the resident float32 model."""
+import numpy as np
+import pytest
+
+import moejax
+from conftest import fixture_dir
+from moejax.offload.expert_cache import ExpertCache
+from moejax.offload.predict.expert_maps import (ExpertMapStore, build_store, predict_sets, prefetch_priority,
+                                                select_experts)
+from moejax.offload.predict.traces import Traces
+
+
+def _store(n=6, M=3, E=8, D=5, capacity=100, distance=1, seed=0):
+    rng = np.random.default_rng(seed)
+    store = ExpertMapStore.empty(capacity, distance, M, E, D)
+    for _ in range(n):
+        store.add(rng.standard_normal(D), rng.dirichlet(np.ones(E), size=M))
+    return store
+
+
+def test_select_experts_is_the_smallest_set_reaching_delta_and_at_least_k():
+    p = np.array([0.05, 0.4, 0.1, 0.3, 0.15])
+    assert select_experts(p, score=1.0, k=2).tolist() == [1, 3]  # delta 0: just the k most probable
+    assert select_experts(p, score=0.5, k=1).tolist() == [1, 3]  # delta 0.5: 0.4 < 0.5 <= 0.7
+    assert select_experts(p, score=0.3, k=1).tolist() == [1, 3]  # delta 0.7 reached exactly
+    assert select_experts(p, score=0.2, k=1).tolist() == [1, 3, 4]  # delta 0.8: 0.85
+    assert select_experts(p, score=-0.5, k=1).tolist() == [1, 3, 4, 2, 0]  # delta clipped to 1: everything
+    assert select_experts(p, score=0.9, k=3).tolist() == [1, 3, 4]  # delta 0.1, but k = 3
+
+
+def test_prefetch_priority_favours_probable_and_near_layers():
+    assert prefetch_priority(np.array([0.6]), 5, 4)[0] == pytest.approx(0.6)
+    assert prefetch_priority(np.array([0.6]), 6, 4)[0] == pytest.approx(0.3)
+    near_low, far_high = prefetch_priority(np.array([0.3]), 5, 4)[0], prefetch_priority(np.array([0.5]), 7, 4)[0]
+    assert near_low > far_high
+
+
+def test_eviction_priority_evicts_the_lowest_frequency_times_probability():
+    cache = ExpertCache(2, "priority")
+    cache.request([(0, 1)])
+    cache.request([(0, 1)])
+    cache.request([(0, 2)])
+    cache.set_scores({(0, 1): 0.1, (0, 2): 0.9})  # (2+1)*0.1 = 0.3 < (1+1)*0.9 = 1.8
+    _, _, evicted = cache.request([(0, 3)])
+    assert evicted == [(0, 1)]
+
+
+def test_search_returns_the_planted_nearest_map():
+    store = _store(n=20, M=4, E=8, D=6, seed=1)
+    planted = 13
+    noisy_embedding = store.embeddings[planted] + 0.01 * np.random.default_rng(2).standard_normal(6)
+    i, score = store.semantic(noisy_embedding)
+    assert i == planted and score > 0.99
+    observed = store.maps[planted, :2] + 0.001
+    i, score = store.trajectory(observed / observed.sum(-1, keepdims=True))
+    assert i == planted and score > 0.99
+    sets = predict_sets(store, noisy_embedding, observed, position=0, k=2)
+    assert sorted(sets) == [0, 1]  # semantic for the first d = 1 layer, trajectory for layer 0 + d
+    for target, (ids, p) in sets.items():
+        np.testing.assert_allclose(p, store.maps[planted, target, ids])
+
+
+def test_a_full_store_replaces_its_most_redundant_map_and_round_trips(tmp_path):
+    store = _store(n=4, capacity=4, seed=3)
+    before = store.maps.copy()
+    store.add(store.embeddings[2] * 3.0, before[2] * 0.5 + 0.5 / 8)  # nearly map 2 again
+    assert len(store) == 4
+    assert not np.allclose(store.maps[2], before[2]) and np.allclose(store.maps[[0, 1, 3]], before[[0, 1, 3]])
+    back = ExpertMapStore.load(store.save(str(tmp_path / "maps")))
+    assert (back.capacity, back.distance) == (4, 1)
+    np.testing.assert_array_equal(back.maps, store.maps)
+    np.testing.assert_array_equal(back.embeddings, store.embeddings)
+
+
+def test_build_store_keeps_one_mean_map_per_prompt():
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((7, 2, 4)).astype(np.float32)
+    traces = Traces(np.zeros((7, 2, 3), np.float32), logits, np.array([0, 1, 2, 0, 1, 3, 3]),
+                    np.array([0, 3, 7]), [0, 1])
+    embed = rng.standard_normal((5, 3)).astype(np.float32)
+    store = build_store(traces, embed, capacity=8)
+    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    np.testing.assert_allclose(store.maps[1], p[3:].mean(0), rtol=1e-6)
+    e = embed[[0, 1, 3, 3]].mean(0)
+    np.testing.assert_allclose(store.embeddings[1], e / np.linalg.norm(e), rtol=1e-6)
+
+
+def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path):
+    import json
+
+    from launch.calibrate import main
+    name = "gpt_oss"
+    lines = [json.dumps({"custom_id": f"c{i}", "url": "/v1/completions",
+                         "body": {"prompt_token_ids": list(range(5 + i, 30 + 2 * i)), "max_tokens": 2}})
+             for i in range(6)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["--model", fixture_dir(name), "--dtype", "float32", "--input", str(tmp_path / "in.jsonl"),
+                 "--out", str(tmp_path / "maps"), "--maps", "--capacity", "4"]) == 0
+    assert len(ExpertMapStore.load(str(tmp_path / "maps"))) == 4
+    resident = moejax.load(fixture_dir(name), dtype="float32")
+    ids = np.random.default_rng(5).integers(0, resident.config.vocab_size, (2, 11))
+    ref = resident.logits(ids)
+    engine = moejax.load(fixture_dir(name), dtype="float32", placement="cached", cache_slots=6, eviction="priority",
+                         predictor="expert_map", maps=str(tmp_path / "maps"))
+    out = engine.logits(ids)
+    assert float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))) <= 1e-6
+    assert engine.stats()["total"]["prefetches"] > 0
+    with pytest.raises(ValueError, match="prefetches only"):
+        moejax.load(fixture_dir(name), placement="cached", predictor="expert_map", maps=str(tmp_path / "maps"),
+                    speculative=True)
