@@ -153,7 +153,7 @@ def test_bad_estimator_options_are_clear_errors(options, message):
 
 def test_an_estimator_serves_only_its_own_distance(distilled):
     _, path = distilled
-    with pytest.raises(ValueError, match="distilled for distance 1"):
+    with pytest.raises(ValueError, match="differs from the estimator's, built for distance 1"):
         moejax.load(fixture_dir(NAME), placement="cached", predictor="estimator", estimator=path,
                     prefetch_distance=2)
 

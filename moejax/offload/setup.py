@@ -28,24 +28,8 @@ def _error(message: str):
     return ValueError(f"moejax.load: {message}")
 
 
-def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
-    """Abstract parameter shapes + load options -> MemoryPlan (ValueError naming the option or the numbers)."""
-    placement = options.get("placement") or "auto"
-    spread = options.get("layout") is not None and placement == "auto"  # weights split over devices: not planned
-    for name, only in _ONLY_FOR.items():
-        if options.get(name) not in (None, False) and placement not in ("auto", only):
-            raise _error(f"{name} applies to placement {only!r}, not {placement!r}")
-    for name in ("window", "cache_slots", "prefetch_distance"):
-        value = options.get(name)
-        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
-            raise _error(f"{name} must be an int >= 1, got {value!r}")
-    if options.get("stream", "python") not in STREAMS:
-        raise _error(f"stream must be one of {', '.join(STREAMS)}; got {options['stream']!r}")
-    if options.get("stream") == "jit" and options.get("window") is not None:
-        raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
-    eviction = options.get("eviction") or "lru"
-    if eviction not in POLICIES:
-        raise _error(f"eviction must be one of {', '.join(POLICIES)}; got {eviction!r}")
+def _check_predictor_options(options: dict) -> None:
+    """The predictor and the files and modes it takes go together (a ValueError names the option)."""
     predictor = options.get("predictor")
     if isinstance(predictor, str) and predictor not in PREDICTORS:
         raise _error(f"predictor must be one of {', '.join(PREDICTORS)} or a predictor object; got {predictor!r}")
@@ -70,6 +54,27 @@ def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
         raise _error("router_free=True applies to speculative=True (it chains predictions in speculative mode)")
     if options.get("speculative") and predictor is None:
         raise _error("speculative=True needs a predictor")
+
+
+def offload_plan(cfg: ModelConfig, shapes: dict, options: dict):
+    """Abstract parameter shapes + load options -> MemoryPlan (ValueError naming the option or the numbers)."""
+    placement = options.get("placement") or "auto"
+    spread = options.get("layout") is not None and placement == "auto"  # weights split over devices: not planned
+    for name, only in _ONLY_FOR.items():
+        if options.get(name) not in (None, False) and placement not in ("auto", only):
+            raise _error(f"{name} applies to placement {only!r}, not {placement!r}")
+    for name in ("window", "cache_slots", "prefetch_distance"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+            raise _error(f"{name} must be an int >= 1, got {value!r}")
+    if options.get("stream", "python") not in STREAMS:
+        raise _error(f"stream must be one of {', '.join(STREAMS)}; got {options['stream']!r}")
+    if options.get("stream") == "jit" and options.get("window") is not None:
+        raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
+    eviction = options.get("eviction") or "lru"
+    if eviction not in POLICIES:
+        raise _error(f"eviction must be one of {', '.join(POLICIES)}; got {eviction!r}")
+    _check_predictor_options(options)
     nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
     total = sum(nbytes(a) for a in shapes.values())
     experts = sum(nbytes(a) for path, a in shapes.items() if is_routed_expert(path))
@@ -101,39 +106,40 @@ def streams_in_jit(plan, options: dict) -> bool:
     return plan.placement == "streamed" and options.get("stream") == "jit"
 
 
+def _same_distance(options: dict, built_for: int, what: str) -> int:
+    distance = options.get("prefetch_distance")
+    if distance is not None and distance != built_for:
+        raise ValueError(f"prefetch_distance {distance} differs from the {what}'s, built for distance {built_for}")
+    return built_for
+
+
+def _predictor(options: dict):
+    """The predictor object named by the options (its files read here, at load), or what was given, or None."""
+    name = options.get("predictor")
+    distance = options.get("prefetch_distance") or 1
+    if name == "router":
+        return RouterPredictor(DefaultVectors.load(options["default_vectors"]), distance)
+    if name in ("estimator", "hybrid"):
+        net = EstimatorNet.load(options["estimator"])
+        _same_distance(options, net.shape.distance, "estimator")
+        return EstimatorPredictor(net) if name == "estimator" else HybridPredictor(net)
+    if name == "expert_map":
+        store = ExpertMapStore.load(options["maps"])
+        _same_distance(options, store.distance, "expert maps")
+        return ExpertMapPredictor(store)
+    if name == "previous_hidden":
+        return PreviousHiddenPredictor(distance)
+    if name == "oracle":
+        return OraclePredictor()
+    return name
+
+
 def placement_factory(plan, options: dict, kernels):
     """-> make(store) building the placement of an offloaded plan (predictor files are read here, at load)."""
-    predictor = options.get("predictor")
-    if predictor == "router":
-        try:
-            vectors = DefaultVectors.load(options["default_vectors"])
-        except ValueError as e:
-            raise _error(str(e)) from None
-        predictor = RouterPredictor(vectors, options.get("prefetch_distance") or 1)
-    elif predictor in ("estimator", "hybrid"):
-        try:
-            net = EstimatorNet.load(options["estimator"])
-            distance = options.get("prefetch_distance")
-            if distance is not None and distance != net.shape.distance:
-                raise ValueError(f"prefetch_distance {distance} differs from the estimator's, which was distilled "
-                                 f"for distance {net.shape.distance}")
-            predictor = EstimatorPredictor(net) if predictor == "estimator" else HybridPredictor(net)
-        except ValueError as e:
-            raise _error(str(e)) from None
-    elif predictor == "expert_map":
-        try:
-            store = ExpertMapStore.load(options["maps"])
-            distance = options.get("prefetch_distance")
-            if distance is not None and distance != store.distance:
-                raise ValueError(f"prefetch_distance {distance} differs from the maps', built for distance "
-                                 f"{store.distance}")
-            predictor = ExpertMapPredictor(store)
-        except ValueError as e:
-            raise _error(str(e)) from None
-    elif predictor == "previous_hidden":
-        predictor = PreviousHiddenPredictor(options.get("prefetch_distance") or 1)
-    elif predictor == "oracle":
-        predictor = OraclePredictor()
+    try:
+        predictor = _predictor(options)
+    except ValueError as e:
+        raise _error(str(e)) from None
 
     def make(store):
         if plan.placement == "streamed":
