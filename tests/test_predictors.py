@@ -246,7 +246,7 @@ def test_router_free_chains_each_prediction_from_the_previous_one(resident, dist
         engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
                              predictor=Recording(net), speculative=True, router_free=router_free)
         engine.logits(ids)
-        (l0, _, made0), (l1, given1, _) = seen[0], seen[1]
+        (_, _, made0), (l1, given1, _) = seen[0], seen[1]
         assert np.array_equal(given1, made0[l1]) == router_free
     with pytest.raises(ValueError, match="router_free=True applies to speculative=True"):
         moejax.load(fixture_dir(NAME), placement="cached", predictor="oracle", router_free=True)

@@ -28,7 +28,7 @@ def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, 
     backend = resolve("expert_ffn", backend, BACKENDS)
     x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
         None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
-    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "xla": grouped.xla, "tiled": tiled.tiled,
-          "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
+    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "xla": grouped.xla,
+          "tiled": tiled.tiled, "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
     y = fn(x, idx, weights.astype(jnp.float32), w_gate_up, w_down, b_gate_up, b_down, act, limit, alpha)
     return y.astype(x.dtype)

@@ -17,8 +17,8 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
+from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.router import DefaultVectors
 
 _f32 = jnp.float32
@@ -79,9 +79,7 @@ class EstimatorNet:
         if os.path.exists(path):
             raise FileExistsError(f"estimator: {path!r} already exists")
         os.makedirs(path)
-        saver = ocp.StandardCheckpointer()
-        saver.save(os.path.join(path, "params"), {k: np.asarray(v) for k, v in self.params.items()})
-        saver.wait_until_finished()
+        save_arrays(os.path.join(path, "params"), self.params)
         self.vectors.save(os.path.join(path, "default_vectors"))
         with open(os.path.join(path, "estimator.json"), "w") as f:
             json.dump(dict(shape=dataclasses.asdict(self.shape), info=self.info), f, indent=1)
@@ -95,9 +93,6 @@ class EstimatorNet:
         with open(meta) as f:
             saved = json.load(f)
         shape = EstimatorShape(**saved["shape"])
-        try:
-            tree = ocp.StandardCheckpointer().restore(os.path.join(os.path.abspath(path), "params"))
-        except Exception as e:  # orbax raises several types for a missing or foreign directory
-            raise ValueError(f"estimator: cannot read the parameters in {path!r} ({type(e).__name__}: {e})") from None
+        tree = load_arrays(os.path.join(os.path.abspath(path), "params"), "estimator parameters")
         vectors = DefaultVectors.load(os.path.join(path, "default_vectors"))
         return cls(shape, {k: jnp.asarray(v, _f32) for k, v in tree.items()}, vectors, saved.get("info", {}))

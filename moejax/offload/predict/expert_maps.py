@@ -16,13 +16,13 @@ it), so it prefetches only; speculative execution needs per-token predictions an
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
+
+from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -88,21 +88,14 @@ class ExpertMapStore:
         self.embeddings[victim], self.maps[victim] = e[0], g[0]
 
     def save(self, path: str) -> str:
-        path = os.path.abspath(path)
-        saver = ocp.StandardCheckpointer()
-        saver.save(path, dict(embeddings=self.embeddings, maps=self.maps,
-                              settings=np.asarray([self.capacity, self.distance], np.int64)))
-        saver.wait_until_finished()
-        return path
+        return save_arrays(path, dict(embeddings=self.embeddings, maps=self.maps,
+                                      settings=np.asarray([self.capacity, self.distance], np.int64)))
 
     @classmethod
     def load(cls, path: str) -> "ExpertMapStore":
-        try:
-            tree = ocp.StandardCheckpointer().restore(os.path.abspath(path))
-        except Exception as e:  # orbax raises several types for a missing or foreign directory
-            raise ValueError(f"expert maps: cannot read {path!r} ({type(e).__name__}: {e})") from None
-        capacity, distance = (int(v) for v in np.asarray(tree["settings"]))
-        return cls(capacity, distance, np.asarray(tree["embeddings"], np.float32), np.asarray(tree["maps"], np.float32))
+        tree = load_arrays(path, "expert maps")
+        capacity, distance = (int(v) for v in tree["settings"])
+        return cls(capacity, distance, tree["embeddings"].astype(np.float32), tree["maps"].astype(np.float32))
 
 
 def gate_probabilities(logits: np.ndarray) -> np.ndarray:

@@ -8,16 +8,15 @@ g_e are the weights of layer l's true router (it runs anyway, and is closer to t
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from moejax.buckets import bucket
 from moejax.offload import layered
+from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 
 _f32 = jnp.float32
 
@@ -29,18 +28,11 @@ class DefaultVectors:
 
     def save(self, path: str) -> str:
         """Write with orbax to the directory `path` (which must not exist yet)."""
-        path = os.path.abspath(path)
-        saver = ocp.StandardCheckpointer()
-        saver.save(path, {"vectors": self.vectors, "counts": self.counts})
-        saver.wait_until_finished()
-        return path
+        return save_arrays(path, {"vectors": self.vectors, "counts": self.counts})
 
     @classmethod
     def load(cls, path: str) -> "DefaultVectors":
-        try:
-            tree = ocp.StandardCheckpointer().restore(os.path.abspath(path))
-        except Exception as e:  # orbax raises several types for a missing or foreign directory
-            raise ValueError(f"default vectors: cannot read {path!r} ({type(e).__name__}: {e})") from None
+        tree = load_arrays(path, "default vectors")
         return cls(np.asarray(tree["vectors"], np.float32), np.asarray(tree["counts"]))
 
 
@@ -107,6 +99,9 @@ class _Calibrating:
     def begin_pass(self, steps) -> None:
         pass
 
+    def vectors(self) -> "DefaultVectors":
+        return DefaultVectors((self.sums / np.maximum(self.counts, 1)[..., None]).astype(np.float32), self.counts)
+
     def moe(self, handle, x, y, idx, weights):
         layer = handle.index
         experts = self.experts_of(layer)
@@ -116,23 +111,36 @@ class _Calibrating:
         return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
 
+def run_prompts(engine, placement, prompts, *, max_tokens_per_prompt: int, max_tokens: int | None = None):
+    """Run each prompt (cut to max_tokens_per_prompt; stop once max_tokens are run) alone through `engine`'s
+    layer-by-layer steps with `placement` (which sees the valid-token mask as `placement.valid`) -> (steps, the
+    token ids run, each prompt's length)."""
+    steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
+    tokens, lengths = [], []
+    for prompt in prompts:
+        room = max_tokens_per_prompt if max_tokens is None else min(max_tokens_per_prompt, max_tokens - sum(lengths))
+        if room <= 0:
+            break
+        ids = list(prompt)[:room]
+        if not ids:
+            continue
+        T = bucket(len(ids), 16)
+        batch = np.zeros((1, T), np.int32)
+        batch[0, :len(ids)] = ids
+        placement.valid = jnp.asarray(np.arange(T) < len(ids), _f32)
+        steps.logits(engine.params, jnp.asarray(batch))
+        tokens += ids
+        lengths.append(len(ids))
+    return steps, tokens, lengths
+
+
 def calibrate(engine, prompts, *, max_tokens: int = 512) -> DefaultVectors:
     """Default vectors from running `prompts` (lists of token ids, each cut to `max_tokens`) through `engine`
     (any placement: its experts are read layer by layer from wherever they live)."""
     cfg = engine.config
     placement = _Calibrating(engine.layer_experts, (cfg.num_layers, cfg.num_experts, cfg.hidden_size),
                              engine.kernels.experts)
-    steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
-    for prompt in prompts:
-        ids = list(prompt)[:max_tokens]
-        if not ids:
-            continue
-        T = bucket(len(ids), 16)
-        tokens = np.zeros((1, T), np.int32)
-        tokens[0, : len(ids)] = ids
-        placement.valid = jnp.asarray(np.arange(T) < len(ids), _f32)
-        steps.logits(engine.params, jnp.asarray(tokens))
+    run_prompts(engine, placement, prompts, max_tokens_per_prompt=max_tokens)
     if not placement.counts.any():
         raise ValueError("calibrate: no tokens in the calibration prompts")
-    vectors = placement.sums / np.maximum(placement.counts, 1)[..., None]
-    return DefaultVectors(vectors.astype(np.float32), placement.counts)
+    return placement.vectors()

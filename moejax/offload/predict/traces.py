@@ -11,9 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.buckets import bucket
-from moejax.offload import layered
-from moejax.offload.predict.router import DefaultVectors, _Calibrating
+from moejax.offload.predict.router import DefaultVectors, _Calibrating, run_prompts
 
 _f32 = jnp.float32
 
@@ -87,21 +85,8 @@ def record(engine, prompts, *, max_tokens_per_prompt: int = 512, max_tokens: int
     cfg = engine.config
     placement = _Recording(engine.layer_experts, (cfg.num_layers, cfg.num_experts, cfg.hidden_size),
                            engine.kernels.experts)
-    steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
-    tokens, lengths = [], []
-    for prompt in prompts:
-        ids = list(prompt)[:min(max_tokens_per_prompt, max_tokens - sum(lengths))]
-        if not ids:
-            if sum(lengths) >= max_tokens:
-                break
-            continue
-        T = bucket(len(ids), 16)
-        batch = np.zeros((1, T), np.int32)
-        batch[0, :len(ids)] = ids
-        placement.valid = jnp.asarray(np.arange(T) < len(ids), _f32)
-        steps.logits(engine.params, jnp.asarray(batch))
-        tokens += ids
-        lengths.append(len(ids))
+    steps, tokens, lengths = run_prompts(engine, placement, prompts, max_tokens_per_prompt=max_tokens_per_prompt,
+                                         max_tokens=max_tokens)
     if not lengths:
         raise ValueError("record: no tokens in the prompts")
     moe = steps.moe_layers
@@ -109,5 +94,4 @@ def record(engine, prompts, *, max_tokens_per_prompt: int = 512, max_tokens: int
     logits = np.stack([np.concatenate([z for _, z in placement.rows[i]]) for i in moe], axis=1)
     traces = Traces(residual, logits, np.asarray(tokens, np.int32),
                     np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), list(moe))
-    vectors = placement.sums / np.maximum(placement.counts, 1)[..., None]
-    return traces, DefaultVectors(vectors.astype(np.float32), placement.counts)
+    return traces, placement.vectors()
