@@ -1,7 +1,7 @@
 """python -m launch.train: train the embedded model (moejax.train) with optax on the Python standard library's own
 sources, then export it as a Hugging Face checkpoint directory.
 
-  python -m launch.train --out runs/pycode-moe                  # ~75 minutes on 2 CPU cores
+  python -m launch.train --out runs/pycode-moe                  # ~95 minutes on 2 CPU cores
   python -m launch.train --out runs/pycode-moe --resume         # after a kill, SIGTERM or Ctrl-C
   python -m launch.train --out runs/pycode-moe --resume --export moejax/assets/pycode-moe   # re-export
 

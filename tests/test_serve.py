@@ -159,7 +159,7 @@ def test_main_job_on_examples():
     assert answers["close-init"] == ["):"] and answers["is-none"] == [" None"]
     assert answers["close-each-call"][0] == ")" and answers["close-each-call"][2] == "v)"
     prompts = {json.loads(line)["custom_id"]: json.loads(line)["body"].get("prompt") for line in lines}
-    for cid in ("complete-range", "complete-init", "complete-imports"):
+    for cid in ("complete-append", "complete-read", "complete-repr"):
         assert len(answers[cid]) > len(prompts[cid])  # text came back, not token ids only
     summary = summary_line(r.stderr)
     assert summary.startswith(f"# {DEFAULT} on ")
