@@ -103,9 +103,12 @@ def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path):
     ref = resident.logits(ids)
     engine = moejax.load(fixture_dir(name), dtype="float32", placement="cached", cache_slots=6, eviction="priority",
                          predictor="expert_map", maps=str(tmp_path / "maps"))
+    before = ExpertMapStore.load(str(tmp_path / "maps")).maps
     out = engine.logits(ids)
     assert float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))) <= 1e-6
     assert engine.stats()["total"]["prefetches"] > 0
+    served = engine.layered_steps.placement.predictor.store  # the pass's map replaced its most redundant one
+    assert len(served) == 4 and (served.maps != before).any(axis=(1, 2)).sum() == 1
     with pytest.raises(ValueError, match="prefetches only"):
         moejax.load(fixture_dir(name), placement="cached", predictor="expert_map", maps=str(tmp_path / "maps"),
                     speculative=True)
