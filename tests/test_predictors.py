@@ -206,9 +206,7 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     args = parser.parse_args(["predictors", "--model", fixture_dir("qwen3_moe"), "--dtype", "float32", "--text",
                               str(docs), "--train-text", str(docs), "--tokens", "256", "--train-tokens", "512",
                               "--distill-steps", "10", "--window", "64", "--cache-tokens", "32", "--slots", "4,16",
-                              "--speculative-windows", "1", "--input", os.path.join(os.path.dirname(__file__), "..",
-                                                                                    "examples", "requests.jsonl"),
-                              "--plot", str(tmp_path / "recall.png")])
+                              "--speculative-windows", "1", "--plot", str(tmp_path / "recall.png")])
     out = bench_predictors.predictors(args, {})
     names = {(r["predictor"], r["distance"]) for r in out["recall"]}
     assert names == {("oracle", 0)} | {(n, 1) for n in ("previous_hidden", "router", "estimator", "hybrid",
@@ -222,7 +220,7 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     assert all(c["bytes_moved"] > 0 for c in out["cache"])
     spec = {s["predictor"]: s for s in out["speculative"]}
     assert set(spec) == {"previous_hidden", "router", "estimator", "hybrid"}
-    assert all(s["perplexity"] > 1 and s["multiple_choice"] > 0 for s in spec.values())
+    assert all(s["perplexity"] > 1 and s["multiple_choice"] == 0 for s in spec.values())  # no --input here
     assert {c["prefetch"] for c in out["cache"]} == {"none", "oracle", "previous_hidden", "router", "estimator",
                                                      "hybrid", "expert_map"}
     assert os.path.getsize(tmp_path / "recall.png") > 0 and "expert maps built from" in out["estimators"]
@@ -250,3 +248,13 @@ def test_router_free_chains_each_prediction_from_the_previous_one(resident, dist
         assert np.array_equal(given1, made0[l1]) == router_free
     with pytest.raises(ValueError, match="router_free=True applies to speculative=True"):
         moejax.load(fixture_dir(NAME), placement="cached", predictor="oracle", router_free=True)
+
+
+def test_best_answers_pick_the_candidate_with_the_highest_log_probability(resident):
+    from moejax.offload.predict.speculation_cost import best_answers
+    from moejax.sched.requests import Candidate, ScoreRequest
+    prompt = (5, 9, 2, 7)
+    candidates = tuple(Candidate(None, (t,)) for t in (3, 11, 17))
+    request = ScoreRequest(1, "mc", prompt, (), candidates)
+    logits = resident.logits([list(prompt)])[0, -1]
+    assert best_answers(resident, [request]) == [int(np.argmax(logits[[3, 11, 17]]))]
