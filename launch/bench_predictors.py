@@ -165,7 +165,7 @@ def predictors(args, env: dict) -> dict:
             log(f"  cache {policy:8s} {slots:4d} slots: " + " ".join(
                 f"{c['prefetch']}={c['hit_rate']:.3f}" for c in cache[-len(runs):]))
 
-    speculative = _speculative(args, engine, nets, vectors, best_answers, window_quality, log)
+    speculative = _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log)
     result = dict(env, bench="predictors", model=args.model, dtype=str(engine.dtype),
                   text=args.text or f"stdlib:{args.stdlib}", held_out_tokens=int(len(traces.tokens)),
                   estimators=built, distances=distances, recall=recall, cache=cache, speculative=speculative,
@@ -188,12 +188,11 @@ def _expert_bytes(engine) -> int:
     return int(sum(a.nbytes for a in arrays.values()) // engine.config.num_experts)
 
 
-def _speculative(args, engine, nets, vectors, best_answers, window_quality, log) -> list[dict]:
+def _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log) -> list[dict]:
     import moejax
     from launch.bench_quality import token_stream
     from moejax.sched.requests import ScoreRequest, parse_lines
     cfg = engine.config
-    texts = read_texts(args.text) if args.text else stdlib_texts(args.stdlib)
     stream = token_stream(engine.tokenizer, texts, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
     T = min(512, cfg.max_position_embeddings - 1)
     rows = np.stack([stream[i * T:i * T + T + 1] for i in range(min(args.speculative_windows, (len(stream) - 1) // T))])
