@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import steps
+from moejax import paged_steps, steps
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
@@ -48,6 +48,7 @@ class Engine:
             self._logits_fn, self._score_fn = layered("logits"), layered("score")
             self._logprobs_fn = layered("logprobs")
             self._prefill_fn, self._decode_fn = layered("prefill"), layered("decode")
+            self._chunk_fn, self._paged_decode_fn = layered("chunk"), layered("paged_decode")
             return
         bind = functools.partial
         self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, kernels))
@@ -56,6 +57,10 @@ class Engine:
         self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, kernels), static_argnames=("cache_len",),
                                    donate_argnums=(1,))
         self._decode_fn = jax.jit(bind(steps.decode, graphdef, kernels), static_argnames=("steps",))
+        self._chunk_fn = jax.jit(bind(paged_steps.chunk, graphdef, kernels), static_argnames=("fresh",),
+                                 donate_argnums=(1,))
+        self._paged_decode_fn = jax.jit(bind(paged_steps.decode, graphdef, kernels), static_argnames=("steps",),
+                                        donate_argnums=(1,))
 
     # -- weights ---------------------------------------------------------------------------------
     @property
@@ -321,6 +326,18 @@ class Engine:
         """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer)."""
         model = nnx.merge(self._graphdef, self.abstract_params)
         return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
+
+    def paged_chunk(self, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh: bool):
+        """moejax.paged_steps.chunk on host arrays (the pool is donated) -> (pool, next token per row, on device)."""
+        a = jnp.asarray
+        return self._chunk_fn(self.params, pool, a(tokens), a(start), a(n), a(table), a(temperature), a(top_p), keys,
+                              a(count), fresh=fresh)
+
+    def paged_decode(self, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps: int):
+        """moejax.paged_steps.decode on host arrays (the pool is donated) -> (pool, tokens [B, steps], on device)."""
+        a = jnp.asarray
+        return self._paged_decode_fn(self.params, pool, a(last), a(start), a(budget), a(table), a(temperature),
+                                     a(top_p), keys, a(count), a(stops), steps=steps)
 
     def kv_bytes_per_token(self) -> int:
         model = nnx.merge(self._graphdef, self.abstract_params)

@@ -1,10 +1,46 @@
-"""Block pool for the prefix KV cache: per layer, the attention cache layout with batch = block and length =
-BLOCK tokens. The host-side table (which hash lives in which block) is in moejax.sched.prefix_cache."""
+"""Block pools of KV: per layer, the attention cache layout with batch = block and length = BLOCK tokens. The
+prefix cache of packed scoring keeps blocks here (its host-side table: moejax.sched.prefix_cache), and the
+continuous-batching scheduler keeps every sequence's whole cache here (paged; its allocator:
+moejax.sched.block_pool), read through a block table per sequence."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+
+import jax
 import jax.numpy as jnp
 
 BLOCK = 16
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "table", "slots"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class PagedCache:
+    """One layer's cache as the attention blocks take it in a paged step: `pool` {name: [N, BLOCK, ...]}, the rows'
+    block tables [B, NB] (position p of row b is in block table[b, p // BLOCK]), and `slots` [B, T], where each
+    of this call's tokens is written (flat index block * BLOCK + offset; N * BLOCK or more: not written)."""
+    pool: dict
+    table: jax.Array
+    slots: jax.Array
+
+    def write(self, new: dict) -> "PagedCache":
+        """This call's keys {name: [B, T, ...]} stored at their slots."""
+        return dataclasses.replace(self, pool={name: write_slots(a, self.slots, new[name])
+                                               for name, a in self.pool.items()})
+
+
+def write_slots(pool, slots, new):
+    """pool [N, BLOCK, ...] with new [B, T, ...] written at flat slots [B, T] (out of range: dropped)."""
+    flat = pool.reshape(-1, *pool.shape[2:])
+    flat = flat.at[slots.reshape(-1)].set(new.reshape(-1, *pool.shape[2:]).astype(pool.dtype), mode="drop")
+    return flat.reshape(pool.shape)
+
+
+def slots_of(table, positions, valid, num_blocks: int):
+    """Flat pool slots [B, T] of `positions` [B, T] through block tables [B, NB]; where not `valid`, an out-of-range
+    slot (nothing is written)."""
+    block = jnp.take_along_axis(table, jnp.clip(positions // BLOCK, 0, table.shape[1] - 1), axis=1)
+    return jnp.where(valid, block * BLOCK + positions % BLOCK, num_blocks * BLOCK)
 
 
 def gather(pool, block_ids):

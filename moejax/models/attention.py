@@ -3,6 +3,9 @@
 Every block takes `x [B, T, D]`, absolute `positions [B, T]` (consecutive within a row), the attention backend
 (moejax.kernels.attention) and either
 - an optional per-layer cache whose slot index equals the token position -> `(out [B, T, D], new_cache)`, or
+- a `PagedCache` (moejax.kv_pool: block pool, block tables, write slots) -> `(out, the cache with this call's
+  keys written)`; attention reads every key through the block tables, or only this call's keys when
+  `read_cache` is False (a chunk that starts every row's sequence), or
 - a `TreeMask` and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed token
   trees -> `(out, new)` where `new` holds this call's keys in cache layout (to store them for reuse).
 """
@@ -17,8 +20,9 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.kernels.attention import attention, blocked
+from moejax.kernels.attention.paged import paged_attention
 from moejax.kernels.precision import f32_einsum
-from moejax.kv_pool import concat_prior
+from moejax.kv_pool import PagedCache, concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
 _f32 = jnp.float32
@@ -114,6 +118,11 @@ def cache_positions(cache_len: int, batch: int):
     return jnp.broadcast_to(jnp.arange(cache_len, dtype=jnp.int32), (batch, cache_len))
 
 
+def _paged_backend(backend: str) -> str:
+    """The paged kernel's backend for the model's attention backend (cuDNN has no paged form: its `auto`)."""
+    return "auto" if backend == "cudnn" else backend
+
+
 class GQAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int, dtype):
         D, H, K, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -151,6 +160,15 @@ class GQAttention(nnx.Module):
             keys, values = (k, v) if prior is None else (concat_prior(prior["k"], k), concat_prior(prior["v"], v))
             out = tree_attend(q, keys, values, positions, self.scale, tree, self.window, sinks)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
+        if isinstance(cache, PagedCache):
+            cache = cache.write({"k": k, "v": v})
+            if read_cache:
+                out = paged_attention(q, (cache.pool["k"],), cache.pool["v"], cache.table, positions[:, 0],
+                                      sliding_window=self.window, sinks=sinks, scale=self.scale,
+                                      backend=_paged_backend(backend))
+            else:
+                out = attention(q, k, v, sliding_window=self.window, sinks=sinks, scale=self.scale, backend=backend)
+            return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
         if cache is not None:
             cache = {"k": write_cache(cache["k"], positions, k), "v": write_cache(cache["v"], positions, v)}
         if cache is None or not read_cache:  # every key is in this call (prefill into an empty cache)
@@ -217,17 +235,25 @@ class MLAttention(nnx.Module):
                 latent, k_rope = concat_prior(prior["latent"], latent), concat_prior(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
             out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, tree=tree, q_pos=positions)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
-        if cache is not None:
-            cache = {"latent": write_cache(cache["latent"], positions, latent),
-                     "k_rope": write_cache(cache["k_rope"], positions, k_rope[:, :, 0])}
+        new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
+        paged = isinstance(cache, PagedCache)
+        if paged:
+            cache = cache.write(new)
+        elif cache is not None:
+            cache = {name: write_cache(cache[name], positions, new[name]) for name in cache}
         if cache is None or not read_cache:  # expanded form: cheaper when every key is in this call
             out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, backend=backend)
         else:
             q_lat = f32_einsum("bthn,rhn->bthr", q_nope, w_uk).astype(x.dtype)
             q_abs = jnp.concatenate([q_lat, q_rope], -1)
-            k_abs = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
-            o_lat = attention(q_abs, k_abs, cache["latent"][:, :, None, :], q_offset=positions[:, 0], scale=self.scale,
-                              backend=backend)
+            if paged:  # the latent is both the value and the first part of the key
+                lat = cache.pool["latent"][:, :, None]
+                o_lat = paged_attention(q_abs, (lat, cache.pool["k_rope"][:, :, None]), lat, cache.table,
+                                        positions[:, 0], scale=self.scale, backend=_paged_backend(backend))
+            else:
+                k_abs = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
+                o_lat = attention(q_abs, k_abs, cache["latent"][:, :, None, :], q_offset=positions[:, 0],
+                                  scale=self.scale, backend=backend)
             out = f32_einsum("bthr,rhv->bthv", o_lat, w_uv).astype(x.dtype)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from moejax import steps
+from moejax import paged_steps, steps
 from moejax.kernels.backends import Kernels
 from moejax.models.moe import MoEBlock
 
@@ -88,6 +88,10 @@ class LayeredSteps:
                          jit(steps.prefill_end, static_argnames=("cache_len",), donate_argnums=(4,)))
         self._decode_start = jax.jit(steps.decode_start, static_argnums=(3,))
         self._decode = jit(steps.decode_begin), jit(steps.decode_end)
+        self._chunk = (jit(paged_steps.chunk_begin, static_argnames=("fresh",)),
+                       jit(paged_steps.chunk_end, static_argnames=("fresh",)))
+        self._token = jit(paged_steps.token_begin), jit(paged_steps.token_end)
+        self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(1,))
 
     def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
@@ -136,3 +140,19 @@ class LayeredSteps:
             step, out, done, count, last = end(state, x, step, out, done, count, last, temperature, top_p, keys,
                                                stops, max_new)
         return out, count
+
+    # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
+    def chunk(self, state, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+        return self._run(self._chunk, state, pool, tokens, start, n, table, temperature, top_p, keys, count,
+                         read_cache=not fresh, fresh=fresh)
+
+    def paged_decode(self, state, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps):
+        begin, end = self._token
+        i, out, live = self._paged_start(budget, steps)
+        for _ in range(steps):  # the resident loop's condition, checked on the host
+            if not bool(np.any(np.asarray(live))):
+                break
+            x, caches = self.run_layers(**begin(state, pool, i, last, live, start, table))
+            pool, i, out, live, last = end(state, x, caches, i, out, live, last, budget, temperature, top_p, keys,
+                                           count, stops)
+        return pool, out

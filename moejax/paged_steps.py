@@ -1,0 +1,102 @@
+"""The steps of continuous batching (moejax.sched.continuous): every sequence's KV lives in one paged block pool
+(per layer {name: [N, BLOCK, ...]}, moejax.kv_pool) and each row reads and writes it through its block table.
+
+- chunk: a prompt chunk per row (chunked prefill; a preempted sequence's prompt + tokens so far on resume),
+  sampling the next token after each row's last chunk token.
+- decode: up to `steps` new tokens per row in one call (a device loop; a row stops at a stop token or its
+  budget, and writes nothing after).
+
+Token i of a sequence is sampled with fold_in(row key, i), as Engine.generate does, so a sequence's tokens do not
+depend on which rows share its steps or on being preempted and resumed. Like moejax.steps, each step is a begin,
+the layers and an end, so an offloaded model runs the same phases layer by layer (moejax.offload.layered)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from moejax.kv_pool import PagedCache, slots_of
+from moejax.sampling import sample
+from moejax.steps import is_stop, model_of
+
+
+def _paged(pool, table, slots):
+    return [PagedCache(layer, table, slots) for layer in pool]
+
+
+def _pool_blocks(pool) -> int:
+    return jax.tree.leaves(pool)[0].shape[0]
+
+
+def _fold(keys, index):
+    return jax.vmap(jax.random.fold_in)(keys, index.astype(jnp.uint32))
+
+
+# -- a prompt chunk per row ----------------------------------------------------------------------------------
+def chunk_begin(model, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+    """tokens [B, T]: row b's tokens at positions start[b].. (its first n[b] are real; n = 0: an idle row).
+    fresh (static): every row starts at position 0, so attention reads only this call's keys."""
+    T = tokens.shape[1]
+    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)
+    valid = jnp.arange(T, dtype=jnp.int32)[None, :] < n[:, None]
+    slots = slots_of(table, positions, valid, _pool_blocks(pool))
+    x, cos, sin = model.embed_inputs(tokens, positions)
+    return dict(x=x, positions=positions, cos=cos, sin=sin, cache=_paged(pool, table, slots)), None
+
+
+def chunk_end(model, x, caches, context, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+    """-> (pool, the token after each row's last real token, sampled as token count[b] of its sequence)."""
+    logits = model.head(x, jnp.maximum(n - 1, 0))
+    return [c.pool for c in caches], sample(logits, temperature, top_p, _fold(keys, count))
+
+
+def chunk(graphdef, kernels, state, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+    model = model_of(graphdef, state)
+    inputs, context = chunk_begin(model, pool, tokens, start, n, table, temperature, top_p, keys, count,
+                                  fresh=fresh)
+    x, caches = model.run_layers(**inputs, read_cache=not fresh, kernels=kernels)
+    return chunk_end(model, x, caches, context, pool, tokens, start, n, table, temperature, top_p, keys, count,
+                     fresh=fresh)
+
+
+# -- decode: several tokens per call ----------------------------------------------------------------------------
+def decode_start(budget, steps):
+    """The carry before the first token: (i, out [B, steps] (-1: not made), live rows)."""
+    return jnp.int32(0), jnp.full((budget.shape[0], steps), -1, jnp.int32), budget > 0
+
+
+def token_begin(model, pool, i, last, live, start, table):
+    """Row b's input `last` at position start[b] + i (written only while the row is live)."""
+    positions = (start + i)[:, None]
+    slots = slots_of(table, positions, live[:, None], _pool_blocks(pool))
+    x, cos, sin = model.embed_inputs(last[:, None], positions)
+    return dict(x=x, positions=positions, cos=cos, sin=sin, cache=_paged(pool, table, slots))
+
+
+def token_end(model, x, caches, i, out, live, last, budget, temperature, top_p, keys, count, stops):
+    """-> (pool, i + 1, out, live, last): this token sampled as token count[b] + i of row b's sequence."""
+    tok = sample(model.head(x, jnp.zeros((x.shape[0],), jnp.int32)), temperature, top_p, _fold(keys, count + i))
+    tok = jnp.where(live, tok, last)
+    out = out.at[:, i].set(jnp.where(live, tok, -1))
+    live = live & ~is_stop(tok, stops) & (i + 1 < budget)
+    return [c.pool for c in caches], i + 1, out, live, tok
+
+
+def decode(graphdef, kernels, state, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *,
+           steps):
+    """Up to min(steps, budget[b]) tokens per row, ending a row after a stop token (stops [B, S], -1 pads).
+    -> (pool, tokens [B, steps], -1 after a row's last)."""
+    model = model_of(graphdef, state)
+
+    def cond(carry):
+        _, i, _, live, _ = carry
+        return (i < steps) & jnp.any(live)
+
+    def body(carry):
+        pool, i, out, live, last = carry
+        inputs = token_begin(model, pool, i, last, live, start, table)
+        x, caches = model.run_layers(**inputs, read_cache=True, kernels=kernels)
+        return token_end(model, x, caches, i, out, live, last, budget, temperature, top_p, keys, count, stops)
+
+    i, out, live = decode_start(budget, steps)
+    pool, _, out, _, _ = jax.lax.while_loop(cond, body, (pool, i, out, live, last))
+    return pool, out

@@ -1,0 +1,341 @@
+"""Continuous batching: a Python loop feeding jit-compiled paged steps (moejax.paged_steps) over one KV block pool.
+
+Each iteration
+1. admits waiting sequences, oldest first, while rows and blocks allow: a sequence takes the published blocks of
+   its longest indexed prefix (shared, never copied or written) and new blocks for the rest of its context;
+   one whose next prefix block another sequence is computing right now waits for it instead of computing it too;
+2. runs one chunked-prefill step: prompt chunks of the admitted sequences under a token budget (separate from
+   decode steps: one shape family each);
+3. runs one decode step: up to `decode_steps` tokens for every decoding sequence in one jit call, taking blocks
+   as rows grow and preempting the youngest sequence (freeing its blocks; it is recomputed from its prompt and
+   tokens so far when readmitted) when the pool runs out;
+4. retires sequences at a stop token, a stop string or max_tokens and releases their blocks.
+Results of retired sequences (detokenisation, stop strings, writing) are delivered while the next step runs on
+the device. Step shapes are bucketed (rows, chunk length, block-table width: powers of two with floors), so a
+run compiles a handful of programs."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from moejax.buckets import bucket, rows_bucket
+from moejax.kv_pool import BLOCK
+from moejax.sched.block_pool import BlockPool
+from moejax.sched.prefix_cache import block_hashes
+
+MIN_ROWS, MIN_TABLE_BLOCKS, MIN_CHUNK = 4, 8, 16
+
+
+@dataclasses.dataclass
+class GenRequest:
+    """One sequence to generate. key: raw PRNG key data (jax.random.key_data) its tokens are sampled with."""
+    prompt: Sequence[int]
+    max_tokens: int
+    key: np.ndarray
+    stop_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    tag: object = None
+
+
+@dataclasses.dataclass
+class Stats:
+    chunk_steps: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens run through the model
+    prefill_slots: int = 0  # chunk steps' rows x length, padding included
+    decode_rows_useful: int = 0  # tokens made by decode steps
+    decode_rows_computed: int = 0  # rows x tokens the decode steps computed (padding and stopped rows included)
+    preemptions: int = 0
+    shared_tokens: int = 0  # prompt tokens taken from shared blocks
+    peak_blocks: int = 0
+    shapes: set = dataclasses.field(default_factory=set)  # (step, rows, length, table width) compiled
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["shapes"] = len(self.shapes)
+        d["slot_utilisation"] = (self.decode_rows_useful / self.decode_rows_computed
+                                 if self.decode_rows_computed else None)
+        return d
+
+
+@dataclasses.dataclass(eq=False)
+class _Seq:
+    req: GenRequest
+    out: list = dataclasses.field(default_factory=list)
+    blocks: list = dataclasses.field(default_factory=list)
+    order: int = -1  # admission order: preemption takes the youngest
+    computed: int = 0  # leading context positions whose KV is in the pool
+    published: int = 0  # leading blocks published or shared
+    cached_tokens: int | None = None  # shared prompt tokens at first admission (what usage reports)
+    done: bool = False
+
+    @property
+    def context(self) -> list[int]:
+        return list(self.req.prompt) + self.out
+
+    @property
+    def target(self) -> int:
+        """Positions prefill computes: the prompt, or after a preemption the prompt and every token but the last
+        (decode writes the last one's KV as it makes the next)."""
+        return len(self.req.prompt) + max(len(self.out) - 1, 0)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.target
+
+
+def _blocks_for(positions: int) -> int:
+    return -(-positions // BLOCK)
+
+
+class Scheduler:
+    def __init__(self, engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
+                 decode_steps: int = 8, decode_text: Callable | None = None):
+        """decode_text(tokens) -> str: for stop strings (a sequence with stop strings needs it)."""
+        if max_rows < 1 or chunk_tokens < 1 or decode_steps < 1:
+            raise ValueError(f"max_rows, chunk_tokens and decode_steps must be >= 1; got {max_rows}, "
+                             f"{chunk_tokens}, {decode_steps}")
+        self.engine, self.num_blocks = engine, int(num_blocks)
+        self.max_rows, self.chunk_tokens, self.decode_steps = max_rows, chunk_tokens, decode_steps
+        self.decode_text = decode_text
+        self.stats = Stats()
+        self.blocks = BlockPool(self.num_blocks)
+        self.pool = None
+        self._order = 0
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def run(self, requests: Sequence[GenRequest], on_finish: Callable, on_fail: Callable) -> Stats:
+        """Generate every request. on_finish(request, tokens, cached_tokens) for each that ends;
+        on_fail(request, message) for each that cannot be served (its own fault, or its step failed)."""
+        self.waiting = [_Seq(r) for r in requests]
+        self.running: list[_Seq] = []
+        self._pending: dict[bytes, _Seq] = {}  # prompt block hash -> the running sequence computing it
+        self._results: list[_Seq] = []
+        self.on_finish = on_finish
+        if self.pool is None:
+            self.pool = self.engine.init_pool(self.num_blocks)
+        for s in list(self.waiting):
+            why = self._refuse(s.req)
+            if why:
+                self.waiting.remove(s)
+                on_fail(s.req, why)
+            elif s.req.max_tokens == 0:
+                self.waiting.remove(s)
+                on_finish(s.req, [], 0)
+        while self.waiting or self.running:
+            self._admit()
+            try:
+                prefilling = [s for s in self.running if s.prefilling]
+                if prefilling:
+                    self._chunk_step(prefilling)
+                decoding = [s for s in self.running if not s.prefilling and not s.done]
+                if decoding:
+                    self._decode_step(decoding)
+            except Exception as e:  # a failing step costs only the sequences in flight
+                traceback.print_exc(file=sys.stderr)
+                self._fail_running(f"{type(e).__name__}: {e}", on_fail)
+                continue
+            self._retire()
+        self._deliver()
+        return self.stats
+
+    def _refuse(self, req: GenRequest) -> str | None:
+        need = _blocks_for(len(req.prompt) + req.max_tokens)
+        if need > self.num_blocks:
+            return (f"needs {need} KV blocks of {BLOCK} tokens for its prompt and max_tokens, and the pool has "
+                    f"{self.num_blocks}: raise the KV pool size")
+        if req.stop_strings and self.decode_text is None:
+            return "stop strings need a tokenizer to decode the text"
+        return None
+
+    # -- admission and release -------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        for s in list(self.waiting):
+            if len(self.running) >= self.max_rows:
+                return
+            ctx = s.context
+            hashes = block_hashes(ctx, (len(ctx) - 1) // BLOCK)  # at least one token is computed
+            shared = self.blocks.match(hashes)
+            if len(shared) < len(hashes) and hashes[len(shared)] in self._pending:
+                self.blocks.release(shared)  # another sequence is computing it: take it when published
+                self.blocks.shared_hits -= len(shared)
+                continue
+            need = _blocks_for(len(ctx)) - len(shared)
+            if need > self.blocks.available():
+                self.blocks.release(shared)
+                self.blocks.shared_hits -= len(shared)
+                return  # oldest first: the next ones wait too
+            s.blocks = shared + self.blocks.allocate(need)
+            s.computed, s.published = len(shared) * BLOCK, len(shared)
+            if s.cached_tokens is None:
+                s.cached_tokens = len(shared) * BLOCK
+                self.stats.shared_tokens += len(shared) * BLOCK
+            for h in hashes[len(shared): len(s.req.prompt) // BLOCK]:
+                self._pending.setdefault(h, s)
+            s.order, self._order = self._order, self._order + 1
+            self.waiting.remove(s)
+            self.running.append(s)
+            self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
+
+    def _release(self, s: _Seq) -> None:
+        self.blocks.release(s.blocks)
+        s.blocks = []
+        for h in [h for h, owner in self._pending.items() if owner is s]:
+            del self._pending[h]
+
+    def _preempt(self, s: _Seq) -> None:
+        """Free a running sequence's blocks; it is readmitted first and recomputes its context."""
+        self._release(s)
+        s.computed = s.published = 0
+        self.running.remove(s)
+        self.waiting.insert(0, s)
+        self.stats.preemptions += 1
+
+    def _retire(self) -> None:
+        for s in [s for s in self.running if s.done]:
+            self._release(s)
+            self.running.remove(s)
+            self._results.append(s)
+
+    def _deliver(self) -> None:
+        """Hand retired sequences to on_finish (called while a step is in flight)."""
+        results, self._results = self._results, []
+        for s in results:
+            self.on_finish(s.req, s.out, s.cached_tokens or 0)
+
+    def _fail_running(self, message: str, on_fail) -> None:
+        for s in self.running:
+            on_fail(s.req, f"step failed: {message}")
+        for h in list(self._pending):
+            del self._pending[h]
+        self.running = []
+        self.blocks = BlockPool(self.num_blocks)  # the pool may be gone (donated into the failed call)
+        self.pool = self.engine.init_pool(self.num_blocks)
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def _wait(self, x) -> np.ndarray:
+        """The step's output on the host; retired sequences' results are delivered while it runs."""
+        self._deliver()
+        return np.asarray(x)
+
+    def _table(self, seqs, rows: int) -> np.ndarray:
+        width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
+        table = np.zeros((rows, width), np.int32)
+        for r, s in enumerate(seqs):
+            table[r, : len(s.blocks)] = s.blocks
+        return table
+
+    def _sampling(self, seqs, rows: int):
+        temp = np.zeros((rows,), np.float32)
+        top_p = np.ones((rows,), np.float32)
+        keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
+        count = np.zeros((rows,), np.int32)
+        for r, s in enumerate(seqs):
+            temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out)
+        return temp, top_p, jax.random.wrap_key_data(keys), count
+
+    def _chunk_step(self, prefilling: list[_Seq]) -> None:
+        budget, rows = self.chunk_tokens, []
+        for s in sorted(prefilling, key=lambda s: s.order):
+            take = min(s.target - s.computed, budget)
+            if take <= 0:
+                break
+            rows.append((s, take))
+            budget -= take
+        seqs = [s for s, _ in rows]
+        B, T = rows_bucket(max(len(rows), MIN_ROWS), self.engine.row_multiple), bucket(max(t for _, t in rows), MIN_CHUNK)
+        tokens = np.zeros((B, T), np.int32)
+        start, n = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
+        for r, (s, take) in enumerate(rows):
+            tokens[r, :take] = s.context[s.computed: s.computed + take]
+            start[r], n[r] = s.computed, take
+            self.blocks.check_writable(s.blocks[s.computed // BLOCK: _blocks_for(s.computed + take)])
+        table = self._table(seqs, B)
+        fresh = not start.any()
+        self.stats.shapes.add(("chunk", B, T, table.shape[1], fresh))
+        self.pool, tok = self.engine.paged_chunk(self.pool, tokens, start, n, table, *self._sampling(seqs, B),
+                                                 fresh=fresh)
+        for s, take in rows:
+            s.computed += take
+            self._publish(s)
+        tok = self._wait(tok)
+        self.stats.chunk_steps += 1
+        self.stats.prefill_tokens += sum(t for _, t in rows)
+        self.stats.prefill_slots += B * T
+        for r, (s, _) in enumerate(rows):
+            if s.computed == s.target and not s.out:  # the prompt is in: its first token is sampled
+                self._extend(s, [int(tok[r])])
+
+    def _publish(self, s: _Seq) -> None:
+        """Index the prompt blocks a dispatched step has completed (later steps read them written)."""
+        full = min(s.computed, len(s.req.prompt)) // BLOCK
+        if full > s.published:
+            hashes = block_hashes(s.req.prompt, full)
+            for j in range(s.published, full):
+                self.blocks.publish(s.blocks[j], hashes[j])
+                if self._pending.get(hashes[j]) is s:
+                    del self._pending[hashes[j]]
+            s.published = full
+
+    def _decode_step(self, decoding: list[_Seq]) -> None:
+        K, want = self.decode_steps, {}
+        for s in sorted(decoding, key=lambda s: s.order):
+            if s not in self.running:  # preempted for an older sequence below
+                continue
+            start = len(s.req.prompt) + len(s.out) - 1
+            wanted = min(K, s.req.max_tokens - len(s.out))
+            while True:
+                fit = (len(s.blocks) + self.blocks.available()) * BLOCK - start
+                if fit >= 1:
+                    break
+                self._preempt(max(self.running, key=lambda q: q.order))
+                if s not in self.running:
+                    break
+            if s not in self.running:
+                continue
+            wanted = min(wanted, fit)
+            extra = _blocks_for(start + wanted) - len(s.blocks)
+            if extra > 0:
+                s.blocks += self.blocks.allocate(extra)
+            self.blocks.check_writable(s.blocks[start // BLOCK: _blocks_for(start + wanted)])
+            want[s] = (start, wanted)
+        self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
+        seqs = [s for s in decoding if s in want]
+        if not seqs:
+            return
+        B = rows_bucket(max(len(seqs), MIN_ROWS), self.engine.row_multiple)
+        last, start, budget = (np.zeros((B,), np.int32) for _ in range(3))
+        width = bucket(max(len(s.req.stop_ids) for s in seqs), 4)
+        stops = np.full((B, width), -1, np.int32)
+        for r, s in enumerate(seqs):
+            last[r], (start[r], budget[r]) = s.out[-1], want[s]
+            stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
+        table = self._table(seqs, B)
+        self.stats.shapes.add(("decode", B, K, table.shape[1]))
+        self.pool, out = self.engine.paged_decode(self.pool, last, start, budget, table, *self._sampling(seqs, B),
+                                                  stops, steps=K)
+        out = self._wait(out)
+        made = (out[: len(seqs)] >= 0).sum(axis=1)
+        self.stats.decode_steps += 1
+        self.stats.decode_rows_useful += int(made.sum())
+        self.stats.decode_rows_computed += B * int(made.max())
+        for r, s in enumerate(seqs):
+            s.computed += int(made[r])
+            self._extend(s, out[r, : made[r]].tolist())
+
+    def _extend(self, s: _Seq, tokens: list[int]) -> None:
+        """Append new tokens; the sequence is done at a stop token, a stop string or max_tokens."""
+        s.out += tokens
+        r = s.req
+        if len(s.out) >= r.max_tokens or (s.out and s.out[-1] in r.stop_ids):
+            s.done = True
+        elif r.stop_strings:
+            text = self.decode_text(s.out)
+            s.done = text is not None and any(x in text for x in r.stop_strings)
