@@ -44,6 +44,7 @@ from moejax.sched.batch import engine_settings, explain_lines, serve_lines
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
 from moejax.sched.results import SettingsMismatch, WriteFailed
+from moejax.sched.runner import BATCHING
 from moejax.presets import DEFAULT_MODEL, resolve_embedded
 from moejax.sharding import multihost
 
@@ -74,6 +75,14 @@ def parse_args(argv=None):
                         "prefix block recurs across batches, keeping just those blocks")
     p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                    help="most device memory the prefix KV cache may use, in MiB (default 1024)")
+    p.add_argument("--batching", choices=BATCHING, default="continuous",
+                   help="completions: continuous (default; one scheduler over a paged KV pool admits, decodes, "
+                        "retires and preempts sequences step by step) or static (each planned batch prefills "
+                        "together and decodes until its longest row ends: the baseline). Several processes use "
+                        "static")
+    p.add_argument("--kv-pool-mb", type=float, default=None,
+                   help="continuous batching's KV pool in MiB (default: the device budget less the weights and a "
+                        "10%% reserve; 1024 where the device reports none, as on CPU); --explain shows it")
     p.add_argument("--layout", default=None,
                    help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts "
                         "replicated|tp|ep|async_ep; devices=N; exchange=all_to_all|gather; see moejax.sharding)")
@@ -133,7 +142,8 @@ def read_lines(path: str) -> list[str]:
 
 # flag -> (smallest allowed value, what it is); checked before anything loads
 NUMBER_FLAGS = {"max_batch_tokens": (16, "tokens per batch"), "num_layers": (1, "layers"),
-                "prefix_cache_mb": (0, "MiB"), "device_memory_gb": (None, "GiB, more than 0"),
+                "prefix_cache_mb": (0, "MiB"), "kv_pool_mb": (None, "MiB, more than 0"),
+                "device_memory_gb": (None, "GiB, more than 0"),
                 "window": (1, "MoE layers"), "cache_slots": (1, "expert slots"),
                 "prefetch_distance": (1, "layers ahead"), "num_processes": (1, "processes"),
                 "process_id": (0, "a process index")}
@@ -276,12 +286,14 @@ def main(argv=None) -> int:
         sys.exit(f"--model {args.model}: {e}")
     if engine.memory_plan.placement == "streamed" and engine.layer_by_layer:  # measure Θ: the runner packs prefill batches to it
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
+    batching = "static" if multi else args.batching  # the scheduler's host loop runs in one process
     writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:
         if writer:
             print(engine.explain())
             print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
-                                prefix_cache_mb=args.prefix_cache_mb))
+                                prefix_cache_mb=args.prefix_cache_mb, batching=batching,
+                                kv_pool_mb=args.kv_pool_mb))
         return 0
     # Requests without a seed draw theirs from this; every process must draw the same.
     nonce = multihost.main_number(secrets.randbits(62)) if multi else None
@@ -291,7 +303,8 @@ def main(argv=None) -> int:
                                   max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
                                   prefix_cache_mb=args.prefix_cache_mb, progress=_progress_bar if writer else None,
                                   peak=peak_flops(engine.dtype.name), settings=run_settings(args, engine),
-                                  seed_nonce=nonce, error_file=args.error_file if writer else None)
+                                  seed_nonce=nonce, error_file=args.error_file if writer else None,
+                                  batching=batching, kv_pool_mb=args.kv_pool_mb)
     except SettingsMismatch as e:
         sys.exit(f"--output {args.output}: {e}")
     except WriteFailed as e:
@@ -345,7 +358,8 @@ def _format_summary(s: dict) -> str:
             f"({s['cached_prompt_tokens']} from the prefix cache, {s['computed_tokens']} computed), "
             f"{s['generated_tokens']} generated | {s['wall_s']:.2f}s, "
             f"{'-' if rate is None else f'{rate:.0f}'} tok/s | prefix-cache hit rate "
-            f"{s['prefix_cache_hit_rate']:.1%} | kv cache {s['kv_cache']}"
+            f"{s['prefix_cache_hit_rate']:.1%} | kv cache {s['kv_cache']} | {s['batching']} batching"
+            + ("" if s["slot_utilisation"] is None else f", decode slots {s['slot_utilisation']:.0%} useful")
             + ("" if mfu is None else f" | MFU ~{mfu:.1%} (datasheet peak)"))
 
 

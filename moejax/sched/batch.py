@@ -12,12 +12,14 @@ from moejax.buckets import bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
+from moejax.sched.pool_size import pool_size
 from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Runner
 
 
-def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_cache_mb, settings=None, seed_nonce=None):
+def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_cache_mb, settings=None, seed_nonce=None,
+             batching="continuous", kv_pool_mb=None):
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
@@ -32,7 +34,13 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                      cache_blocks=cache_blocks)
-    return entries, store, todo, plan
+    runner = Runner(engine, plan, todo, store, batching=batching)
+    if batching == "continuous":
+        runner.kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
+                                            if isinstance(r, CompletionRequest) and r.max_tokens
+                                            for _ in range(r.n)], kv_pool_mb)
+        runner.kv_blocks = runner.kv_pool.blocks
+    return entries, store, todo, plan, runner
 
 
 def engine_settings(engine) -> dict:
@@ -51,33 +59,37 @@ def with_seed(request, nonce: int, rid: str):
     return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
 
 
-def explain_lines(engine, lines, *, max_batch_tokens=8192, kv_cache="auto", prefix_cache_mb=1024.0) -> str:
+def explain_lines(engine, lines, *, max_batch_tokens=8192, kv_cache="auto", prefix_cache_mb=1024.0,
+                  batching="continuous", kv_pool_mb=None) -> str:
     """The plan for `lines` as text; loads no weights and runs nothing."""
-    _, _, todo, plan = _prepare(engine, lines, None, max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
-                                prefix_cache_mb=prefix_cache_mb)
-    return describe(plan, Runner(engine, plan, todo, None), engine)
+    _, _, todo, plan, runner = _prepare(engine, lines, None, max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
+                                        prefix_cache_mb=prefix_cache_mb, batching=batching, kv_pool_mb=kv_pool_mb)
+    return describe(plan, runner, engine)
 
 
 def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_cache="auto",
                 prefix_cache_mb=1024.0, progress=None, peak=None, settings=None, seed_nonce=None,
-                error_file: str | None = None) -> dict:
+                error_file: str | None = None, batching="continuous", kv_pool_mb=None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its
     journal from an interrupted run with the same settings are skipped; results made with other settings raise
     results.SettingsMismatch before anything is written. settings: what decides the results (default
     engine_settings); seed_nonce: what requests without a seed draw theirs from (default: random); error_file:
     also write the failed lines there. A result that cannot be written raises results.WriteFailed (the journal
-    keeps what it has). Returns the run summary."""
-    entries, store, todo, plan = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
-                                          kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb, settings=settings,
-                                          seed_nonce=seed_nonce)
+    keeps what it has). batching: "continuous" (completions through one scheduler over a paged KV pool of
+    kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size) or "static" (Runner). Returns the run
+    summary."""
+    entries, store, todo, plan, runner = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
+                                                  kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb,
+                                                  settings=settings, seed_nonce=seed_nonce, batching=batching,
+                                                  kv_pool_mb=kv_pool_mb)
     bad = 0
     with store:
         for e in entries:
             if isinstance(e, BadLine) and not store.done(e.line):
                 store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line], param=e.param))
                 bad += 1
-        bar = progress(len(todo)) if progress is not None else None
-        metrics = Runner(engine, plan, todo, store, progress=bar).run()
+        runner.progress = bar = progress(len(todo)) if progress is not None else None
+        metrics = runner.run()
         if bar is not None:
             bar(None, metrics)
         store.finish(error_file)
@@ -87,4 +99,5 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": plan.reason,
-            "batches_planned": len(plan.batches), **metrics.summary(peak), "offload": engine.stats()}
+            "batches_planned": len(plan.batches), "batching": batching, **metrics.summary(peak),
+            "scheduler": runner.scheduler_stats, "offload": engine.stats()}

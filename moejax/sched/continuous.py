@@ -118,7 +118,7 @@ class Scheduler:
         self.running: list[_Seq] = []
         self._pending: dict[bytes, _Seq] = {}  # prompt block hash -> the running sequence computing it
         self._results: list[_Seq] = []
-        self.on_finish = on_finish
+        self.on_finish, self._delivering = on_finish, False
         if self.pool is None:
             self.pool = self.engine.init_pool(self.num_blocks)
         for s in list(self.waiting):
@@ -139,6 +139,8 @@ class Scheduler:
                 if decoding:
                     self._decode_step(decoding)
             except Exception as e:  # a failing step costs only the sequences in flight
+                if self._delivering:  # raised by on_finish (e.g. results that cannot be written): not a step's
+                    raise
                 traceback.print_exc(file=sys.stderr)
                 self._fail_running(f"{type(e).__name__}: {e}", on_fail)
                 continue
@@ -207,8 +209,10 @@ class Scheduler:
     def _deliver(self) -> None:
         """Hand retired sequences to on_finish (called while a step is in flight)."""
         results, self._results = self._results, []
+        self._delivering = True
         for s in results:
             self.on_finish(s.req, s.out, s.cached_tokens or 0)
+        self._delivering = False
 
     def _fail_running(self, message: str, on_fail) -> None:
         for s in self.running:

@@ -21,6 +21,12 @@ def describe(plan, runner, engine) -> str:
              f"prefix KV cache: {plan.reason}; pool {plan.pool_blocks} blocks "
              f"({plan.pool_blocks * 16 * engine.kv_bytes_per_token() / 2**20:.1f} MiB)",
              f"{len(plan.batches)} batches:"]
+    continuous = runner.batching == "continuous"
+    if continuous and runner.kv_pool is not None:
+        lines.insert(2, runner.kv_pool.describe())
+    if continuous and any(b.kind != "score" for b in plan.batches):
+        lines.insert(3, "completions: continuous batching (one scheduler over the KV pool; the completion batches "
+                        "below are the static plan, listed for comparison)")
     shapes, total, padded, cached = set(), 0, 0, 0
     for k, batch in enumerate(plan.batches):
         prepared = runner.prepare(k)

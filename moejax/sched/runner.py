@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.costs import layer_flops_per_token
@@ -35,6 +36,8 @@ class Metrics:
     computed_tokens: int = 0  # tokens actually run through the model in prefill (after all sharing)
     padded_tokens: int = 0  # batch slots including padding
     generated_tokens: int = 0
+    decode_rows_useful: int = 0  # tokens made by decode steps
+    decode_rows_computed: int = 0  # rows x decode iterations computed (padding and finished rows included)
     batches: int = 0
     wall_s: float = 0.0
     flops: float = 0.0  # matmul FLOPs of the computed tokens (attention scores excluded)
@@ -45,14 +48,28 @@ class Metrics:
         d["tokens_per_s"] = total / self.wall_s if self.wall_s else None
         d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         d["shared_prefill_saving"] = 1 - self.computed_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        d["slot_utilisation"] = (self.decode_rows_useful / self.decode_rows_computed
+                                 if self.decode_rows_computed else None)
         d["mfu_estimate"] = self.flops / self.wall_s / peak_flops if peak_flops and self.wall_s else None
         return d
 
 
+BATCHING = ("continuous", "static")
+
+
 class Runner:
-    def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None):
+    def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None,
+                 batching: str = "continuous", kv_blocks: int = 0):
+        """batching: "continuous" serves every completion through one scheduler over a paged KV pool of
+        `kv_blocks` blocks (moejax.sched.continuous); "static" runs each planned completion batch as one prefill
+        and one decode loop until its longest row ends."""
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}; got {batching!r}")
         self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
         self.progress = progress
+        self.batching, self.kv_blocks = batching, kv_blocks
+        self.kv_pool = None  # pool_size.PoolSize, when it was sized from a budget (explain shows it)
+        self.scheduler_stats = None
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
         self.cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
@@ -102,7 +119,11 @@ class Runner:
         start = time.perf_counter()
         if self.plan.pool_blocks:
             self.pool = self.engine.init_pool(self.plan.pool_blocks)
+        continuous = []
         for k, batch in enumerate(self.plan.batches):
+            if batch.kind != "score" and self.batching == "continuous":
+                continuous += batch.requests
+                continue
             try:
                 prepared = self.prepare(k)
                 if batch.kind == "score":
@@ -115,6 +136,8 @@ class Runner:
                 traceback.print_exc(file=sys.stderr)
                 self._fail_batch(batch, f"{type(e).__name__}: {e}")
             self.metrics.batches += 1
+        if continuous:
+            self._run_continuous(continuous)
         jax.effects_barrier()
         self.metrics.wall_s = time.perf_counter() - start
         return self.metrics
@@ -146,11 +169,10 @@ class Runner:
 
     def _run_completions(self, batch, prior, stores):
         reqs = batch.requests
-        eos = tuple(self.engine.config.eos_token_ids)
         gen = [k for k, r in enumerate(reqs) if r.max_tokens]  # max_tokens 0: echo of the prompt only
         gen_row = {k: i for i, k in enumerate(gen)}  # request -> its prefill row
         rows = [(k, c) for k in gen for c in range(reqs[k].n)]  # one decode row per choice
-        stops = [tuple(reqs[k].stop_token_ids) + eos for k, _ in rows]
+        stops = [self._stop_ids(reqs[k]) for k, _ in rows]
         outs = []
         if gen:
             keys = jnp.stack([jax.random.fold_in(jax.random.key(reqs[k].seed), c) for k, c in rows])
@@ -165,12 +187,29 @@ class Runner:
         new = [len(reqs[k].prompt) - BLOCK * len(prior[k]) for k in gen]
         m.computed_tokens += sum(new)
         if gen:
-            m.padded_tokens += rows_bucket(len(gen), self.engine.row_multiple) * bucket(max(new), MIN_SEQ_BUCKET)
-        m.flops += self._flops_per_token * (sum(new) + sum(map(len, outs))) + self._head_flops * sum(map(len, outs))
+            B = rows_bucket(len(gen), self.engine.row_multiple)
+            m.padded_tokens += B * bucket(max(new), MIN_SEQ_BUCKET)
+            m.decode_rows_useful += sum(max(len(o) - 1, 0) for o in outs)  # the first token comes from prefill
+            m.decode_rows_computed += rows_bucket(len(rows), self.engine.row_multiple) * max(
+                max(map(len, outs)) - 1, 0)
+        m.flops += self._flops_per_token * sum(new) + self._decode_flops(outs)
+        self._finish_completions(reqs, {(k, c): out for (k, c), out in zip(rows, outs)},
+                                 {k: BLOCK * len(prior[k]) for k in range(len(reqs))})
+
+    def _decode_flops(self, outs) -> float:
+        return (self._flops_per_token + self._head_flops) * sum(map(len, outs))
+
+    def _stop_ids(self, req) -> tuple[int, ...]:
+        return tuple(req.stop_token_ids) + tuple(self.engine.config.eos_token_ids)
+
+    def _finish_completions(self, reqs, outs: dict, cached: dict) -> None:
+        """Result bodies of completion requests from their choices' tokens (outs[(request, choice)]; cached[request]:
+        prompt tokens taken from a cache): stop strings, log-probabilities, usage."""
         # An echo-only request (max_tokens 0) has one empty choice: the prompt, and its log-probabilities if asked.
         choices = {k: [] if r.max_tokens else [(Choice([], "length"), ())] for k, r in enumerate(reqs)}
-        for (k, _), out, st in zip(rows, outs, stops):
-            choices[k].append((Choice(out, "length"), st))
+        for k, r in enumerate(reqs):
+            if r.max_tokens:
+                choices[k] += [(Choice(outs[(k, c)], "length"), self._stop_ids(r)) for c in range(r.n)]
         logprobs = self._logprobs(reqs, choices)
         for k, r in enumerate(reqs):
             made, prompt_lps = [], logprobs.get((k, "prompt"))
@@ -178,8 +217,49 @@ class Runner:
                 if (k, c) in logprobs:
                     choice.logprobs, choice.top = logprobs[(k, c)]
                 made.append(self.bodies.cut_at_stop(r, choice, st))
-            self._emit(self._index[r.line], self.bodies.completion(r, self._rid(r), made, BLOCK * len(prior[k]),
-                                                                   prompt_lps))
+            self._emit(self._index[r.line], self.bodies.completion(r, self._rid(r), made, cached[k], prompt_lps))
+
+    def _run_continuous(self, reqs) -> None:
+        """Every completion through one continuous-batching scheduler; a request's result is written when its
+        last choice ends (while the next step runs)."""
+        from moejax.sched.continuous import GenRequest, Scheduler
+        items, done, failed = [], defaultdict(dict), set()
+        for i, r in enumerate(reqs):
+            for c in range(r.n if r.max_tokens else 1):
+                key = jax.random.key_data(jax.random.fold_in(jax.random.key(r.seed), c))
+                items.append(GenRequest(r.prompt, r.max_tokens, np.asarray(key), self._stop_ids(r), tuple(r.stop),
+                                        r.temperature, r.top_p, tag=(i, c)))
+
+        def on_finish(g, tokens, cached):
+            i, c = g.tag
+            done[i][c] = (tokens, cached)
+            r = reqs[i]
+            if i in failed or len(done[i]) < (r.n if r.max_tokens else 1):
+                return
+            try:
+                self._finish_completions([r], {(0, c): t for c, (t, _) in done[i].items()}, {0: done[i][0][1]})
+            except WriteFailed:
+                raise
+            except Exception as e:
+                traceback.print_exc(file=sys.stderr)
+                on_fail(g, f"{type(e).__name__}: {e}")
+
+        def on_fail(g, message):
+            i = g.tag[0]
+            if i not in failed:
+                failed.add(i)
+                self._fail_requests([self._index[reqs[i].line]], message)
+
+        sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode)
+        stats = sched.run(items, on_finish, on_fail)
+        m = self.metrics
+        m.computed_tokens += stats.prefill_tokens
+        m.padded_tokens += stats.prefill_slots
+        m.decode_rows_useful += stats.decode_rows_useful
+        m.decode_rows_computed += stats.decode_rows_computed
+        m.flops += self._flops_per_token * stats.prefill_tokens + self._decode_flops(
+            [t for i in done for t, _ in done[i].values()])
+        self.scheduler_stats = stats.as_dict()
 
     def _logprobs(self, reqs, choices) -> dict:
         """Log-probabilities of each choice's tokens (and, with echo, of the prompt's), from one teacher-forced
@@ -225,15 +305,17 @@ class Runner:
             idx = sorted({tag[0] for row in batch.rows for s in row for _, _, tag in s.reads})
         else:
             idx = [self._index[r.line] for r in batch.requests]
+        self._fail_requests(idx, f"batch failed: {message}")
+        if self.cache is not None:  # the pool may be gone (donated into the failed call): start it afresh
+            self.cache = PrefixCache(self.plan.pool_blocks)
+            self.pool = self.engine.init_pool(self.plan.pool_blocks) if self.plan.pool_blocks else None
+
+    def _fail_requests(self, idx, message: str) -> None:
         for i in idx:
             if i in self._reads_left:
                 self._reads_left[i] = -1  # never emitted as ok
             req = self.requests[i]
             self.metrics.requests_failed += 1
             if self.store is not None:
-                self.store.write(req.line, error_line(req.line, req.custom_id, f"batch failed: {message}",
-                                                      code="internal_error", status=500,
-                                                      rid=self.store.ids[req.line]))
-        if self.cache is not None:  # the pool may be gone (donated into the failed call): start it afresh
-            self.cache = PrefixCache(self.plan.pool_blocks)
-            self.pool = self.engine.init_pool(self.plan.pool_blocks) if self.plan.pool_blocks else None
+                self.store.write(req.line, error_line(req.line, req.custom_id, message, code="internal_error",
+                                                      status=500, rid=self.store.ids[req.line]))
