@@ -1,0 +1,90 @@
+"""Paged attention (moejax.kernels.attention.paged) against dense attention over each row's gathered keys.
+
+Pools hold random blocks; the tables are a random permutation of block ids, with the entries past a row's last
+block naming arbitrary blocks (never visible). float32, tolerance 1e-5 (as test_attention_kernels.py).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moejax.kernels.attention import attention
+from moejax.kernels.attention.paged import gather_blocks, paged_attention
+from moejax.kernels.lowering import TRITON, cuda_module
+
+P = 16  # moejax.kv_pool.BLOCK
+
+
+def make(rng, *, B, T, Hkv, G, widths, Dv, offsets, mla=False, extra_blocks=3):
+    """q, key parts, v pool (MLA: the first key part), tables and offsets for rows at `offsets`."""
+    NB = -(-(max(offsets) + T) // P)
+    N = B * NB + extra_blocks
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+    q = f(B, T, Hkv * G, sum(widths))
+    parts = tuple(f(N, P, Hkv, w) for w in widths)
+    v = parts[0] if mla else f(N, P, Hkv, Dv)
+    table = rng.permutation(N)[:B * NB].reshape(B, NB)
+    for b, off in enumerate(offsets):  # blocks past the row's last query: any block of the pool
+        used = -(-(off + T) // P)
+        table[b, used:] = rng.integers(0, N, NB - used)
+    return q, parts, v, jnp.asarray(table, jnp.int32), jnp.asarray(offsets, jnp.int32)
+
+
+CASES = {
+    # decode, GQA, head dim 8 (pools padded to 16), rows at different offsets, sinks
+    "gqa_decode_sinks": (dict(B=3, T=1, Hkv=2, G=2, widths=(8,), Dv=8, offsets=(0, 17, 90)),
+                         dict(sinks=True)),
+    # chunks reading earlier blocks; a sliding window that skips row 0's first key tile (of 64 keys) and hides
+    # all of it from row 1's last queries (at 65, 66), though they visit it
+    "gqa_chunk_window": (dict(B=3, T=5, Hkv=2, G=2, widths=(16,), Dv=16, offsets=(70, 62, 3)),
+                         dict(sliding_window=3)),
+    # MLA absorbed: keys latent (32) || rope (8), value = latent; 160 rows = two row blocks; window and sinks
+    "mla_chunk": (dict(B=2, T=40, Hkv=1, G=4, widths=(32, 8), Dv=32, offsets=(50, 0), mla=True),
+                  dict(sliding_window=45, sinks=True, scale=0.3)),
+}
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas_interpret"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_paged_matches_dense_reference(case, backend):
+    shape, kw = CASES[case]
+    rng = np.random.default_rng(sorted(CASES).index(case))
+    q, parts, v, table, offsets = make(rng, **shape)
+    kw = dict(kw)
+    if kw.pop("sinks", False):
+        kw["sinks"] = jnp.asarray(rng.standard_normal(q.shape[2]), jnp.float32)
+    out = paged_attention(q, parts, v, table, offsets, backend=backend, **kw)
+    k_dense = jnp.concatenate([gather_blocks(p, table) for p in parts], axis=-1)
+    ref = attention(q, k_dense, gather_blocks(v, table), q_offset=offsets, backend="reference", **kw)
+    assert out.shape == ref.shape and out.dtype == q.dtype
+    err = np.linalg.norm(np.asarray(out) - np.asarray(ref)) / np.linalg.norm(np.asarray(ref))
+    assert err <= 1e-5, err
+
+
+@pytest.mark.parametrize("B,T,Hq,Hkv,widths,Dv,NB,extra", [
+    (4, 1, 8, 2, (128,), 128, 64, dict(sinks=True, sliding_window=128)),  # GQA decode
+    (2, 64, 8, 2, (128,), 128, 32, dict()),  # GQA chunk
+    (2, 1, 16, 1, (512, 64), 512, 32, dict(mla=True)),  # DeepSeek MLA absorbed decode: latent || rope, v = latent
+])
+def test_paged_pallas_lowers_to_triton_for_cuda(B, T, Hq, Hkv, widths, Dv, NB, extra):
+    bf16, i32, N = jnp.bfloat16, jnp.int32, B * NB
+    extra = dict(extra)
+    mla = extra.pop("mla", False)
+    sinks = jnp.zeros(Hq, jnp.float32) if extra.pop("sinks", False) else None
+
+    def fn(q, parts, v, table, offsets):
+        return paged_attention(q, parts, parts[0] if mla else v, table, offsets, sinks=sinks, backend="pallas",
+                               **extra)
+    sd = jax.ShapeDtypeStruct
+    parts = tuple(sd((N, P, Hkv, w), bf16) for w in widths)
+    assert TRITON in cuda_module(fn, sd((B, T, Hq, sum(widths)), bf16), parts, sd((N, P, Hkv, Dv), bf16),
+                                 sd((B, NB), i32), sd((B,), i32))
+
+
+def test_bad_inputs_name_the_problem():
+    q, parts, v, table, offsets = make(np.random.default_rng(0), B=1, T=2, Hkv=2, G=2, widths=(8,), Dv=8,
+                                       offsets=(0,))
+    with pytest.raises(ValueError, match="widths do not add up"):
+        paged_attention(q, (parts[0][..., :4],), v, table, offsets)
+    with pytest.raises(ValueError, match="block table rows"):
+        paged_attention(q, parts, v, jnp.concatenate([table, table]), offsets)
