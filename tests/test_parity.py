@@ -4,6 +4,7 @@ import pytest
 
 import moejax
 from conftest import FIXTURE_NAMES, fixture_dir, reference
+from scheduling import run_scheduler
 
 EXPECTED = {"qwen3_moe", "qwen3_moe_nonorm", "mixtral", "qwen2_moe", "deepseek_v2_lite", "deepseek_v2_group",
             "deepseek_v3", "deepseek_v3_nonorm", "gpt_oss"}
@@ -33,6 +34,9 @@ def test_float32_greedy_generate_matches_transformers(name):
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(3)]
     expected = [ref[f"greedy_{i}"].tolist() for i in range(3)]
     assert engine.generate(prompts, len(expected[0])) == expected
+    # Continuous batching over a pool of two blocks in 4-token chunks: sequences wait, are preempted and resume.
+    out, sched = run_scheduler(engine, prompts, len(expected[0]), num_blocks=2, chunk_tokens=4, decode_steps=3)
+    assert out == expected and sched.stats.preemptions > 0 and sched.stats.chunk_steps > 3
 
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
