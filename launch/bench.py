@@ -13,6 +13,8 @@ quality: held-out perplexity, top-1 accuracy and expert load of a model with a t
 (launch/bench_quality.py).
 predictors: every expert predictor on held-out routing traces: recall per layer and distance, expert-cache hit
 rates with each as prefetcher, and the accuracy cost of executing its predictions (launch/bench_predictors.py).
+generate: output tokens/s of continuous batching vs static batching vs transformers' batched generate on a
+long-tail workload, with slot utilisation (launch/bench_generate.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
@@ -35,8 +37,8 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_kernels, bench_layouts, bench_offload, bench_peers, bench_predictors, bench_quality,
-                    bench_serve)
+from launch import (bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers, bench_predictors,
+                    bench_quality, bench_serve)
 from launch.bench_util import device_tag, environment, time_calls
 
 
@@ -179,6 +181,7 @@ def main(argv=None):
     bench_peers.add_parser(sub).set_defaults(run=lambda a: bench_peers.peers(a, environment()))
     bench_quality.add_parser(sub).set_defaults(run=lambda a: bench_quality.quality(a, environment()))
     bench_predictors.add_parser(sub).set_defaults(run=lambda a: bench_predictors.predictors(a, environment()))
+    bench_generate.add_parser(sub).set_defaults(run=lambda a: bench_generate.generate(a, environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -19,7 +19,7 @@ from moejax.sched.runner import Runner
 
 
 def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_cache_mb, settings=None, seed_nonce=None,
-             batching="continuous", kv_pool_mb=None):
+             batching="continuous", kv_pool_mb=None, scheduler_options=None):
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
@@ -34,7 +34,7 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                      cache_blocks=cache_blocks)
-    runner = Runner(engine, plan, todo, store, batching=batching)
+    runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options)
     if batching == "continuous":
         runner.kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
                                             if isinstance(r, CompletionRequest) and r.max_tokens
@@ -69,19 +69,20 @@ def explain_lines(engine, lines, *, max_batch_tokens=8192, kv_cache="auto", pref
 
 def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_cache="auto",
                 prefix_cache_mb=1024.0, progress=None, peak=None, settings=None, seed_nonce=None,
-                error_file: str | None = None, batching="continuous", kv_pool_mb=None) -> dict:
+                error_file: str | None = None, batching="continuous", kv_pool_mb=None,
+                scheduler_options=None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its
     journal from an interrupted run with the same settings are skipped; results made with other settings raise
     results.SettingsMismatch before anything is written. settings: what decides the results (default
     engine_settings); seed_nonce: what requests without a seed draw theirs from (default: random); error_file:
     also write the failed lines there. A result that cannot be written raises results.WriteFailed (the journal
     keeps what it has). batching: "continuous" (completions through one scheduler over a paged KV pool of
-    kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size) or "static" (Runner). Returns the run
-    summary."""
+    kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size; scheduler_options: the Scheduler's
+    keywords) or "static" (Runner). Returns the run summary."""
     entries, store, todo, plan, runner = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
                                                   kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb,
                                                   settings=settings, seed_nonce=seed_nonce, batching=batching,
-                                                  kv_pool_mb=kv_pool_mb)
+                                                  kv_pool_mb=kv_pool_mb, scheduler_options=scheduler_options)
     bad = 0
     with store:
         for e in entries:

@@ -97,14 +97,16 @@ def _blocks_for(positions: int) -> int:
 
 class Scheduler:
     def __init__(self, engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
-                 decode_steps: int = 8, decode_text: Callable | None = None):
-        """decode_text(tokens) -> str: for stop strings (a sequence with stop strings needs it)."""
+                 decode_steps: int = 8, mixed: bool = False, decode_text: Callable | None = None):
+        """mixed: while sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
+        running their own decode steps. decode_text(tokens) -> str: for stop strings (a sequence with stop strings
+        needs it)."""
         if max_rows < 1 or chunk_tokens < 1 or decode_steps < 1:
             raise ValueError(f"max_rows, chunk_tokens and decode_steps must be >= 1; got {max_rows}, "
                              f"{chunk_tokens}, {decode_steps}")
         self.engine, self.num_blocks = engine, int(num_blocks)
         self.max_rows, self.chunk_tokens, self.decode_steps = max_rows, chunk_tokens, decode_steps
-        self.decode_text = decode_text
+        self.decode_text, self.mixed = decode_text, mixed
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
         self.pool = None
@@ -132,11 +134,12 @@ class Scheduler:
         while self.waiting or self.running:
             self._admit()
             try:
-                prefilling = [s for s in self.running if s.prefilling]
-                if prefilling:
-                    self._chunk_step(prefilling)
                 decoding = [s for s in self.running if not s.prefilling and not s.done]
-                if decoding:
+                mixed = self.mixed and decoding and any(s.prefilling for s in self.running)
+                if any(s.prefilling for s in self.running):
+                    self._chunk_step(self._grow(decoding, 1) if mixed else {})
+                decoding = [s for s in self.running if not s.prefilling and not s.done]
+                if decoding and not mixed:
                     self._decode_step(decoding)
             except Exception as e:  # a failing step costs only the sequences in flight
                 if self._delivering:  # raised by on_finish (e.g. results that cannot be written): not a step's
@@ -245,37 +248,47 @@ class Scheduler:
             temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out)
         return temp, top_p, jax.random.wrap_key_data(keys), count
 
-    def _chunk_step(self, prefilling: list[_Seq]) -> None:
-        budget, rows = self.chunk_tokens, []
-        for s in sorted(prefilling, key=lambda s: s.order):
+    def _chunk_step(self, riders: dict) -> None:
+        """One chunked-prefill step over the prefilling sequences (oldest first, under the token budget); with
+        `riders` ({decoding sequence: (position, 1)}, mixed steps) their next token rides along as a 1-token row."""
+        budget, rows = self.chunk_tokens - len(riders), [(s, 1, start) for s, (start, _) in riders.items()]
+        for s in sorted([s for s in self.running if s.prefilling], key=lambda s: s.order):
             take = min(s.target - s.computed, budget)
             if take <= 0:
                 break
-            rows.append((s, take))
+            rows.append((s, take, s.computed))
             budget -= take
-        seqs = [s for s, _ in rows]
-        B, T = rows_bucket(max(len(rows), MIN_ROWS), self.engine.row_multiple), bucket(max(t for _, t in rows), MIN_CHUNK)
+        if not rows:
+            return
+        seqs = [s for s, _, _ in rows]
+        B = rows_bucket(max(len(rows), MIN_ROWS), self.engine.row_multiple)
+        T = bucket(max(t for _, t, _ in rows), MIN_CHUNK)
         tokens = np.zeros((B, T), np.int32)
         start, n = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
-        for r, (s, take) in enumerate(rows):
-            tokens[r, :take] = s.context[s.computed: s.computed + take]
-            start[r], n[r] = s.computed, take
-            self.blocks.check_writable(s.blocks[s.computed // BLOCK: _blocks_for(s.computed + take)])
+        for r, (s, take, first) in enumerate(rows):
+            tokens[r, :take] = s.context[first: first + take]
+            start[r], n[r] = first, take
+            self.blocks.check_writable(s.blocks[first // BLOCK: _blocks_for(first + take)])
         table = self._table(seqs, B)
         fresh = not start.any()
         self.stats.shapes.add(("chunk", B, T, table.shape[1], fresh))
         self.pool, tok = self.engine.paged_chunk(self.pool, tokens, start, n, table, *self._sampling(seqs, B),
                                                  fresh=fresh)
-        for s, take in rows:
+        for s, take, _ in rows:
             s.computed += take
-            self._publish(s)
+            if s not in riders:
+                self._publish(s)
         tok = self._wait(tok)
         self.stats.chunk_steps += 1
-        self.stats.prefill_tokens += sum(t for _, t in rows)
+        self.stats.prefill_tokens += sum(t for s, t, _ in rows if s not in riders)
         self.stats.prefill_slots += B * T
-        for r, (s, _) in enumerate(rows):
-            if s.computed == s.target and not s.out:  # the prompt is in: its first token is sampled
+        for r, (s, _, _) in enumerate(rows):
+            if s in riders:
+                self.stats.decode_rows_useful += 1
                 self._extend(s, [int(tok[r])])
+            elif s.computed == s.target and not s.out:  # the prompt is in: its first token is sampled
+                self._extend(s, [int(tok[r])])
+        self.stats.decode_rows_computed += len(riders) * T  # a rider's row is as wide as the chunk
 
     def _publish(self, s: _Seq) -> None:
         """Index the prompt blocks a dispatched step has completed (later steps read them written)."""
@@ -288,29 +301,30 @@ class Scheduler:
                     del self._pending[hashes[j]]
             s.published = full
 
-    def _decode_step(self, decoding: list[_Seq]) -> None:
-        K, want = self.decode_steps, {}
+    def _grow(self, decoding: list[_Seq], tokens: int) -> dict:
+        """Blocks for up to `tokens` more tokens of each decoding sequence, oldest first, preempting the youngest
+        running sequence while the pool is out of blocks. -> {sequence: (first position written, tokens)}."""
+        want = {}
         for s in sorted(decoding, key=lambda s: s.order):
-            if s not in self.running:  # preempted for an older sequence below
-                continue
             start = len(s.req.prompt) + len(s.out) - 1
-            wanted = min(K, s.req.max_tokens - len(s.out))
-            while True:
-                fit = (len(s.blocks) + self.blocks.available()) * BLOCK - start
-                if fit >= 1:
-                    break
+            while s in self.running and (len(s.blocks) + self.blocks.available()) * BLOCK - start < 1:
                 self._preempt(max(self.running, key=lambda q: q.order))
-                if s not in self.running:
-                    break
-            if s not in self.running:
+            if s not in self.running:  # preempted itself (the youngest), or for an older one before
                 continue
-            wanted = min(wanted, fit)
+            fit = (len(s.blocks) + self.blocks.available()) * BLOCK - start
+            wanted = min(tokens, s.req.max_tokens - len(s.out), fit)
             extra = _blocks_for(start + wanted) - len(s.blocks)
             if extra > 0:
                 s.blocks += self.blocks.allocate(extra)
             self.blocks.check_writable(s.blocks[start // BLOCK: _blocks_for(start + wanted)])
             want[s] = (start, wanted)
+        want = {s: w for s, w in want.items() if s in self.running}
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
+        return want
+
+    def _decode_step(self, decoding: list[_Seq]) -> None:
+        K = self.decode_steps
+        want = self._grow(decoding, K)
         seqs = [s for s in decoding if s in want]
         if not seqs:
             return

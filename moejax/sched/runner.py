@@ -59,15 +59,17 @@ BATCHING = ("continuous", "static")
 
 class Runner:
     def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None,
-                 batching: str = "continuous", kv_blocks: int = 0):
+                 batching: str = "continuous", kv_blocks: int = 0, scheduler_options: dict | None = None):
         """batching: "continuous" serves every completion through one scheduler over a paged KV pool of
         `kv_blocks` blocks (moejax.sched.continuous); "static" runs each planned completion batch as one prefill
-        and one decode loop until its longest row ends."""
+        and one decode loop until its longest row ends. scheduler_options: keywords of the Scheduler (max_rows,
+        chunk_tokens, decode_steps, mixed)."""
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}; got {batching!r}")
         self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
         self.progress = progress
         self.batching, self.kv_blocks = batching, kv_blocks
+        self.scheduler_options = dict(scheduler_options or {})
         self.kv_pool = None  # pool_size.PoolSize, when it was sized from a budget (explain shows it)
         self.scheduler_stats = None
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
@@ -250,7 +252,7 @@ class Runner:
                 failed.add(i)
                 self._fail_requests([self._index[reqs[i].line]], message)
 
-        sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode)
+        sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode, **self.scheduler_options)
         stats = sched.run(items, on_finish, on_fail)
         m = self.metrics
         m.computed_tokens += stats.prefill_tokens

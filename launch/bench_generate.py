@@ -1,0 +1,190 @@
+"""`python -m launch.bench generate`: output tokens/s of continuous batching against static batching and against
+transformers' batched `generate`, side by side in one process on one checkpoint, on a long-tail workload (prompts
+and max_tokens log-uniform over wide ranges, greedy, with stop tokens).
+
+Every engine delivers the same thing: each request's tokens up to its max_tokens or first stop token, and
+tokens/s counts only those. moejax runs the whole `serve_lines` path (parse, plan, steps, results) once untimed
+(it compiles every shape the run uses) and then `--repeats` times; transformers runs batches of `--hf-batch`
+requests (left-padded, sorted by prompt length) with max_new_tokens = the batch's largest max_tokens and the
+stop tokens as eos: a row's tokens past its own max_tokens are computed and dropped, as a static batch does.
+Slot utilisation is useful decode rows / decode rows computed (moejax's runner counts both). Continuous batching
+runs twice: prefill chunks and decodes in separate steps (the default) and in mixed steps (decoding sequences
+ride along in the chunk steps as 1-token rows while anything prefills). For a preset the
+checkpoint is built with transformers from the preset's config (--num-layers of it), so both engines load the
+same weights; a directory is loaded as it is."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+import moejax
+from moejax.sched.batch import serve_lines
+
+
+def workload(n: int, vocab: int, prompt_range, max_range, stop_ids, seed: int) -> list[dict]:
+    """n requests: prompt lengths and max_tokens log-uniform over their ranges, random tokens, greedy."""
+    rng = np.random.default_rng(seed)
+
+    def log_uniform(lo, hi):
+        return int(round(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
+    return [dict(prompt=rng.integers(1, vocab, log_uniform(*prompt_range)).tolist(),
+                 max_tokens=log_uniform(*max_range), stop_token_ids=list(stop_ids)) for _ in range(n)]
+
+
+def _lines(reqs) -> list[str]:
+    return [json.dumps({"custom_id": f"g{i}", "url": "/v1/completions",
+                        "body": {"prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
+                                 "stop_token_ids": r["stop_token_ids"], "seed": 0}})
+            for i, r in enumerate(reqs)]
+
+
+# moejax configurations: (name, serve_lines batching, scheduler options)
+MOEJAX = (("continuous", "continuous", {}), ("continuous, mixed steps", "continuous", {"mixed": True}),
+          ("static", "static", None))
+
+
+def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb) -> tuple[dict, list]:
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.jsonl")
+        t0 = time.perf_counter()
+        summary = serve_lines(engine, _lines(reqs), out, batching=batching, max_batch_tokens=max_batch_tokens,
+                              kv_pool_mb=kv_pool_mb, seed_nonce=0, scheduler_options=options)
+        wall = time.perf_counter() - t0
+        rows = [json.loads(x) for x in open(out)]
+    tokens = [row["response"]["body"]["choices"][0]["token_ids"] for row in rows]
+    return dict(wall_s=wall, summary=summary), tokens
+
+
+def _transformers(model, reqs, batch: int, stop_ids, pad_id: int) -> tuple[float, list]:
+    import torch
+    order = sorted(range(len(reqs)), key=lambda i: len(reqs[i]["prompt"]))
+    out = [None] * len(reqs)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for k in range(0, len(order), batch):
+            idx = order[k: k + batch]
+            width = max(len(reqs[i]["prompt"]) for i in idx)
+            ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                p = reqs[i]["prompt"]
+                ids[r, width - len(p):] = torch.tensor(p)
+                mask[r, width - len(p):] = 1
+            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, eos_token_id=list(stop_ids),
+                                 pad_token_id=pad_id, max_new_tokens=max(reqs[i]["max_tokens"] for i in idx))
+            for r, i in enumerate(idx):
+                out[i] = _cut(gen[r, width:].tolist(), reqs[i]["max_tokens"], stop_ids)
+    return time.perf_counter() - t0, out
+
+
+def _cut(tokens, max_tokens: int, stop_ids) -> list[int]:
+    """A row as a request delivers it: up to max_tokens, ending at (and keeping) the first stop token."""
+    tokens = tokens[:max_tokens]
+    end = next((j for j, t in enumerate(tokens) if t in stop_ids), None)
+    return tokens if end is None else tokens[: end + 1]
+
+
+def _checkpoint(args, tmp: str) -> str:
+    """The directory both engines load: --model itself, or a preset's config built and saved by transformers."""
+    from moejax.presets import preset_config, resolve_embedded
+    if os.path.isdir(resolve_embedded(args.model)):
+        return resolve_embedded(args.model)
+    from launch.bench import _hf_checkpoint
+    hf_config = preset_config(args.model)
+    if args.num_layers:
+        hf_config["num_hidden_layers"] = args.num_layers
+        if isinstance(hf_config.get("layer_types"), list):
+            hf_config["layer_types"] = hf_config["layer_types"][: args.num_layers]
+    _hf_checkpoint(hf_config, tmp, args.seed)
+    return tmp
+
+
+def generate(args, environment: dict) -> dict:
+    tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
+    path = _checkpoint(args, tmp.name)
+    engine = moejax.load(path, dtype="float32", compilation_cache=False)
+    cfg = engine.config
+    stop_ids = tuple(cfg.eos_token_ids) + tuple(int(t) for t in args.stop_ids.split(",") if t)
+    reqs = workload(args.requests, cfg.vocab_size, (args.min_prompt, args.max_prompt),
+                    (args.min_new, args.max_new), stop_ids, args.seed)
+    print(f"{args.model} ({path}): {cfg.num_layers} layers; {len(reqs)} requests, prompts "
+          f"{args.min_prompt}-{args.max_prompt}, max_tokens {args.min_new}-{args.max_new}, stop ids {stop_ids}",
+          flush=True)
+    results, outputs = [], {}
+    for name, batching, options in MOEJAX:
+        t0 = time.perf_counter()
+        _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)  # compiles every shape
+        warm = time.perf_counter() - t0
+        runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)
+                for _ in range(args.repeats)]
+        walls = [r[0]["wall_s"] for r in runs]
+        outputs[name] = tokens = runs[-1][1]
+        summary = runs[-1][0]["summary"]
+        row = dict(engine="moejax", batching=name, seconds=walls, seconds_median=float(np.median(walls)),
+                   first_run_s=warm, output_tokens=sum(map(len, tokens)),
+                   slot_utilisation=summary["slot_utilisation"], scheduler=summary["scheduler"],
+                   prefill_tokens_computed=summary["computed_tokens"], padded_prefill_tokens=summary["padded_tokens"])
+        results.append(row)
+    if not args.no_transformers:
+        import torch
+        import transformers
+        torch.set_num_threads(os.cpu_count())
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        _transformers(model, reqs[: args.hf_batch], args.hf_batch, stop_ids, 0)  # warm-up
+        walls, out = [], None
+        for _ in range(args.repeats):
+            wall, out = _transformers(model, reqs, args.hf_batch, stop_ids, 0)
+            walls.append(wall)
+        outputs["transformers"] = out
+        results.append(dict(engine="transformers", batching=f"generate, batches of {args.hf_batch}", seconds=walls,
+                            seconds_median=float(np.median(walls)), output_tokens=sum(map(len, out)),
+                            torch_threads=torch.get_num_threads()))
+    for r in results:
+        r["output_tokens_per_s"] = r["output_tokens"] / r["seconds_median"]
+        key = "transformers" if r["engine"] == "transformers" else r["batching"]
+        r["same_tokens_as_static"] = float(np.mean([a == b for a, b in zip(outputs[key], outputs["static"])]))
+        util = r.get("slot_utilisation")
+        print(f"  {r['engine']:12s} {r['batching']:26s} {r['output_tokens_per_s']:8.1f} output tok/s  "
+              f"median {r['seconds_median']:.1f}s  {r['output_tokens']} tokens  "
+              f"{'' if util is None else f'slots {util:.0%} useful  '}same as static {r['same_tokens_as_static']:.0%}",
+              flush=True)
+    rate = {r["batching"] if r["engine"] == "moejax" else "transformers": r["output_tokens_per_s"] for r in results}
+    ratios = {"continuous / static": rate["continuous"] / rate["static"],
+              "mixed steps / separate steps": rate["continuous, mixed steps"] / rate["continuous"]}
+    if "transformers" in rate:
+        ratios["continuous / transformers"] = rate["continuous"] / rate["transformers"]
+    for k, v in ratios.items():
+        print(f"  {k}: {v:.2f}x")
+    tmp.cleanup()
+    lengths = [len(t) for t in outputs["static"]]
+    return dict(**environment, benchmark="generate",
+                config=dict(model=args.model, num_layers=cfg.num_layers, dtype="float32", requests=args.requests,
+                            prompt_range=[args.min_prompt, args.max_prompt], max_tokens_range=[args.min_new, args.max_new],
+                            stop_ids=list(stop_ids), max_batch_tokens=args.max_batch_tokens,
+                            kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch, repeats=args.repeats,
+                            seed=args.seed, output_length_quartiles=np.percentile(lengths, [25, 50, 75]).tolist()),
+                results=results, ratios=ratios)
+
+
+def add_parser(sub):
+    p = sub.add_parser("generate", help="output tokens/s: continuous vs static batching vs transformers generate")
+    p.add_argument("--model", default="pycode-moe", help="preset (built with transformers) or checkpoint directory")
+    p.add_argument("--num-layers", type=int, default=None, help="a preset's first N layers")
+    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--min-prompt", type=int, default=32)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--min-new", type=int, default=8)
+    p.add_argument("--max-new", type=int, default=512)
+    p.add_argument("--stop-ids", default="", help="stop token ids besides the model's eos, comma-separated")
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="static batching's budget (launch.serve's)")
+    p.add_argument("--kv-pool-mb", type=float, default=None)
+    p.add_argument("--hf-batch", type=int, default=16, help="transformers: requests per generate call")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-transformers", action="store_true")
+    p.add_argument("--out", default=None, help="JSON file (default bench/results/generate-<device>.json)")
+    return p
