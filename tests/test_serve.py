@@ -23,6 +23,7 @@ from garbage import FORMAT_EXAMPLES, damage
 from launch import serve as serve_cli
 from moejax.kernels.backends import on_gpu
 from moejax.sched.batch import explain_lines, serve_lines
+from moejax.sched.requests import CompletionRequest, parse_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples", "requests.jsonl")
@@ -275,6 +276,11 @@ def test_explain_loads_no_weights():
     assert engine._state is None
     assert "prefix KV cache:" in text and "batches:" in text
     assert "score" in text and "completion" in text
+    # the paged pool holds every sequence's prompt and max_tokens at once here (the default 1 GiB is more)
+    parsed = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=engine.config.vocab_size,
+                         max_context=engine.config.max_position_embeddings)
+    need = sum(-(-(len(r.prompt) + r.max_tokens) // 16) * r.n for r in parsed if isinstance(r, CompletionRequest))
+    assert re.search(rf"KV pool \(continuous batching\): {need} blocks of 16 tokens", text), text
     n_batches = int(re.search(r"(\d+) batches:", text).group(1))
     assert n_batches >= 2 and len(re.findall(r"^\s+\d+ (score|completion) ", text, re.M)) == n_batches
 
