@@ -109,10 +109,14 @@ def generate(args, environment: dict) -> dict:
     engine = moejax.load(path, dtype="float32", compilation_cache=False)
     cfg = engine.config
     stop_ids = tuple(cfg.eos_token_ids) + tuple(int(t) for t in args.stop_ids.split(",") if t)
+    if args.stop_fraction:  # a random-weight model rarely makes its eos: random stop ids end rows at random points
+        pick = np.random.default_rng(args.seed + 1).choice(cfg.vocab_size, int(args.stop_fraction * cfg.vocab_size),
+                                                           replace=False)
+        stop_ids += tuple(int(t) for t in sorted(pick))
     reqs = workload(args.requests, cfg.vocab_size, (args.min_prompt, args.max_prompt),
                     (args.min_new, args.max_new), stop_ids, args.seed)
     print(f"{args.model} ({path}): {cfg.num_layers} layers; {len(reqs)} requests, prompts "
-          f"{args.min_prompt}-{args.max_prompt}, max_tokens {args.min_new}-{args.max_new}, stop ids {stop_ids}",
+          f"{args.min_prompt}-{args.max_prompt}, max_tokens {args.min_new}-{args.max_new}, {len(stop_ids)} stop ids",
           flush=True)
     results, outputs = [], {}
     for name, batching, options in MOEJAX:
@@ -164,7 +168,7 @@ def generate(args, environment: dict) -> dict:
     return dict(**environment, benchmark="generate",
                 config=dict(model=args.model, num_layers=cfg.num_layers, dtype="float32", requests=args.requests,
                             prompt_range=[args.min_prompt, args.max_prompt], max_tokens_range=[args.min_new, args.max_new],
-                            stop_ids=list(stop_ids), max_batch_tokens=args.max_batch_tokens,
+                            stop_ids=list(stop_ids), stop_fraction=args.stop_fraction, max_batch_tokens=args.max_batch_tokens,
                             kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch, repeats=args.repeats,
                             seed=args.seed, output_length_quartiles=np.percentile(lengths, [25, 50, 75]).tolist()),
                 results=results, ratios=ratios)
@@ -180,6 +184,8 @@ def add_parser(sub):
     p.add_argument("--min-new", type=int, default=8)
     p.add_argument("--max-new", type=int, default=512)
     p.add_argument("--stop-ids", default="", help="stop token ids besides the model's eos, comma-separated")
+    p.add_argument("--stop-fraction", type=float, default=0.0,
+                   help="also stop at this fraction of the vocabulary, drawn at random (for random-weight presets)")
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="static batching's budget (launch.serve's)")
     p.add_argument("--kv-pool-mb", type=float, default=None)
     p.add_argument("--hf-batch", type=int, default=16, help="transformers: requests per generate call")

@@ -53,10 +53,11 @@ def test_shared_prefix_blocks_are_read_not_recomputed(tiny):
     prefix = prompts_of([40], seed=1)[0]
     prompts = [prefix + tail for tail in prompts_of([3, 9, 17], seed=2)]
     expected = tiny.generate(prompts, 6)
-    out, sched = run_scheduler(tiny, prompts, 6, num_blocks=16, chunk_tokens=64, decode_steps=4)
+    out, sched = run_scheduler(tiny, prompts, 6, num_blocks=16, chunk_tokens=64, row_tokens=16, decode_steps=4)
     assert out == expected
     assert sched.stats.shared_tokens == 2 * 32 and sched.blocks.shared_hits == 4
     assert sched.stats.prefill_tokens == sum(map(len, prompts)) - 2 * 32
+    assert sched.stats.chunk_steps < len(prompts) * 2  # a prompt fills several rows of one step
 
 
 def test_sampling_does_not_depend_on_batch_or_preemption(tiny):

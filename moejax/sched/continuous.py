@@ -97,15 +97,17 @@ def _blocks_for(positions: int) -> int:
 
 class Scheduler:
     def __init__(self, engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
-                 decode_steps: int = 8, mixed: bool = False, decode_text: Callable | None = None):
-        """mixed: while sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
+                 row_tokens: int = 64, decode_steps: int = 8, mixed: bool = False,
+                 decode_text: Callable | None = None):
+        """chunk_tokens: a chunk step's budget (rows x row_tokens); row_tokens: its row length. mixed: while sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
         running their own decode steps. decode_text(tokens) -> str: for stop strings (a sequence with stop strings
         needs it)."""
-        if max_rows < 1 or chunk_tokens < 1 or decode_steps < 1:
-            raise ValueError(f"max_rows, chunk_tokens and decode_steps must be >= 1; got {max_rows}, "
-                             f"{chunk_tokens}, {decode_steps}")
+        if min(max_rows, chunk_tokens, row_tokens, decode_steps) < 1:
+            raise ValueError(f"max_rows, chunk_tokens, row_tokens and decode_steps must be >= 1; got {max_rows}, "
+                             f"{chunk_tokens}, {row_tokens}, {decode_steps}")
         self.engine, self.num_blocks = engine, int(num_blocks)
         self.max_rows, self.chunk_tokens, self.decode_steps = max_rows, chunk_tokens, decode_steps
+        self.row_tokens = min(row_tokens, chunk_tokens)
         self.decode_text, self.mixed = decode_text, mixed
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
@@ -249,15 +251,20 @@ class Scheduler:
         return temp, top_p, jax.random.wrap_key_data(keys), count
 
     def _chunk_step(self, riders: dict) -> None:
-        """One chunked-prefill step over the prefilling sequences (oldest first, under the token budget); with
-        `riders` ({decoding sequence: (position, 1)}, mixed steps) their next token rides along as a 1-token row."""
-        budget, rows = self.chunk_tokens - len(riders), [(s, 1, start) for s, (start, _) in riders.items()]
+        """One chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of up to
+        `row_tokens`, at most chunk_tokens // row_tokens rows. A long prompt fills several rows of one step: each
+        layer writes every row's keys before any row attends, so a row reads the rows before it. With `riders`
+        ({decoding sequence: (position, 1)}, mixed steps) their next token rides along as a 1-token row."""
+        rows = [(s, 1, start) for s, (start, _) in riders.items()]
+        free = max(self.chunk_tokens // self.row_tokens - len(rows), 1)
         for s in sorted([s for s in self.running if s.prefilling], key=lambda s: s.order):
-            take = min(s.target - s.computed, budget)
-            if take <= 0:
+            pos = s.computed
+            while pos < s.target and free:
+                take = min(self.row_tokens, s.target - pos)
+                rows.append((s, take, pos))
+                pos, free = pos + take, free - 1
+            if not free:
                 break
-            rows.append((s, take, s.computed))
-            budget -= take
         if not rows:
             return
         seqs = [s for s, _, _ in rows]
@@ -276,17 +283,17 @@ class Scheduler:
                                                  fresh=fresh)
         for s, take, _ in rows:
             s.computed += take
-            if s not in riders:
-                self._publish(s)
+        for s in {s for s, _, _ in rows if s not in riders}:
+            self._publish(s)
         tok = self._wait(tok)
         self.stats.chunk_steps += 1
         self.stats.prefill_tokens += sum(t for s, t, _ in rows if s not in riders)
         self.stats.prefill_slots += B * T
-        for r, (s, _, _) in enumerate(rows):
+        for r, (s, take, first) in enumerate(rows):
             if s in riders:
                 self.stats.decode_rows_useful += 1
                 self._extend(s, [int(tok[r])])
-            elif s.computed == s.target and not s.out:  # the prompt is in: its first token is sampled
+            elif first + take == s.target and not s.out:  # the prompt is in: its first token is sampled
                 self._extend(s, [int(tok[r])])
         self.stats.decode_rows_computed += len(riders) * T  # a rider's row is as wide as the chunk
 

@@ -252,7 +252,10 @@ class Runner:
                 failed.add(i)
                 self._fail_requests([self._index[reqs[i].line]], message)
 
-        sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode, **self.scheduler_options)
+        options = dict(self.scheduler_options)
+        if self.engine.saturation is not None:  # streamed experts: chunk steps of at least Θ tokens hide the copies
+            options.setdefault("chunk_tokens", max(512, bucket(self.engine.saturation.theta_tokens, 16)))
+        sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode, **options)
         stats = sched.run(items, on_finish, on_fail)
         m = self.metrics
         m.computed_tokens += stats.prefill_tokens
