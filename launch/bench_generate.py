@@ -88,11 +88,14 @@ def _cut(tokens, max_tokens: int, stop_ids) -> list[int]:
     return tokens if end is None else tokens[: end + 1]
 
 
-def _checkpoint(args, tmp: str) -> str:
-    """The directory both engines load: --model itself, or a preset's config built and saved by transformers."""
+def _checkpoint(args, tmp: str) -> tuple[str, dict]:
+    """What both engines load, and moejax.load's extra options: --model's directory, or a preset's config built
+    and saved by transformers (without transformers: the preset itself, its --num-layers)."""
     from moejax.presets import preset_config, resolve_embedded
     if os.path.isdir(resolve_embedded(args.model)):
-        return resolve_embedded(args.model)
+        return resolve_embedded(args.model), {}
+    if args.no_transformers:
+        return args.model, {} if args.num_layers is None else {"num_layers": args.num_layers}
     from launch.bench import _hf_checkpoint
     hf_config = preset_config(args.model)
     if args.num_layers:
@@ -100,13 +103,13 @@ def _checkpoint(args, tmp: str) -> str:
         if isinstance(hf_config.get("layer_types"), list):
             hf_config["layer_types"] = hf_config["layer_types"][: args.num_layers]
     _hf_checkpoint(hf_config, tmp, args.seed)
-    return tmp
+    return tmp, {}
 
 
 def generate(args, environment: dict) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
-    path = _checkpoint(args, tmp.name)
-    engine = moejax.load(path, dtype="float32", compilation_cache=False)
+    path, options = _checkpoint(args, tmp.name)
+    engine = moejax.load(path, dtype=args.dtype, compilation_cache=False, **options)
     cfg = engine.config
     stop_ids = tuple(cfg.eos_token_ids) + tuple(int(t) for t in args.stop_ids.split(",") if t)
     if args.stop_fraction:  # a random-weight model rarely makes its eos: random stop ids end rows at random points
@@ -120,6 +123,8 @@ def generate(args, environment: dict) -> dict:
           flush=True)
     results, outputs = [], {}
     for name, batching, options in MOEJAX:
+        if args.no_mixed and options and options.get("mixed"):
+            continue
         t0 = time.perf_counter()
         _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)  # compiles every shape
         warm = time.perf_counter() - t0
@@ -157,8 +162,9 @@ def generate(args, environment: dict) -> dict:
               f"{'' if util is None else f'slots {util:.0%} useful  '}same as static {r['same_tokens_as_static']:.0%}",
               flush=True)
     rate = {r["batching"] if r["engine"] == "moejax" else "transformers": r["output_tokens_per_s"] for r in results}
-    ratios = {"continuous / static": rate["continuous"] / rate["static"],
-              "mixed steps / separate steps": rate["continuous, mixed steps"] / rate["continuous"]}
+    ratios = {"continuous / static": rate["continuous"] / rate["static"]}
+    if "continuous, mixed steps" in rate:
+        ratios["mixed steps / separate steps"] = rate["continuous, mixed steps"] / rate["continuous"]
     if "transformers" in rate:
         ratios["continuous / transformers"] = rate["continuous"] / rate["transformers"]
     for k, v in ratios.items():
@@ -166,7 +172,7 @@ def generate(args, environment: dict) -> dict:
     tmp.cleanup()
     lengths = [len(t) for t in outputs["static"]]
     return dict(**environment, benchmark="generate",
-                config=dict(model=args.model, num_layers=cfg.num_layers, dtype="float32", requests=args.requests,
+                config=dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, requests=args.requests,
                             prompt_range=[args.min_prompt, args.max_prompt], max_tokens_range=[args.min_new, args.max_new],
                             stop_ids=list(stop_ids), stop_fraction=args.stop_fraction, max_batch_tokens=args.max_batch_tokens,
                             kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch, repeats=args.repeats,
@@ -191,6 +197,9 @@ def add_parser(sub):
     p.add_argument("--hf-batch", type=int, default=16, help="transformers: requests per generate call")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="moejax's dtype (transformers runs float32: compare it in float32)")
     p.add_argument("--no-transformers", action="store_true")
+    p.add_argument("--no-mixed", action="store_true", help="skip continuous batching with mixed steps")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/generate-<device>.json)")
     return p

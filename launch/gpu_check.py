@@ -16,8 +16,8 @@ hardware ceilings measured with CUDA events. Steps, in order of what a short lea
   bench_*       `python -m launch.bench kernels | offload | serve` at sizes that fit the budget
   offload_tests experts streamed and cached from pinned host memory against the resident model
                 (tests/test_host_store.py, tests/test_offload.py: two families)
-  bench_*       `python -m launch.bench generate | plan-profile`: recorded as absent until their modules
-                launch/bench_generate.py, launch/bench_plan_profile.py exist
+  bench_*       `python -m launch.bench generate` (continuous vs static batching on the embedded model, step
+                times), and `plan-profile`: recorded as absent until launch/bench_plan_profile.py exists
 
 Every step runs in its own process under a time limit; a failing or slow step is recorded and the next one
 runs. Writes into --out (at most 8 files, what the device tool brings back): gpu_check-<device>.json (the
@@ -72,7 +72,9 @@ BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry
     "serve": (["--model", "qwen3-30b-a3b", "--num-layers", "4", "--dtype", "bfloat16", "--requests", "64"],
               ["--requests", "4", "--prefix", "32", "--suffix", "8", "--candidates", "2", "--repeats", "1",
                "--max-batch-tokens", "256"], 90),
-    "generate": ([], [], 90),
+    "generate": (["--model", "pycode-moe", "--stop-ids", "588", "--requests", "64", "--no-transformers", "--no-mixed"],
+                 ["--model", "tiny-qwen3-moe", "--requests", "3", "--max-prompt", "40", "--max-new", "12",
+                  "--no-transformers", "--no-mixed"], 150),
     "plan-profile": ([], [], 90),
 }
 

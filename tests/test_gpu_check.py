@@ -25,8 +25,8 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
     record = json.loads((out / "gpu_check-cpu.json").read_text())
     status = {s["name"]: s["status"] for s in record["steps"]}
     assert list(status) == STEPS
-    assert all(status[s] == "passed" for s in STEPS[:9]), status
-    assert status["bench_generate"] == "absent" and status["bench_plan-profile"] == "absent"  # no such benchmark yet
+    assert all(status[s] == "passed" for s in STEPS[:10]), status
+    assert status["bench_plan-profile"] == "absent"  # no such benchmark yet
     assert record["mode"] == "dry-run" and record["seconds"] < record["budget_s"]
 
     env = record["environment"]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from moejax.buckets import bucket, rows_bucket
+from moejax.buckets import bucket, fine_bucket, rows_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
@@ -348,7 +348,7 @@ class Scheduler:
             return
         t0, calls = time.perf_counter(), []
         for group in self._groups(seqs):
-            B = rows_bucket(max(len(group), MIN_ROWS), self.engine.row_multiple)
+            B = self._decode_rows(len(group))
             last, start, budget = (np.zeros((B,), np.int32) for _ in range(3))
             width = bucket(max(len(s.req.stop_ids) for s in group), 4)
             stops = np.full((B, width), -1, np.int32)
@@ -371,10 +371,16 @@ class Scheduler:
                 self._extend(s, out[r, : made[r]].tolist())
         self.stats.decode_s += time.perf_counter() - t0
 
+    def _decode_rows(self, n: int) -> int:
+        """A decode call's rows for n sequences: 1.5x buckets (24, 32, 48, 64, ...: at most a third padding, where
+        decode is most of a run) rounded to a multiple of the devices that split rows."""
+        multiple = self.engine.row_multiple
+        return -(-fine_bucket(n, MIN_ROWS) // multiple) * multiple
+
     def _cost(self, seqs) -> int:
         """A decode call's work, in row-blocks: rows x (block-table width + ROW_COST_BLOCKS)."""
-        B = rows_bucket(max(len(seqs), MIN_ROWS), self.engine.row_multiple)
-        return B * (bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS) + ROW_COST_BLOCKS)
+        width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
+        return self._decode_rows(len(seqs)) * (width + ROW_COST_BLOCKS)
 
     def _groups(self, seqs: list[_Seq], most: int = 3) -> list[list[_Seq]]:
         """Decode rows in up to `most` calls by block-table width, where that costs less: a call reads every row's
