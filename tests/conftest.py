@@ -60,6 +60,8 @@ def _start_gpu_check_dry_run() -> dict:
 def pytest_collection_finish(session):
     """The GPU check's dry run is a chain of processes (about 100 s, mostly one core): start it as soon as the
     session knows its test will run, so that it runs beside the other tests on the second core."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects every test; the one that runs it
+        return  # starts the dry run then (waiting for it, that worker leaves the cores to the other workers)
     if any(item.nodeid == GPU_CHECK_DRY_RUN for item in session.items):
         _dry_run.update(_start_gpu_check_dry_run())
 

@@ -45,7 +45,7 @@ def results():
 
 
 def test_every_layout_equals_one_device(results):
-    assert len(results["models"]) == 33  # 11 layouts x 3 families
+    assert len(results["models"]) == 19  # 11 layouts on qwen3_moe, 4 on each of two other families
     for case, r in results["models"].items():
         assert r["rel"] <= TOL, case
         assert r["same_tokens"], case

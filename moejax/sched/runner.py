@@ -122,6 +122,10 @@ class Runner:
         if self.plan.pool_blocks:
             self.pool = self.engine.init_pool(self.plan.pool_blocks)
         continuous = []
+        if self.batching == "continuous":  # completions do not read the scoring prefix cache: keep nothing for them
+            for k, batch in enumerate(self.plan.batches):
+                if batch.kind != "score":
+                    self.future.subtract(self.plan.uses[k])
         for k, batch in enumerate(self.plan.batches):
             if batch.kind != "score" and self.batching == "continuous":
                 continuous += batch.requests
