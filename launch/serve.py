@@ -81,8 +81,8 @@ def parse_args(argv=None):
                         "together and decodes until its longest row ends: the baseline). Several processes use "
                         "static")
     p.add_argument("--kv-pool-mb", type=float, default=None,
-                   help="continuous batching's KV pool in MiB (default: the device budget less the weights and a "
-                        "10%% reserve; 1024 where the device reports none, as on CPU); --explain shows it")
+                   help="continuous batching's KV pool in MiB (default: the device budget less the weights and 5%% "
+                        "for activations; 1024 where the device reports none, as on CPU); --explain shows it")
     p.add_argument("--layout", default=None,
                    help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts "
                         "replicated|tp|ep|async_ep; devices=N; exchange=all_to_all|gather; see moejax.sharding)")

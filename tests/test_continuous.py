@@ -130,3 +130,26 @@ def _comparable(row: dict) -> dict:
     body = dict(row["response"]["body"])
     body.pop("created", None)
     return {"custom_id": row["custom_id"], **body}
+
+
+def test_a_failing_step_fails_only_its_sequences(tiny, tmp_path, monkeypatch):
+    """A decode step that raises fails the requests in flight (500, retried by a rerun); the scheduler starts a
+    fresh pool and serves the rest."""
+    real, calls = tiny.paged_decode, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("no room")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(tiny, "paged_decode", flaky)
+    p = prompts_of([5, 9, 7], seed=7)
+    lines = [completion_line(f"c{i}", prompt, 4, seed=i) for i, prompt in enumerate(p)]
+    out = tmp_path / "out.jsonl"
+    summary = serve_lines(tiny, lines, str(out), seed_nonce=0, scheduler_options={"max_rows": 2})
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    # the two longest prompts are admitted first (the plan's order), decode together and fail together
+    assert [r["response"]["status_code"] for r in rows] == [200, 500, 500]
+    assert rows[1]["error"]["message"] == "step failed: MemoryError: no room"
+    assert rows[0]["response"]["body"]["choices"][0]["token_ids"] == tiny.generate(p[:1], 4)[0]
+    assert summary["requests_ok"] == 1 and summary["requests_batch_failed"] == 2

@@ -201,7 +201,8 @@ def test_sampling_without_a_seed_draws_one_per_request_and_run(engine, tmp_path)
     assert len({b["seed"] for b in drawn}) == 3  # per request and per run
     assert len({tuple(b["choices"][0]["token_ids"]) for b in drawn}) == 3
     for b in bodies:  # the recorded seed reproduces the result
-        assert b["choices"][0]["token_ids"] == engine.generate([[5, 6, 7]], 8, temperature=1.0, seed=b["seed"])[0]
+        assert b["choices"][0]["token_ids"] == engine.generate([[5, 6, 7]], 8, temperature=1.0, seed=b["seed"],
+                                                               stop_token_ids=engine.config.eos_token_ids)[0]
     assert bodies[2]["seed"] == bodies[3]["seed"] == bodies[5]["seed"] == 7
     assert bodies[2]["choices"] == bodies[3]["choices"] == bodies[5]["choices"]
 

@@ -48,15 +48,15 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
         ("tests/test_offload.py::test_offloaded_store_lives_in_host_memory", "passed")]
 
     files = sorted(os.listdir(out))
-    assert files == ["gpu_check-cpu.json", "gpu_check-cpu.log", "kernels-cpu.json", "offload-cpu.json",
-                     "serve-cpu.json"]  # the device tool brings back at most 8
-    for bench in ("kernels", "offload", "serve"):
+    assert files == ["generate-cpu.json", "gpu_check-cpu.json", "gpu_check-cpu.log", "kernels-cpu.json",
+                     "offload-cpu.json", "serve-cpu.json"]  # the device tool brings back at most 8
+    for bench in ("kernels", "offload", "serve", "generate"):
         runs = json.loads((results / f"{bench}-cpu.json").read_text())["runs"]
         assert len(runs) == 1 and runs[0]["benchmark"] == bench and runs[0]["device"]["kind"] == "cpu"
         assert record["benchmarks"][bench] == f"{bench}-cpu.json"
     assert len(json.loads((results / "gpu_check-cpu.json").read_text())["runs"]) == 1
     log = (out / "gpu_check-cpu.log").read_text()
-    assert all(f"===== {s}:" in log for s in STEPS[:9])
+    assert all(f"===== {s}:" in log for s in STEPS[:10])
     summary = run["stdout"][run["stdout"].rindex("step "):]
     assert all(s in summary for s in STEPS)
 

@@ -572,7 +572,7 @@ def test_failing_batch_gives_500_to_its_requests_only(tiny, tmp_path, monkeypatc
              completion("c", [1, 2, 3], 4),
              score("s40", list(range(300, 340)), [[1], [2]])]
     out = tmp_path / "out.jsonl"
-    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=64)
+    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=64, batching="static")
     assert len(calls) == 3 and summary["batches"] == 4
     rows = rows_of(read_text(out))
     assert [line_no(row) for row in rows] == list(range(1, 6))

@@ -34,6 +34,8 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                      cache_blocks=cache_blocks)
+    if batching == "continuous" and engine.layout is not None and engine.layout.experts == "dep":
+        batching = "static"  # DEP splits a step's rows (and so its caches) into micro-batches: not a shared pool yet
     runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options)
     if batching == "continuous":
         runner.kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
@@ -100,5 +102,5 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": plan.reason,
-            "batches_planned": len(plan.batches), "batching": batching, **metrics.summary(peak),
+            "batches_planned": len(plan.batches), "batching": runner.batching, **metrics.summary(peak),
             "scheduler": runner.scheduler_stats, "offload": engine.stats()}

@@ -1,6 +1,7 @@
 """How many blocks the continuous-batching KV pool gets: a size given in MiB, else what the device budget leaves
-after the weights (less a reserve for activations), else DEFAULT_MB; never more than the run's sequences could
-hold at once (every prompt and max_tokens), since a zeroed pool costs memory and time to make."""
+after the weights (less half the memory plan's reserve, for activations), else DEFAULT_MB. Never more than the
+run's sequences could hold at once (every prompt and max_tokens: a zeroed pool costs memory and time to make), and
+without a given size never less than the longest sequence needs (taken from the reserve), so every request runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,11 +35,15 @@ def pool_size(engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None
             budget, source = DEFAULT_MB * 2**20, f"no device memory cap here: the default {DEFAULT_MB:g} MiB"
         else:
             weights = plan.device_bytes if plan is not None else engine.param_bytes()
-            budget = max(device * (1 - RESERVE_FRACTION) - weights, 0)
-            source = (f"device budget {size(device)} less {RESERVE_FRACTION:.0%} reserve and {size(weights)} of "
-                      "weights")
+            # The memory plan keeps RESERVE_FRACTION of the budget for activations and KV: half of it at least
+            # stays for activations.
+            budget = max(device * (1 - RESERVE_FRACTION / 2) - weights, 0)
+            source = (f"device budget {size(device)} less {size(weights)} of weights and {RESERVE_FRACTION / 2:.0%} "
+                      "for activations")
     blocks = int(budget // block_bytes)
-    need = sum(-(-(p + m) // BLOCK) for p, m in sequences)
-    if need < blocks:
-        blocks, source = need, source + f"; capped at what these {len(sequences)} sequences can hold at once"
+    each = [-(-(p + m) // BLOCK) for p, m in sequences]
+    if sum(each) < blocks:
+        blocks, source = sum(each), source + f"; capped at what these {len(sequences)} sequences can hold at once"
+    elif kv_pool_mb is None and each and max(each) > blocks:  # from the reserve: every sequence can run, alone
+        blocks, source = max(each), source + "; raised to hold the longest sequence (taken from the reserve)"
     return PoolSize(max(blocks, 1), block_bytes, source)
