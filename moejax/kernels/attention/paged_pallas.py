@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from moejax.kernels.attention.pallas import _pieces, block_sizes, plt  # plt None: pallas_unavailable() refuses
+# plt None: pallas_unavailable() refuses these kernels
+from moejax.kernels.attention.pallas import _pieces, block_sizes, normalise, plt, softmax_tile
 from moejax.kernels.padding import pad_axis, round_up
 from moejax.kernels.precision import for_operands
 
@@ -64,11 +65,7 @@ def _kernel(qoff_ref, table_ref, *refs, G, R, P, S, block_r, block_k, window, sc
         vis = live[None, :] & (keys[None, :] <= q_pos[:, None])
         if window is not None:
             vis &= keys[None, :] > q_pos[:, None] - window
-        s = jnp.where(vis, s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing seen yet: l, acc stay 0, no NaN
-        corr = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[:, None])
+        m_new, corr, p = softmax_tile(m, jnp.where(vis, s, -jnp.inf))
         acc = tuple(
             a_prev * corr[:, None] + jnp.dot(
                 p.astype(v_ref.dtype),
@@ -83,15 +80,8 @@ def _kernel(qoff_ref, table_ref, *refs, G, R, P, S, block_r, block_k, window, sc
             tuple(jnp.zeros((block_r, n), _f32) for _, n in dv_pieces))
     m, l, acc = lax.fori_loop(kb_lo, kb_hi, body, init)
 
-    if has_sinks:
-        sink = sink_ref[...]
-        m_fin = jnp.maximum(m, sink)
-        rescale = jnp.exp(m - m_fin)
-        l = l * rescale + jnp.exp(sink - m_fin)
-        acc = tuple(a * rescale[:, None] for a in acc)
-    inv = 1.0 / jnp.where(l == 0, 1.0, l)  # a row that sees no key: acc = 0 -> output 0
-    for a_out, (a, n) in zip(acc, dv_pieces):
-        plt.store(o_ref.at[:, pl.ds(a, n)], (a_out * inv[:, None]).astype(o_ref.dtype))
+    for a_out, (a, n) in zip(normalise(m, l, acc, sink_ref[...] if has_sinks else None), dv_pieces):
+        plt.store(o_ref.at[:, pl.ds(a, n)], a_out.astype(o_ref.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("window", "scale", "interpret"))

@@ -57,6 +57,26 @@ def _pieces(d: int) -> list[tuple[int, int]]:
     return out
 
 
+def softmax_tile(m, s):
+    """Online softmax over one key tile: running max m [rows], logits s [rows, keys] (-inf: not visible) ->
+    (new running max, the factor that rescales the sums so far, exp(s - new max))."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing seen yet: l, acc stay 0, no NaN
+    return m_new, jnp.exp(m - m_safe), jnp.exp(s - m_safe[:, None])
+
+
+def normalise(m, l, acc, sink):
+    """The end of the tile loop: acc (pieces [rows, n]) / l, with sink (one extra logit per row, or None) in the
+    denominator only; a row that saw no key gets 0."""
+    if sink is not None:
+        m_fin = jnp.maximum(m, sink)
+        rescale = jnp.exp(m - m_fin)
+        l = l * rescale + jnp.exp(sink - m_fin)
+        acc = tuple(a * rescale[:, None] for a in acc)
+    inv = 1.0 / jnp.where(l == 0, 1.0, l)
+    return tuple(a * inv[:, None] for a in acc)
+
+
 def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, scale, d_pieces,
             dv_pieces, has_sinks, precision):
     if has_sinks:
@@ -91,11 +111,7 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
             vis &= keys[None, :] <= q_pos[:, None]
         if window is not None:
             vis &= keys[None, :] > q_pos[:, None] - window
-        s = jnp.where(vis, s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing seen yet: l, acc stay 0, no NaN
-        corr = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[:, None])
+        m_new, corr, p = softmax_tile(m, jnp.where(vis, s, -jnp.inf))
         acc = tuple(
             a_prev * corr[:, None] + jnp.dot(
                 p.astype(v_ref.dtype),
@@ -110,15 +126,8 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
 
     if lse_ref:
         lse_ref[0][...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
-    if has_sinks:
-        sink = sink_ref[...]
-        m_fin = jnp.maximum(m, sink)
-        rescale = jnp.exp(m - m_fin)
-        l = l * rescale + jnp.exp(sink - m_fin)
-        acc = tuple(a * rescale[:, None] for a in acc)
-    inv = 1.0 / jnp.where(l == 0, 1.0, l)  # a row that sees no key: acc = 0 -> output 0
-    for a_out, (a, n) in zip(acc, dv_pieces):
-        plt.store(o_ref.at[:, pl.ds(a, n)], (a_out * inv[:, None]).astype(o_ref.dtype))
+    for a_out, (a, n) in zip(normalise(m, l, acc, sink_ref[...] if has_sinks else None), dv_pieces):
+        plt.store(o_ref.at[:, pl.ds(a, n)], a_out.astype(o_ref.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse", "interpret"))
