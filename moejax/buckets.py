@@ -7,10 +7,11 @@ def bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def rows_bucket(n: int, multiple: int = 1) -> int:
-    """A batch's padded row count: bucket(n) rounded up to a multiple of the devices that split rows (a layout's
-    data-parallel attention), so every device gets as many rows (uneven splits make XLA reshard around norms)."""
-    return -(-bucket(n) // multiple) * multiple
+def rows_bucket(n: int, multiple: int = 1, fine: bool = False) -> int:
+    """A batch's padded row count: bucket(n) (fine: fine_bucket(n)) rounded up to a multiple of the devices that
+    split rows (a layout's data-parallel attention), so every device gets as many rows (uneven splits make XLA
+    reshard around norms)."""
+    return -(-(fine_bucket(n) if fine else bucket(n)) // multiple) * multiple
 
 
 def fine_bucket(n: int, minimum: int = 1) -> int:

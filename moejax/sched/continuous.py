@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from moejax.buckets import bucket, fine_bucket, rows_bucket
+from moejax.buckets import bucket, rows_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
@@ -374,8 +374,7 @@ class Scheduler:
     def _decode_rows(self, n: int) -> int:
         """A decode call's rows for n sequences: 1.5x buckets (24, 32, 48, 64, ...: at most a third padding, where
         decode is most of a run) rounded to a multiple of the devices that split rows."""
-        multiple = self.engine.row_multiple
-        return -(-fine_bucket(n, MIN_ROWS) // multiple) * multiple
+        return rows_bucket(max(n, MIN_ROWS), self.engine.row_multiple, fine=True)
 
     def _cost(self, seqs) -> int:
         """A decode call's work, in row-blocks: rows x (block-table width + ROW_COST_BLOCKS)."""
