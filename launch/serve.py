@@ -40,6 +40,8 @@ from moejax.offload.expert_cache import POLICIES
 from moejax.offload.memory_plan import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
+from moejax.plan.resolve import profile_for
+from moejax.plan.theta import theta_eq1
 from moejax.sched.batch import engine_settings, explain_lines, serve_lines
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
@@ -85,13 +87,22 @@ def parse_args(argv=None):
                         "for activations; 1024 where the device reports none, as on CPU); --explain shows it")
     p.add_argument("--layout", default=None,
                    help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts "
-                        "replicated|tp|ep|async_ep; devices=N; exchange=all_to_all|gather; see moejax.sharding)")
+                        "replicated|tp|ep|async_ep|dep; devices=N; exchange=all_to_all|gather; dep: attn_devices, "
+                        "expert_devices, r1, r2, order asas|aass|pppipe, each may be auto (FinDEP's solver); see "
+                        "moejax.sharding), or auto: the layout the planner predicts fastest (--explain says why)")
+    p.add_argument("--profile", default=None,
+                   help="hardware profile that auto choices and --theta eq1 consult: h100, h200, a100, l4, t4 or a "
+                        "JSON from `python -m launch.profile` (default: the one measured for these devices, else "
+                        "their datasheet)")
     g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
     g.add_argument("--placement", default="auto", choices=PLACEMENTS,
                    help="where routed experts live: auto (resident when the model fits --device-memory-gb, else "
                         "streamed, else cached), resident, streamed (layers copied ahead from host memory; "
                         "prefill batches are packed to the profiled saturation threshold), cached (an expert "
                         "cache; for decode and small batches)")
+    g.add_argument("--theta", default="profile", choices=["profile", "eq1"],
+                   help="streamed: the saturation threshold Θ prefill batches are filled to: profile (measure it, "
+                        "MoE-Prefill Eq. 3) or eq1 (from the hardware profile, Eq. 1; no profiling pass)")
     g.add_argument("--device-memory-gb", type=float, default=None,
                    help="device memory moejax may use (default: the device's; no cap on CPU)")
     g.add_argument("--window", type=int, default=None, help="streamed: MoE layers copied ahead (default: planned)")
@@ -209,6 +220,19 @@ def check_kernels(args) -> str | None:
     return None if why is None else f"--kernels {args.kernels}: {why}"
 
 
+def set_saturation(engine, args) -> None:
+    """Θ of a streamed engine: profiled (Eq. 3), or by Eq. 1 from the hardware profile (AsyncEP's two channels
+    under experts=async_ep)."""
+    if args.theta == "profile":
+        profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
+        return
+    import jax
+    devices = engine.layout.devices if engine.layout is not None else 1
+    profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
+    engine.saturation = theta_eq1(engine.config, profile, mode="two_channel" if devices > 1 else "streamed",
+                                  devices=devices)
+
+
 def run_settings(args, engine) -> dict:
     """What decides this run's results (the journal records it; a resume must match): the model's identity (its
     files' names, sizes and config, not just the path), dtype, kernels, layers, layout and the offload options."""
@@ -265,8 +289,8 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
-    options = {"kernels": args.kernels, "placement": args.placement}
-    for name in ("num_layers", "layout", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
+    options = {"kernels": args.kernels, "placement": args.placement, "plan_tokens": args.max_batch_tokens}
+    for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
                  "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free"):
         value = getattr(args, name)
         if value is not None and value is not False:  # 0 is a value, not "not given"
@@ -284,8 +308,11 @@ def main(argv=None) -> int:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
-    if engine.memory_plan.placement == "streamed" and engine.layer_by_layer:  # measure Θ: the runner packs prefill batches to it
-        profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
+    if engine.memory_plan.placement == "streamed" and engine.layer_by_layer:  # Θ: prefill batches are filled to it
+        try:
+            set_saturation(engine, args)
+        except ValueError as e:
+            sys.exit(f"--theta {args.theta}: {e}")
     batching = "static" if multi else args.batching  # the scheduler's host loop runs in one process
     writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:

@@ -93,6 +93,17 @@ def prefill_flops(cfg: ModelConfig, batch: int, seq: int, *, all_logits: bool = 
     return PrefillFlops(**parts)
 
 
+def true_prefill_flops(cfg: ModelConfig, new_tokens: int, context: int = 0) -> float:
+    """MoE-Prefill Eq. 2: the FLOPs of computing `new_tokens` of one sequence after `context` tokens whose KV is
+    already there (a cached prefix): the decoder layers' matmuls for the new tokens only, and attention of the new
+    tokens to the context and to each other (causal, windows as the layers have them). Embedding and head excluded."""
+    d_qk, d_v = (cfg.q_head_dim, cfg.v_head_dim) if cfg.attention == "mla" else (cfg.head_dim, cfg.head_dim)
+    total = context + new_tokens
+    pairs = sum(causal_pairs(total, _window(cfg, layer)) - causal_pairs(context, _window(cfg, layer))
+                for layer in range(cfg.num_layers))
+    return new_tokens * layer_flops_per_token(cfg) + cfg.num_heads * pairs * 2 * (d_qk + d_v)
+
+
 def _layer_params(cfg: ModelConfig, layer: int, active: bool) -> int:
     D, H = cfg.hidden_size, cfg.num_heads
     n = 2 * D + _attn_proj_params(cfg)  # two norms + projections

@@ -40,7 +40,9 @@ class Engine:
         self.memory_plan = memory_plan
         self.layout = layout  # moejax.sharding.Layout, or None: one device
         self.store = None  # HostStore of an offloaded model, once its weights are loaded
-        self.saturation = None  # offload.saturation.Saturation, once profiled
+        self.saturation = None  # offload.saturation.Saturation (profiled) or plan.theta.ThetaPlan (Eq. 1)
+        self.plan = None  # the moejax.plan.engine_plan.EnginePlan it was loaded with (auto choices made)
+        self.decisions: list[str] = []  # what the planners chose for `auto` and why (moejax.load)
         self._make_placement = make_placement
         self._layered = None
         if make_placement is not None:  # layer by layer from Python (moejax.offload.layered)
@@ -126,6 +128,7 @@ class Engine:
         from moejax.offload.memory_plan import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
+        lines += self.decisions
         if self.layout is not None:
             lines.append(f"layout {self.layout}")
             lines += self._explain_comm(comm_shape)

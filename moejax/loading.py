@@ -19,12 +19,16 @@ from moejax.models.decoder import MoEModel
 from moejax.offload.host_store import HostStore, is_routed_expert
 from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes
 from moejax.models.moe import MoEBlock
-from moejax.offload.setup import OFFLOAD_OPTIONS, offload_plan, placement_factory, streams_in_jit
+from moejax.offload.setup import offload_plan, placement_factory, streams_in_jit
+from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
+from moejax.plan.auto import plan_layout
+from moejax.plan.placement import choose_placement
+from moejax.plan.resolve import profile_for
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache", "layout") + OFFLOAD_OPTIONS
+OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache") + PLAN_OPTIONS
 
 
 def presets() -> list[str]:
@@ -57,7 +61,7 @@ def checkpoint_dtype(config: dict, where: str) -> str:
     return named
 
 
-def load(model: str, *, dtype: str = "auto", **options) -> Engine:
+def load(model: str, *, dtype: str = "auto", plan: EnginePlan | None = None, **options) -> Engine:
     """Load `model` (a HF checkpoint directory or a preset name; see `presets()`). dtype: "auto" (the
     checkpoint's own, bfloat16 for presets), "float32", "bfloat16" or "float16".
 
@@ -78,10 +82,21 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     speculative (run predicted experts instead of loading true-router misses), router_free (speculative: the
     predictor builds on the predicted routing of the layers it ran, Speculating Experts §6.4).
 
-    layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout)."""
+    layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout); "auto" (the
+    fastest layout on the devices present, moejax.plan.layouts), or a DEP layout with fields left to FinDEP's solver,
+    e.g. "attn=dp,experts=dep,r1=auto,r2=auto,order=auto". profile: the hardware profile `auto` choices consult (a
+    datasheet name such as "h100", or a JSON file from `launch.profile`; default: the one measured for these
+    devices, else their datasheet); plan_tokens / plan_seq_len: the step those choices are made for (8192 tokens
+    in sequences of 1024).
+
+    plan: the same settings as one moejax.plan.engine_plan.EnginePlan (then none of the keywords above)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
+    if plan is not None and set(options) & set(PLAN_OPTIONS):
+        raise TypeError(f"moejax.load: give plan= or the options {sorted(set(options) & set(PLAN_OPTIONS))}, not both")
+    plan = plan or EnginePlan.from_options({k: options.get(k) for k in PLAN_OPTIONS})
+    settings = plan.placement
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"moejax.load: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     try:
@@ -122,15 +137,19 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt))
     flat = {path: var for path, var in nnx.to_flat_state(nnx.state(abstract))}
     shapes = {path: var.get_value() for path, var in flat.items()}
-    plan = offload_plan(cfg, shapes, options)
-    in_jit = streams_in_jit(plan, options)
+    plan, decisions = plan_choices(cfg, shapes, plan)
+    engine_plan, plan = plan, offload_plan(cfg, shapes, settings, with_layout=plan.layout is not None)
+    if settings.placement == "auto" and plan.placement != "resident" and engine_plan.layout is None:
+        plan, text = choose_offload(cfg, shapes, settings, plan, engine_plan)
+        decisions.append(text)
+    in_jit = streams_in_jit(plan, settings)
     for layer in abstract.layers if in_jit else ():  # a static flag: part of the graphdef the jits see
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.host_experts = True
-    layout = layout_of(options.get("layout"), cfg, plan, in_jit)
+    layout = layout_of(engine_plan.layout, cfg, plan, in_jit)
     if layout and plan.placement == "resident":
         try:
-            plan = layout.plan_memory(plan, shapes, device_budget_bytes(options.get("device_memory_gb")))
+            plan = layout.plan_memory(plan, shapes, device_budget_bytes(settings.device_memory_gb))
         except MemoryPlanError as e:
             raise ValueError(f"moejax.load: {e}") from None
     if layout:
@@ -179,11 +198,46 @@ def load(model: str, *, dtype: str = "auto", **options) -> Engine:
         seed = int(options.get("seed", 0))
         materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
         tokenizer, chat = None, None
-    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=name,
-                  chat_template=chat,
-                  memory_plan=plan, layout=layout.layout if layout else None,
-                  make_placement=layout.make_placement(cfg, kernels, plan) if layout and (disaggregated or offloaded)
-                  else placement_factory(plan, options, kernels) if offloaded and not in_jit else None)
+    engine = Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=name,
+                    chat_template=chat,
+                    memory_plan=plan, layout=layout.layout if layout else None,
+                    make_placement=layout.make_placement(cfg, kernels, plan) if layout and (disaggregated or offloaded)
+                    else placement_factory(plan, settings, kernels) if offloaded and not in_jit else None)
+    engine.plan, engine.decisions = engine_plan, decisions
+    return engine
+
+
+def _profile(plan: EnginePlan):
+    devices = jax.devices()
+    try:
+        return profile_for(devices[0].device_kind, len(devices), plan.profile)
+    except ValueError as e:
+        raise ValueError(f"moejax.load: {e}") from None
+
+
+def plan_choices(cfg: ModelConfig, shapes: dict, plan: EnginePlan) -> tuple[EnginePlan, list[str]]:
+    """Layout choices left to the planners (layout auto, DEP fields auto) made: -> (concrete plan, decisions)."""
+    if not plan.needs_planner:
+        return plan, []
+    plan, text = plan_layout(cfg, plan, _profile(plan), len(jax.devices()))
+    return plan, [text]
+
+
+def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_plan, plan: EnginePlan):
+    """placement auto, the experts not fitting: streamed or cached, whichever the profile predicts faster when both
+    fit (bytes decide when only one does, or when no profile is known) -> (memory plan, decision)."""
+    feasible = [memory_plan]
+    other = "cached" if memory_plan.placement == "streamed" else "streamed"
+    try:
+        feasible.append(offload_plan(cfg, shapes, dataclasses.replace(settings, placement=other)))
+    except ValueError as e:
+        return memory_plan, f"placement auto: {memory_plan.placement} (bytes decide: {other} does not fit: {e})"
+    try:
+        profile = _profile(plan)
+    except ValueError as e:
+        return memory_plan, f"placement auto: {memory_plan.placement} by bytes alone ({e})"
+    chosen, text = choose_placement(cfg, profile, feasible, plan.workload.tokens)
+    return dataclasses.replace(chosen, reason=chosen.reason + "; " + text.splitlines()[0]), text
 
 
 def random_param(path: tuple, abstract, seed: int):

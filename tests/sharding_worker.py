@@ -73,19 +73,23 @@ def skewed(name):
 
 
 def dep_groups(name):
-    """Where DEP's parts live and the order its attention group's work was dispatched in, for both orders."""
+    """Where DEP's parts live, the order its attention group's work was dispatched in, and its logits against one
+    device, for each order (PPPipe sends micro-batches whole: r2=1)."""
     out = {}
-    for order in ("asas", "aass"):
-        spec = f"attn=dp,experts=dep,attn_devices=3,expert_devices=4,r1=2,r2=2,order={order}"
+    ids_in = np.random.default_rng(0).integers(0, 100, (4, 16))  # 16: a length bucket, no padding
+    ref = moejax.load(os.path.join(FIXTURES, name), dtype="float32").logits(ids_in)
+    for order in ("asas", "aass", "pppipe"):
+        r2 = 1 if order == "pppipe" else 2
+        spec = f"attn=dp,experts=dep,attn_devices=3,expert_devices=4,r1=2,r2={r2},order={order}"
         engine = moejax.load(os.path.join(FIXTURES, name), dtype="float32", layout=spec)
-        engine.logits(np.zeros((4, 16), np.int32))  # 16: a length bucket, no padding
+        logits = engine.logits(ids_in)
         ids = lambda arrays: sorted({d.id for a in jax.tree.leaves(arrays) for d in a.devices()})  # noqa: E731
         store = engine.store
         out[order] = dict(params=ids(engine.params), experts=ids([store.fetch(l) for l in store.layers]),
                           experts_per_device=sorted({s.data.shape[0] for l in store.layers
                                                      for s in store.fetch(l)["we_down"].addressable_shards}),
                           schedule=[list(e) for e in engine.layered_steps.schedule],
-                          stats=engine.stats()["total"])
+                          stats=engine.stats()["total"], rel=rel(logits, ref))
     return out
 
 
@@ -148,6 +152,7 @@ def two_channel(name):
     """AsyncEP streamed from pinned host memory: the one-device results, the host -> device bytes, and the
     compiled MoE-layer program whose all-gathers (the next layer's experts) read only its inputs."""
     from moejax.offload import layered
+    from moejax.offload.saturation import profile_saturation
     path = os.path.join(FIXTURES, name)
     ids = np.random.default_rng(0).integers(0, 100, (8, 11))  # a row per device: no activation moves between them
     ref = moejax.load(path, dtype="float32")
@@ -170,7 +175,10 @@ def two_channel(name):
     text = layer._mine[placement._step].lower(layer.state, *args, **static).compile().as_text()
     operands = [line.split(" all-gather(", 1)[1].split(")", 1)[0]
                 for line in text.splitlines() if " all-gather(" in line]
-    return dict(rel=rel(logits, ref.logits(ids)), same_tokens=engine.generate(PROMPTS, 5) == ref.generate(PROMPTS, 5),
+    # launch.serve profiles Θ for this placement too (it once reached for a Streamed-only attribute)
+    theta = profile_saturation(engine, tokens=16)
+    return dict(rel=rel(logits, ref.logits(ids)), theta_flops=theta.theta_flops, theta_layers=sorted(theta.streamed_s),
+                rel_after_profile=rel(engine.logits(ids), ref.logits(ids)), same_tokens=engine.generate(PROMPTS, 5) == ref.generate(PROMPTS, 5),
                 bytes_h2d=stats["bytes_h2d"], misses=stats["misses"], layer_bytes=engine.store.layer_bytes(
                     engine.store.layers[0]), moe_layers=len(engine.store.layers), operands=operands,
                 arrays=len(engine.store.arrays(engine.store.layers[0])))

@@ -65,31 +65,36 @@ def test_every_layout_with_all_tokens_on_the_same_experts(results):
 
 def _expected_schedule(order, moe_layers, r1, r2):
     """FinDEP's dispatch order on the attention group: ASAS puts each micro-batch's shared expert right after its
-    attention (and expert chunks), AASS all shared experts after all attentions; outputs combine last."""
+    attention (and expert chunks), AASS all shared experts after all attentions, PPPipe between attention and the
+    sends; a micro-batch's outputs combine just before its next attention (so that attention waits only for its own
+    experts), the last layer's at the end."""
     out = []
-    for layer in moe_layers:
+    for t, layer in enumerate(moe_layers):
         for m in range(r1):
-            out += [["attn", layer, m]] + [["experts", layer, m, j] for j in range(r2)]
+            out += [["combine", moe_layers[t - 1], m]] if t else []
+            out += [["attn", layer, m]] + ([["shared", layer, m]] if order == "pppipe" else [])
+            out += [["experts", layer, m, j] for j in range(r2)]
             out += [["shared", layer, m]] if order == "asas" else []
         out += [["shared", layer, m] for m in range(r1)] if order == "aass" else []
-        out += [["combine", layer, m] for m in range(r1)]
-    return out
+    return out + [["combine", moe_layers[-1], m] for m in range(r1)]
 
 
 def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
-    """attn_devices=3, expert_devices=4, r1=2, r2=2 on deepseek_v2_lite (dense first layer, shared experts; D=32,
-    k=2, 8 experts) for 4 rows of 16 tokens: micro-batches of 32 tokens, chunks of 16 padded to 24 rows
-    (a multiple of lcm(3, 4))."""
+    """attn_devices=3, expert_devices=4, r1=2, r2=2 (PPPipe: 1) on deepseek_v2_lite (dense first layer, shared
+    experts; D=32, k=2, 8 experts) for 4 rows of 16 tokens: micro-batches of 32 tokens, chunks of 16 padded to 24
+    rows (a multiple of lcm(3, 4); PPPipe: one chunk of 32 padded to 36). Each order gives the one-device logits."""
     for order, r in results["dep"].items():
+        assert r["rel"] <= TOL, order
         assert r["params"] == [0, 1, 2], order  # attention, norms, routers, shared experts, stand-ins
         assert r["experts"] == [3, 4, 5, 6] and r["experts_per_device"] == [2], order  # EP inside the group
-        assert r["schedule"] == _expected_schedule(order, [1, 2], 2, 2), order
-        chunks = 2 * 2 * 2  # MoE layers x micro-batches x chunks
-        assert r["stats"] == {"a2e_bytes": chunks * 24 * (32 * 4 + 2 * 4 + 2 * 4),  # hidden f32, ids, weights
-                              "e2a_bytes": chunks * 24 * 32 * 4, "chunks": chunks}, order
+        r2, rows = (1, 36) if order == "pppipe" else (2, 24)
+        assert r["schedule"] == _expected_schedule(order, [1, 2], 2, r2), order
+        chunks = 2 * 2 * r2  # MoE layers x micro-batches x chunks
+        assert r["stats"] == {"a2e_bytes": chunks * rows * (32 * 4 + 2 * 4 + 2 * 4),  # hidden f32, ids, weights
+                              "e2a_bytes": chunks * rows * 32 * 4, "chunks": chunks}, order
         # the cost module's per-device figures, x the devices that send them and the MoE layers
         cfg = moejax.load(os.path.join(HERE, "fixtures", "deepseek_v2_lite")).config
-        layout = Layout.parse(f"experts=dep,attn_devices=3,expert_devices=4,r1=2,r2=2,order={order}").resolve(8, 8)
+        layout = Layout.parse(f"experts=dep,attn_devices=3,expert_devices=4,r1=2,r2={r2},order={order}").resolve(8, 8)
         a2e, e2a = layout_comm(cfg, layout, 4, 16, 4).experts[:2]
         assert (a2e.bytes_sent * 3 * 2, e2a.bytes_sent * 4 * 2) == (r["stats"]["a2e_bytes"], r["stats"]["e2a_bytes"])
 
@@ -109,10 +114,13 @@ def test_async_ep_streamed_from_host_equals_one_device_and_gathers_only_inputs(r
     experts from shards that came from pinned host memory; the gathers read only the program's inputs (one per
     expert array), so they need not wait for the layer's compute. The first pass moves every layer's shards once,
     plus the next pass's first layer (gathered by the last layer) and the one after it (the window), unless that
-    one is the last layer itself, still in use (a model of 2 MoE layers)."""
+    one is the last layer itself, still in use (a model of 2 MoE layers). Θ's profile runs on it (as launch.serve
+    does) and leaves it giving the same results."""
     assert len(results["two_channel"]) == 3
     for name, r in results["two_channel"].items():
         assert r["rel"] <= TOL and r["same_tokens"], name
+        assert r["theta_flops"] > 0 and len(r["theta_layers"]) == r["moe_layers"], name
+        assert r["rel_after_profile"] <= TOL, name
         assert len(r["operands"]) == r["arrays"] and all(op.startswith("%param") for op in r["operands"]), name
         assert r["misses"] == 1, name  # only the first layer of the first pass waits for its gather
         ahead = min(2, r["moe_layers"] - 1)
@@ -149,7 +157,7 @@ def test_data_parallel_layouts_communicate_only_for_their_experts(results):
     ("attn=dp,experts=ep,exchange=carrier_pigeon", "exchange must be one of"),
     ("attn=dp,experts=ep,r1=2", "r1 applies to experts=dep, not ep"),
     ("attn=dp,experts=tp,exchange=gather", "exchange applies to experts=ep or dep"),
-    ("attn=dp,experts=dep,order=sasa", "order must be one of asas, aass"),
+    ("attn=dp,experts=dep,order=sasa", "order must be one of asas, aass, pppipe"),
 ])
 def test_bad_specs_name_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -161,6 +169,7 @@ def test_bad_specs_name_what_is_wrong(spec, message):
     ("experts=dep,expert_devices=3", "8 experts to divide evenly over the 3 expert devices"),
     ("experts=dep,attn_devices=8", "leaves no device of the 8 for the other group"),
     ("experts=dep,attn_devices=4,expert_devices=8", "12 devices but only 8 are present"),
+    ("experts=dep,order=pppipe,r2=2", "order=pppipe sends each micro-batch whole \\(r2=1\\), got r2=2"),
 ])
 def test_bad_dep_groups_name_the_numbers(spec, message):
     with pytest.raises(ValueError, match=message):

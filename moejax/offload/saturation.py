@@ -12,7 +12,6 @@ import jax
 import numpy as np
 
 from moejax.costs import layer_flops_per_token
-from moejax.offload import layered
 
 EPSILON = 0.1
 
@@ -26,6 +25,10 @@ class Saturation:
     compute_s: dict  # MoE layer -> compute-only seconds
     streamed_s: dict  # MoE layer -> wall seconds while streaming
     epsilon: float
+
+    @property
+    def source(self) -> str:
+        return f"profiled (Eq. 3) on {self.ref_tokens} tokens"
 
     @property
     def theta_tokens(self) -> int:
@@ -42,13 +45,14 @@ class Saturation:
 
 
 class _Stopwatch:
-    """Wraps a Streamed placement: waits for every MoE layer's output and times it from the previous one's;
-    with `compute_only`, the next layer's experts are fetched and waited for before its clock starts."""
+    """Wraps a streamed placement (Streamed, or AsyncEP's two-channel GatheredStreamed): waits for every MoE layer's
+    output and times it from the previous one's; with `compute_only`, the next layer's experts are put in place
+    (the placement's `ready_experts`) and waited for before its clock starts."""
 
     name = "stopwatch"
 
-    def __init__(self, streamed, engine, compute_only: bool):
-        self.inner, self.engine, self.compute_only = streamed, engine, compute_only
+    def __init__(self, streamed, compute_only: bool):
+        self.inner, self.compute_only = streamed, compute_only
         self.times: dict[int, float] = {}
 
     def begin_pass(self, steps) -> None:
@@ -58,12 +62,12 @@ class _Stopwatch:
         self._start = time.perf_counter()
 
     def _load(self, layer):
-        return jax.block_until_ready(self.engine.layer_experts(layer))
+        return self.inner.ready_experts(layer)
 
     def moe(self, handle, x, y, idx, weights):
         layer = handle.index
         if self.compute_only:
-            out = layered.run_moe(handle, x, y, idx, weights, self._ready, self.inner.backend)
+            out = self.inner.moe_ready(handle, x, y, idx, weights, self._ready)
         else:
             out = self.inner.moe(handle, x, y, idx, weights)
         jax.block_until_ready(out)
@@ -85,7 +89,7 @@ def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, r
     tokens = min(tokens, engine.config.max_position_embeddings)
     ids = np.random.default_rng(seed).integers(0, engine.config.vocab_size, (1, tokens))
     engine.logits(ids)  # compile every shape first
-    watches = {mode: _Stopwatch(streamed, engine, mode) for mode in (True, False)}
+    watches = {mode: _Stopwatch(streamed, mode) for mode in (True, False)}
     try:
         for _ in range(repeats):
             for watch in watches.values():

@@ -45,6 +45,14 @@ class Streamed:
         s.wait_s += time.perf_counter() - start
         return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
+    # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
+    def ready_experts(self, layer: int) -> dict:
+        """A layer's experts where `moe_ready` wants them (on the device), waited for."""
+        return jax.block_until_ready(self.store.fetch(layer))
+
+    def moe_ready(self, handle, x, y, idx, weights, experts):
+        return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
+
     def _prefetch(self, layer: int, current: int | None = None) -> None:
         if layer != current and layer not in self._ahead:
             self._ahead[layer] = self._fetch(layer)

@@ -8,7 +8,6 @@ import secrets
 
 import jax
 
-from moejax.buckets import bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
@@ -29,11 +28,11 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
                         seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
     todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
             if not isinstance(e, BadLine) and not store.done(e.line)]
-    if engine.saturation is not None:  # streamed experts: batches of at least Θ FLOPs hide the copies
-        max_batch_tokens = max(max_batch_tokens, bucket(engine.saturation.theta_tokens, 16))
+    # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies
+    floor = engine.saturation.theta_flops if engine.saturation is not None else 0.0
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
-                     cache_blocks=cache_blocks)
+                     cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg)
     if batching == "continuous" and engine.layout is not None and engine.layout.experts == "dep":
         batching = "static"  # DEP splits a step's rows (and so its caches) into micro-batches: not a shared pool yet
     runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options)

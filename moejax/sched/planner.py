@@ -75,26 +75,47 @@ def row_length(largest: int) -> int:
     return fine_bucket(largest, MIN_ROW)
 
 
-def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int) -> list[ScoreBatch]:
+def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_flops: float = 0.0,
+                       flops_of=None) -> list[ScoreBatch]:
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
-    (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch."""
+    (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
+    Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
+    until the FLOPs of what it holds (`flops_of(tree)`, Eq. 2) reach the floor or nothing is left to add."""
     pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
     batches = []
     while pending:
         total = sum(size for size, _ in pending)
         T = row_length(pending[0][0])
-        nrows = min(1 << (max(1, max_batch_tokens // T).bit_length() - 1), -(-total // T))
-        rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
-        for size, tree in pending:
-            r = min(range(nrows), key=sums.__getitem__)
-            if sums[r] + size <= T:
-                rows[r].extend(tree)
-                sums[r] += size
-            else:
-                left.append((size, tree))
+        most = -(-total // T)
+        nrows = min(1 << (max(1, max_batch_tokens // T).bit_length() - 1), most)
+        while True:
+            rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
+            for size, tree in pending:
+                r = min(range(nrows), key=sums.__getitem__)
+                if sums[r] + size <= T:
+                    rows[r].extend(tree)
+                    sums[r] += size
+                else:
+                    left.append((size, tree))
+            if not (min_flops and left and nrows < most) or \
+                    sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
+                break
+            nrows = min(2 * nrows, most)
         batches.append(ScoreBatch([r for r in rows if r]))
         pending = left
     return batches
+
+
+def tree_flops(cfg) -> callable:
+    """-> flops_of(tree): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the tokens it does
+    not share with the one before it (sorted), after the shared part."""
+    from moejax.costs import true_prefill_flops
+
+    def flops_of(tree: list[ScoreSeq]) -> float:
+        ordered = sorted(s.tokens for s in tree)
+        return sum(true_prefill_flops(cfg, len(b) - _lcp(a, b), _lcp(a, b))
+                   for a, b in zip([()] + ordered[:-1], ordered))
+    return flops_of
 
 
 def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens: int) -> list[CompletionBatch]:
@@ -121,12 +142,14 @@ def batch_hashes(batch) -> set[bytes]:
 
 
 def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
-              kv_cache: str = "auto", cache_blocks: int = 0) -> Plan:
-    """requests: (index, request). cache_blocks: the most blocks the prefix cache may hold."""
+              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0, config=None) -> Plan:
+    """requests: (index, request). cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a
+    FLOPs floor for scoring batches (Θ; needs the model's `config` to count FLOPs)."""
     if kv_cache not in KV_MODES:
         raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
     seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
-    batches: list = pack_score_batches(group_trees(seqs, max_batch_tokens), max_batch_tokens)
+    batches: list = pack_score_batches(group_trees(seqs, max_batch_tokens), max_batch_tokens, min_batch_flops,
+                                       tree_flops(config) if min_batch_flops else None)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]

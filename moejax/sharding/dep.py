@@ -8,7 +8,8 @@ The two groups run different programs, so DEP is driven from Python like the off
 meshes, and JAX's asynchronous dispatch lets both groups and the copies run at once. The batch is split into r1
 micro-batches (rows) and each expert step into r2 token chunks; the order of the attention group's work in a layer
 is ASAS (attention i, shared expert i, attention i+1, ...) or AASS (every attention, then every shared expert),
-the dispatch order each device then executes in. One process only: jax moves arrays between device sets of one
+the dispatch order each device then executes in; PPPipe (FinDEP's baseline, MegaScale-Infer's ping-pong pipeline)
+runs the shared expert with attention, before the micro-batch is sent, and sends it whole (r2 = 1). One process only: jax moves arrays between device sets of one
 process (a cross-host transfer between disjoint device sets is not supported on GPUs)."""
 from __future__ import annotations
 
@@ -172,42 +173,59 @@ class DisaggregatedSteps(layered.LayeredSteps):
 
     def _pipeline(self, parts, read_cache):
         """Every layer for every micro-batch, dispatched in FinDEP's order; parts[i]["cache"] becomes the list of
-        the micro-batch's new per-layer caches (or keys)."""
-        lay = self.placement.layout
+        the micro-batch's new per-layer caches (or keys).
+
+        Micro-batch m's combine of MoE layer t is dispatched just before its attention of the next layer, not with
+        the other combines of layer t: the attention group runs its work in dispatch order, so combining every
+        micro-batch first would make layer t+1's first attention wait for layer t's last expert chunk to come
+        back. Interleaved, attention of micro-batch m at layer t+1 overlaps the expert group's work on micro-batch
+        m+1 at layer t (FinDEP §4 offsets consecutive layers the same way)."""
+        lay, has_shared = self.placement.layout, self.placement.has_shared
         old = [p["cache"] for p in parts]
         for p in parts:
             p["cache"] = []
         self.schedule = []
         log = self.schedule.append
+        pending: list = [None] * len(parts)  # per micro-batch: its last MoE layer, waiting to be combined
+
+        def combine(m):
+            if pending[m] is not None:
+                layer, i, x, y, outs, chunks, shared = pending[m]
+                parts[m]["x"] = layer(self._combine, x, shared, outs, chunks=chunks)
+                log(("combine", i, m))
+                pending[m] = None
+
         for i, layer in enumerate(self.layers):
-            args = [(p["x"], p["positions"], p["cos"], p["sin"], None if c is None else c[i], p["tree"],
-                     None if p["prior"] is None else p["prior"][i]) for p, c in zip(parts, old)]
-            if i not in self.moe_layers:
-                for p, a in zip(parts, args):
+            for m, (p, c) in enumerate(zip(parts, old)):
+                combine(m)
+                a = (p["x"], p["positions"], p["cos"], p["sin"], None if c is None else c[i], p["tree"],
+                     None if p["prior"] is None else p["prior"][i])
+                if i not in self.moe_layers:
                     p["x"], c = layer(layered.whole_layer, *a, kernels=self.kernels, read_cache=read_cache)
                     p["cache"].append(c)
-                continue
-            flight, shared = [], [None] * len(parts)
-            for m, (p, a) in enumerate(zip(parts, args)):
+                    continue
                 chunks = lay.token_chunks(a[0].shape[0] * a[0].shape[1])
                 x, y, c, sends = layer(attend_chunks, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
                 log(("attn", i, m))
                 p["cache"].append(c)
+                shared = None
+                if lay.order == "pppipe" and has_shared:  # PPPipe: the shared expert is part of attention
+                    shared = layer(shared_expert, y)
+                    log(("shared", i, m))
                 outs = []
                 for j, send in enumerate(sends):
                     outs.append(self.placement.run(i, *send))
                     log(("experts", i, m, j))
-                flight.append((x, y, outs, chunks))
-                if lay.order == "asas" and self.placement.has_shared:
-                    shared[m] = layer(shared_expert, y)
+                if lay.order == "asas" and has_shared:
+                    shared = layer(shared_expert, y)
                     log(("shared", i, m))
-            if lay.order == "aass" and self.placement.has_shared:
-                for m, (_, y, _, _) in enumerate(flight):
-                    shared[m] = layer(shared_expert, y)
+                pending[m] = [layer, i, x, y, outs, chunks, shared]
+            if i in self.moe_layers and lay.order == "aass" and has_shared:
+                for m, entry in enumerate(pending):
+                    entry[6] = layer(shared_expert, entry[3])
                     log(("shared", i, m))
-            for m, (p, (x, _, outs, chunks), s) in enumerate(zip(parts, flight, shared)):
-                p["x"] = layer(self._combine, x, s, outs, chunks=chunks)
-                log(("combine", i, m))
+        for m in range(len(parts)):
+            combine(m)
         return parts
 
     def decode(self, state, cache, first, *args, **kw):

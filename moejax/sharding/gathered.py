@@ -79,6 +79,14 @@ class GatheredStreamed:
             self._whole[nxt] = gathered
         return out
 
+    # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
+    def ready_experts(self, layer: int) -> dict:
+        """A layer's experts whole on every device, waited for."""
+        return jax.block_until_ready(self._gather(self.store.fetch(layer)))
+
+    def moe_ready(self, handle, x, y, idx, weights, experts):
+        return handle(self._step, x, y, idx, weights, experts, None)[0]
+
     def _take(self, layer: int) -> dict:
         shards = self._shards.pop(layer, None)
         return shards if shards is not None else self._fetch(layer)

@@ -4,7 +4,8 @@ Keys: attn in {dp, tp}; experts in {replicated, tp, ep, async_ep, dep}; devices=
 exchange in {all_to_all, gather} (ep: tokens to experts by two all-to-alls, or by an all-gather of tokens and a
 reduce-scatter of outputs; dep: the same, inside the expert group); for dep (FinDEP): attn_devices=A and
 expert_devices=B (the first A devices run attention, the next B the routed experts; default: half each, or
-whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass}."""
+whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass, pppipe} (pppipe: MegaScale-Infer's
+ping-pong pipeline, FinDEP's baseline: the shared expert runs with attention, before the sends, and r2 = 1)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,10 @@ import numpy as np
 ATTN = ("dp", "tp")
 EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep")
 EXCHANGES = ("all_to_all", "gather")
-ORDERS = ("asas", "aass")
+ORDERS = ("asas", "aass", "pppipe")
 IMPLEMENTED = {(a, e) for a in ATTN for e in ("replicated", "tp", "ep", "async_ep")} | {("dp", "dep")}
 _INTS = ("devices", "attn_devices", "expert_devices", "r1", "r2")
+AUTO = ("attn_devices", "expert_devices", "r1", "r2", "order")  # experts=dep: "auto" asks FinDEP's solver
 _ONLY_FOR = {"exchange": ("ep", "dep"), "attn_devices": ("dep",), "expert_devices": ("dep",), "r1": ("dep",),
              "r2": ("dep",), "order": ("dep",)}
 
@@ -48,13 +50,15 @@ class Layout:
                 raise ValueError(f"layout {spec!r}: unknown key {key!r}; known: {', '.join(sorted(fields))}")
             if key in values:
                 raise ValueError(f"layout {spec!r}: {key!r} given twice")
-            if key in _INTS:
+            if value == "auto" and key in AUTO:
+                pass
+            elif key in _INTS:
                 if not value.isdigit() or int(value) < 1:
                     raise ValueError(f"layout {spec!r}: {key} must be an int >= 1, got {value!r}")
                 value = int(value)
             values[key] = value
         for key, allowed in (("attn", ATTN), ("experts", EXPERTS), ("exchange", EXCHANGES), ("order", ORDERS)):
-            if key in values and values[key] not in allowed:
+            if key in values and values[key] not in allowed and not (key == "order" and values[key] == "auto"):
                 raise ValueError(f"layout {spec!r}: {key} must be one of {', '.join(allowed)}, got {values[key]!r}")
         experts = values.get("experts", cls.experts)
         for key, only in _ONLY_FOR.items():
@@ -62,8 +66,15 @@ class Layout:
                 raise ValueError(f"layout {spec!r}: {key} applies to experts={' or '.join(only)}, not {experts}")
         return cls(**values)
 
+    @property
+    def auto_fields(self) -> tuple[str, ...]:
+        """DEP fields left to the planner ("auto")."""
+        return tuple(k for k in AUTO if getattr(self, k) == "auto")
+
     def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0) -> "Layout":
         """Check against the model and the devices present; fill in `devices`."""
+        if self.auto_fields:
+            raise ValueError(f"layout: {', '.join(self.auto_fields)}=auto must be planned before the layout is resolved")
         if self.experts == "dep":
             return self._resolve_dep(num_experts, available)
         n = self.devices or available
@@ -103,6 +114,8 @@ class Layout:
         if a + b > available:
             raise ValueError(f"layout: attn_devices={a} + expert_devices={b} = {a + b} devices but only {available} "
                              "are present")
+        if self.order == "pppipe" and self.r2 != 1:
+            raise ValueError(f"layout: order=pppipe sends each micro-batch whole (r2=1), got r2={self.r2}")
         if num_experts % b:
             raise ValueError(f"layout: experts=dep needs the {num_experts} experts to divide evenly over the "
                              f"{b} expert devices")

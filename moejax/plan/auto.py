@@ -1,0 +1,56 @@
+"""`auto` options answered by the planners: an EnginePlan whose layout is "auto", or a DEP layout with "auto" fields,
+becomes a concrete one, with the decision (chosen plan, runner-ups with predicted times, what would change the
+choice) kept as text for `--explain`. Planners read the profile of the devices present (moejax.plan.resolve);
+nothing here touches a device beyond asking what kind and how many there are."""
+from __future__ import annotations
+
+import dataclasses
+
+from moejax.config import ModelConfig
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.layouts import choose_layout, dep_option
+from moejax.plan.profile import Profile
+from moejax.sharding.layout import Layout
+
+# profile fields whose scaling may flip a layout decision, and how they read
+WHAT_IF = (("d2d.bandwidth", "device-to-device bandwidth"), ("all_to_all.bandwidth", "all-to-all bandwidth"),
+           ("all_gather.bandwidth", "all-gather bandwidth"), ("device.flops", "device compute rate"))
+FACTORS = (0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
+
+
+def what_would_change(decide, profile: Profile, chosen: str) -> list[str]:
+    """For each WHAT_IF field, the smallest scaling (of FACTORS) that makes `decide(profile) -> spec` choose
+    something else, as text."""
+    out = []
+    for field, words in WHAT_IF:
+        obj, name = field.split(".")
+        base = getattr(getattr(profile, obj), name)
+        for factor in sorted(FACTORS, key=lambda f: max(f, 1 / f)):
+            other = decide(profile.with_overrides({field: base * factor}))
+            if other != chosen:
+                out.append(f"{words} x{factor:g} would choose {other}")
+                break
+    return out or [f"no scaling of {', '.join(w for _, w in WHAT_IF)} by {min(FACTORS):g}..{max(FACTORS):g}x "
+                   "changes it"]
+
+
+def plan_layout(cfg: ModelConfig, plan: EnginePlan, profile: Profile, devices: int) -> tuple[EnginePlan, str]:
+    """-> (the plan with a concrete layout, the decision as text)."""
+    w = plan.workload
+    if plan.layout == "auto":
+        choice = choose_layout(cfg, profile, devices, w.tokens, w.seq_len)
+        changes = what_would_change(lambda p: choose_layout(cfg, p, devices, w.tokens, w.seq_len).best.spec,
+                                    profile, choice.best.spec)
+        text = choice.describe() + "\n  what would change it: " + "; ".join(changes)
+        return dataclasses.replace(plan, layout=Layout.parse(_spec(choice.best.spec))), text
+    fixed = plan.layout  # a DEP layout with auto fields
+    option, dep = dep_option(cfg, profile, devices, w.tokens, w.seq_len, fixed)
+    if dep is None:
+        raise ValueError(f"moejax.load: layout {fixed}: {option.why}")
+    text = (f"DEP {', '.join(fixed.auto_fields)}=auto: " + dep.describe())
+    return dataclasses.replace(plan, layout=Layout.parse(_spec(option.spec))), text
+
+
+def _spec(resolved: str) -> str:
+    """A resolved layout's text minus its device count (the loader resolves it again)."""
+    return ",".join(p for p in resolved.split(",") if not p.startswith("devices="))

@@ -1,0 +1,102 @@
+"""MoE-Prefill's saturation threshold Θ from a hardware profile (Eq. 1): the batch FLOPs at which a layer's compute
+covers the transfer of the next layer's experts, Θ = (1+ε)·T_comm·P, with T_comm the per-layer time of the
+slowest weight channel and P the device's compute rate. It is the fallback when Θ was not profiled (Eq. 3,
+moejax.offload.saturation); both give a FLOPs floor that prefill batches are filled to.
+
+Channels (MoE-Prefill §6.2-6.3), per MoE layer, per device:
+  streamed     one device copies the layer's experts from pinned host memory: h2d(layer bytes)
+  async_ep     experts resident, split over P devices; each gathers the others' shards: all_gather((P-1)/P · layer)
+  two_channel  AsyncEP from the host: each device copies its 1/P shard from the host while gathering the next
+               layer's shards from the others; the channels run at once, the slower one counts
+Batch FLOPs are whole-forward FLOPs (moejax.costs.layer_flops_per_token), as Eq. 3's F_ref is: a batch of F FLOPs
+spends F / L of them in each of L layers. P is the profile's matmul rate at the Θ batch's rows per device (a fixed
+point: a measured profile's small GEMMs are slow), the peak for a datasheet profile."""
+from __future__ import annotations
+
+import dataclasses
+
+from moejax.config import ModelConfig
+from moejax.costs import layer_flops_per_token, param_count
+from moejax.plan.profile import Profile
+
+EPSILON = 0.1
+MODES = ("streamed", "async_ep", "two_channel")
+
+
+@dataclasses.dataclass(frozen=True)
+class ThetaPlan:
+    theta_flops: float  # whole-forward FLOPs of a batch (all devices together)
+    theta_tokens: int
+    source: str
+    mode: str
+    devices: int
+    t_comm_s: float  # per MoE layer, the slowest channel
+    channels_s: dict  # channel -> seconds per MoE layer
+    compute_flops_per_s: float  # P, per device
+    layer_expert_bytes: float
+    epsilon: float
+
+    def describe(self) -> str:
+        channels = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.channels_s.items())
+        return (f"saturation threshold ({self.source}): Θ = (1+{self.epsilon})·T_comm {self.t_comm_s * 1e3:.3f} ms·"
+                f"P {self.compute_flops_per_s / 1e12:.3g} TFLOP/s x {self.devices} device(s) x layers = "
+                f"{self.theta_flops:.3g} FLOPs = {self.theta_tokens} tokens per prefill batch ({self.mode}; one MoE "
+                f"layer's experts {self.layer_expert_bytes / 2**20:.1f} MiB; per layer: {channels})")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def layer_expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> float:
+    """Bytes of one MoE layer's routed experts."""
+    moe = sum(cfg.moe_layers) or 1
+    routed = param_count(cfg) - param_count(cfg.replace(num_experts=0, num_experts_per_tok=0)) \
+        if cfg.num_experts else 0
+    return routed / moe * dtype_bytes
+
+
+def channel_times(cfg: ModelConfig, profile: Profile, mode: str, devices: int) -> dict:
+    """Seconds per MoE layer of each weight channel of `mode` (module docstring)."""
+    if mode not in MODES:
+        raise ValueError(f"theta: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode != "streamed" and devices < 2:
+        raise ValueError(f"theta: mode {mode} gathers experts between devices: needs 2 or more, got {devices}")
+    layer = layer_expert_bytes(cfg, profile.dtype_bytes)
+    gather = {"all_gather": profile.all_gather.time((devices - 1) / devices * layer)} if devices > 1 else {}
+    if mode == "streamed":
+        return {"h2d": profile.h2d.time(layer)}
+    if mode == "async_ep":
+        return gather
+    return {"h2d": profile.h2d.time(layer / devices), **gather}
+
+
+def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", devices: int = 1,
+              epsilon: float = EPSILON) -> ThetaPlan:
+    """Θ by Eq. 1 from the profile (module docstring)."""
+    channels = channel_times(cfg, profile, mode, devices)
+    t_comm = max(channels.values())
+    per_token = layer_flops_per_token(cfg)  # whole forward, one token
+    layers = cfg.num_layers
+    rate, tokens = profile.device.flops, 0.0
+    for _ in range(8):  # P at the rows the Θ batch gives each device; converges in a few steps
+        tokens = (1 + epsilon) * t_comm * rate * layers / per_token  # per device
+        new = profile.device.matmul.rate(tokens, profile.device.flops)
+        if abs(new - rate) <= 1e-3 * rate:
+            break
+        rate = new
+    theta_flops = tokens * per_token * devices
+    return ThetaPlan(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens * devices))),
+                     source=f"Eq. 1 from profile {profile.name} ({profile.source})", mode=mode, devices=devices,
+                     t_comm_s=t_comm, channels_s=channels, compute_flops_per_s=rate,
+                     layer_expert_bytes=layer_expert_bytes(cfg, profile.dtype_bytes), epsilon=epsilon)
+
+
+def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_flops) -> list[tuple[float, float]]:
+    """(compute-only, overlapped) seconds per MoE layer for whole-batch FLOPs values: what the Θ plot draws."""
+    out = []
+    for f in batch_flops:
+        per_device_tokens = f / layer_flops_per_token(cfg) / plan.devices
+        rate = profile.device.matmul.rate(per_device_tokens, profile.device.flops)
+        compute = f / plan.devices / cfg.num_layers / rate
+        out.append((compute, max(compute, plan.t_comm_s)))
+    return out
