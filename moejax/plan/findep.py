@@ -1,0 +1,854 @@
+"""FinDEP (Pan et al., "Efficient MoE Inference with Fine-Grained Scheduling of Disaggregated Expert Parallelism"):
+choose DEP's attention/expert group sizes (A, B), micro-batches r1, token chunks r2 and the order (ASAS or AASS)
+for a fixed prefill workload, as pure functions of a ModelConfig and a hardware Profile (DESIGN.md: plans are data).
+PPPipe (MegaScale-Infer's ping-pong pipeline) is the same model with r2 = 1 and the shared expert run as part of
+attention before the sends (`pppipe_plan`).
+
+Symbols as in the paper: A = ag attention devices, B = eg expert devices, S = seq_len, E experts, k = top-k,
+m_a = sequences per micro-batch per attention device, m_e = rows per expert per chunk, T = MoE layers.
+
+1. Time models (Eq. 1-4), each on one device of its group, on the profile's roofline (`Processor.op_time`):
+   t_a(m_a) attention (projections + router + causal attention pairs, costs.py's conventions, GQA or MLA),
+   t_s(m_a) shared expert (gate, up, down as moejax runs it: one MLP of the summed width, + Qwen2's gate),
+   t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs), t_a2e(m_e) = t_e2a(m_e) the
+   transfer of z = m_e E M / B elements per expert device (Eq. 4; in bytes with profile.dtype_bytes) over
+   `profile.link_between(A + B)`, its busiest port carrying z B / min(A, B) (moejax's executor sends each token
+   once and exchanges its k copies by an all-to-all inside the expert group, which is not timed apart here).
+   Dense layers: t_d(m_a), attention + dense MLP, attention-group time.
+2. α-β coefficients (Eq. 7-11), fitted by least squares on sampled sizes (`fit_coefficients`): t_gm per task on
+   the summed GEMMs of that task (x = m k n, the paper's unit), t_attn (y = pairs x heads x (d_qk + d_v)), the
+   routed experts fitted directly on the grouped GEMMs (so the paper's missing factor 3 in α_e, β_e cannot
+   arise) and t_c per (A, B). Eq. 10-11 then give t_a = α_a + β_a m_a etc. (`DepCoefficients`).
+3. The objective: the time of the decoder layers over all passes (`predicted_seconds`). Per run of T consecutive MoE
+   layers, with X = t_a + t_s, Y = max(t_e, t_a2e), F = max(X, r2 Y) and G = t_a + t_a2e + t_e + t_e2a + (r2-1) Y
+   (Eq. 12, the round trip of one micro-batch):
+     ASAS:   D* = (T-1) max(G, r1 F) + max(r1 X, G + (r1-1) F)      (the summary's corrected Eq. 13; the printed
+             Eq. 13 counts the r2 tail twice and misses the AG's last shared segments: up to 82% off on random
+             durations)
+     AASS:   F_a = max(t_a, r2 Y), P1 = max(G, r1 F), P = max(P1, (G + (r1-1) F_a + t_a + r1 t_s) / 2),
+             tail = max(r1 X, G + (r1-1) F_a); D = tail + (T-1) P for odd T, tail + P1 + (T-2) P for even T.
+             (Not in the paper. The deferred shared segments make a two-layer cycle: the last micro-batch's
+             return gates its next attention, after which the AG still owes every shared segment.)
+     PPPipe: ASAS's D* with t_a <- t_a + t_s, t_s <- 0, r2 = 1.
+   These equal the discrete-event simulation of Eq. 5's rules under each dispatch order (`moejax.plan.dep_sim`)
+   to rounding, for any durations (tests/test_plan_findep.py). Dense layers add r1 t_d each (exact for leading
+   dense layers, as DeepSeek's; a dense layer between MoE runs is counted as a drain and a restart, an
+   over-estimate: up to 22-47% on random durations; no preset has one). Embedding and lm_head are not modelled.
+   Padding counts as work, as the executor runs it: each pass's rows are padded to A r1 m_a, each micro-batch's
+   A m_a S tokens are cut into r2 chunks padded to a multiple of lcm(A, B) rows (m_e is the largest padded chunk's
+   rows x k / E, every chunk timed as that one). Throughput = real tokens / predicted time.
+4. The search (`search_split`, Algorithm 1 for a fixed workload): per (A, B) the (m_a, r1) Pareto scan, then r2
+   by a 1-D convex search in 1/r2 (Thm 4) on the padding-free objective, widened over integers until that lower
+   bound cannot beat the padded optimum (so the answer is exact, not near-optimal), for both orders.
+   `exhaustive_split` is the brute force over the same space, for checks and `--exhaustive`.
+
+Memory (getMaxR1's model; `dep_workload`): an attention device holds the replicated non-expert weights (everything
+but the routed experts, as profile.dtype_bytes) and keeps per sequence of the pass its KV cache for every layer
+(MLA: latent + rope key) and two hidden states (the residual stream and the routed output awaiting the combine);
+the micro-batch being computed also needs a working set per sequence (the attention projections' outputs and the
+MLP's gate and up activations). With free = memory x (1 - RESERVE_FRACTION) - weights, a pass of r1 micro-batches
+of m_a sequences fits when m_a (r1 resident + working) <= free. An expert device must hold its E/B experts per MoE
+layer. The workload is tokens // seq_len sequences: one pass if it fits, else the fewest passes that fit, their
+sequences spread evenly (each pass planned as the largest)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from moejax.config import ModelConfig
+from moejax.costs import causal_pairs, param_count
+from moejax.plan.dep_sim import TaskTimes
+from moejax.plan.profile import GiB, Profile
+
+ORDERS = ("asas", "aass")  # FinDEP's two dispatch orders (§4.1)
+PLAN_ORDERS = ORDERS + ("pppipe",)
+R2_MAX = 64  # token chunks per micro-batch searched (each re-reads the local experts' weights and pays the latencies)
+RESERVE_FRACTION = 0.1  # of device memory, for XLA workspace and fragmentation (as moejax.offload.memory_plan)
+_FIT_POINTS = 12
+
+
+# -- 1. time models on the roofline (Eq. 1-4) ------------------------------------------------------------------
+
+def attention_gemms(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(k, n) of each attention projection GEMM, as costs.py counts them (their k n sum to _attn_proj_params)."""
+    D, H = cfg.hidden_size, cfg.num_heads
+    if cfg.attention == "mla":
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        q = [(D, cfg.q_lora_rank), (cfg.q_lora_rank, H * qk)] if cfg.q_lora_rank else [(D, H * qk)]
+        return q + [(D, cfg.kv_lora_rank + cfg.qk_rope_head_dim),
+                    (cfg.kv_lora_rank, H * (cfg.qk_nope_head_dim + cfg.v_head_dim)), (H * cfg.v_head_dim, D)]
+    hd, K = cfg.head_dim, cfg.num_kv_heads
+    return [(D, H * hd), (D, K * hd), (D, K * hd), (H * hd, D)]
+
+
+def _moe_gemms(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """Attention projections + the router: the attention segment of a MoE layer."""
+    return attention_gemms(cfg) + [(cfg.hidden_size, cfg.num_experts)]
+
+
+def _shared_gemms(cfg: ModelConfig) -> list[tuple[int, int]]:
+    D, S = cfg.hidden_size, cfg.shared_expert_size
+    if not S:
+        return []
+    return [(D, S), (D, S), (S, D)] + ([(D, 1)] if cfg.shared_expert_gate else [])
+
+
+def _dense_gemms(cfg: ModelConfig) -> list[tuple[int, int]]:
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    return attention_gemms(cfg) + [(D, F), (D, F), (F, D)]
+
+
+def _gemms_seconds(profile: Profile, gemms, rows: float) -> float:
+    b, dev = profile.dtype_bytes, profile.device
+    return sum(dev.op_time(2 * rows * k * n, (rows * k + k * n + rows * n) * b, "matmul", rows) for k, n in gemms)
+
+
+def _head_dims(cfg: ModelConfig) -> tuple[int, int]:
+    return (cfg.q_head_dim, cfg.v_head_dim) if cfg.attention == "mla" else (cfg.head_dim, cfg.head_dim)
+
+
+def _mean_pairs(cfg: ModelConfig, seq_len: int, moe: bool) -> float:
+    """Causal (query, key) pairs of one sequence, averaged over the MoE (or dense) layers (sliding windows)."""
+    layers = [i for i in range(cfg.num_layers) if cfg.is_moe(i) == moe]
+    if not layers:
+        return 0.0
+    windows = [cfg.sliding_window if cfg.layer_types and cfg.layer_types[i] == "sliding" else None for i in layers]
+    return sum(causal_pairs(seq_len, w) for w in windows) / len(windows)
+
+
+def _attention_work(cfg: ModelConfig, seq_len: int, moe: bool) -> float:
+    """y of Eq. 1 per sequence, with causal pairs instead of S^2: pairs x heads x (d_qk + d_v)."""
+    d_qk, d_v = _head_dims(cfg)
+    return _mean_pairs(cfg, seq_len, moe) * cfg.num_heads * (d_qk + d_v)
+
+
+def _attention_core_seconds(cfg: ModelConfig, profile: Profile, m_a: float, seq_len: int, moe: bool = True) -> float:
+    """Scores and values of m_a sequences (t_attn): 2 y FLOPs; q, k, v and the output read or written once."""
+    d_qk, d_v = _head_dims(cfg)
+    kv_heads = cfg.num_heads if cfg.attention == "mla" else cfg.num_kv_heads  # moejax prefills MLA expanded
+    nbytes = m_a * seq_len * (cfg.num_heads * (d_qk + d_v) + kv_heads * (d_qk + d_v)) * profile.dtype_bytes
+    return profile.device.op_time(2 * m_a * _attention_work(cfg, seq_len, moe), nbytes, "attention",
+                                  m_a * seq_len * seq_len)
+
+
+def attention_seconds(cfg: ModelConfig, profile: Profile, m_a: float, seq_len: int) -> float:
+    """t_a (Eq. 1): a MoE layer's attention segment (projections, router, attention) for m_a sequences."""
+    return _gemms_seconds(profile, _moe_gemms(cfg), m_a * seq_len) + _attention_core_seconds(cfg, profile, m_a,
+                                                                                              seq_len)
+
+
+def shared_seconds(cfg: ModelConfig, profile: Profile, m_a: float, seq_len: int) -> float:
+    """t_s (Eq. 2): the shared expert for m_a sequences (0 without one)."""
+    return _gemms_seconds(profile, _shared_gemms(cfg), m_a * seq_len)
+
+
+def dense_seconds(cfg: ModelConfig, profile: Profile, m_a: float, seq_len: int) -> float:
+    """t_d: a dense layer (attention + MLP) for m_a sequences, on the attention group."""
+    return _gemms_seconds(profile, _dense_gemms(cfg), m_a * seq_len) + _attention_core_seconds(
+        cfg, profile, m_a, seq_len, moe=False)
+
+
+def experts_seconds(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
+    """t_e (Eq. 3): one expert device's E/B experts on m_e rows each: the fused gate-up and the down grouped GEMMs,
+    reading every local expert's weights once per chunk."""
+    D, I, b = cfg.hidden_size, cfg.moe_intermediate_size, profile.dtype_bytes
+    local = cfg.num_experts / expert_devices
+    out = 0.0
+    for k, n in ((D, 2 * I), (I, D)):
+        flops = 2 * local * m_e * k * n
+        out += profile.device.op_time(flops, local * (k * n + m_e * (k + n)) * b, "grouped", m_e)
+    return out
+
+
+def transfer_bytes_per_device(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
+    """z of Eq. 4 in bytes: the rows of one chunk an expert device receives, m_e E M / B elements."""
+    return m_e * cfg.num_experts * cfg.hidden_size * profile.dtype_bytes / expert_devices
+
+
+def transfer_seconds(cfg: ModelConfig, profile: Profile, m_e: float, attn_devices: int, expert_devices: int) -> float:
+    """t_a2e = t_e2a (Eq. 4): one chunk between the groups; A senders and B receivers share the chunk's bytes, so
+    the busiest port moves z B / min(A, B)."""
+    z = transfer_bytes_per_device(cfg, profile, m_e, expert_devices)
+    return _transfer_seconds_of_bytes(profile, z, attn_devices, expert_devices)
+
+
+def _transfer_seconds_of_bytes(profile: Profile, z: float, attn_devices: int, expert_devices: int) -> float:
+    link = profile.link_between(attn_devices + expert_devices)
+    return link.time(z * expert_devices / min(attn_devices, expert_devices))
+
+
+# -- 2. α-β fits (Eq. 7-11) ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LineFit:
+    """t(x) = alpha + beta x, fitted on sampled sizes; r_squared of the fit on those samples."""
+    name: str
+    unit: str
+    alpha: float
+    beta: float
+    r_squared: float
+
+    def __call__(self, x: float) -> float:
+        return self.alpha + self.beta * x
+
+
+def fit_line(name: str, unit: str, xs, ys) -> LineFit:
+    """Least squares in relative error (the sizes span orders of magnitude, and the small ones, where α dominates,
+    decide r2), with α, β >= 0 (a negative launch cost would let the solver split without end)."""
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys) if y > 0]
+    if not pts:
+        return LineFit(name, unit, 0.0, 0.0, 1.0)
+    w = [1.0 / (y * y) for _, y in pts]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, pts))
+    sy = sum(wi * y for wi, (_, y) in zip(w, pts))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts))
+    sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    beta = (sw * sxy - sx * sy) / det if det > 1e-12 * sw * sxx else 0.0
+    alpha = (sy - beta * sx) / sw
+    if alpha < 0:  # through the origin
+        alpha, beta = 0.0, sxy / sxx
+    if beta < 0:
+        alpha, beta = sy / sw, 0.0
+    mean = sum(y for _, y in pts) / len(pts)
+    total = sum((y - mean) ** 2 for _, y in pts)
+    resid = sum((y - alpha - beta * x) ** 2 for x, y in pts)
+    return LineFit(name, unit, alpha, beta, 1.0 - resid / total if total > 0 else 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DepCoefficients:
+    """The affine task times of one (A, B, S), seconds: t_a = alpha_a + beta_a m_a, t_s, t_d likewise in m_a;
+    t_e = alpha_e + beta_e m_e; t_a2e = t_e2a = alpha_c + beta_c m_e (the paper's α_a2e, β_a2e). `fits`: the
+    primitive least-squares lines they were derived from (empty when the coefficients were given, as in tests)."""
+    attn_devices: int
+    expert_devices: int
+    seq_len: int
+    alpha_a: float
+    beta_a: float
+    alpha_s: float
+    beta_s: float
+    alpha_e: float
+    beta_e: float
+    alpha_c: float
+    beta_c: float
+    alpha_d: float = 0.0
+    beta_d: float = 0.0
+    fits: tuple[LineFit, ...] = ()
+
+    def task_times(self, m_a: float, m_e: float) -> TaskTimes:
+        c = self.alpha_c + self.beta_c * m_e
+        return TaskTimes(attention=self.alpha_a + self.beta_a * m_a,
+                         shared=self.alpha_s + self.beta_s * m_a,
+                         experts=self.alpha_e + self.beta_e * m_e, a2e=c, e2a=c,
+                         dense=self.alpha_d + self.beta_d * m_a)
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fits"}
+        out["fits"] = [dataclasses.asdict(f) for f in self.fits]
+        return out
+
+
+def _geometric(lo: float, hi: float, n: int = _FIT_POINTS, integer: bool = False) -> list[float]:
+    lo, hi = max(lo, 1e-9), max(hi, lo)
+    pts = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+    return sorted({max(1, round(p)) for p in pts}) if integer else pts
+
+
+@dataclasses.dataclass(frozen=True)
+class _AttentionFits:
+    """The attention group's fits, the same for every split (they depend on S and the m_a range only)."""
+    gemm_a: LineFit
+    gemm_s: LineFit
+    gemm_d: LineFit
+    attn: LineFit
+    attn_d: LineFit
+    x_a: float  # GEMM work (m k n) per sequence of each task
+    x_s: float
+    x_d: float
+    y: float  # attention work per sequence (MoE layers, dense layers)
+    y_d: float
+
+
+def _fit_attention_group(cfg: ModelConfig, profile: Profile, seq_len: int, max_m_a: int) -> _AttentionFits:
+    S = seq_len
+    grid = _geometric(1, max(max_m_a, 2), integer=True)
+
+    def gemm_fit(name, gemms):
+        x1 = sum(S * k * n for k, n in gemms)
+        return x1, fit_line(name, "m k n", [m * x1 for m in grid],
+                            [_gemms_seconds(profile, gemms, m * S) if gemms else 0.0 for m in grid])
+
+    x_a, gemm_a = gemm_fit("t_gm (attention projections + router)", _moe_gemms(cfg))
+    x_s, gemm_s = gemm_fit("t_gm (shared expert)", _shared_gemms(cfg))
+    has_dense = not all(cfg.moe_layers)
+    x_d, gemm_d = gemm_fit("t_gm (dense layer)", _dense_gemms(cfg) if has_dense else [])
+    y, y_d = _attention_work(cfg, S, True), _attention_work(cfg, S, False)
+    attn = fit_line("t_attn (MoE layers)", "pairs x heads x (d_qk + d_v)", [m * y for m in grid],
+                    [_attention_core_seconds(cfg, profile, m, S) for m in grid])
+    attn_d = fit_line("t_attn (dense layers)", "pairs x heads x (d_qk + d_v)", [m * y_d for m in grid],
+                      [_attention_core_seconds(cfg, profile, m, S, moe=False) if has_dense else 0.0 for m in grid])
+    return _AttentionFits(gemm_a, gemm_s, gemm_d, attn, attn_d, x_a, x_s, x_d, y, y_d)
+
+
+def fit_coefficients(cfg: ModelConfig, profile: Profile, *, attn_devices: int, expert_devices: int, seq_len: int,
+                     max_m_a: int = 64, _ag: _AttentionFits | None = None) -> DepCoefficients:
+    """α-β of every task for (A, B, S), fitted on the roofline at sampled sizes: m_a in [1, max_m_a], m_e over the
+    range the planner meets (one sequence per attention device cut into R2_MAX chunks, up to a whole micro-batch
+    of max_m_a). `_ag`: the attention group's fits, when already made (they do not depend on A or B)."""
+    A, B, E, k = attn_devices, expert_devices, cfg.num_experts, cfg.num_experts_per_tok
+    ag = _ag or _fit_attention_group(cfg, profile, seq_len, max_m_a)
+    m_e_hi = A * max_m_a * seq_len * k / E
+    m_e_grid = _geometric(min(1.0, m_e_hi), m_e_hi)
+    m_e_grid = sorted(set(m_e_grid) | set(_geometric(A * seq_len * k / E / R2_MAX, m_e_hi)))
+    experts = fit_line("t_e (grouped expert GEMMs, one expert device)", "rows per expert", m_e_grid,
+                       [experts_seconds(cfg, profile, m, B) for m in m_e_grid])
+    zs = [transfer_bytes_per_device(cfg, profile, m, B) for m in m_e_grid]
+    comm = fit_line(f"t_c (A2E/E2A, A={A}, B={B})", "bytes per expert device (z)", zs,
+                    [_transfer_seconds_of_bytes(profile, z, A, B) for z in zs])
+    z_per_row = transfer_bytes_per_device(cfg, profile, 1.0, B)
+    return DepCoefficients(
+        attn_devices=A, expert_devices=B, seq_len=seq_len,
+        alpha_a=ag.gemm_a.alpha + ag.attn.alpha, beta_a=ag.gemm_a.beta * ag.x_a + ag.attn.beta * ag.y,  # Eq. 10-11
+        alpha_s=ag.gemm_s.alpha, beta_s=ag.gemm_s.beta * ag.x_s,
+        alpha_e=experts.alpha, beta_e=experts.beta,
+        alpha_c=comm.alpha, beta_c=comm.beta * z_per_row,
+        alpha_d=ag.gemm_d.alpha + ag.attn_d.alpha, beta_d=ag.gemm_d.beta * ag.x_d + ag.attn_d.beta * ag.y_d,
+        fits=(ag.gemm_a, ag.attn, ag.gemm_s, ag.gemm_d, ag.attn_d, experts, comm))
+
+
+# -- memory and the workload ---------------------------------------------------------------------------------------
+
+def _routed_params(cfg: ModelConfig) -> int:
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    return sum(cfg.moe_layers) * cfg.num_experts * (3 * D * I + (2 * I + D) * cfg.expert_bias)
+
+
+def _kv_elements_per_token(cfg: ModelConfig) -> int:
+    """Per token, all layers: GQA keys and values; MLA the latent and the rope key (moejax's caches)."""
+    if cfg.attention == "mla":
+        per_layer = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    else:
+        per_layer = 2 * cfg.num_kv_heads * cfg.head_dim
+    return per_layer * cfg.num_layers
+
+
+def _working_elements_per_token(cfg: ModelConfig) -> int:
+    """The widest layer's transient activations per token: attention projections' outputs + the MLP's gate and up
+    + the hidden state."""
+    width = sum(n for _, n in attention_gemms(cfg))
+    mlp = max(cfg.shared_expert_size, 0 if all(cfg.moe_layers) else cfg.intermediate_size)
+    return width + 2 * mlp + cfg.hidden_size
+
+
+@dataclasses.dataclass(frozen=True)
+class DepWorkload:
+    """What the search needs besides the coefficients: the workload, the layer structure and the attention
+    devices' memory (bytes; module docstring)."""
+    sequences: int
+    seq_len: int
+    top_k: int
+    experts: int
+    moe_segments: tuple[int, ...]  # lengths of the runs of consecutive MoE layers
+    dense_layers: int
+    free_bytes: float  # attention device memory left for activations and caches
+    resident_bytes_per_sequence: float  # KV cache + two hidden states, for every sequence of a pass
+    working_bytes_per_sequence: float  # the micro-batch being computed
+
+    @property
+    def tokens(self) -> int:
+        return self.sequences * self.seq_len
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.moe_segments)
+
+    def max_m_a(self, r1: int) -> int:
+        """The largest micro-batch (sequences per attention device) that fits with r1 of them in the pass."""
+        return int(self.free_bytes // (r1 * self.resident_bytes_per_sequence + self.working_bytes_per_sequence))
+
+    def pass_shape(self, attn_devices: int, r1: int) -> tuple[int, int] | None:
+        """(passes, m_a) for r1 micro-batches: one pass if it fits, else the fewest that do, spread evenly; None
+        if not even one sequence per micro-batch fits."""
+        cap = self.max_m_a(r1)
+        if cap < 1:
+            return None
+        per_device = _ceil_div(self.sequences, attn_devices)
+        passes = _ceil_div(per_device, r1 * cap)
+        return passes, _ceil_div(_ceil_div(per_device, passes), r1)
+
+    def pass_shapes(self, attn_devices: int):
+        """pass_shape for r1 = 1, 2, ... up to max_r1, while one sequence per micro-batch fits (max_m_a falls
+        with r1): arrays (r1, passes, m_a)."""
+        r1 = np.arange(1, self.max_r1(attn_devices) + 1, dtype=np.int64)
+        cap = np.floor_divide(self.free_bytes, r1 * self.resident_bytes_per_sequence +
+                              self.working_bytes_per_sequence).astype(np.int64)
+        fits = int(np.argmin(cap >= 1)) if (cap < 1).any() else len(r1)
+        r1, cap = r1[:fits], cap[:fits]
+        per_device = _ceil_div(self.sequences, attn_devices)
+        passes = -(-per_device // (r1 * cap))  # ceil divisions, elementwise
+        per_pass = -(-per_device // passes)
+        return r1, passes, -(-per_pass // r1)
+
+    def max_r1(self, attn_devices: int) -> int:
+        """More micro-batches than sequences per attention device would only add padding."""
+        return _ceil_div(self.sequences, attn_devices)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def dep_workload(cfg: ModelConfig, profile: Profile, *, tokens: int, seq_len: int,
+                 memory_bytes: float | None = None) -> DepWorkload:
+    """tokens // seq_len sequences of seq_len tokens of `cfg` on `profile`'s devices (memory_bytes: per device,
+    default the profile's)."""
+    _check_workload(cfg, tokens, seq_len)
+    b = profile.dtype_bytes
+    usable = (memory_bytes if memory_bytes is not None else profile.device.memory_bytes) * (1 - RESERVE_FRACTION)
+    weights = (param_count(cfg) - _routed_params(cfg)) * b
+    resident = seq_len * b * (_kv_elements_per_token(cfg) + 2 * cfg.hidden_size)
+    working = seq_len * b * _working_elements_per_token(cfg)
+    free = usable - weights
+    if free < resident + working:
+        raise ValueError(f"memory: an attention device holds the non-expert weights ({weights / GiB:.2f} GiB) and "
+                         f"needs {(resident + working) / GiB:.3f} GiB for one sequence of {seq_len} tokens, more "
+                         f"than its {usable / GiB:.2f} GiB usable ({1 - RESERVE_FRACTION:.0%} of "
+                         f"{usable / (1 - RESERVE_FRACTION) / GiB:.2f} GiB)")
+    segments, run = [], 0
+    for moe in cfg.moe_layers:
+        if moe:
+            run += 1
+        elif run:
+            segments.append(run)
+            run = 0
+    segments += [run] if run else []
+    return DepWorkload(sequences=tokens // seq_len, seq_len=seq_len, top_k=cfg.num_experts_per_tok,
+                       experts=cfg.num_experts, moe_segments=tuple(segments),
+                       dense_layers=cfg.num_layers - sum(cfg.moe_layers), free_bytes=free,
+                       resident_bytes_per_sequence=resident, working_bytes_per_sequence=working)
+
+
+def _check_workload(cfg: ModelConfig, tokens: int, seq_len: int) -> None:
+    if not cfg.num_experts or not any(cfg.moe_layers):
+        raise ValueError(f"DEP plan: model {cfg.model_type} has no MoE layers; DEP splits routed experts")
+    if seq_len < 1:
+        raise ValueError(f"DEP plan: seq_len must be >= 1, got {seq_len}")
+    if tokens < seq_len:
+        raise ValueError(f"DEP plan: tokens={tokens} is less than seq_len={seq_len}: not one whole sequence")
+
+
+def expert_bytes_per_device(cfg: ModelConfig, profile: Profile, expert_devices: int) -> float:
+    return _routed_params(cfg) * profile.dtype_bytes / expert_devices
+
+
+# -- 3. the objective (Eq. 12-13, corrected; module docstring) ---------------------------------------------------
+
+def segment_seconds(ta: float, ts: float, te: float, tc: float, T: int, r1: int, r2: int, order: str) -> float:
+    """T consecutive MoE layers of r1 micro-batches with r2 chunks each, from all inputs ready to the last output
+    back (closed forms in the module docstring; t_e2a = t_a2e = tc)."""
+    if order == "pppipe":
+        ta, ts = ta + ts, 0.0
+    X, Y = ta + ts, max(te, tc)
+    F = max(X, r2 * Y)
+    G = ta + 2 * tc + te + (r2 - 1) * Y
+    if order != "aass":
+        return (T - 1) * max(G, r1 * F) + max(r1 * X, G + (r1 - 1) * F)
+    F_a = max(ta, r2 * Y)
+    tail = max(r1 * X, G + (r1 - 1) * F_a)
+    P1 = max(G, r1 * F)
+    P = max(P1, (G + (r1 - 1) * F_a + ta + r1 * ts) / 2)
+    if T == 1:
+        return tail
+    return tail + (T - 1) * P if T % 2 else tail + P1 + (T - 2) * P
+
+
+class _Pair:
+    """One (m_a, r1) of a split: the objective as a function of r2 and the order, padded (as executed) or not
+    (the continuous relaxation m_e = k'/r2 of Thm 4, a lower bound)."""
+
+    def __init__(self, coef: DepCoefficients, work: DepWorkload, m_a: int, r1: int, passes: int):
+        A, B = coef.attn_devices, coef.expert_devices
+        self.coef, self.work, self.m_a, self.r1, self.passes = coef, work, m_a, r1, passes
+        self.ta = coef.alpha_a + coef.beta_a * m_a
+        self.ts = coef.alpha_s + coef.beta_s * m_a
+        self.td = coef.alpha_d + coef.beta_d * m_a
+        self.tokens = A * m_a * work.seq_len  # of one micro-batch
+        self.multiple = math.lcm(A, B)
+        self.blocks = _ceil_div(self.tokens, self.multiple)  # of lcm(A, B) rows
+        self.rows_to_m_e = work.top_k / work.experts  # m_e = rows x k / E (balanced routing)
+        self.r2_max = min(R2_MAX, self.blocks)
+
+    def m_e(self, r2: int, padded: bool = True) -> float:
+        rows = self.multiple * _ceil_div(self.blocks, r2) if padded else self.tokens / r2
+        return rows * self.rows_to_m_e
+
+    def seconds(self, r2: int, order: str, padded: bool = True) -> float:
+        """All passes."""
+        c, m_e = self.coef, self.m_e(r2, padded)
+        te, tc = c.alpha_e + c.beta_e * m_e, c.alpha_c + c.beta_c * m_e
+        moe = sum(segment_seconds(self.ta, self.ts, te, tc, T, self.r1, r2, order) for T in self.work.moe_segments)
+        return self.passes * (moe + self.work.dense_layers * self.r1 * self.td)
+
+    def lower_bound(self) -> float:
+        """No order or r2 beats the busiest resource's work: the AG's attention, shared and dense segments, the
+        EG's experts and the links' transfers (r2 t(m_e) >= t(k') for affine t with α >= 0)."""
+        c, T, r1 = self.coef, self.work.moe_layers, self.r1
+        k = self.m_e(1, padded=False)
+        ag = T * r1 * (self.ta + self.ts) + self.work.dense_layers * r1 * self.td
+        eg = T * r1 * max(c.alpha_e + c.beta_e * k, c.alpha_c + c.beta_c * k)
+        return self.passes * max(ag, eg)
+
+    def best_r2(self, order: str, r2: int | None = None) -> tuple[int, float]:
+        """r2 minimising the padded objective: Thm 4's convex search on the relaxation, then outwards while the
+        relaxation (a lower bound) could still win."""
+        if order == "pppipe":
+            r2 = 1
+        if r2 is not None:
+            return r2, self.seconds(r2, order)
+        relaxed = lambda r: self.seconds(r, order, padded=False)  # noqa: E731
+        lo, hi = 1, self.r2_max
+        while lo < hi:  # convex in 1/r2 => unimodal in r2: the first r where it stops falling
+            mid = (lo + hi) // 2
+            if relaxed(mid + 1) >= relaxed(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        best_r2, best = lo, self.seconds(lo, order)
+        for step in (-1, 1):
+            r = lo + step
+            while 1 <= r <= self.r2_max and relaxed(r) < best:
+                s = self.seconds(r, order)
+                if s < best:
+                    best_r2, best = r, s
+                r += step
+        return best_r2, best
+
+
+def predicted_seconds(coef: DepCoefficients, work: DepWorkload, *, m_a: int, r1: int, r2: int, order: str,
+                      passes: int = 1) -> float:
+    """The objective: `passes` passes of r1 micro-batches of m_a sequences per attention device, r2 chunks each."""
+    return _Pair(coef, work, m_a, r1, passes).seconds(r2, order)
+
+
+def rows_per_expert(coef: DepCoefficients, work: DepWorkload, *, m_a: int, r2: int) -> float:
+    """m_e: rows per expert in the largest padded chunk (balanced routing)."""
+    return _Pair(coef, work, m_a, 1, 1).m_e(r2)
+
+
+def task_times(coef: DepCoefficients, work: DepWorkload, *, m_a: int, r2: int) -> TaskTimes:
+    """Per-task durations at (m_a, r2), what dep_sim.simulate takes."""
+    return coef.task_times(m_a, rows_per_expert(coef, work, m_a=m_a, r2=r2))
+
+
+# -- 4. the search -------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DepChoice:
+    """One configuration and its predicted time (all passes)."""
+    attn_devices: int
+    expert_devices: int
+    r1: int
+    r2: int
+    order: str
+    m_a: int
+    m_e: float
+    passes: int
+    predicted_s: float
+    tokens: int  # real tokens of the workload
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        return self.tokens / self.predicted_s
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "predicted_tokens_per_s": self.predicted_tokens_per_s}
+
+    def layout_spec(self) -> str:
+        return layout_spec(self)
+
+
+def layout_spec(c) -> str:
+    """The moejax layout string (moejax.sharding.layout) of a DepChoice or DepPlan."""
+    return (f"attn=dp,experts=dep,attn_devices={c.attn_devices},expert_devices={c.expert_devices},r1={c.r1},"
+            f"r2={c.r2},order={c.order}")
+
+
+def _choice(pair: _Pair, r2: int, order: str, seconds: float) -> DepChoice:
+    c = pair.coef
+    return DepChoice(c.attn_devices, c.expert_devices, pair.r1, r2, order, pair.m_a, pair.m_e(r2), pair.passes,
+                     seconds, pair.work.tokens)
+
+
+def _r1_values(coef: DepCoefficients, work: DepWorkload, r1: int | None) -> list[tuple[int, int, int]]:
+    """(r1, passes, m_a) of the space: every r1 up to the sequences per attention device (or the caller's)."""
+    if r1 is None:
+        return list(zip(*(a.tolist() for a in work.pass_shapes(coef.attn_devices))))
+    shape = work.pass_shape(coef.attn_devices, r1)
+    if shape is None:
+        raise ValueError(f"DEP plan: r1={r1} micro-batches of one sequence each do not fit an attention device's "
+                         f"memory ({work.free_bytes / GiB:.2f} GiB free after the weights)")
+    return [(r1, *shape)]
+
+
+def pareto_pairs(coef: DepCoefficients, work: DepWorkload, r1: int | None = None) -> list[tuple[int, int, int]]:
+    """Algorithm 1's (m_a, r1) Pareto scan for a fixed workload, as (r1, passes, m_a): a pass of R sequences per
+    attention device is covered by r1 micro-batches of m_a = ceil(R / r1) (memory bounds r1 m_a, getMaxR1's role,
+    and more passes are taken only when one does not fit). Among r1 giving the same (passes, m_a), only the
+    smallest is kept: the others run the same micro-batches plus padding ones, and the objective never falls with
+    r1 at fixed m_a (it rises by Thm 3's B r1 term)."""
+    if r1 is not None:
+        return _r1_values(coef, work, r1)
+    r1s, passes, m_a = work.pass_shapes(coef.attn_devices)
+    _, first = np.unique(passes * (int(m_a.max(initial=0)) + 1) + m_a, return_index=True)
+    first.sort()
+    return list(zip(r1s[first].tolist(), passes[first].tolist(), m_a[first].tolist()))
+
+
+def search_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None = None, r2: int | None = None,
+                 orders=ORDERS) -> dict[str, DepChoice]:
+    """The best configuration of each order for one (A, B): Alg. 1 on the given coefficients."""
+    best: dict[str, DepChoice] = {}
+    for r, passes, m_a in pareto_pairs(coef, work, r1):
+        pair = _Pair(coef, work, m_a, r, passes)
+        bound = pair.lower_bound()
+        for order in orders:
+            if order in best and bound >= best[order].predicted_s:
+                continue
+            r2_, seconds = pair.best_r2(order, r2)
+            if order not in best or seconds < best[order].predicted_s:
+                best[order] = _choice(pair, r2_, order, seconds)
+    return best
+
+
+def evaluate(coef: DepCoefficients, work: DepWorkload, *, m_a: int, r1: int, r2: int | None = None,
+             orders=ORDERS) -> DepChoice:
+    """One pass of exactly A r1 m_a sequences (no row padding, memory not checked), r2 and the order searched
+    unless given: the throughput the paper's Tables 3-4 tabulate for an (m_a, r1)."""
+    pair = _Pair(coef, work, m_a, r1, 1)
+    best = min((pair.best_r2(o, r2) + (o,) for o in orders), key=lambda t: t[1])
+    choice = _choice(pair, best[0], best[2], best[1])
+    return dataclasses.replace(choice, tokens=coef.attn_devices * r1 * m_a * work.seq_len)
+
+
+def exhaustive_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None = None, r2: int | None = None,
+                     orders=ORDERS) -> dict[str, DepChoice]:
+    """Brute force over the same space: every r1 up to the sequences per attention device (while one sequence per
+    micro-batch fits), every r2 in [1, R2_MAX] (at most one chunk per block of lcm(A, B) rows), every order."""
+    best: dict[str, DepChoice] = {}
+    for r, passes, m_a in _r1_values(coef, work, r1):
+        pair = _Pair(coef, work, m_a, r, passes)
+        for order in orders:
+            r2s = [1] if order == "pppipe" else [r2] if r2 is not None else range(1, pair.r2_max + 1)
+            for r2_ in r2s:
+                seconds = pair.seconds(r2_, order)
+                if order not in best or seconds < best[order].predicted_s:
+                    best[order] = _choice(pair, r2_, order, seconds)
+    return best
+
+
+# -- the planner ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DepPlan:
+    """A chosen DEP configuration with its prediction, the runner-ups and the inputs that decided it."""
+    attn_devices: int
+    expert_devices: int
+    r1: int
+    r2: int
+    order: str
+    m_a: int  # sequences per micro-batch per attention device
+    m_e: float  # rows per expert per chunk (padded chunk, balanced routing)
+    passes: int
+    predicted_tokens_per_s: float
+    predicted_s: float
+    solve_ms: float
+    tokens: int  # real tokens (sequences x seq_len)
+    seq_len: int
+    model: str
+    profile: str
+    coefficients: DepCoefficients
+    task_times: TaskTimes  # per task at (m_a, m_e): what dep_sim.simulate takes
+    alternatives: tuple[DepChoice, ...] = ()  # the best of each other (A, B) and order, fastest first
+    exhaustive: DepChoice | None = None
+    exhaustive_ms: float | None = None
+    searched: str = ""  # what was searched, what was held fixed
+
+    def layout_spec(self) -> str:
+        return layout_spec(self)
+
+    def as_dict(self) -> dict:
+        keys = ("attn_devices", "expert_devices", "r1", "r2", "order", "m_a", "m_e", "passes",
+                "predicted_tokens_per_s", "predicted_s", "solve_ms", "tokens", "seq_len", "model", "profile",
+                "searched")
+        out = {k: getattr(self, k) for k in keys}
+        out["layout"] = self.layout_spec()
+        out["task_times"] = dataclasses.asdict(self.task_times)
+        out["coefficients"] = self.coefficients.as_dict()
+        out["alternatives"] = [a.as_dict() for a in self.alternatives]
+        if self.exhaustive is not None:
+            ex = self.exhaustive.as_dict()
+            out["exhaustive"] = {**{k: ex[k] for k in ("attn_devices", "expert_devices", "r1", "r2", "order", "m_a",
+                                                       "m_e", "passes", "predicted_tokens_per_s", "predicted_s")},
+                                 "solve_ms": self.exhaustive_ms}
+        return out
+
+    def describe(self) -> str:
+        t = self.task_times
+        lines = [
+            f"DEP plan for {self.model} on {self.profile}: {self.tokens} tokens as {self.tokens // self.seq_len} "
+            f"sequences of {self.seq_len}",
+            f"  layout {self.layout_spec()}",
+            f"  m_a={self.m_a} sequences per micro-batch per attention device, m_e={self.m_e:.1f} rows per expert "
+            f"per chunk, {self.passes} pass{'es' if self.passes > 1 else ''}",
+            f"  predicted {self.predicted_s * 1e3:.2f} ms, {self.predicted_tokens_per_s:,.0f} tokens/s "
+            f"(solved in {self.solve_ms:.1f} ms; {self.searched})",
+            f"  per task: attention {t.attention * 1e3:.3f} ms, shared {t.shared * 1e3:.3f} ms, experts "
+            f"{t.experts * 1e3:.3f} ms, a2e = e2a {t.a2e * 1e3:.3f} ms; {self._bottleneck()}"]
+        if self.alternatives:
+            lines.append("  runner-ups (best of each other split and order):")
+            for a in self.alternatives[:8]:
+                lines.append(f"    {a.layout_spec()} m_a={a.m_a}: {a.predicted_s * 1e3:.2f} ms "
+                             f"(+{(a.predicted_s / self.predicted_s - 1) * 100:.1f}%)")
+        if self.exhaustive is not None:
+            same = abs(self.exhaustive.predicted_s - self.predicted_s) <= 1e-9 * self.predicted_s
+            lines.append(f"  exhaustive search ({self.exhaustive_ms:.0f} ms): {self.exhaustive.layout_spec()} "
+                         f"{self.exhaustive.predicted_s * 1e3:.2f} ms ({'same optimum' if same else 'DIFFERS'})")
+        return "\n".join(lines)
+
+    def _bottleneck(self) -> str:
+        t, r1, r2 = self.task_times, self.r1, self.r2
+        per_layer = {"the attention group": r1 * (t.attention + t.shared), "the expert group": r1 * r2 * t.experts,
+                     "the transfers": r1 * r2 * t.a2e}
+        name = max(per_layer, key=per_layer.get)
+        return f"busiest per MoE layer: {name} ({per_layer[name] * 1e3:.3f} ms)"
+
+
+def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices, expert_devices,
+            memory_bytes) -> list[tuple[int, int]]:
+    """(A, B) with A + B = devices, E % B == 0 and the E/B experts per MoE layer fitting an expert device."""
+    E = cfg.num_experts
+    if attn_devices is not None and expert_devices is not None and attn_devices + expert_devices != devices:
+        raise ValueError(f"DEP plan: attn_devices={attn_devices} + expert_devices={expert_devices} != "
+                         f"devices={devices}")
+    for name, v in (("attn_devices", attn_devices), ("expert_devices", expert_devices)):
+        if v is not None and not 1 <= v < devices:
+            raise ValueError(f"DEP plan: {name}={v} must leave at least one of the {devices} devices to the other "
+                             "group")
+    usable = (memory_bytes if memory_bytes is not None else profile.device.memory_bytes) * (1 - RESERVE_FRACTION)
+    out, divisible = [], []
+    for A in range(1, devices):
+        B = devices - A
+        if (attn_devices is not None and A != attn_devices) or (expert_devices is not None and B != expert_devices):
+            continue
+        if E % B:
+            continue
+        divisible.append(B)
+        if expert_bytes_per_device(cfg, profile, B) <= usable:
+            out.append((A, B))
+    if not divisible:
+        held = "".join(f" with {k}={v}" for k, v in (("attn_devices", attn_devices),
+                                                      ("expert_devices", expert_devices)) if v is not None)
+        raise ValueError(f"DEP plan: no split of {devices} devices into A + B{held} has the {E} experts divide "
+                         "evenly over the B expert devices (E % B == 0)")
+    if not out:
+        raise ValueError(f"DEP plan: the routed experts do not fit the expert group: with B = {max(divisible)} "
+                         f"devices each holds {expert_bytes_per_device(cfg, profile, max(divisible)) / GiB:.1f} GiB "
+                         f"> {usable / GiB:.1f} GiB usable")
+    return out
+
+
+def _check_inputs(devices: int, r1, r2, order) -> tuple[str, ...]:
+    """-> the orders to search."""
+    if devices < 2:
+        raise ValueError(f"DEP plan: devices={devices}: DEP needs 2 or more devices (an attention group and an "
+                         "expert group)")
+    if r1 is not None and r1 < 1:
+        raise ValueError(f"DEP plan: r1 must be >= 1, got {r1}")
+    if r2 is not None and r2 < 1:
+        raise ValueError(f"DEP plan: r2 must be >= 1, got {r2}")
+    if order is not None and order not in PLAN_ORDERS:
+        raise ValueError(f"DEP plan: order must be one of {', '.join(PLAN_ORDERS)}, got {order!r}")
+    if order == "pppipe" and r2 not in (None, 1):
+        raise ValueError(f"DEP plan: order=pppipe sends each micro-batch whole (r2 = 1), got r2={r2}")
+    return ORDERS if order is None else (order,)
+
+
+def solve_dep(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
+              attn_devices: int | None = None, expert_devices: int | None = None, r1: int | None = None,
+              r2: int | None = None, order: str | None = None, exhaustive: bool = False,
+              memory_bytes: float | None = None) -> DepPlan:
+    """FinDEP's Algorithm 1 for `tokens // seq_len` sequences of `seq_len` tokens on `devices` devices: the best
+    (A, B, r1, r2, order) under the objective of the module docstring. Any of attn_devices, expert_devices, r1,
+    r2, order given is held fixed (order may be "pppipe"). exhaustive=True also runs the brute force over the same
+    space (DepPlan.exhaustive). memory_bytes: per device, default the profile's. ValueError naming the problem
+    when nothing can run."""
+    start = time.perf_counter()
+    orders = _check_inputs(devices, r1, r2, order)
+    work = dep_workload(cfg, profile, tokens=tokens, seq_len=seq_len, memory_bytes=memory_bytes)
+    splits = _splits(cfg, profile, devices, attn_devices, expert_devices, memory_bytes)
+    coefs = _fit_splits(cfg, profile, work, splits)
+    best = {(A, B, o): c for (A, B), coef in coefs.items()
+            for o, c in search_split(coef, work, r1=r1, r2=r2, orders=orders).items()}
+    solve_ms = (time.perf_counter() - start) * 1e3
+    chosen = fastest(best.values())
+    ex, ex_ms = None, None
+    if exhaustive:
+        t0 = time.perf_counter()
+        ex = fastest(c for coef in coefs.values()
+                      for c in exhaustive_split(coef, work, r1=r1, r2=r2, orders=orders).values())
+        ex_ms = (time.perf_counter() - t0) * 1e3
+    fixed = [f"{k}={v}" for k, v in (("attn_devices", attn_devices), ("expert_devices", expert_devices), ("r1", r1),
+                                      ("r2", r2), ("order", order)) if v is not None]
+    searched = (f"{len(splits)} split{'s' if len(splits) > 1 else ''} x orders {'/'.join(orders)}"
+                + (f"; held fixed: {', '.join(fixed)}" if fixed else ""))
+    return _plan(cfg, profile, chosen, coefs, best, solve_ms, ex, ex_ms, searched)
+
+
+def _fit_splits(cfg, profile, work: DepWorkload, splits) -> dict[tuple[int, int], DepCoefficients]:
+    """Each split's fits over the m_a its space can reach, whatever else is searched (so that plans with and
+    without held parameters share coefficients)."""
+    def reach(A):
+        return max(1, min(work.max_r1(A), work.max_m_a(1)))
+    ag = _fit_attention_group(cfg, profile, work.seq_len, reach(1))
+    return {(A, B): fit_coefficients(cfg, profile, attn_devices=A, expert_devices=B, seq_len=work.seq_len,
+                                     max_m_a=reach(A), _ag=ag) for A, B in splits}
+
+
+def fastest(choices) -> DepChoice:
+    """Fastest; ties to fewer micro-batches and chunks (less to dispatch), then ASAS."""
+    return min(choices, key=lambda c: (c.predicted_s, c.r1 * c.r2, PLAN_ORDERS.index(c.order), c.attn_devices))
+
+
+def _plan(cfg, profile, chosen: DepChoice, coefs, best, solve_ms, ex, ex_ms, searched) -> DepPlan:
+    coef = coefs[(chosen.attn_devices, chosen.expert_devices)]
+    others = sorted((c for c in best.values() if c is not chosen), key=lambda c: c.predicted_s)
+    return DepPlan(attn_devices=chosen.attn_devices, expert_devices=chosen.expert_devices, r1=chosen.r1,
+                   r2=chosen.r2, order=chosen.order, m_a=chosen.m_a, m_e=chosen.m_e, passes=chosen.passes,
+                   predicted_tokens_per_s=chosen.predicted_tokens_per_s, predicted_s=chosen.predicted_s,
+                   solve_ms=solve_ms, tokens=chosen.tokens, seq_len=coef.seq_len, model=cfg.model_type,
+                   profile=profile.name, coefficients=coef, task_times=coef.task_times(chosen.m_a, chosen.m_e),
+                   alternatives=tuple(others), exhaustive=ex, exhaustive_ms=ex_ms, searched=searched)
+
+
+def pppipe_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
+                attn_devices: int | None = None, expert_devices: int | None = None, r1: int | None = None,
+                exhaustive: bool = False, memory_bytes: float | None = None) -> DepPlan:
+    """The baseline: the best PPPipe configuration (r2 = 1, the shared expert part of attention, A2E after it)
+    under the same model, splits and memory."""
+    return solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, attn_devices=attn_devices,
+                     expert_devices=expert_devices, r1=r1, r2=1, order="pppipe", exhaustive=exhaustive,
+                     memory_bytes=memory_bytes)
+
+
+def default_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
+                 memory_bytes: float | None = None) -> DepPlan:
+    """What `layout=attn=dp,experts=dep` runs without a plan (moejax.sharding.layout): half the devices each
+    (the expert group the larger half), r1 = r2 = 1, ASAS; predicted under the same model."""
+    A = devices // 2
+    return solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, attn_devices=A,
+                     expert_devices=devices - A, r1=1, r2=1, order="asas", memory_bytes=memory_bytes)
