@@ -15,6 +15,9 @@ predictors: every expert predictor on held-out routing traces: recall per layer 
 rates with each as prefetcher, and the accuracy cost of executing its predictions (launch/bench_predictors.py).
 generate: output tokens/s of continuous batching vs static batching vs transformers' batched generate on a
 long-tail workload, with slot utilisation (launch/bench_generate.py).
+plans: the planners' own run time (FinDEP's solver, MoE-Lightning's policy search, the layout planner, Θ) and, on
+2 or more devices, DEP as FinDEP's solver configures it against the default and PPPipe, measured
+(launch/bench_plans.py).
 prefill: prefill tokens/s and achieved FLOP/s (moejax.costs) of each moejax expert backend and, when torch and
 transformers import, of transformers' eager forward on the same checkpoint in the same process. For a preset
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
@@ -37,8 +40,8 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers, bench_predictors,
-                    bench_quality, bench_serve)
+from launch import (bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers, bench_plans,
+                    bench_predictors, bench_quality, bench_serve)
 from launch.bench_util import device_tag, environment, time_calls
 
 
@@ -182,6 +185,7 @@ def main(argv=None):
     bench_quality.add_parser(sub).set_defaults(run=lambda a: bench_quality.quality(a, environment()))
     bench_predictors.add_parser(sub).set_defaults(run=lambda a: bench_predictors.predictors(a, environment()))
     bench_generate.add_parser(sub).set_defaults(run=lambda a: bench_generate.generate(a, environment()))
+    bench_plans.add_parser(sub).set_defaults(run=lambda a: bench_plans.plans(a, environment()))
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

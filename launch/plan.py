@@ -112,11 +112,13 @@ def _orders(cfg, profile, plan, baseline, kw):
 
 
 def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
-    from moejax.plan.lightning import hrm_data, plot_roofline, search_policy
+    from moejax.plan.hrm import plot_roofline
+    from moejax.plan.lightning import policy_roofline, search_policy
     policy = search_policy(cfg, profile, prompt_len=args.prompt_len, gen_len=args.gen_len, gpus=args.gpus)
     plots = []
     if args.plot:
-        plots.append(plot_roofline(hrm_data(cfg, profile, policy), policy, os.path.join(args.plot, "roofline.png")))
+        plots.append(plot_roofline(policy_roofline(cfg, profile, policy), policy,
+                                   os.path.join(args.plot, "roofline.png")))
     return policy.as_dict(), policy.describe(), plots
 
 
@@ -150,9 +152,7 @@ def main(argv=None) -> int:
         profile = load_profile(args.profile, overrides(args.override))
         if args.planner in ("dep", "layout", "lightning") and args.tokens < 1:
             raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
-        if args.gpus > 1 and args.planner == "lightning":
-            profile = dataclasses.replace(profile, gpus=args.gpus)
-        elif args.planner in ("dep", "layout") or (args.planner == "theta" and args.mode != "streamed"):
+        if args.planner in ("dep", "layout") or (args.planner == "theta" and args.mode != "streamed"):
             profile = dataclasses.replace(profile, gpus=args.devices)
         run = {"dep": run_dep, "lightning": run_lightning, "theta": run_theta, "layout": run_layout}[args.planner]
         out, text, plots = run(cfg, profile, args)

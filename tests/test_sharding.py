@@ -81,13 +81,14 @@ def _expected_schedule(order, moe_layers, r1, r2):
 
 def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
     """attn_devices=3, expert_devices=4, r1=2, r2=2 (PPPipe: 1) on deepseek_v2_lite (dense first layer, shared
-    experts; D=32, k=2, 8 experts) for 4 rows of 16 tokens: micro-batches of 32 tokens, chunks of 16 padded to 24
-    rows (a multiple of lcm(3, 4); PPPipe: one chunk of 32 padded to 36). Each order gives the one-device logits."""
+    experts; D=32, k=2, 8 experts) for 4 rows of 16 tokens, padded to 6 rows (a multiple of A·r1): micro-batches of
+    48 tokens, chunks of 24 rows (a multiple of lcm(3, 4); PPPipe: one chunk of 48). Each order gives the one-device
+    logits."""
     for order, r in results["dep"].items():
         assert r["rel"] <= TOL, order
         assert r["params"] == [0, 1, 2], order  # attention, norms, routers, shared experts, stand-ins
         assert r["experts"] == [3, 4, 5, 6] and r["experts_per_device"] == [2], order  # EP inside the group
-        r2, rows = (1, 36) if order == "pppipe" else (2, 24)
+        r2, rows = (1, 48) if order == "pppipe" else (2, 24)
         assert r["schedule"] == _expected_schedule(order, [1, 2], 2, r2), order
         chunks = 2 * 2 * r2  # MoE layers x micro-batches x chunks
         assert r["stats"] == {"a2e_bytes": chunks * rows * (32 * 4 + 2 * 4 + 2 * 4),  # hidden f32, ids, weights

@@ -54,8 +54,9 @@ class LayoutChoice:
         lines = [f"layout auto: {self.best.spec} predicted {self.best.tokens_per_s:,.0f} tokens/s for steps of "
                  f"{self.tokens} tokens (sequences of {self.seq_len}) on profile {self.profile}; alternatives:"]
         for o in self.options[1:]:
-            lines.append(f"  {o.spec}: " + (f"{o.tokens_per_s:,.0f} tokens/s (compute {o.compute_s * 1e3:.2f} ms, "
-                                             f"communication {o.comm_s * 1e3:.2f} ms)" if o.predicted_s else o.why))
+            lines.append(f"  {o.spec}: " + (o.why if o.predicted_s is None else f"{o.tokens_per_s:,.0f} tokens/s" + (
+                f" (compute {o.compute_s * 1e3:.2f} ms, communication {o.comm_s * 1e3:.2f} ms)" if o.compute_s else
+                " (FinDEP's pipeline model)")))
         return "\n".join(lines)
 
 
