@@ -93,6 +93,19 @@ def dep_groups(name):
     return out
 
 
+def planned(name):
+    """layout="auto" and a DEP layout with auto fields, planned on the h100 datasheet profile for the 8 devices: the
+    layouts chosen, the decisions, and their logits against one device."""
+    path = os.path.join(FIXTURES, name)
+    ids = np.random.default_rng(0).integers(0, 100, (8, 16))
+    ref = moejax.load(path, dtype="float32").logits(ids)
+    out = {}
+    for spec in ("auto", "attn=dp,experts=dep,r1=auto,r2=auto,order=auto"):
+        engine = moejax.load(path, dtype="float32", layout=spec, profile="h100", plan_tokens=128, plan_seq_len=16)
+        out[spec] = dict(layout=str(engine.layout), decisions=engine.decisions, rel=rel(engine.logits(ids), ref))
+    return out
+
+
 def experts():
     rng = np.random.default_rng(1)
     N, D, I, E, k = 37, 16, 8, 16, 4  # 37 tokens: not a multiple of 8 devices
@@ -206,6 +219,7 @@ def padded_rows():
 PARTS = {"models": lambda name: models([name]), "experts": lambda: experts(),
          "async_ep": lambda: async_ep_gathers("qwen3_moe"), "collectives": lambda: collective_kinds("qwen3_moe"),
          "skewed": lambda: skewed("qwen3_moe"), "dep": lambda: dep_groups("deepseek_v2_lite"),
+         "planned": lambda: planned("deepseek_v2_lite"),
          "two_channel": lambda name: {name: two_channel(name)}, "padded_rows": padded_rows}
 
 if __name__ == "__main__":  # arguments: parts to run, "models:NAME" for one family's layouts

@@ -20,7 +20,7 @@ TOL = 1e-5
 
 # Three worker processes side by side (compiling is mostly one thread each): one family's layouts and some checks.
 WORKERS = (["models:qwen3_moe", "skewed", "async_ep", "two_channel:qwen3_moe"],
-           ["models:deepseek_v2_lite", "dep", "collectives", "two_channel:deepseek_v2_lite"],
+           ["models:deepseek_v2_lite", "dep", "collectives", "two_channel:deepseek_v2_lite", "planned"],
            ["models:gpt_oss", "experts", "two_channel:gpt_oss", "padded_rows"])
 
 
@@ -98,6 +98,17 @@ def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
         layout = Layout.parse(f"experts=dep,attn_devices=3,expert_devices=4,r1=2,r2={r2},order={order}").resolve(8, 8)
         a2e, e2a = layout_comm(cfg, layout, 4, 16, 4).experts[:2]
         assert (a2e.bytes_sent * 3 * 2, e2a.bytes_sent * 4 * 2) == (r["stats"]["a2e_bytes"], r["stats"]["e2a_bytes"])
+
+
+def test_planned_layouts_equal_one_device_and_say_why(results):
+    """layout="auto" runs the layout the planner predicts fastest (h100 datasheet, steps of 128 tokens) and
+    r1/r2/order=auto under DEP what FinDEP's solver picks; each gives the one-device logits and explains itself."""
+    auto, dep = results["planned"]["auto"], results["planned"]["attn=dp,experts=dep,r1=auto,r2=auto,order=auto"]
+    assert auto["rel"] <= TOL and dep["rel"] <= TOL
+    assert auto["decisions"][0].startswith("layout auto: " + auto["layout"].split(",exchange")[0].split(",devices")[0])
+    assert "what would change it" in auto["decisions"][0] and "alternatives" in auto["decisions"][0]
+    assert dep["layout"].startswith("attn=dp,experts=dep") and "DEP r1, r2, order=auto" in dep["decisions"][0]
+    assert "runner-ups" in dep["decisions"][0]
 
 
 def test_async_ep_gathers_depend_only_on_weights(results):

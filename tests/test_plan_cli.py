@@ -1,0 +1,62 @@
+"""`python -m launch.plan`: the JSON contract outside checks read, what-if overrides, plots, and clear errors."""
+import json
+import os
+
+import pytest
+
+from launch import plan as cli
+
+
+def _json(capsys, *argv) -> dict:
+    assert cli.main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_dep_json_has_the_contract_fields_and_the_exhaustive_search_agrees(capsys):
+    out = _json(capsys, "dep", "--model", "deepseek-v2-lite", "--profile", "h100", "--tokens", "16384", "--devices",
+                "8", "--exhaustive")
+    fields = ("attn_devices", "expert_devices", "r1", "r2", "order")
+    for key in fields + ("predicted_tokens_per_s", "solve_ms"):
+        assert key in out and key in out["exhaustive"], key
+    assert [out[k] for k in fields] == [out["exhaustive"][k] for k in fields]
+    assert out["attn_devices"] + out["expert_devices"] == 8 and out["order"] in ("asas", "aass")
+    assert out["speedup_vs_pppipe"] >= 1.0 and out["speedup_vs_default"] >= 1.0  # FinDEP's space holds both
+
+
+def test_lightning_json_on_s1(capsys):
+    out = _json(capsys, "lightning", "--model", "mixtral-8x7b", "--profile", "t4", "--prompt-len", "418",
+                "--gen-len", "128")
+    for key in ("N", "mu", "A_g", "F_g", "r_w", "r_c", "predicted_tokens_per_s", "solve_ms"):
+        assert key in out, key
+    assert (out["A_g"], out["F_g"]) == (0, 1) and out["executable"] is False  # CPU attention: not yet in moejax
+
+
+def test_theta_json_and_a_what_if_override(capsys):
+    base = _json(capsys, "theta", "--model", "mixtral-8x7b", "--profile", "h100")
+    assert base["source"].startswith("Eq. 1") and base["theta_tokens"] > 0
+    slow = _json(capsys, "theta", "--model", "mixtral-8x7b", "--profile", "h100", "--override", "h2d.bandwidth=32e9")
+    assert slow["theta_flops"] == pytest.approx(2 * base["theta_flops"], rel=1e-3)  # half the bandwidth, twice Θ
+
+
+def test_plots_are_written(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    for planner, extra in (("dep", ["--devices", "8", "--tokens", "8192"]), ("theta", []),
+                           ("lightning", ["--prompt-len", "256"])):
+        out = _json(capsys, planner, "--model", "mixtral-8x7b", "--profile", "a100", "--plot", str(tmp_path), *extra)
+        assert out["plots"] and all(os.path.getsize(p) > 10_000 for p in out["plots"]), planner
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["theta", "--model", "mixtral-8x7b", "--profile", "v100"], "neither a datasheet profile"),
+    (["theta", "--model", "gpt-5", "--profile", "h100"], "--model 'gpt-5' is neither a checkpoint directory"),
+    (["theta", "--model", "mixtral-8x7b", "--profile", "h100", "--override", "h2d.speed=1e9"],
+     "Link has no field 'speed'"),
+    (["theta", "--model", "mixtral-8x7b", "--profile", "h100", "--override", "h2d.bandwidth=fast"],
+     "'fast' is not a number"),
+    (["theta", "--model", "mixtral-8x7b", "--profile", "h100", "--override", "h2d"], "expected FIELD=VALUE"),
+    (["dep", "--model", "mixtral-8x7b", "--profile", "h100", "--devices", "1"], "launch.plan dep: "),
+])
+def test_bad_arguments_name_what_is_wrong(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert message in str(e.value)
