@@ -4,8 +4,8 @@ default and the PPPipe baseline, measured on the devices present.
 1. Solver time (no devices): FinDEP's Alg. 1 (`moejax.plan.findep.solve_dep`) for 8-64 devices on the h100
    datasheet and three model shapes, with the exhaustive search over the same space beside it (same choice?);
    MoE-Lightning's policy search on S1 (Mixtral 8x7B, t4); the layout planner; Θ by Eq. 1. Median of --solver-repeats.
-2. With 2 or more devices: the devices' profile is measured (`moejax.plan.measure`, quick sweep at the model's
-   shapes), then three DEP layouts of --model run the same batch of --tokens tokens (sequences of --seq):
+2. The devices' profile, measured at --model's shapes (`moejax.plan.measure`; --quick: a coarse sweep) and kept in
+   the record (on a GPU: what the planners need from it). With 2 or more devices, three DEP layouts of --model run the same batch of --tokens tokens (sequences of --seq):
    FinDEP's choice on that profile, the default (half the devices each, r1 = r2 = 1, ASAS) and PPPipe's best;
    --repeats timed `engine.logits` calls each, interleaved round by round, after a warm-up (compilation); measured
    tokens/s and ratios next to the predicted ones. On simulated CPU devices
@@ -40,6 +40,9 @@ def add_parser(sub):
     p.add_argument("--repeats", type=int, default=5, help="timed calls per DEP layout")
     p.add_argument("--solver-repeats", type=int, default=20)
     p.add_argument("--profile", default=None, help="a measured profile JSON to plan DEP with (default: measure now)")
+    p.add_argument("--quick", action="store_true",
+                   help="a coarse profile sweep, and solver times for one model at 8 and 64 devices without the "
+                        "exhaustive search (the GPU check's dry run)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/plans-<device>.json)")
     return p
 
@@ -53,23 +56,26 @@ def _median_ms(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def solver_times(repeats: int) -> dict:
+def solver_times(repeats: int, quick: bool) -> dict:
     h100 = load_profile("h100")
     out: dict = {"findep": [], "lightning": None, "layout": None, "theta_ms": None}
-    for name in SOLVER_MODELS:
+    for name in SOLVER_MODELS[:1] if quick else SOLVER_MODELS:
         cfg = ModelConfig.from_hf(preset_config(name))
-        for devices in (8, 16, 32, 64):
+        for devices in (8, 64) if quick else (8, 16, 32, 64):
             kw = dict(devices=devices, tokens=16384, seq_len=2048)
-            plan = solve_dep(cfg, h100, exhaustive=True, **kw)
+            plan = solve_dep(cfg, h100, exhaustive=not quick, **kw)
             ms = _median_ms(lambda: solve_dep(cfg, h100, **kw), repeats)
-            ex_ms = _median_ms(lambda: solve_dep(cfg, h100, exhaustive=True, **kw), max(1, repeats // 10))
-            ex = plan.as_dict()["exhaustive"]
-            same = all(ex[k] == getattr(plan, k) for k in ("attn_devices", "expert_devices", "r1", "r2", "order"))
+            ex_ms, same = None, None
+            if not quick:
+                ex_ms = _median_ms(lambda: solve_dep(cfg, h100, exhaustive=True, **kw), max(1, repeats // 10))
+                ex = plan.as_dict()["exhaustive"]
+                same = all(ex[k] == getattr(plan, k) for k in ("attn_devices", "expert_devices", "r1", "r2", "order"))
             out["findep"].append(dict(model=name, devices=devices, solve_ms=ms, with_exhaustive_ms=ex_ms,
                                       same_as_exhaustive=same, choice=plan.layout_spec(),
                                       predicted_tokens_per_s=plan.predicted_tokens_per_s))
-            print(f"  findep {name:16s} {devices:2d} devices: {ms:6.2f} ms (with exhaustive {ex_ms:7.1f} ms, same "
-                  f"choice: {same}) -> {plan.layout_spec()}", flush=True)
+            print(f"  findep {name:16s} {devices:2d} devices: {ms:6.2f} ms"
+                  + ("" if quick else f" (with exhaustive {ex_ms:7.1f} ms, same choice: {same})")
+                  + f" -> {plan.layout_spec()}", flush=True)
     mixtral = ModelConfig.from_hf(preset_config("mixtral-8x7b"))
     t4 = load_profile("t4")
     policy = search_policy(mixtral, t4, prompt_len=418, gen_len=128)
@@ -84,18 +90,18 @@ def solver_times(repeats: int) -> dict:
     return out
 
 
-def _measured_profile(cfg: ModelConfig, args):
+def measured_profile(cfg: ModelConfig, args):
+    """The devices' profile at the model's shapes (or --profile's), and the seconds measuring took."""
     from moejax.plan.measure import Shapes, measure_profile, sweep_for
     if args.profile:
-        return load_profile(args.profile)
-    sweep = sweep_for(jax.devices()[0].platform, quick=True)
-    return measure_profile(Shapes.of(cfg, args.model), sweep, dtype=args.dtype).profile
+        return load_profile(args.profile), 0.0
+    sweep = sweep_for(jax.devices()[0].platform, quick=args.quick)
+    m = measure_profile(Shapes.of(cfg, args.model), sweep, dtype=args.dtype)
+    return m.profile, m.seconds
 
 
-def dep_runs(args) -> dict:
-    cfg = ModelConfig.from_hf(preset_config(args.model))
+def dep_runs(args, cfg: ModelConfig, profile) -> dict:
     devices = jax.device_count()
-    profile = _measured_profile(cfg, args)
     kw = dict(devices=devices, tokens=args.tokens, seq_len=args.seq)
     plans = {"findep": solve_dep(cfg, profile, **kw),
              "default": default_plan(cfg, profile, **kw),
@@ -124,18 +130,22 @@ def dep_runs(args) -> dict:
               for o in ("default", "pppipe")}
     for k, v in ratios.items():
         print(f"  {k}: measured {v['measured']:.2f}x, predicted {v['predicted']:.2f}x")
-    return dict(profile=profile.as_dict(), results=results, ratios=ratios)
+    return dict(results=results, ratios=ratios)
 
 
 def plans(args, environment: dict) -> dict:
     print("solver run times (h100 datasheet, 16384 tokens in sequences of 2048):", flush=True)
-    record = dict(**environment, benchmark="plans", solvers=solver_times(args.solver_repeats),
+    record = dict(**environment, benchmark="plans", solvers=solver_times(args.solver_repeats, args.quick),
                   config=dict(model=args.model, tokens=args.tokens, seq=args.seq, dtype=args.dtype,
-                              repeats=args.repeats))
+                              repeats=args.repeats, quick=args.quick))
+    cfg = ModelConfig.from_hf(preset_config(args.model))
+    profile, seconds = measured_profile(cfg, args)
+    record.update(profile=profile.as_dict(), profile_seconds=seconds)
+    print(profile.describe(), f"(measured in {seconds:.0f} s)" if seconds else "", flush=True)
     if jax.device_count() >= 2:
         print(f"DEP on {jax.device_count()} x {jax.devices()[0].device_kind}, {args.model}, {args.tokens} tokens:",
               flush=True)
-        record["dep"] = dep_runs(args)
+        record["dep"] = dep_runs(args, cfg, profile)
     else:
         record["dep"] = None
         print("DEP runs skipped: one device (simulate 8 with XLA_FLAGS=--xla_force_host_platform_device_count=8)")

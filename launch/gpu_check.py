@@ -17,7 +17,8 @@ hardware ceilings measured with CUDA events. Steps, in order of what a short lea
   offload_tests experts streamed and cached from pinned host memory against the resident model
                 (tests/test_host_store.py, tests/test_offload.py: two families)
   bench_*       `python -m launch.bench generate` (continuous vs static batching on the embedded model, step
-                times), and `plan-profile`: recorded as absent until launch/bench_plan_profile.py exists
+                times), and `plans` (the GPU's measured hardware profile for the planners, and the
+                planners' run times)
 
 Every step runs in its own process under a time limit; a failing or slow step is recorded and the next one
 runs. Writes into --out (at most 8 files, what the device tool brings back): gpu_check-<device>.json (the
@@ -63,7 +64,7 @@ TEST_STEPS = {  # name: (what, files, -k on the GPU, -k in the dry run, GPU time
 }
 # What a short lease must not miss comes first: the compiled kernels and parity, then the benchmarks.
 ORDER = ["kernel_tests", "parity_tests", "bench_kernels", "bench_offload", "bench_serve", "offload_tests",
-         "bench_generate", "bench_plan-profile"]
+         "bench_generate", "bench_plans"]
 BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry run, GPU timeout s)
     "kernels": (["--tokens", "1024,8192,32768", "--seqs", "4096,16384", "--repeats", "10"],
                 ["--shapes", "tiny", "--tokens", "32", "--seqs", "128", "--decode-batch", "2", "--repeats", "1"], 150),
@@ -75,7 +76,8 @@ BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry
     "generate": (["--model", "pycode-moe", "--stop-ids", "588", "--requests", "64", "--no-transformers", "--no-mixed"],
                  ["--model", "tiny-qwen3-moe", "--requests", "3", "--max-prompt", "40", "--max-new", "12",
                   "--no-transformers", "--no-mixed"], 150),
-    "plan-profile": ([], [], 90),
+    "plans": (["--model", "qwen3-30b-a3b", "--dtype", "bfloat16", "--solver-repeats", "5"],
+              ["--quick", "--solver-repeats", "1", "--repeats", "1"], 120),
 }
 
 

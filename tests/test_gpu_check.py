@@ -14,7 +14,7 @@ from launch.step_runner import Step, run_steps, table
 from moejax.kernels.backends import TRITON_DEPRECATION_ID, Kernels, pallas_unavailable, resolve
 
 STEPS = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_kernels", "bench_offload",
-         "bench_serve", "offload_tests", "bench_generate", "bench_plan-profile"]
+         "bench_serve", "offload_tests", "bench_generate", "bench_plans"]
 
 
 def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
@@ -25,8 +25,7 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
     record = json.loads((out / "gpu_check-cpu.json").read_text())
     status = {s["name"]: s["status"] for s in record["steps"]}
     assert list(status) == STEPS
-    assert all(status[s] == "passed" for s in STEPS[:10]), status
-    assert status["bench_plan-profile"] == "absent"  # no such benchmark yet
+    assert all(status[s] == "passed" for s in STEPS), status
     assert record["mode"] == "dry-run" and record["seconds"] < record["budget_s"]
 
     env = record["environment"]
@@ -49,14 +48,14 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
 
     files = sorted(os.listdir(out))
     assert files == ["generate-cpu.json", "gpu_check-cpu.json", "gpu_check-cpu.log", "kernels-cpu.json",
-                     "offload-cpu.json", "serve-cpu.json"]  # the device tool brings back at most 8
-    for bench in ("kernels", "offload", "serve", "generate"):
+                     "offload-cpu.json", "plans-cpu.json", "serve-cpu.json"]  # the device tool brings back at most 8
+    for bench in ("kernels", "offload", "serve", "generate", "plans"):
         runs = json.loads((results / f"{bench}-cpu.json").read_text())["runs"]
         assert len(runs) == 1 and runs[0]["benchmark"] == bench and runs[0]["device"]["kind"] == "cpu"
         assert record["benchmarks"][bench] == f"{bench}-cpu.json"
     assert len(json.loads((results / "gpu_check-cpu.json").read_text())["runs"]) == 1
     log = (out / "gpu_check-cpu.log").read_text()
-    assert all(f"===== {s}:" in log for s in STEPS[:10])
+    assert all(f"===== {s}:" in log for s in STEPS)
     summary = run["stdout"][run["stdout"].rindex("step "):]
     assert all(s in summary for s in STEPS)
 
