@@ -133,6 +133,9 @@ def parse_args(argv=None):
                         "--output and --metrics")
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
+    p.add_argument("--plot", default=None, metavar="DIR",
+                   help="with --explain: draw the plans into DIR (a DEP layout's pipeline as a Gantt chart, Θ against "
+                        "batch FLOPs; matplotlib, the plots extra)")
     p.add_argument("--allow-invalid-lines", action="store_true",
                    help="exit 0 when the only failed lines were invalid input (each still gets its 400 line)")
     return p.parse_args(argv)
@@ -233,6 +236,41 @@ def set_saturation(engine, args) -> None:
                                   devices=devices)
 
 
+def plan_plots(engine, args) -> list[str]:
+    """--explain --plot DIR: the engine's plans drawn (on its hardware profile); lines saying what was written."""
+    import jax
+    import numpy as np
+
+    from moejax.plan import plots
+    try:
+        profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
+    except ValueError as e:
+        return [f"no plots: {e}"]
+    cfg, out = engine.config, []
+    if engine.layout is not None and engine.layout.experts == "dep":
+        from moejax.plan.dep_sim import simulate_plan
+        from moejax.plan.findep import solve_dep
+        lay = engine.layout
+        seq = min(args.max_batch_tokens, cfg.max_position_embeddings, 1024)
+        plan = solve_dep(cfg, profile, devices=lay.devices, tokens=max(args.max_batch_tokens, seq), seq_len=seq,
+                         attn_devices=lay.attn_devices, expert_devices=lay.expert_devices, r1=lay.r1, r2=lay.r2,
+                         order=lay.order)
+        path = plots.gantt({str(lay): simulate_plan(cfg, profile, plan, layers=min(cfg.num_layers, 3))},
+                           os.path.join(args.plot, "dep-gantt.png"), f"predicted on profile {profile.name}")
+        out.append(f"plot: {path}")
+    if engine.saturation is not None:
+        from moejax.plan.theta import layer_time_curve, theta_eq1
+        devices = engine.layout.devices if engine.layout is not None else 1
+        eq1 = theta_eq1(cfg, profile, mode="two_channel" if devices > 1 else "streamed", devices=devices)
+        theta = engine.saturation.theta_flops
+        flops = list(np.geomspace(theta / 100, theta * 100, 60))
+        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, eq1, flops))]
+        path = plots.theta_plot(curve, theta, os.path.join(args.plot, "theta.png"),
+                                f"Θ {engine.saturation.source}; curves from profile {profile.name}")
+        out.append(f"plot: {path}")
+    return out or ["no plots: the plans to draw are a DEP layout's pipeline and a streamed placement's Θ"]
+
+
 def run_settings(args, engine) -> dict:
     """What decides this run's results (the journal records it; a resume must match): the model's identity (its
     files' names, sizes and config, not just the path), dtype, kernels, layers, layout and the offload options."""
@@ -321,6 +359,9 @@ def main(argv=None) -> int:
             print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
                                 prefix_cache_mb=args.prefix_cache_mb, batching=batching,
                                 kv_pool_mb=args.kv_pool_mb))
+            if args.plot:
+                for line in plan_plots(engine, args):
+                    print(line)
         return 0
     # Requests without a seed draw theirs from this; every process must draw the same.
     nonce = multihost.main_number(secrets.randbits(62)) if multi else None

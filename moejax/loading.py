@@ -21,7 +21,7 @@ from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes
 from moejax.models.moe import MoEBlock
 from moejax.offload.setup import offload_plan, placement_factory, streams_in_jit
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
-from moejax.plan.auto import plan_layout
+from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
 from moejax.plan.placement import choose_placement
 from moejax.plan.resolve import profile_for
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
@@ -237,6 +237,9 @@ def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_plan, plan: 
     except ValueError as e:
         return memory_plan, f"placement auto: {memory_plan.placement} by bytes alone ({e})"
     chosen, text = choose_placement(cfg, profile, feasible, plan.workload.tokens)
+    changes = what_would_change(lambda p: choose_placement(cfg, p, feasible, plan.workload.tokens)[0].placement,
+                                profile, chosen.placement, PLACEMENT_WHAT_IF)
+    text += "\n  what would change it: " + "; ".join(changes)
     return dataclasses.replace(chosen, reason=chosen.reason + "; " + text.splitlines()[0]), text
 
 

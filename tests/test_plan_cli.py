@@ -60,3 +60,21 @@ def test_bad_arguments_name_what_is_wrong(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert message in str(e.value)
+
+
+def test_serve_explains_theta_by_eq1_with_its_plot(tmp_path, capsys):
+    """launch.serve --theta eq1 takes Θ from the hardware profile (no profiling pass), --explain prints it and
+    --plot draws it; without a profile for the device (this CPU) it says how to get one."""
+    pytest.importorskip("matplotlib")
+    from launch import serve
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"prompt": [1, 2, 3, 4], "max_tokens": 2}\n')
+    args = ["--input", str(inp), "--model", "tiny-qwen3-moe", "--placement", "streamed", "--window", "1",
+            "--theta", "eq1", "--explain"]
+    assert serve.main(args + ["--profile", "h100", "--plot", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "saturation threshold (Eq. 1 from profile h100 (datasheet))" in out
+    assert os.path.getsize(tmp_path / "theta.png") > 10_000
+    with pytest.raises(SystemExit) as e:
+        serve.main(args)
+    assert "--theta eq1: no hardware profile for" in str(e.value) and "launch.profile" in str(e.value)

@@ -12,17 +12,18 @@ from moejax.plan.layouts import choose_layout, dep_option
 from moejax.plan.profile import Profile
 from moejax.sharding.layout import Layout
 
-# profile fields whose scaling may flip a layout decision, and how they read
-WHAT_IF = (("d2d.bandwidth", "device-to-device bandwidth"), ("all_to_all.bandwidth", "all-to-all bandwidth"),
-           ("all_gather.bandwidth", "all-gather bandwidth"), ("device.flops", "device compute rate"))
+# profile fields whose scaling may flip a decision, and how they read
+LAYOUT_WHAT_IF = (("d2d.bandwidth", "device-to-device bandwidth"), ("all_to_all.bandwidth", "all-to-all bandwidth"),
+                  ("all_gather.bandwidth", "all-gather bandwidth"), ("device.flops", "device compute rate"))
+PLACEMENT_WHAT_IF = (("h2d.bandwidth", "host-to-device bandwidth"), ("device.flops", "device compute rate"))
 FACTORS = (0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
 
 
-def what_would_change(decide, profile: Profile, chosen: str) -> list[str]:
-    """For each WHAT_IF field, the smallest scaling (of FACTORS) that makes `decide(profile) -> spec` choose
-    something else, as text."""
+def what_would_change(decide, profile: Profile, chosen: str, what_if=LAYOUT_WHAT_IF) -> list[str]:
+    """For each field of `what_if`, the smallest scaling (of FACTORS) that makes `decide(profile) -> choice`
+    choose something else, as text."""
     out = []
-    for field, words in WHAT_IF:
+    for field, words in what_if:
         obj, name = field.split(".")
         base = getattr(getattr(profile, obj), name)
         for factor in sorted(FACTORS, key=lambda f: max(f, 1 / f)):
@@ -30,7 +31,7 @@ def what_would_change(decide, profile: Profile, chosen: str) -> list[str]:
             if other != chosen:
                 out.append(f"{words} x{factor:g} would choose {other}")
                 break
-    return out or [f"no scaling of {', '.join(w for _, w in WHAT_IF)} by {min(FACTORS):g}..{max(FACTORS):g}x "
+    return out or [f"no scaling of {', '.join(w for _, w in what_if)} by {min(FACTORS):g}..{max(FACTORS):g}x "
                    "changes it"]
 
 
