@@ -1,0 +1,139 @@
+"""Measure this machine's hardware profile for the planners (moejax/plan/measure.py says what and how) and write it
+as JSON that `moejax.plan.profile.load_profile(path)` reads.
+
+  python -m launch.profile [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
+
+--out defaults to ~/.cache/moejax/profiles/<device tag>.json ($XDG_CACHE_HOME respected), where loading a model
+looks for a measured profile (moejax.plan.paths.default_profile_path). --model (a preset, an embedded model or a
+checkpoint directory) measures at that model's shapes; without it, generic ones. --quick: fewer and smaller sizes
+(seconds on a CPU). Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+from moejax.plan.paths import default_profile_path
+
+GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m launch.profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None,
+                   help="profile JSON to write (default: ~/.cache/moejax/profiles/<device>.json)")
+    p.add_argument("--model", default=None, help="preset, embedded model or checkpoint directory whose shapes to "
+                                                 "measure (default: generic shapes)")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller sizes: a coarse profile in seconds")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="operand dtype of the compute measurements (the engine's default is bfloat16)")
+    p.add_argument("--grouped-backend", default="auto", choices=GROUPED_BACKENDS,
+                   help="grouped GEMM: a moejax grouped_matmul backend (auto: what the engine runs) or a batched "
+                        "einsum over experts")
+    return p
+
+
+def model_shapes(model: str | None, quick: bool):
+    """The Shapes to measure at; ValueError naming the model when it cannot be read."""
+    from moejax.config import ModelConfig
+    from moejax.models.checkpoint import CheckpointError, read_config
+    from moejax.plan.measure import Shapes
+    from moejax.presets import preset_config, resolve_embedded
+    if model is None:
+        return Shapes.generic(quick)
+    path = resolve_embedded(model)
+    try:
+        config = read_config(path) if os.path.isdir(path) else preset_config(model)
+        return Shapes.of(ModelConfig.from_hf(config), model)
+    except (KeyError, CheckpointError, ValueError) as e:
+        raise ValueError(f"--model {model}: {e.args[0] if e.args else e}") from None
+
+
+def check_writable(path: str) -> None:
+    """Create the file's folder and write a scratch file beside it, before minutes of measuring; OSError if not."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory")
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):  # makedirs would say only "File exists"
+        raise NotADirectoryError(f"{existing} is a file, not a folder")
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".profile-", suffix=".tmp"):
+        pass
+
+
+def writable(path: str) -> bool:
+    """check_writable, saying on stderr why not."""
+    try:
+        check_writable(path)
+        return True
+    except OSError as e:
+        reason = e.strerror or (e.args[0] if e.args else str(e))
+        print(f"launch.profile: cannot write the profile to {path}: {reason} (choose another --out)",
+              file=sys.stderr)
+        return False
+
+
+def write_profile(profile, path: str) -> None:
+    """Write whole or not at all: to a scratch file in the same folder, then renamed over `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, scratch = tempfile.mkstemp(dir=folder, prefix=".profile-", suffix=".tmp")
+    os.close(fd)
+    try:
+        profile.save(scratch)
+        os.replace(scratch, path)
+    except BaseException:
+        os.unlink(scratch)
+        raise
+
+
+def report(measurement) -> str:
+    """The fits' R² and samples and the curves' points, for the reader of stdout (the JSON holds only Profile)."""
+    lines = [f"  {role:6s} {p.name}: best {p.flops / 1e9:.1f} GFLOP/s, memory {p.bandwidth / 1e9:.2f} GB/s, launch "
+             f"{p.launch_s * 1e6:.1f} us" for role, p in (("device", measurement.profile.device),
+                                                        ("host", measurement.profile.host))]
+    for name, fit in measurement.fits.items():
+        if name == "network":
+            continue
+        lines.append(f"  {name:15s} alpha {fit.link.alpha_s * 1e6:9.1f} us  bandwidth {fit.link.bandwidth / 1e9:8.2f} "
+                     f"GB/s  R2 {fit.r2:.3f}  worst error {fit.worst_error:.0%}"
+                     + (f"  [{fit.note}]" if fit.note else ""))
+        lines.append(f"  {'':15s} GB/s by bytes  " + ", ".join(f"{n}: {n / t / 1e9:.3g}" for n, t in fit.samples))
+    for name, points in measurement.curves.items():
+        cells = ", ".join(f"{size:g}: {rate / 1e12:.3g}" for size, _, rate in points)
+        lines.append(f"  {name:15s} TFLOP/s by size  {cells}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    started = time.perf_counter()
+    try:
+        shapes = model_shapes(args.model, args.quick)
+    except ValueError as e:
+        print(f"launch.profile: {e}", file=sys.stderr)
+        return 2
+    if args.out and not writable(args.out):  # before measuring: a bad path fails at once
+        return 2
+    import jax
+
+    from moejax.plan.measure import measure_profile, sweep_for
+    out = args.out or default_profile_path(jax.local_devices()[0].device_kind)
+    if not writable(out):
+        return 2
+    measurement = measure_profile(shapes, sweep_for(jax.default_backend(), args.quick), dtype=args.dtype,
+                                  grouped_backend=args.grouped_backend,
+                                  log=lambda msg: print(f"[{time.perf_counter() - started:6.1f} s] {msg}", flush=True))
+    write_profile(measurement.profile, out)
+    print(report(measurement))
+    print(measurement.profile.describe())
+    print(f"wrote {out} in {time.perf_counter() - started:.1f} s (measuring {measurement.seconds:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
