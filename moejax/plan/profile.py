@@ -121,15 +121,18 @@ class Profile:
     def describe(self) -> str:
         d, h = self.device, self.host
         return (f"profile {self.name} ({self.source}): {self.gpus} x {d.name} ({d.memory_bytes / GiB:.0f} GiB, "
-                f"{d.flops / 1e12:.1f} TFLOP/s, {d.bandwidth / GB:.0f} GB/s); host {h.name} "
-                f"({h.memory_bytes / GiB:.0f} GiB, {h.flops / 1e12:.2f} TFLOP/s, {h.bandwidth / GB:.0f} GB/s); "
-                f"host->device {self.h2d.bandwidth / GB:.1f} GB/s, device->device {self.d2d.bandwidth / GB:.1f} GB/s"
-                + (f"; {self.notes}" if self.notes else ""))
+                f"{_rate(d.flops)}, {d.bandwidth / GB:.3g} GB/s); host {h.name} ({h.memory_bytes / GiB:.0f} GiB, "
+                f"{_rate(h.flops)}, {h.bandwidth / GB:.3g} GB/s); host->device {self.h2d.bandwidth / GB:.3g} GB/s, "
+                f"device->device {self.d2d.bandwidth / GB:.3g} GB/s" + (f"; {self.notes}" if self.notes else ""))
 
 
     def link_between(self, devices: int) -> Link:
         """Point-to-point path among `devices` devices: the node's (d2d) or, past one node, the network's."""
         return self.d2d if devices <= self.gpus_per_node else self.network
+
+
+def _rate(flops: float) -> str:
+    return f"{flops / 1e12:.3g} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
 
 
 LINKS = ("h2d", "d2d", "all_to_all", "all_gather", "reduce_scatter", "network")
