@@ -89,12 +89,14 @@ def cpu_profile(tmp_path_factory):
 
 
 def test_eq1_and_the_profiled_eq3_agree_on_the_cpu_profile(cpu_profile):
-    """On this CPU, Eq. 1 from the measured profile and Eq. 3 profiled on the streamed engine agree within a factor
-    of 8. Not closer: on the tiny model a layer's compute and its copy are both a few hundred microseconds, where
-    dispatch overheads (which Eq. 1's roofline folds into one launch time per op) are a large share of each."""
+    """On this CPU, Eq. 1 from the measured profile and Eq. 3 profiled on the streamed engine (a 128-token reference
+    batch) agree within a factor of 6 (Eq. 1 / Eq. 3 measured 0.38 here). Not closer: on the tiny model a layer's
+    compute and its copy take a few milliseconds, mostly Python and XLA dispatch, which Eq. 3's timings include and
+    Eq. 1's peak rate and link fit do not; and Eq. 3 can only say Θ is about its reference batch when that batch
+    already hides the copy."""
     from moejax.offload.saturation import profile_saturation
     engine = moejax.load("tiny-qwen3-moe", dtype="float32", placement="streamed", window=1)
     profiled = profile_saturation(engine, tokens=128)
     eq1 = theta_eq1(engine.config, cpu_profile.with_overrides({"dtype_bytes": 4}))
     ratio = eq1.theta_flops / profiled.theta_flops
-    assert 1 / 8 <= ratio <= 8, (eq1.describe(), profiled.describe())
+    assert 1 / 6 <= ratio <= 6, (eq1.describe(), profiled.describe())

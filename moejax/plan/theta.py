@@ -9,8 +9,9 @@ Channels (MoE-Prefill §6.2-6.3), per MoE layer, per device:
   two_channel  AsyncEP from the host: each device copies its 1/P shard from the host while gathering the next
                layer's shards from the others; the channels run at once, the slower one counts
 Batch FLOPs are whole-forward FLOPs (moejax.costs.layer_flops_per_token), as Eq. 3's F_ref is: a batch of F FLOPs
-spends F / L of them in each of L layers. P is the profile's matmul rate at the Θ batch's rows per device (a fixed
-point: a measured profile's small GEMMs are slow), the peak for a datasheet profile."""
+spends F / L of them in each of L layers. P is the profile's peak, as in Eq. 1: the datasheet's, or the best rate
+`launch.profile` measured. (A measured profile's slower small GEMMs are not used: on a CPU they mostly measure
+dispatch, which Eq. 3's reference batch folds in differently; taking the peak keeps Eq. 1 the paper's.)"""
 from __future__ import annotations
 
 import dataclasses
@@ -76,14 +77,8 @@ def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", dev
     channels = channel_times(cfg, profile, mode, devices)
     t_comm = max(channels.values())
     per_token = layer_flops_per_token(cfg)  # whole forward, one token
-    layers = cfg.num_layers
-    rate, tokens = profile.device.flops, 0.0
-    for _ in range(8):  # P at the rows the Θ batch gives each device; converges in a few steps
-        tokens = (1 + epsilon) * t_comm * rate * layers / per_token  # per device
-        new = profile.device.matmul.rate(tokens, profile.device.flops)
-        if abs(new - rate) <= 1e-3 * rate:
-            break
-        rate = new
+    rate = profile.device.flops
+    tokens = (1 + epsilon) * t_comm * rate * cfg.num_layers / per_token  # per device
     theta_flops = tokens * per_token * devices
     return ThetaPlan(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens * devices))),
                      source=f"Eq. 1 from profile {profile.name} ({profile.source})", mode=mode, devices=devices,
@@ -95,8 +90,6 @@ def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_
     """(compute-only, overlapped) seconds per MoE layer for whole-batch FLOPs values: what the Θ plot draws."""
     out = []
     for f in batch_flops:
-        per_device_tokens = f / layer_flops_per_token(cfg) / plan.devices
-        rate = profile.device.matmul.rate(per_device_tokens, profile.device.flops)
-        compute = f / plan.devices / cfg.num_layers / rate
+        compute = f / plan.devices / cfg.num_layers / plan.compute_flops_per_s
         out.append((compute, max(compute, plan.t_comm_s)))
     return out
