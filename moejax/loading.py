@@ -95,8 +95,8 @@ def load(model: str, *, dtype: str = "auto", plan: EnginePlan | None = None, **o
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
     if plan is not None and set(options) & set(PLAN_OPTIONS):
         raise TypeError(f"moejax.load: give plan= or the options {sorted(set(options) & set(PLAN_OPTIONS))}, not both")
-    plan = plan or EnginePlan.from_options({k: options.get(k) for k in PLAN_OPTIONS})
-    settings = plan.placement
+    engine_plan = plan or EnginePlan.from_options({k: options.get(k) for k in PLAN_OPTIONS})
+    settings = engine_plan.placement
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"moejax.load: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     try:
@@ -137,8 +137,8 @@ def load(model: str, *, dtype: str = "auto", plan: EnginePlan | None = None, **o
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt))
     flat = {path: var for path, var in nnx.to_flat_state(nnx.state(abstract))}
     shapes = {path: var.get_value() for path, var in flat.items()}
-    plan, decisions = plan_choices(cfg, shapes, plan)
-    engine_plan, plan = plan, offload_plan(cfg, shapes, settings, with_layout=plan.layout is not None)
+    engine_plan, decisions = plan_choices(cfg, engine_plan)
+    plan = offload_plan(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
     if settings.placement == "auto" and plan.placement != "resident" and engine_plan.layout is None:
         plan, text = choose_offload(cfg, shapes, settings, plan, engine_plan)
         decisions.append(text)
@@ -215,7 +215,7 @@ def _profile(plan: EnginePlan):
         raise ValueError(f"moejax.load: {e}") from None
 
 
-def plan_choices(cfg: ModelConfig, shapes: dict, plan: EnginePlan) -> tuple[EnginePlan, list[str]]:
+def plan_choices(cfg: ModelConfig, plan: EnginePlan) -> tuple[EnginePlan, list[str]]:
     """Layout choices left to the planners (layout auto, DEP fields auto) made: -> (concrete plan, decisions)."""
     if not plan.needs_planner:
         return plan, []

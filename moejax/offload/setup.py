@@ -1,4 +1,5 @@
-"""`moejax.load`'s offloading options: checked, turned into a MemoryPlan, and into the placement the Engine runs."""
+"""`moejax.load`'s placement settings (checked where they are built, moejax.offload.settings) turned into a
+MemoryPlan, and into the placement the Engine runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,6 @@ from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredi
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
 from moejax.offload.settings import PlacementSettings
 from moejax.offload.streamed import Streamed
-
-OFFLOAD_OPTIONS = PlacementSettings.names()
-
 
 def _error(message: str):
     return ValueError(f"moejax.load: {message}")
