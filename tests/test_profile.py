@@ -4,7 +4,6 @@ test run are noisy; a fit that described another machine, or mixed up units, wou
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -72,13 +71,7 @@ def _cpu():
 
 
 def _median_seconds(fn, repeats=5):
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return measure.median_seconds(fn, repeats)
 
 
 def _within_factor(predicted: float, fresh_timing) -> tuple[bool, list[float]]:
