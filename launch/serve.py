@@ -41,8 +41,7 @@ from moejax.offload.memory_plan import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
 from moejax.plan.resolve import profile_for
-from moejax.plan.theta import theta_eq1
-from moejax.sched.batch import engine_settings, explain_lines, serve_lines
+from moejax.sched.batch import engine_settings, explain_lines, serve_lines, theta_from_profile
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
 from moejax.sched.results import SettingsMismatch, WriteFailed
@@ -228,12 +227,8 @@ def set_saturation(engine, args) -> None:
     under experts=async_ep)."""
     if args.theta == "profile":
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
-        return
-    import jax
-    devices = engine.layout.devices if engine.layout is not None else 1
-    profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
-    engine.saturation = theta_eq1(engine.config, profile, mode="two_channel" if devices > 1 else "streamed",
-                                  devices=devices)
+    else:
+        theta_from_profile(engine, args.profile)
 
 
 def plan_plots(engine, args) -> list[str]:

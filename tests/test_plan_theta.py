@@ -1,5 +1,6 @@
 """MoE-Prefill's Θ: Eq. 1 from a hardware profile against the profiled Eq. 3, each channel's transfer time, and
 admission as a FLOPs floor (Eq. 2) in the batch planner."""
+import json
 import os
 import subprocess
 import sys
@@ -100,3 +101,19 @@ def test_eq1_and_the_profiled_eq3_agree_on_the_cpu_profile(cpu_profile):
     eq1 = theta_eq1(engine.config, cpu_profile.with_overrides({"dtype_bytes": 4}))
     ratio = eq1.theta_flops / profiled.theta_flops
     assert 1 / 6 <= ratio <= 6, (eq1.describe(), profiled.describe())
+
+
+def test_an_unprofiled_streamed_engine_falls_back_to_eq1():
+    """Serving a streamed engine whose Θ was never profiled takes Θ from Eq. 1 on its hardware profile (here the
+    h100 datasheet it was loaded with), and fills its scoring batches to that floor."""
+    from moejax.sched.batch import explain_lines
+    engine = moejax.load("tiny-qwen3-moe", placement="streamed", window=1, profile="h100")
+    assert engine.saturation is None
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/score",
+                         "body": {"prompt_token_ids": [i + 1] * 24, "candidate_token_ids": [[9], [10]]}})
+             for i in range(40)]
+    text = explain_lines(engine, lines, max_batch_tokens=32)
+    assert engine.saturation.source == "Eq. 1 from profile h100 (datasheet)"
+    assert "1 batches:" in text  # Θ is far above these 40 short sequences: one batch, past the 32-token budget
+    assert "1 batches:" not in explain_lines(moejax.load("tiny-qwen3-moe", placement="streamed", window=1), lines,
+                                             max_batch_tokens=32)  # no profile for this CPU: the budget alone

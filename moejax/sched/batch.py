@@ -29,7 +29,8 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
             if not isinstance(e, BadLine) and not store.done(e.line)]
     # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies
-    floor = engine.saturation.theta_flops if engine.saturation is not None else 0.0
+    saturation = engine.saturation or unprofiled_theta(engine)
+    floor = saturation.theta_flops if saturation is not None else 0.0
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                      cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg)
@@ -42,6 +43,30 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
                                             for _ in range(r.n)], kv_pool_mb)
         runner.kv_blocks = runner.kv_pool.blocks
     return entries, store, todo, plan, runner
+
+
+def theta_from_profile(engine, profile: str | None = None):
+    """Θ of a streamed engine by Eq. 1 from a hardware profile (named, else the devices' own; ValueError without
+    one); AsyncEP's two-channel form under a layout. Sets engine.saturation."""
+    from moejax.plan.resolve import profile_for
+    from moejax.plan.theta import theta_eq1
+    devices = engine.layout.devices if engine.layout is not None else 1
+    found = profile_for(jax.devices()[0].device_kind, len(jax.devices()), profile)
+    engine.saturation = theta_eq1(engine.config, found, mode="two_channel" if devices > 1 else "streamed",
+                                  devices=devices)
+    return engine.saturation
+
+
+def unprofiled_theta(engine):
+    """Θ of a streamed engine whose Θ was not profiled: Eq. 1 (the fallback), or None without a hardware profile
+    (then batches follow the token budget alone)."""
+    plan = engine.memory_plan
+    if plan is None or plan.placement != "streamed" or not engine.layer_by_layer:
+        return None
+    try:
+        return theta_from_profile(engine, engine.plan.profile if engine.plan is not None else None)
+    except ValueError:
+        return None
 
 
 def engine_settings(engine) -> dict:
