@@ -53,9 +53,3 @@ class EnginePlan:
     def needs_planner(self) -> bool:
         """Some choice is left to a planner: layout auto, or a DEP layout with auto fields."""
         return self.layout == "auto" or (isinstance(self.layout, Layout) and bool(self.layout.auto_fields))
-
-    def describe(self) -> str:
-        p = self.placement
-        set_ = ", ".join(f"{f.name}={getattr(p, f.name)!r}" for f in dataclasses.fields(p)
-                         if getattr(p, f.name) != f.default)
-        return f"plan: placement {set_ or 'auto'}; layout {self.layout or 'none (one device)'}"
