@@ -8,7 +8,7 @@ import pytest
 
 from moejax.config import ModelConfig
 from moejax.costs import _attn_proj_params
-from moejax.plan import findep
+from moejax.plan import findep, findep_costs
 from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_plan
 from moejax.plan.profile import load_profile
 from moejax.presets import preset_config
@@ -28,11 +28,11 @@ def _deepseek_v2(layers: int = 2) -> ModelConfig:
         layer_types=("full",) * layers)
 
 
-def _random_coefficients(rng: random.Random, A: int, B: int, S: int) -> findep.DepCoefficients:
+def _random_coefficients(rng: random.Random, A: int, B: int, S: int) -> findep_costs.DepCoefficients:
     """α, β >= 0 spread over orders of magnitude (cubed uniforms); no shared expert 30% of the time."""
     u = lambda scale: scale * rng.uniform(0, 1) ** 3  # noqa: E731
     shared = rng.random() < 0.7
-    return findep.DepCoefficients(
+    return findep_costs.DepCoefficients(
         A, B, S, alpha_a=u(1e-4), beta_a=u(1e-3), alpha_s=u(1e-4) if shared else 0.0,
         beta_s=u(1e-3) if shared else 0.0, alpha_e=u(3e-4), beta_e=u(2e-6), alpha_c=u(1e-4), beta_c=u(2e-6),
         alpha_d=u(1e-4), beta_d=u(1e-3))
@@ -59,15 +59,15 @@ def _workload(layers, *, sequences=100, seq_len=64, top_k=2, experts=8, free=1e1
 @pytest.mark.parametrize("name", ["deepseek-v2-lite", "qwen3-30b-a3b", "tiny-qwen3-moe", "gpt-oss-20b"])
 def test_attention_gemms_are_costs_projections(name):
     cfg = _preset(name)
-    assert sum(k * n for k, n in findep.attention_gemms(cfg)) == _attn_proj_params(cfg)
+    assert sum(k * n for k, n in findep_costs.attention_gemms(cfg)) == _attn_proj_params(cfg)
 
 
 def test_fit_line_recovers_a_line_and_keeps_alpha_beta_nonnegative():
-    fit = findep.fit_line("t", "x", [1, 10, 100, 1000], [3e-6 + 2e-9 * x for x in (1, 10, 100, 1000)])
+    fit = findep_costs.fit_line("t", "x", [1, 10, 100, 1000], [3e-6 + 2e-9 * x for x in (1, 10, 100, 1000)])
     assert fit.alpha == pytest.approx(3e-6) and fit.beta == pytest.approx(2e-9) and fit.r_squared > 0.999999
-    falling = findep.fit_line("t", "x", [1, 2, 3], [3.0, 2.0, 1.0])
+    falling = findep_costs.fit_line("t", "x", [1, 2, 3], [3.0, 2.0, 1.0])
     assert falling.beta == 0.0 and falling.alpha > 0
-    through_origin = findep.fit_line("t", "x", [1, 2, 3], [0.5, 2.0, 3.5])
+    through_origin = findep_costs.fit_line("t", "x", [1, 2, 3], [0.5, 2.0, 3.5])
     assert through_origin.alpha == 0.0 and through_origin.beta > 0
 
 
@@ -76,11 +76,11 @@ def test_fitted_coefficients_follow_the_roofline_where_it_is_affine():
     reproduces them; the grouped expert GEMMs bend (weights read per chunk, then compute), so α_e carries the
     weight reads."""
     cfg, prof = _preset("deepseek-v2-lite"), load_profile("h100")
-    coef = findep.fit_coefficients(cfg, prof, attn_devices=4, expert_devices=4, seq_len=2048, max_m_a=8)
+    coef = findep_costs.fit_coefficients(cfg, prof, attn_devices=4, expert_devices=4, seq_len=2048, max_m_a=8)
     for m in (1, 3, 8):
         t = coef.task_times(m, 100.0)
-        assert t.attention == pytest.approx(findep.attention_seconds(cfg, prof, m, 2048), rel=1e-6)
-        assert t.shared == pytest.approx(findep.shared_seconds(cfg, prof, m, 2048), rel=1e-6)
+        assert t.attention == pytest.approx(findep_costs.attention_seconds(cfg, prof, m, 2048), rel=1e-6)
+        assert t.shared == pytest.approx(findep_costs.shared_seconds(cfg, prof, m, 2048), rel=1e-6)
     assert coef.alpha_c == pytest.approx(prof.d2d.alpha_s)
     weights = 16 * 3 * 2048 * 1408 * 2 / prof.device.bandwidth  # 64 / 4 local experts, bf16
     assert 0.5 * weights < coef.alpha_e < 2 * weights
@@ -98,7 +98,7 @@ def test_throughput_monotone_in_m_a_and_in_r1(devices, seq_len):
     A, B = devices
     cfg, prof = _deepseek_v2(), load_profile("h100")
     work = findep.dep_workload(cfg, prof, tokens=seq_len, seq_len=seq_len)
-    coef = findep.fit_coefficients(cfg, prof, attn_devices=A, expert_devices=B, seq_len=seq_len, max_m_a=16)
+    coef = findep_costs.fit_coefficients(cfg, prof, attn_devices=A, expert_devices=B, seq_len=seq_len, max_m_a=16)
     grid = (1, 2, 4, 8, 16)
     tps = {(m, r): findep.evaluate(coef, work, m_a=m, r1=r).predicted_tokens_per_s for m in grid for r in grid}
     for r in grid:
