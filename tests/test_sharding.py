@@ -32,7 +32,7 @@ def results():
     out: dict = {"models": {}, "two_channel": {}}
     try:
         for run in runs:
-            stdout, stderr = run.communicate(timeout=900)
+            stdout, stderr = run.communicate(timeout=1500)
             assert run.returncode == 0, stderr[-3000:]
             result = json.loads(stdout.strip().splitlines()[-1])
             for per_family in ("models", "two_channel"):
