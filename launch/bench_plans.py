@@ -5,7 +5,8 @@ default and the PPPipe baseline, measured on the devices present.
    datasheet and three model shapes, with the exhaustive search over the same space beside it (same choice?);
    MoE-Lightning's policy search on S1 (Mixtral 8x7B, t4); the layout planner; Θ by Eq. 1. Median of --solver-repeats.
 2. The devices' profile, measured at --model's shapes (`moejax.plan.measure`; --quick: a coarse sweep) and kept in
-   the record (on a GPU: what the planners need from it). With 2 or more devices, three DEP layouts of --model run the same batch of --tokens tokens (sequences of --seq):
+   the record (on a GPU: what the planners need from it). With 2 or more devices, three DEP layouts of --model
+   run the same batch of --tokens tokens (sequences of --seq):
    FinDEP's choice on that profile, the default (half the devices each, r1 = r2 = 1, ASAS) and PPPipe's best;
    --repeats timed `engine.logits` calls each, interleaved round by round, after a warm-up (compilation); measured
    tokens/s and ratios next to the predicted ones. On simulated CPU devices

@@ -323,8 +323,8 @@ def main(argv=None) -> int:
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
     options = {"kernels": args.kernels, "placement": args.placement, "plan_tokens": args.max_batch_tokens}
-    for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots", "eviction", "predictor",
-                 "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free"):
+    for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots", "eviction",
+                 "predictor", "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free"):
         value = getattr(args, name)
         if value is not None and value is not False:  # 0 is a value, not "not given"
             options[name] = value

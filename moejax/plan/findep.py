@@ -7,7 +7,8 @@ attention before the sends (`pppipe_plan`).
 Symbols as in the paper: A = ag attention devices, B = eg expert devices, S = seq_len, E experts, k = top-k,
 m_a = sequences per micro-batch per attention device, m_e = rows per expert per chunk, T = MoE layers.
 
-1. Time models (Eq. 1-4; moejax.plan.findep_costs, with 2.), each on one device of its group, on the profile's roofline (`Processor.op_time`):
+1. Time models (Eq. 1-4; in moejax.plan.findep_costs, as are 2.'s fits), each on one device of its group, on the
+   profile's roofline (`Processor.op_time`):
    t_a(m_a) attention (projections + router + causal attention pairs, costs.py's conventions, GQA or MLA),
    t_s(m_a) shared expert (gate, up, down as moejax runs it: one MLP of the summed width, + Qwen2's gate),
    t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs), t_a2e(m_e) = t_e2a(m_e) the

@@ -131,8 +131,8 @@ def dep_option(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, se
                fixed: Layout | None = None) -> tuple[LayoutOption, object]:
     """FinDEP's best DEP layout (fields of `fixed` that are not "auto" held), as an option, and its DepPlan."""
     from moejax.plan.findep import solve_dep
-    held = {} if fixed is None else {k: getattr(fixed, k) for k in ("attn_devices", "expert_devices", "r1", "r2",
-                                                                      "order") if getattr(fixed, k) not in ("auto", None)}
+    fields = ("attn_devices", "expert_devices", "r1", "r2", "order")
+    held = {} if fixed is None else {k: getattr(fixed, k) for k in fields if getattr(fixed, k) not in ("auto", None)}
     try:
         plan = solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, **held)
     except ValueError as e:

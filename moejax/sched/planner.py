@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
@@ -106,7 +106,7 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
     return batches
 
 
-def tree_flops(cfg) -> callable:
+def tree_flops(cfg) -> Callable[[list[ScoreSeq]], float]:
     """-> flops_of(tree): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the tokens it does
     not share with the one before it (sorted), after the shared part."""
     from moejax.costs import true_prefill_flops

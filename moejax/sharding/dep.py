@@ -9,8 +9,9 @@ meshes, and JAX's asynchronous dispatch lets both groups and the copies run at o
 micro-batches (rows) and each expert step into r2 token chunks; the order of the attention group's work in a layer
 is ASAS (attention i, shared expert i, attention i+1, ...) or AASS (every attention, then every shared expert),
 the dispatch order each device then executes in; PPPipe (FinDEP's baseline, MegaScale-Infer's ping-pong pipeline)
-runs the shared expert with attention, before the micro-batch is sent, and sends it whole (r2 = 1). One process only: jax moves arrays between device sets of one
-process (a cross-host transfer between disjoint device sets is not supported on GPUs)."""
+runs the shared expert with attention, before the micro-batch is sent, and sends it whole (r2 = 1). One process
+only: jax moves arrays between device sets of one process (a cross-host transfer between disjoint device sets is not
+supported on GPUs)."""
 from __future__ import annotations
 
 import dataclasses
@@ -190,9 +191,9 @@ class DisaggregatedSteps(layered.LayeredSteps):
 
         def combine(m):
             if pending[m] is not None:
-                layer, i, x, y, outs, chunks, shared = pending[m]
-                parts[m]["x"] = layer(self._combine, x, shared, outs, chunks=chunks)
-                log(("combine", i, m))
+                w = pending[m]
+                parts[m]["x"] = w["layer"](self._combine, w["x"], w["shared"], w["outs"], chunks=w["chunks"])
+                log(("combine", w["index"], m))
                 pending[m] = None
 
         for i, layer in enumerate(self.layers):
@@ -219,10 +220,10 @@ class DisaggregatedSteps(layered.LayeredSteps):
                 if lay.order == "asas" and has_shared:
                     shared = layer(shared_expert, y)
                     log(("shared", i, m))
-                pending[m] = [layer, i, x, y, outs, chunks, shared]
+                pending[m] = dict(layer=layer, index=i, x=x, y=y, outs=outs, chunks=chunks, shared=shared)
             if i in self.moe_layers and lay.order == "aass" and has_shared:
-                for m, entry in enumerate(pending):
-                    entry[6] = layer(shared_expert, entry[3])
+                for m, w in enumerate(pending):
+                    w["shared"] = layer(shared_expert, w["y"])
                     log(("shared", i, m))
         for m in range(len(parts)):
             combine(m)

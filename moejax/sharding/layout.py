@@ -4,8 +4,9 @@ Keys: attn in {dp, tp}; experts in {replicated, tp, ep, async_ep, dep}; devices=
 exchange in {all_to_all, gather} (ep: tokens to experts by two all-to-alls, or by an all-gather of tokens and a
 reduce-scatter of outputs; dep: the same, inside the expert group); for dep (FinDEP): attn_devices=A and
 expert_devices=B (the first A devices run attention, the next B the routed experts; default: half each, or
-whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass, pppipe} (pppipe: MegaScale-Infer's
-ping-pong pipeline, FinDEP's baseline: the shared expert runs with attention, before the sends, and r2 = 1)."""
+whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass, pppipe}
+(pppipe: MegaScale-Infer's ping-pong pipeline, FinDEP's baseline: the shared expert runs with attention, before
+the sends, and r2 = 1). Each DEP field may be "auto": moejax.load asks FinDEP's solver (moejax.plan)."""
 from __future__ import annotations
 
 import dataclasses
