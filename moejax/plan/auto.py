@@ -48,7 +48,10 @@ def plan_layout(cfg: ModelConfig, plan: EnginePlan, profile: Profile, devices: i
     option, dep = dep_option(cfg, profile, devices, w.tokens, w.seq_len, fixed)
     if dep is None:
         raise ValueError(f"moejax.load: layout {fixed}: {option.why}")
-    text = (f"DEP {', '.join(fixed.auto_fields)}=auto: " + dep.describe())
+    changes = what_would_change(lambda p: dep_option(cfg, p, devices, w.tokens, w.seq_len, fixed)[0].spec, profile,
+                                option.spec)
+    text = (f"DEP {', '.join(fixed.auto_fields)}=auto: " + dep.describe() + "\n  what would change it: " +
+            "; ".join(changes))
     return dataclasses.replace(plan, layout=Layout.parse(_spec(option.spec))), text
 
 
