@@ -241,7 +241,8 @@ def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) ->
     per expert device, E->A its share of the outputs, plus EP inside the expert group on each chunk. Table 1
     has no DEP row: `ideal_*` is the useful A->E + E->A traffic (hidden states there and back, no padding)."""
     A, B, D, k = layout.attn_devices, layout.expert_devices, cfg.hidden_size, cfg.num_experts_per_tok
-    chunks = [c for rows in layout.micro_batches(batch) for c in layout.token_chunks(rows * seq)]
+    padded_rows = -(-batch // layout.row_multiple) * layout.row_multiple  # the executor pads to a multiple of A·r1
+    chunks = [c for rows in layout.micro_batches(padded_rows) for c in layout.token_chunks(rows * seq)]
     padded = sum(p for _, p in chunks)
     inner = Layout(attn="dp", experts="ep", devices=B, exchange=layout.exchange)
     inside: dict[tuple, float] = {}
