@@ -27,10 +27,65 @@ def qwen3_engine():
     return moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _compile_cache(tmp_path_factory):
-    # Keep the persistent compilation cache inside the test run, not in the user's home.
-    os.environ.setdefault("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+def _gpu_plugin_installed() -> bool:
+    """A JAX GPU plugin (the cuda extra) is importable: JAX may run the tests on a GPU."""
+    import importlib.metadata
+    import pkgutil
+    try:
+        import jax_plugins  # the namespace package JAX's PJRT plugins install into
+        if any(True for _ in pkgutil.iter_modules(jax_plugins.__path__)):
+            return True
+    except ImportError:
+        pass
+    return bool(importlib.metadata.entry_points(group="jax_plugins"))
+
+
+_run_cache: list[str] = []
+
+
+def pytest_configure(config):
+    """Once per run, before anything imports JAX, in the process that starts the others (pytest -n: the
+    controller, whose environment every worker and every process a test starts inherits):
+    - one persistent compilation cache for the whole run, inside it, not in the user's home: a program that one
+      worker (or a CLI a test starts) compiled is read back by every other process, whatever its size (min
+      compile time 0; moejax.load keeps a cache directory that is already set);
+    - on CPU, JAX's jax_disable_most_optimizations (XLA's backend at optimization level 0): most of a test is
+      XLA compiling tiny models, which takes about half the time, for the same float32 results within the
+      tests' tolerances. Not where JAX may run on a GPU (the GPU check runs these tests there). Set
+      JAX_DISABLE_MOST_OPTIMIZATIONS=0 to test the fully optimized programs.
+    Every variable the caller set is left as it is."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # set by the controller already
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: hand out files in LONGEST_FIRST's order, not
+        config.option.loadscopereorder = False  # by their number of tests
+    if not (os.environ.get("XDG_CACHE_HOME") and os.environ.get("JAX_COMPILATION_CACHE_DIR")):
+        _run_cache.append(tempfile.mkdtemp(prefix="moejax-tests-"))
+        os.environ.setdefault("XDG_CACHE_HOME", _run_cache[0])
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_run_cache[0], "jax-compile"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    platforms = os.environ.get("JAX_PLATFORMS")
+    if (platforms == "cpu") if platforms else not _gpu_plugin_installed():
+        os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+
+def pytest_unconfigure(config):
+    for path in _run_cache:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# The files that take longest, longest first (CPU time of a whole run on 2 cores). pytest -n --dist loadfile
+# hands out whole files in collection order, a new one to a worker as it runs out: the long ones start first
+# and the short ones fill in at the end, so no worker is left with a long file when the others are done.
+# Files not named here follow, in their usual order.
+LONGEST_FIRST = ["test_sharding.py", "test_parity.py", "test_offload.py", "test_scoring.py", "test_serve.py",
+                 "test_continuous.py", "test_predictors.py", "test_multihost.py", "test_comm_accounting.py",
+                 "test_attention_kernels.py", "test_engine.py", "test_formats.py", "test_serve_offload.py",
+                 "test_train.py", "test_grouped_matmul.py", "test_expert_ffn.py", "test_gpu_check.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
 GPU_CHECK_DRY_RUN = "tests/test_gpu_check.py::test_dry_run_runs_every_step_and_writes_every_output"

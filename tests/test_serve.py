@@ -1,7 +1,7 @@
 """The batch runner `python -m launch.serve`: JSONL requests in, one result line per input line out, in order.
 
-Most tests call `serve_lines` / `explain_lines` in-process on one module-scoped engine; subprocesses are used
-only where the process is the point (the CLI itself, stdin, SIGKILL and resume)."""
+Most tests call `serve_lines` / `explain_lines` in-process on one module-scoped engine, or the CLI's main(argv);
+subprocesses are used only where the process is the point (the CLI itself, stdin, SIGKILL)."""
 import json
 import math
 import os
@@ -621,7 +621,16 @@ def logprobs(rows) -> list[list[float]]:
     return [[c["logprob"] for res in row["response"]["body"]["results"] for c in res["candidates"]] for row in rows]
 
 
-def test_sigkill_then_resume_completes_the_output(tmp_path):
+def serve_in_process(capsys, argv) -> tuple[int, str]:
+    """launch.serve's main(argv) in this process -> (exit status, what it wrote to stderr)."""
+    capsys.readouterr()
+    status = serve_cli.main(argv)
+    return status, capsys.readouterr().err
+
+
+def test_sigkill_then_resume_completes_the_output(tmp_path, capsys):
+    """The run is killed as a process; the resumes and the reference run are launch.serve's main in this process
+    (reading the journal is the same in a fresh process)."""
     inp, out, ref = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "ref.jsonl"
     journal = str(out) + ".partial"
     resume_input(inp)
@@ -637,13 +646,14 @@ def test_sigkill_then_resume_completes_the_output(tmp_path):
 
     # Resuming with another dtype would mix two models' answers in one file: refused, naming it; nothing changed.
     journal_before = read_text(journal)
-    r = cli(*[a if a != "float32" else "bfloat16" for a in args], "--output", str(out))
-    assert r.returncode == 1 and "dtype 'float32' then, 'bfloat16' now" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr and read_text(journal) == journal_before and not os.path.exists(out)
+    with pytest.raises(SystemExit) as refused:
+        serve_cli.main([a if a != "float32" else "bfloat16" for a in args] + ["--output", str(out)])
+    assert "dtype 'float32' then, 'bfloat16' now" in refused.value.code, refused.value.code
+    assert read_text(journal) == journal_before and not os.path.exists(out)
 
-    r = cli(*args, "--output", str(out))
-    assert r.returncode == 0, r.stderr
-    assert 0 < resumed_count(r.stderr) < RESUME_N
+    status, err = serve_in_process(capsys, args + ["--output", str(out)])
+    assert status == 0, err
+    assert 0 < resumed_count(err) < RESUME_N
     assert not os.path.exists(journal) and not os.path.exists(str(out) + ".tmp")
     rows = rows_of(read_text(out))
     assert [line_no(row) for row in rows] == list(range(1, RESUME_N + 1))
@@ -651,9 +661,9 @@ def test_sigkill_then_resume_completes_the_output(tmp_path):
     assert all(row["response"]["status_code"] == 200 for row in rows)
 
     # Same numbers as an uninterrupted run (batches differ, so only up to float32 noise).
-    r = cli(*args, "--output", str(ref))
-    assert r.returncode == 0, r.stderr
-    assert resumed_count(r.stderr) == 0
+    status, err = serve_in_process(capsys, args + ["--output", str(ref)])
+    assert status == 0, err
+    assert resumed_count(err) == 0
     want = logprobs(rows_of(read_text(ref)))
     got = logprobs(rows)
     assert [len(x) for x in got] == [len(x) for x in want]
@@ -661,10 +671,10 @@ def test_sigkill_then_resume_completes_the_output(tmp_path):
 
     # A rerun on the complete output recomputes nothing and rewrites it byte for byte.
     before = read_text(out)
-    r = cli(*args, "--output", str(out))
-    assert r.returncode == 0, r.stderr
-    assert resumed_count(r.stderr) == RESUME_N
-    assert "0 computed" in summary_line(r.stderr)
+    status, err = serve_in_process(capsys, args + ["--output", str(out)])
+    assert status == 0, err
+    assert resumed_count(err) == RESUME_N
+    assert "0 computed" in summary_line(err)
     assert read_text(out) == before
     assert not os.path.exists(journal)
 

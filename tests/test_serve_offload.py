@@ -1,18 +1,19 @@
 """launch.serve with the routed experts offloaded: a model over the device budget serves the same results as
 the resident model (float32: same tokens, log-probabilities within 1e-5), scoring with the prefix KV cache
-and completions alike, and the run metrics carry the offloading counters."""
+and completions alike, and the run metrics carry the offloading counters. The CLIs (launch.serve,
+launch.calibrate, launch.distill) run in this process, through their main(argv): tests/test_serve.py runs
+launch.serve as a process where the process is the point."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 import moejax
 from conftest import fixture_dir
+from launch import calibrate as calibrate_cli
+from launch import distill as distill_cli
+from launch import serve as serve_cli
 from moejax.offload.memory_plan import RESERVE_FRACTION
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "gpt_oss"  # three MoE layers, sinks and a sliding window
 
 
@@ -35,14 +36,25 @@ def _budget_gb() -> float:
     return (plan.resident_bytes + 2.5 * plan.layer_expert_bytes) / (1 - RESERVE_FRACTION) / 2**30
 
 
+def _input(tmp_path, extra: str = ""):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(_lines()) + "\n" + extra)
+    return inp
+
+
 def _serve(tmp_path, tag, *flags):
-    inp, out, metrics = tmp_path / "in.jsonl", tmp_path / f"{tag}.jsonl", tmp_path / f"{tag}.json"
-    inp.write_text("\n".join(_lines()) + "\n")
-    run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", fixture_dir(NAME), "--dtype", "float32",
-                          "--input", str(inp), "--output", str(out), "--metrics", str(metrics), "--kv-cache", "on",
-                          "--max-batch-tokens", "64", *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    inp, out, metrics = _input(tmp_path), tmp_path / f"{tag}.jsonl", tmp_path / f"{tag}.json"
+    status = serve_cli.main(["--model", fixture_dir(NAME), "--dtype", "float32", "--input", str(inp), "--output",
+                             str(out), "--metrics", str(metrics), "--kv-cache", "on", "--max-batch-tokens", "64",
+                             *flags])
+    assert status == 0
     return [json.loads(line) for line in out.read_text().splitlines()], json.loads(metrics.read_text())
+
+
+@pytest.fixture(scope="module")
+def resident(tmp_path_factory):
+    """The resident model's rows and metrics: what every offloaded run must reproduce."""
+    return _serve(tmp_path_factory.mktemp("resident"), "resident")
 
 
 def _same(rows, ref):
@@ -60,10 +72,10 @@ def _same(rows, ref):
                     assert c["logprobs"]["token_logprobs"] == pytest.approx(w["logprobs"]["token_logprobs"], abs=1e-5)
 
 
-def test_a_model_over_the_budget_serves_streamed_and_cached(tmp_path):
+def test_a_model_over_the_budget_serves_streamed_and_cached(tmp_path, resident):
     budget = _budget_gb()
     assert moejax.load(fixture_dir(NAME), dtype="float32", device_memory_gb=budget).memory_plan.placement == "streamed"
-    ref, ref_metrics = _serve(tmp_path, "resident")
+    ref, ref_metrics = resident
     assert ref_metrics["offload"] == {"placement": "resident"} and ref_metrics["requests_ok"] == 8
     for placement in ("streamed", "cached"):
         rows, metrics = _serve(tmp_path, placement, "--placement", placement, "--device-memory-gb", f"{budget:.9f}")
@@ -72,43 +84,38 @@ def test_a_model_over_the_budget_serves_streamed_and_cached(tmp_path):
         assert metrics["offload"]["placement"] == placement and metrics["offload"]["total"]["bytes_h2d"] > 0
 
 
-def test_explain_prints_the_memory_plan_and_the_saturation_threshold(tmp_path):
-    inp = tmp_path / "in.jsonl"
-    inp.write_text("\n".join(_lines()) + "\n")
-    run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", fixture_dir(NAME), "--input", str(inp),
-                          "--placement", "streamed", "--window", "1", "--explain"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    assert "memory plan: streamed (window 1" in run.stdout and "saturation threshold: Θ" in run.stdout
-    bad = subprocess.run([sys.executable, "-m", "launch.serve", "--model", fixture_dir(NAME), "--input", str(inp),
-                          "--placement", "resident", "--device-memory-gb", "0.0001", "--dtype", "bfloat16"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)  # bf16: the dense weights fit, the experts not
-    assert bad.returncode != 0 and "placement 'resident': all routed experts need" in bad.stderr
+def test_explain_prints_the_memory_plan_and_the_saturation_threshold(tmp_path, capsys):
+    inp = _input(tmp_path)
+    assert serve_cli.main(["--model", fixture_dir(NAME), "--input", str(inp), "--placement", "streamed", "--window",
+                           "1", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan: streamed (window 1" in out and "saturation threshold: Θ" in out
+    with pytest.raises(SystemExit) as bad:  # bf16: the dense weights fit, the experts not
+        serve_cli.main(["--model", fixture_dir(NAME), "--input", str(inp), "--placement", "resident",
+                        "--device-memory-gb", "0.0001", "--dtype", "bfloat16"])
+    assert "placement 'resident': all routed experts need" in bad.value.code
 
 
-def test_calibrate_and_distill_clis_then_serve_with_the_router_and_hybrid_predictors(tmp_path):
-    inp = tmp_path / "in.jsonl"
-    inp.write_text("\n".join(_lines()) + "\nnot json\n")
+def test_calibrate_and_distill_clis_then_serve_with_the_router_and_hybrid_predictors(tmp_path, capsys, resident):
+    inp = _input(tmp_path, "not json\n")
     out = tmp_path / "vectors"
-    run = subprocess.run([sys.executable, "-m", "launch.calibrate", "--model", fixture_dir(NAME), "--dtype",
-                          "float32", "--input", str(inp), "--out", str(out)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    assert "8 prompts" in run.stderr and "1 bad lines skipped" in run.stderr
-    ref, _ = _serve(tmp_path, "resident")
+    assert calibrate_cli.main(["--model", fixture_dir(NAME), "--dtype", "float32", "--input", str(inp), "--out",
+                               str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "8 prompts" in err and "1 bad lines skipped" in err
+    ref, _ = resident
     rows, metrics = _serve(tmp_path, "router", "--placement", "cached", "--cache-slots", "8", "--predictor", "router",
                            "--default-vectors", str(out))
     _same(rows, ref)
     assert metrics["offload"]["total"]["prefetches"] > 0
-    again = subprocess.run([sys.executable, "-m", "launch.calibrate", "--model", fixture_dir(NAME), "--input",
-                            str(inp), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode != 0 and "already exists" in again.stderr
+    with pytest.raises(SystemExit) as again:
+        calibrate_cli.main(["--model", fixture_dir(NAME), "--input", str(inp), "--out", str(out)])
+    assert "already exists" in again.value.code
     est = tmp_path / "estimator"
-    run = subprocess.run([sys.executable, "-m", "launch.distill", "--model", fixture_dir(NAME), "--dtype", "float32",
-                          "--input", str(inp), "--out", str(est), "--steps", "20", "--batch", "64", "--latent", "16",
-                          "--mlp", "32", "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    assert "hybrid: estimator on layers" in run.stderr
+    assert distill_cli.main(["--model", fixture_dir(NAME), "--dtype", "float32", "--input", str(inp), "--out",
+                             str(est), "--steps", "20", "--batch", "64", "--latent", "16", "--mlp", "32",
+                             "--no-progress"]) == 0
+    assert "hybrid: estimator on layers" in capsys.readouterr().err
     rows, metrics = _serve(tmp_path, "hybrid", "--placement", "cached", "--cache-slots", "8", "--predictor", "hybrid",
                            "--estimator", str(est))
     _same(rows, ref)  # exact mode: the predictor only moves weights
