@@ -12,8 +12,7 @@ from flax import nnx
 from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
-from moejax.kernels.backends import Kernels, resolve
-from moejax.kernels.expert_ffn import BACKENDS as EXPERT_BACKENDS
+from moejax.kernels.backends import Kernels
 from moejax.models.checkpoint import load_tokenizer, plan_params, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
 from moejax.offload.host_store import HostStore, is_routed_expert
@@ -106,8 +105,8 @@ def load(model: str, *, dtype: str = "auto", plan: EnginePlan | None = None, **o
     unavailable = kernels.unavailable()
     if unavailable:
         raise ValueError(f"moejax.load: kernels {unavailable}")
-    # attention's auto also depends on shapes: it stays per call
-    kernels = dataclasses.replace(kernels, experts=resolve("expert_ffn", kernels.experts, EXPERT_BACKENDS))
+    # auto stays per call: attention's and the experts' choices depend on shapes (and, for the experts on a GPU,
+    # on the tuning table's measurements)
     cache_opt = options.get("compilation_cache", True)
     if cache_opt:
         enable_compilation_cache(cache_opt if isinstance(cache_opt, str) else None)

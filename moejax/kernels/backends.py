@@ -42,7 +42,28 @@ def resolve(op: str, backend: str, choices: tuple[str, ...], auto: str | None = 
     return backend
 
 
-GPU_ONLY = ("pallas", "cudnn")  # compiled for NVIDIA GPUs; pallas_interpret runs the Pallas kernels anywhere
+GPU_ONLY = ("pallas", "cudnn", "mosaic")  # compiled for NVIDIA GPUs; pallas_interpret runs the Pallas kernels anywhere
+
+
+def expert_auto(rows: int, groups: int, dtype, fused: bool) -> str:
+    """`auto` for the grouped expert products on this platform and shape: on a GPU, the backend the last GPU run
+    measured fastest for the shape class (grouped_matmul/tuning.json), else Pallas; Mosaic GPU only for 16-bit
+    operands (it would run float32 as TF32); never ragged_dot (XLA GPU runs it as a dense masked product)."""
+    if not on_gpu():
+        return "xla"
+    if pallas_unavailable() is not None:
+        return "mosaic" if _mosaic_usable(dtype) else "xla"
+    from moejax.kernels.grouped_matmul import tuning
+    fastest = tuning.fastest_backend(rows, groups, fused)
+    if fastest == "mosaic" and _mosaic_usable(dtype):
+        return "mosaic"
+    return "pallas"
+
+
+def _mosaic_usable(dtype) -> bool:
+    from moejax.kernels.grouped_matmul.mosaic import mosaic_unavailable
+    import jax.numpy as jnp
+    return mosaic_unavailable() is None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +78,10 @@ class Kernels:
         why = pallas_unavailable() if pallas else None
         if why:
             return f"{', '.join(pallas)} needs Pallas's Triton backend, but {why}; use auto or xla"
+        from moejax.kernels.grouped_matmul.mosaic import mosaic_unavailable
+        why = mosaic_unavailable() if self.experts == "mosaic" else None
+        if why:
+            return f"experts=mosaic needs Pallas's Mosaic GPU backend, but {why}; use auto, pallas or xla"
         if on_gpu():
             return None
         wrong = [f"{op}={name}" for op, name in dataclasses.asdict(self).items() if name in GPU_ONLY]

@@ -3,6 +3,9 @@
 Backends:
 - `pallas` (GPU) / `pallas_interpret` (CPU tests): dispatch, one grouped kernel for gate/up with the activation
   fused (the [M, 2I] intermediate never reaches HBM), one grouped kernel for down, combine.
+- `mosaic` (Hopper GPU, 16-bit weights): dispatch into the group-aligned layout, Mosaic GPU grouped kernels for
+  gate/up and down, the activation in XLA between them, combine.
+- `auto`: `xla` on CPU; on a GPU what the last GPU run measured fastest for the shape (backends.expert_auto).
 - `xla` (CPU): dispatch; up to 32 rows per expert on average, C static slots per expert and one batched matmul
   (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row
   windows (grouped_matmul.xla).
@@ -15,20 +18,22 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from moejax.kernels.backends import resolve
+from moejax.kernels.backends import expert_auto, resolve
 from moejax.kernels.expert_ffn import baselines, grouped, tiled
 
-BACKENDS = ("pallas", "pallas_interpret", "xla", "tiled", "ragged_dot", "dense")
+BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "tiled", "ragged_dot", "dense")
 
 
 def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, act="silu", limit=7.0,
                alpha=1.702, backend="auto"):
     """x [N, D]; idx, weights [N, k]; w_gate_up [E, D, 2I] ([gate | up]); w_down [E, I, D]; biases [E, 2I],
     [E, D] -> [N, D] in x.dtype (float32 accumulation)."""
-    backend = resolve("expert_ffn", backend, BACKENDS)
     x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
         None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
-    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "xla": grouped.xla,
+    backend = resolve("expert_ffn", backend, BACKENDS,
+                      auto=expert_auto(idx.size, w_gate_up.shape[0], w_gate_up.dtype, fused=True))
+    fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "mosaic": grouped.mosaic,
+          "xla": grouped.xla,
           "tiled": tiled.tiled, "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
     y = fn(x, idx, weights.astype(jnp.float32), w_gate_up, w_down, b_gate_up, b_down, act, limit, alpha)
     return y.astype(x.dtype)

@@ -1,5 +1,5 @@
 """Expert FFN over rows sorted by expert: the CPU paths (expert slots for small batches, else per-group row
-windows) and the Pallas kernels."""
+windows), the Pallas Triton kernels and the Mosaic GPU kernels."""
 from __future__ import annotations
 
 import functools
@@ -9,9 +9,12 @@ import jax.numpy as jnp
 
 from moejax.buckets import fine_bucket
 from moejax.kernels.activation import glu_of
+from moejax.kernels.grouped_matmul import mosaic as mosaic_gmm
 from moejax.kernels.grouped_matmul import pallas as gmm
+from moejax.kernels.grouped_matmul import tuning
+from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
 from moejax.kernels.grouped_matmul.xla import for_each_group
-from moejax.kernels.padding import pad_to_16
+from moejax.kernels.padding import pad_axis, pad_to_16
 from moejax.kernels.precision import f32_dot, f32_einsum
 from moejax.kernels.routing import combine, dispatch, gather_rows
 
@@ -90,19 +93,46 @@ def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, interpret):
     N, D = x.shape
     k = idx.shape[1]
     E = wgu.shape[0]
+    M = N * k
     routing = dispatch(idx, E)
-    bm = gmm.blocks(N * k, E, 16, 16)[0]
+    up, down = gmm.config_for(M, wgu, fused=True), gmm.config_for(M, wd, fused=False)
     # Gather straight into the padded row layout; spare rows repeat real rows and are never stored.
-    order = jnp.pad(routing.order, (0, gmm.padded_rows(N * k, bm) - N * k))
+    order = jnp.pad(routing.order, (0, gmm.padded_rows(M, up.bm) - M))
     xs = pad_to_16(x[order // k], 1)
     wgu_p = _pad_halves(pad_to_16(wgu, 1), 2)
     bgu_p = None if bgu is None else _pad_halves(bgu, 1)
-    a = gmm.grouped_call(xs, wgu_p, bgu_p, routing.group_sizes, bm=bm, out_dtype=x.dtype, act=act, limit=limit,
+    a = gmm.grouped_call(xs, wgu_p, bgu_p, routing.group_sizes, cfg=up, out_dtype=x.dtype, act=act, limit=limit,
                          alpha=alpha, interpret=interpret)
+    if down.bm != up.bm:  # the down product's tiles need their own padding (rows past M are never stored)
+        a = pad_axis(a[:M], 0, gmm.padded_rows(M, down.bm))
     wd_p = pad_to_16(pad_to_16(wd, 1), 2)
     bd_p = None if bd is None else pad_to_16(bd, 1)
-    y = gmm.grouped_call(a, wd_p, bd_p, routing.group_sizes, bm=bm, out_dtype=_f32, interpret=interpret)
-    return combine(y[: N * k, :D], routing, weights)
+    y = gmm.grouped_call(a, wd_p, bd_p, routing.group_sizes, cfg=down, out_dtype=_f32, interpret=interpret)
+    return combine(y[:M, :D], routing, weights)
+
+
+def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
+    """Gate/up and down as Mosaic GPU grouped GEMMs over the group-aligned layout; the activation and biases in
+    XLA between them (an elementwise pass over [M, 2I], fused by XLA)."""
+    N, D = x.shape
+    k, E, I2 = idx.shape[1], wgu.shape[0], wgu.shape[2]
+    M = N * k
+    mosaic_gmm.check_operands(x, wgu)
+    routing = dispatch(idx, E)
+    cfg = tuning.mosaic_config(M, E, max(D, I2 // 2), max(D, I2 // 2))
+    layout = aligned_layout(routing.group_sizes, M, cfg.bm)
+    xs = to_aligned(gather_rows(x, routing, k), layout)
+    group = jnp.repeat(jnp.maximum(layout.tile_group, 0), cfg.bm)  # padding rows: any group, never read back
+
+    def product(a, w, b, out_dtype):
+        ap, wp = mosaic_gmm.pad_k_n(a, w, cfg)
+        y = mosaic_gmm.aligned_call(ap, wp, layout.tile_group, cfg, out_dtype)[:, :w.shape[2]]
+        return y if b is None else y.astype(_f32) + b.astype(_f32)[group]
+
+    h = product(xs, wgu, bgu, _f32 if bgu is not None else x.dtype)
+    a = glu_of(h.astype(_f32), act, limit, alpha).astype(x.dtype)
+    y = product(a, wd, bd, _f32)
+    return combine(from_aligned(y, layout), routing, weights)
 
 
 def pallas(*args):

@@ -4,7 +4,9 @@ Work items are (row tile, column block) pairs. Row tiles never straddle groups: 
 tiles of `bm`, so a tile reads one group's weights; at most cdiv(M, bm) + G tiles exist and the grid has that
 many, tiles past the last one exit at once. A tile's rows past its group's end are computed but never stored.
 The grid is (row tiles, column blocks), row tiles first, so that the tiles of one group, launched together, read
-the same weight columns (whether that keeps them in L2 is for a GPU run of `launch.bench kernels` to show).
+the same weight columns; or, `cols_minor`, (column blocks, row tiles), so that the column blocks of one row tile
+run together and its rows stay in L2. Tile sizes, warps, stages and the order come from the tuning table
+(tuning.py), by the mean rows per group.
 
 The same kernel does the fused expert gate/up step: it keeps two accumulators (gate and up columns of one
 block) and stores only the activation, so the [M, 2I] intermediate never goes to HBM.
@@ -26,21 +28,11 @@ except ImportError:  # a JAX without the Triton backend: backends.pallas_unavail
 
 from moejax.kernels.activation import glu
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.grouped_matmul.tuning import PallasConfig, pallas_config
 from moejax.kernels.padding import pad_axis, pad_to_16, round_up
 from moejax.kernels.precision import for_operands
 
 _f32 = jnp.float32
-
-
-def _divisor(n: int, options) -> int:
-    return next(b for b in options if n % b == 0)
-
-
-def blocks(rows: int, groups: int, k: int, n: int) -> tuple[int, int, int]:
-    """(bm, bn, bk): 128-row tiles when groups average >= 128 rows, else 64 (16 for decode-sized batches)."""
-    mean = rows / max(groups, 1)
-    bm = 128 if mean >= 128 else 64 if rows >= 64 else 16
-    return bm, _divisor(n, (128, 64, 32, 16)), _divisor(k, (64, 32, 16))
 
 
 def tile_schedule(group_sizes, bm: int, tiles: int):
@@ -58,9 +50,9 @@ def tile_schedule(group_sizes, bm: int, tiles: int):
     return jnp.stack([gc, jnp.where(valid, first, 0), jnp.where(valid, row_end[gc], 0)])
 
 
-def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, k, half, act, limit, alpha, precision):
+def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, k, half, act, limit, alpha, precision, cols_minor):
     b_ref, o_ref = refs if len(refs) == 2 else (None, refs[0])
-    t, j = pl.program_id(0), pl.program_id(1)
+    t, j = (pl.program_id(1), pl.program_id(0)) if cols_minor else (pl.program_id(0), pl.program_id(1))
     g, row0, end = meta_ref[0, t], meta_ref[1, t], meta_ref[2, t]
 
     @pl.when(end > row0)
@@ -82,27 +74,35 @@ def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, k, half, act, limit, alph
                   mask=(rows < end)[:, None])
 
 
-def grouped_call(x, w, bias, group_sizes, *, bm: int, out_dtype, act=None, limit=7.0, alpha=1.702,
+def config_for(rows: int, w, fused: bool) -> PallasConfig:
+    """The tile configuration for `rows` grouped rows against w [G, K, N] (N: [gate | up] when fused)."""
+    G, K, N = w.shape
+    return pallas_config(rows, G, round_up(K, 16), round_up(N // 2 if fused else N, 16), fused)
+
+
+def grouped_call(x, w, bias, group_sizes, *, cfg: PallasConfig, out_dtype, act=None, limit=7.0, alpha=1.702,
                  interpret=False):
-    """x [Mp, K] (Mp = a multiple of bm, one spare tile included), w [G, K, N], bias [G, N] or None.
+    """x [Mp, K] (Mp = a multiple of cfg.bm, one spare tile included), w [G, K, N], bias [G, N] or None.
     act=None: -> [Mp, N] = x @ w[group] (+ bias). act set: w holds [gate | up] halves of width N/2 each and the
     result is [Mp, N/2] = glu(gate, up). Rows past sum(group_sizes) are left unwritten."""
     Mp, K = x.shape
     G, _, N = w.shape
     width = N // 2 if act else N
-    _, bn, bk = blocks(Mp, G, K, width)
+    bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
+    if width % bn or K % bk:
+        raise ValueError(f"pallas grouped GEMM: width {width} and K {K} must be multiples of bn {bn} and bk {bk}")
     tiles = Mp // bm - 1 + G
     meta = tile_schedule(group_sizes, bm, tiles)
     precision = for_operands(x.dtype)  # IEEE, not TF32, for float32 models
     kernel = functools.partial(_kernel, bm=bm, bn=bn, bk=bk, k=K, half=width, act=act, limit=limit, alpha=alpha,
-                               precision=precision)
-    warps = 8 if bm * bn * (2 if act else 1) >= 128 * 128 else 4
+                               precision=precision, cols_minor=cfg.cols_minor)
+    grid = (width // bn, tiles) if cfg.cols_minor else (tiles, width // bn)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((Mp, width), out_dtype),
-        grid=(tiles, width // bn),
+        grid=grid,
         interpret=interpret,
-        compiler_params=plt.CompilerParams(num_warps=warps, num_stages=3),
+        compiler_params=plt.CompilerParams(num_warps=cfg.warps, num_stages=cfg.stages),
         name="grouped_glu" if act else "grouped_matmul",
     )(meta, x, w, *([] if bias is None else [bias]))
 
@@ -112,11 +112,11 @@ def padded_rows(rows: int, bm: int) -> int:
     return round_up(rows, bm) + bm
 
 
-def grouped_matmul(x, w, group_sizes, *, interpret=False):
+def grouped_matmul(x, w, group_sizes, *, interpret=False, cfg: PallasConfig | None = None):
     """x [M, K], w [G, K, N] -> [M, N] in x.dtype (float32 accumulation); rows past sum(group_sizes) are 0."""
     M, N = x.shape[0], w.shape[2]
-    bm = blocks(M, w.shape[0], 16, 16)[0]
-    xp = pad_to_16(pad_axis(x, 0, padded_rows(M, bm)), 1)
+    cfg = cfg or config_for(M, w, fused=False)
+    xp = pad_to_16(pad_axis(x, 0, padded_rows(M, cfg.bm)), 1)
     wp = pad_to_16(pad_to_16(w, 1), 2)
-    out = grouped_call(xp, wp, None, group_sizes, bm=bm, out_dtype=x.dtype, interpret=interpret)[:M, :N]
+    out = grouped_call(xp, wp, None, group_sizes, cfg=cfg, out_dtype=x.dtype, interpret=interpret)[:M, :N]
     return zero_rows_of_no_group(out, group_sizes).astype(x.dtype)

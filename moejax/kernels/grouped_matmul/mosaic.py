@@ -1,0 +1,126 @@
+"""Grouped GEMM as a Pallas Mosaic GPU kernel (Hopper: TMA tile copies, warpgroup MMA, pipelined stages).
+
+JAX 0.11 deprecates Pallas's Triton lowering; Mosaic GPU is its successor on Hopper. The kernel runs over the
+group-aligned layout (aligned.py): every `bm`-row tile belongs to one group, so a tile is one TMA copy and one
+weight matrix, and whole tiles are stored. A persistent grid of one program per multiprocessor walks the work
+items (row tile, column block); items of tiles past the last group's exit at once.
+
+Operands must be 16-bit (bfloat16 or float16): warpgroup MMA on float32 operands rounds them to TF32, which
+moejax never does silently (kernels/precision.py). Compiled only for NVIDIA Hopper GPUs; on other machines it
+lowers (tests check that) but does not run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
+    plgpu = None
+
+from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
+from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.padding import pad_axis, round_up
+
+HOPPER_SMS = 132  # H100 SXM / H200: the grid when lowering on a machine without the GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    bm: int = 128  # rows per tile: a multiple of 64 (one warpgroup MMA is 64 rows)
+    bn: int = 128  # columns per block
+    bk: int = 64  # depth per pipeline step (64 bf16 = one 128-byte swizzled row)
+    stages: int = 4  # pipeline steps in flight (shared memory holds this many x and w blocks)
+    cols_minor: bool = True  # consecutive work items take the column blocks of one row tile (x stays in L2)
+
+
+def mosaic_unavailable() -> str | None:
+    if plgpu is None:
+        return f"this JAX ({jax.__version__}) has no Pallas Mosaic GPU backend"
+    return None
+
+
+def _multiprocessors() -> int:
+    dev = jax.devices()[0]
+    count = getattr(dev, "core_count", None) if dev.platform == "gpu" else None
+    return count or HOPPER_SMS
+
+
+def check_operands(x, w) -> None:
+    for name, a in (("x", x), ("w", w)):
+        if jnp.dtype(a.dtype) not in (jnp.bfloat16, jnp.float16):
+            raise ValueError(f"grouped_matmul backend 'mosaic': {name} is {jnp.dtype(a.dtype)}; the Mosaic GPU "
+                             "kernel takes bfloat16 or float16 operands (float32 would run as TF32): use pallas or xla")
+    if x.dtype != w.dtype:
+        raise ValueError(f"grouped_matmul backend 'mosaic': x is {x.dtype} and w is {w.dtype}; they must match")
+
+
+def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
+    """xa [tiles * bm, K] in the aligned layout, w [G, K, N], tile_group [tiles] (-1: skip) -> [tiles * bm, N];
+    K a multiple of bk, N of bn. Rows of skipped tiles are left unwritten."""
+    rows, K = xa.shape
+    N = w.shape[2]
+    bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
+    tiles, grid_n = rows // bm, N // bn
+    if rows % bm or K % bk or N % bn:
+        raise ValueError(f"mosaic grouped GEMM: rows {rows}, K {K}, N {N} must be multiples of {bm}, {bk}, {bn}")
+
+    def body(group_gmem, x_gmem, w_gmem, o_gmem):
+        @plgpu.nd_loop((tiles * grid_n,), collective_axes="sm")
+        def _item(info):
+            (i,) = info.index
+            t, j = (i // grid_n, i % grid_n) if cfg.cols_minor else (i % tiles, i // tiles)
+            g = group_gmem[t]
+
+            @pl.when(g >= 0)
+            def _():
+                def accumulate(acc_ref):
+                    plgpu.emit_pipeline(
+                        lambda _, x_smem, w_smem: plgpu.wgmma(acc_ref, x_smem, w_smem),
+                        grid=(K // bk,),
+                        in_specs=[plgpu.BlockSpec((bm, bk), lambda k: (t, k), delay_release=1),
+                                  plgpu.BlockSpec((bk, bn), lambda k: (k, j), delay_release=1)],
+                        max_concurrent_steps=cfg.stages,
+                    )(x_gmem, w_gmem.at[g])
+                    return acc_ref[...]
+
+                acc = pl.run_scoped(accumulate, plgpu.ACC((bm, bn)))
+
+                @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bm, bn), out_dtype))
+                def _store(o_smem):
+                    o_smem[...] = acc.astype(out_dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(t * bm, bm), pl.ds(j * bn, bn)])
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((rows, N), out_dtype),
+        grid=(_multiprocessors(),),
+        grid_names=("sm",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+    )
+    return kernel(tile_group, xa, w)
+
+
+def pad_k_n(x, w, cfg: MosaicConfig):
+    K, N = w.shape[1], w.shape[2]
+    Kp, Np = round_up(K, cfg.bk), round_up(N, cfg.bn)
+    return pad_axis(x, 1, Kp), pad_axis(pad_axis(w, 1, Kp), 2, Np)
+
+
+def grouped_matmul(x, w, group_sizes, cfg: MosaicConfig | None = None, out_dtype=None):
+    """x [M, K] rows grouped in order, w [G, K, N] -> [M, N] (float32 accumulation, out_dtype default x.dtype);
+    rows past sum(group_sizes) are 0."""
+    from moejax.kernels.grouped_matmul import tuning
+    check_operands(x, w)
+    M, N = x.shape[0], w.shape[2]
+    cfg = cfg or tuning.mosaic_config(M, w.shape[0], w.shape[1], N)
+    layout = aligned_layout(group_sizes, M, cfg.bm)
+    xp, wp = pad_k_n(x, w, cfg)
+    y = aligned_call(to_aligned(xp, layout), wp, layout.tile_group, cfg, out_dtype or x.dtype)
+    return zero_rows_of_no_group(from_aligned(y, layout)[:, :N], group_sizes)

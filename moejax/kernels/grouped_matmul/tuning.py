@@ -1,0 +1,105 @@
+"""Tile configurations of the grouped GEMM kernels, by shape class, read from a committed table that a GPU run of
+`python -m launch.tune_gmm` wrote (tuning.json beside this file); where the table has no entry for the device or
+the class, today's hand-picked choice.
+
+A shape class is the op ("gemm": one product; "glu": the fused gate/up product, two accumulators) and the mean
+rows per group rounded up to a power of two (16 .. 2048): what decides the row tile. The table also records,
+per class, which backend the run measured fastest; `auto` follows it (backends.resolve_experts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+
+import jax
+
+from moejax.kernels.grouped_matmul.mosaic import MosaicConfig
+
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
+ROW_CLASSES = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasConfig:
+    bm: int  # rows per tile
+    bn: int  # columns per block (of each half, for glu)
+    bk: int  # depth per loop step
+    warps: int
+    stages: int
+    cols_minor: bool = False  # grid (column blocks, row tiles): the column blocks of one row tile run together
+
+
+def rows_class(rows: int, groups: int) -> int:
+    mean = rows / max(groups, 1)
+    return next((c for c in ROW_CLASSES if mean <= c), ROW_CLASSES[-1])
+
+
+def class_key(op: str, rows: int, groups: int) -> str:
+    return f"{op}/{rows_class(rows, groups)}"
+
+
+@functools.lru_cache(maxsize=None)
+def _table(path: str = TABLE_PATH) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def device_entry(kind: str | None = None, table: dict | None = None) -> dict:
+    """The table's entry for this device kind: exact, else one of the same family (an H100's table serves an
+    H200: same chip, same tiles), else empty."""
+    table = _table() if table is None else table
+    devices = table.get("devices", {})
+    if kind is None:
+        dev = jax.devices()[0]
+        kind = dev.device_kind if dev.platform == "gpu" else ""
+    if kind in devices:
+        return devices[kind]
+    hopper = "NVIDIA H"  # H100, H200, H800, H20: one chip design
+    return next((v for k, v in devices.items() if kind.startswith(hopper) and k.startswith(hopper)), {})
+
+
+def _divisor(n: int, largest: int, smallest: int = 16) -> int:
+    b = largest
+    while b > smallest and n % b:
+        b //= 2
+    return b
+
+
+def default_pallas(rows: int, groups: int, k: int, n: int, fused: bool) -> PallasConfig:
+    """The choice before any GPU tuning: 128-row tiles when groups average >= 128 rows, else 64 (16 for decode-
+    sized batches); 8 warps for 128x128 accumulators (x2 when fused)."""
+    mean = rows / max(groups, 1)
+    bm = 128 if mean >= 128 else 64 if rows >= 64 else 16
+    bn, bk = _divisor(n, 128), _divisor(k, 64)
+    return PallasConfig(bm, bn, bk, 8 if bm * bn * (2 if fused else 1) >= 128 * 128 else 4, 3)
+
+
+def pallas_config(rows: int, groups: int, k: int, n: int, fused: bool, entry: dict | None = None) -> PallasConfig:
+    """For M = rows grouped rows, w [groups, k, n] (n: one half's width when fused)."""
+    entry = device_entry() if entry is None else entry
+    tuned = entry.get("pallas", {}).get(class_key("glu" if fused else "gemm", rows, groups))
+    if not tuned:
+        return default_pallas(rows, groups, k, n, fused)
+    cfg = PallasConfig(**tuned)
+    # A tile larger than the operand (small models, tests) shrinks to one that divides it.
+    return dataclasses.replace(cfg, bn=_divisor(n, cfg.bn), bk=_divisor(k, cfg.bk),
+                               bm=cfg.bm if rows >= cfg.bm else 64 if rows >= 64 else 16)
+
+
+def mosaic_config(rows: int, groups: int, k: int, n: int, entry: dict | None = None) -> MosaicConfig:
+    entry = device_entry() if entry is None else entry
+    tuned = entry.get("mosaic", {}).get(class_key("gemm", rows, groups))
+    if tuned:
+        return MosaicConfig(**tuned)
+    bm = 128 if rows / max(groups, 1) >= 128 else 64
+    return MosaicConfig(bm=bm, bn=128 if n % 128 == 0 or n > 128 else 64)
+
+
+def fastest_backend(rows: int, groups: int, fused: bool, entry: dict | None = None) -> str | None:
+    """The backend the last GPU run measured fastest for this class, or None (no run for this device)."""
+    entry = device_entry() if entry is None else entry
+    return entry.get("fastest", {}).get(class_key("glu" if fused else "gemm", rows, groups))
