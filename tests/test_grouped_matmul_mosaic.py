@@ -89,7 +89,7 @@ def test_tuning_table_classes_lookups_and_fallbacks():
     assert small == tuning.default_pallas(40, 8, 48, 96, True) and (small.bm, small.bn, small.bk) == (16, 32, 16)
     tiny = tuning.pallas_config(60, 1, 48, 48, fused=True, entry=ENTRY)  # the tuned 64-row class with 60 rows:
     assert (tiny.bm, tiny.bn, tiny.bk, tiny.warps) == (16, 16, 16, 4)  # tiles shrink to what the operands hold
-    assert tuning.mosaic_config(65536, 128, 2048, 768, entry=ENTRY) == MosaicConfig(128, 256, 64, 3, False)
+    assert tuning.mosaic_config(65536, 128, 768, entry=ENTRY) == MosaicConfig(128, 256, 64, 3, False)
     assert tuning.fastest_backend(65536, 128, fused=True, entry=ENTRY) == "mosaic"
     assert tuning.fastest_backend(65536, 128, fused=False, entry=ENTRY) is None
     table = {"devices": {"NVIDIA H200": ENTRY}}

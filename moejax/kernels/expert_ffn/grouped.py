@@ -119,7 +119,7 @@ def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     M = N * k
     mosaic_gmm.check_operands(x, wgu)
     routing = dispatch(idx, E)
-    cfg = tuning.mosaic_config(M, E, max(D, I2 // 2), max(D, I2 // 2))
+    cfg = tuning.mosaic_config(M, E, min(D, I2))
     layout = aligned_layout(routing.group_sizes, M, cfg.bm)
     xs = to_aligned(gather_rows(x, routing, k), layout)
     group = jnp.repeat(jnp.maximum(layout.tile_group, 0), cfg.bm)  # padding rows: any group, never read back

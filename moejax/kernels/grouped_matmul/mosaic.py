@@ -3,7 +3,7 @@
 JAX 0.11 deprecates Pallas's Triton lowering; Mosaic GPU is its successor on Hopper. The kernel runs over the
 group-aligned layout (aligned.py): every `bm`-row tile belongs to one group, so a tile is one TMA copy and one
 weight matrix, and whole tiles are stored. A persistent grid of one program per multiprocessor walks the work
-items (row tile, column block); items of tiles past the last group's exit at once.
+items (row tile, column block) of the tiles that hold rows (a dynamic count: the rest are never visited).
 
 Operands must be 16-bit (bfloat16 or float16): warpgroup MMA on float32 operands rounds them to TF32, which
 moejax never does silently (kernels/precision.py). Compiled only for NVIDIA Hopper GPUs; on other machines it
@@ -60,8 +60,8 @@ def check_operands(x, w) -> None:
 
 
 def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
-    """xa [tiles * bm, K] in the aligned layout, w [G, K, N], tile_group [tiles] (-1: skip) -> [tiles * bm, N];
-    K a multiple of bk, N of bn. Rows of skipped tiles are left unwritten."""
+    """xa [tiles * bm, K] in the aligned layout, w [G, K, N], tile_group [tiles] (the used tiles first, then -1)
+    -> [tiles * bm, N]; K a multiple of bk, N of bn. Rows of unused tiles are left unwritten."""
     rows, K = xa.shape
     N = w.shape[2]
     bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
@@ -69,33 +69,32 @@ def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
     if rows % bm or K % bk or N % bn:
         raise ValueError(f"mosaic grouped GEMM: rows {rows}, K {K}, N {N} must be multiples of {bm}, {bk}, {bn}")
 
-    def body(group_gmem, x_gmem, w_gmem, o_gmem):
-        @plgpu.nd_loop((tiles * grid_n,), collective_axes="sm")
+    def body(group_gmem, used_gmem, x_gmem, w_gmem, o_gmem):
+        used = used_gmem[0]  # tiles that hold rows: the loop's extent is dynamic, no item is wasted
+
+        @plgpu.nd_loop((used, grid_n) if cfg.cols_minor else (grid_n, used), collective_axes="sm")
         def _item(info):
-            (i,) = info.index
-            t, j = (i // grid_n, i % grid_n) if cfg.cols_minor else (i % tiles, i // tiles)
+            t, j = info.index if cfg.cols_minor else info.index[::-1]
             g = group_gmem[t]
 
-            @pl.when(g >= 0)
-            def _():
-                def accumulate(acc_ref):
-                    plgpu.emit_pipeline(
-                        lambda _, x_smem, w_smem: plgpu.wgmma(acc_ref, x_smem, w_smem),
-                        grid=(K // bk,),
-                        in_specs=[plgpu.BlockSpec((bm, bk), lambda k: (t, k), delay_release=1),
-                                  plgpu.BlockSpec((bk, bn), lambda k: (k, j), delay_release=1)],
-                        max_concurrent_steps=cfg.stages,
-                    )(x_gmem, w_gmem.at[g])
-                    return acc_ref[...]
+            def accumulate(acc_ref):
+                plgpu.emit_pipeline(
+                    lambda _, x_smem, w_smem: plgpu.wgmma(acc_ref, x_smem, w_smem),
+                    grid=(K // bk,),
+                    in_specs=[plgpu.BlockSpec((bm, bk), lambda k: (t, k), delay_release=1),
+                              plgpu.BlockSpec((bk, bn), lambda k: (k, j), delay_release=1)],
+                    max_concurrent_steps=cfg.stages,
+                )(x_gmem, w_gmem.at[g])
+                return acc_ref[...]
 
-                acc = pl.run_scoped(accumulate, plgpu.ACC((bm, bn)))
+            acc = pl.run_scoped(accumulate, plgpu.ACC((bm, bn)))
 
-                @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bm, bn), out_dtype))
-                def _store(o_smem):
-                    o_smem[...] = acc.astype(out_dtype)
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(t * bm, bm), pl.ds(j * bn, bn)])
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bm, bn), out_dtype))
+            def _store(o_smem):
+                o_smem[...] = acc.astype(out_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(t * bm, bm), pl.ds(j * bn, bn)])
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
     kernel = plgpu.kernel(
         body,
@@ -104,7 +103,8 @@ def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
         grid_names=("sm",),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
     )
-    return kernel(tile_group, xa, w)
+    used = jnp.sum(tile_group >= 0, dtype=jnp.int32)[None]  # the used tiles come first (aligned_layout)
+    return kernel(tile_group, used, xa, w)
 
 
 def pad_k_n(x, w, cfg: MosaicConfig):
@@ -119,7 +119,7 @@ def grouped_matmul(x, w, group_sizes, cfg: MosaicConfig | None = None, out_dtype
     from moejax.kernels.grouped_matmul import tuning
     check_operands(x, w)
     M, N = x.shape[0], w.shape[2]
-    cfg = cfg or tuning.mosaic_config(M, w.shape[0], w.shape[1], N)
+    cfg = cfg or tuning.mosaic_config(M, w.shape[0], N)
     layout = aligned_layout(group_sizes, M, cfg.bm)
     xp, wp = pad_k_n(x, w, cfg)
     y = aligned_call(to_aligned(xp, layout), wp, layout.tile_group, cfg, out_dtype or x.dtype)

@@ -8,6 +8,7 @@ per class, which backend the run measured fastest; `auto` follows it (backends.r
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -48,9 +49,25 @@ def _table(path: str = TABLE_PATH) -> dict:
         return json.load(f)
 
 
+_override: list[dict] = []
+
+
+@contextlib.contextmanager
+def using(entry: dict):
+    """Trace kernels with this device entry instead of the committed table's (launch.tune_gmm times the whole
+    expert FFN with the configurations it just measured best)."""
+    _override.append(entry)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
 def device_entry(kind: str | None = None, table: dict | None = None) -> dict:
     """The table's entry for this device kind: exact, else one of the same family (an H100's table serves an
     H200: same chip, same tiles), else empty."""
+    if _override and kind is None and table is None:
+        return _override[-1]
     table = _table() if table is None else table
     devices = table.get("devices", {})
     if kind is None:
@@ -90,13 +107,14 @@ def pallas_config(rows: int, groups: int, k: int, n: int, fused: bool, entry: di
                                bm=cfg.bm if rows >= cfg.bm else 64 if rows >= 64 else 16)
 
 
-def mosaic_config(rows: int, groups: int, k: int, n: int, entry: dict | None = None) -> MosaicConfig:
+def mosaic_config(rows: int, groups: int, n: int, entry: dict | None = None) -> MosaicConfig:
+    """For M = rows grouped rows against weights of n columns. One class key ("gemm/..") serves both products of
+    the expert FFN: the Mosaic kernel has no fused variant."""
     entry = device_entry() if entry is None else entry
     tuned = entry.get("mosaic", {}).get(class_key("gemm", rows, groups))
     if tuned:
         return MosaicConfig(**tuned)
-    bm = 128 if rows / max(groups, 1) >= 128 else 64
-    return MosaicConfig(bm=bm, bn=128 if n % 128 == 0 or n > 128 else 64)
+    return MosaicConfig(bm=128 if rows / max(groups, 1) >= 128 else 64, bn=128 if n > 64 else 64)
 
 
 def fastest_backend(rows: int, groups: int, fused: bool, entry: dict | None = None) -> str | None:

@@ -1,0 +1,305 @@
+"""`python -m launch.tune_gmm`: the grouped GEMM tuning sweep, sized for one GPU call of at most 3 minutes.
+
+For each shape class (mean rows per expert at Qwen3-30B-A3B's expert shapes: T = 8K, 1K and 32K tokens routed
+to 8 of 128 experts, most important first) it times, side by side on fresh random bf16 data:
+  - a dense matmul of the same FLOPs (the ratio's denominator),
+  - the Pallas Triton kernel, fused gate/up ("glu") and plain ("gemm", at the gate/up shape: the product
+    `launch.bench kernels` compares with dense), over candidate tiles, warps, stages and grid orders,
+  - the Mosaic GPU kernel over candidate tiles and stages,
+  - the whole expert FFN with each backend's best configuration, which decides `auto` for the FFN,
+  - as an anchor only, JAX's own Mosaic GPU ragged dot (jax.experimental.pallas.ops.gpu.ragged_dot_mgpu).
+Each call's time is the median over rounds of 5 back-to-back calls (async dispatch: launch gaps hidden, as in
+the engine), on two input sets in turn. The results file is rewritten after every measurement (`partial` until
+the end), and the sweep stops starting configurations at --budget-s.
+
+`--write-table RESULTS.json` merges a run's best configurations and fastest backends into the committed table
+(moejax/kernels/grouped_matmul/tuning.json) under the run's device kind, which the kernels read.
+
+`--dry-run` runs the same code on CPU at tiny shapes, the Pallas kernel interpreted and Mosaic skipped (CI).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+SHAPE = dict(hidden=2048, width=768, experts=128, top_k=8)  # Qwen3-30B-A3B
+TOKENS = (8192, 1024, 32768)  # the issue's targets first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
+TINY = dict(hidden=64, width=32, experts=4, top_k=2)
+TINY_TOKENS = (64,)
+
+# Candidates in the order worth trying: today's choice first, then what large Hopper GEMMs usually like.
+PALLAS_GLU = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
+              dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
+              dict(bm=128, bn=64, bk=64, warps=4, stages=4, cols_minor=True),
+              dict(bm=128, bn=128, bk=64, warps=8, stages=4, cols_minor=True),
+              dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
+              dict(bm=128, bn=64, bk=64, warps=8, stages=4, cols_minor=True),
+              dict(bm=64, bn=64, bk=64, warps=4, stages=4, cols_minor=True)]
+PALLAS_GEMM = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
+               dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
+               dict(bm=128, bn=256, bk=64, warps=8, stages=3, cols_minor=True),
+               dict(bm=128, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
+               dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
+               dict(bm=64, bn=256, bk=64, warps=8, stages=3, cols_minor=True)]
+MOSAIC = [dict(bm=128, bn=128, bk=64, stages=4, cols_minor=True),
+          dict(bm=64, bn=256, bk=64, stages=4, cols_minor=True),
+          dict(bm=128, bn=128, bk=64, stages=4, cols_minor=False),
+          dict(bm=64, bn=128, bk=64, stages=4, cols_minor=True),
+          dict(bm=128, bn=128, bk=64, stages=6, cols_minor=True)]
+TINY_CONFIGS = dict(glu=[dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=False),
+                         dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=True)],
+                    gemm=[dict(bm=16, bn=32, bk=16, warps=4, stages=3, cols_minor=True)])
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m launch.tune_gmm", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="results JSON (default bench/results/tune_gmm-<device>.json)")
+    p.add_argument("--budget-s", type=float, default=170.0, help="start no configuration after this many seconds")
+    p.add_argument("--tokens", default=None, help="token counts, comma-separated (default 8192,1024,32768)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of 5 calls per timing")
+    p.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, Pallas interpreted, Mosaic skipped")
+    p.add_argument("--write-table", metavar="RESULTS", default=None,
+                   help="merge a results file's best configurations into the committed tuning table and exit")
+    p.add_argument("--table", default=None, help="the table --write-table writes (default: the committed one)")
+    return p.parse_args(argv)
+
+
+class Sweep:
+    """The measurements of one run and the file they are written to after each one."""
+
+    def __init__(self, args, env: dict):
+        self.args, self.t0 = args, time.monotonic()
+        self.record = dict(**env, benchmark="tune_gmm", partial=True, budget_s=args.budget_s, rows=[],
+                           best=dict(pallas={}, mosaic={}, fastest={}),
+                           timing="median over rounds of 5 back-to-back calls, host clock, block_until_ready")
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() - self.t0 > self.args.budget_s
+
+    def write(self, final: bool = False) -> None:
+        self.record.update(partial=not final, seconds=time.monotonic() - self.t0)
+        tmp = self.args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.record, f, indent=1)
+        os.replace(tmp, self.args.out)
+
+    def add(self, **row) -> dict:
+        self.record["rows"].append(row)
+        rate = f"{row['tflops_per_s']:7.1f} TFLOP/s" if "tflops_per_s" in row else row.get("skipped", "")
+        vs = f" {row['vs_dense']:.2f}x dense" if "vs_dense" in row else ""
+        cfg = " ".join(f"{k}={v}" for k, v in (row.get("config") or {}).items())
+        print(f"  {row['class']:9s} {row['what']:11s} {cfg:58s} {rate}{vs}", flush=True)
+        self.write()
+        return row
+
+
+def time_fn(fn, sets, rounds: int) -> tuple[float, float]:
+    """(median seconds per call, seconds of the first call: compiling included)."""
+    import jax
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*sets[0]))
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        outs = [fn(*sets[i % len(sets)]) for i in range(5)]
+        jax.block_until_ready(outs)
+        times.append((time.perf_counter() - t0) / 5)
+    return statistics.median(times), first
+
+
+def make_sets(rng, T: int, shape: dict, dtype):
+    import jax.numpy as jnp
+    D, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
+    wgu = jnp.asarray(rng.standard_normal((E, D, 2 * I), np.float32) / np.sqrt(D)).astype(dtype)
+    wd = jnp.asarray(rng.standard_normal((E, I, D), np.float32) / np.sqrt(I)).astype(dtype)
+    sets = []
+    for _ in range(2):  # fresh data each set; one weight set (the weights are far larger than L2)
+        idx = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int32)
+        x = jnp.asarray(rng.standard_normal((T, D), np.float32)).astype(dtype)
+        order = np.argsort(idx.ravel(), kind="stable")
+        sets.append(dict(x=x, xs=x[order // k], idx=jnp.asarray(idx), sizes=jnp.asarray(
+            np.bincount(idx.ravel(), minlength=E).astype(np.int32)), w=jnp.asarray(rng.random((T, k), np.float32)),
+            wgu=wgu, wd=wd))
+    return sets
+
+
+def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from moejax.kernels import expert_ffn
+    from moejax.kernels.grouped_matmul import mosaic, pallas, tuning
+    from moejax.kernels.grouped_matmul.aligned import aligned_layout, to_aligned
+    D, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
+    M = T * k
+    cls = tuning.rows_class(M, E)
+    sets = make_sets(np.random.default_rng(T), T, shape, dtype)
+    gemm_flops, ffn_flops = 2 * M * D * 2 * I, 6 * M * D * I
+    common = dict(tokens=T, rows=M, groups=E, K=D, N=2 * I)
+    print(f"T={T}: {M} routed rows, {M / E:.0f} per expert (class {cls})", flush=True)
+    rounds = sweep.args.rounds
+
+    def measure(what, op, fn, args_of, flops, config=None, dense=None):
+        try:
+            sec, first = time_fn(jax.jit(fn), [args_of(d) for d in sets], rounds)
+        except Exception as e:  # a configuration the compiler refuses (shared memory, registers) is a result too
+            return sweep.add(**common, **{"class": f"{op}/{cls}", "what": what, "config": config,
+                                          "skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+        row = dict(**common, **{"class": f"{op}/{cls}", "what": what, "config": config, "seconds": sec,
+                                "first_call_s": first, "tflops_per_s": flops / sec / 1e12})
+        if dense:
+            row["vs_dense"] = dense / sec
+        return sweep.add(**row)
+
+    dense = measure("dense", "gemm", lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
+                    lambda d: (d["xs"], d["wgu"][0]), gemm_flops)["seconds"]
+
+    def dense_ffn(x, a, b):
+        g, u = jnp.split(jnp.dot(x, a, preferred_element_type=jnp.float32), 2, axis=-1)
+        return jnp.dot((jax.nn.silu(g) * u).astype(x.dtype), b, preferred_element_type=jnp.float32)
+    dense_ffn_s = measure("dense_ffn", "glu", dense_ffn, lambda d: (d["xs"], d["wgu"][0], d["wd"][0]),
+                          ffn_flops)["seconds"]
+
+    interpret = not gpu
+    best = {}
+
+    candidates = TINY_CONFIGS if not gpu else dict(glu=PALLAS_GLU, gemm=PALLAS_GEMM)
+    # The rows padded to whole tiles outside the timed call, as the expert FFN gathers them (no copy).
+    for d in sets:
+        d["padded"] = {c["bm"]: jnp.pad(d["xs"], ((0, pallas.padded_rows(M, c["bm"]) - M), (0, 0)))
+                       for c in sum(candidates.values(), [])}
+    for op, configs in candidates.items():
+        fused = op == "glu"
+        for cfg in configs:
+            if sweep.out_of_time():
+                break
+            c = tuning.PallasConfig(**cfg)
+
+            def run(xp, w, sizes, c=c, fused=fused):
+                return pallas.grouped_call(xp, w, None, sizes, cfg=c, out_dtype=xp.dtype, act="silu" if fused else None,
+                                           interpret=interpret)
+            row = measure("pallas", op, run, lambda d, c=c: (d["padded"][c.bm], d["wgu"], d["sizes"]),
+                          gemm_flops, cfg, dense)
+            if "seconds" in row and row["seconds"] < best.get(("pallas", op), (np.inf,))[0]:
+                best[("pallas", op)] = (row["seconds"], cfg)
+    for cfg in (MOSAIC if gpu else []):
+        if sweep.out_of_time():
+            break
+        c = mosaic.MosaicConfig(**cfg)
+        row = measure("mosaic", "gemm", lambda xs, w, sizes, c=c: mosaic.grouped_matmul(xs, w, sizes, c),
+                      lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, cfg, dense)
+        if "seconds" in row and row["seconds"] < best.get(("mosaic", "gemm"), (np.inf,))[0]:
+            best[("mosaic", "gemm")] = (row["seconds"], cfg)
+    for d in sets:
+        del d["padded"]
+    if not gpu:
+        sweep.add(**common, **{"class": f"gemm/{cls}", "what": "mosaic", "skipped": "needs an NVIDIA Hopper GPU"})
+    elif ("mosaic", "gemm") in best and not sweep.out_of_time():  # the kernel alone: input already aligned
+        c = mosaic.MosaicConfig(**best[("mosaic", "gemm")][1])
+        layouts = [aligned_layout(d["sizes"], M, c.bm) for d in sets]
+        for d, lay in zip(sets, layouts):
+            d["aligned"], d["tile_group"] = to_aligned(d["xs"], lay), lay.tile_group
+        measure("mosaic_kernel", "gemm", lambda xa, w, tg, c=c: mosaic.aligned_call(xa, w, tg, c, xa.dtype),
+                lambda d: (d["aligned"], d["wgu"], d["tile_group"]), gemm_flops, best[("mosaic", "gemm")][1], dense)
+        for d in sets:
+            del d["aligned"]
+
+    for (backend, op), (_, cfg) in best.items():
+        sweep.record["best"][backend][f"{op}/{cls}"] = cfg
+    gemm_times = {b: s for (b, op), (s, _) in best.items() if op == "gemm"}
+    if gemm_times:
+        sweep.record["best"]["fastest"][f"gemm/{cls}"] = min(gemm_times, key=gemm_times.get)
+
+    entry = {"pallas": {f"{op}/{cls}": cfg for (b, op), (_, cfg) in best.items() if b == "pallas"},
+             "mosaic": {f"gemm/{cls}": cfg for (b, op), (_, cfg) in best.items() if b == "mosaic"}}
+    ffn_times = {}
+    for backend in ["pallas", "mosaic"] if gpu else ["pallas_interpret"]:
+        if sweep.out_of_time() or (backend == "mosaic" and not entry["mosaic"]):
+            continue
+        with tuning.using(entry):
+            row = measure(f"ffn_{backend}", "glu", lambda x, i, w, a, b, be=backend: expert_ffn(x, i, w, a, b, backend=be),
+                          lambda d: (d["x"], d["idx"], d["w"], d["wgu"], d["wd"]), ffn_flops, None, dense_ffn_s)
+        if "seconds" in row:
+            ffn_times[backend.removesuffix("_interpret")] = row["seconds"]
+    if ffn_times:
+        sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=ffn_times.get)
+    if gpu and not sweep.out_of_time():  # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
+        try:
+            from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+        except ImportError as e:
+            sweep.add(**common, **{"class": f"gemm/{cls}", "what": "jax_ragged_mgpu", "skipped": str(e)})
+        else:
+            anchor = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
+            measure("jax_ragged_mgpu", "gemm", lambda xs, w, sizes: ragged_dot_mgpu.ragged_dot(
+                xs, w, group_sizes=sizes, **anchor), lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, anchor,
+                dense)
+    sweep.write()
+
+
+def write_table(results_path: str, table_path: str) -> dict:
+    """Merge a run's best configurations into the table under its device kind; returns the device's entry."""
+    with open(results_path) as f:
+        run = json.load(f)
+    kind = run["device"]["kind"]
+    if run["device"]["platform"] != "gpu":
+        raise SystemExit(f"tune_gmm --write-table: {results_path} was measured on {run['device']['platform']} "
+                         f"({kind}), not a GPU: the table holds GPU measurements only")
+    table = {}
+    if os.path.exists(table_path):
+        with open(table_path) as f:
+            table = json.load(f)
+    entry = table.setdefault("devices", {}).setdefault(kind, {})
+    for section in ("pallas", "mosaic", "fastest"):
+        entry.setdefault(section, {}).update(run["best"][section])
+    entry["source"] = dict(command=run.get("command"), commit=run.get("git", {}).get("commit"),
+                           partial=run.get("partial"), versions=run.get("versions"))
+    with open(table_path, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return entry
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from moejax.kernels.grouped_matmul import tuning
+    if args.write_table:
+        entry = write_table(args.write_table, args.table or tuning.TABLE_PATH)
+        print(json.dumps(entry, indent=1))
+        return 0
+    import jax
+    import jax.numpy as jnp
+
+    from launch.bench_util import device_tag, environment
+    from moejax.kernels.backends import on_gpu
+    env = environment()
+    env["command"] = " ".join([sys.executable, "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])
+    gpu = on_gpu()
+    if not gpu and not args.dry_run:
+        raise SystemExit("launch.tune_gmm: no GPU here (JAX runs on "
+                         f"{jax.default_backend()}); --dry-run runs the sweep's code on CPU at tiny shapes")
+    args.out = args.out or os.path.join("bench", "results", f"tune_gmm-{device_tag(env['device']['kind'])}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    sweep = Sweep(args, env)
+    shape, tokens = (SHAPE, TOKENS) if gpu else (TINY, TINY_TOKENS)
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+    dtype = jnp.bfloat16
+    for T in tokens:
+        if sweep.out_of_time():
+            print(f"budget spent: T={T} not started", flush=True)
+            break
+        sweep_class(sweep, T, shape, dtype, gpu)
+    sweep.write(final=True)
+    print(json.dumps(sweep.record["best"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
