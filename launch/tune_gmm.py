@@ -93,17 +93,18 @@ class Sweep:
         self.record["rows"].append(row)
         rate = f"{row['tflops_per_s']:7.1f} TFLOP/s" if "tflops_per_s" in row else row.get("skipped", "")
         vs = f" {row['vs_dense']:.2f}x dense" if "vs_dense" in row else ""
+        vs += f" err {row['relative_error']:.1e}{' WRONG' if row['wrong'] else ''}" if "relative_error" in row else ""
         cfg = " ".join(f"{k}={v}" for k, v in (row.get("config") or {}).items())
         print(f"  {row['class']:9s} {row['what']:11s} {cfg:58s} {rate}{vs}", flush=True)
         self.write()
         return row
 
 
-def time_fn(fn, sets, rounds: int) -> tuple[float, float]:
-    """(median seconds per call, seconds of the first call: compiling included)."""
+def time_fn(fn, sets, rounds: int):
+    """(median seconds per call, seconds of the first call: compiling included, the first call's output)."""
     import jax
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(*sets[0]))
+    out = jax.block_until_ready(fn(*sets[0]))
     first = time.perf_counter() - t0
     times = []
     for _ in range(rounds):
@@ -111,7 +112,16 @@ def time_fn(fn, sets, rounds: int) -> tuple[float, float]:
         outs = [fn(*sets[i % len(sets)]) for i in range(5)]
         jax.block_until_ready(outs)
         times.append((time.perf_counter() - t0) / 5)
-    return statistics.median(times), first
+    return statistics.median(times), first, out
+
+
+WRONG = 3e-2  # relative error against the float32 reference past which a configuration is wrong, not slow
+
+
+def relative_error(out, ref) -> float:
+    import jax.numpy as jnp
+    out = out[: ref.shape[0], : ref.shape[1]].astype(jnp.float32)
+    return float(jnp.linalg.norm(out - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30))
 
 
 def make_sets(rng, T: int, shape: dict, dtype):
@@ -134,7 +144,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     import jax
     import jax.numpy as jnp
 
-    from moejax.kernels import expert_ffn
+    from moejax.kernels import expert_ffn, grouped_matmul
     from moejax.kernels.grouped_matmul import mosaic, pallas, tuning
     from moejax.kernels.grouped_matmul.aligned import aligned_layout, to_aligned
     D, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
@@ -146,9 +156,9 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     print(f"T={T}: {M} routed rows, {M / E:.0f} per expert (class {cls})", flush=True)
     rounds = sweep.args.rounds
 
-    def measure(what, op, fn, args_of, flops, config=None, dense=None):
+    def measure(what, op, fn, args_of, flops, config=None, dense=None, ref=None):
         try:
-            sec, first = time_fn(jax.jit(fn), [args_of(d) for d in sets], rounds)
+            sec, first, out = time_fn(jax.jit(fn), [args_of(d) for d in sets], rounds)
         except Exception as e:  # a configuration the compiler refuses (shared memory, registers) is a result too
             return sweep.add(**common, **{"class": f"{op}/{cls}", "what": what, "config": config,
                                           "skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
@@ -156,7 +166,22 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
                                 "first_call_s": first, "tflops_per_s": flops / sec / 1e12})
         if dense:
             row["vs_dense"] = dense / sec
+        if ref is not None:  # a fast wrong answer must never win
+            row["relative_error"] = relative_error(out, ref)
+            row["wrong"] = not row["relative_error"] <= WRONG
         return sweep.add(**row)
+
+    def fastest(row) -> bool:
+        return "seconds" in row and not row.get("wrong")
+
+    # float32 references on the first input set, by the plain-JAX backends
+    d0 = sets[0]
+    gemm_ref = grouped_matmul(d0["xs"].astype(jnp.float32), d0["wgu"].astype(jnp.float32), d0["sizes"], backend="xla")
+    gate, up = jnp.split(gemm_ref, 2, axis=-1)
+    refs = dict(gemm=gemm_ref, glu=jax.nn.silu(gate) * up)
+    ffn_ref = expert_ffn(d0["x"].astype(jnp.float32), d0["idx"], d0["w"], d0["wgu"].astype(jnp.float32),
+                         d0["wd"].astype(jnp.float32), backend="xla")
+    del gate, up
 
     dense = measure("dense", "gemm", lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
                     lambda d: (d["xs"], d["wgu"][0]), gemm_flops)["seconds"]
@@ -186,16 +211,16 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
                 return pallas.grouped_call(xp, w, None, sizes, cfg=c, out_dtype=xp.dtype, act="silu" if fused else None,
                                            interpret=interpret)
             row = measure("pallas", op, run, lambda d, c=c: (d["padded"][c.bm], d["wgu"], d["sizes"]),
-                          gemm_flops, cfg, dense)
-            if "seconds" in row and row["seconds"] < best.get(("pallas", op), (np.inf,))[0]:
+                          gemm_flops, cfg, dense, refs[op])
+            if fastest(row) and row["seconds"] < best.get(("pallas", op), (np.inf,))[0]:
                 best[("pallas", op)] = (row["seconds"], cfg)
     for cfg in (MOSAIC if gpu else []):
         if sweep.out_of_time():
             break
         c = mosaic.MosaicConfig(**cfg)
         row = measure("mosaic", "gemm", lambda xs, w, sizes, c=c: mosaic.grouped_matmul(xs, w, sizes, c),
-                      lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, cfg, dense)
-        if "seconds" in row and row["seconds"] < best.get(("mosaic", "gemm"), (np.inf,))[0]:
+                      lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, cfg, dense, refs["gemm"])
+        if fastest(row) and row["seconds"] < best.get(("mosaic", "gemm"), (np.inf,))[0]:
             best[("mosaic", "gemm")] = (row["seconds"], cfg)
     for d in sets:
         del d["padded"]
@@ -207,7 +232,8 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
         for d, lay in zip(sets, layouts):
             d["aligned"], d["tile_group"] = to_aligned(d["xs"], lay), lay.tile_group
         measure("mosaic_kernel", "gemm", lambda xa, w, tg, c=c: mosaic.aligned_call(xa, w, tg, c, xa.dtype),
-                lambda d: (d["aligned"], d["wgu"], d["tile_group"]), gemm_flops, best[("mosaic", "gemm")][1], dense)
+                lambda d: (d["aligned"], d["wgu"], d["tile_group"]), gemm_flops, best[("mosaic", "gemm")][1], dense,
+                None)
         for d in sets:
             del d["aligned"]
 
@@ -225,8 +251,9 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
             continue
         with tuning.using(entry):
             row = measure(f"ffn_{backend}", "glu", lambda x, i, w, a, b, be=backend: expert_ffn(x, i, w, a, b, backend=be),
-                          lambda d: (d["x"], d["idx"], d["w"], d["wgu"], d["wd"]), ffn_flops, None, dense_ffn_s)
-        if "seconds" in row:
+                          lambda d: (d["x"], d["idx"], d["w"], d["wgu"], d["wd"]), ffn_flops, None, dense_ffn_s,
+                          ffn_ref)
+        if fastest(row):
             ffn_times[backend.removesuffix("_interpret")] = row["seconds"]
     if ffn_times:
         sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=ffn_times.get)
