@@ -12,7 +12,7 @@ from moejax.kernels.activation import glu_of
 from moejax.kernels.grouped_matmul import mosaic as mosaic_gmm
 from moejax.kernels.grouped_matmul import pallas as gmm
 from moejax.kernels.grouped_matmul import tuning
-from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
+from moejax.kernels.grouped_matmul.aligned import aligned_layout
 from moejax.kernels.grouped_matmul.xla import for_each_group
 from moejax.kernels.padding import pad_axis, pad_to_16
 from moejax.kernels.precision import f32_dot, f32_einsum
@@ -113,7 +113,8 @@ def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, interpret):
 
 def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     """Gate/up and down as Mosaic GPU grouped GEMMs over the group-aligned layout; the activation and biases in
-    XLA between them (an elementwise pass over [M, 2I], fused by XLA)."""
+    XLA between them (one elementwise pass over [M, 2I]). Tokens are gathered straight into the aligned layout
+    and the outputs read straight from it, so the layout costs no pass of its own."""
     N, D = x.shape
     k, E, I2 = idx.shape[1], wgu.shape[0], wgu.shape[2]
     M = N * k
@@ -121,7 +122,8 @@ def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     routing = dispatch(idx, E)
     cfg = tuning.mosaic_config(M, E, min(D, I2))
     layout = aligned_layout(routing.group_sizes, M, cfg.bm)
-    xs = to_aligned(gather_rows(x, routing, k), layout)
+    token = jnp.where(layout.source < M, routing.order[jnp.minimum(layout.source, M - 1)] // k, N)
+    xs = jnp.take(x, token, axis=0, mode="fill", fill_value=0)  # padding rows: token N, out of range -> zeros
     group = jnp.repeat(jnp.maximum(layout.tile_group, 0), cfg.bm)  # padding rows: any group, never read back
 
     def product(a, w, b, out_dtype):
@@ -132,7 +134,7 @@ def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     h = product(xs, wgu, bgu, _f32 if bgu is not None else x.dtype)
     a = glu_of(h.astype(_f32), act, limit, alpha).astype(x.dtype)
     y = product(a, wd, bd, _f32)
-    return combine(from_aligned(y, layout), routing, weights)
+    return combine(y, routing._replace(inverse=layout.position[routing.inverse]), weights)
 
 
 def pallas(*args):
