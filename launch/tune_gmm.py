@@ -12,8 +12,10 @@ Each call's time is the median over rounds of 5 back-to-back calls (async dispat
 the engine), on two input sets in turn. The results file is rewritten after every measurement (`partial` until
 the end), and the sweep stops starting configurations at --budget-s.
 
-`--write-table RESULTS.json` merges a run's best configurations and fastest backends into the committed table
-(moejax/kernels/grouped_matmul/tuning.json) under the run's device kind, which the kernels read.
+Results go to bench/results/tune_gmm-<device>.json (`--out`), one run appended to its `runs`, written as it goes
+(launch.bench_results: marked partial until the end). `--write-table RESULTS.json` merges the last complete GPU
+run's best configurations and fastest backends into the committed table (moejax/kernels/grouped_matmul/
+tuning.json) under the run's device kind, which the kernels read; a partial run only with --partial-ok.
 
 `--dry-run` runs the same code on CPU at tiny shapes, the Pallas kernel interpreted and Mosaic skipped (CI).
 """
@@ -28,30 +30,33 @@ import time
 
 import numpy as np
 
+from launch.bench_results import ResultsFile, read_runs
+
 SHAPE = dict(hidden=2048, width=768, experts=128, top_k=8)  # Qwen3-30B-A3B
 TOKENS = (8192, 1024, 32768)  # the issue's targets first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
 TINY = dict(hidden=64, width=32, experts=4, top_k=2)
 TINY_TOKENS = (64,)
 
-# Candidates in the order worth trying: today's choice first, then what large Hopper GEMMs usually like.
-PALLAS_GLU = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
-              dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
-              dict(bm=128, bn=64, bk=64, warps=4, stages=4, cols_minor=True),
-              dict(bm=128, bn=128, bk=64, warps=8, stages=4, cols_minor=True),
+# Candidates in the order worth trying: the first H200 sweep's best first (bench/results/tune_gmm-NVIDIA_H200.json),
+# then today's choice before the sweep (row tiles minor), then the rest; --configs N keeps the first N of each.
+PALLAS_GLU = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
               dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
+              dict(bm=128, bn=128, bk=64, warps=8, stages=4, cols_minor=True),
+              dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
+              dict(bm=128, bn=64, bk=64, warps=4, stages=4, cols_minor=True),
               dict(bm=128, bn=64, bk=64, warps=8, stages=4, cols_minor=True),
               dict(bm=64, bn=64, bk=64, warps=4, stages=4, cols_minor=True)]
-PALLAS_GEMM = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
-               dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
+PALLAS_GEMM = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
                dict(bm=128, bn=256, bk=64, warps=8, stages=3, cols_minor=True),
+               dict(bm=64, bn=256, bk=64, warps=8, stages=3, cols_minor=True),
+               dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
                dict(bm=128, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
-               dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
-               dict(bm=64, bn=256, bk=64, warps=8, stages=3, cols_minor=True)]
+               dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True)]
 MOSAIC = [dict(bm=128, bn=128, bk=64, stages=4, cols_minor=True),
           dict(bm=64, bn=256, bk=64, stages=4, cols_minor=True),
+          dict(bm=128, bn=128, bk=64, stages=6, cols_minor=True),
           dict(bm=128, bn=128, bk=64, stages=4, cols_minor=False),
-          dict(bm=64, bn=128, bk=64, stages=4, cols_minor=True),
-          dict(bm=128, bn=128, bk=64, stages=6, cols_minor=True)]
+          dict(bm=64, bn=128, bk=64, stages=4, cols_minor=True)]
 TINY_CONFIGS = dict(glu=[dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=False),
                          dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=True)],
                     gemm=[dict(bm=16, bn=32, bk=16, warps=4, stages=3, cols_minor=True)])
@@ -63,10 +68,13 @@ def parse_args(argv):
     p.add_argument("--budget-s", type=float, default=170.0, help="start no configuration after this many seconds")
     p.add_argument("--tokens", default=None, help="token counts, comma-separated (default 8192,1024,32768)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of 5 calls per timing")
+    p.add_argument("--configs", type=int, default=None, help="try only the first N candidates of each list")
+    p.add_argument("--no-anchor", action="store_true", help="skip JAX's own Mosaic ragged dot (an anchor)")
     p.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes, Pallas interpreted, Mosaic skipped")
     p.add_argument("--write-table", metavar="RESULTS", default=None,
                    help="merge a results file's best configurations into the committed tuning table and exit")
     p.add_argument("--table", default=None, help="the table --write-table writes (default: the committed one)")
+    p.add_argument("--partial-ok", action="store_true", help="--write-table from a run that was stopped")
     return p.parse_args(argv)
 
 
@@ -75,7 +83,8 @@ class Sweep:
 
     def __init__(self, args, env: dict):
         self.args, self.t0 = args, time.monotonic()
-        self.record = dict(**env, benchmark="tune_gmm", partial=True, budget_s=args.budget_s, rows=[],
+        self.results = ResultsFile(args.out)
+        self.record = dict(**env, benchmark="tune_gmm", budget_s=args.budget_s, rows=[],
                            best=dict(pallas={}, mosaic={}, fastest={}),
                            timing="median over rounds of 5 back-to-back calls, host clock, block_until_ready")
 
@@ -83,11 +92,13 @@ class Sweep:
         return time.monotonic() - self.t0 > self.args.budget_s
 
     def write(self, final: bool = False) -> None:
-        self.record.update(partial=not final, seconds=time.monotonic() - self.t0)
-        tmp = self.args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.record, f, indent=1)
-        os.replace(tmp, self.args.out)
+        """The run's record in the results file, replacing its earlier partial self (launch.bench_results)."""
+        self.record["seconds"] = time.monotonic() - self.t0
+        if final:
+            self.results.complete(self.record)
+        else:
+            last = self.record["rows"][-1] if self.record["rows"] else {}
+            self.results.partial(self.record, f"{last.get('class', '')} {last.get('what', '')}".strip())
 
     def add(self, **row) -> dict:
         self.record["rows"].append(row)
@@ -195,7 +206,9 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     interpret = not gpu
     best = {}
 
-    candidates = TINY_CONFIGS if not gpu else dict(glu=PALLAS_GLU, gemm=PALLAS_GEMM)
+    keep = slice(sweep.args.configs)
+    candidates = {op: configs[keep] for op, configs in
+                  (TINY_CONFIGS if not gpu else dict(glu=PALLAS_GLU, gemm=PALLAS_GEMM)).items()}
     # The rows padded to whole tiles outside the timed call, as the expert FFN gathers them (no copy).
     for d in sets:
         d["padded"] = {c["bm"]: jnp.pad(d["xs"], ((0, pallas.padded_rows(M, c["bm"]) - M), (0, 0)))
@@ -214,7 +227,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
                           gemm_flops, cfg, dense, refs[op])
             if fastest(row) and row["seconds"] < best.get(("pallas", op), (np.inf,))[0]:
                 best[("pallas", op)] = (row["seconds"], cfg)
-    for cfg in (MOSAIC if gpu else []):
+    for cfg in (MOSAIC[keep] if gpu else []):
         if sweep.out_of_time():
             break
         c = mosaic.MosaicConfig(**cfg)
@@ -257,7 +270,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
             ffn_times[backend.removesuffix("_interpret")] = row["seconds"]
     if ffn_times:
         sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=ffn_times.get)
-    if gpu and not sweep.out_of_time():  # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
+    if gpu and not sweep.args.no_anchor and not sweep.out_of_time():  # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
         try:
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
         except ImportError as e:
@@ -270,14 +283,17 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     sweep.write()
 
 
-def write_table(results_path: str, table_path: str) -> dict:
-    """Merge a run's best configurations into the table under its device kind; returns the device's entry."""
-    with open(results_path) as f:
-        run = json.load(f)
+def write_table(results_path: str, table_path: str, partial_ok: bool = False) -> dict:
+    """Merge the last GPU run's best configurations into the table under its device kind; returns that entry."""
+    runs = [r for r in read_runs(results_path) if r.get("device", {}).get("platform") == "gpu"]
+    if not runs:
+        raise SystemExit(f"tune_gmm --write-table: {results_path} holds no run measured on a GPU: the table holds "
+                         "GPU measurements only")
+    run = runs[-1]
+    if run.get("partial") and not partial_ok:
+        raise SystemExit(f"tune_gmm --write-table: the last GPU run in {results_path} was stopped after "
+                         f"{run.get('progress', {}).get('rows')} rows; pass --partial-ok to use what it measured")
     kind = run["device"]["kind"]
-    if run["device"]["platform"] != "gpu":
-        raise SystemExit(f"tune_gmm --write-table: {results_path} was measured on {run['device']['platform']} "
-                         f"({kind}), not a GPU: the table holds GPU measurements only")
     table = {}
     if os.path.exists(table_path):
         with open(table_path) as f:
@@ -286,7 +302,7 @@ def write_table(results_path: str, table_path: str) -> dict:
     for section in ("pallas", "mosaic", "fastest"):
         entry.setdefault(section, {}).update(run["best"][section])
     entry["source"] = dict(command=run.get("command"), commit=run.get("git", {}).get("commit"),
-                           partial=run.get("partial"), versions=run.get("versions"))
+                           partial=bool(run.get("partial")), versions=run.get("versions"))
     with open(table_path, "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -297,7 +313,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from moejax.kernels.grouped_matmul import tuning
     if args.write_table:
-        entry = write_table(args.write_table, args.table or tuning.TABLE_PATH)
+        entry = write_table(args.write_table, args.table or tuning.TABLE_PATH, args.partial_ok)
         print(json.dumps(entry, indent=1))
         return 0
     import jax

@@ -1,0 +1,40 @@
+"""launch.tune_gmm: its dry run measures and checks every candidate, and the committed tuning table is what the
+committed H200 sweep says."""
+import json
+import os
+
+import pytest
+
+from launch import tune_gmm
+from launch.bench_results import read_runs
+from moejax.kernels.grouped_matmul import tuning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+H200_SWEEP = os.path.join(ROOT, "bench", "results", "tune_gmm-NVIDIA_H200.json")
+
+
+def test_dry_run_checks_candidates_and_records_the_best(tmp_path):
+    out = tmp_path / "tune.json"
+    assert tune_gmm.main(["--dry-run", "--out", str(out)]) == 0
+    (run,) = read_runs(str(out))
+    assert "partial" not in run and run["device"]["platform"] == "cpu"
+    measured = [r for r in run["rows"] if r["what"] in ("pallas", "ffn_pallas_interpret")]
+    assert len(measured) == 4 and all(r["relative_error"] < tune_gmm.WRONG and not r["wrong"] for r in measured)
+    assert [r["skipped"] for r in run["rows"] if r["what"] == "mosaic"] == ["needs an NVIDIA Hopper GPU"]
+    best = run["best"]
+    assert set(best["pallas"]) == {"glu/32", "gemm/32"} and best["fastest"] == {"gemm/32": "pallas", "glu/32": "pallas"}
+    with pytest.raises(SystemExit, match="holds no run measured on a GPU"):
+        tune_gmm.write_table(str(out), str(tmp_path / "table.json"))
+
+
+def test_the_committed_table_is_the_committed_sweeps_best(tmp_path):
+    table = tmp_path / "table.json"
+    entry = tune_gmm.write_table(H200_SWEEP, str(table))
+    committed = json.load(open(tuning.TABLE_PATH))["devices"]["NVIDIA H200"]
+    for section in ("pallas", "mosaic", "fastest"):
+        assert entry[section] == committed[section], section
+    run = read_runs(H200_SWEEP)[-1]
+    for key, cfg in entry["pallas"].items():  # each best is the fastest correct candidate of its class
+        rows = [r for r in run["rows"] if r["class"] == key and r["what"] == "pallas" and not r.get("wrong")
+                and "seconds" in r]
+        assert min(rows, key=lambda r: r["seconds"])["config"] == cfg, key
