@@ -52,7 +52,9 @@ PALLAS_GEMM = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
                dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
                dict(bm=128, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
                dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True)]
-MOSAIC = [dict(bm=128, bn=128, bk=64, stages=4, cols_minor=True),
+MOSAIC = [dict(bm=128, bn=128, bk=64, stages=3, cols_minor=True, compute_wgs=2),  # warp-specialized (mosaic_ws.py)
+          dict(bm=128, bn=128, bk=64, stages=4, cols_minor=True),
+          dict(bm=64, bn=128, bk=64, stages=4, cols_minor=True, compute_wgs=2),
           dict(bm=64, bn=256, bk=64, stages=4, cols_minor=True),
           dict(bm=128, bn=128, bk=64, stages=6, cols_minor=True),
           dict(bm=128, bn=128, bk=64, stages=4, cols_minor=False),

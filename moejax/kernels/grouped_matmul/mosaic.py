@@ -36,6 +36,13 @@ class MosaicConfig:
     bk: int = 64  # depth per pipeline step (64 bf16 = one 128-byte swizzled row)
     stages: int = 4  # pipeline steps in flight (shared memory holds this many x and w blocks)
     cols_minor: bool = True  # consecutive work items take the column blocks of one row tile (x stays in L2)
+    compute_wgs: int = 1  # 2: warp-specialized (mosaic_ws.py): a copy warpgroup feeds two MMA warpgroups, each
+    #                       with its own bn columns of a 2*bn block
+
+    @property
+    def block_n(self) -> int:
+        """Columns per work item."""
+        return self.bn * self.compute_wgs
 
 
 def mosaic_unavailable() -> str | None:
@@ -61,20 +68,48 @@ def check_operands(x, w) -> None:
 
 def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
     """xa [tiles * bm, K] in the aligned layout, w [G, K, N], tile_group [tiles] (the used tiles first, then -1)
-    -> [tiles * bm, N]; K a multiple of bk, N of bn. Rows of unused tiles are left unwritten."""
+    -> [tiles * bm, N]; K a multiple of bk, N of cfg.block_n. Rows of unused tiles are left unwritten."""
     rows, K = xa.shape
     N = w.shape[2]
+    if rows % cfg.bm or K % cfg.bk or N % cfg.block_n:
+        raise ValueError(f"mosaic grouped GEMM: rows {rows}, K {K}, N {N} must be multiples of {cfg.bm}, {cfg.bk}, "
+                         f"{cfg.block_n}")
+    if cfg.compute_wgs == 2:
+        from moejax.kernels.grouped_matmul.mosaic_ws import warp_specialized_body
+        body, threads = warp_specialized_body(cfg, K, N, out_dtype), dict(num_threads=3, thread_name="wg")
+    elif cfg.compute_wgs == 1:
+        body, threads = _one_warpgroup_body(cfg, K, N, out_dtype), {}
+    else:
+        raise ValueError(f"mosaic grouped GEMM: compute_wgs is 1 or 2, not {cfg.compute_wgs}")
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((rows, N), out_dtype),
+        grid=(_multiprocessors(),),
+        grid_names=("sm",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        **threads,
+    )
+    used = jnp.sum(tile_group >= 0, dtype=jnp.int32)[None]  # the used tiles come first (aligned_layout)
+    return kernel(tile_group, used, xa, w)
+
+
+def work_items(cfg: MosaicConfig, used, grid_n: int):
+    """The persistent loop over (row tile, column block) items of the used tiles: its decorator, and a function
+    of the loop's index giving (t, j)."""
+    loop = plgpu.nd_loop((used, grid_n) if cfg.cols_minor else (grid_n, used), collective_axes="sm")
+    return loop, (lambda index: index if cfg.cols_minor else index[::-1])
+
+
+def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
+    """One warpgroup per program issues the copies and the MMAs (emit_pipeline keeps `stages` copies in flight)."""
     bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
-    tiles, grid_n = rows // bm, N // bn
-    if rows % bm or K % bk or N % bn:
-        raise ValueError(f"mosaic grouped GEMM: rows {rows}, K {K}, N {N} must be multiples of {bm}, {bk}, {bn}")
 
     def body(group_gmem, used_gmem, x_gmem, w_gmem, o_gmem):
-        used = used_gmem[0]  # tiles that hold rows: the loop's extent is dynamic, no item is wasted
+        loop, tile_and_block = work_items(cfg, used_gmem[0], N // bn)  # only tiles that hold rows
 
-        @plgpu.nd_loop((used, grid_n) if cfg.cols_minor else (grid_n, used), collective_axes="sm")
+        @loop
         def _item(info):
-            t, j = info.index if cfg.cols_minor else info.index[::-1]
+            t, j = tile_and_block(info.index)
             g = group_gmem[t]
 
             def accumulate(acc_ref):
@@ -96,20 +131,12 @@ def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
                 plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(t * bm, bm), pl.ds(j * bn, bn)])
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-    kernel = plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct((rows, N), out_dtype),
-        grid=(_multiprocessors(),),
-        grid_names=("sm",),
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-    )
-    used = jnp.sum(tile_group >= 0, dtype=jnp.int32)[None]  # the used tiles come first (aligned_layout)
-    return kernel(tile_group, used, xa, w)
+    return body
 
 
 def pad_k_n(x, w, cfg: MosaicConfig):
     K, N = w.shape[1], w.shape[2]
-    Kp, Np = round_up(K, cfg.bk), round_up(N, cfg.bn)
+    Kp, Np = round_up(K, cfg.bk), round_up(N, cfg.block_n)
     return pad_axis(x, 1, Kp), pad_axis(pad_axis(w, 1, Kp), 2, Np)
 
 
