@@ -42,6 +42,7 @@ from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
 from moejax.plan.resolve import profile_for
 from moejax.sched.batch import engine_settings, explain_lines, serve_lines, theta_from_profile
+from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
 from moejax.sched.results import SettingsMismatch, WriteFailed
@@ -67,9 +68,11 @@ def parse_args(argv=None):
     p.add_argument("--kernels", default="auto",
                    help="kernel backends: auto (Pallas on GPU, XLA on CPU), one name for every op (xla, pallas, "
                         "pallas_interpret) or per op, e.g. experts=ragged_dot,attention=xla")
-    p.add_argument("--max-batch-tokens", type=int, default=8192,
+    p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="token budget of one batch, padding included (rows x row length; for completions rows x "
-                        "(prompt + new tokens)); default 8192")
+                        "(prompt + new tokens)). Default: scoring batches on a GPU are sized from the device (Θ of "
+                        "the placement on the hardware profile, bounded by the memory plan), elsewhere and for "
+                        f"completions {DEFAULT_TOKENS}; given, it wins everywhere; --explain says which")
     p.add_argument("--kv-cache", choices=KV_MODES, default="auto",
                    help="cross-batch prefix KV cache. on: keep every prompt block (LRU, bounded by "
                         "--prefix-cache-mb); off: scoring keeps no KV at all; auto (default): on only when some "
@@ -226,7 +229,7 @@ def set_saturation(engine, args) -> None:
     """Θ of a streamed engine: profiled (Eq. 3), or by Eq. 1 from the hardware profile (AsyncEP's two channels
     under experts=async_ep)."""
     if args.theta == "profile":
-        profile_saturation(engine, tokens=min(512, args.max_batch_tokens))
+        profile_saturation(engine, tokens=min(512, args.max_batch_tokens or 512))
     else:
         theta_from_profile(engine, args.profile)
 
@@ -246,8 +249,9 @@ def plan_plots(engine, args) -> list[str]:
         from moejax.plan.dep_sim import simulate_plan
         from moejax.plan.findep import solve_dep
         lay = engine.layout
-        seq = min(args.max_batch_tokens, cfg.max_position_embeddings, 1024)
-        plan = solve_dep(cfg, profile, devices=lay.devices, tokens=max(args.max_batch_tokens, seq), seq_len=seq,
+        budget = args.max_batch_tokens or DEFAULT_TOKENS
+        seq = min(budget, cfg.max_position_embeddings, 1024)
+        plan = solve_dep(cfg, profile, devices=lay.devices, tokens=max(budget, seq), seq_len=seq,
                          attn_devices=lay.attn_devices, expert_devices=lay.expert_devices, r1=lay.r1, r2=lay.r2,
                          order=lay.order)
         path = plots.gantt({str(lay): simulate_plan(cfg, profile, plan, layers=min(cfg.num_layers, 3))},
@@ -322,7 +326,8 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
-    options = {"kernels": args.kernels, "placement": args.placement, "plan_tokens": args.max_batch_tokens}
+    options = {"kernels": args.kernels, "placement": args.placement,
+               "plan_tokens": args.max_batch_tokens or DEFAULT_TOKENS}
     for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots", "eviction",
                  "predictor", "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free"):
         value = getattr(args, name)

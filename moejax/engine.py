@@ -348,11 +348,15 @@ class Engine:
         return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
 
     def score_packed(self, batch: dict, pool=None, span=(0, None)):
-        """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] numpy,
-        pool)."""
-        lp, pool = self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()},
-                                  span=tuple(span))
-        return _to_host(lp), pool
+        """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
+        device, pool) without waiting for them: `to_host` reads them (the batch runner dispatches the next batch
+        first)."""
+        return self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()}, span=tuple(span))
+
+    @staticmethod
+    def to_host(x) -> np.ndarray:
+        """A step's output as numpy, once it is computed (with several processes, from every process's devices)."""
+        return _to_host(x)
 
     def _check_ids(self, ids: np.ndarray, where: str):
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):

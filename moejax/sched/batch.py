@@ -9,10 +9,11 @@ import secrets
 import jax
 
 from moejax.kv_pool import BLOCK
+from moejax.sched.batch_size import DEFAULT_TOKENS, score_batch_size
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
 from moejax.sched.pool_size import pool_size
-from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
+from moejax.sched.requests import BadLine, CompletionRequest, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Runner
 
@@ -32,17 +33,26 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     saturation = engine.saturation or unprofiled_theta(engine)
     floor = saturation.theta_flops if saturation is not None else 0.0
     cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
-    plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
-                     cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg)
+    sizing = score_batch_size(engine, max_batch_tokens, longest=longest_score_sequence(todo),
+                              reserved_bytes=0.0 if kv_cache == "off" else prefix_cache_mb * 2**20)
+    plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens or DEFAULT_TOKENS, kv_cache=kv_cache,
+                     cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg, score_batch=sizing)
     if batching == "continuous" and engine.layout is not None and engine.layout.experts == "dep":
         batching = "static"  # DEP splits a step's rows (and so its caches) into micro-batches: not a shared pool yet
-    runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options)
+    runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options,
+                    batch_size=sizing)
     if batching == "continuous":
         runner.kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
                                             if isinstance(r, CompletionRequest) and r.max_tokens
                                             for _ in range(r.n)], kv_pool_mb)
         runner.kv_blocks = runner.kv_pool.blocks
     return entries, store, todo, plan, runner
+
+
+def longest_score_sequence(requests) -> int:
+    """Tokens of the longest scoring sequence (a context and one candidate, its last token read, not fed)."""
+    return max((len(ctx) + len(c.token_ids) - 1 for r in requests if isinstance(r, ScoreRequest)
+                for ctx in r.contexts for c in r.candidates), default=0)
 
 
 def theta_from_profile(engine, profile: str | None = None):
@@ -85,15 +95,16 @@ def with_seed(request, nonce: int, rid: str):
     return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
 
 
-def explain_lines(engine, lines, *, max_batch_tokens=8192, kv_cache="auto", prefix_cache_mb=1024.0,
+def explain_lines(engine, lines, *, max_batch_tokens=None, kv_cache="auto", prefix_cache_mb=1024.0,
                   batching="continuous", kv_pool_mb=None) -> str:
-    """The plan for `lines` as text; loads no weights and runs nothing."""
+    """The plan for `lines` as text; loads no weights and runs nothing. max_batch_tokens: None sizes scoring batches
+    from the device (moejax.sched.batch_size)."""
     _, _, todo, plan, runner = _prepare(engine, lines, None, max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
                                         prefix_cache_mb=prefix_cache_mb, batching=batching, kv_pool_mb=kv_pool_mb)
     return describe(plan, runner, engine)
 
 
-def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_cache="auto",
+def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=None, kv_cache="auto",
                 prefix_cache_mb=1024.0, progress=None, peak=None, settings=None, seed_nonce=None,
                 error_file: str | None = None, batching="continuous", kv_pool_mb=None,
                 scheduler_options=None) -> dict:
@@ -102,9 +113,10 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
     results.SettingsMismatch before anything is written. settings: what decides the results (default
     engine_settings); seed_nonce: what requests without a seed draw theirs from (default: random); error_file:
     also write the failed lines there. A result that cannot be written raises results.WriteFailed (the journal
-    keeps what it has). batching: "continuous" (completions through one scheduler over a paged KV pool of
-    kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size; scheduler_options: the Scheduler's
-    keywords) or "static" (Runner). Returns the run summary."""
+    keeps what it has). max_batch_tokens: the token budget of a batch; None: scoring batches sized from the device
+    (moejax.sched.batch_size), others DEFAULT_TOKENS. batching: "continuous" (completions through one scheduler over
+    a paged KV pool of kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size; scheduler_options: the
+    Scheduler's keywords) or "static" (Runner). Returns the run summary."""
     entries, store, todo, plan, runner = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
                                                   kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb,
                                                   settings=settings, seed_nonce=seed_nonce, batching=batching,
@@ -126,5 +138,6 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=8192, kv_
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": plan.reason,
-            "batches_planned": len(plan.batches), "batching": runner.batching, **metrics.summary(peak),
+            "batches_planned": len(plan.batches), "batching": runner.batching,
+            "score_batch": runner.batch_size.as_dict(), **metrics.summary(peak),
             "scheduler": runner.scheduler_stats, "offload": engine.stats()}

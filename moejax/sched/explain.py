@@ -27,6 +27,8 @@ def describe(plan, runner, engine) -> str:
     if continuous and any(b.kind != "score" for b in plan.batches):
         lines.insert(3, "completions: continuous batching (one scheduler over the KV pool; the completion batches "
                         "below are the static plan, listed for comparison)")
+    if runner.batch_size is not None:
+        lines.insert(len(lines) - 1, runner.batch_size.describe())
     shapes, total, padded, cached = set(), 0, 0, 0
     for k, batch in enumerate(plan.batches):
         prepared = runner.prepare(k)

@@ -7,6 +7,7 @@ recomputed: their cached blocks become prior keys. Every token whose next-token 
 recomputed, so its logits exist."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
@@ -46,23 +47,28 @@ def _insert(root: _Node, seq: Sequence[int]) -> None:
         if child is None:
             node.children[seq[i]] = _Node(list(seq[i:]), i)
             return
-        n = 0
-        while n < len(child.tokens) and i + n < len(seq) and child.tokens[n] == seq[i + n]:
-            n += 1
+        n = _lcp(child.tokens, seq[i: i + len(child.tokens)])
         if n < len(child.tokens):  # split: child keeps its first n tokens, the rest moves below it
             rest = _Node(child.tokens[n:], child.start + n)
             rest.children, child.children, child.tokens = child.children, {rest.tokens[0]: rest}, child.tokens[:n]
         node, i = child, i + n
 
 
-def _path(root: _Node, seq: Sequence[int]) -> list[tuple[_Node, int]]:
-    """(node, offset) of every token of an inserted sequence."""
-    out, node, i = [], root, 0
+def _chain(root: _Node, seq: Sequence[int]) -> tuple[list[_Node], list[int]]:
+    """The nodes an inserted sequence runs through and the position each starts at (node.start)."""
+    nodes, node, i = [], root, 0
     while i < len(seq):
         node = node.children[seq[i]]
-        out.extend((node, k) for k in range(len(node.tokens)))
+        nodes.append(node)
         i += len(node.tokens)
-    return out
+    return nodes, [n.start for n in nodes]
+
+
+def _at(chain: tuple[list[_Node], list[int]], pos: int) -> tuple[_Node, int]:
+    """(node, offset) of the sequence's token at `pos`."""
+    nodes, starts = chain
+    node = nodes[bisect.bisect_right(starts, pos) - 1]
+    return node, pos - node.start
 
 
 def _number(root: _Node) -> list[_Node]:
@@ -105,23 +111,30 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
     for node in order:
         node.pre -= 1
         node.post -= 1
-    paths = [_path(root, s.tokens) for s in seqs]
-    key_of: dict[tuple[int, int], tuple[str, int]] = {}  # (id(node), offset) -> where its KV comes from
-    must_compute = {(id(p[pos][0]), p[pos][1]) for s, p in zip(seqs, paths) for pos, _, _ in s.reads}
+    chains = [_chain(root, s.tokens) for s in seqs]
+    # Where each token's KV comes from: ("prior", index) or ("new", index). Only tokens taken from the cache, and the
+    # new ones of a node that has some, are listed; the others of a node are new, from new_base[id(node)] on.
+    key_of: dict[tuple[int, int], tuple[str, int]] = {}
+    new_base: dict[int, int] = {}
+    must_compute = {(id(node), off) for s, c in zip(seqs, chains) for node, off in (_at(c, pos) for pos, _, _ in
+                                                                                    s.reads)}
+
+    def key(node: _Node, off: int) -> tuple[str, int]:
+        return key_of.get((id(node), off)) or ("new", new_base[id(node)] + off)
 
     row = Row([], [], [], [], [], [], [], [], [], [], [], {})
-    contexts = {}  # one entry per distinct context: (tokens, path)
-    for s, p in zip(seqs, paths):
-        contexts.setdefault(s.tokens[: s.context_len], (s.context_tag, p[: s.context_len]))
+    contexts = {}  # one entry per distinct context: (tag, chain, length)
+    for s, c in zip(seqs, chains):
+        contexts.setdefault(s.tokens[: s.context_len], (s.context_tag, c, s.context_len))
     hashes = {ctx: block_hashes(ctx) for ctx in contexts}
     if cache is not None:  # prior keys: cached blocks, each token supplied once, read tokens recomputed
-        for ctx, (_, path) in contexts.items():
+        for ctx, (_, chain, _) in contexts.items():
             for k, slot in enumerate(cache.match(hashes[ctx])):
                 if slot in row.prior_slots:
                     continue
                 used = False
                 for t in range(BLOCK):
-                    node, off = path[k * BLOCK + t]
+                    node, off = _at(chain, k * BLOCK + t)
                     tok = (id(node), off)
                     visible = tok not in key_of and tok not in must_compute
                     if visible:
@@ -134,7 +147,16 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
                     row.prior_slots.append(slot)
                 else:
                     del row.prior_pos[-BLOCK:], row.prior_pre[-BLOCK:], row.prior_post[-BLOCK:]
+    partly_prior = {node_id for node_id, _ in key_of}
     for node in order:  # new tokens, DFS order
+        n = len(node.tokens)
+        if id(node) not in partly_prior:  # the whole node is new: one slice
+            new_base[id(node)] = len(row.tokens)
+            row.tokens.extend(node.tokens)
+            row.positions.extend(range(node.start, node.start + n))
+            row.pre.extend([node.pre] * n)
+            row.post.extend([node.post] * n)
+            continue
         for off, t in enumerate(node.tokens):
             if (id(node), off) not in key_of:
                 key_of[(id(node), off)] = ("new", len(row.tokens))
@@ -143,21 +165,21 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
                 row.pre.append(node.pre)
                 row.post.append(node.post)
     read_index: dict[int, int] = {}
-    for s, p in zip(seqs, paths):
+    for s, c in zip(seqs, chains):
         for pos, token, tag in s.reads:
-            r = key_of[(id(p[pos][0]), p[pos][1])][1]
+            r = key(*_at(c, pos))[1]
             u = read_index.setdefault(r, len(read_index))
             row.targets.append((u, token, tag))
     row.reads = list(read_index)
-    for ctx, (tag, path) in contexts.items():
-        row.cached[tag] = sum(key_of[(id(n), o)][0] == "prior" for n, o in path)
+    for ctx, (tag, chain, length) in contexts.items():
+        row.cached[tag] = sum(key(*_at(chain, pos))[0] == "prior" for pos in range(length)) if partly_prior else 0
         if cache is None:
             continue
         for k, h in enumerate(hashes[ctx]):
             if h not in cache and want_store(h):
                 slot = cache.allocate(h)
                 if slot is not None:
-                    row.stores.append((slot, [key_of[(id(n), o)] for n, o in path[k * BLOCK:(k + 1) * BLOCK]]))
+                    row.stores.append((slot, [key(*_at(chain, pos)) for pos in range(k * BLOCK, (k + 1) * BLOCK)]))
     return row
 
 
@@ -168,12 +190,26 @@ def tree_size(seqs: Sequence[ScoreSeq]) -> int:
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
+    """Length of the common prefix of two token sequences, compared a slice at a time (in C, not token by token
+    in Python): slices of doubling length until one differs, then halving inside it."""
+    n = min(len(a), len(b))
+    if type(a) is not type(b):
+        a, b = tuple(a[:n]), tuple(b[:n])
+    lo, step = 0, 8
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
             break
-        n += 1
-    return n
+        lo, step = hi, 2 * step
+    else:
+        return n
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class TreeSpan(NamedTuple):

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
+from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.requests import CompletionRequest, ScoreRequest
@@ -76,11 +77,12 @@ def row_length(largest: int) -> int:
 
 
 def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_flops: float = 0.0,
-                       flops_of=None) -> list[ScoreBatch]:
+                       flops_of=None, max_tokens: int | None = None) -> list[ScoreBatch]:
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
     Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
-    until the FLOPs of what it holds (`flops_of(tree)`, Eq. 2) reach the floor or nothing is left to add."""
+    until the FLOPs of what it holds (`flops_of(tree)`, Eq. 2) reach the floor, nothing is left to add or twice the
+    rows would pass `max_tokens` (what memory allows)."""
     pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
     batches = []
     while pending:
@@ -97,7 +99,8 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
                     sums[r] += size
                 else:
                     left.append((size, tree))
-            if not (min_flops and left and nrows < most) or \
+            room = max_tokens is None or 2 * nrows * T <= max_tokens
+            if not (min_flops and left and nrows < most and room) or \
                     sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
                 break
             nrows = min(2 * nrows, most)
@@ -142,14 +145,18 @@ def batch_hashes(batch) -> set[bytes]:
 
 
 def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
-              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0, config=None) -> Plan:
-    """requests: (index, request). cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a
-    FLOPs floor for scoring batches (Θ; needs the model's `config` to count FLOPs)."""
+              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0, config=None,
+              score_batch: ScoreBatchSize | None = None) -> Plan:
+    """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
+    own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
+    of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring
+    batches (Θ; needs the model's `config` to count FLOPs)."""
     if kv_cache not in KV_MODES:
         raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
+    sized = score_batch or ScoreBatchSize(max_batch_tokens, None, max_batch_tokens, "")
     seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
-    batches: list = pack_score_batches(group_trees(seqs, max_batch_tokens), max_batch_tokens, min_batch_flops,
-                                       tree_flops(config) if min_batch_flops else None)
+    batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops,
+                                       tree_flops(config) if min_batch_flops else None, sized.cap)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]

@@ -402,6 +402,8 @@ class _Parser:
         return ids
 
     def ids(self, values: list, path: str) -> tuple[int, ...]:
+        if values and set(map(type, values)) == {int} and 0 <= min(values) and max(values) < self.vocab_size:
+            return tuple(values)  # the common case, checked in C; the loop below names what is wrong
         for i, t in enumerate(values):
             if not is_int(t):
                 raise Invalid(f"{path}[{i}]: must be a token id (int); got {show(t)}")

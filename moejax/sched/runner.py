@@ -17,6 +17,7 @@ from moejax.costs import layer_flops_per_token
 from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kv_pool import BLOCK
 from moejax.sched import packing
+from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.planner import Plan
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.bodies import Bodies, Choice
@@ -57,19 +58,33 @@ class Metrics:
 BATCHING = ("continuous", "static")
 
 
+@dataclasses.dataclass
+class _Launched:
+    """A scoring batch dispatched to the device (its log-probabilities not read yet), or the error that stopped it."""
+    k: int
+    rows: list | None = None
+    padded_tokens: int = 0
+    tags: list | None = None
+    logprobs: object = None  # [B, G] on the device
+    error: Exception | None = None
+
+
 class Runner:
     def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None,
-                 batching: str = "continuous", kv_blocks: int = 0, scheduler_options: dict | None = None):
+                 batching: str = "continuous", kv_blocks: int = 0, scheduler_options: dict | None = None,
+                 batch_size: ScoreBatchSize | None = None):
         """batching: "continuous" serves every completion through one scheduler over a paged KV pool of
         `kv_blocks` blocks (moejax.sched.continuous); "static" runs each planned completion batch as one prefill
         and one decode loop until its longest row ends. scheduler_options: keywords of the Scheduler (max_rows,
-        chunk_tokens, decode_steps, mixed)."""
+        chunk_tokens, decode_steps, mixed). batch_size: how the plan's scoring batches were sized (explain shows
+        it)."""
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}; got {batching!r}")
         self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
         self.progress = progress
         self.batching, self.kv_blocks = batching, kv_blocks
         self.scheduler_options = dict(scheduler_options or {})
+        self.batch_size = batch_size
         self.kv_pool = None  # pool_size.PoolSize, when it was sized from a budget (explain shows it)
         self.scheduler_stats = None
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
@@ -91,9 +106,13 @@ class Runner:
         return self.plan.store_all or self.future[h] > 0
 
     def prepare(self, k: int):
-        batch = self.plan.batches[k]
+        """Batch k's inputs: what it takes from and adds to the prefix cache, packed and padded."""
         for h in self.plan.uses[k]:
             self.future[h] -= 1
+        return self._pack(k)
+
+    def _pack(self, k: int):
+        batch = self.plan.batches[k]
         if self.cache is not None:
             self.cache.begin_batch()
         if batch.kind == "score":
@@ -126,34 +145,70 @@ class Runner:
             for k, batch in enumerate(self.plan.batches):
                 if batch.kind != "score":
                     self.future.subtract(self.plan.uses[k])
+        pending = None  # the scoring batch on the device whose results are not read yet
         for k, batch in enumerate(self.plan.batches):
             if batch.kind != "score" and self.batching == "continuous":
                 continuous += batch.requests
                 continue
+            if batch.kind == "score":  # dispatched before the one in flight is read: the device never waits for us
+                pending = self._finish_score(pending, self._launch_score(k, fresh=True))
+                continue
+            pending = self._finish_score(pending)
             try:
-                prepared = self.prepare(k)
-                if batch.kind == "score":
-                    self._run_score(batch, *prepared)
-                else:
-                    self._run_completions(batch, *prepared)
+                self._run_completions(batch, *self.prepare(k))
             except WriteFailed:  # the results cannot be kept: stop (the journal keeps what it has)
                 raise
             except Exception as e:  # a failing batch costs only its own requests
                 traceback.print_exc(file=sys.stderr)
                 self._fail_batch(batch, f"{type(e).__name__}: {e}")
             self.metrics.batches += 1
+        self._finish_score(pending)
         if continuous:
             self._run_continuous(continuous)
         jax.effects_barrier()
         self.metrics.wall_s = time.perf_counter() - start
         return self.metrics
 
-    def _run_score(self, batch, rows, assembled):
-        arrays, tags, span = assembled
-        lp, self.pool = self.engine.score_packed(arrays, self.pool, span)
+    def _launch_score(self, k: int, *, fresh: bool) -> _Launched:
+        """Pack scoring batch k and dispatch it (JAX runs it asynchronously). fresh=False packs it again after the
+        prefix cache was started afresh (a failed batch), without counting its uses a second time. An exception is
+        kept, to be handled in batch order."""
+        try:
+            rows, (arrays, tags, span) = self.prepare(k) if fresh else self._pack(k)
+            lp, self.pool = self.engine.score_packed(arrays, self.pool, span)
+            return _Launched(k, rows, arrays["tokens"].size, tags, lp)
+        except Exception as e:
+            return _Launched(k, error=e)
+
+    def _finish_score(self, launched: _Launched | None, following: _Launched | None = None) -> _Launched | None:
+        """Read a launched batch's results (waiting for the device only here) and write them, or fail its requests;
+        -> `following`, launched anew when the failure started the prefix cache afresh (it was packed against the
+        old one: today's results must not depend on the overlap)."""
+        if launched is None:
+            return following
+        batch = self.plan.batches[launched.k]
+        error = launched.error
+        if error is None:
+            try:
+                self._score_results(launched)
+            except WriteFailed:  # the results cannot be kept: stop (the journal keeps what it has)
+                raise
+            except Exception as e:
+                error = e
+        if error is not None:  # a failing batch costs only its own requests
+            traceback.print_exception(error, file=sys.stderr)
+            self._fail_batch(batch, f"{type(error).__name__}: {error}")
+            if self.cache is not None and following is not None:
+                following = self._launch_score(following.k, fresh=False)
+        self.metrics.batches += 1
+        return following
+
+    def _score_results(self, launched: _Launched) -> None:
+        rows, tags = launched.rows, launched.tags
+        lp = self.engine.to_host(launched.logprobs)
         m = self.metrics
         m.computed_tokens += sum(len(r.tokens) for r in rows)
-        m.padded_tokens += arrays["tokens"].size
+        m.padded_tokens += launched.padded_tokens
         m.flops += self._flops_per_token * sum(len(r.tokens) for r in rows) + \
             self._head_flops * sum(len(r.reads) for r in rows)
         finished = set()
