@@ -1,4 +1,5 @@
-"""Benchmarks: `python -m launch.bench <command> ...`; results are appended as JSON to bench/results/.
+"""Benchmarks: `python -m launch.bench <command> ...`; each run is appended as JSON to bench/results/ (or --out), and
+rewritten there, marked partial, after each measured row (launch/bench_results.py).
 
 serve: the batch runner on synthetic scoring workloads (launch/bench_serve.py).
 kernels: grouped GEMM, expert FFN and attention backends against dense matmul, ragged_dot and cuDNN
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import tempfile
 import time
@@ -42,6 +42,7 @@ from moejax.presets import preset_config
 
 from launch import (bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers, bench_plans,
                     bench_predictors, bench_quality, bench_serve)
+from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, time_calls
 
 
@@ -87,7 +88,7 @@ def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[
     return results, logits
 
 
-def prefill(args) -> dict:
+def prefill(args, env: dict, partial=no_file) -> dict:
     is_dir = os.path.isdir(args.model)
     hf_config = read_config(args.model) if is_dir else preset_config(args.model)
     if args.num_layers:
@@ -104,7 +105,7 @@ def prefill(args) -> dict:
         except ImportError as e:
             print(f"transformers comparison skipped: {e}")
             use_hf = False
-    env, hf_results, hf_logits, tmp = environment(), [], None, None
+    hf_results, hf_logits, tmp = [], None, None
     source = args.model
     load_avg = [os.getloadavg()]
     if use_hf:
@@ -123,11 +124,22 @@ def prefill(args) -> dict:
     flops = costs.prefill_flops(cfg, args.batch, args.seq)
     print(f"{args.model}: {cfg.num_layers} layers, batch {args.batch} x seq {args.seq}, {args.dtype}, "
           f"{flops.total / 1e9:.1f} GFLOP per prefill ({flops.experts / 1e9:.1f} in routed experts)", flush=True)
+    results = []
+
+    def record() -> dict:
+        return dict(**env, benchmark="prefill", load_average_before_after=load_avg,
+                    config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
+                                hidden_size=cfg.hidden_size, num_experts=cfg.num_experts,
+                                experts_per_token=cfg.num_experts_per_tok,
+                                moe_intermediate_size=cfg.moe_intermediate_size, vocab_size=cfg.vocab_size,
+                                params=costs.param_count(cfg), active_params=costs.active_param_count(cfg),
+                                dtype=args.dtype, batch=args.batch, seq=args.seq, flops=flops.as_dict()),
+                    results=hf_results + results)
     if use_hf:
         hf_results, hf_logits = _transformers(hf_model, ids, args.repeats, tokens, flops.total, args.hf_experts.split(","))
+        partial(record(), "transformers")
         del hf_model
         gc.collect()
-    results = []
     for impl in args.impls.split(","):
         engine = moejax.load(source, dtype=args.dtype, kernels=f"experts={impl}", num_layers=args.num_layers,
                              compilation_cache=False)
@@ -139,6 +151,7 @@ def prefill(args) -> dict:
             extra = dict(max_abs_logits_diff_vs_transformers=diff,
                          rel_logits_diff_vs_transformers=diff / float(np.max(np.abs(hf_logits))))
         results.append(_result("moejax", impl, tokens, flops.total, timing, **extra))
+        partial(record(), f"moejax {impl}")
         if extra:
             print(f"    max |logits - transformers| = {extra['max_abs_logits_diff_vs_transformers']:.3g} "
                   f"(relative {extra['rel_logits_diff_vs_transformers']:.3g})")
@@ -151,13 +164,7 @@ def prefill(args) -> dict:
         for r in results:
             r[f"speedup_vs_transformers_{hf['impl']}"] = r["tokens_per_s"] / hf["tokens_per_s"]
             print(f"  moejax {r['impl']:8s} / transformers ({hf['impl']}): {r['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
-    return dict(**env, benchmark="prefill", load_average_before_after=load_avg,
-                config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
-                            hidden_size=cfg.hidden_size, num_experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
-                            moe_intermediate_size=cfg.moe_intermediate_size, vocab_size=cfg.vocab_size,
-                            params=costs.param_count(cfg), active_params=costs.active_param_count(cfg),
-                            dtype=args.dtype, batch=args.batch, seq=args.seq, flops=flops.as_dict()),
-                results=hf_results + results)
+    return record()
 
 
 def main(argv=None):
@@ -177,25 +184,26 @@ def main(argv=None):
                    help="transformers experts implementations to time, e.g. grouped_mm,eager (default: its default)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/prefill-<device>.json)")
     p.set_defaults(run=prefill)
-    bench_serve.add_parser(sub).set_defaults(run=lambda a: bench_serve.serve(a, environment()))
-    bench_kernels.add_parser(sub).set_defaults(run=lambda a: bench_kernels.kernels(a, environment()))
-    bench_offload.add_parser(sub).set_defaults(run=lambda a: bench_offload.offload(a, environment()))
-    bench_layouts.add_parser(sub).set_defaults(run=lambda a: bench_layouts.layouts(a, environment()))
-    bench_peers.add_parser(sub).set_defaults(run=lambda a: bench_peers.peers(a, environment()))
-    bench_quality.add_parser(sub).set_defaults(run=lambda a: bench_quality.quality(a, environment()))
-    bench_predictors.add_parser(sub).set_defaults(run=lambda a: bench_predictors.predictors(a, environment()))
-    bench_generate.add_parser(sub).set_defaults(run=lambda a: bench_generate.generate(a, environment()))
-    bench_plans.add_parser(sub).set_defaults(run=lambda a: bench_plans.plans(a, environment()))
+    # run(args, environment, partial): partial(record so far, row) after each measured row; the benchmarks that
+    # measure all their rows before they assemble a record (serve, peers, quality, predictors) write once, at the end
+    at_end = lambda run: lambda a, env, partial: run(a, env)  # noqa: E731
+    bench_serve.add_parser(sub).set_defaults(run=at_end(bench_serve.serve))
+    bench_kernels.add_parser(sub).set_defaults(run=bench_kernels.kernels)
+    bench_offload.add_parser(sub).set_defaults(run=bench_offload.offload)
+    bench_layouts.add_parser(sub).set_defaults(run=bench_layouts.layouts)
+    bench_peers.add_parser(sub).set_defaults(run=at_end(bench_peers.peers))
+    bench_quality.add_parser(sub).set_defaults(run=at_end(bench_quality.quality))
+    bench_predictors.add_parser(sub).set_defaults(run=at_end(bench_predictors.predictors))
+    bench_generate.add_parser(sub).set_defaults(run=bench_generate.generate)
+    bench_plans.add_parser(sub).set_defaults(run=bench_plans.plans)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
-    record = args.run(args)
-    out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(record['device']['kind'])}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    runs = json.load(open(out))["runs"] if os.path.exists(out) else []
-    with open(out, "w") as f:
-        json.dump({"runs": runs + [record]}, f, indent=1)
-    print(f"wrote {out} ({len(runs) + 1} runs)")
+    env = environment()
+    out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
+    results = ResultsFile(out)
+    runs = results.complete(args.run(args, env, results.partial))
+    print(f"wrote {out} ({runs} runs)")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ Slot utilisation is useful decode rows / decode rows computed (moejax's runner c
 runs twice: prefill chunks and decodes in separate steps (the default) and in mixed steps (decoding sequences
 ride along in the chunk steps as 1-token rows while anything prefills). For a preset the
 checkpoint is built with transformers from the preset's config (--num-layers of it), so both engines load the
-same weights; a directory is loaded as it is."""
+same weights; a directory is loaded as it is.
+
+Step times (continuous batching, the last timed run): the scheduler's chunk and decode steps, each kind's wall time
+per step next to the same step programs replayed on the same inputs, and the overhead share, the part of the step
+time the device was not computing (launch/step_overhead.py says how)."""
 from __future__ import annotations
 
 import json
@@ -23,6 +27,8 @@ import numpy as np
 
 import moejax
 from moejax.sched.batch import serve_lines
+from launch import step_overhead
+from launch.bench_results import no_file
 
 
 def workload(n: int, vocab: int, prompt_range, max_range, stop_ids, seed: int) -> list[dict]:
@@ -47,16 +53,27 @@ MOEJAX = (("continuous", "continuous", {}), ("continuous, mixed steps", "continu
           ("static", "static", None))
 
 
-def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb) -> tuple[dict, list]:
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "out.jsonl")
-        t0 = time.perf_counter()
-        summary = serve_lines(engine, _lines(reqs), out, batching=batching, max_batch_tokens=max_batch_tokens,
-                              kv_pool_mb=kv_pool_mb, seed_nonce=0, scheduler_options=options)
-        wall = time.perf_counter() - t0
-        rows = [json.loads(x) for x in open(out)]
+def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb,
+            steps: bool = False) -> tuple[dict, list]:
+    """steps: record the scheduler's step calls and replay them after the run (step_overhead)."""
+    recorder = step_overhead.StepRecorder(engine) if steps else None
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "out.jsonl")
+            t0 = time.perf_counter()
+            summary = serve_lines(engine, _lines(reqs), out, batching=batching, max_batch_tokens=max_batch_tokens,
+                                  kv_pool_mb=kv_pool_mb, seed_nonce=0, scheduler_options=options)
+            wall = time.perf_counter() - t0
+            rows = [json.loads(x) for x in open(out)]
+    finally:
+        if recorder is not None:
+            recorder.close()
+    result = dict(wall_s=wall, summary=summary)
+    if recorder is not None:
+        result["step_times"] = step_overhead.step_times(recorder, step_overhead.replay(recorder),
+                                                        summary["scheduler"], wall)
     tokens = [row["response"]["body"]["choices"][0]["token_ids"] for row in rows]
-    return dict(wall_s=wall, summary=summary), tokens
+    return result, tokens
 
 
 def _transformers(model, reqs, batch: int, stop_ids, pad_id: int) -> tuple[float, list]:
@@ -106,7 +123,7 @@ def _checkpoint(args, tmp: str) -> tuple[str, dict]:
     return tmp, {}
 
 
-def generate(args, environment: dict) -> dict:
+def generate(args, environment: dict, partial=no_file) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
     path, options = _checkpoint(args, tmp.name)
     engine = moejax.load(path, dtype=args.dtype, compilation_cache=False, **options)
@@ -122,14 +139,25 @@ def generate(args, environment: dict) -> dict:
           f"{args.min_prompt}-{args.max_prompt}, max_tokens {args.min_new}-{args.max_new}, {len(stop_ids)} stop ids",
           flush=True)
     results, outputs = [], {}
+
+    def record() -> dict:
+        return dict(**environment, benchmark="generate",
+                    config=dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, requests=args.requests,
+                                prompt_range=[args.min_prompt, args.max_prompt],
+                                max_tokens_range=[args.min_new, args.max_new], stop_ids=list(stop_ids),
+                                stop_fraction=args.stop_fraction, max_batch_tokens=args.max_batch_tokens,
+                                kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch, repeats=args.repeats,
+                                seed=args.seed),
+                    step_times_method=step_overhead.__doc__.split("\n\n")[0].replace("\n", " "),
+                    results=results)
     for name, batching, options in MOEJAX:
         if args.no_mixed and options and options.get("mixed"):
             continue
         t0 = time.perf_counter()
         _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)  # compiles every shape
         warm = time.perf_counter() - t0
-        runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)
-                for _ in range(args.repeats)]
+        runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb,
+                        steps=batching == "continuous" and i == args.repeats - 1) for i in range(args.repeats)]
         walls = [r[0]["wall_s"] for r in runs]
         outputs[name] = tokens = runs[-1][1]
         summary = runs[-1][0]["summary"]
@@ -137,7 +165,11 @@ def generate(args, environment: dict) -> dict:
                    first_run_s=warm, output_tokens=sum(map(len, tokens)),
                    slot_utilisation=summary["slot_utilisation"], scheduler=summary["scheduler"],
                    prefill_tokens_computed=summary["computed_tokens"], padded_prefill_tokens=summary["padded_tokens"])
+        if "step_times" in runs[-1][0]:
+            row["step_times"] = runs[-1][0]["step_times"]
+            print(f"  {name}: {step_overhead.describe(row['step_times'])}", flush=True)
         results.append(row)
+        partial(record(), name)
     if not args.no_transformers:
         import torch
         import transformers
@@ -152,6 +184,7 @@ def generate(args, environment: dict) -> dict:
         results.append(dict(engine="transformers", batching=f"generate, batches of {args.hf_batch}", seconds=walls,
                             seconds_median=float(np.median(walls)), output_tokens=sum(map(len, out)),
                             torch_threads=torch.get_num_threads()))
+        partial(record(), "transformers")
     for r in results:
         r["output_tokens_per_s"] = r["output_tokens"] / r["seconds_median"]
         key = "transformers" if r["engine"] == "transformers" else r["batching"]
@@ -171,13 +204,9 @@ def generate(args, environment: dict) -> dict:
         print(f"  {k}: {v:.2f}x")
     tmp.cleanup()
     lengths = [len(t) for t in outputs["static"]]
-    return dict(**environment, benchmark="generate",
-                config=dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, requests=args.requests,
-                            prompt_range=[args.min_prompt, args.max_prompt], max_tokens_range=[args.min_new, args.max_new],
-                            stop_ids=list(stop_ids), stop_fraction=args.stop_fraction, max_batch_tokens=args.max_batch_tokens,
-                            kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch, repeats=args.repeats,
-                            seed=args.seed, output_length_quartiles=np.percentile(lengths, [25, 50, 75]).tolist()),
-                results=results, ratios=ratios)
+    done = record()
+    done["config"]["output_length_quartiles"] = np.percentile(lengths, [25, 50, 75]).tolist()
+    return dict(done, ratios=ratios)
 
 
 def add_parser(sub):

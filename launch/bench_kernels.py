@@ -2,8 +2,10 @@
 to the plain baselines, side by side in one process on fresh random data (never zeros).
 
 Grouped GEMM (gate/up projection of M = tokens x top-k routed rows, uniform random top-k routing) and the whole
-routed FFN are compared with a dense matmul of the same FLOPs (one weight matrix, same M, K, N), with
-`jax.lax.ragged_dot` and, on CPU, with computing every expert densely. Attention prefill (causal, GQA) is
+routed FFN are compared with a dense matmul of the same FLOPs (one weight matrix, same M, K, N): every backend of
+`grouped_matmul` and `expert_ffn` (their BACKENDS; on a GPU the compiled ones, `ragged_dot` among them, and on CPU
+also every expert computed densely). A backend whose working memory would not fit the free device memory
+(launch/kernel_memory.py) gets a row "skipped: needs N GiB", one that raises a row "failed". Attention prefill (causal, GQA) is
 compared with `jax.nn.dot_product_attention` (cuDNN) where cuDNN handles the case, and decode (one query per
 sequence over a full KV cache) is reported as GB/s of K/V read. Each timed call is synchronised with
 `block_until_ready` and timed on the host clock after a warm-up call; medians over `--repeats`, inputs rotated
@@ -18,11 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.kernels import expert_ffn, grouped_matmul
+from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
 from moejax.kernels.attention import attention
 from moejax.kernels.attention import cudnn as cudnn_attention
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.backends import GPU_ONLY, on_gpu
+from launch.bench_results import no_file
 from launch.bench_util import time_calls
+from launch.kernel_memory import FREE_FRACTION, GiB, expert_ffn_bytes, free_bytes, grouped_matmul_bytes, too_large
 
 SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, width=768, experts=128, top_k=8),
           "mixtral-8x7b": dict(hidden=4096, width=14336, experts=8, top_k=2),
@@ -40,6 +44,9 @@ def add_parser(sub):
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="default: GPU bf16, CPU f32")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per case (GPU 20, CPU 3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--free-gib", type=float, default=None,
+                   help="device memory free for one call's working memory, in GiB (default: what the device reports "
+                        "free; a CPU reports nothing: every backend runs)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/kernels-<device>.json)")
     return p
 
@@ -48,21 +55,65 @@ def _ints(text, default):
     return [int(v) for v in text.split(",")] if text else default
 
 
+# Not timed on a GPU: interpreted, the CPU path, or every expert on every token (E/k the FLOPs).
+NOT_TIMED_ON_GPU = ("pallas_interpret", "xla", "reference", "dense")
+SHOWN_AS = {"reference": "all_experts", "dense": "all_experts"}  # the all-experts baselines' row names
+
+
+def timed_backends(backends: tuple[str, ...], gpu: bool) -> list[str]:
+    """The backends to time, from a kernel's own BACKENDS, so that a new one is timed without a change here: on a
+    GPU the compiled ones, elsewhere all but the GPU-only and the interpreted ones."""
+    if gpu:
+        return [b for b in backends if b not in NOT_TIMED_ON_GPU]
+    return [b for b in backends if b not in GPU_ONLY and b != "pallas_interpret"]
+
+
 def _median_seconds(fn, inputs, repeats):
     rotation = itertools.cycle(inputs)
     first, runs, other = time_calls(lambda: jax.block_until_ready(fn(*next(rotation))), repeats)
     return float(np.median(runs)), dict(seconds=runs, first_call_s=first, other_processes_cpu_share=other)
 
 
-def _row(table, section, case, name, flops, seconds, timing, bytes_moved=None, **extra):
-    row = dict(section=section, case=case, name=name, seconds_median=seconds, tflops_per_s=flops / seconds / 1e12,
-               flops=flops, **timing, **extra)
-    if bytes_moved is not None:
-        row.update(bytes=bytes_moved, gb_per_s=bytes_moved / seconds / 1e9)
-    table.append(row)
-    rate = f"{row['tflops_per_s']:8.3f} TFLOP/s" + (f" {row['gb_per_s']:8.1f} GB/s" if bytes_moved else "")
-    print(f"  {section:10s} {case:34s} {name:18s} {seconds * 1e3:10.3f} ms {rate}", flush=True)
-    return row
+class Table:
+    """The rows measured so far: each row is printed and saved (the run's partial record) as it is added.
+    free() -> the device memory free for the next call (None: unknown)."""
+
+    def __init__(self, save, free=free_bytes):
+        self.rows, self.save, self.free = [], save, free
+
+    def _add(self, row: dict, line: str) -> dict:
+        self.rows.append(row)
+        print(f"  {row['section']:10s} {row['case']:34s} {row['name']:18s} {line}", flush=True)
+        self.save(f"{row['section']} {row['case']} {row['name']}")
+        return row
+
+    def timed(self, section, case, name, flops, seconds, timing, bytes_moved=None, **extra) -> dict:
+        row = dict(section=section, case=case, name=name, seconds_median=seconds,
+                   tflops_per_s=flops / seconds / 1e12, flops=flops, **timing, **extra)
+        if bytes_moved is not None:
+            row.update(bytes=bytes_moved, gb_per_s=bytes_moved / seconds / 1e9)
+        rate = f"{row['tflops_per_s']:8.3f} TFLOP/s" + (f" {row['gb_per_s']:8.1f} GB/s" if bytes_moved else "")
+        return self._add(row, f"{seconds * 1e3:10.3f} ms {rate}")
+
+    def not_run(self, section, case, name, status: str, why: str, **extra) -> dict:
+        """A backend that did not run ("skipped": it would not fit) or did not finish ("failed")."""
+        return self._add(dict(section=section, case=case, name=name, **{status: why}, **extra), f"{status}: {why}")
+
+
+def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats, vs_key, ref) -> None:
+    """One backend's row: skipped when its working memory would not fit, failed when it raises (one backend must
+    not lose the others' rows), else timed against the dense baseline `ref`."""
+    shown = SHOWN_AS.get(name, name)
+    why = too_large(needs, table.free())
+    if why:
+        table.not_run(section, case, shown, "skipped", why, needs_bytes=needs)
+        return
+    try:
+        sec, t = _median_seconds(fn, inputs, repeats)
+    except Exception as e:  # e.g. out of memory where the estimate fell short, or a backend this JAX lacks
+        table.not_run(section, case, shown, "failed", f"{type(e).__name__}: {str(e)[:300]}", needs_bytes=needs)
+        return
+    table.timed(section, case, shown, flops, sec, t, needs_bytes=needs, **{vs_key: ref["seconds_median"] / sec})
 
 
 def _routing(rng, tokens, experts, top_k):
@@ -74,7 +125,7 @@ def _routing(rng, tokens, experts, top_k):
 
 def grouped(args, dtype, table):
     gpu = on_gpu()
-    mine = "pallas" if gpu else "xla"
+    itemsize = jnp.dtype(dtype).itemsize
     rng = np.random.default_rng(args.seed)
     for shape_name in args.shapes.split(","):
         s = SHAPES[shape_name]
@@ -101,13 +152,12 @@ def grouped(args, dtype, table):
             print(f"{case}: {M} routed rows", flush=True)
             dense = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
             base, t = _median_seconds(dense, [(d["xs"], d["wgu"][0]) for d in sets], args.repeats)
-            ref = _row(table, "gemm", case, "dense_matmul", gemm_flops, base, t)
-            names = [mine, "ragged_dot"] + ([] if gpu else ["reference"])
-            for name in names:
-                fn = jax.jit(functools.partial(grouped_matmul, backend=name))
-                sec, t = _median_seconds(fn, [(d["xs"], d["wgu"], d["sizes"]) for d in sets], args.repeats)
-                _row(table, "gemm", case, name if name != "reference" else "all_experts", gemm_flops, sec, t,
-                     vs_dense_matmul=ref["seconds_median"] / sec)
+            ref = table.timed("gemm", case, "dense_matmul", gemm_flops, base, t)
+            for name in timed_backends(GROUPED_MATMUL_BACKENDS, gpu):
+                _time_backend(table, "gemm", case, name, jax.jit(functools.partial(grouped_matmul, backend=name)),
+                              [(d["xs"], d["wgu"], d["sizes"]) for d in sets], gemm_flops,
+                              grouped_matmul_bytes(name, M, D, 2 * I, E, itemsize), args.repeats,
+                              "vs_dense_matmul", ref)
 
             def dense_ffn(x, a, b):
                 h = jnp.dot(x, a, preferred_element_type=jnp.float32)
@@ -115,13 +165,11 @@ def grouped(args, dtype, table):
                 return jnp.dot((jax.nn.silu(g) * u).astype(x.dtype), b, preferred_element_type=jnp.float32)
             base, t = _median_seconds(jax.jit(dense_ffn), [(d["xs"], d["wgu"][0], d["wd"][0]) for d in sets],
                                       args.repeats)
-            ref = _row(table, "ffn", case, "dense_ffn", ffn_flops, base, t)
-            for name in [mine, "tiled", "ragged_dot"] + ([] if gpu else ["dense"]):
-                fn = jax.jit(functools.partial(expert_ffn, backend=name))
-                sec, t = _median_seconds(fn, [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets],
-                                         args.repeats)
-                _row(table, "ffn", case, name if name != "dense" else "all_experts", ffn_flops, sec, t,
-                     vs_dense_ffn=ref["seconds_median"] / sec)
+            ref = table.timed("ffn", case, "dense_ffn", ffn_flops, base, t)
+            for name in timed_backends(EXPERT_BACKENDS, gpu):
+                _time_backend(table, "ffn", case, name, jax.jit(functools.partial(expert_ffn, backend=name)),
+                              [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets], ffn_flops,
+                              expert_ffn_bytes(name, T, k, D, I, E, itemsize), args.repeats, "vs_dense_ffn", ref)
 
 
 def attention_cases(args, dtype, table):
@@ -139,14 +187,14 @@ def attention_cases(args, dtype, table):
         if cudnn_attention.supports(*sets[0], True, None, None, None, None, False):
             fn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"))
             sec, t = _median_seconds(fn, sets, args.repeats)
-            ref = _row(table, "attention", case, "cudnn", flops, sec, t)
+            ref = table.timed("attention", case, "cudnn", flops, sec, t)
         for name in backends:
             if name == "reference" and S > 2048:
                 continue  # materialises [H, S, S]
             fn = jax.jit(functools.partial(attention, backend=name))
             sec, t = _median_seconds(fn, sets, args.repeats)
             extra = {} if ref is None else dict(vs_cudnn=ref["seconds_median"] / sec)
-            _row(table, "attention", case, name, flops, sec, t, **extra)
+            table.timed("attention", case, name, flops, sec, t, **extra)
     B = args.decode_batch or (64 if gpu else 8)
     for S in _ints(args.seqs, [4096, 32768] if gpu else [2048]):
         case = f"decode B={B} S={S} H={H}/{K} D={D}"
@@ -156,17 +204,22 @@ def attention_cases(args, dtype, table):
         for name in backends:
             fn = jax.jit(functools.partial(attention, backend=name))
             sec, t = _median_seconds(fn, sets, args.repeats)
-            _row(table, "attention", case, name, flops, sec, t, bytes_moved=moved)
+            table.timed("attention", case, name, flops, sec, t, bytes_moved=moved)
 
 
-def kernels(args, env) -> dict:
+def kernels(args, env, partial=no_file) -> dict:
     gpu = on_gpu()
     dtype = jnp.dtype(args.dtype or ("bfloat16" if gpu else "float32"))
     args.repeats = args.repeats or (20 if gpu else 3)
-    table = []
+    record = lambda: dict(**env, benchmark="kernels", dtype=str(dtype), repeats=args.repeats,  # noqa: E731
+                          timing="host clock around block_until_ready, median",
+                          memory="a backend runs when its working memory (launch/kernel_memory.py) fits "
+                                 f"{FREE_FRACTION:.0%} of the free device memory, else its row says skipped",
+                          results=table.rows)
+    table = Table(lambda last: partial(record(), last),
+                  free_bytes if args.free_gib is None else lambda: int(args.free_gib * GiB))
     grouped(args, dtype, table)
     attention_cases(args, dtype, table)
     if not gpu:
         print("(CPU: Pallas kernels run only interpreted here; GPU numbers need a GPU run of this command)")
-    return dict(**env, benchmark="kernels", dtype=str(dtype), repeats=args.repeats,
-                timing="host clock around block_until_ready, median", results=table)
+    return record()

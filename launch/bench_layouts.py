@@ -43,6 +43,7 @@ from moejax.offload import layered
 from moejax.presets import preset_config
 from moejax.sharding import hlo_comm
 from moejax.sharding.layout import Layout
+from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
@@ -338,7 +339,7 @@ def _row_line(r: dict) -> str:
             f"{equal}")
 
 
-def layouts(args, env) -> dict:
+def layouts(args, env, partial=no_file) -> dict:
     gpu = on_gpu()
     if jax.device_count() < 2:
         raise SystemExit("layouts: one device present; the layouts need two or more. "
@@ -356,9 +357,22 @@ def layouts(args, env) -> dict:
           f"batch {args.batch} x seq {args.seq} (runs as {B} x {T}), {args.call}, median of {args.repeats}", flush=True)
     if simulated:
         print(f"NOTE: {NOTE_CPU}", flush=True)
+
+    def record() -> dict:
+        return dict(**env, benchmark="layouts", xla_flags=os.environ.get("XLA_FLAGS"),
+                    note=NOTE_CPU if simulated else "", units="bytes sent per device per layer (ring convention of "
+                    "moejax.costs); tokens_per_s = batch * seq / median seconds of the timed call",
+                    config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
+                                moe_layers=sum(cfg.moe_layers), num_experts=cfg.num_experts,
+                                experts_per_token=cfg.num_experts_per_tok, hidden_size=cfg.hidden_size,
+                                moe_intermediate_size=cfg.moe_intermediate_size, num_heads=cfg.num_heads,
+                                dtype=args.dtype, batch=args.batch, seq=args.seq, padded_batch=B, padded_seq=T,
+                                call=args.call, repeats=args.repeats, seed=args.seed),
+                    rows=rows)
     baseline = _run_case(Case("", Layout(), {}), args, ids, dict(modelled=False), None)
     baseline.update(label="one device (resident)", layout=None, devices=1, ratio_to_one_device=1.0)
     rows = [baseline]
+    partial(record(), baseline["label"])
     print(HEADER + "\n" + SUBHEAD + "\n" + _row_line(baseline), flush=True)
     for case in cases:
         try:
@@ -367,8 +381,10 @@ def layouts(args, env) -> dict:
             print(f"  {case.label:30s} FAILED: {type(e).__name__}: {e}", flush=True)
             rows.append(dict(spec=case.spec, label=case.label, layout=str(case.layout),
                              error=f"{type(e).__name__}: {e}"))
+            partial(record(), case.label)
             continue
         rows.append(row)
+        partial(record(), case.label)
         print(_row_line(row), flush=True)
     print(LEGEND)
     print("details (bytes per device, means per layer / MoE layer as above):")
@@ -389,13 +405,4 @@ def layouts(args, env) -> dict:
         print("  (XLA:CPU widens 16-bit collectives to float32: measured exceeds analytic here)")
     if simulated:
         print(f"NOTE: {NOTE_CPU}")
-    return dict(**env, benchmark="layouts", xla_flags=os.environ.get("XLA_FLAGS"),
-                note=NOTE_CPU if simulated else "", units="bytes sent per device per layer (ring convention of "
-                "moejax.costs); tokens_per_s = batch * seq / median seconds of the timed call",
-                config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
-                            moe_layers=sum(cfg.moe_layers), num_experts=cfg.num_experts,
-                            experts_per_token=cfg.num_experts_per_tok, hidden_size=cfg.hidden_size,
-                            moe_intermediate_size=cfg.moe_intermediate_size, num_heads=cfg.num_heads,
-                            dtype=args.dtype, batch=args.batch, seq=args.seq, padded_batch=B, padded_seq=T,
-                            call=args.call, repeats=args.repeats, seed=args.seed),
-                rows=rows)
+    return record()

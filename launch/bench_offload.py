@@ -37,6 +37,7 @@ from moejax.costs import layer_flops_per_token
 from moejax.kernels.backends import on_gpu
 from moejax.offload.predict import calibrate
 from moejax.offload.saturation import profile_saturation
+from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
@@ -145,7 +146,8 @@ def _saturation_record(sat) -> dict:
                 streamed_s=sat.streamed_s)
 
 
-def prefill(args, peak_gb_per_s: float, resident) -> dict:
+def prefill(args, peak_gb_per_s: float, resident, save) -> dict:
+    """save(the section so far, row) after each measured row."""
     streamed = _load(args, placement="streamed", window=args.window)
     in_jit = _load(args, placement="streamed", stream="jit")  # the alternative: XLA schedules the copies
     t0 = time.perf_counter()
@@ -179,6 +181,7 @@ def prefill(args, peak_gb_per_s: float, resident) -> dict:
                    in_jit_h2d_gb_per_s=per_pass / jit_s / 1e9,
                    resident_timing=res_t, streamed_timing=str_t, in_jit_timing=jit_t)
         rows.append(row)
+        save(dict(saturation=_saturation_record(sat), rows=rows), f"prefill {B * T} tokens")
         print(f"  {B * T:7d} {f'{B} x {T}':>10s} {row['tokens_over_theta']:5.2f} {res_s * 1e3:9.2f}ms "
               f"{str_s * 1e3:9.2f}ms {row['throughput_ratio']:7.3f} {per_pass / 2**20:9.1f} {gbps:8.2f} "
               f"{row['h2d_fraction_of_peak']:6.3f} {row['wait_s_per_pass'] * 1e3:8.2f}ms {jit_s * 1e3:9.2f}ms "
@@ -267,7 +270,8 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
     return row
 
 
-def decode(args, peak_gb_per_s: float, resident) -> dict:
+def decode(args, peak_gb_per_s: float, resident, save) -> dict:
+    """save(the section so far, row) after each measured row."""
     cfg = resident.config
     moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
     k = cfg.num_experts_per_tok
@@ -280,6 +284,7 @@ def decode(args, peak_gb_per_s: float, resident) -> dict:
     print(f"decode: batch 1 {how}, prompt {args.prompt_len} tokens, {args.new_tokens} new; cached placement, {slots} "
           f"slots of {cfg.num_experts} x {moe_layers} experts, eviction {args.eviction}", flush=True)
     rows = [_decode_case("resident", resident, prompt, args)]
+    save(dict(rows=rows), "decode resident")
     reference = rows[0]["tokens"]
     t0 = time.perf_counter()
     vectors = calibrate(resident, cal_prompts)
@@ -293,6 +298,7 @@ def decode(args, peak_gb_per_s: float, resident) -> dict:
                 options = dict(options, default_vectors=path)
             engine = _load(args, placement="cached", cache_slots=slots, eviction=args.eviction, **options)
             rows.append(_decode_case(name, engine, prompt, args, reference))
+            save(dict(rows=rows), f"decode {name}")
             del engine
             gc.collect()
     by = {r["mode"]: r for r in rows}
@@ -324,7 +330,7 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
-def offload(args, env) -> dict:
+def offload(args, env, partial=no_file) -> dict:
     gpu = on_gpu()
     _defaults(args, gpu)
     t0 = time.perf_counter()
@@ -333,14 +339,22 @@ def offload(args, env) -> dict:
     peak = h2d(args)
     resident = _load(args, placement="resident")
     cfg = resident.config
-    prefill_record = prefill(args, peak["gb_per_s"], resident)
-    decode_record = decode(args, peak["gb_per_s"], resident)
+    record = dict(**env, benchmark="offload", note=NOTE, targets=TARGETS,
+                  config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
+                              num_experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
+                              hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
+                              dtype=args.dtype, seed=args.seed, repeats=args.repeats, quick=args.quick),
+                  timing="host clock around block_until_ready / host results, median after a warm-up call",
+                  wall_s=None, h2d=peak, prefill=None, decode=None)
+
+    def saver(section: str):
+        def save(part: dict, last: str) -> None:
+            record[section] = part
+            partial(dict(record, wall_s=time.perf_counter() - t0), last)
+        return save
+    partial(record, "h2d")
+    record["prefill"] = prefill(args, peak["gb_per_s"], resident, saver("prefill"))
+    record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
     if not gpu:
         print(f"(note: {NOTE})")
-    return dict(**env, benchmark="offload", note=NOTE, targets=TARGETS,
-                config=dict(model=args.model, model_type=cfg.model_type, num_layers=cfg.num_layers,
-                            num_experts=cfg.num_experts, experts_per_token=cfg.num_experts_per_tok,
-                            hidden_size=cfg.hidden_size, moe_intermediate_size=cfg.moe_intermediate_size,
-                            dtype=args.dtype, seed=args.seed, repeats=args.repeats, quick=args.quick),
-                timing="host clock around block_until_ready / host results, median after a warm-up call",
-                wall_s=time.perf_counter() - t0, h2d=peak, prefill=prefill_record, decode=decode_record)
+    return dict(record, wall_s=time.perf_counter() - t0)

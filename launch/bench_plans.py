@@ -28,6 +28,7 @@ from moejax.plan.lightning import search_policy
 from moejax.plan.profile import load_profile
 from moejax.plan.theta import theta_eq1
 from moejax.presets import preset_config
+from launch.bench_results import no_file
 
 SOLVER_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
 
@@ -134,14 +135,16 @@ def dep_runs(args, cfg: ModelConfig, profile) -> dict:
     return dict(results=results, ratios=ratios)
 
 
-def plans(args, environment: dict) -> dict:
+def plans(args, environment: dict, partial=no_file) -> dict:
     print("solver run times (h100 datasheet, 16384 tokens in sequences of 2048):", flush=True)
     record = dict(**environment, benchmark="plans", solvers=solver_times(args.solver_repeats, args.quick),
                   config=dict(model=args.model, tokens=args.tokens, seq=args.seq, dtype=args.dtype,
                               repeats=args.repeats, quick=args.quick))
+    partial(record, "solver run times")
     cfg = ModelConfig.from_hf(preset_config(args.model))
     profile, seconds = measured_profile(cfg, args)
     record.update(profile=profile.as_dict(), profile_seconds=seconds)
+    partial(record, "profile")
     print(profile.describe(), f"(measured in {seconds:.0f} s)" if seconds else "", flush=True)
     if jax.device_count() >= 2:
         print(f"DEP on {jax.device_count()} x {jax.devices()[0].device_kind}, {args.model}, {args.tokens} tokens:",

@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
                    help="operand dtype of the compute measurements (the engine's default is bfloat16)")
     p.add_argument("--grouped-backend", default="auto", choices=GROUPED_BACKENDS,
                    help="grouped GEMM: a moejax grouped_matmul backend (auto: what the engine runs) or a batched "
-                        "einsum over experts")
+                        "einsum over experts; ragged_dot is refused on a GPU (XLA runs it as a dense masked product)")
     return p
 
 
@@ -121,7 +121,11 @@ def main(argv=None) -> int:
         return 2
     import jax
 
-    from moejax.plan.measure import measure_profile, sweep_for
+    from moejax.plan.measure import grouped_backend_refused, measure_profile, sweep_for
+    refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
+    if refused:
+        print(f"launch.profile: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)
+        return 2
     out = args.out or default_profile_path(jax.local_devices()[0].device_kind)
     if not writable(out):
         return 2

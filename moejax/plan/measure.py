@@ -211,6 +211,17 @@ def grouped_seconds(rows_per_expert: int, shapes: Shapes, dtype, repeats: int, b
     return median_seconds(lambda: _grouped(x, w, group_sizes, backend), repeats)
 
 
+def grouped_backend_refused(backend: str, platform: str) -> str | None:
+    """Why the grouped GEMM curve is not measured with `backend` on `platform`, or None. On a GPU, XLA runs
+    jax.lax.ragged_dot as a dense masked product (JAX 0.10-0.11): every row against every expert, through a
+    [rows, experts, hidden] intermediate; the first H200 run measured 5.7 TFLOP/s at every size and ran out of memory
+    at 262144 rows. The planners would then plan for a kernel the engine never runs (its auto never picks it)."""
+    if platform == "gpu" and backend == "ragged_dot":
+        return ("grouped GEMM backend ragged_dot on a GPU: XLA runs it as a dense masked product (every row times "
+                "every expert), not what the engine runs; measure with auto (the engine's choice) or pallas")
+    return None
+
+
 def grouped_points(shapes: Shapes, sweep: Sweep, dtype, launch_s: float, backend: str):
     E, D, I = shapes.experts, shapes.hidden, shapes.expert_width
     return _points(sweep.rows_per_expert, lambda r: 2 * E * r * D * I,
@@ -422,6 +433,9 @@ def measure_profile(shapes: Shapes, sweep: Sweep, *, dtype: str = "bfloat16", gr
     start = time.perf_counter()
     dt = jnp.dtype(dtype)
     device = jax.local_devices()[0]
+    refused = grouped_backend_refused(grouped_backend, device.platform)
+    if refused:
+        raise ValueError(refused)
     notes = [f"measured in {dtype} with {shapes.model} shapes (D={shapes.hidden}, F={shapes.dense_width}, "
              f"E={shapes.experts}, I={shapes.expert_width}, heads={shapes.heads}/{shapes.kv_heads})",
              f"grouped GEMM: grouped_matmul backend {grouped_backend}",
