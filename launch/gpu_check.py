@@ -5,27 +5,37 @@ already has jax and jaxlib with a CUDA plugin and every dependency of moejax (fl
 numpy, ml_dtypes, safetensors, tokenizers, jinja2, tqdm) plus pytest and hypothesis; torch with CUDA adds the
 hardware ceilings measured with CUDA events. Steps, in order of what a short lease must not miss:
 
-  install       pip install --no-deps --no-build-isolation --no-index -e . (nothing is fetched), then import
-                every dependency and check that `moejax` is this checkout
-  environment   device, driver, versions; each Pallas kernel lowered for CUDA with every warning JAX raises
-                (launch/gpu_env.py)
-  ceilings      bf16 matmul TFLOP/s, device stream GB/s, pinned host -> device GB/s (launch/gpu_ceilings.py)
-  kernel_tests  the Pallas kernel tests compiled, not interpreted (tests/test_{grouped_matmul,expert_ffn,
-                attention_kernels}.py), against their float64 oracles
-  parity_tests  every model family against transformers' logits, float32 and bfloat16 (tests/test_parity.py)
-  bench_*       `python -m launch.bench kernels | offload | serve` at sizes that fit the budget
-  offload_tests experts streamed and cached from pinned host memory against the resident model
-                (tests/test_host_store.py, tests/test_offload.py: two families)
-  bench_*       `python -m launch.bench generate` (continuous vs static batching on the embedded model, step
-                times), and `plans` (the GPU's measured hardware profile for the planners, and the
-                planners' run times)
+  install        pip install --no-deps --no-build-isolation --no-index -e . (nothing is fetched), then import
+                 every dependency and check that `moejax` is this checkout
+  environment    device, driver, versions; each Pallas kernel lowered for CUDA with every warning JAX raises
+                 (launch/gpu_env.py)
+  ceilings       bf16 matmul TFLOP/s, device stream GB/s, pinned host -> device GB/s (launch/gpu_ceilings.py)
+  kernel_tests   what only a GPU runs: the compiled `pallas` and `cudnn` kernel tests (and the Mosaic GPU
+                 kernel's file, when there is one) against their float64 oracles; the other backends are tested
+                 on CPU in CI
+  tune_gmm       the grouped GEMM tuning sweep (`python -m launch.tune_gmm`), where that module exists
+  bench_kernels  `python -m launch.bench kernels`, then `offload` and `serve` at GPU sizes
+  parity_tests   every model family against transformers' logits in bfloat16 (the kernels `auto` picks on a
+                 GPU), float32 logits and greedy generation for two families (MLA; sinks and windows)
+  bench_generate `python -m launch.bench generate` (continuous vs static batching on the embedded model, step
+                 times and their overhead share)
+  offload_tests  experts streamed and cached from pinned host memory against the resident model
+  bench_plans    `python -m launch.bench plans` (the GPU's measured profile, the planners' run times)
 
-Every step runs in its own process under a time limit; a failing or slow step is recorded and the next one
-runs. Writes into --out (at most 8 files, what the device tool brings back): gpu_check-<device>.json (the
-record: environment, ceilings, each test's outcome, deprecation warnings, every step's status),
-gpu_check-<device>.log (every step's output) and <bench>-<device>.json for each benchmark; the benchmark files
-and a run appended to gpu_check-<device>.json also land in --results-dir (default bench/results). Prints a
-summary table last. Exit status 0 only if every step passed.
+Every step runs in its own process under a time limit (LIMITS: from the first H200 run's measured times) and
+the whole run under --budget-s; a failing or slow step is recorded and the next one runs. Every step's process
+shares one persistent JAX compilation cache (JAX_COMPILATION_CACHE_DIR, every program cached: a second call on
+the same machine with --cache-dir reads what the first compiled). --only STEP,... runs chosen steps (install and
+environment first: they name the device every file is named after); the summary ends with the command that runs
+the steps that did not finish (failed, timed out or not started).
+
+Writes into --out (at most 8 files, what the device tool brings back) as it goes, so that a call stopped at any
+point keeps what ran: gpu_check.log (every step's output; gpu_check-<device>.log at the end),
+gpu_check-<device>.json (the record: environment, ceilings, each test's outcome, deprecation warnings, every
+step's status; rewritten after each step, `"partial": true` until the end), and <bench>-<device>.json for each
+benchmark, which the benchmarks rewrite after each measured row (a stopped one keeps its rows, marked partial).
+Each benchmark's run, and the check's record, are also appended to --results-dir (default bench/results). Prints
+a summary table last. Exit status 0 only if every step passed.
 
 `--dry-run` runs the same steps on CPU at tiny sizes, the Pallas kernels interpreted and a few tests per test
 step (a check that the script itself works; CI runs it).
@@ -44,40 +54,59 @@ import sys
 import tempfile
 import time
 
+from launch.bench_results import read_runs, write_runs
 from launch.bench_util import device_tag
-from launch.step_runner import Step, run_steps, table
+from launch.step_runner import UNFINISHED, Step, run_steps, table
 
 PY = sys.executable
 DEPENDENCIES = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy", "ml_dtypes", "safetensors",
                 "tokenizers", "jinja2", "tqdm", "pytest", "hypothesis")
-TEST_STEPS = {  # name: (what, files, -k on the GPU, -k in the dry run, GPU timeout s)
-    "kernel_tests": ("Pallas kernels compiled for the GPU against float64 oracles",
-                     ["tests/test_grouped_matmul.py", "tests/test_expert_ffn.py", "tests/test_attention_kernels.py"],
-                     "not interpret",
-                     "test_explicit_edges and pallas_interpret or test_pallas_kernels_lower_for_gpu or cudnn", 150),
-    "parity_tests": ("every model family against transformers, float32 and bfloat16", ["tests/test_parity.py"],
-                     "not interpret", "qwen3_moe and not nonorm and (float32_logits or bfloat16_logits)", 120),
+# What a short lease must not miss comes first.
+ORDER = ["install", "environment", "ceilings", "kernel_tests", "tune_gmm", "bench_kernels", "bench_offload",
+         "bench_serve", "parity_tests", "bench_generate", "offload_tests", "bench_plans"]
+NEEDED_FIRST = ("install", "environment")  # before any step: the device's name is in every file's
+# Time limits on the GPU, seconds (doubled in the dry run). The first H200 run (2026-11-26, jax 0.11.2) measured:
+# install 6 s, environment 7 s, ceilings 20 s; 36 kernel tests in 150 s, of which the compiled pallas ones took
+# 34 s (the rest tested backends CI tests on CPU); 27 parity tests in 120 s (bf16 0.8-1.8 s each, float32 logits
+# 1.2-3.8 s, float32 greedy generation 8-12 s); bench kernels 57 s up to its crash at T=32768; bench offload's
+# Θ profile 23 s and 4 prefill sizes in 152 s (its decode section never started); bench generate (64 requests
+# on pycode-moe) past 150 s. Steps that were cut get smaller workloads below; tune_gmm stops itself at 170 s.
+LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=100, tune_gmm=200, bench_kernels=120,
+              bench_offload=130, bench_serve=120, parity_tests=90, bench_generate=120, offload_tests=90,
+              bench_plans=90)
+MOSAIC_TESTS = "tests/test_grouped_matmul_mosaic.py"  # run whole where it exists (the Mosaic GPU kernel's)
+TEST_STEPS = {  # name: (what, files, -k on the GPU, -k in the dry run)
+    "kernel_tests": ("compiled Pallas, cuDNN and Mosaic GPU kernels against float64 oracles",
+                     ["tests/test_grouped_matmul.py", "tests/test_expert_ffn.py", "tests/test_attention_kernels.py",
+                      "tests/test_paged_attention.py", MOSAIC_TESTS],
+                     # not: interpreted; lowering (CI lowers for CUDA on CPU); a CPU-only check that names cudnn
+                     "mosaic or (pallas or cudnn) and not (interpret or lower or block_sizes or cpu_picks)",
+                     "test_explicit_edges and pallas_interpret or test_pallas_kernels_lower_for_gpu or cudnn"),
+    "parity_tests": ("every family against transformers in bfloat16; float32 for two", ["tests/test_parity.py"],
+                     "bfloat16_logits or float32 and (deepseek_v3 or gpt_oss) and not nonorm",
+                     "qwen3_moe and not nonorm and (float32_logits or bfloat16_logits)"),
     "offload_tests": ("expert offloading from pinned host memory (real on a GPU) against the resident model",
                       ["tests/test_host_store.py", "tests/test_offload.py"],
                       "test_host_store or exact_placements and (gpt_oss or deepseek_v3) or bfloat16_placements",
-                      "test_offloaded_store_lives_in_host_memory", 120),
+                      "test_offloaded_store_lives_in_host_memory"),
 }
-# What a short lease must not miss comes first: the compiled kernels and parity, then the benchmarks.
-ORDER = ["kernel_tests", "parity_tests", "bench_kernels", "bench_offload", "bench_serve", "offload_tests",
-         "bench_generate", "bench_plans"]
-BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry run, GPU timeout s)
-    "kernels": (["--tokens", "1024,8192,32768", "--seqs", "4096,16384", "--repeats", "10"],
-                ["--shapes", "tiny", "--tokens", "32", "--seqs", "128", "--decode-batch", "2", "--repeats", "1"], 150),
-    "offload": (["--num-layers", "4", "--repeats", "3", "--new-tokens", "32"],
-                ["--quick", "--num-layers", "2", "--tokens", "16", "--new-tokens", "2", "--prompt-len", "8"], 150),
-    "serve": (["--model", "qwen3-30b-a3b", "--num-layers", "4", "--dtype", "bfloat16", "--requests", "64"],
+BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry run)
+    "kernels": (["--shapes", "qwen3-30b-a3b", "--tokens", "1024,8192,32768", "--seqs", "4096,16384",
+                 "--repeats", "10"],
+                # 100 KiB free: ragged_dot and the all-experts baselines need more and are skipped, as on a GPU
+                ["--shapes", "tiny", "--tokens", "32", "--seqs", "128", "--decode-batch", "2", "--repeats", "1",
+                 "--free-gib", str(100 / 2**20)]),
+    "offload": (["--num-layers", "4", "--tokens", "65536,131072", "--repeats", "2", "--new-tokens", "16"],
+                ["--quick", "--num-layers", "2", "--tokens", "16", "--new-tokens", "2", "--prompt-len", "8"]),
+    "serve": (["--model", "qwen3-30b-a3b", "--num-layers", "4", "--dtype", "bfloat16"],  # its GPU workload
               ["--requests", "4", "--prefix", "32", "--suffix", "8", "--candidates", "2", "--repeats", "1",
-               "--max-batch-tokens", "256"], 90),
-    "generate": (["--model", "pycode-moe", "--stop-ids", "588", "--requests", "64", "--no-transformers", "--no-mixed"],
+               "--max-batch-tokens", "256"]),
+    "generate": (["--model", "pycode-moe", "--stop-ids", "588", "--requests", "32", "--max-new", "256",
+                  "--no-transformers", "--no-mixed"],
                  ["--model", "tiny-qwen3-moe", "--requests", "3", "--max-prompt", "40", "--max-new", "12",
-                  "--no-transformers", "--no-mixed"], 150),
+                  "--no-transformers", "--no-mixed"]),
     "plans": (["--model", "qwen3-30b-a3b", "--dtype", "bfloat16", "--solver-repeats", "5"],
-              ["--quick", "--solver-repeats", "1", "--repeats", "1"], 120),
+              ["--quick", "--solver-repeats", "1", "--repeats", "1"]),
 }
 
 
@@ -107,55 +136,85 @@ def _outcomes(path: str) -> dict:
     return dict(counts=counts, tests=tests)
 
 
+def _kept(record: dict, name: str) -> str:
+    """What a (possibly stopped) benchmark left: its rows so far when it is marked partial."""
+    if not record.get("partial"):
+        return f"results in {name}"
+    progress = record.get("progress") or {}
+    how_far = f"{progress['rows']} rows, the last {progress['last']}" if "rows" in progress else "unfinished"
+    return f"partial results ({how_far}) in {name}"
+
+
 class Check:
     """The steps of one run and the record they fill."""
 
     def __init__(self, args):
         self.args, self.dry = args, args.dry_run
         self.work = tempfile.mkdtemp(prefix="moejax-gpu-check-")
-        self.log = os.path.join(self.work, "gpu_check.log")
+        self.log = os.path.join(args.out, "gpu_check.log")
+        open(self.log, "w").close()
+        # a cache the caller names (--cache-dir, or JAX's own variable) outlives the run; else it is the run's own
+        self.cache = args.cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(self.work, "jax")
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.record: dict = dict(mode="dry-run" if self.dry else "gpu", started=started, budget_s=args.budget_s,
                                  command=shlex.join([PY, "-m", "launch.gpu_check", *sys.argv[1:]]), git=_git(),
-                                 environment=None, ceilings=None, tests={}, benchmarks={}, deprecations=[])
+                                 only=args.only, compilation_cache=self.cache, environment=None, ceilings=None,
+                                 tests={}, benchmarks={}, deprecations=[])
         self.tag = "unknown-device"
 
-    def limit(self, gpu_seconds: float) -> float:
-        """A step's time limit: the GPU's, doubled in the dry run (a CPU, maybe shared with a test session)."""
-        return gpu_seconds * (2 if self.dry else 1)
+    def limit(self, name: str) -> float:
+        """A step's time limit: --limit's, else the GPU's, doubled in the dry run (a CPU, maybe shared)."""
+        if name in self.args.limits:
+            return self.args.limits[name]
+        return LIMITS[name] * (2 if self.dry else 1)
 
-    def first_steps(self) -> list[Step]:
+    def step(self, name: str) -> Step:
+        """The step `name`, built when its turn comes: the steps after environment know the device."""
+        if name in TEST_STEPS:
+            return self._test_step(name, *TEST_STEPS[name])
+        if name.startswith("bench_"):
+            return self._bench_step(name.removeprefix("bench_"), *BENCHES[name.removeprefix("bench_")])
+        return getattr(self, f"_{name}_step")()
+
+    def _install_step(self) -> Step:
         pip = [PY, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-e", "."]
-        env_json, ceilings_json = os.path.join(self.work, "env.json"), os.path.join(self.work, "ceilings.json")
-        return [
-            Step("install", "pip install --no-deps (nothing fetched); every dependency imports",
-                 [pip + (["--dry-run"] if self.dry else []), [PY, "-c", _install_check()]], self.limit(120)),
-            Step("environment", "device, driver, versions; the Pallas kernels lowered for CUDA, warnings recorded",
-                 [[PY, "-m", "launch.gpu_env", "--out", env_json]], self.limit(90),
-                 read=lambda: self._read_env(env_json)),
-            Step("ceilings", "bf16 matmul, device stream and pinned H2D ceilings",
-                 [[PY, "-m", "launch.gpu_ceilings", "--out", ceilings_json] + (["--small"] if self.dry else [])],
-                 self.limit(120), read=lambda: self._read_ceilings(ceilings_json)),
-        ]
+        return Step("install", "pip install --no-deps (nothing fetched); every dependency imports",
+                    [pip + (["--dry-run"] if self.dry else []), [PY, "-c", _install_check()]], self.limit("install"))
 
-    def later_steps(self) -> list[Step]:
-        steps = {}
-        for name, (what, files, k_gpu, k_dry, timeout) in TEST_STEPS.items():
-            out = os.path.join(self.work, f"{name}.jsonl")
-            pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.pytest_outcomes", *files,
-                      "-k", k_dry if self.dry else k_gpu, "-W", "always::DeprecationWarning", "--outcomes", out]
-            steps[name] = Step(name, what, [pytest], self.limit(timeout),
-                               read=lambda name=name, out=out: self._read_tests(name, out))
-        for cmd, (gpu_args, dry_args, timeout) in BENCHES.items():
-            module = f"launch.bench_{cmd.replace('-', '_')}"
-            absent = None if importlib.util.find_spec(module) else f"no {module} yet"
-            path = os.path.join(self.args.results_dir, f"{cmd}-{self.tag}.json")
-            steps[f"bench_{cmd}"] = Step(
-                f"bench_{cmd}", f"python -m launch.bench {cmd}",
-                [[PY, "-m", "launch.bench", cmd, *(dry_args if self.dry else gpu_args), "--out", path]],
-                self.limit(timeout),
-                read=lambda cmd=cmd, path=path: self._read_bench(cmd, path), absent=absent)
-        return [steps[name] for name in ORDER]
+    def _environment_step(self) -> Step:
+        path = os.path.join(self.work, "env.json")
+        return Step("environment", "device, driver, versions; the Pallas kernels lowered for CUDA, warnings recorded",
+                    [[PY, "-m", "launch.gpu_env", "--out", path]], self.limit("environment"),
+                    read=lambda: self._read_env(path))
+
+    def _ceilings_step(self) -> Step:
+        path = os.path.join(self.work, "ceilings.json")
+        return Step("ceilings", "bf16 matmul, device stream and pinned H2D ceilings",
+                    [[PY, "-m", "launch.gpu_ceilings", "--out", path] + (["--small"] if self.dry else [])],
+                    self.limit("ceilings"), read=lambda: self._read_ceilings(path))
+
+    def _tune_gmm_step(self) -> Step:
+        path = os.path.join(self.args.out, f"tune_gmm-{self.tag}.json")
+        absent = None if importlib.util.find_spec("launch.tune_gmm") else "no launch.tune_gmm yet"
+        return Step("tune_gmm", "grouped GEMM tuning sweep: the best tiles per shape class",
+                    [[PY, "-m", "launch.tune_gmm", "--out", path] + (["--dry-run"] if self.dry else [])],
+                    self.limit("tune_gmm"), read=lambda: self._read_sweep(path), absent=absent)
+
+    def _test_step(self, name: str, what: str, files: list[str], k_gpu: str, k_dry: str) -> Step:
+        out = os.path.join(self.work, f"{name}.jsonl")
+        pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.pytest_outcomes",
+                  *[f for f in files if os.path.exists(f)], "-k", k_dry if self.dry else k_gpu,
+                  "-W", "always::DeprecationWarning", "--outcomes", out]
+        return Step(name, what, [pytest], self.limit(name), read=lambda: self._read_tests(name, out))
+
+    def _bench_step(self, cmd: str, gpu_args: list[str], dry_args: list[str]) -> Step:
+        module = f"launch.bench_{cmd}"
+        path = os.path.join(self.args.out, f"{cmd}-{self.tag}.json")  # there as it grows: a stopped call keeps it
+        before = len(read_runs(path))
+        return Step(f"bench_{cmd}", f"python -m launch.bench {cmd}",
+                    [[PY, "-m", "launch.bench", cmd, *(dry_args if self.dry else gpu_args), "--out", path]],
+                    self.limit(f"bench_{cmd}"), read=lambda: self._read_bench(cmd, path, before),
+                    absent=None if importlib.util.find_spec(module) else f"no {module} yet")
 
     def _read_env(self, path: str) -> str:
         env = self.record["environment"] = _read_json(path)
@@ -176,40 +235,81 @@ class Check:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(result["counts"].items())) or "no test reported"
         return counts + (f" (first failing: {failed[0]})" if failed else "")
 
-    def _read_bench(self, cmd: str, path: str) -> str:
+    def _read_bench(self, cmd: str, path: str, before: int) -> str:
+        """This run's record of the benchmark (partial where it was stopped), appended to --results-dir too."""
+        runs = read_runs(path)
+        if len(runs) <= before:
+            return "wrote no results"
+        name = os.path.basename(path)
+        history = os.path.join(self.args.results_dir, name)
+        write_runs(history, read_runs(history) + runs[before:])
+        self.record["benchmarks"][cmd] = name
+        return _kept(runs[-1], name)
+
+    def _read_sweep(self, path: str) -> str:
         if not os.path.exists(path):
             return "wrote no results"
-        shutil.copy(path, os.path.join(self.args.out, os.path.basename(path)))
-        self.record["benchmarks"][cmd] = os.path.basename(path)
-        return f"results in {os.path.basename(path)}"
+        name = os.path.basename(path)
+        shutil.copy(path, os.path.join(self.args.results_dir, name))
+        self.record["benchmarks"]["tune_gmm"] = name
+        return _kept(_read_json(path), name)
 
     def run(self) -> int:
         t0 = time.monotonic()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", self.cache)
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program: a rerun compiles less
         if self.dry:
             env.setdefault("JAX_PLATFORMS", "cpu")
+        chosen = [n for n in ORDER if self.args.only is None or n in self.args.only or n in NEEDED_FIRST]
+        if self.args.only is not None:
+            print(f"only {', '.join(self.args.only)}; install and environment run first: every file carries the "
+                  "device's name, which environment reads", flush=True)
         try:
-            results = run_steps(self.first_steps(), self.log, self.args.budget_s, env)
-            results += run_steps(self.later_steps(), self.log, self.args.budget_s - (time.monotonic() - t0), env)
-            self.record.update(seconds=time.monotonic() - t0, steps=[r.__dict__ for r in results])
-            return self._write(results)
+            results = run_steps((self.step(n) for n in chosen), self.log, self.args.budget_s, env,
+                                after=lambda done: self._write_record(done, time.monotonic() - t0, partial=True))
+            return self._finish(results, time.monotonic() - t0)
         finally:
             shutil.rmtree(self.work, ignore_errors=True)
 
-    def _write(self, results) -> int:
+    def _write_record(self, results, seconds: float, partial: bool) -> str:
+        """The record as it stands, in --out (a call stopped between steps keeps it)."""
+        record = dict(self.record, seconds=seconds, steps=[r.__dict__ for r in results],
+                      **({"partial": True} if partial else {}))
+        path = os.path.join(self.args.out, f"gpu_check-{self.tag}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(path + ".tmp", path)
+        if self.tag != "unknown-device":  # a record written before the device was known is superseded
+            stale = os.path.join(self.args.out, "gpu_check-unknown-device.json")
+            if os.path.exists(stale):
+                os.remove(stale)
+        return path
+
+    def _finish(self, results, seconds: float) -> int:
         out, name = self.args.out, f"gpu_check-{self.tag}"
-        shutil.copy(self.log, os.path.join(out, f"{name}.log"))
-        with open(os.path.join(out, f"{name}.json"), "w") as f:
-            json.dump(self.record, f, indent=1)
+        self.record.update(seconds=seconds, steps=[r.__dict__ for r in results])
+        self._write_record(results, seconds, partial=False)
+        os.replace(self.log, os.path.join(out, f"{name}.log"))
         history = os.path.join(self.args.results_dir, f"{name}.json")
-        runs = _read_json(history)["runs"] if os.path.exists(history) else []
-        with open(history, "w") as f:
-            json.dump({"runs": runs + [self.record]}, f, indent=1)
+        write_runs(history, read_runs(history) + [self.record])
         print("\n" + table(results))
         for w in self.record["deprecations"]:
             print(f"deprecation while lowering the kernels: {w['category']}: {w['message']}")
         print(f"wrote {', '.join(sorted(os.listdir(out)))} in {out}; appended the run to {history}")
+        again = [r.name for r in results if r.status in UNFINISHED and r.name not in NEEDED_FIRST]
+        print(f"not finished: {', '.join(again)}; to run them: {self.rerun_command(again)}" if again
+              else "every step finished")
         return 0 if all(r.ok() for r in results) else 1
+
+    def rerun_command(self, names: list[str]) -> str:
+        """This call's command with --only the given steps."""
+        a = self.args
+        argv = [PY, "-m", "launch.gpu_check", "--out", a.out, "--results-dir", a.results_dir, "--budget-s",
+                f"{a.budget_s:g}"] + (["--dry-run"] if a.dry_run else []) + (
+            ["--cache-dir", a.cache_dir] if a.cache_dir else []) + (
+            ["--limit", ",".join(f"{k}={v:g}" for k, v in a.limits.items())] if a.limits else [])
+        return shlex.join(argv + ["--only", ",".join(names)])
 
 
 def _git() -> dict:
@@ -220,6 +320,29 @@ def _git() -> dict:
         return {}
 
 
+def _steps(text: str, parser) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ORDER]
+    if unknown or not names:
+        parser.error(f"--only: unknown step(s) {', '.join(unknown) or '(none given)'}; steps: {', '.join(ORDER)}")
+    return names
+
+
+def _limits(text: str | None, parser) -> dict[str, float]:
+    limits = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, _, value = part.partition("=")
+        try:
+            limits[name.strip()] = float(value)
+        except ValueError:
+            parser.error(f"--limit: {part!r} is not STEP=SECONDS")
+        if name.strip() not in ORDER or limits[name.strip()] <= 0:
+            parser.error(f"--limit: {part!r}: the step must be one of {', '.join(ORDER)}, the seconds positive")
+    return limits
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -228,15 +351,24 @@ def main(argv=None) -> int:
     parser.add_argument("--results-dir", default=os.path.join("bench", "results"),
                         help="where benchmark results and the run's record are kept (default bench/results)")
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="seconds for all steps (default 510, as the device tool allows 600 a call; dry run 1200)")
+                        help="seconds for all steps (default 520, as the device tool allows 600 a call; dry run 1200)")
+    parser.add_argument("--only", default=None, metavar="STEP,...",
+                        help=f"run these steps (and install, environment first); steps: {', '.join(ORDER)}")
+    parser.add_argument("--limit", default=None, metavar="STEP=SECONDS,...",
+                        help="a step's time limit instead of its default (dry run: used as given, not doubled)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="the steps' persistent compilation cache (default: the run's own, removed at its end); "
+                             "name one to keep it for a second call on the same machine")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, interpreted kernels, few tests")
     args = parser.parse_args(argv)
     if not os.path.exists("pyproject.toml") or not os.path.isdir("moejax"):
         parser.error("run it from the repository root (no pyproject.toml and moejax/ here)")
     if args.budget_s is None:
-        args.budget_s = 1200.0 if args.dry_run else 510.0
+        args.budget_s = 1200.0 if args.dry_run else 520.0
     if args.budget_s <= 0:
         parser.error(f"--budget-s must be positive, got {args.budget_s}")
+    args.only = None if args.only is None else _steps(args.only, parser)
+    args.limits = _limits(args.limit, parser)
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.results_dir, exist_ok=True)
     return Check(args).run()

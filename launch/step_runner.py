@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, TextIO
+from typing import Callable, Iterable, TextIO
 
 MIN_START_S = 15.0  # a step needs at least this much of the budget left to start
+UNFINISHED = ("failed", "timeout", "skipped")  # the statuses a second call would run again
 
 
 @dataclasses.dataclass
@@ -83,8 +84,11 @@ def run_step(step: Step, log_path: str, deadline: float, env: dict | None = None
     return StepResult(step.name, step.what, status, time.monotonic() - t0, detail)
 
 
-def run_steps(steps: list[Step], log_path: str, budget_s: float, env: dict | None = None,
-              echo: Callable[[str], None] = print) -> list[StepResult]:
+def run_steps(steps: Iterable[Step], log_path: str, budget_s: float, env: dict | None = None,
+              echo: Callable[[str], None] = print,
+              after: Callable[[list[StepResult]], None] | None = None) -> list[StepResult]:
+    """`steps` may be a generator: each step is built when its turn comes (after the steps before it ran).
+    after(results so far) runs after each step (the caller writes what it has)."""
     deadline, results = time.monotonic() + budget_s, []
     for step in steps:
         echo(f"[{step.name}] {step.what}")
@@ -93,6 +97,8 @@ def run_steps(steps: list[Step], log_path: str, budget_s: float, env: dict | Non
         echo(f"[{step.name}] {result.status} in {result.seconds:.1f} s{': ' + result.detail if result.detail else ''}")
         if result.status in ("failed", "timeout"):
             echo(_tail(log_path))
+        if after is not None:
+            after(results)
     return results
 
 

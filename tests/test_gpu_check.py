@@ -1,6 +1,11 @@
-"""The GPU check (`launch.gpu_check`): its CPU dry run runs every step and writes every output, so the script
-cannot rot between GPU runs; its step runner keeps going past failing, slow and unreadable steps; the Pallas
-kernels step aside, with a clear reason, when a JAX cannot run their Triton lowering."""
+"""The GPU check (`launch.gpu_check`): its CPU dry run runs every step in the order a short lease needs and writes
+every output, so the script cannot rot between GPU runs; a benchmark stopped at its limit leaves its rows, once,
+marked partial, and the check keeps them; --only runs chosen steps and the summary says how to run what did not
+finish; its step runner keeps going past failing, slow and unreadable steps; the Pallas kernels step aside, with a
+clear reason, when a JAX cannot run their Triton lowering."""
+import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,11 +15,15 @@ from pathlib import Path
 import pytest
 from jax._src import deprecations
 
+from launch import gpu_check
+from launch.bench_results import ResultsFile, read_runs, write_runs
 from launch.step_runner import Step, run_steps, table
 from moejax.kernels.backends import TRITON_DEPRECATION_ID, Kernels, pallas_unavailable, resolve
 
-STEPS = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_kernels", "bench_offload",
-         "bench_serve", "offload_tests", "bench_generate", "bench_plans"]
+STEPS = ["install", "environment", "ceilings", "kernel_tests", "tune_gmm", "bench_kernels", "bench_offload",
+         "bench_serve", "parity_tests", "bench_generate", "offload_tests", "bench_plans"]
+SWEEP = importlib.util.find_spec("launch.tune_gmm") is not None  # the tuning sweep's step is absent without it
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
@@ -25,8 +34,9 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
     record = json.loads((out / "gpu_check-cpu.json").read_text())
     status = {s["name"]: s["status"] for s in record["steps"]}
     assert list(status) == STEPS
-    assert all(status[s] == "passed" for s in STEPS), status
-    assert record["mode"] == "dry-run" and record["seconds"] < record["budget_s"]
+    assert all(status[s] == ("absent" if s == "tune_gmm" and not SWEEP else "passed") for s in STEPS), status
+    assert record["mode"] == "dry-run" and record["seconds"] < record["budget_s"] and "partial" not in record
+    assert record["compilation_cache"]  # one persistent cache for every step
 
     env = record["environment"]
     assert env["device"]["platform"] == "cpu" and env["versions"]["jax"] and env["pallas_unavailable"] is None
@@ -47,17 +57,92 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
         ("tests/test_offload.py::test_offloaded_store_lives_in_host_memory", "passed")]
 
     files = sorted(os.listdir(out))
-    assert files == ["generate-cpu.json", "gpu_check-cpu.json", "gpu_check-cpu.log", "kernels-cpu.json",
-                     "offload-cpu.json", "plans-cpu.json", "serve-cpu.json"]  # the device tool brings back at most 8
+    assert files == sorted(["generate-cpu.json", "gpu_check-cpu.json", "gpu_check-cpu.log", "kernels-cpu.json",
+                            "offload-cpu.json", "plans-cpu.json", "serve-cpu.json"]
+                           + (["tune_gmm-cpu.json"] if SWEEP else []))  # the device tool brings back at most 8
+    assert len(files) <= 8
     for bench in ("kernels", "offload", "serve", "generate", "plans"):
         runs = json.loads((results / f"{bench}-cpu.json").read_text())["runs"]
         assert len(runs) == 1 and runs[0]["benchmark"] == bench and runs[0]["device"]["kind"] == "cpu"
+        assert "partial" not in runs[0] and read_runs(str(out / f"{bench}-cpu.json")) == runs
         assert record["benchmarks"][bench] == f"{bench}-cpu.json"
+    kernels = read_runs(str(results / "kernels-cpu.json"))[0]["results"]  # the dry run leaves it 100 KiB free:
+    skipped = {r["name"] for r in kernels if "skipped" in r}  # what needs more is skipped, as on a GPU
+    assert skipped == {"ragged_dot", "all_experts"} and all(r["skipped"].startswith("needs ") for r in kernels
+                                                            if "skipped" in r)
+    assert {"xla", "tiled", "dense_matmul"} <= {r["name"] for r in kernels if "seconds_median" in r}
+    steps = read_runs(str(results / "generate-cpu.json"))[0]["results"][0]["step_times"]
+    assert steps["decode"]["calls_recorded"] == steps["decode"]["steps"] > 0 and steps["run"]["replayed_s"] > 0
     assert len(json.loads((results / "gpu_check-cpu.json").read_text())["runs"]) == 1
     log = (out / "gpu_check-cpu.log").read_text()
     assert all(f"===== {s}:" in log for s in STEPS)
-    summary = run["stdout"][run["stdout"].rindex("step "):]
-    assert all(s in summary for s in STEPS)
+    summary = run["stdout"][run["stdout"].rindex("\nstep "):]
+    assert all(s in summary for s in STEPS) and "every step finished" in summary
+
+
+def test_a_partial_run_replaces_itself_and_the_complete_one_replaces_it(tmp_path):
+    path = str(tmp_path / "kernels-cpu.json")
+    write_runs(path, [{"benchmark": "kernels", "earlier": True}])
+    results = ResultsFile(path)
+    results.partial({"benchmark": "kernels", "results": [1]}, "gemm T=32 xla")
+    results.partial({"benchmark": "kernels", "results": [1, 2]}, "gemm T=32 ragged_dot")
+    earlier, now = read_runs(path)
+    assert earlier == {"benchmark": "kernels", "earlier": True} and now["results"] == [1, 2] and now["partial"]
+    assert now["progress"]["rows"] == 2 and now["progress"]["last"] == "gemm T=32 ragged_dot"
+    assert results.complete({"benchmark": "kernels", "results": [1, 2, 3]}) == 2
+    assert read_runs(path)[1] == {"benchmark": "kernels", "results": [1, 2, 3]}
+
+
+def test_a_benchmark_stopped_at_its_limit_leaves_its_rows_and_the_check_keeps_them(tmp_path):
+    (tmp_path / "out").mkdir(), (tmp_path / "results").mkdir()
+    check = gpu_check.Check(argparse.Namespace(out=str(tmp_path / "out"), results_dir=str(tmp_path / "results"),
+                                               budget_s=60.0, only=None, cache_dir=None, dry_run=True, limits={}))
+    check.tag = "cpu"  # as the environment step sets it
+    step = check.step("bench_kernels")
+    path = step.commands[0][-1]  # --out: the benchmark writes into the check's --out as it goes
+    assert path == str(tmp_path / "out" / "kernels-cpu.json")
+    slow = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from launch.bench_results import ResultsFile\n"
+            f"r = ResultsFile({path!r})\n"
+            "r.partial({'benchmark': 'kernels', 'results': [1]}, 'gemm T=32 dense_matmul')\n"
+            "r.partial({'benchmark': 'kernels', 'results': [1, 2]}, 'gemm T=32 xla')\n"
+            "time.sleep(60)\n")
+    [result] = run_steps([dataclasses.replace(step, commands=[[sys.executable, "-c", slow]], timeout_s=2)],
+                         check.log, budget_s=60, echo=lambda line: None)
+    assert result.status == "timeout" and result.seconds < 20
+    assert result.detail.endswith("partial results (2 rows, the last gemm T=32 xla) in kernels-cpu.json")
+    [kept] = read_runs(str(tmp_path / "results" / "kernels-cpu.json"))
+    assert kept["partial"] and kept["results"] == [1, 2] and read_runs(path) == [kept]
+
+
+def test_only_runs_the_chosen_steps_and_says_how_to_run_what_did_not_finish(tmp_path, monkeypatch, capsys):
+    """Fake steps: install and environment run first though not chosen; bench_kernels runs past its --limit;
+    bench_plans then has under MIN_START_S of the 16 s budget left and is not started."""
+    made = []
+
+    def step(self, name):
+        made.append(name)
+        if name == "environment":
+            return Step(name, "names the device", [], 30, read=lambda: setattr(self, "tag", "cpu") or "cpu")
+        if name == "bench_kernels":
+            return Step(name, "too slow", [[sys.executable, "-c", "import time; time.sleep(60)"]], self.limit(name))
+        return Step(name, "passes", [], 30)
+    monkeypatch.setattr(gpu_check.Check, "step", step)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "out"
+    code = gpu_check.main(["--dry-run", "--out", str(out), "--results-dir", str(tmp_path / "results"),
+                           "--budget-s", "16", "--only", "bench_plans,bench_kernels", "--limit", "bench_kernels=1"])
+    assert code == 1 and made == ["install", "environment", "bench_kernels", "bench_plans"]
+    record = json.loads((out / "gpu_check-cpu.json").read_text())
+    assert [(s["name"], s["status"]) for s in record["steps"]] == [
+        ("install", "passed"), ("environment", "passed"), ("bench_kernels", "timeout"), ("bench_plans", "skipped")]
+    assert record["only"] == ["bench_plans", "bench_kernels"] and "partial" not in record
+    assert sorted(os.listdir(out)) == ["gpu_check-cpu.json", "gpu_check-cpu.log"]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("not finished: bench_kernels, bench_plans; to run them: ")
+    assert last.endswith(f"--out {out} --results-dir {tmp_path / 'results'} --budget-s 16 --dry-run --limit "
+                         "bench_kernels=1 --only bench_kernels,bench_plans")
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--out", str(out), "--only", "bench_kernel"])  # a misspelt step is an error, not a no-op
 
 
 def test_runner_keeps_going_past_failing_slow_and_unreadable_steps(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 
 from moejax.kernels.attention import attention
 from moejax.kernels.attention.paged import gather_blocks, paged_attention
+from moejax.kernels.backends import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
 
 P = 16  # moejax.kv_pool.BLOCK
@@ -44,7 +45,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", ["xla", "pallas_interpret"])
+@pytest.mark.parametrize("backend", ["xla", "pallas_interpret"] + (["pallas"] if on_gpu() else []))  # compiled: GPU
 @pytest.mark.parametrize("case", list(CASES))
 def test_paged_matches_dense_reference(case, backend):
     shape, kw = CASES[case]
