@@ -17,18 +17,22 @@ def read_runs(path: str) -> list[dict]:
         return json.load(f)["runs"]
 
 
-def write_runs(path: str, runs: list[dict]) -> None:
+def write_json(path: str, value) -> None:
     """Whole or not at all (a scratch file renamed over `path`): a kill mid-write leaves the previous file."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=folder, prefix=".runs-", suffix=".tmp")
+    fd, scratch = tempfile.mkstemp(dir=folder, prefix=".write-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"runs": runs}, f, indent=1)
+            json.dump(value, f, indent=1)
         os.replace(scratch, path)
     except BaseException:
         os.unlink(scratch)
         raise
+
+
+def write_runs(path: str, runs: list[dict]) -> None:
+    write_json(path, {"runs": runs})
 
 
 class ResultsFile:

@@ -14,7 +14,8 @@ hardware ceilings measured with CUDA events. Steps, in order of what a short lea
                  kernel's file, when there is one) against their float64 oracles; the other backends are tested
                  on CPU in CI
   tune_gmm       the grouped GEMM tuning sweep (`python -m launch.tune_gmm`), where that module exists
-  bench_kernels  `python -m launch.bench kernels`, then `offload` and `serve` at GPU sizes
+  bench_kernels  `python -m launch.bench kernels` (every compiled grouped GEMM and FFN backend, one that would not
+                 fit skipped), then bench_offload and bench_serve: `launch.bench offload | serve` at GPU sizes
   parity_tests   every model family against transformers' logits in bfloat16 (the kernels `auto` picks on a
                  GPU), float32 logits and greedy generation for two families (MLA; sinks and windows)
   bench_generate `python -m launch.bench generate` (continuous vs static batching on the embedded model, step
@@ -54,7 +55,7 @@ import sys
 import tempfile
 import time
 
-from launch.bench_results import read_runs, write_runs
+from launch.bench_results import read_runs, write_json, write_runs
 from launch.bench_util import device_tag
 from launch.step_runner import UNFINISHED, Step, run_steps, table
 
@@ -71,7 +72,7 @@ NEEDED_FIRST = ("install", "environment")  # before any step: the device's name 
 # 1.2-3.8 s, float32 greedy generation 8-12 s); bench kernels 57 s up to its crash at T=32768; bench offload's
 # Θ profile 23 s and 4 prefill sizes in 152 s (its decode section never started); bench generate (64 requests
 # on pycode-moe) past 150 s. Steps that were cut get smaller workloads below; tune_gmm stops itself at 170 s.
-LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=100, tune_gmm=200, bench_kernels=120,
+LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gmm=200, bench_kernels=120,
               bench_offload=130, bench_serve=120, parity_tests=90, bench_generate=120, offload_tests=90,
               bench_plans=90)
 MOSAIC_TESTS = "tests/test_grouped_matmul_mosaic.py"  # run whole where it exists (the Mosaic GPU kernel's)
@@ -277,9 +278,7 @@ class Check:
         record = dict(self.record, seconds=seconds, steps=[r.__dict__ for r in results],
                       **({"partial": True} if partial else {}))
         path = os.path.join(self.args.out, f"gpu_check-{self.tag}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(path + ".tmp", path)
+        write_json(path, record)
         if self.tag != "unknown-device":  # a record written before the device was known is superseded
             stale = os.path.join(self.args.out, "gpu_check-unknown-device.json")
             if os.path.exists(stale):
