@@ -5,7 +5,8 @@ call itself took to return: converting the inputs and dispatching); `replay` the
 same inputs again, back to back, each waited for: the device's time plus one dispatch and one wait, with no host
 bookkeeping between them. The overhead share of a step kind is 1 - replayed / measured: the part of the scheduler's
 step time the device was not computing that step. It is a lower bound: the replay's own dispatch and wait count as
-computing, and the replay runs each program compiled and warm, as the timed run did."""
+computing, and the replay runs each program compiled and warm, as the timed run did. On a CPU the "device" is the
+host's own cores, so the share is near zero and may come out negative (noise); only a GPU run says where it stands."""
 from __future__ import annotations
 
 import dataclasses
