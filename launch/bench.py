@@ -185,9 +185,9 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="JSON file (default bench/results/prefill-<device>.json)")
     p.set_defaults(run=prefill)
     # run(args, environment, partial): partial(record so far, row) after each measured row; the benchmarks that
-    # measure all their rows before they assemble a record (serve, peers, quality, predictors) write once, at the end
+    # measure all their rows before they assemble a record (peers, quality, predictors) write once, at the end
     at_end = lambda run: lambda a, env, partial: run(a, env)  # noqa: E731
-    bench_serve.add_parser(sub).set_defaults(run=at_end(bench_serve.serve))
+    bench_serve.add_parser(sub).set_defaults(run=bench_serve.serve)
     bench_kernels.add_parser(sub).set_defaults(run=bench_kernels.kernels)
     bench_offload.add_parser(sub).set_defaults(run=bench_offload.offload)
     bench_layouts.add_parser(sub).set_defaults(run=bench_layouts.layouts)

@@ -195,11 +195,12 @@ class Check:
                     self.limit("ceilings"), read=lambda: self._read_ceilings(path))
 
     def _tune_gmm_step(self) -> Step:
-        path = os.path.join(self.args.out, f"tune_gmm-{self.tag}.json")
+        path = os.path.join(self.args.out, f"tune_gmm-{self.tag}.json")  # a results file, as the benchmarks write
+        before = len(read_runs(path))
         absent = None if importlib.util.find_spec("launch.tune_gmm") else "no launch.tune_gmm yet"
         return Step("tune_gmm", "grouped GEMM tuning sweep: the best tiles per shape class",
                     [[PY, "-m", "launch.tune_gmm", "--out", path] + (["--dry-run"] if self.dry else [])],
-                    self.limit("tune_gmm"), read=lambda: self._read_sweep(path), absent=absent)
+                    self.limit("tune_gmm"), read=lambda: self._read_bench("tune_gmm", path, before), absent=absent)
 
     def _test_step(self, name: str, what: str, files: list[str], k_gpu: str, k_dry: str) -> Step:
         out = os.path.join(self.work, f"{name}.jsonl")
@@ -246,14 +247,6 @@ class Check:
         write_runs(history, read_runs(history) + runs[before:])
         self.record["benchmarks"][cmd] = name
         return _kept(runs[-1], name)
-
-    def _read_sweep(self, path: str) -> str:
-        if not os.path.exists(path):
-            return "wrote no results"
-        name = os.path.basename(path)
-        shutil.copy(path, os.path.join(self.args.results_dir, name))
-        self.record["benchmarks"]["tune_gmm"] = name
-        return _kept(_read_json(path), name)
 
     def run(self) -> int:
         t0 = time.monotonic()

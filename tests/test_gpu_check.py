@@ -61,7 +61,7 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
                             "offload-cpu.json", "plans-cpu.json", "serve-cpu.json"]
                            + (["tune_gmm-cpu.json"] if SWEEP else []))  # the device tool brings back at most 8
     assert len(files) <= 8
-    for bench in ("kernels", "offload", "serve", "generate", "plans"):
+    for bench in ("kernels", "offload", "serve", "generate", "plans") + (("tune_gmm",) if SWEEP else ()):
         runs = json.loads((results / f"{bench}-cpu.json").read_text())["runs"]
         assert len(runs) == 1 and runs[0]["benchmark"] == bench and runs[0]["device"]["kind"] == "cpu"
         assert "partial" not in runs[0] and read_runs(str(out / f"{bench}-cpu.json")) == runs
