@@ -47,6 +47,11 @@ def timed_call(engine, call: str, ids):
     return lambda: engine.generate(rows, 1)
 
 
+# A copy of the tree (the device tool sends one) may sit in another repository's checkout, whose HEAD is not the
+# code's: the caller names the commit it sent.
+COMMIT_VARIABLE = "MOEJAX_GIT_COMMIT"
+
+
 def device_tag(kind: str) -> str:
     """A device kind as result file names carry it ('NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3')."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", kind.strip()) or "unknown-device"
@@ -74,6 +79,7 @@ def environment() -> dict:
         dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True, text=True).stdout.split("\n")
     except OSError:
         commit, dirty = "", []
+    commit = os.environ.get(COMMIT_VARIABLE) or commit
     return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),
                             cpu=cpu, cpu_count=os.cpu_count()),
                 versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),

@@ -56,7 +56,7 @@ import tempfile
 import time
 
 from launch.bench_results import read_runs, write_json, write_runs
-from launch.bench_util import device_tag
+from launch.bench_util import COMMIT_VARIABLE, device_tag
 from launch.step_runner import UNFINISHED, Step, run_steps, table
 
 PY = sys.executable
@@ -71,10 +71,15 @@ NEEDED_FIRST = ("install", "environment")  # before any step: the device's name 
 # 34 s (the rest tested backends CI tests on CPU); 27 parity tests in 120 s (bf16 0.8-1.8 s each, float32 logits
 # 1.2-3.8 s, float32 greedy generation 8-12 s); bench kernels 57 s up to its crash at T=32768; bench offload's
 # Θ profile 23 s and 4 prefill sizes in 152 s (its decode section never started); bench generate (64 requests
-# on pycode-moe) past 150 s. Steps that were cut get smaller workloads below; tune_gmm stops itself at 170 s.
-LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gmm=200, bench_kernels=120,
+# on pycode-moe) past 150 s. Steps that were cut get smaller workloads below; tune_gmm stops starting candidates at its
+# --budget-s (TUNE_GMM).
+LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gmm=120, bench_kernels=120,
               bench_offload=130, bench_serve=120, parity_tests=90, bench_generate=120, offload_tests=90,
               bench_plans=90)
+# The sweep on the GPU: the two classes the targets name (8K and 32K tokens), the first three candidates of each
+# list (the first H200 sweep's best, the warp-specialized Mosaic body, the runners-up), about 80 s; the full sweep
+# (`python -m launch.tune_gmm`, 160 s) is a call of its own (bench/README.md).
+TUNE_GMM = (["--tokens", "8192,32768", "--configs", "3", "--no-anchor", "--budget-s", "75"], ["--dry-run"])
 MOSAIC_TESTS = "tests/test_grouped_matmul_mosaic.py"  # run whole where it exists (the Mosaic GPU kernel's)
 TEST_STEPS = {  # name: (what, files, -k on the GPU, -k in the dry run)
     "kernel_tests": ("compiled Pallas, cuDNN and Mosaic GPU kernels against float64 oracles",
@@ -199,7 +204,7 @@ class Check:
         before = len(read_runs(path))
         absent = None if importlib.util.find_spec("launch.tune_gmm") else "no launch.tune_gmm yet"
         return Step("tune_gmm", "grouped GEMM tuning sweep: the best tiles per shape class",
-                    [[PY, "-m", "launch.tune_gmm", "--out", path] + (["--dry-run"] if self.dry else [])],
+                    [[PY, "-m", "launch.tune_gmm", "--out", path] + TUNE_GMM[1 if self.dry else 0]],
                     self.limit("tune_gmm"), read=lambda: self._read_bench("tune_gmm", path, before), absent=absent)
 
     def _test_step(self, name: str, what: str, files: list[str], k_gpu: str, k_dry: str) -> Step:
@@ -305,6 +310,8 @@ class Check:
 
 
 def _git() -> dict:
+    if os.environ.get(COMMIT_VARIABLE):
+        return dict(commit=os.environ[COMMIT_VARIABLE], named_by=COMMIT_VARIABLE)
     try:
         run = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         return dict(commit=run.stdout.strip()) if run.returncode == 0 else {}
