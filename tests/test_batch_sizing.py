@@ -10,7 +10,7 @@ import pytest
 import moejax
 from moejax.plan.datasheets import DATASHEETS
 from moejax.plan.theta import theta_eq1
-from moejax.sched.batch import serve_lines
+from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, activation_bytes_per_token, score_batch_size
 from moejax.sched.planner import make_plan
 from moejax.sched.requests import parse_lines
@@ -45,6 +45,13 @@ def test_a_small_memory_budget_bounds_the_batch():
     assert sized.cap == (8 * 2**30 - plan.device_bytes - 2**28) // per_token == sized.tokens
     assert 1000 < sized.tokens < theta_eq1(engine.config, DATASHEETS["h200"]).theta_tokens
     assert "memory: budget 8.00 GiB" in sized.source and "asks" in sized.source
+
+
+def test_explain_says_which_size_and_why(tiny):
+    lines = [score_line("a", [5, 6, 7], [[1]])]
+    assert "scoring batches: up to 8192 tokens (the default on cpu)" in explain_lines(tiny, lines)
+    assert "scoring batches: up to 64 tokens (--max-batch-tokens 64, as given; it wins over the device's size)" in \
+        explain_lines(tiny, lines, max_batch_tokens=64)
 
 
 def test_the_plan_packs_rows_up_to_the_budget_and_theta_grows_them_no_further_than_memory():

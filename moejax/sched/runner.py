@@ -183,7 +183,7 @@ class Runner:
     def _finish_score(self, launched: _Launched | None, following: _Launched | None = None) -> _Launched | None:
         """Read a launched batch's results (waiting for the device only here) and write them, or fail its requests;
         -> `following`, launched anew when the failure started the prefix cache afresh (it was packed against the
-        old one: today's results must not depend on the overlap)."""
+        old one, and results must not depend on the overlap)."""
         if launched is None:
             return following
         batch = self.plan.batches[launched.k]
