@@ -1,5 +1,5 @@
 """The Mosaic GPU grouped GEMM: its group-aligned layout and tuning table on any machine, its CUDA lowering on
-CPU, and on a GPU its bfloat16 results against float64 (the GPU check runs this file compiled)."""
+CPU, and on a GPU its bfloat16 results against float64 (`test_compiled_*`: what the GPU check runs, first)."""
 import re
 
 import jax
@@ -131,7 +131,7 @@ def bf16_problems(draw):
 @gpu
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bf16_problems())
-def test_bfloat16_matches_float64(problem):
+def test_compiled_bfloat16_matches_float64(problem):
     x, w, sizes = make(*problem, dtype=ml_dtypes.bfloat16)
     ref = reference(x, w, sizes)
     out = np.asarray(grouped_matmul(x, w, sizes, backend="mosaic")).astype(np.float64)
@@ -143,7 +143,7 @@ def test_bfloat16_matches_float64(problem):
 @gpu
 @pytest.mark.parametrize("cfg", [MosaicConfig(64, 128, 64, 2, True), MosaicConfig(128, 128, 64, 4, False),
                                  MosaicConfig(128, 128, 64, 3, True, 2), MosaicConfig(64, 128, 64, 4, False, 2)])
-def test_every_tile_configuration_computes_the_same_product(cfg):
+def test_compiled_every_tile_configuration_computes_the_same_product(cfg):
     x, w, sizes = make(5, 700, 256, 384, "some_empty", 1, dtype=ml_dtypes.bfloat16)
     from moejax.kernels.grouped_matmul import mosaic
     out = np.asarray(mosaic.grouped_matmul(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sizes), cfg))
@@ -153,7 +153,7 @@ def test_every_tile_configuration_computes_the_same_product(cfg):
 
 @gpu
 @pytest.mark.parametrize("act,bias,compute_wgs", [("silu", False, 1), ("swiglu_clamp", True, 1), ("silu", True, 2)])
-def test_expert_ffn_bfloat16_matches_float64(act, bias, compute_wgs):
+def test_compiled_expert_ffn_bfloat16_matches_float64(act, bias, compute_wgs):
     x, idx, w, wgu, wd, bgu, bd = make_ffn(9, 2, 150, 128, 192, "some_empty", 3, bias)
     ref = ffn_reference(x, idx, w, wgu, wd, bgu, bd, act, 7.0, 1.702)
     bf = [None if a is None else a.astype(ml_dtypes.bfloat16) for a in (x, wgu, wd, bgu, bd)]

@@ -38,3 +38,17 @@ def test_the_committed_table_is_the_committed_sweeps_best(tmp_path):
         rows = [r for r in run["rows"] if r["class"] == key and r["what"] == "pallas" and not r.get("wrong")
                 and "seconds" in r]
         assert min(rows, key=lambda r: r["seconds"])["config"] == cfg, key
+
+
+def test_the_sampled_references_catch_a_wrong_product():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from moejax.kernels import grouped_matmul
+    d = tune_gmm.make_sets(np.random.default_rng(0), 64, tune_gmm.TINY, jnp.bfloat16)[0]
+    refs = tune_gmm.references(d)
+    right = grouped_matmul(d["xs"], d["wgu"], d["sizes"], backend="xla")
+    assert tune_gmm.relative_error(right, refs["gemm"]) < 1e-2
+    rows = refs["gemm"][0]
+    wrong = right.at[rows[len(rows) // 2]].multiply(-1)  # one sampled row's sign flipped
+    assert tune_gmm.relative_error(wrong, refs["gemm"]) > tune_gmm.WRONG

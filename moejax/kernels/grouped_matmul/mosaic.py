@@ -100,6 +100,17 @@ def work_items(cfg: MosaicConfig, used, grid_n: int):
     return loop, (lambda index: index if cfg.cols_minor else index[::-1])
 
 
+SHARED_BYTES = 225 * 1024  # of Hopper's 227 KiB per block; the rest for barriers
+
+
+def fitted_stages(cfg: MosaicConfig, in_dtype, out_dtype) -> int:
+    """The ring's depth that fits in shared memory beside the output tile(s), at least 2: a float32 output (the
+    expert FFN's down product) takes twice the bytes of the bfloat16 one the sweep tuned for."""
+    slot = (cfg.bm * cfg.bk + cfg.bk * cfg.block_n) * jnp.dtype(in_dtype).itemsize
+    out = cfg.compute_wgs * cfg.bm * cfg.bn * jnp.dtype(out_dtype).itemsize
+    return max(2, min(cfg.stages, (SHARED_BYTES - out) // slot))
+
+
 def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
     """One warpgroup per program issues the copies and the MMAs (emit_pipeline keeps `stages` copies in flight)."""
     bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
@@ -118,7 +129,7 @@ def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
                     grid=(K // bk,),
                     in_specs=[plgpu.BlockSpec((bm, bk), lambda k: (t, k), delay_release=1),
                               plgpu.BlockSpec((bk, bn), lambda k: (k, j), delay_release=1)],
-                    max_concurrent_steps=cfg.stages,
+                    max_concurrent_steps=fitted_stages(cfg, x_gmem.dtype, out_dtype),
                 )(x_gmem, w_gmem.at[g])
                 return acc_ref[...]
 

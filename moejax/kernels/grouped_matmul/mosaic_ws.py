@@ -15,20 +15,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from moejax.kernels.grouped_matmul.mosaic import MosaicConfig, work_items
+from moejax.kernels.grouped_matmul.mosaic import MosaicConfig, fitted_stages, work_items
 
 COPY_REGISTERS = 40  # registers per thread left to the copy warpgroup (JAX's Hopper matmul: "reasonable on H100")
-SHARED_BYTES = 225 * 1024  # of Hopper's 227 KiB per block; the rest for barriers
-
-
-def fitted_stages(cfg: MosaicConfig, in_dtype, out_dtype) -> int:
-    """The ring's depth that fits beside the two output tiles (a float32 output takes twice the bytes: the expert
-    FFN's down product), at least 2."""
-    slot = (cfg.bm * cfg.bk + cfg.bk * 2 * cfg.bn) * jnp.dtype(in_dtype).itemsize
-    out = 2 * cfg.bm * cfg.bn * jnp.dtype(out_dtype).itemsize
-    return max(2, min(cfg.stages, (SHARED_BYTES - out) // slot))
-
-
 def _swizzled(minor_elems: int, dtype) -> tuple:
     """Shared-memory transforms for tiles whose minor dimension holds `minor_elems` elements of `dtype`."""
     swizzle = plgpu.find_swizzle(minor_elems * jnp.dtype(dtype).itemsize * 8)
