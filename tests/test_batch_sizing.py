@@ -124,7 +124,8 @@ def test_a_batch_failing_when_read_costs_only_its_requests_and_the_next_is_packe
     monkeypatch.undo()
     rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     failed = [r["custom_id"] for r in rows if r["response"]["status_code"] == 500]
-    assert len(failed) == 1 and rows[int(failed[0][1:])]["error"]["message"] == "batch failed: RuntimeError: device lost"
+    assert len(failed) == 1
+    assert rows[int(failed[0][1:])]["error"]["message"] == "batch failed: RuntimeError: device lost"
     for row, prompt in zip(rows, prompts):
         if row["custom_id"] not in failed:
             got = row["response"]["body"]["results"][0]["candidates"][0]["logprob"]

@@ -116,8 +116,7 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
     # new ones of a node that has some, are listed; the others of a node are new, from new_base[id(node)] on.
     key_of: dict[tuple[int, int], tuple[str, int]] = {}
     new_base: dict[int, int] = {}
-    must_compute = {(id(node), off) for s, c in zip(seqs, chains) for node, off in (_at(c, pos) for pos, _, _ in
-                                                                                    s.reads)}
+    must_compute = {(id(node), off) for s, c in zip(seqs, chains) for node, off in [_at(c, r[0]) for r in s.reads]}
 
     def key(node: _Node, off: int) -> tuple[str, int]:
         return key_of.get((id(node), off)) or ("new", new_base[id(node)] + off)
