@@ -99,8 +99,25 @@ def resident_prefill(engine, lines: list[str], batch_tokens: int, repeats: int, 
                 mfu=flops["total"] / median / peak_flops if peak_flops else None)
 
 
+# flag -> the smallest value it takes
+LEAST = {"requests": 1, "prefix": 0, "suffix": 0, "candidates": 1, "max_batch_tokens": 16, "repeats": 1}
+
+
+def check_flags(args) -> None:
+    """SystemExit naming the first flag out of range."""
+    for name, least in LEAST.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise SystemExit(f"bench serve: --{name.replace('_', '-')} must be >= {least}; got {value}")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise SystemExit(f"bench serve: --peak-tflops must be > 0; got {args.peak_tflops}")
+    if args.prefix == 0 and args.suffix == 0:
+        raise SystemExit("bench serve: --prefix and --suffix are both 0: a prompt needs a token")
+
+
 def serve(args, environment: dict, partial=None) -> dict:
     """partial(record so far, row name), when given, after each measured row."""
+    check_flags(args)
     platform = jax.devices()[0].platform
     defaults = DEFAULTS["gpu" if platform == "gpu" else "cpu"]
     requests = args.requests or defaults["requests"]
@@ -114,6 +131,9 @@ def serve(args, environment: dict, partial=None) -> dict:
                          f"{', '.join(WORKLOADS)}; kv modes: {', '.join(MODES)})")
     options = {} if args.num_layers is None else {"num_layers": args.num_layers}
     engine = moejax.load(args.model, dtype=args.dtype, **options)
+    if args.candidates >= engine.config.vocab_size:
+        raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
+                         f"{engine.config.vocab_size} tokens")
     top = peak(args, engine)
     results, reference = [], None
 
