@@ -225,7 +225,7 @@ def test_settings_name_the_model_files_dtype_and_kernels(tmp_path):
     args = parse_args(["--input", "x", "--model", str(copy)])
     a = run_settings(args, moejax.load(str(copy), dtype="float32"))
     b = run_settings(args, moejax.load(str(copy), dtype="bfloat16"))
-    assert a != b and a["dtype"] == "float32" and b["dtype"] == "bfloat16" and "xla" in a["kernels"]
+    assert a != b and a["dtype"] == "float32" and b["dtype"] == "bfloat16" and "experts auto: xla" in a["kernels"]
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))
     assert model_identity(str(copy)) != a["model"]  # same path, other model

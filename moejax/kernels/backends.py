@@ -90,6 +90,17 @@ class Kernels:
         return (f"{', '.join(wrong)} needs an NVIDIA GPU and JAX runs on {jax.default_backend()} here; use auto, "
                 "xla (or pallas_interpret to run the Pallas kernels interpreted)")
 
+    def describe(self) -> str:
+        """These choices and what `auto` resolves by, for records of what decided a run's results: on a CPU the
+        experts' auto is the XLA path; on a GPU it follows the tuning table, named by the run it came from."""
+        if self.experts != "auto":
+            return str(self)
+        if not on_gpu():
+            return f"{self}; experts auto: xla on {jax.default_backend()}"
+        from moejax.kernels.grouped_matmul import tuning
+        source = tuning.device_entry().get("source", {})
+        return f"{self}; experts auto: tuning table {source.get('commit') or 'none (pallas)'}"
+
     @classmethod
     def parse(cls, spec: "str | dict | Kernels | None") -> "Kernels":
         """None/"auto"; one backend name for every op ("xla", "pallas", "pallas_interpret"); or per op as a dict or

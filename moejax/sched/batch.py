@@ -82,7 +82,7 @@ def unprofiled_theta(engine):
 def engine_settings(engine) -> dict:
     """What decides an engine's results, for the journal's header and each result's system_fingerprint. A caller
     that knows more (launch.serve: offload and prediction options) passes its own."""
-    return {"model": engine.name, "dtype": engine.dtype.name, "kernels": str(engine.kernels),
+    return {"model": engine.name, "dtype": engine.dtype.name, "kernels": engine.kernels.describe(),
             "layers": engine.config.num_layers, "layout": None if engine.layout is None else str(engine.layout)}
 
 
