@@ -1,6 +1,6 @@
-"""Built-in models. Presets: HF-style config dicts, weights drawn at random from a seed (no download); `tiny-*`
-run on a CPU in seconds, the others have the real models' shapes, for benchmarks and memory planning (build them
-with `num_layers=` to run a slice). Embedded: trained checkpoint directories shipped inside the package
+"""Built-in models. Presets: HF-style config dicts, weights drawn at random from a seed (no download); `tiny-*` and
+`micro-*` run on a CPU in seconds, the others have the real models' shapes, for benchmarks and memory planning
+(build them with `num_layers=` to run a slice). Embedded: trained checkpoint directories shipped inside the package
 (moejax/assets/<name>, written by `python -m launch.train`), loaded like any checkpoint directory."""
 from __future__ import annotations
 
@@ -49,8 +49,17 @@ _TINY_QWEN3 = dict(
     num_experts_per_tok=2, norm_topk_prob=True, rope_theta=10000.0, max_position_embeddings=2048,
     rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=0)
 
+# A model whose compute per step is negligible, so a generation benchmark measures the scheduler's own work
+# (issue 29's workload).
+_MICRO_QWEN3 = dict(
+    model_type="qwen3_moe", vocab_size=320, hidden_size=48, intermediate_size=96, moe_intermediate_size=32,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=12, num_experts=8,
+    num_experts_per_tok=2, norm_topk_prob=True, rope_theta=10000.0, max_position_embeddings=2048,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=0)
+
 PRESETS = {
     "tiny-qwen3-moe": _TINY_QWEN3,
+    "micro-qwen3-moe": _MICRO_QWEN3,
     "qwen3-30b-a3b": _QWEN3_30B,
     "mixtral-8x7b": _MIXTRAL_8X7B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,

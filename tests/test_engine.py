@@ -14,8 +14,8 @@ def tiny():
 
 
 def test_presets_listed():
-    assert {"tiny-qwen3-moe", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "gpt-oss-20b"} <= set(
-        moejax.presets())
+    assert {"tiny-qwen3-moe", "micro-qwen3-moe", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite",
+            "gpt-oss-20b"} <= set(moejax.presets())
 
 
 @pytest.mark.parametrize("name, billions", [("qwen3-30b-a3b", 30.5), ("mixtral-8x7b", 46.7),
