@@ -1,21 +1,28 @@
 """`python -m launch.bench generate`: output tokens/s of continuous batching against static batching and against
-transformers' batched `generate`, side by side in one process on one checkpoint, on a long-tail workload (prompts
-and max_tokens log-uniform over wide ranges, greedy, with stop tokens).
+transformers' batched `generate`, side by side in one process on one checkpoint, on a long-tail workload
+(launch/generate_workloads.py: `--workload log-uniform`, prompts and max_tokens log-uniform over wide ranges, greedy,
+with stop tokens; or `--workload long-tail`, issue 29's: short prompts, seven in eight requests stopping within 5
+tokens on their own stop token, one in eight running to 160; transformers' generate, one stop list per call, sits
+that one out).
 
 Every engine delivers the same thing: each request's tokens up to its max_tokens or first stop token, and
-tokens/s counts only those. moejax runs the whole `serve_lines` path (parse, plan, steps, results) once untimed
-(it compiles every shape the run uses) and then `--repeats` times; transformers runs batches of `--hf-batch`
-requests (left-padded, sorted by prompt length) with max_new_tokens = the batch's largest max_tokens and the
-stop tokens as eos: a row's tokens past its own max_tokens are computed and dropped, as a static batch does.
-Slot utilisation is useful decode rows / decode rows computed (moejax's runner counts both). Continuous batching
-runs twice: prefill chunks and decodes in separate steps (the default) and in mixed steps (decoding sequences
-ride along in the chunk steps as 1-token rows while anything prefills). For a preset the
-checkpoint is built with transformers from the preset's config (--num-layers of it), so both engines load the
-same weights; a directory is loaded as it is.
+tokens/s counts only those. moejax runs the whole `serve_lines` path (parse, plan, steps, results) once untimed, each
+mode after `jax.clear_caches()`: it compiles every program the mode runs, none left by another mode (launch/
+compile_count.py counts them), and its wall time is the end-to-end time "compilation included"; then `--repeats`
+times ("warm"). transformers runs batches of `--hf-batch` requests (left-padded, sorted by prompt length) with
+max_new_tokens = the batch's largest max_tokens and the stop tokens as eos: a row's tokens past its own max_tokens
+are computed and dropped, as a static batch does. Slot utilisation is useful decode rows / decode rows computed
+(moejax's runner counts both). Continuous batching runs twice: prefill chunks and decodes in separate steps (the
+default) and in mixed steps (decoding sequences ride along in the chunk steps as 1-token rows while anything
+prefills). For a preset the checkpoint is built with transformers from the preset's config (--num-layers of it),
+so both engines load the same weights; a directory is loaded as it is.
 
 Step times (continuous batching, the last timed run): the scheduler's chunk and decode steps, each kind's wall time
 per step next to the same step programs replayed on the same inputs, and the overhead share, the part of the step
-time the device was not computing (launch/step_overhead.py says how)."""
+time the device was not computing (launch/step_overhead.py says how).
+
+`--overhead`: only continuous batching, with the model's forward a no-op of the same shapes, for the scheduler's host
+time per step (launch/sched_overhead.py)."""
 from __future__ import annotations
 
 import json
@@ -23,22 +30,13 @@ import os
 import tempfile
 import time
 
+import jax
 import numpy as np
 
 import moejax
 from moejax.sched.batch import serve_lines
-from launch import step_overhead
+from launch import compile_count, generate_workloads, sched_overhead, step_overhead
 from launch.bench_results import no_file
-
-
-def workload(n: int, vocab: int, prompt_range, max_range, stop_ids, seed: int) -> list[dict]:
-    """n requests: prompt lengths and max_tokens log-uniform over their ranges, random tokens, greedy."""
-    rng = np.random.default_rng(seed)
-
-    def log_uniform(lo, hi):
-        return int(round(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
-    return [dict(prompt=rng.integers(1, vocab, log_uniform(*prompt_range)).tolist(),
-                 max_tokens=log_uniform(*max_range), stop_token_ids=list(stop_ids)) for _ in range(n)]
 
 
 def _lines(reqs) -> list[str]:
@@ -123,58 +121,115 @@ def _checkpoint(args, tmp: str) -> tuple[str, dict]:
     return tmp, {}
 
 
-def generate(args, environment: dict, partial=no_file) -> dict:
-    tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
-    path, options = _checkpoint(args, tmp.name)
-    engine = moejax.load(path, dtype=args.dtype, compilation_cache=False, **options)
+def _workload(args, engine) -> tuple[list[dict], dict]:
+    """The requests, and what describes them in the record's config."""
     cfg = engine.config
+    if args.workload == "long-tail":
+        reqs = generate_workloads.long_tail(engine, args.requests, args.seed)
+        lt = generate_workloads.LONG_TAIL
+        print(f"{len(reqs)} requests, prompts {lt['prompt_range'][0]}-{lt['prompt_range'][1]}, max_tokens "
+              f"{lt['max_tokens']}: {sum(not r['stop_token_ids'] for r in reqs)} long, the others stopping within "
+              f"{lt['stop_within']} tokens (the model's eos {list(cfg.eos_token_ids)} stops every request)",
+              flush=True)
+        return reqs, dict(workload="long-tail", **lt)
     stop_ids = tuple(cfg.eos_token_ids) + tuple(int(t) for t in args.stop_ids.split(",") if t)
     if args.stop_fraction:  # a random-weight model rarely makes its eos: random stop ids end rows at random points
         pick = np.random.default_rng(args.seed + 1).choice(cfg.vocab_size, int(args.stop_fraction * cfg.vocab_size),
                                                            replace=False)
         stop_ids += tuple(int(t) for t in sorted(pick))
-    reqs = workload(args.requests, cfg.vocab_size, (args.min_prompt, args.max_prompt),
-                    (args.min_new, args.max_new), stop_ids, args.seed)
-    print(f"{args.model} ({path}): {cfg.num_layers} layers; {len(reqs)} requests, prompts "
-          f"{args.min_prompt}-{args.max_prompt}, max_tokens {args.min_new}-{args.max_new}, {len(stop_ids)} stop ids",
+    reqs = generate_workloads.log_uniform(args.requests, cfg.vocab_size, (args.min_prompt, args.max_prompt),
+                                          (args.min_new, args.max_new), stop_ids, args.seed)
+    print(f"{len(reqs)} requests, prompts {args.min_prompt}-{args.max_prompt}, max_tokens {args.min_new}-"
+          f"{args.max_new}, {len(stop_ids)} stop ids", flush=True)
+    return reqs, dict(workload="log-uniform", prompt_range=[args.min_prompt, args.max_prompt],
+                      max_tokens_range=[args.min_new, args.max_new], stop_ids=list(stop_ids),
+                      stop_fraction=args.stop_fraction)
+
+
+def _overhead(engine, reqs, args, record: dict) -> dict:
+    """Continuous batching with no-op steps: an untimed run (compiles the no-op programs), then --repeats timed runs;
+    the last one's scheduler stats give the host time per step."""
+    token = sched_overhead.free_token(reqs, engine.config.eos_token_ids, engine.config.vocab_size)
+    noop = sched_overhead.NoopSteps(engine, token)
+    with compile_count.counting() as first:
+        t0 = time.perf_counter()
+        _moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb)
+        first_s = time.perf_counter() - t0
+    runs = []
+    for _ in range(args.repeats):
+        with sched_overhead.scheduler_loop() as loop:
+            result, tokens = _moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb)
+        runs.append((result, tokens, loop))
+    result, tokens, loop = runs[-1]
+    made = sum(map(len, tokens))
+    if made != sum(r["max_tokens"] for r in reqs):
+        raise RuntimeError(f"the no-op run made {made} tokens, not every request's max_tokens: a stop was hit")
+    o = sched_overhead.per_step(result["summary"]["scheduler"], loop)
+    print(f"  no-op model (token {token}): {sched_overhead.describe(o)}; first run {first_s:.1f}s "
+          f"({first.as_dict()['programs']} programs compiled), timed {[round(r['wall_s'], 2) for r, _, _ in runs]}s",
           flush=True)
+    return dict(record, overhead=dict(o, noop_token=token, output_tokens=made, first_run_s=first_s,
+                                        first_run_compiles=first.as_dict(),
+                                        seconds=[r["wall_s"] for r, _, _ in runs],
+                                        method=sched_overhead.__doc__.replace("\n", " ")))
+
+
+def generate(args, environment: dict, partial=no_file) -> dict:
+    tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
+    path, options = _checkpoint(args, tmp.name)
+    engine = moejax.load(path, dtype=args.dtype, compilation_cache=False, **options)
+    cfg = engine.config
+    print(f"{args.model} ({path}): {cfg.num_layers} layers", flush=True)
+    reqs, described = _workload(args, engine)
+    config = dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, requests=args.requests, **described,
+                  max_batch_tokens=args.max_batch_tokens, kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch,
+                  repeats=args.repeats, seed=args.seed,
+                  persistent_compilation_cache=jax.config.jax_compilation_cache_dir or None)
+    if args.overhead:
+        tmp.cleanup()
+        return _overhead(engine, reqs, args, dict(**environment, benchmark="generate --overhead", config=config))
     results, outputs = [], {}
 
     def record() -> dict:
-        return dict(**environment, benchmark="generate",
-                    config=dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, requests=args.requests,
-                                prompt_range=[args.min_prompt, args.max_prompt],
-                                max_tokens_range=[args.min_new, args.max_new], stop_ids=list(stop_ids),
-                                stop_fraction=args.stop_fraction, max_batch_tokens=args.max_batch_tokens,
-                                kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch, repeats=args.repeats,
-                                seed=args.seed),
+        return dict(**environment, benchmark="generate", config=dict(config),
                     step_times_method=step_overhead.__doc__.split("\n\n")[0].replace("\n", " "),
                     results=results)
     for name, batching, options in MOEJAX:
         if args.no_mixed and options and options.get("mixed"):
             continue
-        t0 = time.perf_counter()
-        _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)  # compiles every shape
-        warm = time.perf_counter() - t0
-        runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb,
-                        steps=batching == "continuous" and i == args.repeats - 1) for i in range(args.repeats)]
+        jax.clear_caches()  # this mode compiles every program it runs: none are left by the modes before it
+        with compile_count.counting() as first:
+            t0 = time.perf_counter()
+            _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)
+            first_s = time.perf_counter() - t0
+        with compile_count.counting() as later:
+            runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb,
+                            steps=batching == "continuous" and i == args.repeats - 1) for i in range(args.repeats)]
         walls = [r[0]["wall_s"] for r in runs]
         outputs[name] = tokens = runs[-1][1]
         summary = runs[-1][0]["summary"]
         row = dict(engine="moejax", batching=name, seconds=walls, seconds_median=float(np.median(walls)),
-                   first_run_s=warm, output_tokens=sum(map(len, tokens)),
+                   first_run_s=first_s, first_run_compiles=first.as_dict(), later_compiles=later.as_dict(),
+                   output_tokens=sum(map(len, tokens)),
                    slot_utilisation=summary["slot_utilisation"], scheduler=summary["scheduler"],
                    prefill_tokens_computed=summary["computed_tokens"], padded_prefill_tokens=summary["padded_tokens"])
+        c = row["first_run_compiles"]
+        print(f"  {name}: first run {first_s:.1f}s, {c['programs']} programs compiled (trace {c['trace_s']:.1f}s, "
+              f"lower {c['lower_s']:.1f}s, compile {c['compile_s']:.1f}s); later {row['later_compiles']['programs']} "
+              "(timed runs and step replay)", flush=True)
         if "step_times" in runs[-1][0]:
             row["step_times"] = runs[-1][0]["step_times"]
             print(f"  {name}: {step_overhead.describe(row['step_times'])}", flush=True)
         results.append(row)
         partial(record(), name)
-    if not args.no_transformers:
+    if not args.no_transformers and args.workload == "long-tail":
+        print("  transformers skipped: its generate takes one stop list per call, long-tail's stops are per request")
+    elif not args.no_transformers:
         import torch
         import transformers
         torch.set_num_threads(os.cpu_count())
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        stop_ids = described["stop_ids"]
         _transformers(model, reqs[: args.hf_batch], args.hf_batch, stop_ids, 0)  # warm-up
         walls, out = [], None
         for _ in range(args.repeats):
@@ -195,17 +250,27 @@ def generate(args, environment: dict, partial=no_file) -> dict:
               f"{'' if util is None else f'slots {util:.0%} useful  '}same as static {r['same_tokens_as_static']:.0%}",
               flush=True)
     rate = {r["batching"] if r["engine"] == "moejax" else "transformers": r["output_tokens_per_s"] for r in results}
-    ratios = {"continuous / static": rate["continuous"] / rate["static"]}
+    first_s = {r["batching"]: r["first_run_s"] for r in results if r["engine"] == "moejax"}
+    # the same tokens in each mode: a ratio of rates is the inverse ratio of times
+    ratios = {"continuous / static": rate["continuous"] / rate["static"],
+              "continuous / static, compilation included": first_s["static"] / first_s["continuous"]}
     if "continuous, mixed steps" in rate:
         ratios["mixed steps / separate steps"] = rate["continuous, mixed steps"] / rate["continuous"]
     if "transformers" in rate:
         ratios["continuous / transformers"] = rate["continuous"] / rate["transformers"]
     for k, v in ratios.items():
-        print(f"  {k}: {v:.2f}x")
+        print(f"  {k}{'' if 'compilation' in k else ', warm'}: {v:.2f}x")
     tmp.cleanup()
     lengths = [len(t) for t in outputs["static"]]
     done = record()
     done["config"]["output_length_quartiles"] = np.percentile(lengths, [25, 50, 75]).tolist()
+    if args.workload == "long-tail":
+        done["config"]["made"] = made = generate_workloads.long_tail_check(reqs, outputs["static"])
+        early = made["long_lengths_below_max"]
+        early = f" (the model's eos ended the others after {early} tokens)" if early else ""
+        print(f"  made: {made['short_stopped_within']} of {made['short']} short requests stopped within "
+              f"{generate_workloads.LONG_TAIL['stop_within']} tokens; {made['long_ran_to_max']} of {made['long']} long "
+              f"ones ran to max_tokens{early}")
     return dict(done, ratios=ratios)
 
 
@@ -213,6 +278,11 @@ def add_parser(sub):
     p = sub.add_parser("generate", help="output tokens/s: continuous vs static batching vs transformers generate")
     p.add_argument("--model", default="pycode-moe", help="preset (built with transformers) or checkpoint directory")
     p.add_argument("--num-layers", type=int, default=None, help="a preset's first N layers")
+    p.add_argument("--workload", default="log-uniform", choices=["log-uniform", "long-tail"],
+                   help="long-tail: issue 29's (prompts 6-40, max_tokens 160; the prompt, max_tokens and stop flags "
+                        "are log-uniform's)")
+    p.add_argument("--overhead", action="store_true",
+                   help="only continuous batching, the model a no-op: host microseconds per scheduler step")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--min-prompt", type=int, default=32)
     p.add_argument("--max-prompt", type=int, default=512)

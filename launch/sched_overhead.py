@@ -1,0 +1,103 @@
+"""`bench generate --overhead`: the continuous-batching scheduler's host time per step, with the model's forward
+replaced by a no-op of the same shapes (`NoopSteps`). The steps' inputs are converted and dispatched as the real
+steps' are; the pool comes back unchanged and every row makes one token that no request stops at, so each sequence
+runs to its max_tokens. What the scheduler's step times (its Stats: chunk_s, decode_s) then hold is host work:
+bookkeeping, tables and sampling inputs, copies, dispatch, reading results, delivering finished requests."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+TARGET_MS = 2.0  # issue 29: host overhead per scheduler step, no-op model, CPU
+
+
+# keep_unused: every input is passed to the program, as to the real step. The pool goes in but not out: an output
+# pool would be a copy each step (the real steps donate it and write it in place)
+@functools.partial(jax.jit, static_argnames=("fresh", "token"), keep_unused=True)
+def _chunk(pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh, token):
+    return jnp.full(tokens.shape[:1], token, jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "token"), keep_unused=True)
+def _decode(pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps, token):
+    made = jnp.arange(steps, dtype=jnp.int32)[None, :] < budget[:, None]  # a row makes its whole budget
+    return jnp.where(made, token, -1).astype(jnp.int32)
+
+
+class NoopSteps:
+    """`engine` with paged_chunk and paged_decode (moejax.engine.Engine's, same signatures and results) replaced by
+    no-ops making `token`; every other attribute is the engine's."""
+
+    def __init__(self, engine, token: int):
+        self._engine, self._token = engine, int(token)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def paged_chunk(self, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh: bool):
+        a = jnp.asarray
+        return pool, _chunk(pool, a(tokens), a(start), a(n), a(table), a(temperature), a(top_p), keys, a(count),
+                            fresh=fresh, token=self._token)
+
+    def paged_decode(self, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps: int):
+        a = jnp.asarray
+        return pool, _decode(pool, a(last), a(start), a(budget), a(table), a(temperature), a(top_p), keys,
+                             a(count), a(stops), steps=steps, token=self._token)
+
+
+def free_token(reqs: list[dict], eos_ids, vocab: int) -> int:
+    """The smallest token id no request stops at (nor the model's eos)."""
+    stops = {t for r in reqs for t in r["stop_token_ids"]} | set(eos_ids)
+    return next(t for t in range(vocab) if t not in stops)
+
+
+@contextlib.contextmanager
+def scheduler_loop():
+    """{iterations, run_s} of the continuous scheduler's runs inside the block: Scheduler.run timed and
+    Scheduler._admit (each loop iteration's first act) counted, by wrapping both on the class for the block."""
+    from moejax.sched.continuous import Scheduler
+    loop = dict(iterations=0, run_s=0.0)
+    run, admit = Scheduler.run, Scheduler._admit
+
+    def timed_run(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            loop["run_s"] += time.perf_counter() - t0
+
+    def counted_admit(self, *args, **kwargs):
+        loop["iterations"] += 1
+        return admit(self, *args, **kwargs)
+    Scheduler.run, Scheduler._admit = timed_run, counted_admit
+    try:
+        yield loop
+    finally:
+        Scheduler.run, Scheduler._admit = run, admit
+
+
+def per_step(stats: dict, loop: dict) -> dict:
+    """Host microseconds per chunk step, per decode step (Stats counts each decode call), per step of either kind
+    and per loop iteration (the scheduler's whole run: admission, retiring and delivery included)."""
+    steps = stats["chunk_steps"] + stats["decode_steps"]
+    us = lambda seconds, count: seconds / count * 1e6 if count else None  # noqa: E731
+    out = dict(chunk_us=us(stats["chunk_s"], stats["chunk_steps"]), decode_us=us(stats["decode_s"],
+               stats["decode_steps"]), step_us=us(loop["run_s"], steps),
+               iteration_us=us(loop["run_s"], loop["iterations"]), chunk_steps=stats["chunk_steps"],
+               decode_steps=stats["decode_steps"], iterations=loop["iterations"], scheduler_run_s=loop["run_s"],
+               shapes=stats["shapes"], target_ms=TARGET_MS)
+    measured = [v for k, v in out.items() if k in ("chunk_us", "decode_us", "step_us") and v is not None]
+    out["target_met"] = max(measured, default=0.0) <= TARGET_MS * 1e3
+    return out
+
+
+def describe(o: dict) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+    return (f"host us per chunk step {fmt(o['chunk_us'])} ({o['chunk_steps']}), per decode step "
+            f"{fmt(o['decode_us'])} ({o['decode_steps']}), per step {fmt(o['step_us'])}, per loop iteration "
+            f"{fmt(o['iteration_us'])} ({o['iterations']}); target <= {o['target_ms'] * 1e3:.0f} us per step: "
+            f"{'met' if o['target_met'] else 'NOT met'}")

@@ -1,0 +1,95 @@
+"""bench generate's long-tail workload and --overhead (issue 29): the parts on their own, then both end to end on the
+micro preset cut to one layer, a few requests."""
+import jax
+import numpy as np
+import pytest
+
+import moejax
+from launch import bench, bench_generate, generate_workloads, sched_overhead
+from launch.bench_results import read_runs
+
+TINY_RUN = ["generate", "--model", "micro-qwen3-moe", "--num-layers", "1", "--workload", "long-tail", "--requests",
+            "4", "--no-transformers", "--max-batch-tokens", "1024"]
+
+
+class _Greedy:
+    """An engine whose greedy tokens are known: prompt p makes p[0] * 10 + k at position k (1-based)."""
+    config = type("Config", (), {"vocab_size": 320})()
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, max_new_tokens):
+        self.calls.append((len(prompts), max_new_tokens))
+        return [[p[0] * 10 + k for k in range(1, max_new_tokens + 1)] for p in prompts]
+
+
+def test_long_tail_stops_at_greedy_tokens_within_five():
+    engine = _Greedy()
+    reqs = generate_workloads.long_tail(engine, 16, seed=3)
+    long = [r for r in reqs if not r["stop_token_ids"]]
+    assert len(long) == 2 and engine.calls == [(14, 5)]  # one batched call for the short ones
+    for r in reqs:
+        assert 6 <= len(r["prompt"]) <= 40 and r["max_tokens"] == 160
+        if r["stop_token_ids"]:
+            assert 1 <= r["stop_token_ids"][0] - r["prompt"][0] * 10 <= 5
+    made = [[0] * 160 if not r["stop_token_ids"] else [0] * 3 for r in reqs]
+    made[reqs.index(long[0])] = [0] * 20  # ended early
+    check = generate_workloads.long_tail_check(reqs, made)
+    assert check == dict(short=14, short_stopped_within=14, long=2, long_ran_to_max=1, long_lengths_below_max=[20])
+
+
+def test_noop_steps_keep_the_pool_and_fill_each_budget():
+    engine = type("Engine", (), {"row_multiple": 1})()
+    noop = sched_overhead.NoopSteps(engine, token=7)
+    assert noop.row_multiple == 1  # everything else is the engine's
+    pool = [{"k": jax.numpy.zeros((2, 16, 1, 4))}]
+    keys = jax.random.split(jax.random.key(0), 4)
+    rows = np.zeros(4, np.int32)
+    same, tok = noop.paged_chunk(pool, np.zeros((4, 16), np.int32), rows, rows, np.zeros((4, 8), np.int32),
+                                 np.zeros(4, np.float32), np.ones(4, np.float32), keys, rows, fresh=True)
+    assert same[0]["k"] is pool[0]["k"] and tok.shape == (4,) and tok.dtype == np.int32 and set(np.asarray(tok)) == {7}
+    budget = np.array([3, 0, 8, 1], np.int32)
+    _, out = noop.paged_decode(pool, rows, rows, budget, np.zeros((4, 8), np.int32), np.zeros(4, np.float32),
+                               np.ones(4, np.float32), keys, rows, np.full((4, 4), -1, np.int32), steps=8)
+    np.testing.assert_array_equal((np.asarray(out) == 7).sum(axis=1), budget)
+    assert ((np.asarray(out) == 7) | (np.asarray(out) == -1)).all()
+    assert sched_overhead.free_token([{"stop_token_ids": [1, 2]}, {"stop_token_ids": []}], (0,), 320) == 3
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """One engine for both runs: the stop tokens' generate call compiles once."""
+    return moejax.load("micro-qwen3-moe", num_layers=1, dtype="float32", compilation_cache=False)
+
+
+@pytest.fixture
+def runs(engine, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_generate.moejax, "load", lambda *args, **kwargs: engine)
+    out = str(tmp_path / "generate.json")
+
+    def run(*flags) -> dict:
+        bench.main(TINY_RUN + list(flags) + ["--out", out])
+        return read_runs(out)[-1]
+    return run
+
+
+def test_overhead_reports_host_time_per_step(runs):
+    o = runs("--overhead")["overhead"]
+    assert o["output_tokens"] == 4 * 160  # the no-op never stops a request: each runs to max_tokens
+    assert o["chunk_steps"] > 0 and o["decode_steps"] > 0 and o["iterations"] > 0
+    assert all(o[k] > 0 for k in ("chunk_us", "decode_us", "step_us", "iteration_us"))
+    assert o["target_ms"] == 2.0 and isinstance(o["target_met"], bool)
+
+
+def test_long_tail_compares_warm_and_compilation_included(runs):
+    run = runs("--no-mixed")
+    assert set(run["ratios"]) == {"continuous / static", "continuous / static, compilation included"}
+    assert run["config"]["made"]["short_stopped_within"] == run["config"]["made"]["short"] == 3
+    rows = {r["batching"]: r for r in run["results"]}
+    assert set(rows) == {"continuous", "static"}
+    compiled = {k: set(r["first_run_compiles"]["by_function"]) for k, r in rows.items()}
+    assert "jit(chunk)" in compiled["continuous"] and "jit(chunk)" not in compiled["static"]
+    for r in rows.values():  # each first run compiled its own step programs: nothing left from another
+        assert r["first_run_compiles"]["programs"] > 0 and "jit(decode)" in r["first_run_compiles"]["by_function"]
+        assert r["same_tokens_as_static"] == 1.0 and r["first_run_s"] > r["seconds_median"]
