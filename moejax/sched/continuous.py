@@ -28,8 +28,13 @@ from moejax.buckets import bucket, rows_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
+from moejax.sched.step_times import StepTimes
 
-MIN_ROWS, MIN_TABLE_BLOCKS, MIN_CHUNK = 4, 8, 16
+# Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
+# most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables
+# 8, 16, 32, ... blocks. On a CPU a tiny model's program took about 3.5 s to compile (2026-11-26: 12 shapes, 41 s
+# of XLA compiling, for 60 requests of a 1.5 s run), so a shape saved is worth far more than the padding it costs.
+MIN_TABLE_BLOCKS, MIN_CHUNK, MIN_DECODE_ROWS = 8, 16, 16
 # A decode row's work besides attention (projections, experts, head), in blocks of keys attention reads: measured
 # on CPU with pycode-moe (64 rows: 77 ms per token at 8 blocks, 211 ms at 64), so a call's cost is about
 # rows x (table width + this).
@@ -63,10 +68,12 @@ class Stats:
     chunk_s: float = 0.0  # wall time of chunk steps, dispatch to result (host work in between included)
     decode_s: float = 0.0  # the same for decode steps
     shapes: set = dataclasses.field(default_factory=set)  # (step, rows, length, table width) compiled
+    times: StepTimes = dataclasses.field(default_factory=StepTimes)  # where the wall time went, by phase
 
     def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "times"}
         d["shapes"] = len(self.shapes)
+        d["breakdown"] = self.times.as_dict()
         d["slot_utilisation"] = (self.decode_rows_useful / self.decode_rows_computed
                                  if self.decode_rows_computed else None)
         return d
@@ -140,8 +147,15 @@ class Scheduler:
             elif s.req.max_tokens == 0:
                 self.waiting.remove(s)
                 on_finish(s.req, [], 0)
+        with self.stats.times.listening():
+            self._loop(on_fail)
+        return self.stats
+
+    def _loop(self, on_fail) -> None:
+        times = self.stats.times
         while self.waiting or self.running:
-            self._admit()
+            with times.phase("loop", "admit"):
+                self._admit()
             try:
                 decoding = [s for s in self.running if not s.prefilling and not s.done]
                 mixed = self.mixed and decoding and any(s.prefilling for s in self.running)
@@ -156,9 +170,10 @@ class Scheduler:
                 traceback.print_exc(file=sys.stderr)
                 self._fail_running(f"{type(e).__name__}: {e}", on_fail)
                 continue
-            self._retire()
-        self._deliver()
-        return self.stats
+            with times.phase("loop", "retire"):
+                self._retire()
+        with times.phase("loop", "deliver"):
+            self._deliver()
 
     def _refuse(self, req: GenRequest) -> str | None:
         need = _blocks_for(len(req.prompt) + req.max_tokens)
@@ -236,10 +251,25 @@ class Scheduler:
         self.pool = self.engine.init_pool(self.num_blocks)
 
     # -- steps ------------------------------------------------------------------------------------------------
-    def _wait(self, x) -> np.ndarray:
+    def _wait(self, x, kind: str) -> np.ndarray:
         """The step's output on the host; retired sequences' results are delivered while it runs."""
-        self._deliver()
-        return np.asarray(x)
+        with self.stats.times.phase(kind, "deliver"):
+            self._deliver()
+        with self.stats.times.phase(kind, "wait"):
+            return np.asarray(x)
+
+    def _call(self, kind: str, shape: tuple, step, host_inputs: tuple, **static):
+        """Copy a step's host inputs to the device in one transfer (the raw key data last), then call it; the call
+        of a shape not run before traces and compiles (timed apart)."""
+        times = self.stats.times
+        with times.phase(kind, "copy"):
+            *inputs, keys = jax.device_put(host_inputs)
+            keys = jax.random.wrap_key_data(keys)
+        new = shape not in self.stats.shapes
+        self.stats.shapes.add(shape)
+        times.steps[kind] += 1
+        with times.phase(kind, "compile" if new else "dispatch"):
+            return step(self.pool, *inputs, keys, **static)
 
     def _table(self, seqs, rows: int) -> np.ndarray:
         width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
@@ -249,19 +279,43 @@ class Scheduler:
         return table
 
     def _sampling(self, seqs, rows: int):
+        """(temperature, top_p, count, raw key data): _call moves them to the device and wraps the keys."""
         temp = np.zeros((rows,), np.float32)
         top_p = np.ones((rows,), np.float32)
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
         count = np.zeros((rows,), np.int32)
         for r, s in enumerate(seqs):
             temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out)
-        return temp, top_p, jax.random.wrap_key_data(keys), count
+        return temp, top_p, count, keys
 
     def _chunk_step(self, riders: dict) -> None:
         """One chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of up to
         `row_tokens`, at most chunk_tokens // row_tokens rows. A long prompt fills several rows of one step: each
         layer writes every row's keys before any row attends, so a row reads the rows before it. With `riders`
         ({decoding sequence: (position, 1)}, mixed steps) their next token rides along as a 1-token row."""
+        times = self.stats.times
+        with times.phase("chunk", "prepare"):
+            prepared = self._chunk_inputs(riders)
+        if prepared is None:
+            return
+        rows, shape, host_inputs, fresh = prepared
+        t0 = time.perf_counter()
+        self.pool, tok = self._call("chunk", shape, self._chunk_call, host_inputs, fresh=fresh)
+        with times.phase("chunk", "update"):
+            for s, take, _ in rows:
+                s.computed += take
+            for s in {s for s, _, _ in rows if s not in riders}:
+                self._publish(s)
+        tok = self._wait(tok, "chunk")
+        self.stats.chunk_s += time.perf_counter() - t0
+        with times.phase("chunk", "update"):
+            self._chunk_results(rows, riders, tok, shape)
+
+    def _chunk_call(self, pool, tokens, start, n, table, temp, top_p, count, keys, *, fresh):
+        return self.engine.paged_chunk(pool, tokens, start, n, table, temp, top_p, keys, count, fresh=fresh)
+
+    def _chunk_inputs(self, riders: dict):
+        """-> (rows [(sequence, tokens, first position)], shape, host inputs, fresh), or None without rows."""
         rows = [(s, 1, start) for s, (start, _) in riders.items()]
         free = max(self.chunk_tokens // self.row_tokens - len(rows), 1)
         for s in sorted([s for s in self.running if s.prefilling], key=lambda s: s.order):
@@ -273,10 +327,10 @@ class Scheduler:
             if not free:
                 break
         if not rows:
-            return
+            return None
         seqs = [s for s, _, _ in rows]
-        B = rows_bucket(max(len(rows), MIN_ROWS), self.engine.row_multiple)
-        T = bucket(max(t for _, t, _ in rows), MIN_CHUNK)
+        B = rows_bucket(max(len(rows), self.chunk_tokens // self.row_tokens), self.engine.row_multiple)
+        T = bucket(self.row_tokens, MIN_CHUNK)
         tokens = np.zeros((B, T), np.int32)
         start, n = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
         for r, (s, take, first) in enumerate(rows):
@@ -285,16 +339,10 @@ class Scheduler:
             self.blocks.check_writable(s.blocks[first // BLOCK: _blocks_for(first + take)])
         table = self._table(seqs, B)
         fresh = not start.any()
-        self.stats.shapes.add(("chunk", B, T, table.shape[1], fresh))
-        t0 = time.perf_counter()
-        self.pool, tok = self.engine.paged_chunk(self.pool, tokens, start, n, table, *self._sampling(seqs, B),
-                                                 fresh=fresh)
-        for s, take, _ in rows:
-            s.computed += take
-        for s in {s for s, _, _ in rows if s not in riders}:
-            self._publish(s)
-        tok = self._wait(tok)
-        self.stats.chunk_s += time.perf_counter() - t0
+        return rows, ("chunk", B, T, table.shape[1], fresh), (tokens, start, n, table, *self._sampling(seqs, B)), fresh
+
+    def _chunk_results(self, rows, riders: dict, tok: np.ndarray, shape: tuple) -> None:
+        _, B, T, _, _ = shape
         self.stats.chunk_steps += 1
         self.stats.prefill_tokens += sum(t for s, t, _ in rows if s not in riders)
         self.stats.prefill_slots += B * T
@@ -341,40 +389,48 @@ class Scheduler:
     def _decode_step(self, decoding: list[_Seq]) -> None:
         """Up to decode_steps tokens for every decoding sequence: one jit call per group of rows (_groups), all
         dispatched before the first result is read."""
-        K = self.decode_steps
-        want = self._grow(decoding, K)
-        seqs = [s for s in decoding if s in want]
-        if not seqs:
-            return
+        K, times = self.decode_steps, self.stats.times
+        with times.phase("decode", "prepare"):
+            want = self._grow(decoding, K)
+            seqs = [s for s in decoding if s in want]
+            groups = self._groups(seqs) if seqs else []
         t0, calls = time.perf_counter(), []
-        for group in self._groups(seqs):
-            B = self._decode_rows(len(group))
-            last, start, budget = (np.zeros((B,), np.int32) for _ in range(3))
-            width = bucket(max(len(s.req.stop_ids) for s in group), 4)
-            stops = np.full((B, width), -1, np.int32)
-            for r, s in enumerate(group):
-                last[r], (start[r], budget[r]) = s.out[-1], want[s]
-                stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
-            table = self._table(group, B)
-            self.stats.shapes.add(("decode", B, K, table.shape[1]))
-            self.pool, out = self.engine.paged_decode(self.pool, last, start, budget, table,
-                                                      *self._sampling(group, B), stops, steps=K)
+        for group in groups:
+            with times.phase("decode", "prepare"):
+                B = self._decode_rows(len(group))
+                last, start, budget = (np.zeros((B,), np.int32) for _ in range(3))
+                width = bucket(max(len(s.req.stop_ids) for s in group), 4)
+                stops = np.full((B, width), -1, np.int32)
+                for r, s in enumerate(group):
+                    last[r], (start[r], budget[r]) = s.out[-1], want[s]
+                    stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
+                table = self._table(group, B)
+                temp, top_p, count, keys = self._sampling(group, B)
+                host_inputs = (last, start, budget, table, temp, top_p, count, stops, keys)
+            self.pool, out = self._call("decode", ("decode", B, K, table.shape[1]), self._decode_call, host_inputs,
+                                        steps=K)
             calls.append((group, B, out))
         for group, B, out in calls:
-            out = self._wait(out)
-            made = (out[: len(group)] >= 0).sum(axis=1)
-            self.stats.decode_steps += 1
-            self.stats.decode_rows_useful += int(made.sum())
-            self.stats.decode_rows_computed += B * int(made.max())
-            for r, s in enumerate(group):
-                s.computed += int(made[r])
-                self._extend(s, out[r, : made[r]].tolist())
-        self.stats.decode_s += time.perf_counter() - t0
+            out = self._wait(out, "decode")
+            with times.phase("decode", "update"):
+                made = (out[: len(group)] >= 0).sum(axis=1)
+                self.stats.decode_steps += 1
+                self.stats.decode_rows_useful += int(made.sum())
+                self.stats.decode_rows_computed += B * int(made.max())
+                for r, s in enumerate(group):
+                    s.computed += int(made[r])
+                    self._extend(s, out[r, : made[r]].tolist())
+        if calls:
+            self.stats.decode_s += time.perf_counter() - t0
+
+    def _decode_call(self, pool, last, start, budget, table, temp, top_p, count, stops, keys, *, steps):
+        return self.engine.paged_decode(pool, last, start, budget, table, temp, top_p, keys, count, stops,
+                                        steps=steps)
 
     def _decode_rows(self, n: int) -> int:
-        """A decode call's rows for n sequences: 1.5x buckets (24, 32, 48, 64, ...: at most a third padding, where
-        decode is most of a run) rounded to a multiple of the devices that split rows."""
-        return rows_bucket(max(n, MIN_ROWS), self.engine.row_multiple, fine=True)
+        """A decode call's rows for n sequences: powers of two from MIN_DECODE_ROWS up to max_rows' (a few shapes
+        for any run), rounded to a multiple of the devices that split rows."""
+        return rows_bucket(min(max(n, MIN_DECODE_ROWS), self.max_rows), self.engine.row_multiple)
 
     def _cost(self, seqs) -> int:
         """A decode call's work, in row-blocks: rows x (block-table width + ROW_COST_BLOCKS)."""
