@@ -10,8 +10,11 @@ Each iteration
    as rows grow and preempting the youngest sequence (freeing its blocks; it is recomputed from its prompt and
    tokens so far when readmitted) when the pool runs out;
 4. retires sequences at a stop token, a stop string or max_tokens and releases their blocks.
-Results of retired sequences (detokenisation, stop strings, writing) are delivered while the next step runs on
-the device. Step shapes are bucketed (rows, chunk length, block-table width: powers of two with floors), so a
+Steps 2 and 3 overlap: the decode step is dispatched right behind the chunk step, before the chunk's tokens are
+read (a prompt finishing in the chunk decodes from the next iteration), so the host prepares the decode while the
+device runs the chunk, and an iteration waits on the device once. Results of retired sequences (detokenisation,
+stop strings, writing) are delivered while the next step runs on the device. `Stats.times` says where the time
+went (moejax.sched.step_times). Step shapes are bucketed (rows, chunk length, block-table width: powers of two with floors), so a
 run compiles a handful of programs."""
 from __future__ import annotations
 
@@ -159,11 +162,13 @@ class Scheduler:
             try:
                 decoding = [s for s in self.running if not s.prefilling and not s.done]
                 mixed = self.mixed and decoding and any(s.prefilling for s in self.running)
+                chunk = None
                 if any(s.prefilling for s in self.running):
-                    self._chunk_step(self._grow(decoding, 1) if mixed else {})
-                decoding = [s for s in self.running if not s.prefilling and not s.done]
-                if decoding and not mixed:
-                    self._decode_step(decoding)
+                    chunk = self._launch_chunk(self._grow(decoding, 1) if mixed else {})
+                if decoding and not mixed:  # dispatched behind the chunk step, before its tokens are read
+                    self._decode_step(decoding, chunk)
+                elif chunk is not None:
+                    self._finish_chunk(chunk)
             except Exception as e:  # a failing step costs only the sequences in flight
                 if self._delivering:  # raised by on_finish (e.g. results that cannot be written): not a step's
                     raise
@@ -288,16 +293,18 @@ class Scheduler:
             temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out)
         return temp, top_p, count, keys
 
-    def _chunk_step(self, riders: dict) -> None:
-        """One chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of up to
-        `row_tokens`, at most chunk_tokens // row_tokens rows. A long prompt fills several rows of one step: each
-        layer writes every row's keys before any row attends, so a row reads the rows before it. With `riders`
-        ({decoding sequence: (position, 1)}, mixed steps) their next token rides along as a 1-token row."""
+    def _launch_chunk(self, riders: dict):
+        """Dispatch one chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of
+        up to `row_tokens`, at most chunk_tokens // row_tokens rows. A long prompt fills several rows of one step:
+        each layer writes every row's keys before any row attends, so a row reads the rows before it. With
+        `riders` ({decoding sequence: (position, 1)}, mixed steps) their next token rides along as a 1-token row.
+        -> what _finish_chunk reads the sampled tokens of, or None (no rows). Steps after it may be dispatched
+        before it is read: they take the pool it returns, so the device runs them in order."""
         times = self.stats.times
         with times.phase("chunk", "prepare"):
             prepared = self._chunk_inputs(riders)
         if prepared is None:
-            return
+            return None
         rows, shape, host_inputs, fresh = prepared
         t0 = time.perf_counter()
         self.pool, tok = self._call("chunk", shape, self._chunk_call, host_inputs, fresh=fresh)
@@ -306,9 +313,16 @@ class Scheduler:
                 s.computed += take
             for s in {s for s, _, _ in rows if s not in riders}:
                 self._publish(s)
+        return rows, riders, tok, shape, t0
+
+    def _finish_chunk(self, launched) -> None:
+        """The chunk step's sampled tokens: a prompt's first token, a rider's next. A sequence preempted since the
+        dispatch keeps its first token (sampled from its prompt's KV, which the step wrote before any later step
+        reused its blocks) and recomputes the prompt when readmitted."""
+        rows, riders, tok, shape, t0 = launched
         tok = self._wait(tok, "chunk")
         self.stats.chunk_s += time.perf_counter() - t0
-        with times.phase("chunk", "update"):
+        with self.stats.times.phase("chunk", "update"):
             self._chunk_results(rows, riders, tok, shape)
 
     def _chunk_call(self, pool, tokens, start, n, table, temp, top_p, count, keys, *, fresh):
@@ -386,9 +400,10 @@ class Scheduler:
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
         return want
 
-    def _decode_step(self, decoding: list[_Seq]) -> None:
+    def _decode_step(self, decoding: list[_Seq], chunk=None) -> None:
         """Up to decode_steps tokens for every decoding sequence: one jit call per group of rows (_groups), all
-        dispatched before the first result is read."""
+        dispatched before the first result is read, and before the tokens of `chunk` (a chunk step dispatched
+        just before: _launch_chunk) are read."""
         K, times = self.decode_steps, self.stats.times
         with times.phase("decode", "prepare"):
             want = self._grow(decoding, K)
@@ -410,6 +425,8 @@ class Scheduler:
             self.pool, out = self._call("decode", ("decode", B, K, table.shape[1]), self._decode_call, host_inputs,
                                         steps=K)
             calls.append((group, B, out))
+        if chunk is not None:
+            self._finish_chunk(chunk)
         for group, B, out in calls:
             out = self._wait(out, "decode")
             with times.phase("decode", "update"):
