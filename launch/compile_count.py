@@ -20,6 +20,7 @@ class Compiles:
     def __init__(self):
         self.seconds = dict.fromkeys(PHASES.values(), 0.0)
         self.programs: collections.Counter = collections.Counter()  # XLA compilations by function name
+        self.compile_s: collections.Counter = collections.Counter()  # their seconds, by function name
 
     def add(self, event: str, seconds: float, fun_name: str) -> None:
         phase = PHASES.get(event)
@@ -28,9 +29,11 @@ class Compiles:
         self.seconds[phase] += seconds
         if phase == "compile_s":
             self.programs[fun_name] += 1
+            self.compile_s[fun_name] += seconds
 
     def as_dict(self) -> dict:
         return dict(programs=sum(self.programs.values()), by_function=dict(self.programs.most_common()),
+                    compile_s_by_function={k: round(v, 3) for k, v in self.compile_s.most_common()},
                     **{k: round(v, 3) for k, v in self.seconds.items()})
 
 
@@ -41,7 +44,8 @@ def _listen(event: str, seconds: float, **info) -> None:
 
 @contextlib.contextmanager
 def counting():
-    """with counting() as c: ...; c.as_dict() -> {programs, by_function, trace_s, lower_s, compile_s}."""
+    """with counting() as c: ...; c.as_dict() -> {programs, by_function, compile_s_by_function, trace_s, lower_s,
+    compile_s}."""
     global _listening
     if not _listening:  # JAX keeps listeners for the process: register one, once
         monitoring.register_event_duration_secs_listener(_listen)

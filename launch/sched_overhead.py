@@ -1,8 +1,9 @@
 """`bench generate --overhead`: the continuous-batching scheduler's host time per step, with the model's forward
 replaced by a no-op of the same shapes (`NoopSteps`). The steps' inputs are converted and dispatched as the real
-steps' are; the pool comes back unchanged and every row makes one token that no request stops at, so each sequence
-runs to its max_tokens. What the scheduler's step times (its Stats: chunk_s, decode_s) then hold is host work:
-bookkeeping, tables and sampling inputs, copies, dispatch, reading results, delivering finished requests."""
+steps' are; the pool comes back unchanged and every token made is one that no request stops at, so each sequence
+runs to its max_tokens (a decode row makes its whole budget). What the scheduler's step times (its Stats: chunk_s,
+decode_s) then hold is host work: bookkeeping, tables and sampling inputs, copies, dispatch, reading results,
+delivering finished requests; so is its whole loop's time."""
 from __future__ import annotations
 
 import contextlib
@@ -82,12 +83,15 @@ def scheduler_loop():
 
 def per_step(stats: dict, loop: dict) -> dict:
     """Host microseconds per chunk step, per decode step (Stats counts each decode call), per step of either kind
-    and per loop iteration (the scheduler's whole run: admission, retiring and delivery included)."""
+    and per loop iteration (the scheduler's whole run: admission, retiring and delivery included), and per
+    iteration outside the steps' own times (what the scheduler does between them)."""
     steps = stats["chunk_steps"] + stats["decode_steps"]
     us = lambda seconds, count: seconds / count * 1e6 if count else None  # noqa: E731
+    between = loop["run_s"] - stats["chunk_s"] - stats["decode_s"]
     out = dict(chunk_us=us(stats["chunk_s"], stats["chunk_steps"]), decode_us=us(stats["decode_s"],
                stats["decode_steps"]), step_us=us(loop["run_s"], steps),
-               iteration_us=us(loop["run_s"], loop["iterations"]), chunk_steps=stats["chunk_steps"],
+               iteration_us=us(loop["run_s"], loop["iterations"]),
+               between_steps_us_per_iteration=us(between, loop["iterations"]), chunk_steps=stats["chunk_steps"],
                decode_steps=stats["decode_steps"], iterations=loop["iterations"], scheduler_run_s=loop["run_s"],
                shapes=stats["shapes"], target_ms=TARGET_MS)
     measured = [v for k, v in out.items() if k in ("chunk_us", "decode_us", "step_us") and v is not None]
@@ -99,5 +103,5 @@ def describe(o: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     return (f"host us per chunk step {fmt(o['chunk_us'])} ({o['chunk_steps']}), per decode step "
             f"{fmt(o['decode_us'])} ({o['decode_steps']}), per step {fmt(o['step_us'])}, per loop iteration "
-            f"{fmt(o['iteration_us'])} ({o['iterations']}); target <= {o['target_ms'] * 1e3:.0f} us per step: "
-            f"{'met' if o['target_met'] else 'NOT met'}")
+            f"{fmt(o['iteration_us'])} ({o['iterations']}; {fmt(o['between_steps_us_per_iteration'])} of it between "
+            f"steps); target <= {o['target_ms'] * 1e3:.0f} us per step: {'met' if o['target_met'] else 'NOT met'}")
