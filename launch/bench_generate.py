@@ -171,7 +171,8 @@ def _overhead(engine, reqs, args, record: dict) -> dict:
     return dict(record, overhead=dict(o, noop_token=token, output_tokens=made, first_run_s=first_s,
                                         first_run_compiles=first.as_dict(),
                                         seconds=[r["wall_s"] for r, _, _ in runs],
-                                        method=sched_overhead.__doc__.replace("\n", " ")))
+                                        method=sched_overhead.__doc__.replace("\n", " ")),
+                scheduler=result["summary"]["scheduler"])
 
 
 def generate(args, environment: dict, partial=no_file) -> dict:

@@ -9,50 +9,39 @@ import contextlib
 
 from jax import monitoring
 
-PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
-          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
-          "/jax/core/compile/backend_compile_duration": "compile_s"}
-_counting: list[Compiles] = []  # the blocks running now (nested blocks each count)
-_listening = False
+from moejax.sched.step_times import JAX_EVENTS  # event -> phase: trace, lower, backend
+
+FIELDS = dict(trace="trace_s", lower="lower_s", backend="compile_s")
 
 
 class Compiles:
     def __init__(self):
-        self.seconds = dict.fromkeys(PHASES.values(), 0.0)
+        self.seconds = dict.fromkeys(JAX_EVENTS.values(), 0.0)
         self.programs: collections.Counter = collections.Counter()  # XLA compilations by function name
         self.compile_s: collections.Counter = collections.Counter()  # their seconds, by function name
 
-    def add(self, event: str, seconds: float, fun_name: str) -> None:
-        phase = PHASES.get(event)
+    def add(self, event: str, seconds: float, fun_name: str = "?", **_) -> None:
+        phase = JAX_EVENTS.get(event)
         if phase is None:
             return
         self.seconds[phase] += seconds
-        if phase == "compile_s":
+        if phase == "backend":
             self.programs[fun_name] += 1
             self.compile_s[fun_name] += seconds
 
     def as_dict(self) -> dict:
         return dict(programs=sum(self.programs.values()), by_function=dict(self.programs.most_common()),
                     compile_s_by_function={k: round(v, 3) for k, v in self.compile_s.most_common()},
-                    **{k: round(v, 3) for k, v in self.seconds.items()})
-
-
-def _listen(event: str, seconds: float, **info) -> None:
-    for c in _counting:
-        c.add(event, seconds, info.get("fun_name", "?"))
+                    **{FIELDS[phase]: round(v, 3) for phase, v in self.seconds.items()})
 
 
 @contextlib.contextmanager
 def counting():
     """with counting() as c: ...; c.as_dict() -> {programs, by_function, compile_s_by_function, trace_s, lower_s,
     compile_s}."""
-    global _listening
-    if not _listening:  # JAX keeps listeners for the process: register one, once
-        monitoring.register_event_duration_secs_listener(_listen)
-        _listening = True
     c = Compiles()
-    _counting.append(c)
+    monitoring.register_event_duration_secs_listener(c.add)
     try:
         yield c
     finally:
-        _counting.remove(c)
+        monitoring.unregister_event_duration_listener(c.add)

@@ -75,7 +75,9 @@ def runs(engine, tmp_path, monkeypatch):
 
 
 def test_overhead_reports_host_time_per_step(runs):
-    o = runs("--overhead")["overhead"]
+    run = runs("--overhead")
+    o = run["overhead"]
+    assert run["scheduler"]["decode_steps"] == o["decode_steps"]  # the scheduler's own stats, its step times with them
     assert o["output_tokens"] == 4 * 160  # the no-op never stops a request: each runs to max_tokens
     assert o["chunk_steps"] > 0 and o["decode_steps"] > 0 and o["iterations"] > 0
     assert all(o[k] > 0 for k in ("chunk_us", "decode_us", "step_us", "iteration_us"))
