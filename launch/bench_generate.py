@@ -251,10 +251,10 @@ def generate(args, environment: dict, partial=no_file) -> dict:
               f"{'' if util is None else f'slots {util:.0%} useful  '}same as static {r['same_tokens_as_static']:.0%}",
               flush=True)
     rate = {r["batching"] if r["engine"] == "moejax" else "transformers": r["output_tokens_per_s"] for r in results}
-    first_s = {r["batching"]: r["first_run_s"] for r in results if r["engine"] == "moejax"}
+    first_run = {r["batching"]: r["first_run_s"] for r in results if r["engine"] == "moejax"}
     # the same tokens in each mode: a ratio of rates is the inverse ratio of times
     ratios = {"continuous / static": rate["continuous"] / rate["static"],
-              "continuous / static, compilation included": first_s["static"] / first_s["continuous"]}
+              "continuous / static, compilation included": first_run["static"] / first_run["continuous"]}
     if "continuous, mixed steps" in rate:
         ratios["mixed steps / separate steps"] = rate["continuous, mixed steps"] / rate["continuous"]
     if "transformers" in rate:
