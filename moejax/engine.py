@@ -331,16 +331,17 @@ class Engine:
         return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
 
     def paged_chunk(self, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh: bool):
-        """moejax.paged_steps.chunk on host arrays (the pool is donated) -> (pool, next token per row, on device)."""
-        a = jnp.asarray
-        return self._chunk_fn(self.params, pool, a(tokens), a(start), a(n), a(table), a(temperature), a(top_p), keys,
-                              a(count), fresh=fresh)
+        """moejax.paged_steps.chunk (the pool is donated) -> (pool, next token per row, on device). Host (numpy)
+        inputs go straight into the jitted call, which copies them (measured: 9 us for nine small arrays, where a
+        device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or raw."""
+        return self._chunk_fn(self.params, pool, tokens, start, n, table, temperature, top_p, keys, count,
+                              fresh=fresh)
 
     def paged_decode(self, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps: int):
-        """moejax.paged_steps.decode on host arrays (the pool is donated) -> (pool, tokens [B, steps], on device)."""
-        a = jnp.asarray
-        return self._paged_decode_fn(self.params, pool, a(last), a(start), a(budget), a(table), a(temperature),
-                                     a(top_p), keys, a(count), a(stops), steps=steps)
+        """moejax.paged_steps.decode (the pool is donated) -> (pool, tokens [B, steps], on device); inputs as for
+        paged_chunk."""
+        return self._paged_decode_fn(self.params, pool, last, start, budget, table, temperature, top_p, keys, count,
+                                     stops, steps=steps)
 
     def kv_bytes_per_token(self) -> int:
         model = nnx.merge(self._graphdef, self.abstract_params)

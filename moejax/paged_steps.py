@@ -28,6 +28,10 @@ def _pool_blocks(pool) -> int:
 
 
 def _fold(keys, index):
+    """Each row's key folded with its token index; keys typed, or raw key data (the scheduler sends raw data: it
+    crosses to the device with the other host inputs)."""
+    if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        keys = jax.random.wrap_key_data(keys)
     return jax.vmap(jax.random.fold_in)(keys, index.astype(jnp.uint32))
 
 

@@ -264,17 +264,14 @@ class Scheduler:
             return np.asarray(x)
 
     def _call(self, kind: str, shape: tuple, step, host_inputs: tuple, **static):
-        """Copy a step's host inputs to the device in one transfer (the raw key data last), then call it; the call
-        of a shape not run before traces and compiles (timed apart)."""
+        """Call a step on its host inputs (numpy; the jitted call copies them, the raw key data last); the call of a
+        shape not run before traces and compiles (timed apart)."""
         times = self.stats.times
-        with times.phase(kind, "copy"):
-            *inputs, keys = jax.device_put(host_inputs)
-            keys = jax.random.wrap_key_data(keys)
         new = shape not in self.stats.shapes
         self.stats.shapes.add(shape)
         times.steps[kind] += 1
         with times.phase(kind, "compile" if new else "dispatch"):
-            return step(self.pool, *inputs, keys, **static)
+            return step(self.pool, *host_inputs, **static)
 
     def _table(self, seqs, rows: int) -> np.ndarray:
         width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
@@ -284,7 +281,7 @@ class Scheduler:
         return table
 
     def _sampling(self, seqs, rows: int):
-        """(temperature, top_p, count, raw key data): _call moves them to the device and wraps the keys."""
+        """(temperature, top_p, count, raw key data): the steps wrap the keys on the device."""
         temp = np.zeros((rows,), np.float32)
         top_p = np.ones((rows,), np.float32)
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)

@@ -3,11 +3,10 @@ them, in phases:
 
 - admit, retire: the loop's own bookkeeping (admission, block allocation, releasing finished sequences);
 - prepare: building a step's host inputs (rows, tokens, block tables, sampling parameters);
-- copy: moving them to the device (one device_put per step);
 - compile: the step call when its shape is new in this run (tracing, lowering and compiling happen inside it,
   unless the process compiled that shape before); what JAX itself reports spending on tracing, lowering and
   backend compiling meanwhile is counted apart (`jax_compile`);
-- dispatch: the step call for a shape already compiled (enqueueing the program);
+- dispatch: the step call for a shape already compiled (copying its host inputs, enqueueing the program);
 - deliver: results of retired sequences handed on (detokenising, writing) while the step runs;
 - wait: blocking on the step's sampled tokens (device compute the host work did not cover);
 - update: appending the tokens, stop checks, publishing prefix blocks.
@@ -21,7 +20,7 @@ import time
 
 from jax import monitoring
 
-PHASES = ("admit", "retire", "prepare", "copy", "compile", "dispatch", "deliver", "wait", "update")
+PHASES = ("admit", "retire", "prepare", "compile", "dispatch", "deliver", "wait", "update")
 KINDS = ("loop", "chunk", "decode")
 JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
