@@ -40,14 +40,13 @@ class NoopSteps:
         return getattr(self._engine, name)
 
     def paged_chunk(self, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh: bool):
-        a = jnp.asarray
-        return pool, _chunk(pool, a(tokens), a(start), a(n), a(table), a(temperature), a(top_p), keys, a(count),
-                            fresh=fresh, token=self._token)
+        # the host inputs straight into the jitted call, as Engine.paged_chunk passes them
+        return pool, _chunk(pool, tokens, start, n, table, temperature, top_p, keys, count, fresh=fresh,
+                            token=self._token)
 
     def paged_decode(self, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps: int):
-        a = jnp.asarray
-        return pool, _decode(pool, a(last), a(start), a(budget), a(table), a(temperature), a(top_p), keys,
-                             a(count), a(stops), steps=steps, token=self._token)
+        return pool, _decode(pool, last, start, budget, table, temperature, top_p, keys, count, stops, steps=steps,
+                             token=self._token)
 
 
 def free_token(reqs: list[dict], eos_ids, vocab: int) -> int:
