@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 import moejax
+from moejax.sched import step_times
 from moejax.sched.batch import serve_lines
 from launch import compile_count, generate_workloads, sched_overhead, step_overhead
 from launch.bench_results import no_file
@@ -221,6 +222,9 @@ def generate(args, environment: dict, partial=no_file) -> dict:
         if "step_times" in runs[-1][0]:
             row["step_times"] = runs[-1][0]["step_times"]
             print(f"  {name}: {step_overhead.describe(row['step_times'])}", flush=True)
+        if summary["scheduler"]:
+            print(f"  {name}, where the steps' time went: {step_times.describe(summary['scheduler']['breakdown'])}",
+                  flush=True)
         results.append(row)
         partial(record(), name)
     if not args.no_transformers and args.workload == "long-tail":

@@ -72,9 +72,12 @@ class StepTimes:
         return out
 
     def describe(self) -> str:
-        d = self.as_dict()
-        parts = [f"{kind} {d[kind]['steps']} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in
-                                                                  d[kind]["ms_per_step"].items()) + " ms/step"
-                 for kind in ("chunk", "decode") if d[kind]["steps"]]
-        return (f"host {d['host_s']:.2f} s ({d['host_ms_per_step'] or 0:.2f} ms a step), compile "
-                f"{d['compile_s']:.2f} s, wait {d['wait_s']:.2f} s; " + "; ".join(parts))
+        return describe(self.as_dict())
+
+
+def describe(d: dict) -> str:
+    """One line of StepTimes.as_dict()'s figures (what launch.bench generate prints)."""
+    parts = [f"{kind} {d[kind]['steps']} steps: " + ", ".join(f"{p} {v:.2f}" for p, v in d[kind]["ms_per_step"].items())
+             + " ms/step" for kind in ("chunk", "decode") if d[kind]["steps"]]
+    return (f"host {d['host_s']:.2f} s ({d['host_ms_per_step'] or 0:.2f} ms a step), first calls of new shapes "
+            f"{d['compile_s']:.2f} s, wait {d['wait_s']:.2f} s; " + "; ".join(parts))
