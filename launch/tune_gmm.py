@@ -285,14 +285,16 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
         if sweep.out_of_time() or (backend == "mosaic" and not entry["mosaic"]):
             continue
         with tuning.using(entry):
-            row = measure(f"ffn_{backend}", "glu", lambda x, i, w, a, b, be=backend: expert_ffn(x, i, w, a, b, backend=be),
+            ffn = lambda x, i, w, a, b, be=backend: expert_ffn(x, i, w, a, b, backend=be)  # noqa: E731
+            row = measure(f"ffn_{backend}", "glu", ffn,
                           lambda d: (d["x"], d["idx"], d["w"], d["wgu"], d["wd"]), ffn_flops, None, dense_ffn_s,
                           refs["ffn"])
         if fastest(row):
             ffn_times[backend.removesuffix("_interpret")] = row["seconds"]
     if ffn_times:
         sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=ffn_times.get)
-    if gpu and not sweep.args.no_anchor and not sweep.out_of_time():  # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
+    # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
+    if gpu and not sweep.args.no_anchor and not sweep.out_of_time():
         try:
             from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
         except ImportError as e:

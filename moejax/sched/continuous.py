@@ -14,8 +14,8 @@ Steps 2 and 3 overlap: the decode step is dispatched right behind the chunk step
 read (a prompt finishing in the chunk decodes from the next iteration), so the host prepares the decode while the
 device runs the chunk, and an iteration waits on the device once. Results of retired sequences (detokenisation,
 stop strings, writing) are delivered while the next step runs on the device. `Stats.times` says where the time
-went (moejax.sched.step_times). Step shapes are bucketed (rows, chunk length, block-table width: powers of two with floors), so a
-run compiles a handful of programs."""
+went (moejax.sched.step_times). Step shapes come from a small fixed set (MIN_DECODE_ROWS and the comment above
+it), so a run compiles a handful of programs however many requests it serves."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,7 +70,7 @@ class Stats:
     peak_blocks: int = 0
     chunk_s: float = 0.0  # wall time of chunk steps, dispatch to result (host work in between included)
     decode_s: float = 0.0  # the same for decode steps
-    shapes: set = dataclasses.field(default_factory=set)  # (step, rows, length, table width) compiled
+    shapes: set = dataclasses.field(default_factory=set)  # (step, rows, length, table width, ...) compiled
     times: StepTimes = dataclasses.field(default_factory=StepTimes)  # where the wall time went, by phase
 
     def as_dict(self) -> dict:
@@ -419,8 +419,8 @@ class Scheduler:
                 table = self._table(group, B)
                 temp, top_p, count, keys = self._sampling(group, B)
                 host_inputs = (last, start, budget, table, temp, top_p, count, stops, keys)
-            self.pool, out = self._call("decode", ("decode", B, K, table.shape[1]), self._decode_call, host_inputs,
-                                        steps=K)
+            shape = ("decode", B, K, table.shape[1], width)  # width: of the stop-id lists
+            self.pool, out = self._call("decode", shape, self._decode_call, host_inputs, steps=K)
             calls.append((group, B, out))
         if chunk is not None:
             self._finish_chunk(chunk)
