@@ -7,8 +7,8 @@ that one out).
 
 Every engine delivers the same thing: each request's tokens up to its max_tokens or first stop token, and
 tokens/s counts only those. moejax runs the whole `serve_lines` path (parse, plan, steps, results) once untimed, each
-mode after `jax.clear_caches()`: it compiles every program the mode runs, none left by another mode (launch/
-compile_count.py counts them), and its wall time is the end-to-end time "compilation included"; then `--repeats`
+mode after `jax.clear_caches()`: it compiles every program the mode runs, none left by another mode (moejax/
+compiles.py counts them), and its wall time is the end-to-end time "compilation included"; then `--repeats`
 times ("warm"). transformers runs batches of `--hf-batch` requests (left-padded, sorted by prompt length) with
 max_new_tokens = the batch's largest max_tokens and the stop tokens as eos: a row's tokens past its own max_tokens
 are computed and dropped, as a static batch does. Slot utilisation is useful decode rows / decode rows computed
@@ -34,9 +34,10 @@ import jax
 import numpy as np
 
 import moejax
+from moejax import compiles
 from moejax.sched import step_times
 from moejax.sched.batch import serve_lines
-from launch import compile_count, generate_workloads, sched_overhead, step_overhead
+from launch import generate_workloads, sched_overhead, step_overhead
 from launch.bench_results import no_file
 
 
@@ -152,7 +153,7 @@ def _overhead(engine, reqs, args, record: dict) -> dict:
     the last one's scheduler stats give the host time per step."""
     token = sched_overhead.free_token(reqs, engine.config.eos_token_ids, engine.config.vocab_size)
     noop = sched_overhead.NoopSteps(engine, token)
-    with compile_count.counting() as first:
+    with compiles.counting() as first:
         t0 = time.perf_counter()
         _moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb)
         first_s = time.perf_counter() - t0
@@ -200,11 +201,11 @@ def generate(args, environment: dict, partial=no_file) -> dict:
         if args.no_mixed and options and options.get("mixed"):
             continue
         jax.clear_caches()  # this mode compiles every program it runs: none are left by the modes before it
-        with compile_count.counting() as first:
+        with compiles.counting() as first:
             t0 = time.perf_counter()
             _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)
             first_s = time.perf_counter() - t0
-        with compile_count.counting() as later:
+        with compiles.counting() as later:
             runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb,
                             steps=batching == "continuous" and i == args.repeats - 1) for i in range(args.repeats)]
         walls = [r[0]["wall_s"] for r in runs]

@@ -18,32 +18,21 @@ from __future__ import annotations
 import contextlib
 import time
 
-from jax import monitoring
+from moejax.compiles import Compiles, counting
 
 PHASES = ("admit", "retire", "prepare", "compile", "dispatch", "deliver", "wait", "update")
 KINDS = ("loop", "chunk", "decode")
-JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
-              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-              "/jax/core/compile/backend_compile_duration": "backend"}
 
 
 class StepTimes:
     def __init__(self):
         self.seconds = {kind: dict.fromkeys(PHASES, 0.0) for kind in KINDS}
         self.steps = dict.fromkeys(KINDS, 0)
-        self.jax_compile = dict.fromkeys(JAX_EVENTS.values(), 0.0)
+        self.jax_compile = Compiles()
 
-    @contextlib.contextmanager
     def listening(self):
-        """Count JAX's own tracing, lowering and compiling durations (every program of this process) meanwhile."""
-        def heard(event: str, seconds: float, **_):
-            if event in JAX_EVENTS:
-                self.jax_compile[JAX_EVENTS[event]] += seconds
-        monitoring.register_event_duration_secs_listener(heard)
-        try:
-            yield
-        finally:
-            monitoring.unregister_event_duration_listener(heard)
+        """Count JAX's own tracing, lowering and compiling (every program of this process) meanwhile."""
+        return counting(self.jax_compile)
 
     @contextlib.contextmanager
     def phase(self, kind: str, name: str):
@@ -65,7 +54,7 @@ class StepTimes:
         host = sum(s for kind in KINDS for p, s in self.seconds[kind].items() if p not in ("wait", "compile"))
         out["host_s"] = host  # the critical path's host work, compiling apart
         out["compile_s"] = sum(self.seconds[kind]["compile"] for kind in KINDS)
-        out["jax_compile_s"] = dict(self.jax_compile)
+        out["jax_compile_s"] = dict(self.jax_compile.seconds)
         out["wait_s"] = sum(self.seconds[kind]["wait"] for kind in KINDS)
         steps = self.steps["chunk"] + self.steps["decode"]
         out["host_ms_per_step"] = 1e3 * host / steps if steps else None

@@ -1,7 +1,8 @@
 """Programs JAX traces, lowers and compiles while a block runs, counted from its monitoring events: how many XLA
-programs a benchmark's run compiled, by function, and the seconds each phase took. A run whose programs another
-run compiled before it counts none (JAX's in-process caches): `jax.clear_caches()` first makes a run pay for all
-of its own."""
+programs a run compiled, by function, and the seconds each phase took (the continuous scheduler's time breakdown,
+moejax.sched.step_times, and `launch.bench generate`). A run whose programs another run compiled before it counts
+none (JAX's in-process caches): `jax.clear_caches()` first makes a run pay for all of its own. Every thread's
+compiles count while a block runs."""
 from __future__ import annotations
 
 import collections
@@ -9,19 +10,20 @@ import contextlib
 
 from jax import monitoring
 
-from moejax.sched.step_times import JAX_EVENTS  # event -> phase: trace, lower, backend
-
+EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+          "/jax/core/compile/backend_compile_duration": "backend"}
 FIELDS = dict(trace="trace_s", lower="lower_s", backend="compile_s")
 
 
 class Compiles:
     def __init__(self):
-        self.seconds = dict.fromkeys(JAX_EVENTS.values(), 0.0)
+        self.seconds = dict.fromkeys(EVENTS.values(), 0.0)
         self.programs: collections.Counter = collections.Counter()  # XLA compilations by function name
         self.compile_s: collections.Counter = collections.Counter()  # their seconds, by function name
 
     def add(self, event: str, seconds: float, fun_name: str = "?", **_) -> None:
-        phase = JAX_EVENTS.get(event)
+        phase = EVENTS.get(event)
         if phase is None:
             return
         self.seconds[phase] += seconds
@@ -36,10 +38,10 @@ class Compiles:
 
 
 @contextlib.contextmanager
-def counting():
+def counting(c: Compiles | None = None):
     """with counting() as c: ...; c.as_dict() -> {programs, by_function, compile_s_by_function, trace_s, lower_s,
-    compile_s}."""
-    c = Compiles()
+    compile_s}. Given a Compiles, adds to it."""
+    c = Compiles() if c is None else c
     monitoring.register_event_duration_secs_listener(c.add)
     try:
         yield c
