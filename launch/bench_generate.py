@@ -157,22 +157,18 @@ def _overhead(engine, reqs, args, record: dict) -> dict:
         t0 = time.perf_counter()
         _moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb)
         first_s = time.perf_counter() - t0
-    runs = []
-    for _ in range(args.repeats):
-        with sched_overhead.scheduler_loop() as loop:
-            result, tokens = _moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb)
-        runs.append((result, tokens, loop))
-    result, tokens, loop = runs[-1]
+    runs = [_moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb) for _ in range(args.repeats)]
+    result, tokens = runs[-1]
     made = sum(map(len, tokens))
     if made != sum(r["max_tokens"] for r in reqs):
         raise RuntimeError(f"the no-op run made {made} tokens, not every request's max_tokens: a stop was hit")
-    o = sched_overhead.per_step(result["summary"]["scheduler"], loop)
+    o = sched_overhead.per_step(result["summary"]["scheduler"])
     print(f"  no-op model (token {token}): {sched_overhead.describe(o)}; first run {first_s:.1f}s "
-          f"({first.as_dict()['programs']} programs compiled), timed {[round(r['wall_s'], 2) for r, _, _ in runs]}s",
+          f"({first.as_dict()['programs']} programs compiled), timed {[round(r['wall_s'], 2) for r, _ in runs]}s",
           flush=True)
     return dict(record, overhead=dict(o, noop_token=token, output_tokens=made, first_run_s=first_s,
                                         first_run_compiles=first.as_dict(),
-                                        seconds=[r["wall_s"] for r, _, _ in runs],
+                                        seconds=[r["wall_s"] for r, _ in runs],
                                         method=sched_overhead.__doc__.replace("\n", " ")),
                 scheduler=result["summary"]["scheduler"])
 

@@ -6,9 +6,7 @@ decode_s) then hold is host work: bookkeeping, tables and sampling inputs, copie
 delivering finished requests; so is its whole loop's time."""
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -55,36 +53,12 @@ def free_token(reqs: list[dict], eos_ids, vocab: int) -> int:
     return next(t for t in range(vocab) if t not in stops)
 
 
-@contextlib.contextmanager
-def scheduler_loop():
-    """{iterations, run_s} of the continuous scheduler's runs inside the block: Scheduler.run timed and
-    Scheduler._admit (each loop iteration's first act) counted, by wrapping both on the class for the block."""
-    from moejax.sched.continuous import Scheduler
-    loop = dict(iterations=0, run_s=0.0)
-    run, admit = Scheduler.run, Scheduler._admit
-
-    def timed_run(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return run(self, *args, **kwargs)
-        finally:
-            loop["run_s"] += time.perf_counter() - t0
-
-    def counted_admit(self, *args, **kwargs):
-        loop["iterations"] += 1
-        return admit(self, *args, **kwargs)
-    Scheduler.run, Scheduler._admit = timed_run, counted_admit
-    try:
-        yield loop
-    finally:
-        Scheduler.run, Scheduler._admit = run, admit
-
-
-def per_step(stats: dict, loop: dict) -> dict:
-    """Host microseconds per chunk step, per decode step (Stats counts each decode call), per step of either kind
-    and per loop iteration (the scheduler's whole run: admission, retiring and delivery included), and per
-    iteration outside the steps' own times (what the scheduler does between them)."""
+def per_step(stats: dict) -> dict:
+    """From the scheduler's stats: host microseconds per chunk step, per decode step (Stats counts each decode
+    call), per step of either kind and per loop iteration (the scheduler's whole run: admission, retiring and
+    delivery included), and per iteration outside the steps' own times (what the scheduler does between them)."""
     steps = stats["chunk_steps"] + stats["decode_steps"]
+    loop = dict(run_s=stats["run_s"], iterations=stats["breakdown"]["loop"]["steps"])
     us = lambda seconds, count: seconds / count * 1e6 if count else None  # noqa: E731
     between = loop["run_s"] - stats["chunk_s"] - stats["decode_s"]
     out = dict(chunk_us=us(stats["chunk_s"], stats["chunk_steps"]), decode_us=us(stats["decode_s"],

@@ -68,6 +68,7 @@ class Stats:
     preemptions: int = 0
     shared_tokens: int = 0  # prompt tokens taken from shared blocks
     peak_blocks: int = 0
+    run_s: float = 0.0  # wall time of the whole run
     chunk_s: float = 0.0  # wall time of chunk steps, dispatch to result (host work in between included)
     decode_s: float = 0.0  # the same for decode steps
     shapes: set = dataclasses.field(default_factory=set)  # (step, rows, length, table width, ...) compiled
@@ -135,6 +136,7 @@ class Scheduler:
     def run(self, requests: Sequence[GenRequest], on_finish: Callable, on_fail: Callable) -> Stats:
         """Generate every request. on_finish(request, tokens, cached_tokens) for each that ends;
         on_fail(request, message) for each that cannot be served (its own fault, or its step failed)."""
+        t0 = time.perf_counter()
         self.waiting = [_Seq(r) for r in requests]
         self.running: list[_Seq] = []
         self._pending: dict[bytes, _Seq] = {}  # prompt block hash -> the running sequence computing it
@@ -152,11 +154,13 @@ class Scheduler:
                 on_finish(s.req, [], 0)
         with self.stats.times.listening():
             self._loop(on_fail)
+        self.stats.run_s += time.perf_counter() - t0
         return self.stats
 
     def _loop(self, on_fail) -> None:
         times = self.stats.times
         while self.waiting or self.running:
+            times.steps["loop"] += 1  # iterations
             with times.phase("loop", "admit"):
                 self._admit()
             try:

@@ -27,7 +27,7 @@ KINDS = ("loop", "chunk", "decode")
 class StepTimes:
     def __init__(self):
         self.seconds = {kind: dict.fromkeys(PHASES, 0.0) for kind in KINDS}
-        self.steps = dict.fromkeys(KINDS, 0)
+        self.steps = dict.fromkeys(KINDS, 0)  # the loop's: its iterations
         self.jax_compile = Compiles()
 
     def listening(self):
