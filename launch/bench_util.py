@@ -52,6 +52,18 @@ def timed_call(engine, call: str, ids):
 COMMIT_VARIABLE = "MOEJAX_GIT_COMMIT"
 
 
+def git_commit() -> tuple[str, bool]:
+    """(the code's commit, whether COMMIT_VARIABLE named it): the variable's value where set, else git's HEAD, else
+    ""."""
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE], True
+    try:
+        run = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "", False
+    return (run.stdout.strip() if run.returncode == 0 else ""), False
+
+
 def device_tag(kind: str) -> str:
     """A device kind as result file names carry it ('NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3')."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", kind.strip()) or "unknown-device"
@@ -74,12 +86,11 @@ def environment() -> dict:
             versions[name] = __import__(name).__version__
         except ImportError:
             pass
+    commit, _ = git_commit()
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True, text=True).stdout.split("\n")
     except OSError:
-        commit, dirty = "", []
-    commit = os.environ.get(COMMIT_VARIABLE) or commit
+        dirty = []
     return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),
                             cpu=cpu, cpu_count=os.cpu_count()),
                 versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),

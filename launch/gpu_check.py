@@ -50,13 +50,12 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 from launch.bench_results import read_runs, write_json, write_runs
-from launch.bench_util import COMMIT_VARIABLE, device_tag
+from launch.bench_util import COMMIT_VARIABLE, device_tag, git_commit
 from launch.step_runner import UNFINISHED, Step, run_steps, table
 
 PY = sys.executable
@@ -203,12 +202,8 @@ class Check:
                     self.limit("ceilings"), read=lambda: self._read_ceilings(path))
 
     def _tune_gmm_step(self) -> Step:
-        path = os.path.join(self.args.out, f"tune_gmm-{self.tag}.json")  # a results file, as the benchmarks write
-        before = len(read_runs(path))
-        absent = None if importlib.util.find_spec("launch.tune_gmm") else "no launch.tune_gmm yet"
-        return Step("tune_gmm", "grouped GEMM tuning sweep: the best tiles per shape class",
-                    [[PY, "-m", "launch.tune_gmm", "--out", path] + TUNE_GMM[1 if self.dry else 0]],
-                    self.limit("tune_gmm"), read=lambda: self._read_bench("tune_gmm", path, before), absent=absent)
+        return self._results_step("tune_gmm", "tune_gmm", "grouped GEMM tuning sweep: the best tiles per shape class",
+                                  "launch.tune_gmm", [PY, "-m", "launch.tune_gmm", *TUNE_GMM[1 if self.dry else 0]])
 
     def _test_step(self, name: str, what: str, files: list[str], k_gpu: str, k_dry: str) -> Step:
         out = os.path.join(self.work, f"{name}.jsonl")
@@ -218,12 +213,16 @@ class Check:
         return Step(name, what, [pytest], self.limit(name), read=lambda: self._read_tests(name, out))
 
     def _bench_step(self, cmd: str, gpu_args: list[str], dry_args: list[str]) -> Step:
-        module = f"launch.bench_{cmd}"
-        path = os.path.join(self.args.out, f"{cmd}-{self.tag}.json")  # there as it grows: a stopped call keeps it
+        return self._results_step(f"bench_{cmd}", cmd, f"python -m launch.bench {cmd}", f"launch.bench_{cmd}",
+                                  [PY, "-m", "launch.bench", cmd, *(dry_args if self.dry else gpu_args)])
+
+    def _results_step(self, name: str, cmd: str, what: str, module: str, argv: list[str]) -> Step:
+        """A step whose command writes a results file into --out (there as it grows: a stopped call keeps it); its
+        new runs are read back and appended to --results-dir. Absent where `module` is not there yet."""
+        path = os.path.join(self.args.out, f"{cmd}-{self.tag}.json")
         before = len(read_runs(path))
-        return Step(f"bench_{cmd}", f"python -m launch.bench {cmd}",
-                    [[PY, "-m", "launch.bench", cmd, *(dry_args if self.dry else gpu_args), "--out", path]],
-                    self.limit(f"bench_{cmd}"), read=lambda: self._read_bench(cmd, path, before),
+        return Step(name, what, [argv + ["--out", path]], self.limit(name),
+                    read=lambda: self._read_bench(cmd, path, before),
                     absent=None if importlib.util.find_spec(module) else f"no {module} yet")
 
     def _read_env(self, path: str) -> str:
@@ -313,13 +312,10 @@ class Check:
 
 
 def _git() -> dict:
-    if os.environ.get(COMMIT_VARIABLE):
-        return dict(commit=os.environ[COMMIT_VARIABLE], named_by=COMMIT_VARIABLE)
-    try:
-        run = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        return dict(commit=run.stdout.strip()) if run.returncode == 0 else {}
-    except (OSError, subprocess.TimeoutExpired):
+    commit, named = git_commit()
+    if not commit:
         return {}
+    return dict(commit=commit, named_by=COMMIT_VARIABLE) if named else dict(commit=commit)
 
 
 def _steps(text: str, parser) -> list[str]:
