@@ -103,14 +103,20 @@ def test_dispatch_then_combine_is_the_weighted_sum(N, E, data):
 def test_pallas_kernels_lower_for_gpu(rows, hidden, width, experts):
     """The Triton lowering runs on CPU: block shapes, loads/stores and dots must be legal for it (compiling
     the Triton IR to PTX needs a GPU)."""
+    gemm, ffn = lowered_for_gpu("pallas", rows, hidden, width, experts, 8 if rows > 8 else 4)
+    assert gemm.count(TRITON) == 1
+    assert ffn.count(TRITON) == 2  # gate/up with the activation fused, then down
+
+
+def lowered_for_gpu(backend: str, rows: int, hidden: int, width: int, experts: int, k: int) -> tuple[str, str]:
+    """The CUDA modules (bfloat16) of grouped_matmul over `rows` rows and of the expert FFN (GPT-OSS's clamped
+    SwiGLU, biases) over rows // k tokens routed to k experts, on `backend`."""
     S, bf = jax.ShapeDtypeStruct, jnp.bfloat16
-    module = cuda_module(lambda x, w, g: grouped_matmul(x, w, g, backend="pallas"),
-                               S((rows, hidden), bf), S((experts, hidden, width), bf), S((experts,), jnp.int32))
-    assert module.count(TRITON) == 1
-    k = 8 if rows > 8 else 4
+    gemm = cuda_module(lambda x, w, g: grouped_matmul(x, w, g, backend=backend),
+                       S((rows, hidden), bf), S((experts, hidden, width), bf), S((experts,), jnp.int32))
     N = rows // k
-    module = cuda_module(
-        lambda x, i, wt, a, b, ba, bb: expert_ffn(x, i, wt, a, b, ba, bb, act="swiglu_clamp", backend="pallas"),
+    ffn = cuda_module(
+        lambda x, i, wt, a, b, ba, bb: expert_ffn(x, i, wt, a, b, ba, bb, act="swiglu_clamp", backend=backend),
         S((N, hidden), bf), S((N, k), jnp.int32), S((N, k), jnp.float32), S((experts, hidden, 2 * width), bf),
         S((experts, width, hidden), bf), S((experts, 2 * width), bf), S((experts, hidden), bf))
-    assert module.count(TRITON) == 2  # gate/up with the activation fused, then down
+    return gemm, ffn

@@ -1,7 +1,5 @@
 """The Mosaic GPU grouped GEMM: its group-aligned layout and tuning table on any machine, its CUDA lowering on
 CPU, and on a GPU its bfloat16 results against float64 (`test_compiled_*`: what the GPU check runs, first)."""
-import re
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -15,9 +13,10 @@ from moejax.kernels.backends import Kernels, expert_auto, on_gpu
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, max_tiles, to_aligned
 from moejax.kernels.grouped_matmul.mosaic import MosaicConfig
+from moejax.kernels.lowering import MOSAIC_GPU, cuda_module
 from test_expert_ffn import make as make_ffn
 from test_expert_ffn import reference as ffn_reference
-from test_grouped_matmul import make, reference
+from test_grouped_matmul import lowered_for_gpu, make, reference
 
 gpu = pytest.mark.skipif(not on_gpu(), reason="Mosaic GPU kernels run on an NVIDIA Hopper GPU only")
 
@@ -42,11 +41,6 @@ def test_aligned_layout_puts_each_tile_in_one_group_and_round_trips(G, M, bm, se
     np.testing.assert_array_equal(np.asarray(from_aligned(jnp.asarray(xa), layout))[:total], x[:total])
 
 
-def custom_calls(fn, *shapes) -> list[str]:
-    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*shapes)
-    return re.findall(r'custom_call @?"?([\w$.]+)', exported.mlir_module())
-
-
 @pytest.mark.parametrize("cfg", [MosaicConfig(128, 128, 64, 4, True), MosaicConfig(64, 128, 64, 4, False, 2)])
 def test_both_kernel_bodies_lower_for_gpu(cfg):
     """One warpgroup, and the warp-specialized body (a copy warpgroup and two MMA warpgroups), float32 output
@@ -54,26 +48,18 @@ def test_both_kernel_bodies_lower_for_gpu(cfg):
     from moejax.kernels.grouped_matmul import mosaic
     S, bf = jax.ShapeDtypeStruct, jnp.bfloat16
     for out in (bf, jnp.float32):
-        calls = custom_calls(lambda x, w, g: mosaic.grouped_matmul(x, w, g, cfg, out_dtype=out),
+        module = cuda_module(lambda x, w, g: mosaic.grouped_matmul(x, w, g, cfg, out_dtype=out),
                              S((4096, 512), bf), S((16, 512, 768), bf), S((16,), jnp.int32))
-        assert calls.count("mosaic_gpu_v2") == 1
+        assert module.count(MOSAIC_GPU) == 1
 
 
 @pytest.mark.parametrize("rows,hidden,width,experts", [(8192 * 8, 2048, 768, 128), (1000, 200, 300, 7)])
 def test_mosaic_kernels_lower_for_gpu(rows, hidden, width, experts):
     """Lowering runs without a GPU: TMA block shapes, the pipeline and the MMA shapes must be legal for Mosaic GPU
     (at a model's shapes and at odd ones that need K and N padding)."""
-    S, bf = jax.ShapeDtypeStruct, jnp.bfloat16
-    calls = custom_calls(lambda x, w, g: grouped_matmul(x, w, g, backend="mosaic"),
-                         S((rows, hidden), bf), S((experts, hidden, width), bf), S((experts,), jnp.int32))
-    assert calls.count("mosaic_gpu_v2") == 1
-    k = 8 if rows > 8000 else 2
-    N = rows // k
-    calls = custom_calls(
-        lambda x, i, wt, a, b, ba, bb: expert_ffn(x, i, wt, a, b, ba, bb, act="swiglu_clamp", backend="mosaic"),
-        S((N, hidden), bf), S((N, k), jnp.int32), S((N, k), jnp.float32), S((experts, hidden, 2 * width), bf),
-        S((experts, width, hidden), bf), S((experts, 2 * width), bf), S((experts, hidden), bf))
-    assert calls.count("mosaic_gpu_v2") == 2  # gate/up, then down
+    gemm, ffn = lowered_for_gpu("mosaic", rows, hidden, width, experts, 8 if rows > 8000 else 2)
+    assert gemm.count(MOSAIC_GPU) == 1
+    assert ffn.count(MOSAIC_GPU) == 2  # gate/up, then down
 
 
 def test_float32_operands_are_refused_with_the_reason():
