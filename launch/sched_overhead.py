@@ -11,20 +11,27 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from moejax import paged_steps
+
 TARGET_MS = 2.0  # issue 29: host overhead per scheduler step, no-op model, CPU
 
 
 # keep_unused: every input is passed to the program, as to the real step. The pool goes in but not out: an output
-# pool would be a copy each step (the real steps donate it and write it in place)
+# pool would be a copy each step (the real steps donate it and write it in place). The carry is kept as the real
+# steps keep it, so chained rows make tokens only where their sequence goes on.
 @functools.partial(jax.jit, static_argnames=("fresh", "token"), keep_unused=True)
-def _chunk(pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh, token):
-    return jnp.full(tokens.shape[:1], token, jnp.int32)
+def _chunk(pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *, fresh, token):
+    tok = jnp.full(tokens.shape[:1], token, jnp.int32)
+    return carry.at[slot].set(tok, mode="drop"), tok
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "token"), keep_unused=True)
-def _decode(pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps, token):
-    made = jnp.arange(steps, dtype=jnp.int32)[None, :] < budget[:, None]  # a row makes its whole budget
-    return jnp.where(made, token, -1).astype(jnp.int32)
+def _decode(pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps,
+            token):
+    _, _, live, _ = paged_steps.decode_start(carry, slot, chain, last, budget, stops, steps)
+    made = (jnp.arange(steps, dtype=jnp.int32)[None, :] < budget[:, None]) & live[:, None]  # its whole budget
+    out = jnp.where(made, token, -1).astype(jnp.int32)
+    return paged_steps.decode_finish(carry, slot, out), out
 
 
 class NoopSteps:
@@ -37,14 +44,16 @@ class NoopSteps:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def paged_chunk(self, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh: bool):
+    def paged_chunk(self, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *,
+                    fresh: bool):
         # the host inputs straight into the jitted call, as Engine.paged_chunk passes them
-        return pool, _chunk(pool, tokens, start, n, table, temperature, top_p, keys, count, fresh=fresh,
-                            token=self._token)
+        return pool, *_chunk(pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count,
+                             fresh=fresh, token=self._token)
 
-    def paged_decode(self, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps: int):
-        return pool, _decode(pool, last, start, budget, table, temperature, top_p, keys, count, stops, steps=steps,
-                             token=self._token)
+    def paged_decode(self, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
+                     stops, *, steps: int):
+        return pool, *_decode(pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
+                              stops, steps=steps, token=self._token)
 
 
 def free_token(reqs: list[dict], eos_ids, vocab: int) -> int:

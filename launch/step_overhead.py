@@ -22,7 +22,7 @@ KIND = {"paged_chunk": "chunk", "paged_decode": "decode"}
 @dataclasses.dataclass
 class Call:
     method: str
-    args: tuple  # after the pool
+    args: tuple  # after the pool and the carry
     kwargs: dict
     out: object  # the call's result besides the pool (tokens, on the device)
     call_s: float  # host seconds until the call returned (inputs converted, program dispatched)
@@ -32,17 +32,17 @@ class StepRecorder:
     """Records the step calls made on `engine` (instance attributes shadow its methods until `close`)."""
 
     def __init__(self, engine):
-        self.engine, self.calls, self.pool = engine, [], None
+        self.engine, self.calls, self.pool, self.carry = engine, [], None, None
         self.methods = {name: getattr(engine, name) for name in STEPS}
         for name, method in self.methods.items():
             setattr(engine, name, self._recording(name, method))
 
     def _recording(self, name, method):
-        def call(pool, *args, **kwargs):
+        def call(pool, carry, *args, **kwargs):
             t0 = time.perf_counter()
-            self.pool, out = method(pool, *args, **kwargs)
+            self.pool, self.carry, out = method(pool, carry, *args, **kwargs)
             self.calls.append(Call(name, args, kwargs, out, time.perf_counter() - t0))
-            return self.pool, out
+            return self.pool, self.carry, out
         return call
 
     def close(self) -> None:
@@ -52,12 +52,14 @@ class StepRecorder:
 
 def _as_run(call: Call) -> tuple:
     """A decode call's inputs made to run as many device-loop iterations as it did in the run: each row's budget is
-    the tokens it made and no token stops it (the replay's pool holds other KV, so its samples differ)."""
+    the tokens it made and no token stops it, its input token from the host (the replay's pool holds other KV, so
+    its samples differ)."""
     if call.method != "paged_decode":
         return call.args
-    last, start, _, table, temperature, top_p, keys, count, stops = call.args
+    slot, chain, last, start, _, table, temperature, top_p, keys, count, stops = call.args
     made = (np.asarray(call.out) >= 0).sum(axis=1).astype(np.int32)
-    return last, start, made, table, temperature, top_p, keys, count, np.full_like(stops, -1)
+    return (slot, np.zeros_like(chain), last, start, made, table, temperature, top_p, keys, count,
+            np.full_like(stops, -1))
 
 
 def _live(pool):
@@ -67,11 +69,11 @@ def _live(pool):
 
 def replay(recorder: StepRecorder) -> list[float]:
     """Seconds of each recorded call run again on its own inputs, in order, each waited for."""
-    pool, seconds = _live(recorder.pool), []
+    pool, carry, seconds = _live(recorder.pool), _live(recorder.carry), []
     for call in recorder.calls:
         method = recorder.methods[call.method]
         t0 = time.perf_counter()
-        pool, out = method(pool, *_as_run(call), **call.kwargs)
+        pool, carry, out = method(pool, carry, *_as_run(call), **call.kwargs)
         jax.block_until_ready(out)
         seconds.append(time.perf_counter() - t0)
     return seconds

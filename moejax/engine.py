@@ -60,9 +60,9 @@ class Engine:
                                    donate_argnums=(1,))
         self._decode_fn = jax.jit(bind(steps.decode, graphdef, kernels), static_argnames=("steps",))
         self._chunk_fn = jax.jit(bind(paged_steps.chunk, graphdef, kernels), static_argnames=("fresh",),
-                                 donate_argnums=(1,))
+                                 donate_argnums=(1, 2))
         self._paged_decode_fn = jax.jit(bind(paged_steps.decode, graphdef, kernels), static_argnames=("steps",),
-                                        donate_argnums=(1,))
+                                        donate_argnums=(1, 2))
 
     # -- weights ---------------------------------------------------------------------------------
     @property
@@ -330,18 +330,21 @@ class Engine:
         model = nnx.merge(self._graphdef, self.abstract_params)
         return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
 
-    def paged_chunk(self, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh: bool):
-        """moejax.paged_steps.chunk (the pool is donated) -> (pool, next token per row, on device). Host (numpy)
-        inputs go straight into the jitted call, which copies them (measured: 9 us for nine small arrays, where a
-        device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or raw."""
-        return self._chunk_fn(self.params, pool, tokens, start, n, table, temperature, top_p, keys, count,
-                              fresh=fresh)
+    def paged_chunk(self, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *,
+                    fresh: bool):
+        """moejax.paged_steps.chunk (pool and carry donated) -> (pool, carry, next token per row, on device). Host
+        (numpy) inputs go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
+        where a device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or
+        raw."""
+        return self._chunk_fn(self.params, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
+                              count, fresh=fresh)
 
-    def paged_decode(self, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps: int):
-        """moejax.paged_steps.decode (the pool is donated) -> (pool, tokens [B, steps], on device); inputs as for
-        paged_chunk."""
-        return self._paged_decode_fn(self.params, pool, last, start, budget, table, temperature, top_p, keys, count,
-                                     stops, steps=steps)
+    def paged_decode(self, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
+                     stops, *, steps: int):
+        """moejax.paged_steps.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
+        inputs as for paged_chunk."""
+        return self._paged_decode_fn(self.params, pool, carry, slot, chain, last, start, budget, table, temperature,
+                                     top_p, keys, count, stops, steps=steps)
 
     def kv_bytes_per_token(self) -> int:
         model = nnx.merge(self._graphdef, self.abstract_params)

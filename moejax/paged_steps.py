@@ -6,6 +6,10 @@
 - decode: up to `steps` new tokens per row in one call (a device loop; a row stops at a stop token or its
   budget, and writes nothing after).
 
+Both steps also thread `carry` [S]: each sequence's last sampled token by its scheduler slot (-1: it stopped), so
+the scheduler can dispatch a decode step before reading the step that samples its rows' input tokens (a `chain`
+row takes its input from carry[slot] on the device; one whose token there is -1 or a stop makes nothing).
+
 Token i of a sequence is sampled with fold_in(row key, i), as Engine.generate does, so a sequence's tokens do not
 depend on which rows share its steps or on being preempted and resumed. Like moejax.steps, each step is a begin,
 the layers and an end, so an offloaded model runs the same phases layer by layer (moejax.offload.layered)."""
@@ -36,7 +40,7 @@ def _fold(keys, index):
 
 
 # -- a prompt chunk per row ----------------------------------------------------------------------------------
-def chunk_begin(model, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+def chunk_begin(model, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
     """tokens [B, T]: row b's tokens at positions start[b].. (its first n[b] are real; n = 0: an idle row).
     fresh (static): every row starts at position 0, so attention reads only this call's keys."""
     T = tokens.shape[1]
@@ -47,25 +51,39 @@ def chunk_begin(model, pool, tokens, start, n, table, temperature, top_p, keys, 
     return dict(x=x, positions=positions, cos=cos, sin=sin, cache=_paged(pool, table, slots)), None
 
 
-def chunk_end(model, x, caches, context, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
-    """-> (pool, the token after each row's last real token, sampled as token count[b] of its sequence)."""
+def chunk_end(model, x, caches, context, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
+              count, *, fresh):
+    """-> (pool, carry, the token after each row's last real token, sampled as token count[b] of its sequence).
+    carry[slot[b]] takes row b's token (slot[b] = S: it does not; a prompt's rows but its last)."""
     logits = model.head(x, jnp.maximum(n - 1, 0))
-    return [c.pool for c in caches], sample(logits, temperature, top_p, _fold(keys, count))
+    tok = sample(logits, temperature, top_p, _fold(keys, count))
+    return [c.pool for c in caches], carry.at[slot].set(tok, mode="drop"), tok
 
 
-def chunk(graphdef, kernels, state, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+def chunk(graphdef, kernels, state, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *,
+          fresh):
     model = model_of(graphdef, state)
-    inputs, context = chunk_begin(model, pool, tokens, start, n, table, temperature, top_p, keys, count,
-                                  fresh=fresh)
+    args = (pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count)
+    inputs, context = chunk_begin(model, *args, fresh=fresh)
     x, caches = model.run_layers(**inputs, read_cache=not fresh, kernels=kernels)
-    return chunk_end(model, x, caches, context, pool, tokens, start, n, table, temperature, top_p, keys, count,
-                     fresh=fresh)
+    return chunk_end(model, x, caches, context, *args, fresh=fresh)
 
 
 # -- decode: several tokens per call ----------------------------------------------------------------------------
-def decode_start(budget, steps):
-    """The carry before the first token: (i, out [B, steps] (-1: not made), live rows)."""
-    return jnp.int32(0), jnp.full((budget.shape[0], steps), -1, jnp.int32), budget > 0
+def decode_start(carry, slot, chain, last, budget, stops, steps):
+    """The loop's state before the first token: (i, out [B, steps] (-1: not made), live rows, last). A chain row's
+    input is carry[slot] (made by a step the host has not read); it is live only if that is a token, not a stop."""
+    prev = carry[jnp.minimum(slot, carry.shape[0] - 1)]
+    last = jnp.where(chain, prev, last)
+    live = (budget > 0) & ~(chain & ((prev < 0) | is_stop(prev, stops)))
+    return jnp.int32(0), jnp.full((budget.shape[0], steps), -1, jnp.int32), live, last
+
+
+def decode_finish(carry, slot, out):
+    """carry[slot[b]]: row b's last token (a stop if it ended on one), or -1 where it made none."""
+    made = (out >= 0).sum(axis=1)
+    last = jnp.take_along_axis(out, jnp.maximum(made - 1, 0)[:, None], axis=1)[:, 0]
+    return carry.at[slot].set(jnp.where(made > 0, last, -1), mode="drop")
 
 
 def token_begin(model, pool, i, last, live, start, table):
@@ -85,22 +103,22 @@ def token_end(model, x, caches, i, out, live, last, budget, temperature, top_p, 
     return [c.pool for c in caches], i + 1, out, live, tok
 
 
-def decode(graphdef, kernels, state, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *,
-           steps):
+def decode(graphdef, kernels, state, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys,
+           count, stops, *, steps):
     """Up to min(steps, budget[b]) tokens per row, ending a row after a stop token (stops [B, S], -1 pads).
-    -> (pool, tokens [B, steps], -1 after a row's last)."""
+    -> (pool, carry, tokens [B, steps], -1 after a row's last)."""
     model = model_of(graphdef, state)
 
-    def cond(carry):
-        _, i, _, live, _ = carry
+    def cond(loop):
+        _, i, _, live, _ = loop
         return (i < steps) & jnp.any(live)
 
-    def body(carry):
-        pool, i, out, live, last = carry
+    def body(loop):
+        pool, i, out, live, last = loop
         inputs = token_begin(model, pool, i, last, live, start, table)
         x, caches = model.run_layers(**inputs, read_cache=True, kernels=kernels)
         return token_end(model, x, caches, i, out, live, last, budget, temperature, top_p, keys, count, stops)
 
-    i, out, live = decode_start(budget, steps)
+    i, out, live, last = decode_start(carry, slot, chain, last, budget, stops, steps)
     pool, _, out, _, _ = jax.lax.while_loop(cond, body, (pool, i, out, live, last))
-    return pool, out
+    return pool, decode_finish(carry, slot, out), out

@@ -9,7 +9,8 @@ import pytest
 import moejax
 from moejax.sched.batch import serve_lines
 from moejax.sched.block_pool import BlockPool, PoolExhausted
-from scheduling import run_scheduler
+from moejax.sched.continuous import GenRequest, Scheduler
+from scheduling import row_key, run_scheduler
 
 TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024
 
@@ -153,3 +154,25 @@ def test_a_failing_step_fails_only_its_sequences(tiny, tmp_path, monkeypatch):
     assert rows[1]["error"]["message"] == "step failed: MemoryError: no room"
     assert rows[0]["response"]["body"]["choices"][0]["token_ids"] == tiny.generate(p[:1], 4)[0]
     assert summary["requests_ok"] == 1 and summary["requests_batch_failed"] == 2
+
+
+def test_steps_run_one_behind_the_host(tiny):
+    """Decode steps are dispatched before the tokens they start from are read (a prompt's first token from the
+    chunk step, the last of the decode step before): the tokens are Engine.generate's, cut at stop tokens and at a
+    stop string (which only the host sees, so its sequence's next step is made and dropped), separate or mixed."""
+    prompts = prompts_of([6, 19, 11, 8], seed=8)
+    free = tiny.generate(prompts, 10)
+    stop_id = free[0][2]  # a greedy token: sequences making it stop there
+    expected = [f[: f.index(stop_id) + 1] if stop_id in f else f for f in free]
+    stop_text = f"<{free[2][0]}>"  # sequence 2's first token (from the chunk step) ends it: the decode step
+    expected[2] = free[2][:1]  # dispatched behind the chunk for it makes tokens that are dropped
+    reqs = [GenRequest(p, 10, row_key(0, i), (stop_id,), (stop_text,) if i == 2 else (), tag=i)
+            for i, p in enumerate(prompts)]
+    for mixed in (False, True):
+        out = {}
+        sched = Scheduler(tiny, 16, max_rows=4, chunk_tokens=32, row_tokens=16, decode_steps=3, mixed=mixed,
+                          decode_text=lambda tokens: "".join(f"<{t}>" for t in tokens))
+        sched.run(reqs[:2] if mixed else reqs, lambda r, tokens, cached: out.__setitem__(r.tag, tokens),
+                  lambda r, message: pytest.fail(message))
+        assert [out[i] for i in sorted(out)] == expected[: len(out)]
+        assert sched.stats.chained_rows > 0 and sched.blocks.in_use() == 0

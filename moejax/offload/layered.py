@@ -91,7 +91,8 @@ class LayeredSteps:
         self._chunk = (jit(paged_steps.chunk_begin, static_argnames=("fresh",)),
                        jit(paged_steps.chunk_end, static_argnames=("fresh",)))
         self._token = jit(paged_steps.token_begin), jit(paged_steps.token_end)
-        self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(1,))
+        self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(6,))
+        self._paged_finish = jax.jit(paged_steps.decode_finish, donate_argnums=(0,))
 
     def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
@@ -142,17 +143,18 @@ class LayeredSteps:
         return out, count
 
     # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
-    def chunk(self, state, pool, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
-        return self._run(self._chunk, state, pool, tokens, start, n, table, temperature, top_p, keys, count,
-                         read_cache=not fresh, fresh=fresh)
+    def chunk(self, state, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
+        return self._run(self._chunk, state, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
+                         count, read_cache=not fresh, fresh=fresh)
 
-    def paged_decode(self, state, pool, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps):
+    def paged_decode(self, state, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys,
+                     count, stops, *, steps):
         begin, end = self._token
-        i, out, live = self._paged_start(budget, steps)
+        i, out, live, last = self._paged_start(carry, slot, chain, last, budget, stops, steps)
         for _ in range(steps):  # the resident loop's condition, checked on the host
             if not bool(np.any(np.asarray(live))):
                 break
             x, caches = self.run_layers(**begin(state, pool, i, last, live, start, table))
             pool, i, out, live, last = end(state, x, caches, i, out, live, last, budget, temperature, top_p, keys,
                                            count, stops)
-        return pool, out
+        return pool, self._paged_finish(carry, slot, out), out

@@ -10,10 +10,13 @@ Each iteration
    as rows grow and preempting the youngest sequence (freeing its blocks; it is recomputed from its prompt and
    tokens so far when readmitted) when the pool runs out;
 4. retires sequences at a stop token, a stop string or max_tokens and releases their blocks.
-Steps 2 and 3 overlap: the decode step is dispatched right behind the chunk step, before the chunk's tokens are
-read (a prompt finishing in the chunk decodes from the next iteration), so the host prepares the decode while the
-device runs the chunk, and an iteration waits on the device once. Results of retired sequences (detokenisation,
-stop strings, writing) are delivered while the next step runs on the device. `Stats.times` says where the time
+Steps run one behind the host, as vLLM's async scheduling does: the decode step is dispatched right behind the
+chunk step and before the previous decode step's tokens are read; its rows' input tokens (a prompt's first token
+from the chunk, the previous decode's last) stay on the device, in the steps' `carry` (moejax.paged_steps). So the
+host reads a step's tokens, retires, admits and prepares the next steps while the device runs the one after it,
+and an iteration waits on the device once. A row whose sequence ended in the step before (a stop token) makes
+nothing; one that ended on a stop string, which only the host sees, makes at most one step of tokens that are
+dropped. Results of retired sequences (detokenisation, stop strings, writing) are delivered while a step runs. `Stats.times` says where the time
 went (moejax.sched.step_times). Step shapes come from a small fixed set (MIN_DECODE_ROWS and the comment above
 it), so a run compiles a handful of programs however many requests it serves."""
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Stats:
     prefill_slots: int = 0  # chunk steps' rows x length, padding included
     decode_rows_useful: int = 0  # tokens made by decode steps
     decode_rows_computed: int = 0  # rows x tokens the decode steps computed (padding and stopped rows included)
+    chained_rows: int = 0  # decode rows dispatched before the step sampling their input token was read
     preemptions: int = 0
     shared_tokens: int = 0  # prompt tokens taken from shared blocks
     peak_blocks: int = 0
@@ -93,6 +97,8 @@ class _Seq:
     published: int = 0  # leading blocks published or shared
     cached_tokens: int | None = None  # shared prompt tokens at first admission (what usage reports)
     done: bool = False
+    slot: int | None = None  # its entry in the steps' carry while running
+    ahead: int = 0  # tokens that dispatched steps sample for it and the host has not read yet
 
     @property
     def context(self) -> list[int]:
@@ -129,8 +135,9 @@ class Scheduler:
         self.decode_text, self.mixed = decode_text, mixed
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
-        self.pool = None
+        self.pool = self.carry = None
         self._order = 0
+        self._inflight: list = []  # the decode step dispatched and not read yet: [(rows, B, budgets, tokens)]
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(self, requests: Sequence[GenRequest], on_finish: Callable, on_fail: Callable) -> Stats:
@@ -144,6 +151,8 @@ class Scheduler:
         self.on_finish, self._delivering = on_finish, False
         if self.pool is None:
             self.pool = self.engine.init_pool(self.num_blocks)
+        self._slots = list(range(self.max_rows))[::-1]
+        self.carry = jax.device_put(np.full((self.max_rows,), -1, np.int32))
         for s in list(self.waiting):
             why = self._refuse(s.req)
             if why:
@@ -164,12 +173,17 @@ class Scheduler:
             with times.phase("loop", "admit"):
                 self._admit()
             try:
+                mixed = self.mixed and any(s.prefilling for s in self.running)
+                if mixed:  # riders' tokens go in from the host
+                    self._read_decode()
                 decoding = [s for s in self.running if not s.prefilling and not s.done]
-                mixed = self.mixed and decoding and any(s.prefilling for s in self.running)
+                mixed = mixed and decoding
                 chunk = None
                 if any(s.prefilling for s in self.running):
                     chunk = self._launch_chunk(self._grow(decoding, 1) if mixed else {})
-                if decoding and not mixed:  # dispatched behind the chunk step, before its tokens are read
+                if not mixed:  # with the prompts the chunk completes, their first tokens still on the device
+                    decoding = [s for s in self.running if not s.prefilling and not s.done]
+                if (decoding or self._inflight) and not mixed:  # behind the chunk step, before its tokens are read
                     self._decode_step(decoding, chunk)
                 elif chunk is not None:
                     self._finish_chunk(chunk)
@@ -181,6 +195,7 @@ class Scheduler:
                 continue
             with times.phase("loop", "retire"):
                 self._retire()
+        self._inflight = []  # rows of ended sequences only
         with times.phase("loop", "deliver"):
             self._deliver()
 
@@ -198,6 +213,7 @@ class Scheduler:
         for s in list(self.waiting):
             if len(self.running) >= self.max_rows:
                 return
+            assert not s.ahead, "a preempted sequence's tokens are read before it is readmitted"
             ctx = s.context
             hashes = block_hashes(ctx, (len(ctx) - 1) // BLOCK)  # at least one token is computed
             shared = self.blocks.match(hashes)
@@ -218,13 +234,17 @@ class Scheduler:
             for h in hashes[len(shared): len(s.req.prompt) // BLOCK]:
                 self._pending.setdefault(h, s)
             s.order, self._order = self._order, self._order + 1
+            s.slot = self._slots.pop()
             self.waiting.remove(s)
             self.running.append(s)
             self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
 
     def _release(self, s: _Seq) -> None:
+        """Free its blocks and slot (steps dispatched before still write them: later steps run after those)."""
         self.blocks.release(s.blocks)
         s.blocks = []
+        self._slots.append(s.slot)
+        s.slot = None
         for h in [h for h, owner in self._pending.items() if owner is s]:
             del self._pending[h]
 
@@ -255,9 +275,13 @@ class Scheduler:
             on_fail(s.req, f"step failed: {message}")
         for h in list(self._pending):
             del self._pending[h]
-        self.running = []
+        for s in self.waiting:  # preempted with tokens unread: they are sampled again (the same) when readmitted
+            s.ahead = 0
+        self.running, self._inflight = [], []
         self.blocks = BlockPool(self.num_blocks)  # the pool may be gone (donated into the failed call)
         self.pool = self.engine.init_pool(self.num_blocks)
+        self._slots = list(range(self.max_rows))[::-1]
+        self.carry = jax.device_put(np.full((self.max_rows,), -1, np.int32))
 
     # -- steps ------------------------------------------------------------------------------------------------
     def _wait(self, x, kind: str) -> np.ndarray:
@@ -275,7 +299,8 @@ class Scheduler:
         self.stats.shapes.add(shape)
         times.steps[kind] += 1
         with times.phase(kind, "compile" if new else "dispatch"):
-            return step(self.pool, *host_inputs, **static)
+            self.pool, self.carry, out = step(self.pool, self.carry, *host_inputs, **static)
+        return out
 
     def _table(self, seqs, rows: int) -> np.ndarray:
         width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
@@ -291,7 +316,7 @@ class Scheduler:
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
         count = np.zeros((rows,), np.int32)
         for r, s in enumerate(seqs):
-            temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out)
+            temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out) + s.ahead
         return temp, top_p, count, keys
 
     def _launch_chunk(self, riders: dict):
@@ -306,31 +331,35 @@ class Scheduler:
             prepared = self._chunk_inputs(riders)
         if prepared is None:
             return None
-        rows, shape, host_inputs, fresh = prepared
+        rows, sampled, shape, host_inputs, fresh = prepared
         t0 = time.perf_counter()
-        self.pool, tok = self._call("chunk", shape, self._chunk_call, host_inputs, fresh=fresh)
+        tok = self._call("chunk", shape, self._chunk_call, host_inputs, fresh=fresh)
         with times.phase("chunk", "update"):
             for s, take, _ in rows:
                 s.computed += take
+            for r in sampled:
+                rows[r][0].ahead += 1
             for s in {s for s, _, _ in rows if s not in riders}:
                 self._publish(s)
-        return rows, riders, tok, shape, t0
+        return rows, sampled, riders, tok, shape, t0
 
     def _finish_chunk(self, launched) -> None:
         """The chunk step's sampled tokens: a prompt's first token, a rider's next. A sequence preempted since the
         dispatch keeps its first token (sampled from its prompt's KV, which the step wrote before any later step
         reused its blocks) and recomputes the prompt when readmitted."""
-        rows, riders, tok, shape, t0 = launched
+        rows, sampled, riders, tok, shape, t0 = launched
         tok = self._wait(tok, "chunk")
         self.stats.chunk_s += time.perf_counter() - t0
         with self.stats.times.phase("chunk", "update"):
-            self._chunk_results(rows, riders, tok, shape)
+            self._chunk_results(rows, sampled, riders, tok, shape)
 
-    def _chunk_call(self, pool, tokens, start, n, table, temp, top_p, count, keys, *, fresh):
-        return self.engine.paged_chunk(pool, tokens, start, n, table, temp, top_p, keys, count, fresh=fresh)
+    def _chunk_call(self, pool, carry, slot, tokens, start, n, table, temp, top_p, count, keys, *, fresh):
+        return self.engine.paged_chunk(pool, carry, slot, tokens, start, n, table, temp, top_p, keys, count,
+                                       fresh=fresh)
 
     def _chunk_inputs(self, riders: dict):
-        """-> (rows [(sequence, tokens, first position)], shape, host inputs, fresh), or None without rows."""
+        """-> (rows [(sequence, tokens, first position)], the rows whose sampled token is their sequence's next (a
+        rider's; a prompt's first, not a resumed sequence's), shape, host inputs, fresh), or None without rows."""
         rows = [(s, 1, start) for s, (start, _) in riders.items()]
         free = max(self.chunk_tokens // self.row_tokens - len(rows), 1)
         for s in sorted([s for s in self.running if s.prefilling], key=lambda s: s.order):
@@ -348,25 +377,29 @@ class Scheduler:
         T = bucket(self.row_tokens, MIN_CHUNK)
         tokens = np.zeros((B, T), np.int32)
         start, n = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
+        slot = np.full((B,), self.max_rows, np.int32)  # out of the carry's range: the row's token is not kept
+        sampled = [r for r, (s, take, first) in enumerate(rows)
+                   if s in riders or (first + take == s.target and not s.out)]
+        for r in sampled:
+            slot[r] = rows[r][0].slot
         for r, (s, take, first) in enumerate(rows):
             tokens[r, :take] = s.context[first: first + take]
             start[r], n[r] = first, take
             self.blocks.check_writable(s.blocks[first // BLOCK: _blocks_for(first + take)])
         table = self._table(seqs, B)
         fresh = not start.any()
-        return rows, ("chunk", B, T, table.shape[1], fresh), (tokens, start, n, table, *self._sampling(seqs, B)), fresh
+        inputs = (slot, tokens, start, n, table, *self._sampling(seqs, B))
+        return rows, sampled, ("chunk", B, T, table.shape[1], fresh), inputs, fresh
 
-    def _chunk_results(self, rows, riders: dict, tok: np.ndarray, shape: tuple) -> None:
+    def _chunk_results(self, rows, sampled: list[int], riders: dict, tok: np.ndarray, shape: tuple) -> None:
         _, B, T, _, _ = shape
         self.stats.chunk_steps += 1
         self.stats.prefill_tokens += sum(t for s, t, _ in rows if s not in riders)
         self.stats.prefill_slots += B * T
-        for r, (s, take, first) in enumerate(rows):
-            if s in riders:
-                self.stats.decode_rows_useful += 1
-                self._extend(s, [int(tok[r])])
-            elif first + take == s.target and not s.out:  # the prompt is in: its first token is sampled
-                self._extend(s, [int(tok[r])])
+        self.stats.decode_rows_useful += len(riders)
+        for r in sampled:
+            rows[r][0].ahead -= 1
+            self._took(rows[r][0], [int(tok[r])])
         self.stats.decode_rows_computed += len(riders) * T  # a rider's row is as wide as the chunk
 
     def _publish(self, s: _Seq) -> None:
@@ -381,17 +414,21 @@ class Scheduler:
             s.published = full
 
     def _grow(self, decoding: list[_Seq], tokens: int) -> dict:
-        """Blocks for up to `tokens` more tokens of each decoding sequence, oldest first, preempting the youngest
-        running sequence while the pool is out of blocks. -> {sequence: (first position written, tokens)}."""
+        """Blocks for up to `tokens` more tokens of each decoding sequence after those in flight (as if every row
+        makes its whole budget), oldest first, preempting the youngest running sequence while the pool is out of
+        blocks. -> {sequence: (first position written, tokens)}; a sequence whose max_tokens are all in flight
+        gets none."""
         want = {}
         for s in sorted(decoding, key=lambda s: s.order):
-            start = len(s.req.prompt) + len(s.out) - 1
+            start = len(s.req.prompt) + len(s.out) + s.ahead - 1
+            if s.req.max_tokens - len(s.out) - s.ahead < 1:
+                continue
             while s in self.running and (len(s.blocks) + self.blocks.available()) * BLOCK - start < 1:
                 self._preempt(max(self.running, key=lambda q: q.order))
             if s not in self.running:  # preempted itself (the youngest), or for an older one before
                 continue
             fit = (len(s.blocks) + self.blocks.available()) * BLOCK - start
-            wanted = min(tokens, s.req.max_tokens - len(s.out), fit)
+            wanted = min(tokens, s.req.max_tokens - len(s.out) - s.ahead, fit)
             extra = _blocks_for(start + wanted) - len(s.blocks)
             if extra > 0:
                 s.blocks += self.blocks.allocate(extra)
@@ -402,9 +439,10 @@ class Scheduler:
         return want
 
     def _decode_step(self, decoding: list[_Seq], chunk=None) -> None:
-        """Up to decode_steps tokens for every decoding sequence: one jit call per group of rows (_groups), all
-        dispatched before the first result is read, and before the tokens of `chunk` (a chunk step dispatched
-        just before: _launch_chunk) are read."""
+        """Dispatch up to decode_steps tokens for every decoding sequence (one jit call per group of rows:
+        _groups), then read `chunk` (a chunk step dispatched just before: _launch_chunk) and the decode step
+        dispatched in the iteration before, while the new one runs. A row whose input token is not read yet
+        takes it on the device (chain)."""
         K, times = self.decode_steps, self.stats.times
         with times.phase("decode", "prepare"):
             want = self._grow(decoding, K)
@@ -415,35 +453,62 @@ class Scheduler:
             with times.phase("decode", "prepare"):
                 B = self._decode_rows(len(group))
                 last, start, budget = (np.zeros((B,), np.int32) for _ in range(3))
+                slot, chain = np.full((B,), self.max_rows, np.int32), np.zeros((B,), bool)
                 width = bucket(max(len(s.req.stop_ids) for s in group), 4)
                 stops = np.full((B, width), -1, np.int32)
                 for r, s in enumerate(group):
-                    last[r], (start[r], budget[r]) = s.out[-1], want[s]
+                    (start[r], budget[r]), slot[r], chain[r] = want[s], s.slot, s.ahead > 0
+                    last[r] = 0 if s.ahead else s.out[-1]
                     stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
                 table = self._table(group, B)
                 temp, top_p, count, keys = self._sampling(group, B)
-                host_inputs = (last, start, budget, table, temp, top_p, count, stops, keys)
+                host_inputs = (slot, chain, last, start, budget, table, temp, top_p, count, stops, keys)
+                for r, s in enumerate(group):
+                    s.ahead += int(budget[r])
+                self.stats.chained_rows += int(chain.sum())
             shape = ("decode", B, K, table.shape[1], width)  # width: of the stop-id lists
-            self.pool, out = self._call("decode", shape, self._decode_call, host_inputs, steps=K)
-            calls.append((group, B, out))
+            out = self._call("decode", shape, self._decode_call, host_inputs, steps=K)
+            calls.append((group, B, budget[: len(group)], out))
+        previous, self._inflight = self._inflight, calls
+        self._read_decode(previous)
         if chunk is not None:
             self._finish_chunk(chunk)
-        for group, B, out in calls:
+        if calls or previous:
+            self.stats.decode_s += time.perf_counter() - t0
+
+    def _read_decode(self, calls=None) -> None:
+        """Read a dispatched decode step's tokens (by default the one in flight). A sequence ended since it was
+        dispatched (on a stop string) drops them; one preempted since keeps them (sampled from KV the step read
+        before any later step reused its blocks)."""
+        if calls is None:
+            calls, self._inflight = self._inflight, []
+        times = self.stats.times
+        for group, B, budget, out in calls:
             out = self._wait(out, "decode")
             with times.phase("decode", "update"):
                 made = (out[: len(group)] >= 0).sum(axis=1)
                 self.stats.decode_steps += 1
-                self.stats.decode_rows_useful += int(made.sum())
                 self.stats.decode_rows_computed += B * int(made.max())
                 for r, s in enumerate(group):
-                    s.computed += int(made[r])
-                    self._extend(s, out[r, : made[r]].tolist())
-        if calls:
-            self.stats.decode_s += time.perf_counter() - t0
+                    s.ahead -= int(budget[r])
+                    if s.done:
+                        continue
+                    self.stats.decode_rows_useful += int(made[r])
+                    if s in self.running:
+                        s.computed += int(made[r])
+                    self._took(s, out[r, : made[r]].tolist())
 
-    def _decode_call(self, pool, last, start, budget, table, temp, top_p, count, stops, keys, *, steps):
-        return self.engine.paged_decode(pool, last, start, budget, table, temp, top_p, keys, count, stops,
-                                        steps=steps)
+    def _took(self, s: _Seq, tokens: list[int]) -> None:
+        """A dispatched step's tokens for s; a preempted sequence they end goes to the results from the waiting."""
+        self._extend(s, tokens)
+        if s.done and s in self.waiting:
+            self.waiting.remove(s)
+            self._results.append(s)
+
+    def _decode_call(self, pool, carry, slot, chain, last, start, budget, table, temp, top_p, count, stops, keys, *,
+                     steps):
+        return self.engine.paged_decode(pool, carry, slot, chain, last, start, budget, table, temp, top_p, keys,
+                                        count, stops, steps=steps)
 
     def _decode_rows(self, n: int) -> int:
         """A decode call's rows for n sequences: powers of two from MIN_DECODE_ROWS up to max_rows' (a few shapes
