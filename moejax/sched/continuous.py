@@ -181,6 +181,8 @@ class Scheduler:
                 chunk = None
                 if any(s.prefilling for s in self.running):
                     chunk = self._launch_chunk(self._grow(decoding, 1) if mixed else {})
+                if not mixed and chunk is not None and self._inflight:
+                    self._read_decode()  # while the device runs the chunk: no decode row for an ended sequence
                 if not mixed:  # with the prompts the chunk completes, their first tokens still on the device
                     decoding = [s for s in self.running if not s.prefilling and not s.done]
                 if (decoding or self._inflight) and not mixed:  # behind the chunk step, before its tokens are read

@@ -5,7 +5,7 @@ Backends:
   fused (the [M, 2I] intermediate never reaches HBM), one grouped kernel for down, combine.
 - `mosaic` (Hopper GPU, 16-bit weights): dispatch into the group-aligned layout, Mosaic GPU grouped kernels for
   gate/up and down, the activation in XLA between them, combine.
-- `auto`: `xla` on CPU; on a GPU what the last GPU run measured fastest for the shape (backends.expert_auto).
+- `auto`: `xla` on CPU (`dense` for a few tokens: backends.expert_auto); on a GPU what the last GPU run measured fastest for the shape (backends.expert_auto).
 - `xla` (CPU): dispatch; up to 32 rows per expert on average, C static slots per expert and one batched matmul
   (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row
   windows (grouped_matmul.xla).
@@ -31,7 +31,7 @@ def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, 
     x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
         None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
     backend = resolve("expert_ffn", backend, BACKENDS,
-                      auto=expert_auto(idx.size, w_gate_up.shape[0], w_gate_up.dtype, fused=True))
+                      auto=expert_auto(idx.size, w_gate_up.shape[0], w_gate_up.dtype, fused=True, top_k=idx.shape[1]))
     fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "mosaic": grouped.mosaic,
           "xla": grouped.xla,
           "tiled": tiled.tiled, "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
