@@ -128,3 +128,21 @@ def test_tiled_gradients_equal_the_dense_backends():
 
     for got, want in zip(grads("tiled"), grads("dense")):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(on_gpu(), reason="what auto means on a CPU")
+def test_cpu_auto_runs_a_few_tokens_dense():
+    """A decode-sized batch runs dense on a CPU (it compiles in half the time at equal run time), with the
+    reference's result also where a token names an expert twice (the cached placement's stand-ins); larger
+    batches, and experts far more than top-k, take the XLA path."""
+    from moejax.kernels.backends import CPU_DENSE_MAX_RATIO, CPU_DENSE_MAX_TOKENS, expert_auto
+    f32 = np.float32
+    assert expert_auto(CPU_DENSE_MAX_TOKENS * 2, 16, f32, True, top_k=2) == "dense"
+    assert expert_auto((CPU_DENSE_MAX_TOKENS + 1) * 2, 16, f32, True, top_k=2) == "xla"
+    assert expert_auto(8 * 8, CPU_DENSE_MAX_RATIO * 8 + 1, f32, True, top_k=8) == "xla"
+    assert expert_auto(64, 16, f32, False) == "xla"  # a grouped matmul: rows, not tokens
+    x, idx, w, wgu, wd, bgu, bd = make(6, 2, 20, 8, 6, "uniform", 3, True)
+    idx[:, 1], w[:, 1] = idx[:, 0], 0.25  # every token names its first expert twice
+    ref = reference(x, idx, w, wgu, wd, bgu, bd, "silu", 7.0, 1.702)
+    out = np.asarray(jax.jit(lambda *a: expert_ffn(*a))(x, idx, w, wgu, wd, bgu, bd))
+    assert np.linalg.norm(out - ref) <= 1e-5 * np.linalg.norm(ref)
