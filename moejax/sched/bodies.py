@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from moejax.sched.requests import CompletionRequest, ScoreRequest
+from moejax.sched.token_text import TokenText
 
 
 @dataclass
@@ -24,17 +25,17 @@ class Choice:
 class Bodies:
     def __init__(self, tokenizer, model: str, fingerprint: str):
         self.tokenizer, self.model, self.fingerprint = tokenizer, model, fingerprint
+        self.tokens = TokenText(tokenizer)
 
     def head(self, kind: str, rid: str, req) -> dict:
-        prefix = {"text_completion": "cmpl", "chat.completion": "chatcmpl", "list": "generative-score"}.get(kind, "score")
+        prefixes = {"text_completion": "cmpl", "chat.completion": "chatcmpl", "list": "generative-score"}
+        prefix = prefixes.get(kind, "score")
         return {"id": f"{prefix}-{rid}", "object": kind, "created": int(time.time()), "model": req.model or self.model,
                 "system_fingerprint": self.fingerprint}
 
     def decode(self, ids) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode(list(ids))
-
-    def token_text(self, token: int) -> str:
-        return f"token_id:{token}" if self.tokenizer is None else self.tokenizer.decode([token])
+        """Text as transformers' tokenizer.decode gives it by default: special tokens kept."""
+        return self.tokens.decode(ids)
 
     # -- generation --------------------------------------------------------------------------------------------
     def cut_at_stop(self, req: CompletionRequest, choice: Choice, stop_ids) -> tuple[Choice, str | None]:
@@ -65,7 +66,7 @@ class Bodies:
                 entry = {"index": i, "text": text, "logprobs": None if req.logprobs is None else
                          self.completion_logprobs(req, c, prompt_logprobs)}
                 if req.echo:
-                    prompt_text = req.prompt_text if req.prompt_text is not None else self.decode(req.prompt)
+                    prompt_text = self.echoed_prompt(req)
                     entry["text"] = None if prompt_text is None or text is None else prompt_text + text
             out.append({**entry, "token_ids": c.tokens, "finish_reason": c.finish_reason})
         completion = sum(len(c.tokens) for c, _ in choices)
@@ -77,34 +78,38 @@ class Bodies:
 
     def completion_logprobs(self, req: CompletionRequest, c: Choice, prompt_logprobs) -> dict:
         """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (dicts, the chosen token included),
-        text_offset; with echo the prompt's tokens come first (the first has no log-probability)."""
-        tokens, lps, tops = [], [], []
+        text_offset; with echo the prompt's tokens come first (the first has no log-probability). Tokens are named
+        by TokenText.completion_name (part of a character: `bytes:\\xNN...`), so every top entry has its own key;
+        text_offset indexes the choice's text (characters), the prompt's tokens into the prompt's text."""
+        tokens, lps, tops, offsets = [], [], [], []
         if req.echo:
             first_lps, first_tops = prompt_logprobs
             tokens += list(req.prompt)
             lps += [None] + list(first_lps)
             tops += [None] + list(first_tops)
+            offsets += self.tokens.offsets(req.prompt)
+        prompt_chars = len(self.echoed_prompt(req) or "") if req.echo else 0
+        offsets += [prompt_chars + at for at in self.tokens.offsets(c.tokens)]
         tokens += c.tokens
         lps += c.logprobs
         tops += c.top
-        texts = [self.token_text(t) for t in tokens]
         top_dicts = [None if top is None else self.top_dict(t, lp, top[: req.logprobs])
                      for t, lp, top in zip(tokens, lps, tops)]
-        offsets, at = [], 0
-        for text in texts:
-            offsets.append(at)
-            at += len(text)
-        return {"tokens": texts, "token_logprobs": lps, "top_logprobs": top_dicts, "text_offset": offsets}
+        return {"tokens": [self.tokens.completion_name(t) for t in tokens], "token_logprobs": lps,
+                "top_logprobs": top_dicts, "text_offset": offsets}
+
+    def echoed_prompt(self, req: CompletionRequest) -> str | None:
+        """The prompt's text before the completion's with echo: as sent, else decoded."""
+        return req.prompt_text if req.prompt_text is not None else self.decode(req.prompt)
 
     def top_dict(self, token: int, logprob: float, top) -> dict:
-        d = {self.token_text(t): lp for t, lp in top}
-        d.setdefault(self.token_text(token), logprob)
+        d = {self.tokens.completion_name(t): lp for t, lp in top}
+        d.setdefault(self.tokens.completion_name(token), logprob)
         return d
 
     def chat_logprobs(self, req: CompletionRequest, c: Choice) -> list[dict]:
-        def item(t, lp):
-            text = self.token_text(t)
-            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        """OpenAI's chat shape: each token with its real bytes (TokenText.chat_item) and its top alternatives."""
+        item = self.tokens.chat_item
         return [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top[: req.logprobs]]}
                 for t, lp, top in zip(c.tokens, c.logprobs, c.top)]
 

@@ -1,0 +1,119 @@
+"""What a token is as text, for log-probabilities: its own bytes, its name in OpenAI's shapes, and where it starts in
+the decoded text.
+
+A byte-level BPE token (GPT-2, Qwen, DeepSeek, gpt-oss, the embedded model) is a run of bytes, often only part of a
+UTF-8 character: decoded alone it is "\\ufffd", so its bytes are read from its vocabulary entry instead (the entry
+spells each byte as one character, GPT-2's table below, which is what the `tokenizers` ByteLevel decoder inverts).
+Text is decoded as transformers' `tokenizer.decode` does by default: special tokens kept (skip_special_tokens=False).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+
+def byte_level_table() -> dict[str, int]:
+    """GPT-2's character for each byte (as the `tokenizers` ByteLevel pre-tokenizer writes and its decoder reads
+    them): printable Latin-1 bytes stand for themselves, the other 68 for U+0100 onwards, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in printable}
+    others = sorted(set(range(256)) - set(printable))
+    table.update({chr(0x100 + i): b for i, b in enumerate(others)})
+    return table
+
+
+_BYTE_LEVEL = byte_level_table()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece-style byte tokens (Llama, Mixtral)
+_METASPACE = "\u2581"  # "▁": SentencePiece's space
+
+
+def _decoder_kinds(tokenizer) -> set[str]:
+    """The types of the tokenizer's decoder and of the decoders in its Sequence (tokenizer.json's `decoder`)."""
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    parts = decoder.get("decoders") or [decoder]
+    kinds = {d.get("type") for d in parts if isinstance(d, dict)}
+    return kinds | {"Metaspace"} if _METASPACE in str(decoder) else kinds  # a Replace("▁", " ") counts too
+
+
+def escaped(data: bytes) -> str:
+    """Bytes written as OpenAI writes them: "\\xe2\\x80" (a backslash, x and two lower-case hex digits each)."""
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+class TokenText:
+    """Token texts of a `tokenizers.Tokenizer` (cached per id); a tokenizer-less model's tokens are `token_id:N`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._kinds = set() if tokenizer is None else _decoder_kinds(tokenizer)
+        self._bytes: dict[int, bytes | None] = {}
+
+    def decode(self, ids) -> str | None:
+        """The text of `ids`, special tokens included (transformers' default); None without a tokenizer."""
+        return None if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def bytes_of(self, token: int) -> bytes | None:
+        """The token's own bytes; None for an id the tokenizer does not know (a model's padded vocabulary)."""
+        if token not in self._bytes:
+            self._bytes[token] = self._read_bytes(token)
+        return self._bytes[token]
+
+    def _read_bytes(self, token: int) -> bytes | None:
+        entry = None if self.tokenizer is None else self.tokenizer.id_to_token(token)
+        if entry is None:
+            return None
+        if "ByteLevel" in self._kinds:
+            # As the ByteLevel decoder: an entry with a character outside the table (an added token such as
+            # "<｜begin▁of▁sentence｜>") is taken as its UTF-8 text.
+            if all(c in _BYTE_LEVEL for c in entry):
+                return bytes(_BYTE_LEVEL[c] for c in entry)
+            return entry.encode("utf-8")
+        m = _BYTE_FALLBACK.fullmatch(entry)
+        if m and "ByteFallback" in self._kinds:
+            return bytes([int(m.group(1), 16)])
+        if "Metaspace" in self._kinds:
+            return entry.replace(_METASPACE, " ").encode("utf-8")
+        return self.decode([token]).encode("utf-8")
+
+    def text(self, token: int) -> str | None:
+        """The token's text when its bytes are whole UTF-8 characters, else None."""
+        data = self.bytes_of(token)
+        try:
+            return None if data is None else data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def completion_name(self, token: int) -> str:
+        """The token in legacy completions' `tokens` and `top_logprobs` keys: its text, or `bytes:\\xNN...` when it
+        is part of a character (OpenAI's naming), or `token_id:N` when it has no bytes (vLLM's)."""
+        text = self.text(token)
+        if text is not None:
+            return text
+        data = self.bytes_of(token)
+        return f"token_id:{token}" if data is None else "bytes:" + escaped(data)
+
+    def chat_item(self, token: int, logprob: float) -> dict:
+        """A chat logprobs entry without its top list: token (OpenAI chat writes part of a character as "\\xNN..."),
+        logprob and the token's real bytes (null when it has none)."""
+        data, text = self.bytes_of(token), self.text(token)
+        name = text if text is not None else f"token_id:{token}" if data is None else escaped(data)
+        return {"token": name, "logprob": logprob, "bytes": None if data is None else list(data)}
+
+    def offsets(self, ids) -> list[int]:
+        """Where each token starts in decode(ids), as a str index (characters, as OpenAI's text_offset): a token
+        whose first byte continues a character started by an earlier token starts where that character does."""
+        data, starts = bytearray(), []
+        for t in ids:
+            starts.append(len(data))
+            data += self.bytes_of(t) or b""
+        offsets, at, chars = [], 0, 0
+        for p in starts:
+            q = p
+            while 0 < q < len(data) and data[q] & 0xC0 == 0x80:  # a continuation byte: back to its character's lead
+                q -= 1
+            # Cut before a lead (or ASCII) byte, the pieces decode as the whole does: every character (and every
+            # replaced invalid run) starts at such a byte.
+            chars += len(data[at:q].decode("utf-8", "replace"))
+            offsets.append(chars)
+            at = q
+        return offsets
