@@ -13,13 +13,14 @@ Examples:
 
 Rerunning a command whose output file is incomplete (crash, kill, full disk) serves only the missing lines, then
 writes the complete file in input order; a rerun with settings that change results (model, dtype, kernels,
-layout, placement, ...) is refused instead.
+layout, placement, ...) is refused instead. A runner holds a lock on its output (<output>.lock, and on
+--error-file) until it ends: a second runner on the same output is refused, naming the first's pid and host.
 
 Exit status: 0 when every line got a result computed for it; 1 when any line failed (each still has its
 error line: 400 for invalid input, 500 for a failed batch; --allow-invalid-lines exits 0 when only invalid
 lines failed) or when results could not be written (the journal keeps what was written); any other failure (bad
-flags, unreadable input, an output folder that cannot be written, a model that does not load, an output made
-with other settings) exits with a message before anything is written.
+flags, unreadable input, an output folder that cannot be written, an output another runner is writing, a model
+that does not load, an output made with other settings) exits with a message before anything is written.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from moejax.offload.memory_plan import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
 from moejax.plan.resolve import profile_for
+from moejax.sched import output_lock
 from moejax.sched.batch import engine_settings, explain_lines, serve_lines, theta_from_profile
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
@@ -183,9 +185,10 @@ def check_numbers(args) -> str | None:
 
 def check_output_is_not_input(args) -> str | None:
     """Writing results (or their journal, or the error file) over the requests would destroy them."""
-    outputs = [("--output", p) for p in (args.output, args.output + ".partial")] if args.output else []
+    outputs = ([("--output", p) for p in (args.output, args.output + ".partial", output_lock.lock_path(args.output))]
+               if args.output else [])
     if args.error_file:
-        outputs.append(("--error-file", args.error_file))
+        outputs += [("--error-file", args.error_file), ("--error-file", output_lock.lock_path(args.error_file))]
         if args.output and _same_file(args.error_file, args.output):
             return f"--error-file {args.error_file}: is the --output file; give another"
     if args.input == "-":
@@ -309,7 +312,11 @@ def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    with contextlib.ExitStack() as held:  # the output locks taken below, released however the run ends
+        return _main(parse_args(argv), held)
+
+
+def _main(args, held: contextlib.ExitStack) -> int:
     multi = (args.coordinator, args.num_processes, args.process_id)
     if None in multi:
         if any(v is not None for v in multi):
@@ -342,6 +349,7 @@ def main(argv=None) -> int:
     problem = check_kernels(args)  # it asks JAX for the platform: only after joining the other processes
     if problem:
         sys.exit(problem)
+    lock_outputs(args, multi, held)
     try:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
@@ -377,6 +385,8 @@ def main(argv=None) -> int:
         sys.exit(f"--output {args.output}: {e}")
     except WriteFailed as e:
         sys.exit(f"--output: {e}")
+    except output_lock.OutputLockError as e:
+        sys.exit(f"{_flag_of(args, e.path)}: {e}")
     if not writer:
         return 0
     summary = {"model": args.model, "dtype": engine.dtype.name, **summary}
@@ -385,6 +395,32 @@ def main(argv=None) -> int:
         with open(args.metrics, "w") as f:
             json.dump(summary, f, indent=1)
     return exit_status(summary, args.allow_invalid_lines)
+
+
+def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:
+    """Exit, before the model loads, when another runner is writing this --output (with its journal) or
+    --error-file; else hold their locks until main ends (moejax.sched.output_lock). The error file is locked too:
+    it is rewritten whole when a run ends, so two runs sharing one would silently drop the other's failed lines.
+    Only process 0 writes, so only it locks; it tells the others whether to go on."""
+    if args.explain:
+        return
+    refused = None
+    if not multi or multihost.is_main():
+        try:
+            held.enter_context(output_lock.hold(args.output, args.error_file))
+        except output_lock.OutputLockError as e:
+            refused = f"{_flag_of(args, e.path)}: {e}"
+    if multi and multihost.main_says(refused is not None) and refused is None:
+        sys.exit(f"--output {args.output}: process 0 could not lock it (its message says why)")
+    if refused:
+        sys.exit(refused)
+
+
+def _flag_of(args, path: str | None) -> str:
+    """The flag (and value) that named `path`."""
+    if args.error_file and path is not None and os.path.realpath(args.error_file) == path:
+        return f"--error-file {args.error_file}"
+    return f"--output {args.output}"
 
 
 def _check_processes_agree(args, lines: list[str]) -> None:

@@ -9,6 +9,7 @@ import secrets
 import jax
 
 from moejax.kv_pool import BLOCK
+from moejax.sched import output_lock
 from moejax.sched.batch_size import DEFAULT_TOKENS, score_batch_size
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
@@ -116,22 +117,25 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=None, kv_
     keeps what it has). max_batch_tokens: the token budget of a batch; None: scoring batches sized from the device
     (moejax.sched.batch_size), others DEFAULT_TOKENS. batching: "continuous" (completions through one scheduler over
     a paged KV pool of kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size; scheduler_options: the
-    Scheduler's keywords) or "static" (Runner). Returns the run summary."""
-    entries, store, todo, plan, runner = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
-                                                  kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb,
-                                                  settings=settings, seed_nonce=seed_nonce, batching=batching,
-                                                  kv_pool_mb=kv_pool_mb, scheduler_options=scheduler_options)
-    bad = 0
-    with store:
-        for e in entries:
-            if isinstance(e, BadLine) and not store.done(e.line):
-                store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line], param=e.param))
-                bad += 1
-        runner.progress = bar = progress(len(todo)) if progress is not None else None
-        metrics = runner.run()
-        if bar is not None:
-            bar(None, metrics)
-        store.finish(error_file)
+    Scheduler's keywords) or "static" (Runner). Another runner holding the output's or error file's lock raises
+    output_lock.OutputLockError before anything is read or written. Returns the run summary."""
+    with output_lock.hold(output, error_file):
+        entries, store, todo, plan, runner = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
+                                                      kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb,
+                                                      settings=settings, seed_nonce=seed_nonce, batching=batching,
+                                                      kv_pool_mb=kv_pool_mb, scheduler_options=scheduler_options)
+        bad = 0
+        with store:
+            for e in entries:
+                if isinstance(e, BadLine) and not store.done(e.line):
+                    store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line],
+                                                   param=e.param))
+                    bad += 1
+            runner.progress = bar = progress(len(todo)) if progress is not None else None
+            metrics = runner.run()
+            if bar is not None:
+                bar(None, metrics)
+            store.finish(error_file)
     metrics.requests_batch_failed = metrics.requests_failed  # the runner's failures: 500s, retried by a rerun
     metrics.requests_failed += bad
     metrics.requests_invalid = sum(isinstance(e, BadLine) for e in entries)  # their 400s, new or resumed
