@@ -3,6 +3,7 @@ first's pid and host; a killed runner's lock file blocks nobody; a rerun afterwa
 
 The other runner is a real process that takes the lock through moejax.sched.output_lock, loaded from its file so
 that the process starts without importing JAX; launch.serve itself runs in this process."""
+import errno
 import json
 import os
 import signal
@@ -16,11 +17,12 @@ import pytest
 from launch import serve as serve_cli
 from moejax.sched import output_lock
 
+fcntl = pytest.importorskip("fcntl")  # POSIX; without it nothing is locked (tested below by taking it away)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.path.join(ROOT, "moejax", "sched", "output_lock.py")
 TINY = "tiny-qwen3-moe"
 
-# Takes the locks of argv[1:] and prints "held" (or the refusal, exiting 3); holds them until stdin closes.
+# Takes the locks of argv[1:] and prints "held" (or exits 1 with the refusal); holds them until stdin closes.
 RUNNER = f"""
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("output_lock", {MODULE!r})
@@ -124,6 +126,21 @@ def test_without_fcntl_the_run_goes_on_and_says_it_is_not_locked(tmp_path, monke
     with output_lock.hold(str(tmp_path / "out.jsonl")):
         pass
     assert "has no fcntl, so outputs are not locked" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_on_a_file_system_without_locks_the_run_goes_on_and_says_so(tmp_path, monkeypatch, capsys):
+    class NoLocks:  # what flock answers there (some FUSE and network mounts); no such mount here
+        LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+
+        @staticmethod
+        def flock(fd, operation):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(output_lock, "fcntl", NoLocks)
+    with output_lock.hold(str(tmp_path / "out.jsonl")):
+        pass
+    assert f"cannot lock {tmp_path / 'out.jsonl.lock'} (No locks available" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
 
 

@@ -6,13 +6,14 @@ The lock is `fcntl.flock` on the lock file, which also holds the holder's pid, h
 refuses the next runner. The OS drops a flock when its process ends, crash and SIGKILL included, so a lock file left
 behind by a killed runner blocks nobody; a clean release removes the file. Within one process the lock is reentrant
 for the thread that holds it (launch.serve takes it early, serve_lines again around the store); another thread is
-refused. Where fcntl is missing (Windows) nothing is locked and a warning says so.
+refused. Where fcntl is missing (Windows), or the file system has no locks, nothing is locked and a warning says so.
 
 This module imports only the standard library (tests load it in a subprocess without importing JAX).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -85,7 +86,10 @@ def _acquire(path: str) -> None:
         _held[path] = _Held(_lock(path), me)
 
 
-def _lock(path: str) -> int:
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}  # flock's "this file system has no locks"
+
+
+def _lock(path: str) -> int | None:
     lock = lock_path(path)
     while True:
         try:
@@ -98,11 +102,18 @@ def _lock(path: str) -> int:
             holder = _read_holder(fd)
             os.close(fd)
             raise OutputLockError(path, _refusal(path, lock, holder)) from None
-        except OSError as e:  # e.g. a file system without locks
+        except OSError as e:
             os.close(fd)
-            raise OutputLockError(path, f"cannot lock {lock}: {e.strerror or e}") from None
-        # The holder we waited on may have removed the file between our open and flock: then this lock is on a
-        # file nobody else will open; take the lock on what the path names now.
+            if e.errno not in _NO_LOCKS:
+                raise OutputLockError(path, f"cannot lock {lock}: {e.strerror or e}") from None
+            print(f"moejax: warning: cannot lock {lock} ({e.strerror or e}: a file system without locks), so "
+                  f"{path} is not locked: two runners on it would both do all the work; start only one",
+                  file=sys.stderr)
+            with contextlib.suppress(OSError):
+                os.remove(lock)
+            return None
+        # The previous holder may have released and removed the file between our open and flock: then this lock is
+        # on a file nobody else will open; take the lock on what the path names now.
         try:
             current = os.stat(lock)
         except FileNotFoundError:
