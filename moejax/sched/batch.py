@@ -43,6 +43,7 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options,
                     batch_size=sizing)
     if batching == "continuous":
+        # max_tokens 0 (an echo's prompt log-probabilities) generates nothing: the scheduler gives it no blocks
         runner.kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
                                             if isinstance(r, CompletionRequest) and r.max_tokens
                                             for _ in range(r.n)], kv_pool_mb)

@@ -154,13 +154,16 @@ class Scheduler:
         self._slots = list(range(self.max_rows))[::-1]
         self.carry = jax.device_put(np.full((self.max_rows,), -1, np.int32))
         for s in list(self.waiting):
+            # max_tokens 0: nothing to generate, so no KV blocks (an echo's log-probabilities come from the
+            # caller's scoring pass), and never refused for the pool's size
+            if s.req.max_tokens == 0:
+                self.waiting.remove(s)
+                on_finish(s.req, [], 0)
+                continue
             why = self._refuse(s.req)
             if why:
                 self.waiting.remove(s)
                 on_fail(s.req, why)
-            elif s.req.max_tokens == 0:
-                self.waiting.remove(s)
-                on_finish(s.req, [], 0)
         with self.stats.times.listening():
             self._loop(on_fail)
         self.stats.run_s += time.perf_counter() - t0

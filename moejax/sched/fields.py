@@ -60,11 +60,15 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
 
 
-def show(value) -> str:
-    """A short rendering of a bad value: scalars as JSON literals (strings quoted), containers by kind."""
+def show(value, limit: int = 40) -> str:
+    """A short rendering of a bad value: scalars as JSON literals (strings quoted), containers by kind. A long one
+    is cut where it stays readable: a string keeps its quotes and says how long it was."""
     if isinstance(value, list):
         return "an empty list" if not value else "a list"
     if isinstance(value, dict):
         return "an object"
-    shown = repr(value) if isinstance(value, str) else json.dumps(value)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
+    if isinstance(value, str):
+        shown = repr(value)
+        return shown if len(shown) <= limit else f"{value[:limit - 10]!r}... ({len(value)} characters)"
+    shown = json.dumps(value)
+    return shown if len(shown) <= limit else f"{shown[:limit - 10]}... ({len(shown)} characters)"

@@ -35,8 +35,35 @@ def check_no_ops(body: dict, known: tuple[str, ...]) -> None:
         if isinstance(allowed, tuple) and any(_same(value, a) for a in allowed):
             continue
         shown = " or ".join(_json(a) for a in allowed) if isinstance(allowed, tuple) else allowed
-        raise Invalid(f"body.{key}: {_json(value)[:40]} is not supported; moejax accepts only {shown} (the "
-                               "default, which changes nothing): drop the field or use that value")
+        raise Invalid(f"body.{key}: {brief(value)} is not supported; moejax accepts only {shown} (the "
+                      "default, which changes nothing): drop the field or use that value")
+
+
+def brief(value, limit: int = 80) -> str:
+    """A value as JSON when that is short, else a complete summary of it (never JSON cut off mid-way): a list by
+    its length and the names of its items (tools name their functions), an object by its keys."""
+    text = _json(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, list):
+        names = [n for n in map(_name, value) if n]
+        named = f" ({', '.join(names)})" if names and len(names) == len(value) else ""
+        return f"a list of {len(value)} item{'s' if len(value) != 1 else ''}{named}"
+    if isinstance(value, dict):
+        name = _name(value)
+        return f"an object with keys {', '.join(map(_json, value))}" + (f" (naming {name})" if name else "")
+    if isinstance(value, str):
+        return f"{_json(value[:limit // 2])[:-1]}...\" ({len(value)} characters)"
+    return f"{text[:limit // 2]}... ({len(text)} characters)"
+
+
+def _name(item) -> str | None:
+    """What a tool, function or tool choice is called: its "name", or its function's."""
+    if not isinstance(item, dict):
+        return None
+    inner = item.get("function")
+    name = inner.get("name") if isinstance(inner, dict) else item.get("name")
+    return name if isinstance(name, str) and name else None
 
 
 def _same(value, default) -> bool:

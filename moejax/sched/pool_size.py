@@ -1,7 +1,10 @@
 """How many blocks the continuous-batching KV pool gets: a size given in MiB, else what the device budget leaves
 after the weights (less half the memory plan's reserve, for activations), else DEFAULT_MB. Never more than the
-run's sequences could hold at once (every prompt and max_tokens: a zeroed pool costs memory and time to make), and
-without a given size never less than the longest sequence needs (taken from the reserve), so every request runs."""
+run's sequences could hold at once (every prompt and max_tokens: a zeroed pool costs memory and time to make, and
+blocks past that are never used), and without a given size never less than the longest sequence needs (taken from
+the reserve), so every request runs. A given size the device cannot hold beside the weights is refused (PoolTooLarge)
+before anything is allocated. Requests with max_tokens 0 generate nothing and take no blocks (their prompt's
+log-probabilities come from a scoring pass)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +13,10 @@ from moejax.kv_pool import BLOCK
 from moejax.offload.memory_plan import RESERVE_FRACTION, device_budget_bytes, size
 
 DEFAULT_MB = 1024.0
+
+
+class PoolTooLarge(ValueError):
+    """A KV pool size given in MiB that the device cannot hold beside the weights."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,26 +31,39 @@ class PoolSize:
 
 
 def pool_size(engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
-    """sequences: (prompt tokens, max_tokens) of every sequence to generate (each choice counts)."""
+    """sequences: (prompt tokens, max_tokens) of every sequence to generate (each choice counts; max_tokens >= 1)."""
     block_bytes = engine.kv_bytes_per_token() * BLOCK
+    plan = engine.memory_plan
+    device = plan.budget_bytes if plan is not None and plan.budget_bytes else device_budget_bytes(None)
+    weights = plan.device_bytes if plan is not None else engine.param_bytes()
+    each = [-(-(p + m) // BLOCK) for p, m in sequences]
     if kv_pool_mb is not None:
         budget, source = kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}"
+        room = None if device is None else max(device - weights, 0)
+        # what is allocated: the given size, capped at the run's use (below)
+        if room is not None and min(budget, sum(each) * block_bytes) > room:
+            raise PoolTooLarge(
+                f"--kv-pool-mb {kv_pool_mb:g}: the device budget {size(device)} less {size(weights)} of weights "
+                f"leaves {size(room)} ({room / 2**20:.1f} MiB), too little for this pool; give at most that")
+    elif device is None:
+        budget, source = DEFAULT_MB * 2**20, f"no device memory cap here: the default {DEFAULT_MB:g} MiB"
     else:
-        plan = engine.memory_plan
-        device = plan.budget_bytes if plan is not None and plan.budget_bytes else device_budget_bytes(None)
-        if device is None:
-            budget, source = DEFAULT_MB * 2**20, f"no device memory cap here: the default {DEFAULT_MB:g} MiB"
-        else:
-            weights = plan.device_bytes if plan is not None else engine.param_bytes()
-            # The memory plan keeps RESERVE_FRACTION of the budget for activations and KV: half of it at least
-            # stays for activations.
-            budget = max(device * (1 - RESERVE_FRACTION / 2) - weights, 0)
-            source = (f"device budget {size(device)} less {size(weights)} of weights and {RESERVE_FRACTION / 2:.0%} "
-                      "for activations")
+        # The memory plan keeps RESERVE_FRACTION of the budget for activations and KV: half of it at least
+        # stays for activations.
+        budget = max(device * (1 - RESERVE_FRACTION / 2) - weights, 0)
+        source = (f"device budget {size(device)} less {size(weights)} of weights and {RESERVE_FRACTION / 2:.0%} "
+                  "for activations")
     blocks = int(budget // block_bytes)
-    each = [-(-(p + m) // BLOCK) for p, m in sequences]
+    if not sequences:
+        return PoolSize(1, block_bytes, source + "; no request generates tokens (max_tokens 0 only): the "
+                                                 "smallest pool")
     if sum(each) < blocks:
-        blocks, source = sum(each), source + f"; capped at what these {len(sequences)} sequences can hold at once"
-    elif kv_pool_mb is None and each and max(each) > blocks:  # from the reserve: every sequence can run, alone
+        source += (f" = {blocks} blocks; capped at the {sum(each)} these {len(sequences)} sequences can hold at once "
+                   "(more would never be used)")
+        blocks = sum(each)
+    elif kv_pool_mb is None and max(each) > blocks:  # from the reserve: every sequence can run, alone
         blocks, source = max(each), source + "; raised to hold the longest sequence (taken from the reserve)"
+    elif max(each) > blocks:  # a given size is kept: the sequences that cannot fit are refused, each on its own
+        source += (f"; {sum(e > blocks for e in each)} of {len(each)} sequences need more (up to {max(each)} "
+                   f"blocks = {max(each) * block_bytes / 2**20:.2f} MiB) and are refused")
     return PoolSize(max(blocks, 1), block_bytes, source)

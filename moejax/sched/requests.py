@@ -270,7 +270,9 @@ class _Parser:
             raise Invalid(f"body.logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {show(logprobs)}")
         least = 0 if echo else 1  # echo with max_tokens 0: the prompt's log-probabilities only (scoring)
         max_tokens = self.max_tokens(body, "max_tokens", DEFAULT_MAX_TOKENS, least)
-        sampling = self.sampling(body, prompt, max_tokens)
+        sampling = self.sampling(body)
+        self.check_context(body, prompt, "body.prompt_token_ids" if "prompt_token_ids" in body else "body.prompt",
+                           "max_tokens", max_tokens)
         if "best_of" in body and body["best_of"] != sampling["n"]:
             raise Invalid(f"body.best_of: {show(body['best_of'])} is not supported (only best_of = n, "
                           f"{sampling['n']} here)")
@@ -304,7 +306,9 @@ class _Parser:
             raise Invalid(f"body.top_logprobs: must be an int in [0, {MAX_LOGPROBS}]; got {show(top)}")
         if "top_logprobs" in body and not want:
             raise Invalid("body.top_logprobs: needs logprobs: true")
-        return CompletionRequest(line, cid, prompt, max_tokens, **self.sampling(body, prompt, max_tokens),
+        sampling = self.sampling(body)
+        self.check_context(body, prompt, "body.messages", key, max_tokens)
+        return CompletionRequest(line, cid, prompt, max_tokens, **sampling,
                                  logprobs=top if want else None, chat=True, prompt_text=text, model=body.get("model"))
 
     def max_tokens(self, body: dict, key: str, default: int, least: int) -> int:
@@ -313,8 +317,8 @@ class _Parser:
             raise Invalid(f"body.{key}: must be an int >= {least}; got {show(value)}")
         return value
 
-    def sampling(self, body: dict, prompt: tuple[int, ...], max_tokens: int) -> dict:
-        """temperature, top_p, seed, stop, stop_token_ids and n, checked; and the context check."""
+    def sampling(self, body: dict) -> dict:
+        """temperature, top_p, seed, stop, stop_token_ids and n, checked."""
         temperature = number(body.get("temperature", 0.0), "body.temperature")
         if temperature < 0:
             raise Invalid(f"body.temperature: must be >= 0; got {temperature}")
@@ -332,10 +336,25 @@ class _Parser:
         if not isinstance(stop_ids, list):
             raise Invalid(f"body.stop_token_ids: must be a list of token ids; got {show(stop_ids)}")
         stop_ids = self.ids(stop_ids, "body.stop_token_ids")
-        if len(prompt) + max_tokens > self.max_context:
-            raise Invalid(f"body: prompt {len(prompt)} + max_tokens {max_tokens} = {len(prompt) + max_tokens} "
-                          f"tokens exceed the model's context of {self.max_context}")
         return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n)
+
+    def check_context(self, body: dict, prompt: tuple[int, ...], prompt_path: str, key: str, max_tokens: int) -> None:
+        """The prompt and max_tokens (under `key`, as sent; or its default) fit the model's context. A prompt that
+        alone fills it is the prompt's fault, whatever max_tokens is: the message names the prompt's field."""
+        P, C = len(prompt), self.max_context
+        if P + max_tokens <= C:
+            return
+        given = key in body
+        if P >= C:
+            chat = prompt_path == "body.messages"
+            what = " (the messages rendered by the chat template)" if chat else ""
+            wanted = f"{key} {max_tokens}" if given else "a completion"
+            room = f", leaving no room for {wanted}" if max_tokens else ""
+            raise Invalid(f"{prompt_path}: the prompt's {P} tokens{what} {'fill' if P == C else 'exceed'} the "
+                          f"model's context of {C}{room}; shorten the {'messages' if chat else 'prompt'}")
+        default = "" if given else f" ({key} {max_tokens} is the default, as none was given: send at most {C - P})"
+        raise Invalid(f"body: prompt {P} + {key} {max_tokens} = {P + max_tokens} tokens exceed the model's context of "
+                      f"{C}{default}")
 
     def completion_prompt(self, body: dict) -> tuple[tuple[int, ...], str | None]:
         """A prompt as text, as a token id list (OpenAI allows it), or as a list of one of those; or
