@@ -47,6 +47,7 @@ from moejax.sched.batch import engine_settings, explain_lines, serve_lines, thet
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
+from moejax.sched.pool_size import PoolTooLarge
 from moejax.sched.results import SettingsMismatch, WriteFailed
 from moejax.sched.runner import BATCHING
 from moejax.presets import DEFAULT_MODEL, resolve_embedded
@@ -364,9 +365,12 @@ def _main(args, held: contextlib.ExitStack) -> int:
     if args.explain:
         if writer:
             print(engine.explain())
-            print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
-                                prefix_cache_mb=args.prefix_cache_mb, batching=batching,
-                                kv_pool_mb=args.kv_pool_mb))
+            try:
+                print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
+                                    prefix_cache_mb=args.prefix_cache_mb, batching=batching,
+                                    kv_pool_mb=args.kv_pool_mb))
+            except PoolTooLarge as e:
+                sys.exit(f"--kv-pool-mb {args.kv_pool_mb}: {e}")
             if args.plot:
                 for line in plan_plots(engine, args):
                     print(line)
@@ -387,6 +391,8 @@ def _main(args, held: contextlib.ExitStack) -> int:
         sys.exit(f"--output: {e}")
     except output_lock.OutputLockError as e:
         sys.exit(f"{_flag_of(args, e.path)}: {e}")
+    except PoolTooLarge as e:
+        sys.exit(f"--kv-pool-mb {args.kv_pool_mb}: {e}")
     if not writer:
         return 0
     summary = {"model": args.model, "dtype": engine.dtype.name, **summary}

@@ -148,3 +148,14 @@ def test_refusals_are_complete_sentences(qwen3_engine, tmp_path):
     assert json.loads(shown) == {"type": "function", "function": {"name": "get_weather"}}  # whole, as JSON
     assert string_error["message"] == (
         f"body.max_tokens: must be an int >= 1; got {('many ' * 6)!r}... (100 characters)")
+
+
+def test_serve_refuses_a_pool_the_device_cannot_hold_by_its_flag(tiny, tmp_path):
+    """launch.serve names --kv-pool-mb and why, instead of a traceback (the plan loads no weights)."""
+    from launch.serve import main
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(line("c", "/v1/completions", {"prompt": list(range(1, 900)), "max_tokens": 900}) + "\n")
+    budget = 1.05 * tiny.param_bytes() / 2**30
+    with pytest.raises(SystemExit, match=r"^--kv-pool-mb 4096.0: .*the device budget .* too little"):
+        main(["--input", str(requests), "--model", TINY, "--dtype", "float32", "--device-memory-gb", str(budget),
+              "--kv-pool-mb", "4096", "--explain"])
