@@ -63,11 +63,10 @@ class Bodies:
                 entry = {"index": i, "message": {"role": "assistant", "content": text},
                          "logprobs": None if req.logprobs is None else {"content": self.chat_logprobs(req, c)}}
             else:
-                entry = {"index": i, "text": text, "logprobs": None if req.logprobs is None else
-                         self.completion_logprobs(req, c, prompt_logprobs)}
-                if req.echo:
-                    prompt_text = self.echoed_prompt(req)
-                    entry["text"] = None if prompt_text is None or text is None else prompt_text + text
+                # text is a string, as OpenAI's: without a tokenizer "" (vLLM's when it does not detokenize)
+                prompt_text = (self.echoed_prompt(req) or "") if req.echo else ""
+                entry = {"index": i, "text": prompt_text + (text or ""), "logprobs": None if req.logprobs is None
+                         else self.completion_logprobs(req, c, prompt_logprobs)}
             out.append({**entry, "token_ids": c.tokens, "finish_reason": c.finish_reason})
         completion = sum(len(c.tokens) for c, _ in choices)
         body.update(choices=out, seed=req.seed, usage={
