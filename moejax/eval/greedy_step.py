@@ -1,0 +1,55 @@
+"""Packed-tree scoring that also says whether each target token is the greedy one (its position's argmax), as
+lm-eval's loglikelihood answers (log-probability, is_greedy). moejax.steps.score gives only the log-probabilities;
+this step is the same begin and layers with an end that adds the flags."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from moejax import kv_pool, steps
+
+
+def greedy_score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
+    """-> ((log-probabilities [B, G] float32, whether each target is its read position's argmax [B, G]), pool)."""
+    logits = model.head(x, batch["read_idx"])  # [B, U, V] float32
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]
+    picked = jnp.take_along_axis(picked, batch["tgt_tok"][..., None], axis=2)[..., 0]
+    top = jnp.argmax(logits, axis=-1)  # [B, U]: the first maximum, as torch's argmax
+    greedy = jnp.take_along_axis(top, batch["tgt_u"], axis=1) == batch["tgt_tok"]
+    if "store_ids" in batch:
+        pool = kv_pool.store(pool, kv_pool.concat_keys(prior, new), batch["store_ids"], batch["store_src"])
+    return (picked, greedy), pool
+
+
+def _phase(fn, graphdef, state, *args, **static):
+    return fn(steps.model_of(graphdef, state), *args, **static)
+
+
+class GreedyScoreStep:
+    """step(pool, batch arrays, span) -> ((logprobs, greedy) on the device, pool), for any Engine: one jit of the
+    whole model, or (an offloaded placement, engine.layer_by_layer) jitted begin and end around the engine's
+    own layer loop."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        bind = functools.partial
+        if engine.layer_by_layer:
+            self._begin = jax.jit(bind(_phase, steps.score_begin, engine.graphdef), static_argnames=("span",))
+            self._end = jax.jit(bind(_phase, greedy_score_end, engine.graphdef), donate_argnums=(4,),
+                                static_argnames=("span",))
+        else:
+            self._whole = jax.jit(bind(steps.resident(steps.score_begin, greedy_score_end), engine.graphdef,
+                                       engine.kernels), donate_argnums=(1,), static_argnames=("span",))
+
+    def __call__(self, pool, batch: dict, span=(0, None)):
+        params = self.engine.params
+        arrays = {k: jnp.asarray(v) for k, v in batch.items()}
+        span = tuple(span)
+        if not self.engine.layer_by_layer:
+            return self._whole(params, pool, arrays, span=span)
+        inputs, prior = self._begin(params, pool, arrays, span=span)
+        x, new = self.engine.layered_steps.run_layers(**inputs)
+        return self._end(params, x, new, prior, pool, arrays, span=span)

@@ -1,0 +1,126 @@
+"""Log-likelihoods of (context, continuation) token pairs through moejax's prefix-shared scoring.
+
+Pairs are grouped by context: each distinct context is one scoring request whose candidates are its
+continuations, so the planner (moejax.sched.planner) puts them in one token tree and the context is computed once
+for all of them (sibling decomposition); contexts that share leading blocks (few-shot prompts) share them too, in
+one tree or, across batches, through the prefix KV cache (the batch runner's `auto` policy: only blocks a later
+batch reads are kept). Batch k+1 is packed and dispatched before batch k's results are read, as the runner does."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from moejax.kv_pool import BLOCK
+from moejax.sched import packing
+from moejax.sched.batch_size import score_batch_size
+from moejax.sched.planner import make_plan
+from moejax.sched.prefix_cache import PrefixCache
+from moejax.sched.requests import Candidate, ScoreRequest
+
+from moejax.eval.greedy_step import GreedyScoreStep
+
+
+@dataclasses.dataclass
+class ScoringStats:
+    pairs: int = 0
+    contexts: int = 0  # distinct contexts
+    sequence_tokens: int = 0  # tokens of every pair as its own sequence (context + continuation, last not fed)
+    computed_tokens: int = 0  # tokens run through the model after sharing (trees and the prefix cache)
+    batches: int = 0
+
+
+class Scorer:
+    """Scores token pairs on one engine; its compiled steps are kept between calls."""
+
+    def __init__(self, engine, *, max_batch_tokens: int | None = None, prefix_cache_mb: float = 1024.0,
+                 kv_cache: str = "auto"):
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.prefix_cache_mb = prefix_cache_mb
+        self.kv_cache = kv_cache
+        self.step = GreedyScoreStep(engine)
+        self.stats = ScoringStats()
+
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+              progress: Callable[[list[int]], None] | None = None) -> list[tuple[float, bool]]:
+        """pairs: (context tokens, continuation tokens), both non-empty. -> (sum of the continuation's
+        log-probabilities after the context, whether every continuation token is the greedy one), in pair order.
+        progress(indices): called with the pairs each batch completes."""
+        engine = self.engine
+        limit = engine.config.max_position_embeddings
+        contexts: dict[tuple[int, ...], dict[tuple[int, ...], list[int]]] = {}
+        for i, (ctx, cont) in enumerate(pairs):
+            ctx, cont = tuple(int(t) for t in ctx), tuple(int(t) for t in cont)
+            if not ctx or not cont:
+                raise ValueError(f"pair {i}: the context and the continuation need a token each; got "
+                                 f"{len(ctx)} and {len(cont)}")
+            if len(ctx) + len(cont) - 1 > limit:
+                raise ValueError(f"pair {i}: {len(ctx)} context + {len(cont)} continuation tokens exceed the "
+                                 f"model's context of {limit} (+1: the last token is read, not fed)")
+            engine._check_ids(np.asarray(ctx + cont), f"pair {i}")
+            contexts.setdefault(ctx, {}).setdefault(cont, []).append(i)
+        requests = [ScoreRequest(line=k + 1, custom_id="", prompt=ctx,
+                                 suffixes=(), candidates=tuple(Candidate(None, c) for c in conts))
+                    for k, (ctx, conts) in enumerate(contexts.items())]
+        owners = [list(conts.values()) for conts in contexts.values()]  # [request][candidate] -> pair indices
+        self.stats.pairs += len(pairs)
+        self.stats.contexts += len(requests)
+        self.stats.sequence_tokens += sum(len(c) + len(t) - 1 for c, t in pairs)
+        return self._run(requests, owners, len(pairs), progress)
+
+    def _run(self, requests, owners, n, progress) -> list[tuple[float, bool]]:
+        engine = self.engine
+        longest = max((len(r.prompt) + len(c.token_ids) - 1 for r in requests for c in r.candidates), default=0)
+        reserved = 0.0 if self.kv_cache == "off" else self.prefix_cache_mb * 2**20
+        sizing = score_batch_size(engine, self.max_batch_tokens, longest=longest, reserved_bytes=reserved)
+        cache_blocks = int(self.prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
+        plan = make_plan(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=self.kv_cache,
+                         cache_blocks=cache_blocks, score_batch=sizing)
+        cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
+        pool = engine.init_pool(plan.pool_blocks) if plan.pool_blocks else None
+        future = Counter(h for u in plan.uses for h in u)
+        want_store = lambda h: plan.store_all or future[h] > 0  # noqa: E731
+        logprob = np.zeros(n, np.float64)
+        greedy = np.ones(n, bool)
+        reads_left = [sum(len(c.token_ids) for c in r.candidates) for r in requests]  # until a context is done
+
+        def launch(k):
+            for h in plan.uses[k]:
+                future[h] -= 1
+            if cache is not None:
+                cache.begin_batch()
+            rows = [packing.pack_row(row, cache, want_store) for row in plan.batches[k].rows]
+            arrays, tags, span = packing.assemble(rows, plan.pool_blocks, engine.row_multiple)
+            nonlocal pool
+            out, pool = self.step(pool, arrays, span)
+            return rows, tags, out
+
+        def finish(launched):
+            rows, tags, (lp, flags) = launched
+            lp, flags = engine.to_host(lp), engine.to_host(flags)
+            self.stats.computed_tokens += sum(len(r.tokens) for r in rows)
+            self.stats.batches += 1
+            done = []
+            for b, row_tags in enumerate(tags):
+                for g, (r, _, j) in enumerate(row_tags):
+                    for i in owners[r][j]:
+                        logprob[i] += float(lp[b, g])
+                        greedy[i] &= bool(flags[b, g])
+                    reads_left[r] -= 1
+                    if not reads_left[r]:
+                        done += [i for same in owners[r] for i in same]
+            if progress is not None and done:
+                progress(done)
+
+        pending = None
+        for k in range(len(plan.batches)):
+            launched = launch(k)  # dispatched before the one in flight is read: the device never waits for us
+            if pending is not None:
+                finish(pending)
+            pending = launched
+        if pending is not None:
+            finish(pending)
+        return [(float(logprob[i]), bool(greedy[i])) for i in range(n)]
