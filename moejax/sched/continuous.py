@@ -11,14 +11,17 @@ Each iteration
    tokens so far when readmitted) when the pool runs out;
 4. retires sequences at a stop token, a stop string or max_tokens and releases their blocks.
 Steps run one behind the host, as vLLM's async scheduling does: the decode step is dispatched right behind the
-chunk step and before the previous decode step's tokens are read; its rows' input tokens (a prompt's first token
-from the chunk, the previous decode's last) stay on the device, in the steps' `carry` (moejax.paged_steps). So the
-host reads a step's tokens, retires, admits and prepares the next steps while the device runs the one after it,
-and an iteration waits on the device once. A row whose sequence ended in the step before (a stop token) makes
-nothing; one that ended on a stop string, which only the host sees, makes at most one step of tokens that are
-dropped. Results of retired sequences (detokenisation, stop strings, writing) are delivered while a step runs. `Stats.times` says where the time
-went (moejax.sched.step_times). Step shapes come from a small fixed set (MIN_DECODE_ROWS and the comment above
-it), so a run compiles a handful of programs however many requests it serves."""
+chunk step, before the chunk's tokens are read, and in iterations without a chunk step before the previous decode
+step's tokens are read; a row's input token that the host has not read yet (a prompt's first from the chunk, the
+previous decode's last) is taken on the device, from the steps' `carry` (moejax.paged_steps). So the host reads a
+step's tokens, retires, admits and prepares the next steps while the device runs the one after it, and an iteration
+waits on the device once. Where a chunk step runs, the previous decode step is read while the device runs the
+chunk, so no decode row is spent on a sequence that has ended; otherwise a row whose sequence ended on a stop token
+makes nothing, and one that ended on a stop string (which only the host sees) makes a step of tokens that are
+dropped. Results of retired sequences (detokenisation, stop strings, writing) are delivered while a step runs.
+`Stats.times` says where the time went (moejax.sched.step_times). Step shapes come from a small fixed set
+(MIN_DECODE_ROWS and the comment above it), so a run compiles a handful of programs however many requests it
+serves."""
 from __future__ import annotations
 
 import dataclasses
@@ -137,7 +140,7 @@ class Scheduler:
         self.blocks = BlockPool(self.num_blocks)
         self.pool = self.carry = None
         self._order = 0
-        self._inflight: list = []  # the decode step dispatched and not read yet: [(rows, B, budgets, tokens)]
+        self._inflight: list = []  # the decode step dispatched, not read yet: [(sequences, rows, budgets, tokens)]
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(self, requests: Sequence[GenRequest], on_finish: Callable, on_fail: Callable) -> Stats:
