@@ -99,7 +99,8 @@ def step_times(recorder: StepRecorder, replayed: list[float], scheduler: dict, w
 def describe(times: dict) -> str:
     def share(v):
         return "n/a" if v is None else f"{v:.0%}"
-    parts = [f"{kind} {t['calls_recorded']} x {t['mean_step_ms'] or 0:.2f} ms (replayed {t['mean_replayed_ms'] or 0:.2f}"
+    parts = [f"{kind} {t['calls_recorded']} x {t['mean_step_ms'] or 0:.2f} ms "
+             f"(replayed {t['mean_replayed_ms'] or 0:.2f}"
              f" ms; overhead {share(t['overhead_share'])})" for kind, t in times.items() if kind != "run"]
     run = times["run"]
     return (", ".join(parts) + f"; run {run['wall_s']:.2f} s, steps replayed {run['replayed_s']:.2f} s "

@@ -126,7 +126,8 @@ class Scheduler:
     def __init__(self, engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
                  row_tokens: int = 64, decode_steps: int = 8, mixed: bool = False,
                  decode_text: Callable | None = None):
-        """chunk_tokens: a chunk step's budget (rows x row_tokens); row_tokens: its row length. mixed: while sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
+        """chunk_tokens: a chunk step's budget (rows x row_tokens); row_tokens: its row length. mixed: while
+        sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
         running their own decode steps. decode_text(tokens) -> str: for stop strings (a sequence with stop strings
         needs it)."""
         if min(max_rows, chunk_tokens, row_tokens, decode_steps) < 1:
