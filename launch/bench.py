@@ -24,6 +24,8 @@ transformers import, of transformers' eager forward on the same checkpoint in th
 the HF model is built from the preset's config (truncated to --num-layers), initialised (normal, std 0.02,
 seeded), saved to a temporary directory and moejax loads that directory, so both engines run identical
 weights. Compilation is excluded: each engine runs once to warm up, then `--repeats` timed runs.
+eval: an lm-eval multiple-choice task (shared contexts) through --model moejax vs hf (and vllm): requests/s and
+the ratio (launch/bench_eval.py).
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers, bench_plans,
-                    bench_predictors, bench_quality, bench_serve)
+from launch import (bench_eval, bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers,
+                    bench_plans, bench_predictors, bench_quality, bench_serve)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, time_calls
 
@@ -196,6 +198,7 @@ def main(argv=None):
     bench_predictors.add_parser(sub).set_defaults(run=at_end(bench_predictors.predictors))
     bench_generate.add_parser(sub).set_defaults(run=bench_generate.generate)
     bench_plans.add_parser(sub).set_defaults(run=bench_plans.plans)
+    bench_eval.add_parser(sub).set_defaults(run=bench_eval.eval_bench)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
