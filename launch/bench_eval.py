@@ -140,6 +140,10 @@ print(json.dumps({{"load_s": load, "seconds": [s for s, _, _ in runs], "model_se
 """
 
 
+def _files(folder: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(folder))
+
+
 def run_vllm(args, folder: str) -> dict | str:
     """vLLM through lm-eval in the --vllm-python environment (its own process, not interleaved) -> its timings,
     or why it did not run."""
@@ -193,6 +197,7 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
     def record() -> dict:
         return dict(env, versions=versions, benchmark="eval", task=task, model=args.model, dtype=args.dtype,
                     hf_batch_size=args.hf_batch_size, repeats=args.repeats, load_average_before_after=load_avg,
+                    jax_compilation_cache=compiled,
                     skipped=skipped, results={e: {k: v for k, v in r.items() if k != "answers"}
                                               for e, r in results.items()}, summary=summary())
 
@@ -209,6 +214,9 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
                 out[f"moejax_over_vllm{'_' + part[:-1] if part else ''}"] = rate["moejax"] / rate["vllm"]
         return out
 
+    from moejax.loading import enable_compilation_cache
+    cache = enable_compilation_cache()  # moejax.load's default: the run says whether it started with compiled programs
+    compiled = {"dir": cache, "files_before": _files(cache)}
     tasks = task_manager(folder)
     local = [e for e in engines if e != "vllm"]
     built = {}
@@ -256,6 +264,7 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
         results["moejax"]["scored_tokens_per_run"] = stats.sequence_tokens / (1 + args.repeats)
         results["moejax"]["computed_tokens_per_run"] = stats.computed_tokens / (1 + args.repeats)
     load_avg.append(os.getloadavg())
+    compiled["files_after"] = _files(cache)
     for name, value in summary().items():
         print(f"{name}: {value:.2f}" + ("x" if "_over_" in name else ""), flush=True)
     return record()
