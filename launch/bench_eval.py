@@ -80,9 +80,9 @@ def make_task(folder: str, questions: int, choices: int, context_lines: int, see
 
 
 def task_manager(folder: str):
-    """lm-eval's task index with the task's folder (built once: indexing lm-eval's own tasks takes seconds)."""
+    """lm-eval's task index of the task's folder alone (indexing lm-eval's own tasks takes seconds)."""
     from lm_eval.tasks import TaskManager
-    return TaskManager(include_path=folder)
+    return TaskManager(include_path=folder, include_defaults=False)
 
 
 def evaluate(lm, tasks) -> tuple[float, float, dict]:

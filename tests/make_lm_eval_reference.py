@@ -147,10 +147,11 @@ def run_lm_eval(model: str, model_args: dict, tasks=TASKS, limit=None) -> dict:
     """simple_evaluate on the local tasks -> {"requests": {task: [[args, answer], ...]}, "metrics": {...}}."""
     import lm_eval
     from lm_eval.tasks import TaskManager
+    # only the local tasks: indexing lm-eval's own thousands of task files takes seconds
     out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(tasks),
-                                  task_manager=TaskManager(include_path=str(DATA)), log_samples=True,
-                                  limit=limit, batch_size=1, device="cpu", random_seed=0, numpy_random_seed=0,
-                                  torch_random_seed=0, fewshot_random_seed=0)
+                                  task_manager=TaskManager(include_path=str(DATA), include_defaults=False),
+                                  log_samples=True, limit=limit, batch_size=1, device="cpu", random_seed=0,
+                                  numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
     found = {"requests": {task: [s["arguments"] for s in out["samples"][task]] for task in tasks},
              "answers": {task: [s["resps"] for s in out["samples"][task]] for task in tasks},
              "metrics": {task: {k: v for k, v in out["results"][task].items() if k != "alias"} for task in tasks}}

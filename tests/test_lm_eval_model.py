@@ -107,3 +107,29 @@ def test_bad_model_args_are_named():
         MoejaxLM(pretrained="tiny-qwen3-moe", colour="red")
     with pytest.raises(ValueError, match="no tokenizer.json"):
         MoejaxLM(pretrained="tiny-qwen3-moe")
+
+
+def test_scorer_shares_contexts_across_batches(qwen3_engine):
+    """Contexts sharing a 48-token prefix, in batches of 64 tokens: later batches read the prefix's KV from the
+    prefix cache, and every answer equals a plain forward over the pair (Engine.token_logprobs: log-probabilities
+    and the top token at each position)."""
+    import numpy as np
+    from moejax.eval.scoring import Scorer
+    rng = np.random.default_rng(3)
+    prefix = rng.integers(1, 256, 48).tolist()
+    pairs = []
+    for _ in range(6):
+        ctx = prefix + rng.integers(1, 256, int(rng.integers(2, 9))).tolist()
+        pairs += [(ctx, rng.integers(1, 256, int(rng.integers(1, 4))).tolist()) for _ in range(3)]
+    forward = qwen3_engine.token_logprobs([c + t for c, t in pairs], 1)
+    top = [int(ids[len(c) - 1, 0]) for (c, _), (_, _, ids) in zip(pairs, forward)]
+    pairs += [(c, [t]) for (c, _), t in zip(pairs[::3], top[::3])]  # greedy continuations: is_greedy true
+    forward += qwen3_engine.token_logprobs([c + t for c, t in pairs[-6:]], 1)
+    scorer = Scorer(qwen3_engine, max_batch_tokens=64)
+    got = scorer.score(pairs)
+    assert scorer.stats.batches > 1 and scorer.stats.cached_tokens > 0
+    for (ctx, cont), (logprob, greedy), (chosen, _, ids) in zip(pairs, got, forward, strict=True):
+        span = slice(len(ctx) - 1, len(ctx) - 1 + len(cont))
+        assert logprob == pytest.approx(float(chosen[span].sum()), abs=TOLERANCE)
+        assert greedy == bool((ids[span, 0] == np.asarray(cont)).all())
+    assert sum(g for _, g in got) >= 6

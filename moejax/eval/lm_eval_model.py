@@ -125,6 +125,15 @@ class MoejaxLM(TemplateLM):
         ids = self.tok.encode(string, add_special_tokens=True if special is None else bool(special))
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
+    def _context_tokens(self, context: str, room: int) -> list[int]:
+        """A generation context as hf's tok_batch_encode encodes it (no special tokens when the text starts with the
+        bos token, else as add_bos_token says, else the tokenizer's), its last `room` tokens."""
+        special = self.add_bos_token
+        if self.tok.bos_token and context.startswith(self.tok.bos_token):
+            special = False
+        ids = self.tok.encode(context, add_special_tokens=True if special is None else bool(special))
+        return ids[-room:]
+
     def tok_decode(self, tokens, skip_special_tokens: bool = True) -> str:
         return self.tok.decode(tokens, skip_special_tokens)
 
@@ -195,7 +204,7 @@ class MoejaxLM(TemplateLM):
                 raise ValueError(f"generate_until request {i}: max_gen_toks {max_gen} leaves no room for the context "
                                  f"in max_length {self.max_length}")
             temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
-            jobs.append(Completion(tuple(self.tok_encode(context, left_truncate_len=room)), max_gen, tuple(until),
+            jobs.append(Completion(tuple(self._context_tokens(context, room)), max_gen, tuple(until),
                                    temperature, float(kwargs.get("top_p", 1.0)), self.seed + i))
             stops.append(until)
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="Running generate_until requests")

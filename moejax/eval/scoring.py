@@ -29,6 +29,7 @@ class ScoringStats:
     contexts: int = 0  # distinct contexts
     sequence_tokens: int = 0  # tokens of every pair as its own sequence (context + continuation, last not fed)
     computed_tokens: int = 0  # tokens run through the model after sharing (trees and the prefix cache)
+    cached_tokens: int = 0  # context tokens whose KV came from the prefix cache (batches after the first)
     batches: int = 0
 
 
@@ -49,6 +50,8 @@ class Scorer:
         """pairs: (context tokens, continuation tokens), both non-empty. -> (sum of the continuation's
         log-probabilities after the context, whether every continuation token is the greedy one), in pair order.
         progress(indices): called with the pairs each batch completes."""
+        if not pairs:
+            return []
         engine = self.engine
         limit = engine.config.max_position_embeddings
         contexts: dict[tuple[int, ...], dict[tuple[int, ...], list[int]]] = {}
@@ -60,7 +63,10 @@ class Scorer:
             if len(ctx) + len(cont) - 1 > limit:
                 raise ValueError(f"pair {i}: {len(ctx)} context + {len(cont)} continuation tokens exceed the "
                                  f"model's context of {limit} (+1: the last token is read, not fed)")
-            engine._check_ids(np.asarray(ctx + cont), f"pair {i}")
+            bad = [t for t in ctx + cont if not 0 <= t < engine.config.vocab_size]
+            if bad:
+                raise ValueError(f"pair {i}: token id {bad[0]} is outside the vocabulary [0, "
+                                 f"{engine.config.vocab_size})")
             contexts.setdefault(ctx, {}).setdefault(cont, []).append(i)
         requests = [ScoreRequest(line=k + 1, custom_id="", prompt=ctx,
                                  suffixes=(), candidates=tuple(Candidate(None, c) for c in conts))
@@ -102,6 +108,7 @@ class Scorer:
             rows, tags, (lp, flags) = launched
             lp, flags = engine.to_host(lp), engine.to_host(flags)
             self.stats.computed_tokens += sum(len(r.tokens) for r in rows)
+            self.stats.cached_tokens += sum(n for r in rows for n in r.cached.values())
             self.stats.batches += 1
             done = []
             for b, row_tags in enumerate(tags):
