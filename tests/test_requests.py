@@ -244,7 +244,7 @@ def test_completion_context_limit():
     body = {"prompt_token_ids": [1] * 10, "max_tokens": 6}
     assert isinstance(complete(body, max_context=16), CompletionRequest)
     assert error(complete(body, max_context=15)) == (
-        "body: prompt 10 + max_tokens 6 = 16 tokens exceed the model's context of 15")
+        "body.max_tokens: prompt 10 + max_tokens 6 = 16 tokens exceed the model's context of 15; send at most 5")
     # The default max_tokens (16) counts too.
     assert "max_tokens 16 = 26 tokens exceed" in error(complete({"prompt_token_ids": [1] * 10}, max_context=25))
 

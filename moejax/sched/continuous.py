@@ -100,7 +100,7 @@ class _Seq:
     published: int = 0  # leading blocks published or shared
     cached_tokens: int | None = None  # shared prompt tokens at first admission (what usage reports)
     done: bool = False
-    slot: int | None = None  # its entry in the steps' carry while running
+    slot: int | None = None  # its entry in the steps' carry while running (None: waiting or retired)
     ahead: int = 0  # tokens that dispatched steps sample for it and the host has not read yet
 
     @property
@@ -320,12 +320,12 @@ class Scheduler:
 
     def _sampling(self, seqs, rows: int):
         """(temperature, top_p, count, raw key data): the steps wrap the keys on the device."""
-        temp = np.zeros((rows,), np.float32)
-        top_p = np.ones((rows,), np.float32)
+        pad = rows - len(seqs)  # built as lists, converted once: a row at a time costs more (host time per step)
+        temp = np.array([s.req.temperature for s in seqs] + [0.0] * pad, np.float32)
+        top_p = np.array([s.req.top_p for s in seqs] + [1.0] * pad, np.float32)
+        count = np.array([len(s.out) + s.ahead for s in seqs] + [0] * pad, np.int32)
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
-        count = np.zeros((rows,), np.int32)
-        for r, s in enumerate(seqs):
-            temp[r], top_p[r], keys[r], count[r] = s.req.temperature, s.req.top_p, s.req.key, len(s.out) + s.ahead
+        keys[: len(seqs)] = [s.req.key for s in seqs]
         return temp, top_p, count, keys
 
     def _launch_chunk(self, riders: dict):
@@ -432,9 +432,9 @@ class Scheduler:
             start = len(s.req.prompt) + len(s.out) + s.ahead - 1
             if s.req.max_tokens - len(s.out) - s.ahead < 1:
                 continue
-            while s in self.running and (len(s.blocks) + self.blocks.available()) * BLOCK - start < 1:
+            while s.slot is not None and (len(s.blocks) + self.blocks.available()) * BLOCK - start < 1:
                 self._preempt(max(self.running, key=lambda q: q.order))
-            if s not in self.running:  # preempted itself (the youngest), or for an older one before
+            if s.slot is None:  # preempted itself (the youngest), or for an older one before
                 continue
             fit = (len(s.blocks) + self.blocks.available()) * BLOCK - start
             wanted = min(tokens, s.req.max_tokens - len(s.out) - s.ahead, fit)
@@ -443,7 +443,7 @@ class Scheduler:
                 s.blocks += self.blocks.allocate(extra)
             self.blocks.check_writable(s.blocks[start // BLOCK: _blocks_for(start + wanted)])
             want[s] = (start, wanted)
-        want = {s: w for s, w in want.items() if s in self.running}
+        want = {s: w for s, w in want.items() if s.slot is not None}
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
         return want
 
@@ -461,19 +461,22 @@ class Scheduler:
         for group in groups:
             with times.phase("decode", "prepare"):
                 B = self._decode_rows(len(group))
-                last, start, budget = (np.zeros((B,), np.int32) for _ in range(3))
-                slot, chain = np.full((B,), self.max_rows, np.int32), np.zeros((B,), bool)
+                pad = [0] * (B - len(group))
+                start = np.array([want[s][0] for s in group] + pad, np.int32)
+                budget = np.array([want[s][1] for s in group] + pad, np.int32)
+                slot = np.array([s.slot for s in group] + [self.max_rows] * len(pad), np.int32)
+                chain = np.array([s.ahead > 0 for s in group] + pad, bool)
+                last = np.array([0 if s.ahead else s.out[-1] for s in group] + pad, np.int32)
                 width = bucket(max(len(s.req.stop_ids) for s in group), 4)
                 stops = np.full((B, width), -1, np.int32)
                 for r, s in enumerate(group):
-                    (start[r], budget[r]), slot[r], chain[r] = want[s], s.slot, s.ahead > 0
-                    last[r] = 0 if s.ahead else s.out[-1]
-                    stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
+                    if s.req.stop_ids:
+                        stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
                 table = self._table(group, B)
                 temp, top_p, count, keys = self._sampling(group, B)
                 host_inputs = (slot, chain, last, start, budget, table, temp, top_p, count, stops, keys)
-                for r, s in enumerate(group):
-                    s.ahead += int(budget[r])
+                for s in group:
+                    s.ahead += want[s][1]
                 self.stats.chained_rows += int(chain.sum())
             shape = ("decode", B, K, table.shape[1], width)  # width: of the stop-id lists
             out = self._call("decode", shape, self._decode_call, host_inputs, steps=K)
@@ -503,7 +506,7 @@ class Scheduler:
                     if s.done:
                         continue
                     self.stats.decode_rows_useful += int(made[r])
-                    if s in self.running:
+                    if s.slot is not None:  # running (a preempted sequence recomputes its context)
                         s.computed += int(made[r])
                     self._took(s, out[r, : made[r]].tolist())
 

@@ -352,9 +352,10 @@ class _Parser:
             room = f", leaving no room for {wanted}" if max_tokens else ""
             raise Invalid(f"{prompt_path}: the prompt's {P} tokens{what} {'fill' if P == C else 'exceed'} the "
                           f"model's context of {C}{room}; shorten the {'messages' if chat else 'prompt'}")
-        default = "" if given else f" ({key} {max_tokens} is the default, as none was given: send at most {C - P})"
-        raise Invalid(f"body: prompt {P} + {key} {max_tokens} = {P + max_tokens} tokens exceed the model's context of "
-                      f"{C}{default}")
+        where, fix = (f"body.{key}", f"; send at most {C - P}") if given else (
+            "body", f" ({key} {max_tokens} is the default, as none was given: send at most {C - P})")
+        raise Invalid(f"{where}: prompt {P} + {key} {max_tokens} = {P + max_tokens} tokens exceed the model's context "
+                      f"of {C}{fix}")
 
     def completion_prompt(self, body: dict) -> tuple[tuple[int, ...], str | None]:
         """A prompt as text, as a token id list (OpenAI allows it), or as a list of one of those; or
