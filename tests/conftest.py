@@ -80,8 +80,8 @@ def pytest_unconfigure(config):
 LONGEST_FIRST = ["test_sharding.py", "test_parity.py", "test_offload.py", "test_scoring.py", "test_serve.py",
                  "test_continuous.py", "test_request_edges.py", "test_lm_eval_model.py", "test_predictors.py",
                  "test_multihost.py", "test_comm_accounting.py", "test_attention_kernels.py", "test_engine.py",
-                 "test_formats.py", "test_serve_offload.py", "test_train.py", "test_grouped_matmul.py", "test_expert_ffn.py", "test_gpu_check.py",
-                 "test_openai_models.py", "test_logprob_tokens.py"]
+                 "test_formats.py", "test_serve_offload.py", "test_train.py", "test_grouped_matmul.py",
+                 "test_expert_ffn.py", "test_gpu_check.py", "test_openai_models.py", "test_logprob_tokens.py"]
 
 
 def pytest_collection_modifyitems(config, items):
