@@ -124,7 +124,8 @@ def test_serving_continuous_equals_static(tiny, tmp_path):
     summary = serve_lines(tiny, lines[:1] + [too_long], str(out), seed_nonce=0, kv_pool_mb=0.05)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert _comparable(rows[0]) == results["static"][0]
-    assert rows[1]["response"]["status_code"] == 500 and "raise the KV pool size" in rows[1]["error"]["message"]
+    assert rows[1]["response"]["status_code"] == 500
+    assert "raise the KV pool size (launch.serve --kv-pool-mb)" in rows[1]["error"]["message"]
 
 
 def _comparable(row: dict) -> dict:

@@ -212,7 +212,7 @@ class Scheduler:
         need = _blocks_for(len(req.prompt) + req.max_tokens)
         if need > self.num_blocks:
             return (f"needs {need} KV blocks of {BLOCK} tokens for its prompt and max_tokens, and the pool has "
-                    f"{self.num_blocks}: raise the KV pool size")
+                    f"{self.num_blocks}: raise the KV pool size (launch.serve --kv-pool-mb)")
         if req.stop_strings and self.decode_text is None:
             return "stop strings need a tokenizer to decode the text"
         return None
