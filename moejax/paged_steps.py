@@ -6,7 +6,7 @@
 - decode: up to `steps` new tokens per row in one call (a device loop; a row stops at a stop token or its
   budget, and writes nothing after).
 
-Both steps also thread `carry` [S]: each sequence's last sampled token by its scheduler slot (-1: it stopped), so
+Both steps also thread `carry` [S]: each sequence's last sampled token by its scheduler slot (-1: none), so
 the scheduler can dispatch a decode step before reading the step that samples its rows' input tokens (a `chain`
 row takes its input from carry[slot] on the device; one whose token there is -1 or a stop makes nothing).
 
