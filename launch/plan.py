@@ -9,7 +9,7 @@
   layout     what layout="auto" would choose on `--devices` for steps of `--tokens`
 
 --model: a preset (see moejax.presets()), the embedded model or a checkpoint directory (only config.json is read).
---profile: a datasheet (h100, h200, a100, l4, t4) or a profile JSON written by `launch.profile`; `--override
+--profile: a datasheet (h100, h200, a100, l4, t4) or a profile JSON written by `launch.profile_devices`; `--override
 FIELD=VALUE` (repeatable) changes any field, dotted into groups (e.g. h2d.bandwidth=100e9, device.flops=5e14).
 --json prints one JSON object; --plot DIR writes PNGs (matplotlib: the `plots` extra)."""
 from __future__ import annotations
@@ -27,7 +27,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m launch.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("planner", choices=["dep", "lightning", "theta", "layout"])
     p.add_argument("--model", required=True, help="preset, embedded model or checkpoint directory")
-    p.add_argument("--profile", required=True, help="h100, h200, a100, l4, t4, or a profile JSON (launch.profile)")
+    p.add_argument("--profile", required=True,
+                   help="h100, h200, a100, l4, t4, or a profile JSON (launch.profile_devices)")
     p.add_argument("--override", action="append", default=[], metavar="FIELD=VALUE",
                    help="change a profile field (dotted: h2d.bandwidth=100e9); repeatable")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per step (dep, layout)")

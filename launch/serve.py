@@ -97,8 +97,8 @@ def parse_args(argv=None):
                         "moejax.sharding), or auto: the layout the planner predicts fastest (--explain says why)")
     p.add_argument("--profile", default=None,
                    help="hardware profile that auto choices and --theta eq1 consult: h100, h200, a100, l4, t4 or a "
-                        "JSON from `python -m launch.profile` (default: the one measured for these devices, else "
-                        "their datasheet)")
+                        "JSON from `python -m launch.profile_devices` (default: the one measured for these devices, "
+                        "else their datasheet)")
     g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
     g.add_argument("--placement", default="auto", choices=PLACEMENTS,
                    help="where routed experts live: auto (resident when the model fits --device-memory-gb, else "
@@ -336,8 +336,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
     options = {"kernels": args.kernels, "placement": args.placement,
                "plan_tokens": args.max_batch_tokens or DEFAULT_TOKENS}
-    for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots", "eviction",
-                 "predictor", "default_vectors", "estimator", "maps", "prefetch_distance", "speculative", "router_free"):
+    for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots",
+                 "eviction", "predictor", "default_vectors", "estimator", "maps", "prefetch_distance", "speculative",
+                 "router_free"):
         value = getattr(args, name)
         if value is not None and value is not False:  # 0 is a value, not "not given"
             options[name] = value

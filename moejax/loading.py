@@ -84,7 +84,7 @@ def load(model: str, *, dtype: str = "auto", plan: EnginePlan | None = None, **o
     layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout); "auto" (the
     fastest layout on the devices present, moejax.plan.layouts), or a DEP layout with fields left to FinDEP's solver,
     e.g. "attn=dp,experts=dep,r1=auto,r2=auto,order=auto". profile: the hardware profile `auto` choices consult (a
-    datasheet name such as "h100", or a JSON file from `launch.profile`; default: the one measured for these
+    datasheet name such as "h100", or a JSON file from `launch.profile_devices`; default: the one measured for these
     devices, else their datasheet); plan_tokens / plan_seq_len: the step those choices are made for (8192 tokens
     in sequences of 1024).
 

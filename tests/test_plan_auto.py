@@ -50,7 +50,7 @@ def test_bad_plan_fields_name_themselves():
 
 def test_layout_auto_needs_a_profile_here():
     """CPU devices have no datasheet: layout auto says how to get a profile instead of guessing."""
-    with pytest.raises(ValueError, match="no hardware profile for .*launch.profile"):
+    with pytest.raises(ValueError, match="no hardware profile for .*launch.profile_devices"):
         moejax.load("tiny-qwen3-moe", layout="auto")
 
 

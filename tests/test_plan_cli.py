@@ -77,4 +77,4 @@ def test_serve_explains_theta_by_eq1_with_its_plot(tmp_path, capsys):
     assert os.path.getsize(tmp_path / "theta.png") > 10_000
     with pytest.raises(SystemExit) as e:
         serve.main(args)
-    assert "--theta eq1: no hardware profile for" in str(e.value) and "launch.profile" in str(e.value)
+    assert "--theta eq1: no hardware profile for" in str(e.value) and "launch.profile_devices" in str(e.value)

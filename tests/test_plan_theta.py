@@ -84,7 +84,7 @@ def cpu_profile(tmp_path_factory):
     """This machine's profile, measured quickly at the tiny model's shapes on one CPU device."""
     out = tmp_path_factory.mktemp("profile") / "cpu.json"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    subprocess.run([sys.executable, "-m", "launch.profile", "--quick", "--model", "tiny-qwen3-moe", "--dtype",
+    subprocess.run([sys.executable, "-m", "launch.profile_devices", "--quick", "--model", "tiny-qwen3-moe", "--dtype",
                     "float32", "--out", str(out)], check=True, env=env, capture_output=True, timeout=300)
     return load_profile(str(out))
 

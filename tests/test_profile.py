@@ -1,6 +1,6 @@
-"""launch.profile: a quick measured profile on 8 simulated CPU devices loads as a Profile, every figure is positive
-and finite, and the profile predicts ops timed afresh in this process within a factor of 3 (CPU timings in a busy
-test run are noisy; a fit that described another machine, or mixed up units, would be off by far more)."""
+"""launch.profile_devices: a quick measured profile on 8 simulated CPU devices loads as a Profile, every figure is
+positive and finite, and the profile predicts ops timed afresh in this process within a factor of 3 (CPU timings
+in a busy test run are noisy; a fit that described another machine, or mixed up units, would be off by far more)."""
 import json
 import math
 import os
@@ -25,8 +25,8 @@ ATTEMPTS = 5  # fresh timings tried before a mismatch counts (another test may h
 
 def run_profile(*args, timeout=180):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    return subprocess.run([sys.executable, "-m", "launch.profile", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "launch.profile_devices", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_profile_predicts_a_host_to_device_copy_timed_afresh(measured):
 
 
 def test_unwritable_out_is_a_clear_error_before_measuring(tmp_path, capsys):
-    from launch.profile import main
+    from launch.profile_devices import main
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     start = time.perf_counter()
@@ -129,7 +129,7 @@ def test_unwritable_out_is_a_clear_error_before_measuring(tmp_path, capsys):
 
 
 def test_unknown_model_is_a_clear_error(capsys):
-    from launch.profile import main
+    from launch.profile_devices import main
     assert main(["--quick", "--model", "no-such-model", "--out", os.devnull]) == 2
     err = capsys.readouterr().err
     assert "--model no-such-model" in err and "presets" in err
@@ -167,7 +167,7 @@ def test_sent_bytes_follow_the_ring_convention():
 
 
 def test_model_shapes_follow_the_config():
-    from launch.profile import model_shapes
+    from launch.profile_devices import model_shapes
     shapes = model_shapes("qwen3-30b-a3b", quick=False)
     assert (shapes.hidden, shapes.dense_width, shapes.experts, shapes.expert_width) == (2048, 6144, 128, 768)
     assert (shapes.heads, shapes.kv_heads, shapes.d_qk, shapes.d_v) == (32, 4, 128, 128)

@@ -1,4 +1,4 @@
-"""Where a measured hardware profile lives, so that loading a model can find the one `python -m launch.profile`
+"""Where a measured hardware profile lives, so that loading a model can find the one `python -m launch.profile_devices`
 wrote for its device without measuring anything (and without importing JAX)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Hardware profiles: what the planners know about a machine, measured (`python -m launch.profile`) or taken from
-datasheets (`DATASHEETS`), and saying which. Pure data: a planner reads a profile, never a device.
+"""Hardware profiles: what the planners know about a machine, measured (`python -m launch.profile_devices`) or taken
+from datasheets (`DATASHEETS`), and saying which. Pure data: a planner reads a profile, never a device.
 
 Units are SI throughout: seconds, bytes, bytes/s, FLOP/s. A link moves n bytes in `alpha_s + n / bandwidth`
 (the α-β model FinDEP fits, its β = 1 / bandwidth). Compute follows a roofline: an op of f FLOPs touching b bytes
@@ -163,7 +163,7 @@ def _replace_path(obj, parts, value, full):
 
 
 def load_profile(name_or_path: str, overrides: dict | None = None) -> Profile:
-    """A datasheet profile by name (h100, h200, a100, l4, t4) or a JSON file written by `launch.profile`."""
+    """A datasheet profile by name (h100, h200, a100, l4, t4) or a JSON file written by `launch.profile_devices`."""
     from moejax.plan.datasheets import DATASHEETS
     if name_or_path in DATASHEETS:
         profile = DATASHEETS[name_or_path]
@@ -172,8 +172,9 @@ def load_profile(name_or_path: str, overrides: dict | None = None) -> Profile:
             with open(name_or_path) as f:
                 profile = Profile.from_dict(json.load(f))
         except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"profile {name_or_path!r}: not a profile JSON written by launch.profile ({e})") from None
+            raise ValueError(f"profile {name_or_path!r}: not a profile JSON written by launch.profile_devices "
+                             f"({e})") from None
     else:
         raise ValueError(f"profile {name_or_path!r} is neither a datasheet profile ({', '.join(DATASHEETS)}) nor a "
-                         "file; measure one with `python -m launch.profile --out FILE`")
+                         "file; measure one with `python -m launch.profile_devices --out FILE`")
     return profile.with_overrides(overrides or {})

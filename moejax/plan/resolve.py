@@ -1,4 +1,4 @@
-"""Which hardware profile `auto` consults: the one asked for, else the one `launch.profile` measured for these
+"""Which hardware profile `auto` consults: the one asked for, else the one `launch.profile_devices` measured for these
 devices, else the datasheet of their kind, else a clear error saying how to get one."""
 from __future__ import annotations
 
@@ -34,6 +34,6 @@ def profile_for(device_kind: str, devices: int, asked: str | None = None) -> Pro
             profile = DATASHEETS[datasheet_for(device_kind)]
         else:
             raise NoProfile(f"no hardware profile for {devices} x {device_kind!r}: measure one with `python -m "
-                            f"launch.profile` (it writes {measured}), or name one with profile= (--profile): a "
+                            f"launch.profile_devices` (it writes {measured}), or name one with profile= (--profile): a "
                             f"datasheet ({', '.join(DATASHEETS)}) or a JSON file")
     return dataclasses.replace(profile, gpus=devices)

@@ -10,7 +10,7 @@ Channels (MoE-Prefill §6.2-6.3), per MoE layer, per device:
                layer's shards from the others; the channels run at once, the slower one counts
 Batch FLOPs are whole-forward FLOPs (moejax.costs.layer_flops_per_token), as Eq. 3's F_ref is: a batch of F FLOPs
 spends F / L of them in each of L layers. P is the profile's peak, as in Eq. 1: the datasheet's, or the best rate
-`launch.profile` measured. (A measured profile's slower small GEMMs are not used: on a CPU they mostly measure
+`launch.profile_devices` measured. (A measured profile's slower small GEMMs are not used: on a CPU they mostly measure
 dispatch, which Eq. 3's reference batch folds in differently; taking the peak keeps Eq. 1 the paper's.)"""
 from __future__ import annotations
 

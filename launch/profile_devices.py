@@ -1,7 +1,7 @@
 """Measure this machine's hardware profile for the planners (moejax/plan/measure.py says what and how) and write it
 as JSON that `moejax.plan.profile.load_profile(path)` reads.
 
-  python -m launch.profile [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
+  python -m launch.profile_devices [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
 
 --out defaults to ~/.cache/moejax/profiles/<device tag>.json ($XDG_CACHE_HOME respected), where loading a model
 looks for a measured profile (moejax.plan.paths.default_profile_path). --model (a preset, an embedded model or a
@@ -21,7 +21,7 @@ GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launch.profile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m launch.profile_devices", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None,
                    help="profile JSON to write (default: ~/.cache/moejax/profiles/<device>.json)")
     p.add_argument("--model", default=None, help="preset, embedded model or checkpoint directory whose shapes to "
@@ -73,7 +73,7 @@ def writable(path: str) -> bool:
         return True
     except OSError as e:
         reason = e.strerror or (e.args[0] if e.args else str(e))
-        print(f"launch.profile: cannot write the profile to {path}: {reason} (choose another --out)",
+        print(f"launch.profile_devices: cannot write the profile to {path}: {reason} (choose another --out)",
               file=sys.stderr)
         return False
 
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     try:
         shapes = model_shapes(args.model, args.quick)
     except ValueError as e:
-        print(f"launch.profile: {e}", file=sys.stderr)
+        print(f"launch.profile_devices: {e}", file=sys.stderr)
         return 2
     if args.out and not writable(args.out):  # before measuring: a bad path fails at once
         return 2
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     from moejax.plan.measure import grouped_backend_refused, measure_profile, sweep_for
     refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
     if refused:
-        print(f"launch.profile: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)
+        print(f"launch.profile_devices: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)
         return 2
     out = args.out or default_profile_path(jax.local_devices()[0].device_kind)
     if not writable(out):
