@@ -96,6 +96,12 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+def reference_engine(engines: list[str]) -> str:
+    """What a workload's answers are compared with: transformers where it ran the workload, else the first engine
+    that did (moejax-serve runs no generation workload)."""
+    return "transformers" if "transformers" in engines else engines[0]
+
+
 def agreement(results: dict, kind: str, reference: str) -> dict:
     """Per engine: the largest |logprob difference| from the reference engine (scoring), or the share of new
     tokens equal to its tokens (generation)."""
@@ -147,9 +153,9 @@ def peers(args, environment: dict) -> dict:
         finally:
             for wk in workers.values():
                 wk.close()
-    reference = "transformers" if "transformers" in engines else engines[0]
     rows = []
     for w in names:
+        reference = reference_engine(runnable[w])
         agree = agreement(outputs[w], kinds[w], reference)
         for e in runnable[w]:
             rows.append(dict(workload=w, engine=e, seconds=seconds[w, e], seconds_min=min(seconds[w, e]),
