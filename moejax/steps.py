@@ -78,7 +78,13 @@ def score_begin(model, pool, batch, *, span=(0, None)):
 
 def score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
     """-> (log-probabilities of the target tokens [B, G] float32, pool)."""
-    logprobs = jax.nn.log_softmax(model.head(x, batch["read_idx"]), axis=-1)
+    return scored(model.head(x, batch["read_idx"]), new, prior, pool, batch)
+
+
+def scored(logits, new, prior, pool, batch):
+    """From the read positions' logits [B, U, V]: (the target tokens' log-probabilities [B, G] float32, the pool
+    with the batch's prompt blocks stored)."""
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]
     picked = jnp.take_along_axis(picked, batch["tgt_tok"][..., None], axis=2)[..., 0]
     if "store_ids" in batch:

@@ -8,19 +8,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax import kv_pool, steps
+from moejax import steps
 
 
 def greedy_score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
     """-> ((log-probabilities [B, G] float32, whether each target is its read position's argmax [B, G]), pool)."""
     logits = model.head(x, batch["read_idx"])  # [B, U, V] float32
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]
-    picked = jnp.take_along_axis(picked, batch["tgt_tok"][..., None], axis=2)[..., 0]
+    picked, pool = steps.scored(logits, new, prior, pool, batch)
     top = jnp.argmax(logits, axis=-1)  # [B, U]: the first maximum, as torch's argmax
     greedy = jnp.take_along_axis(top, batch["tgt_u"], axis=1) == batch["tgt_tok"]
-    if "store_ids" in batch:
-        pool = kv_pool.store(pool, kv_pool.concat_keys(prior, new), batch["store_ids"], batch["store_src"])
     return (picked, greedy), pool
 
 
