@@ -137,6 +137,17 @@ def _special_tokens(config: dict) -> dict:
     return out
 
 
+def named_tokens(directory: str) -> dict[str, str]:
+    """eos_token, bos_token, ... as strings: tokenizer_config.json's, else special_tokens_map.json's (a token null
+    in tokenizer_config.json is unnamed, as in transformers)."""
+    out: dict[str, str | None] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
+        config = _read_json(os.path.join(directory, name))
+        out.update({k: None for k, v in config.items() if k.endswith("_token") and v is None})
+        out.update({k: v for k, v in _special_tokens(config).items() if isinstance(v, str)})
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:

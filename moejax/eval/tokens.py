@@ -3,8 +3,7 @@ encode with the post-processor's special tokens unless told otherwise, decode sk
 eos / bos tokens named by tokenizer_config.json (or special_tokens_map.json)."""
 from __future__ import annotations
 
-import json
-import os
+from moejax.chat import named_tokens
 
 
 class EvalTokenizer:
@@ -12,7 +11,7 @@ class EvalTokenizer:
         """tokenizer: a `tokenizers.Tokenizer`; directory: where its tokenizer_config.json is (None: none);
         config_eos: the model's end-of-sequence ids, used when the tokenizer names no eos token."""
         self.tokenizer = tokenizer
-        named = _named_tokens(directory) if directory else {}
+        named = named_tokens(directory) if directory else {}
         self.eos_token = named.get("eos_token")
         self.bos_token = named.get("bos_token")
         self.eos_token_id = self._id(self.eos_token, "eos_token", directory)
@@ -36,24 +35,3 @@ class EvalTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         ids = [ids] if isinstance(ids, int) else list(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
-
-def _named_tokens(directory: str) -> dict[str, str]:
-    """eos_token, bos_token, ... as strings: tokenizer_config.json's, else special_tokens_map.json's (either may
-    give a token as an AddedToken object {"content": ...})."""
-    out: dict[str, str] = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins, as in transformers
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
-            continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                config = json.load(f)
-        except ValueError as e:
-            raise ValueError(f"{path}: not JSON: {e}") from None
-        for key, value in config.items() if isinstance(config, dict) else ():
-            if key.endswith("_token") and isinstance(value, dict):
-                value = value.get("content")
-            if key.endswith("_token") and (isinstance(value, str) or value is None):
-                out[key] = value
-    return {k: v for k, v in out.items() if v is not None}
