@@ -8,17 +8,15 @@ batch reads are kept). Batch k+1 is packed and dispatched before batch k's resul
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from moejax.kv_pool import BLOCK
-from moejax.sched import packing
 from moejax.sched.batch_size import score_batch_size
 from moejax.sched.planner import make_plan
-from moejax.sched.prefix_cache import PrefixCache
+from moejax.sched.prefix_cache import cache_blocks
 from moejax.sched.requests import Candidate, ScoreRequest
+from moejax.sched.runner import Runner
 
 from moejax.eval.greedy_step import GreedyScoreStep
 
@@ -82,24 +80,18 @@ class Scorer:
         longest = max((len(r.prompt) + len(c.token_ids) - 1 for r in requests for c in r.candidates), default=0)
         reserved = 0.0 if self.kv_cache == "off" else self.prefix_cache_mb * 2**20
         sizing = score_batch_size(engine, self.max_batch_tokens, longest=longest, reserved_bytes=reserved)
-        cache_blocks = int(self.prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
         plan = make_plan(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=self.kv_cache,
-                         cache_blocks=cache_blocks, score_batch=sizing)
-        cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
+                         cache_blocks=cache_blocks(engine, self.prefix_cache_mb), score_batch=sizing)
+        # The batch runner's packing (prefix-cache table, blocks stored only while a later batch reads them), as
+        # explain uses it; the step is this module's.
+        packer = Runner(engine, plan, requests, None)
         pool = engine.init_pool(plan.pool_blocks) if plan.pool_blocks else None
-        future = Counter(h for u in plan.uses for h in u)
-        want_store = lambda h: plan.store_all or future[h] > 0  # noqa: E731
         logprob = np.zeros(n, np.float64)
         greedy = np.ones(n, bool)
         reads_left = [sum(len(c.token_ids) for c in r.candidates) for r in requests]  # until a context is done
 
         def launch(k):
-            for h in plan.uses[k]:
-                future[h] -= 1
-            if cache is not None:
-                cache.begin_batch()
-            rows = [packing.pack_row(row, cache, want_store) for row in plan.batches[k].rows]
-            arrays, tags, span = packing.assemble(rows, plan.pool_blocks, engine.row_multiple)
+            rows, (arrays, tags, span) = packer.prepare(k)
             nonlocal pool
             out, pool = self.step(pool, arrays, span)
             return rows, tags, out

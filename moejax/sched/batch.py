@@ -8,12 +8,12 @@ import secrets
 
 import jax
 
-from moejax.kv_pool import BLOCK
 from moejax.sched import output_lock
 from moejax.sched.batch_size import DEFAULT_TOKENS, score_batch_size
 from moejax.sched.explain import describe
 from moejax.sched.planner import make_plan
 from moejax.sched.pool_size import pool_size
+from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.requests import BadLine, CompletionRequest, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Runner
@@ -33,7 +33,7 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies
     saturation = engine.saturation or unprofiled_theta(engine)
     floor = saturation.theta_flops if saturation is not None else 0.0
-    cache_blocks = int(prefix_cache_mb * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
+    cache_blocks = prefix_cache_blocks(engine, prefix_cache_mb)
     sizing = score_batch_size(engine, max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if kv_cache == "off" else prefix_cache_mb * 2**20)
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens or DEFAULT_TOKENS, kv_cache=kv_cache,

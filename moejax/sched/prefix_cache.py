@@ -11,6 +11,11 @@ from collections.abc import Sequence
 from moejax.kv_pool import BLOCK
 
 
+def cache_blocks(engine, megabytes: float) -> int:
+    """Blocks of BLOCK tokens' KV that `megabytes` of prefix cache hold on `engine`."""
+    return int(megabytes * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
+
+
 def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]:
     """Hash of every full block of `tokens` (at most `limit`); block k's hash covers blocks 0..k."""
     hashes = _chain(tuple(tokens))
