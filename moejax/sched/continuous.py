@@ -180,22 +180,23 @@ class Scheduler:
             with times.phase("loop", "admit"):
                 self._admit()
             try:
-                mixed = self.mixed and any(s.prefilling for s in self.running)
-                if mixed:  # riders' tokens go in from the host
+                prefilling = any(s.prefilling for s in self.running)
+                riding = []
+                if self.mixed and prefilling:  # decoding sequences ride in the chunk, their tokens from the host
                     self._read_decode()
-                decoding = [s for s in self.running if not s.prefilling and not s.done]
-                mixed = mixed and decoding
-                chunk = None
-                if any(s.prefilling for s in self.running):
-                    chunk = self._launch_chunk(self._grow(decoding, 1) if mixed else {})
-                if not mixed and chunk is not None and self._inflight:
-                    self._read_decode()  # while the device runs the chunk: no decode row for an ended sequence
-                if not mixed:  # with the prompts the chunk completes, their first tokens still on the device
-                    decoding = [s for s in self.running if not s.prefilling and not s.done]
-                if (decoding or self._inflight) and not mixed:  # behind the chunk step, before its tokens are read
-                    self._decode_step(decoding, chunk)
-                elif chunk is not None:
+                    riding = [s for s in self.running if not s.prefilling and not s.done]
+                chunk = self._launch_chunk(self._grow(riding, 1) if riding else {}) if prefilling else None
+                if riding:
                     self._finish_chunk(chunk)
+                else:
+                    if chunk is not None and self._inflight:
+                        self._read_decode()  # while the device runs the chunk: no decode row for an ended sequence
+                    # with the prompts the chunk completes, their first tokens still on the device
+                    decoding = [s for s in self.running if not s.prefilling and not s.done]
+                    if decoding or self._inflight:  # behind the chunk step, before its tokens are read
+                        self._decode_step(decoding, chunk)
+                    elif chunk is not None:
+                        self._finish_chunk(chunk)
             except Exception as e:  # a failing step costs only the sequences in flight
                 if self._delivering:  # raised by on_finish (e.g. results that cannot be written): not a step's
                     raise
