@@ -72,6 +72,10 @@ def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool
     if recorder is not None:
         result["step_times"] = step_overhead.step_times(recorder, step_overhead.replay(recorder),
                                                         summary["scheduler"], wall)
+    failed = [row for row in rows if row.get("error")]
+    if failed:  # a benchmark of requests that failed measures nothing
+        raise SystemExit(f"bench generate: {len(failed)} of {len(rows)} requests failed under {batching} batching; "
+                         f"the first ({failed[0]['custom_id']}): {failed[0]['error']['message']}")
     tokens = [row["response"]["body"]["choices"][0]["token_ids"] for row in rows]
     return result, tokens
 

@@ -7,6 +7,7 @@ import pytest
 import moejax
 from launch import bench, bench_generate, generate_workloads, sched_overhead
 from launch.bench_results import read_runs
+from conftest import fixture_dir
 
 TINY_RUN = ["generate", "--model", "micro-qwen3-moe", "--num-layers", "1", "--workload", "long-tail", "--requests",
             "4", "--no-transformers", "--max-batch-tokens", "1024"]
@@ -104,3 +105,13 @@ def test_long_tail_compares_warm_and_compilation_included(runs):
         compiles = r["first_run_compiles"]
         assert compiles["programs"] > 0 and compiles["compile_s_by_function"]["jit(decode)"] > 0
         assert r["same_tokens_as_static"] == 1.0 and r["first_run_s"] > r["seconds_median"]
+
+
+def test_failed_requests_stop_the_benchmark_with_their_error():
+    """A GPU run had every request fail (a kernel's tiles over shared memory): the bench names the error instead
+    of a KeyError on the missing answer."""
+    engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
+    bad = dict(prompt=[engine.config.vocab_size + 5], max_tokens=2, stop_token_ids=[])
+    with pytest.raises(SystemExit, match=r"bench generate: 1 of 1 requests failed under static batching; the first "
+                                         r"\(g0\): .*vocab"):
+        bench_generate._moejax(engine, [bad], "static", None, 256, None)

@@ -95,6 +95,26 @@ def test_tuning_table_classes_lookups_and_fallbacks():
     assert tuning.device_entry("NVIDIA A100-SXM4-80GB", table) == {} and tuning.device_entry("", table) == {}
 
 
+
+def test_tiles_fit_shared_memory_in_every_dtype():
+    """An H200 refused the tuned 64-row glu tiles of a float32 model (240 KiB of shared memory asked, 227 KiB
+    there): the table is tuned in bfloat16, so a float32 model gets fewer stages (then a shallower bk)."""
+    hopper = tuning.SHARED_MEMORY[(9, 0)]
+    bf16 = tuning.pallas_config(8192, 128, 2048, 768, fused=True, entry=ENTRY, itemsize=2, shared_bytes=hopper)
+    f32 = tuning.pallas_config(8192, 128, 2048, 768, fused=True, entry=ENTRY, itemsize=4, shared_bytes=hopper)
+    assert bf16.stages == 4 and (f32.stages, f32.bk) == (2, 64)
+    small = tuning.SHARED_MEMORY_OTHER  # 99 KiB: two stages of 80 KiB do not fit either
+    assert tuning.pallas_config(8192, 128, 2048, 768, fused=True, entry=ENTRY, itemsize=4, shared_bytes=small).bk == 32
+    for kind, entry in tuning._table().get("devices", {}).items():
+        for key, tuned in entry.get("pallas", {}).items():
+            op, rows_per_group = key.split("/")
+            for itemsize in (2, 4):
+                cfg = tuning.pallas_config(int(rows_per_group) * 128, 128, 2048, 768, fused=op == "glu",
+                                           entry=entry, itemsize=itemsize, shared_bytes=hopper)
+                halves = 2 if op == "glu" else 1
+                assert cfg.stages * (cfg.bm * cfg.bk + halves * cfg.bk * cfg.bn) * itemsize <= hopper, (kind, key)
+                assert itemsize == 4 or cfg == tuning.PallasConfig(**tuned), (kind, key)  # bf16: as tuned
+
 def test_the_committed_table_holds_only_known_configurations():
     table = tuning._table()
     for kind, entry in table.get("devices", {}).items():

@@ -53,6 +53,15 @@ def test_refusals_state_the_numbers():
         plan(5, placement="cached", cache_slots=1000)
 
 
+
+def test_more_slots_than_routed_experts_give_every_expert_one():
+    """Under a budget and without one alike (a GPU ran the cached placement of a 24-expert fixture with 64 slots
+    asked and refused it, while the CPU, with no cap, took it)."""
+    for budget in (None, 80):
+        p = plan(budget, placement="cached", cache_slots=10 * E * L)
+        assert p.cache_slots == E * L, budget
+        assert f"{10 * E * L} slots asked, but the model has {E * L} routed experts" in p.reason
+
 def test_load_plans_from_abstract_shapes_without_allocating():
     # the real Qwen3-30B-A3B shapes; nothing is materialized until the engine runs
     assert moejax.load("qwen3-30b-a3b", device_memory_gb=80).memory_plan.placement == "resident"

@@ -97,8 +97,9 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
             return MemoryPlan("resident", **base, reason="no device memory cap")
         if placement == "streamed":
             return _streamed(base, window or DEFAULT_WINDOW, "no device memory cap; window as asked or default")
-        slots = cache_slots or 2 * experts_per_layer
-        return _cached(base, slots, top_k, "no device memory cap; slots as asked or two layers' worth")
+        slots = _every_expert_at_most(base, cache_slots or 2 * experts_per_layer)
+        return _cached(base, slots, top_k, "no device memory cap; slots as asked or two layers' worth",
+                       asked=cache_slots)
     free = budget_bytes - reserve - resident
     fits = f"budget {size(budget_bytes)} - reserve {size(reserve)} - resident weights {size(resident)}"
     if free < 0:
@@ -124,13 +125,13 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
                          f"experts {size(all_experts)} > {size(free)} free ({fits}); window {max_window} at most")
     pass_experts = _pass_experts(experts_per_layer, top_k)
     max_slots = min(free // expert_bytes - pass_experts, experts_per_layer * moe_layers)
-    slots = cache_slots or max_slots
+    slots = _every_expert_at_most(base, cache_slots) or max_slots
     if slots < top_k or slots > max_slots:
         raise MemoryPlanError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
                               f"{size(expert_bytes)} but {fits} leaves {size(free)} (at most {max_slots} "
                               f"slots; at least top-k = {top_k} needed)")
     return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
-                   if placement == "auto" else f"asked for; at most {max_slots} slots fit")
+                   if placement == "auto" else f"asked for; at most {max_slots} slots fit", asked=cache_slots)
 
 
 def _pass_experts(experts_per_layer: int, top_k: int) -> int:
@@ -144,8 +145,15 @@ def _streamed(base, window, reason) -> MemoryPlan:
     return MemoryPlan("streamed", **base, window=int(window), reason=reason)
 
 
-def _cached(base, slots, top_k, reason) -> MemoryPlan:
+def _every_expert_at_most(base, slots: int | None) -> int | None:
+    """More slots than the model has routed experts hold nothing more: as many as it has."""
+    return slots and min(slots, base["experts_per_layer"] * base["moe_layers"])
+
+
+def _cached(base, slots, top_k, reason, asked: int | None = None) -> MemoryPlan:
     if slots < top_k:
         raise MemoryPlanError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
+    if asked and asked > slots == base["experts_per_layer"] * base["moe_layers"]:
+        reason += f"; {asked} slots asked, but the model has {slots} routed experts: every one has a slot"
     pass_experts = min(int(slots), _pass_experts(base["experts_per_layer"], top_k))
     return MemoryPlan("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason)

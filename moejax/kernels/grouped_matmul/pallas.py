@@ -77,7 +77,8 @@ def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, k, half, act, limit, alph
 def config_for(rows: int, w, fused: bool) -> PallasConfig:
     """The tile configuration for `rows` grouped rows against w [G, K, N] (N: [gate | up] when fused)."""
     G, K, N = w.shape
-    return pallas_config(rows, G, round_up(K, 16), round_up(N // 2 if fused else N, 16), fused)
+    return pallas_config(rows, G, round_up(K, 16), round_up(N // 2 if fused else N, 16), fused,
+                         itemsize=w.dtype.itemsize)
 
 
 def grouped_call(x, w, bias, group_sizes, *, cfg: PallasConfig, out_dtype, act=None, limit=7.0, alpha=1.702,

@@ -20,6 +20,10 @@ from moejax.kernels.grouped_matmul.mosaic import MosaicConfig
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
 ROW_CLASSES = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# Shared memory per thread block, bytes, by compute capability (CUDA's limits): H100/H200, A100; the rest (sm_86,
+# sm_89) 99 KiB.
+SHARED_MEMORY = {(9, 0): 232448, (8, 0): 166912}
+SHARED_MEMORY_OTHER = 101376
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,16 +99,42 @@ def default_pallas(rows: int, groups: int, k: int, n: int, fused: bool) -> Palla
     return PallasConfig(bm, bn, bk, 8 if bm * bn * (2 if fused else 1) >= 128 * 128 else 4, 3)
 
 
-def pallas_config(rows: int, groups: int, k: int, n: int, fused: bool, entry: dict | None = None) -> PallasConfig:
-    """For M = rows grouped rows, w [groups, k, n] (n: one half's width when fused)."""
+def shared_memory_bytes() -> int:
+    """What one thread block may use: Hopper's 227 KiB; off a GPU (interpreted kernels), Hopper's too."""
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        return SHARED_MEMORY[(9, 0)]
+    major, minor = (int(v) for v in str(getattr(dev, "compute_capability", "9.0")).split(".")[:2])
+    return SHARED_MEMORY.get((major, minor), SHARED_MEMORY_OTHER)
+
+
+def fit_shared_memory(cfg: PallasConfig, itemsize: int, fused: bool, limit: int) -> PallasConfig:
+    """The software pipeline keeps up to `stages` copies of one loop step's tiles (x [bm, bk] and w [bk, bn], per
+    half when fused) in shared memory. The table was tuned in bfloat16: a float32 model's tiles are twice the
+    bytes (on an H200 the tuned 64-row glu asked 240 KiB of 227), so fewer stages, then a shallower bk."""
+    def need(c: PallasConfig) -> int:
+        return c.stages * (c.bm * c.bk + (2 if fused else 1) * c.bk * c.bn) * itemsize
+
+    while need(cfg) > limit and cfg.stages > 2:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    while need(cfg) > limit and cfg.bk > 16:
+        cfg = dataclasses.replace(cfg, bk=cfg.bk // 2)
+    return cfg
+
+
+def pallas_config(rows: int, groups: int, k: int, n: int, fused: bool, entry: dict | None = None,
+                  itemsize: int = 2, shared_bytes: int | None = None) -> PallasConfig:
+    """For M = rows grouped rows, w [groups, k, n] (n: one half's width when fused) of `itemsize` bytes."""
     entry = device_entry() if entry is None else entry
     tuned = entry.get("pallas", {}).get(class_key("glu" if fused else "gemm", rows, groups))
     if not tuned:
-        return default_pallas(rows, groups, k, n, fused)
-    cfg = PallasConfig(**tuned)
-    # A tile larger than the operand (small models, tests) shrinks to one that divides it.
-    return dataclasses.replace(cfg, bn=_divisor(n, cfg.bn), bk=_divisor(k, cfg.bk),
-                               bm=cfg.bm if rows >= cfg.bm else 64 if rows >= 64 else 16)
+        cfg = default_pallas(rows, groups, k, n, fused)
+    else:
+        cfg = PallasConfig(**tuned)
+        # A tile larger than the operand (small models, tests) shrinks to one that divides it.
+        cfg = dataclasses.replace(cfg, bn=_divisor(n, cfg.bn), bk=_divisor(k, cfg.bk),
+                                  bm=cfg.bm if rows >= cfg.bm else 64 if rows >= 64 else 16)
+    return fit_shared_memory(cfg, itemsize, fused, shared_memory_bytes() if shared_bytes is None else shared_bytes)
 
 
 def mosaic_config(rows: int, groups: int, n: int, entry: dict | None = None) -> MosaicConfig:
