@@ -13,14 +13,14 @@ hardware ceilings measured with CUDA events. Steps, in order of what a short lea
   kernel_tests   what only a GPU runs: the compiled `pallas` and `cudnn` kernel tests (and the Mosaic GPU
                  kernel's file, when there is one) against their float64 oracles; the other backends are tested
                  on CPU in CI
-  tune_gmm       the grouped GEMM tuning sweep (`python -m launch.tune_gmm`), where that module exists
-  bench_kernels  `python -m launch.bench kernels` (every compiled grouped GEMM and FFN backend, one that would not
-                 fit skipped), then bench_offload and bench_serve: `launch.bench offload | serve` at GPU sizes
   parity_tests   every model family against transformers' logits in bfloat16 (the kernels `auto` picks on a
                  GPU), float32 logits and greedy generation for two families (MLA; sinks and windows)
   bench_generate `python -m launch.bench generate` (continuous vs static batching on the embedded model, step
                  times and their overhead share)
   offload_tests  experts streamed and cached from pinned host memory against the resident model
+  tune_gmm       the grouped GEMM tuning sweep (`python -m launch.tune_gmm`), where that module exists
+  bench_kernels  `python -m launch.bench kernels` (every compiled grouped GEMM and FFN backend, one that would not
+                 fit skipped), then bench_offload and bench_serve: `launch.bench offload | serve` at GPU sizes
   bench_plans    `python -m launch.bench plans` (the GPU's measured profile, the planners' run times)
 
 Every step runs in its own process under a time limit (LIMITS: from the first H200 run's measured times) and
@@ -61,9 +61,10 @@ from launch.step_runner import UNFINISHED, Step, run_steps, table
 PY = sys.executable
 DEPENDENCIES = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy", "ml_dtypes", "safetensors",
                 "tokenizers", "jinja2", "tqdm", "pytest", "hypothesis")
-# What a short lease must not miss comes first.
-ORDER = ["install", "environment", "ceilings", "kernel_tests", "tune_gmm", "bench_kernels", "bench_offload",
-         "bench_serve", "parity_tests", "bench_generate", "offload_tests", "bench_plans"]
+# What a short lease must not miss comes first: correctness (kernels, parity, the engine's generation and offload
+# paths, where the third check found two defects after the benchmarks had spent its budget), then speed.
+ORDER = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_generate", "offload_tests",
+         "tune_gmm", "bench_kernels", "bench_offload", "bench_serve", "bench_plans"]
 NEEDED_FIRST = ("install", "environment")  # before any step: the device's name is in every file's
 # Time limits on the GPU, seconds (doubled in the dry run). The first H200 run (2026-11-26, jax 0.11.2) measured:
 # install 6 s, environment 7 s, ceilings 20 s; 36 kernel tests in 150 s, of which the compiled pallas ones took

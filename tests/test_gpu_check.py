@@ -20,8 +20,9 @@ from launch.bench_results import ResultsFile, read_runs, write_runs
 from launch.step_runner import Step, run_steps, table
 from moejax.kernels.backends import TRITON_DEPRECATION_ID, Kernels, pallas_unavailable, resolve
 
-STEPS = ["install", "environment", "ceilings", "kernel_tests", "tune_gmm", "bench_kernels", "bench_offload",
-         "bench_serve", "parity_tests", "bench_generate", "offload_tests", "bench_plans"]
+# correctness before speed: the third GPU check spent its budget on benchmarks before two failing steps
+STEPS = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_generate", "offload_tests",
+         "tune_gmm", "bench_kernels", "bench_offload", "bench_serve", "bench_plans"]
 SWEEP = importlib.util.find_spec("launch.tune_gmm") is not None  # the tuning sweep's step is absent without it
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
