@@ -29,7 +29,11 @@ def paged_attention(q, k_parts, v_pool, block_table, q_offset, *, sliding_window
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     window = None if sliding_window is None else int(sliding_window)
     q_offset = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (q.shape[0],))
-    if backend in ("reference", "xla"):
+    if backend == "xla":
+        from moejax.kernels.attention import paged_xla
+        return paged_xla.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
+                                   scale=scale)
+    if backend == "reference":
         from moejax.kernels.attention import attention
         k = jnp.concatenate([gather_blocks(p, block_table) for p in k_parts], axis=-1)
         v = gather_blocks(v_pool, block_table)
