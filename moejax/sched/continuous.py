@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
+from moejax.kernels.attention.paged_xla import KEYS_PER_STEP
 from moejax.kv_pool import BLOCK
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
@@ -41,13 +42,22 @@ from moejax.sched.step_times import StepTimes
 
 # Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
 # most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables
-# 8, 16, 32, ... blocks. On a CPU a tiny model's program took about 3.5 s to compile (2026-11-26: 12 shapes, 41 s
+# 32, 64, 128, ... blocks. On a CPU a tiny model's program took about 3.5 s to compile (2026-11-26: 12 shapes, 41 s
 # of XLA compiling, for 60 requests of a 1.5 s run), so a shape saved is worth far more than the padding it costs.
-MIN_TABLE_BLOCKS, MIN_CHUNK, MIN_DECODE_ROWS = 8, 16, 16
+# A table's width costs next to nothing: paged attention reads only the blocks a row's queries see (XLA and Pallas
+# alike), so the smallest width is wide (512 tokens) and most runs have one.
+MIN_TABLE_BLOCKS, MIN_CHUNK, MIN_DECODE_ROWS = 32, 16, 16
 # A decode row's work besides attention (projections, experts, head), in blocks of keys attention reads: measured
 # on CPU with pycode-moe (64 rows: 77 ms per token at 8 blocks, 211 ms at 64), so a call's cost is about
-# rows x (table width + this).
+# rows x (blocks its longest row reads + this).
 ROW_COST_BLOCKS = 24
+
+
+def _read_blocks(blocks: int) -> int:
+    """Key blocks a row of `blocks` blocks costs in a decode call: attention steps over whole steps of
+    KEYS_PER_STEP keys (moejax.kernels.attention.paged_xla), up to the call's longest row."""
+    step = max(KEYS_PER_STEP // BLOCK, 1)
+    return step * max(-(-blocks // step), 1)
 
 
 @dataclasses.dataclass
@@ -529,15 +539,14 @@ class Scheduler:
         return rows_bucket(min(max(n, MIN_DECODE_ROWS), self.max_rows), self.engine.row_multiple)
 
     def _cost(self, seqs) -> int:
-        """A decode call's work, in row-blocks: rows x (block-table width + ROW_COST_BLOCKS)."""
-        width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
-        return self._decode_rows(len(seqs)) * (width + ROW_COST_BLOCKS)
+        """A decode call's work, in row-blocks: rows x (blocks its longest row reads + ROW_COST_BLOCKS)."""
+        return self._decode_rows(len(seqs)) * (_read_blocks(max(len(s.blocks) for s in seqs)) + ROW_COST_BLOCKS)
 
     def _groups(self, seqs: list[_Seq], most: int = 3) -> list[list[_Seq]]:
-        """Decode rows in up to `most` calls by block-table width, where that costs less: a call reads every row's
-        keys up to its widest row's table, so short rows in a call with long ones pay for them."""
+        """Decode rows in up to `most` calls by length, where that costs less: a call computes every row's
+        attention up to its longest row's keys, so short rows in a call with long ones pay for them."""
         seqs = sorted(seqs, key=lambda s: len(s.blocks))
-        width = [bucket(len(s.blocks), MIN_TABLE_BLOCKS) for s in seqs]
+        width = [_read_blocks(len(s.blocks)) for s in seqs]
         best, cut = self._cost(seqs), None
         for i in range(1, len(seqs) if most > 1 else 0):
             if width[i] != width[i - 1] and self._cost(seqs[:i]) + self._cost(seqs[i:]) < best:
