@@ -546,10 +546,10 @@ class Scheduler:
         """Decode rows in up to `most` calls by length, where that costs less: a call computes every row's
         attention up to its longest row's keys, so short rows in a call with long ones pay for them."""
         seqs = sorted(seqs, key=lambda s: len(s.blocks))
-        width = [_read_blocks(len(s.blocks)) for s in seqs]
+        reads = [_read_blocks(len(s.blocks)) for s in seqs]
         best, cut = self._cost(seqs), None
         for i in range(1, len(seqs) if most > 1 else 0):
-            if width[i] != width[i - 1] and self._cost(seqs[:i]) + self._cost(seqs[i:]) < best:
+            if reads[i] != reads[i - 1] and self._cost(seqs[:i]) + self._cost(seqs[i:]) < best:
                 best, cut = self._cost(seqs[:i]) + self._cost(seqs[i:]), i
         return [seqs] if cut is None else self._groups(seqs[:cut], most - 1) + [seqs[cut:]]
 

@@ -14,7 +14,7 @@ from jax import lax
 from moejax.kernels.attention.xla import finish
 from moejax.kernels.precision import for_operands
 
-KEYS_PER_STEP = 128  # keys of a row per loop step: the smallest table width (8 blocks of 16) in one step
+KEYS_PER_STEP = 128  # keys of a row per loop step (8 blocks of 16): short rows take one step
 _f32 = jnp.float32
 
 
