@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from moejax.kernels.attention.xla import finish
+from moejax.kernels.attention.xla import finish, online_step
 from moejax.kernels.precision import for_operands
 
 KEYS_PER_STEP = 128  # keys of a row per loop step (8 blocks of 16): short rows take one step
@@ -45,14 +45,9 @@ def attention(q, k_parts, v_pool, block_table, q_offset, sinks, *, window, scale
         s = sum(jnp.einsum("btkgd,bskd->btkgs", qi, part[blocks].reshape(B, C * P, Hkv, -1),
                            preferred_element_type=_f32, precision=prec) for qi, part in zip(q_split, k_parts))
         s = jnp.where(vis[:, :, None, None, :], s * scale, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing seen yet: keep l = acc = 0, no NaN
-        corr = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[..., None])
         vc = v_pool[blocks].reshape(B, C * P, Hkv, Dv)
-        pv = jnp.einsum("btkgs,bskd->btkgd", p.astype(v_pool.dtype), vc, preferred_element_type=_f32,
-                        precision=prec)
-        return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+        return online_step(m, l, acc, s, lambda p: jnp.einsum("btkgs,bskd->btkgd", p.astype(v_pool.dtype), vc,
+                                                                preferred_element_type=_f32, precision=prec))
 
     init = (jnp.full((B, T, Hkv, G), -jnp.inf, _f32), jnp.zeros((B, T, Hkv, G), _f32),
             jnp.zeros((B, T, Hkv, G, Dv), _f32))

@@ -53,12 +53,8 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
         vis = reference.visible(q_pos, idx, kv_lengths, causal, window) & (idx >= c * CHUNK)
         s = jnp.einsum("btkgd,bskd->bkgts", qg, kc, preferred_element_type=_f32, precision=prec) * scale
         s = jnp.where(vis[:, None, None], s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing seen yet: keep l = acc = 0, no NaN
-        corr = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[..., None])
-        pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(v.dtype), vc, preferred_element_type=_f32, precision=prec)
-        return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+        return online_step(m, l, acc, s, lambda p: jnp.einsum("bkgts,bskd->bkgtd", p.astype(v.dtype), vc,
+                                                                preferred_element_type=_f32, precision=prec))
 
     init = (jnp.full((B, Hkv, G, T), -jnp.inf, _f32), jnp.zeros((B, Hkv, G, T), _f32),
             jnp.zeros((B, Hkv, G, T, Dv), _f32))
@@ -90,6 +86,16 @@ def few_queries(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, 
     out, lse = finish(m, l, acc, sink)
     out = out.reshape(B, T, Hq, Dv).astype(q.dtype)
     return (out, lse.reshape(B, T, Hq)) if return_lse else (out, None)
+
+
+def online_step(m, l, acc, s, values):
+    """One step of the online softmax: running max m, sum l and unnormalised acc [..., Dv], updated with masked
+    logits s [..., keys] (-inf: not visible); values(p) -> p @ the step's values [..., Dv]."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing seen yet: keep l = acc = 0, no NaN
+    corr = jnp.exp(m - m_safe)
+    p = jnp.exp(s - m_safe[..., None])
+    return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + values(p)
 
 
 def finish(m, l, acc, sink):
