@@ -85,8 +85,8 @@ def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[
         with torch.no_grad():
             timing = time_calls(lambda: out.__setitem__("logits", model(input_ids=x, use_cache=False).logits), repeats)
         logits = out["logits"].float().numpy() if logits is None else logits
-        results.append(_result("transformers", str(used), tokens, flops, timing,
-                               attn_implementation="eager", experts_implementation=used, torch_threads=torch.get_num_threads()))
+        results.append(_result("transformers", str(used), tokens, flops, timing, attn_implementation="eager",
+                               experts_implementation=used, torch_threads=torch.get_num_threads()))
     return results, logits
 
 
@@ -117,7 +117,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
             import torch
             import transformers
             hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-                args.model, attn_implementation="eager", dtype=torch.float32, num_hidden_layers=hf_config["num_hidden_layers"])
+                args.model, attn_implementation="eager", dtype=torch.float32,
+                num_hidden_layers=hf_config["num_hidden_layers"])
         else:
             hf_model = _hf_checkpoint(hf_config, tmp.name, args.seed)
             source = tmp.name
@@ -138,7 +139,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
                                 dtype=args.dtype, batch=args.batch, seq=args.seq, flops=flops.as_dict()),
                     results=hf_results + results)
     if use_hf:
-        hf_results, hf_logits = _transformers(hf_model, ids, args.repeats, tokens, flops.total, args.hf_experts.split(","))
+        hf_results, hf_logits = _transformers(hf_model, ids, args.repeats, tokens, flops.total,
+                                              args.hf_experts.split(","))
         partial(record(), "transformers")
         del hf_model
         gc.collect()
@@ -157,7 +159,7 @@ def prefill(args, env: dict, partial=no_file) -> dict:
         if extra:
             print(f"    max |logits - transformers| = {extra['max_abs_logits_diff_vs_transformers']:.3g} "
                   f"(relative {extra['rel_logits_diff_vs_transformers']:.3g})")
-        del engine, out
+        engine = out = None  # frees the weights before the next load (not del: the timed lambda names both)
         gc.collect()
     load_avg.append(os.getloadavg())
     if tmp is not None:
@@ -165,7 +167,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
     for hf in hf_results:
         for r in results:
             r[f"speedup_vs_transformers_{hf['impl']}"] = r["tokens_per_s"] / hf["tokens_per_s"]
-            print(f"  moejax {r['impl']:8s} / transformers ({hf['impl']}): {r['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
+            print(f"  moejax {r['impl']:8s} / transformers ({hf['impl']}): "
+                  f"{r['tokens_per_s'] / hf['tokens_per_s']:.2f}x")
     return record()
 
 

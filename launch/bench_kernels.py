@@ -5,9 +5,9 @@ Grouped GEMM (gate/up projection of M = tokens x top-k routed rows, uniform rand
 routed FFN are compared with a dense matmul of the same FLOPs (one weight matrix, same M, K, N): every backend of
 `grouped_matmul` and `expert_ffn` (their BACKENDS; on a GPU the compiled ones, `ragged_dot` among them, and on CPU
 also every expert computed densely). A backend whose working memory would not fit the free device memory
-(launch/kernel_memory.py) gets a row "skipped: needs N GiB", one that raises a row "failed". Attention prefill (causal, GQA) is
-compared with `jax.nn.dot_product_attention` (cuDNN) where cuDNN handles the case, and decode (one query per
-sequence over a full KV cache) is reported as GB/s of K/V read. Each timed call is synchronised with
+(launch/kernel_memory.py) gets a row "skipped: needs N GiB", one that raises a row "failed". Attention prefill
+(causal, GQA) is compared with `jax.nn.dot_product_attention` (cuDNN) where cuDNN handles the case, and decode (one
+query per sequence over a full KV cache) is reported as GB/s of K/V read. Each timed call is synchronised with
 `block_until_ready` and timed on the host clock after a warm-up call; medians over `--repeats`, inputs rotated
 over two sets so no call reuses the previous call's data from cache.
 """

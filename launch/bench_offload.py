@@ -4,9 +4,10 @@
   `block_until_ready`, median of repeats): the peak the other sections are compared with.
 - prefill: a resident and a streamed engine of the same preset and seed (and a streamed one with stream='jit',
   where XLA schedules the copies inside the whole-model jit: the alternative to compare on a GPU). The streamed
-  one's saturation threshold Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4 to 4Θ tokens (each rounded
-  to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens): throughput of streamed
-  vs resident, routed-expert bytes moved per pass and the H2D rate that implies (bytes / streamed seconds).
+  one's saturation threshold Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4
+  to 4Θ tokens (each rounded to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens):
+  throughput of streamed vs resident, routed-expert bytes moved per pass and the H2D rate that implies
+  (bytes / streamed seconds).
   The timed call is `engine.logits` (all positions, logits copied back to the host) on CPU; on a GPU it is a
   prefill through `engine.generate(rows, 1)` (KV cache, head on the last position only), since the full logits
   of the larger batches (tokens x vocab x 4 bytes) outgrow the device and their copy back would dominate;

@@ -88,7 +88,8 @@ def environment() -> dict:
             pass
     commit, _ = git_commit()
     try:
-        dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True, text=True).stdout.split("\n")
+        dirty = subprocess.run(["git", "status", "--porcelain", "moejax"], capture_output=True,
+                               text=True).stdout.split("\n")
     except OSError:
         dirty = []
     return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),

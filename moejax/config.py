@@ -270,7 +270,8 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
     else:
         method = c.get("topk_method", "noaux_tc")
         if method != "noaux_tc":
-            raise ConfigError(f"config.json: unsupported 'topk_method' {method!r} for deepseek_v3 (supported: noaux_tc)")
+            raise ConfigError(f"config.json: unsupported 'topk_method' {method!r} for deepseek_v3 "
+                              "(supported: noaux_tc)")
         routing = dict(router_scoring="sigmoid", score_correction_bias=True,
                        topk_groups=(int(c.get("n_group") or 1), int(c.get("topk_group") or 1)),
                        group_score="top2_sum", norm_topk_prob=bool(c.get("norm_topk_prob", True)))

@@ -62,7 +62,8 @@ def _attn_proj_params(cfg: ModelConfig) -> int:
     if cfg.attention == "mla":
         qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
         q = D * cfg.q_lora_rank + cfg.q_lora_rank * H * qk if cfg.q_lora_rank else D * H * qk
-        kv = D * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank * H * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+        kv = (D * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+              + cfg.kv_lora_rank * H * (cfg.qk_nope_head_dim + cfg.v_head_dim))
         return q + kv + H * cfg.v_head_dim * D
     hd = cfg.head_dim
     return D * (H + 2 * cfg.num_kv_heads) * hd + H * hd * D

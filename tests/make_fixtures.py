@@ -128,7 +128,8 @@ def check_swiglu_clamp(model, ids):
         cls._apply_gate = orig
     x, lim = torch.cat(seen), model.config.swiglu_limit
     g, u = (x[..., ::2] > lim).float().mean(), (x[..., 1::2].abs() > lim).float().mean()
-    print(f"  swiglu_limit={lim}: |pre-act| mean {x.abs().mean():.2f}; clamped: gate(>lim) {g:.0%}, up(|.|>lim) {u:.0%}")
+    print(f"  swiglu_limit={lim}: |pre-act| mean {x.abs().mean():.2f}; "
+          f"clamped: gate(>lim) {g:.0%}, up(|.|>lim) {u:.0%}")
     assert g > 0.1 and u > 0.1
 
 

@@ -191,9 +191,11 @@ def two_channel(name):
     # launch.serve profiles Θ for this placement too (it once reached for a Streamed-only attribute)
     theta = profile_saturation(engine, tokens=16)
     return dict(rel=rel(logits, ref.logits(ids)), theta_flops=theta.theta_flops, theta_layers=sorted(theta.streamed_s),
-                rel_after_profile=rel(engine.logits(ids), ref.logits(ids)), same_tokens=engine.generate(PROMPTS, 5) == ref.generate(PROMPTS, 5),
-                bytes_h2d=stats["bytes_h2d"], misses=stats["misses"], layer_bytes=engine.store.layer_bytes(
-                    engine.store.layers[0]), moe_layers=len(engine.store.layers), operands=operands,
+                rel_after_profile=rel(engine.logits(ids), ref.logits(ids)),
+                same_tokens=engine.generate(PROMPTS, 5) == ref.generate(PROMPTS, 5),
+                bytes_h2d=stats["bytes_h2d"], misses=stats["misses"],
+                layer_bytes=engine.store.layer_bytes(engine.store.layers[0]), moe_layers=len(engine.store.layers),
+                operands=operands,
                 arrays=len(engine.store.arrays(engine.store.layers[0])))
 
 

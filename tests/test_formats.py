@@ -77,7 +77,8 @@ def test_completions_choices_logprobs_and_echo_match_the_engine(engine, tmp_path
     sampled, greedy, scored = map(ok, rows)
     # Choice c samples with fold_in(key(seed), c), as Engine.generate's row c does; all share one prefill.
     want = engine.generate([prompt] * 3, 6, temperature=0.9, seed=11)
-    assert [c["token_ids"] for c in sampled["choices"]] == want and [c["index"] for c in sampled["choices"]] == [0, 1, 2]
+    assert [c["token_ids"] for c in sampled["choices"]] == want
+    assert [c["index"] for c in sampled["choices"]] == [0, 1, 2]
     assert len({tuple(w) for w in want}) > 1  # the choices differ
     for c in sampled["choices"]:
         check_logprobs(engine, c["logprobs"], prompt + c["token_ids"], len(prompt), 3)

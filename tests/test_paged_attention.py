@@ -20,7 +20,10 @@ def make(rng, *, B, T, Hkv, G, widths, Dv, offsets, mla=False, extra_blocks=3):
     """q, key parts, v pool (MLA: the first key part), tables and offsets for rows at `offsets`."""
     NB = -(-(max(offsets) + T) // P)
     N = B * NB + extra_blocks
-    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+
+    def f(*s):
+        return jnp.asarray(rng.standard_normal(s), jnp.float32)
+
     q = f(B, T, Hkv * G, sum(widths))
     parts = tuple(f(N, P, Hkv, w) for w in widths)
     v = parts[0] if mla else f(N, P, Hkv, Dv)

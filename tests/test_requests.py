@@ -425,7 +425,8 @@ def test_chat_without_a_template_is_a_400_naming_it():
 def test_sglang_score_joins_query_and_items_as_sglang_does():
     r = score({"query": "The clever", "items": [" fox", " robot"], "label_token_ids": [3, 4], "apply_softmax": True})
     assert r.prompt == () and r.labels == "softmax"
-    assert r.contexts == (tuple(TOKENIZER.encode("The clever fox").ids), tuple(TOKENIZER.encode("The clever robot").ids))
+    assert r.contexts == (tuple(TOKENIZER.encode("The clever fox").ids),
+                          tuple(TOKENIZER.encode("The clever robot").ids))
     assert r.candidates == (Candidate(None, (3,)), Candidate(None, (4,)))
     first = score({"query": [1, 2], "items": [[3], [4, 5]], "label_token_ids": [9], "item_first": True})
     assert first.contexts == ((3, 1, 2), (4, 5, 1, 2)) and first.labels == "probs"

@@ -173,7 +173,8 @@ def test_sigkill_midway_then_resume(tmp_path):
         store.finish()
     lines = read(out).splitlines()
     assert [json.loads(s)["id"] for s in lines] == [f"req_{n}" for n in range(1, 41)]
-    assert read(out) == "".join(json.dumps(ok_line(n, ids[n], {"text": f"out {n}", "system_fingerprint": FP})) + "\n" for n in range(1, 41))
+    assert read(out) == "".join(json.dumps(ok_line(n, ids[n], {"text": f"out {n}", "system_fingerprint": FP})) + "\n"
+                                for n in range(1, 41))
 
 
 def made_with(settings: dict, line: int, cid: str) -> dict:

@@ -253,7 +253,8 @@ def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, 
 
 @pytest.mark.parametrize("flags, message", [
     (["--error-file", "{input}"], "--error-file {input}: is the input file"),
-    (["--output", "{dir}/o.jsonl", "--error-file", "{dir}/o.jsonl"], "--error-file {dir}/o.jsonl: is the --output file"),
+    (["--output", "{dir}/o.jsonl", "--error-file", "{dir}/o.jsonl"],
+     "--error-file {dir}/o.jsonl: is the --output file"),
     (["--error-file", "{dir}/missing/e.jsonl"], "--error-file: folder '{dir}/missing' does not exist"),
 ])
 def test_an_error_file_that_would_destroy_something_is_refused(tmp_path, flags, message):
@@ -367,8 +368,8 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
         if n in expected:
             cid, fragment = expected[n]
             message = row["error"]["message"]
-            error = {"message": message, "type": "invalid_request_error", "param": row["response"]["body"]["error"]["param"],
-                     "code": "invalid_request"}
+            error = {"message": message, "type": "invalid_request_error",
+                     "param": row["response"]["body"]["error"]["param"], "code": "invalid_request"}
             assert line_no(row) == n and row == {"id": row["id"], "custom_id": cid, "line": n,
                            "response": {"status_code": 400, "request_id": row["id"], "body": {"error": error}},
                            "error": {"code": "invalid_request", "message": message}}, row

@@ -223,12 +223,14 @@ def test_serve_with_a_layout_gives_the_one_device_results(tmp_path):
     outs = {}
     for tag, extra in (("one", []), ("ep", ["--layout", "attn=dp,experts=ep"]),
                        ("dep", ["--layout", "attn=dp,experts=dep,r1=2,r2=2,order=aass"])):
-        run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", os.path.join(HERE, "fixtures", "gpt_oss"),
-                              "--dtype", "float32", "--input", str(tmp_path / "in.jsonl"), "--output",
+        run = subprocess.run([sys.executable, "-m", "launch.serve", "--model",
+                              os.path.join(HERE, "fixtures", "gpt_oss"), "--dtype", "float32",
+                              "--input", str(tmp_path / "in.jsonl"), "--output",
                               str(tmp_path / f"{tag}.jsonl"), *extra], cwd=os.path.dirname(HERE), env=env,
                              capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
-        outs[tag] = [json.loads(line)["response"]["body"] for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
+        outs[tag] = [json.loads(line)["response"]["body"]
+                     for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
     for tag in ("ep", "dep"):
         assert outs[tag][0]["choices"][0]["token_ids"] == outs["one"][0]["choices"][0]["token_ids"], tag
         for got, want in zip(outs[tag][1]["results"][0]["candidates"], outs["one"][1]["results"][0]["candidates"]):

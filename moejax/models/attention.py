@@ -232,7 +232,8 @@ class MLAttention(nnx.Module):
         if tree is not None:
             new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
             if prior is not None:
-                latent, k_rope = concat_prior(prior["latent"], latent), concat_prior(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
+                latent = concat_prior(prior["latent"], latent)
+                k_rope = concat_prior(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
             out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, tree=tree, q_pos=positions)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         new = {"latent": latent, "k_rope": k_rope[:, :, 0]}

@@ -81,7 +81,8 @@ class LayeredSteps:
         self.passes = 0  # forward passes through the layers so far (predictors key their state on it)
         jit = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
         self._logits = jit(steps.logits_begin), jit(steps.logits_end)
-        self._logprobs = jit(steps.logprobs_begin, static_argnames=("k",)), jit(steps.logprobs_end, static_argnames=("k",))
+        self._logprobs = (jit(steps.logprobs_begin, static_argnames=("k",)),
+                          jit(steps.logprobs_end, static_argnames=("k",)))
         self._score = (jit(steps.score_begin, static_argnames=("span",)),
                        jit(steps.score_end, donate_argnums=(4,), static_argnames=("span",)))
         self._prefill = (jit(steps.prefill_begin, static_argnames=("cache_len",)),

@@ -137,7 +137,8 @@ def dep_option(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, se
         plan = solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, **held)
     except ValueError as e:
         return LayoutOption("attn=dp,experts=dep", None, why=f"does not apply: {e}"), None
-    return LayoutOption(plan.layout_spec(), plan.predicted_s, round(plan.predicted_tokens_per_s * plan.predicted_s)), plan
+    option = LayoutOption(plan.layout_spec(), plan.predicted_s, round(plan.predicted_tokens_per_s * plan.predicted_s))
+    return option, plan
 
 
 def choose_layout(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, seq_len: int) -> LayoutChoice:

@@ -75,7 +75,8 @@ class Layout:
     def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0) -> "Layout":
         """Check against the model and the devices present; fill in `devices`."""
         if self.auto_fields:
-            raise ValueError(f"layout: {', '.join(self.auto_fields)}=auto must be planned before the layout is resolved")
+            raise ValueError(f"layout: {', '.join(self.auto_fields)}=auto must be planned before the layout is "
+                             "resolved")
         if self.experts == "dep":
             return self._resolve_dep(num_experts, available)
         n = self.devices or available

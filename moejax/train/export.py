@@ -89,7 +89,8 @@ def model_card(run, result: dict, q: dict, dtype: str) -> str:
 Trained by moejax (`python -m launch.train --config {s.config}`) with its own model code and optax.
 Architecture `qwen3_moe`: hidden {cfg.hidden_size}, {cfg.num_layers} layers, {cfg.num_experts} experts top-{
 cfg.num_experts_per_tok} (width {cfg.moe_intermediate_size}), {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads of {
-cfg.head_dim}, vocabulary {cfg.vocab_size} (byte-level BPE), context {cfg.max_position_embeddings}; {params:,} parameters,
+cfg.head_dim}, vocabulary {cfg.vocab_size} (byte-level BPE), context {cfg.max_position_embeddings}; {
+params:,} parameters,
 stored in {dtype}.
 
 ## Corpus
@@ -108,7 +109,8 @@ s.clip_norm}; float32. Loss: cross-entropy + {LOAD_BALANCE_COEF} × load balanci
 
 ## Quality on the held-out files
 
-Measured with moejax.train.quality (what `python -m launch.bench quality` runs) over {q['tokens']:,} held-out tokens in windows of {q['window']}:
+Measured with moejax.train.quality (what `python -m launch.bench quality` runs) over {
+q['tokens']:,} held-out tokens in windows of {q['window']}:
 
 | | this model | bigram floor |
 |---|---|---|

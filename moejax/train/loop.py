@@ -121,7 +121,8 @@ class Run:
         self.log(f"tokenizer (vocab {vocab}) and {len(train)} train / {len(held_out)} held-out tokens "
                  f"in {time.time() - t0:.1f} s")
         with open(os.path.join(self.out, "run.json"), "w") as f:
-            json.dump(dict(settings=dataclasses.asdict(s), corpus=described, model=train_config(s.config, eos_token_id=eos),
+            json.dump(dict(settings=dataclasses.asdict(s), corpus=described,
+                           model=train_config(s.config, eos_token_id=eos),
                            loss=dict(load_balance_coef=LOAD_BALANCE_COEF, z_loss_coef=Z_LOSS_COEF)), f, indent=1)
 
 

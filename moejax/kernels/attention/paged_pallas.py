@@ -99,7 +99,9 @@ def attention(q, k_parts, v_pool, block_table, q_offset, sinks, *, window, scale
 
     # Each key part (and v) padded to a multiple of 16: a copy of the pool, so only for widths that are not (tiny test
     # models); real ones (128, 64, 512 + 64) pass through untouched. q's slices are padded to match (q is small).
-    flat = lambda pool, w: pad_axis(pool.reshape(N * P, Hkv, pool.shape[-1]), 2, w)  # [N*P, Hkv, w]
+    def flat(pool, w):  # [N*P, Hkv, w]
+        return pad_axis(pool.reshape(N * P, Hkv, pool.shape[-1]), 2, w)
+
     kp = [flat(p, round_up(w, 16)) for p, w in zip(k_parts, widths)]
     vp = flat(v_pool, Dvp)
     starts = [sum(widths[:i]) for i in range(len(widths))]

@@ -5,7 +5,8 @@ Backends:
   fused (the [M, 2I] intermediate never reaches HBM), one grouped kernel for down, combine.
 - `mosaic` (Hopper GPU, 16-bit weights): dispatch into the group-aligned layout, Mosaic GPU grouped kernels for
   gate/up and down, the activation in XLA between them, combine.
-- `auto`: `xla` on CPU (`dense` for a few tokens: backends.expert_auto); on a GPU what the last GPU run measured fastest for the shape (backends.expert_auto).
+- `auto`: `xla` on CPU (`dense` for a few tokens: backends.expert_auto); on a GPU what the last GPU run measured
+  fastest for the shape (backends.expert_auto).
 - `xla` (CPU): dispatch; up to 32 rows per expert on average, C static slots per expert and one batched matmul
   (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row
   windows (grouped_matmul.xla).
