@@ -45,7 +45,7 @@ from moejax.presets import preset_config
 from launch import (bench_eval, bench_generate, bench_kernels, bench_layouts, bench_offload, bench_peers,
                     bench_plans, bench_predictors, bench_quality, bench_serve)
 from launch.bench_results import ResultsFile, no_file
-from launch.bench_util import device_tag, environment, time_calls
+from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
 
 def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) -> dict:
@@ -57,19 +57,6 @@ def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) ->
     return dict(engine=engine, impl=impl, tokens_per_s=tokens / median, tflops_per_s=flops / median / 1e12,
                 seconds_median=median, seconds_min=best, seconds=runs, repeats=len(runs), first_call_s=first,
                 other_processes_cpu_share=other, **extra)
-
-
-def _hf_checkpoint(hf_config: dict, directory: str, seed: int):
-    """Build a transformers model from an HF config dict, init it from `seed`, save it to `directory`."""
-    import torch
-    import transformers
-    fields = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures", "transformers_version")}
-    config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
-    config.initializer_range = 0.02
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    model.save_pretrained(directory)
-    return model.eval()
 
 
 def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[dict], np.ndarray]:
@@ -120,7 +107,7 @@ def prefill(args, env: dict, partial=no_file) -> dict:
                 args.model, attn_implementation="eager", dtype=torch.float32,
                 num_hidden_layers=hf_config["num_hidden_layers"])
         else:
-            hf_model = _hf_checkpoint(hf_config, tmp.name, args.seed)
+            hf_model = hf_checkpoint(hf_config, tmp.name, args.seed)
             source = tmp.name
         print(f"transformers model ready in {time.perf_counter() - t0:.1f}s", flush=True)
     cfg = moejax.load(source, dtype=args.dtype, num_layers=args.num_layers, compilation_cache=False).config

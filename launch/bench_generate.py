@@ -117,13 +117,13 @@ def _checkpoint(args, tmp: str) -> tuple[str, dict]:
         return resolve_embedded(args.model), {}
     if args.no_transformers:
         return args.model, {} if args.num_layers is None else {"num_layers": args.num_layers}
-    from launch.bench import _hf_checkpoint
+    from launch.bench_util import hf_checkpoint
     hf_config = preset_config(args.model)
     if args.num_layers:
         hf_config["num_hidden_layers"] = args.num_layers
         if isinstance(hf_config.get("layer_types"), list):
             hf_config["layer_types"] = hf_config["layer_types"][: args.num_layers]
-    _hf_checkpoint(hf_config, tmp, args.seed)
+    hf_checkpoint(hf_config, tmp, args.seed)
     return tmp, {}
 
 

@@ -4,7 +4,7 @@ default and the PPPipe baseline, measured on the devices present.
 1. Solver time (no devices): FinDEP's Alg. 1 (`moejax.plan.findep.solve_dep`) for 8-64 devices on the h100
    datasheet and three model shapes, with the exhaustive search over the same space beside it (same choice?);
    MoE-Lightning's policy search on S1 (Mixtral 8x7B, t4); the layout planner; Θ by Eq. 1. Median of --solver-repeats.
-2. The devices' profile, measured at --model's shapes (`moejax.plan.measure`; --quick: a coarse sweep) and kept in
+2. The devices' profile, measured at --model's shapes (`moejax.measure_hardware`; --quick: a coarse sweep) and kept in
    the record (on a GPU: what the planners need from it). With 2 or more devices, three DEP layouts of --model
    run the same batch of --tokens tokens (sequences of --seq):
    FinDEP's choice on that profile, the default (half the devices each, r1 = r2 = 1, ASAS) and PPPipe's best;
@@ -25,7 +25,7 @@ from moejax.config import ModelConfig
 from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
 from moejax.plan.layouts import choose_layout
 from moejax.plan.lightning import search_policy
-from moejax.plan.profile import load_profile
+from moejax.plan.datasheets import load_profile
 from moejax.plan.theta import theta_eq1
 from moejax.presets import preset_config
 from launch.bench_results import no_file
@@ -94,7 +94,7 @@ def solver_times(repeats: int, quick: bool) -> dict:
 
 def measured_profile(cfg: ModelConfig, args):
     """The devices' profile at the model's shapes (or --profile's), and the seconds measuring took."""
-    from moejax.plan.measure import Shapes, measure_profile, sweep_for
+    from moejax.measure_hardware import Shapes, measure_profile, sweep_for
     if args.profile:
         return load_profile(args.profile), 0.0
     sweep = sweep_for(jax.devices()[0].platform, quick=args.quick)

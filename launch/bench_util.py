@@ -96,3 +96,16 @@ def environment() -> dict:
                             cpu=cpu, cpu_count=os.cpu_count()),
                 versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),
                 command=shlex.join([sys.executable, "-m", "launch.bench", *sys.argv[1:]]))
+
+
+def hf_checkpoint(hf_config: dict, directory: str, seed: int):
+    """Build a transformers model from an HF config dict, init it from `seed`, save it to `directory`."""
+    import torch
+    import transformers
+    fields = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
+    config.initializer_range = 0.02
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.save_pretrained(directory)
+    return model.eval()

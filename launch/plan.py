@@ -147,7 +147,7 @@ def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from moejax.plan.profile import load_profile
+    from moejax.plan.datasheets import load_profile
     try:
         cfg = model_config(args.model)
         profile = load_profile(args.profile, overrides(args.override))

@@ -1,5 +1,5 @@
-"""Measure this machine's hardware profile for the planners (moejax/plan/measure.py says what and how) and write it
-as JSON that `moejax.plan.profile.load_profile(path)` reads.
+"""Measure this machine's hardware profile for the planners (moejax/measure_hardware.py says what and how) and write it
+as JSON that `moejax.plan.datasheets.load_profile(path)` reads.
 
   python -m launch.profile_devices [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
 
@@ -39,7 +39,7 @@ def model_shapes(model: str | None, quick: bool):
     """The Shapes to measure at; ValueError naming the model when it cannot be read."""
     from moejax.config import ModelConfig
     from moejax.models.checkpoint import CheckpointError, read_config
-    from moejax.plan.measure import Shapes
+    from moejax.measure_hardware import Shapes
     from moejax.presets import preset_config, resolve_embedded
     if model is None:
         return Shapes.generic(quick)
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         return 2
     import jax
 
-    from moejax.plan.measure import grouped_backend_refused, measure_profile, sweep_for
+    from moejax.measure_hardware import grouped_backend_refused, measure_profile, sweep_for
     refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
     if refused:
         print(f"launch.profile_devices: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)

@@ -10,7 +10,7 @@ from moejax.config import ModelConfig
 from moejax.costs import _attn_proj_params
 from moejax.plan import findep, findep_costs
 from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_plan
-from moejax.plan.profile import load_profile
+from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
 from moejax.sharding.layout import Layout
 

@@ -11,7 +11,7 @@ import pytest
 import moejax
 from moejax.config import ModelConfig
 from moejax.costs import layer_flops_per_token, true_prefill_flops
-from moejax.plan.profile import load_profile
+from moejax.plan.datasheets import load_profile
 from moejax.plan.theta import channel_times, layer_expert_bytes, theta_eq1
 from moejax.presets import preset_config
 from moejax.sched.packing import ScoreSeq

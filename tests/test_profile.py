@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from jax.sharding import SingleDeviceSharding
 
-from moejax.plan import measure
+from moejax import measure_hardware as measure
 from moejax.plan.paths import default_profile_path, device_tag
-from moejax.plan.profile import LINKS, load_profile
+from moejax.plan.hardware import LINKS
+from moejax.plan.datasheets import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FACTOR = 3.0  # predicted vs fresh timing

@@ -9,7 +9,7 @@ import dataclasses
 from moejax.config import ModelConfig
 from moejax.plan.engine_plan import EnginePlan
 from moejax.plan.layouts import choose_layout, dep_option
-from moejax.plan.profile import Profile
+from moejax.plan.hardware import Profile
 from moejax.sharding.layout import Layout
 
 # profile fields whose scaling may flip a decision, and how they read

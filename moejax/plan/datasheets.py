@@ -3,10 +3,14 @@ hardware. Every number here is a vendor figure or an assumption named in `notes`
 dense 16-bit tensor-core FLOP/s (no sparsity); bandwidths are per direction. Link latencies (α) are not on any
 datasheet: 10 µs per transfer between devices and 10 µs per host copy are assumptions of the order NCCL and
 cudaMemcpyAsync show, stated as such. Host CPU FLOP/s: cores x clock x 32 float32 FLOP/cycle (two AVX2/AVX-512
-FMA ports), the figure MoE-Lightning §6.4 uses for its base CPU (1.6 TFLOP/s)."""
+FMA ports), the figure MoE-Lightning §6.4 uses for its base CPU (1.6 TFLOP/s). `load_profile` reads one of these
+by name, or a measured profile's JSON."""
 from __future__ import annotations
 
-from moejax.plan.profile import GB, GiB, Link, Processor, Profile
+import json
+import os
+
+from moejax.plan.hardware import GB, GiB, Link, Processor, Profile
 
 _ALPHA = 10e-6
 _COLLECTIVE = "collectives: ring over NVLink at its per-direction bandwidth"
@@ -53,3 +57,20 @@ DATASHEETS = {
                    "MoE-Lightning S1 host; host DRAM bandwidth assumed 100 GB/s; no NVLink: devices meet over PCIe; "
                    "α assumed", gpus=1),
 }
+
+
+def load_profile(name_or_path: str, overrides: dict | None = None) -> Profile:
+    """A datasheet profile by name (h100, h200, a100, l4, t4) or a JSON file written by `launch.profile_devices`."""
+    if name_or_path in DATASHEETS:
+        profile = DATASHEETS[name_or_path]
+    elif os.path.isfile(name_or_path):
+        try:
+            with open(name_or_path) as f:
+                profile = Profile.from_dict(json.load(f))
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"profile {name_or_path!r}: not a profile JSON written by launch.profile_devices "
+                             f"({e})") from None
+    else:
+        raise ValueError(f"profile {name_or_path!r} is neither a datasheet profile ({', '.join(DATASHEETS)}) nor a "
+                         "file; measure one with `python -m launch.profile_devices --out FILE`")
+    return profile.with_overrides(overrides or {})

@@ -63,7 +63,7 @@ from moejax.config import ModelConfig
 from moejax.costs import param_count
 from moejax.plan.dep_sim import TaskTimes
 from moejax.plan.findep_costs import R2_MAX, DepCoefficients, _fit_attention_group, attention_gemms, fit_coefficients
-from moejax.plan.profile import GiB, Profile
+from moejax.plan.hardware import GiB, Profile
 
 ORDERS = ("asas", "aass")  # FinDEP's two dispatch orders (§4.1)
 PLAN_ORDERS = ORDERS + ("pppipe",)

@@ -8,7 +8,7 @@ import dataclasses
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs
 from moejax.plan.dep_sim import TaskTimes
-from moejax.plan.profile import Profile
+from moejax.plan.hardware import Profile
 
 R2_MAX = 64  # token chunks per micro-batch searched (each re-reads the local experts' weights and pays the latencies)
 _FIT_POINTS = 12

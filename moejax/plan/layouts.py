@@ -19,7 +19,7 @@ import time
 
 from moejax.config import ModelConfig
 from moejax.costs import layout_comm, param_count, prefill_flops
-from moejax.plan.profile import Profile
+from moejax.plan.hardware import Profile
 from moejax.plan.theta import layer_expert_bytes
 from moejax.sharding.layout import ATTN, IMPLEMENTED, Layout
 

@@ -13,7 +13,7 @@ import dataclasses
 
 from moejax.config import ModelConfig
 from moejax.costs import prefill_flops
-from moejax.plan.profile import Profile
+from moejax.plan.hardware import Profile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ import os
 
 from moejax.plan.datasheets import DATASHEETS
 from moejax.plan.paths import default_profile_path
-from moejax.plan.profile import Profile, load_profile
+from moejax.plan.hardware import Profile
+from moejax.plan.datasheets import load_profile
 
 # device_kind substrings -> datasheet (more specific first)
 _KINDS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"), ("T4", "t4"))

@@ -18,7 +18,7 @@ import dataclasses
 
 from moejax.config import ModelConfig
 from moejax.costs import layer_flops_per_token, param_count
-from moejax.plan.profile import Profile
+from moejax.plan.hardware import Profile
 
 EPSILON = 0.1
 MODES = ("streamed", "async_ep", "two_channel")

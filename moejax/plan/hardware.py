@@ -11,7 +11,6 @@ import bisect
 import dataclasses
 import json
 import math
-import os
 
 GB = 1e9
 GiB = 2**30
@@ -160,21 +159,3 @@ def _replace_path(obj, parts, value, full):
     if not math.isfinite(number) or number < 0 or (number == 0 and parts[0] in ("bandwidth", "flops")):
         raise ValueError(f"--override {full}: {value!r} must be a positive number")
     return dataclasses.replace(obj, **{parts[0]: int(number) if isinstance(current, int) else number})
-
-
-def load_profile(name_or_path: str, overrides: dict | None = None) -> Profile:
-    """A datasheet profile by name (h100, h200, a100, l4, t4) or a JSON file written by `launch.profile_devices`."""
-    from moejax.plan.datasheets import DATASHEETS
-    if name_or_path in DATASHEETS:
-        profile = DATASHEETS[name_or_path]
-    elif os.path.isfile(name_or_path):
-        try:
-            with open(name_or_path) as f:
-                profile = Profile.from_dict(json.load(f))
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"profile {name_or_path!r}: not a profile JSON written by launch.profile_devices "
-                             f"({e})") from None
-    else:
-        raise ValueError(f"profile {name_or_path!r} is neither a datasheet profile ({', '.join(DATASHEETS)}) nor a "
-                         "file; measure one with `python -m launch.profile_devices --out FILE`")
-    return profile.with_overrides(overrides or {})

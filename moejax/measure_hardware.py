@@ -1,4 +1,4 @@
-"""Measure a hardware profile (moejax.plan.profile.Profile) on the devices present: what the planners need and a
+"""Measure a hardware profile (moejax.plan.hardware.Profile) on the devices present: what the planners need and a
 datasheet cannot say. This module needs devices; the planners never import it (DESIGN.md: a planner never asks a
 device). `python -m launch.profile_devices` is its command line.
 
@@ -43,7 +43,7 @@ from moejax.costs import causal_pairs
 from moejax.kernels.grouped_matmul import grouped_matmul
 from moejax.kernels.precision import for_operands
 from moejax.plan.paths import device_tag
-from moejax.plan.profile import Curve, Link, Processor, Profile
+from moejax.plan.hardware import Curve, Link, Processor, Profile
 from moejax.sharding.mesh import make_mesh
 
 AXIS = "x"  # the mesh axis of moejax.sharding.mesh.make_mesh
