@@ -23,7 +23,7 @@ import numpy as np
 from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
 from moejax.kernels.attention import attention
 from moejax.kernels.attention import cudnn as cudnn_attention
-from moejax.kernels.backends import GPU_ONLY, on_gpu
+from moejax.kernels.platform import GPU_ONLY, on_gpu
 from launch.bench_results import no_file
 from launch.bench_util import time_calls
 from launch.kernel_memory import FREE_FRACTION, GiB, expert_ffn_bytes, free_bytes, grouped_matmul_bytes, too_large

@@ -37,7 +37,7 @@ from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.costs import by_kind, layout_comm
 from moejax.engine import MIN_SEQ_BUCKET
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 from moejax.models.checkpoint import read_config
 from moejax.offload import layered
 from moejax.presets import preset_config

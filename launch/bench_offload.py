@@ -35,7 +35,7 @@ import numpy as np
 import moejax
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 from moejax.offload.predict import calibrate
 from moejax.offload.saturation import profile_saturation
 from launch.bench_results import no_file

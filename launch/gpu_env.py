@@ -2,7 +2,7 @@
 
 Records the device (JAX's view, and nvidia-smi's name, driver and memory where nvidia-smi exists), the versions
 of python, jax, jaxlib and its CUDA plugin, flax and the other packages moejax needs, whether this JAX can run
-the Pallas kernels (`moejax.kernels.backends.pallas_unavailable`), and lowers each Pallas kernel for CUDA with
+the Pallas kernels (`moejax.kernels.platform.pallas_unavailable`), and lowers each Pallas kernel for CUDA with
 every warning recorded: JAX 0.11 deprecates the Triton lowering they use and says so at each lowering, and any
 other deprecation the kernels trip shows up here first. Lowering for CUDA needs no GPU, so the dry run on CPU
 checks the same thing.
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from moejax.kernels import expert_ffn, grouped_matmul
 from moejax.kernels.attention import attention
-from moejax.kernels.backends import pallas_unavailable
+from moejax.kernels.platform import pallas_unavailable
 from moejax.kernels.lowering import TRITON, cuda_module
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",

@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
 
     from launch.bench_util import device_tag, environment
-    from moejax.kernels.backends import on_gpu
+    from moejax.kernels.platform import on_gpu
     env = environment()
     env["command"] = " ".join([sys.executable, "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])
     gpu = on_gpu()

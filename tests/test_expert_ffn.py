@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.kernels import EXPERT_BACKENDS, expert_ffn
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 
 # Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/test_grouped_matmul_mosaic.py
 BACKENDS = [b for b in EXPERT_BACKENDS if b != "mosaic" and (b != "pallas" or on_gpu())]
@@ -135,7 +135,7 @@ def test_cpu_auto_runs_a_few_tokens_dense():
     """A decode-sized batch runs dense on a CPU (it compiles in half the time at equal run time), with the
     reference's result also where a token names an expert twice (the cached placement's stand-ins); larger
     batches, and experts far more than top-k, take the XLA path."""
-    from moejax.kernels.backends import CPU_DENSE_MAX_RATIO, CPU_DENSE_MAX_TOKENS, expert_auto
+    from moejax.kernels.grouped_matmul.auto import CPU_DENSE_MAX_RATIO, CPU_DENSE_MAX_TOKENS, expert_auto
     f32 = np.float32
     assert expert_auto(CPU_DENSE_MAX_TOKENS * 2, 16, f32, True, top_k=2) == "dense"
     assert expert_auto((CPU_DENSE_MAX_TOKENS + 1) * 2, 16, f32, True, top_k=2) == "xla"

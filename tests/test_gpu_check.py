@@ -18,7 +18,8 @@ from jax._src import deprecations
 from launch import gpu_check
 from launch.bench_results import ResultsFile, read_runs, write_runs
 from launch.step_runner import Step, run_steps, table
-from moejax.kernels.backends import TRITON_DEPRECATION_ID, Kernels, pallas_unavailable, resolve
+from moejax.kernels.backends import Kernels
+from moejax.kernels.platform import TRITON_DEPRECATION_ID, pallas_unavailable, resolve
 
 # correctness before speed: the third GPU check spent its budget on benchmarks before two failing steps
 STEPS = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_generate", "offload_tests",

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.kernels import GROUPED_MATMUL_BACKENDS, combine, dispatch, expert_ffn, gather_rows, grouped_matmul
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
 
 # Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/test_grouped_matmul_mosaic.py

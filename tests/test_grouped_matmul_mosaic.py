@@ -9,10 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moejax.kernels import expert_ffn, grouped_matmul
-from moejax.kernels.backends import Kernels, expert_auto, on_gpu
+from moejax.kernels.backends import Kernels
+from moejax.kernels.grouped_matmul.auto import expert_auto
+from moejax.kernels.platform import on_gpu
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, max_tiles, to_aligned
-from moejax.kernels.grouped_matmul.mosaic import MosaicConfig
+from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig
 from moejax.kernels.lowering import MOSAIC_GPU, cuda_module
 from test_expert_ffn import make as make_ffn
 from test_expert_ffn import reference as ffn_reference

@@ -10,7 +10,7 @@ import pytest
 
 from moejax.kernels.attention import attention
 from moejax.kernels.attention.paged import gather_blocks, paged_attention
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
 
 P = 16  # moejax.kv_pool.BLOCK

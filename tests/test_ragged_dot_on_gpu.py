@@ -11,7 +11,8 @@ import pytest
 from launch.bench_kernels import NOT_TIMED_ON_GPU, timed_backends
 from launch.kernel_memory import GiB, expert_ffn_bytes, grouped_matmul_bytes, too_large
 from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
-from moejax.kernels import backends
+from moejax.kernels import platform
+from moejax.kernels.grouped_matmul import auto
 from moejax.measure_hardware import grouped_backend_refused
 
 QWEN3 = dict(K=2048, N=1536, G=128, itemsize=2)  # the gate/up projection of qwen3-30b-a3b's experts, bf16
@@ -45,8 +46,9 @@ class Resolved(Exception):
 
 @pytest.mark.parametrize("pallas_missing", [False, True])
 def test_auto_never_resolves_to_ragged_dot_on_a_gpu(monkeypatch, pallas_missing):
-    monkeypatch.setattr(backends, "on_gpu", lambda: True)
-    monkeypatch.setattr(backends, "pallas_unavailable", lambda: "no Triton here" if pallas_missing else None)
+    for module in (platform, auto):  # resolve's module and expert_auto's
+        monkeypatch.setattr(module, "on_gpu", lambda: True)
+        monkeypatch.setattr(module, "pallas_unavailable", lambda: "no Triton here" if pallas_missing else None)
     picked = []
     for name in ("grouped_matmul", "expert_ffn"):  # the name each op resolves through: stop there, before running
         module = importlib.import_module(f"moejax.kernels.{name}")  # the package's attribute is the function
@@ -68,6 +70,7 @@ def test_auto_never_resolves_to_ragged_dot_on_a_gpu(monkeypatch, pallas_missing)
                                    shape((rows, 2), jnp.int32), shape((rows, 2), jnp.float32),
                                    shape((groups, 64, 64), dtype), shape((groups, 32, 64), dtype))
     assert len(picked) == 24 and "ragged_dot" not in picked, picked
+    assert ("pallas" not in picked) == pallas_missing, picked  # the GPU's choices, not the CPU's (dense, xla)
 
 
 def test_planner_measurements_refuse_ragged_dot_on_a_gpu():

@@ -21,7 +21,7 @@ import moejax
 from conftest import fixture_dir, kill_when_journal_has
 from garbage import FORMAT_EXAMPLES, damage
 from launch import serve as serve_cli
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.requests import CompletionRequest, parse_lines
 

@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels.attention import attention  # defined before this module is imported
+from moejax.kernels.attention.op import attention
 
 _f32 = jnp.float32
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels.backends import on_gpu
+from moejax.kernels.platform import on_gpu
 
 HEAD_DIMS = (64, 128)  # conservative: what every cuDNN 9 flash kernel on Ampere/Hopper runs
 

@@ -16,7 +16,7 @@ import math
 
 import jax.numpy as jnp
 
-from moejax.kernels.backends import resolve
+from moejax.kernels.platform import resolve
 
 BACKENDS = ("reference", "xla", "pallas", "pallas_interpret")
 

@@ -5,8 +5,8 @@ Backends:
   fused (the [M, 2I] intermediate never reaches HBM), one grouped kernel for down, combine.
 - `mosaic` (Hopper GPU, 16-bit weights): dispatch into the group-aligned layout, Mosaic GPU grouped kernels for
   gate/up and down, the activation in XLA between them, combine.
-- `auto`: `xla` on CPU (`dense` for a few tokens: backends.expert_auto); on a GPU what the last GPU run measured
-  fastest for the shape (backends.expert_auto).
+- `auto` (grouped_matmul.auto.expert_auto): `xla` on CPU (`dense` for a few tokens); on a GPU what the last GPU run
+  measured fastest for the shape.
 - `xla` (CPU): dispatch; up to 32 rows per expert on average, C static slots per expert and one batched matmul
   (C the smallest of a few static sizes that holds the busiest expert), else per non-empty expert a few row
   windows (grouped_matmul.xla).
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from moejax.kernels.backends import expert_auto, resolve
+from moejax.kernels.grouped_matmul.auto import expert_auto
+from moejax.kernels.platform import resolve
 from moejax.kernels.expert_ffn import baselines, grouped, tiled
 
 BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "tiled", "ragged_dot", "dense")

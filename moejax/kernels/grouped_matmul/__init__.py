@@ -3,14 +3,15 @@ times w[g]; rows past sum(group_sizes) are 0. float32 accumulation, output in x.
 
 Backends: `pallas` (Triton GPU kernel), `pallas_interpret` (the same kernel interpreted, CPU tests), `mosaic`
 (Mosaic GPU kernel for Hopper, 16-bit operands), `xla` (plain JAX for CPU), `ragged_dot` (`jax.lax.ragged_dot`, a
-baseline), `reference` (dense masked, G times the FLOPs). `auto`: see backends.expert_auto.
+baseline), `reference` (dense masked, G times the FLOPs). `auto`: see grouped_matmul.auto.expert_auto.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels.backends import expert_auto, resolve
+from moejax.kernels.grouped_matmul.auto import expert_auto
+from moejax.kernels.platform import resolve
 from moejax.kernels.grouped_matmul import mosaic, pallas, reference, xla
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 from moejax.kernels.precision import for_operands

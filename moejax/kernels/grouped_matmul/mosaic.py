@@ -11,7 +11,6 @@ lowers (tests check that) but does not run.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -22,33 +21,13 @@ try:
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
     plgpu = None
 
+from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
 from moejax.kernels.padding import pad_axis, round_up
 
 HOPPER_SMS = 132  # H100 SXM / H200: the grid when lowering on a machine without the GPU
-
-
-@dataclasses.dataclass(frozen=True)
-class MosaicConfig:
-    bm: int = 128  # rows per tile: a multiple of 64 (one warpgroup MMA is 64 rows)
-    bn: int = 128  # columns per block
-    bk: int = 64  # depth per pipeline step (64 bf16 = one 128-byte swizzled row)
-    stages: int = 4  # pipeline steps in flight (shared memory holds this many x and w blocks)
-    cols_minor: bool = True  # consecutive work items take the column blocks of one row tile (x stays in L2)
-    compute_wgs: int = 1  # 2: warp-specialized (mosaic_ws.py): a copy warpgroup feeds two MMA warpgroups, each
-    #                       with its own bn columns of a 2*bn block
-
-    @property
-    def block_n(self) -> int:
-        """Columns per work item."""
-        return self.bn * self.compute_wgs
-
-
-def mosaic_unavailable() -> str | None:
-    if plgpu is None:
-        return f"this JAX ({jax.__version__}) has no Pallas Mosaic GPU backend"
-    return None
 
 
 def _multiprocessors() -> int:
@@ -91,24 +70,6 @@ def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
     )
     used = jnp.sum(tile_group >= 0, dtype=jnp.int32)[None]  # the used tiles come first (aligned_layout)
     return kernel(tile_group, used, xa, w)
-
-
-def work_items(cfg: MosaicConfig, used, grid_n: int):
-    """The persistent loop over (row tile, column block) items of the used tiles: its decorator, and a function
-    of the loop's index giving (t, j)."""
-    loop = plgpu.nd_loop((used, grid_n) if cfg.cols_minor else (grid_n, used), collective_axes="sm")
-    return loop, (lambda index: index if cfg.cols_minor else index[::-1])
-
-
-SHARED_BYTES = 225 * 1024  # of Hopper's 227 KiB per block; the rest for barriers
-
-
-def fitted_stages(cfg: MosaicConfig, in_dtype, out_dtype) -> int:
-    """The ring's depth that fits in shared memory beside the output tile(s), at least 2: a float32 output (the
-    expert FFN's down product) takes twice the bytes of the bfloat16 one the sweep tuned for."""
-    slot = (cfg.bm * cfg.bk + cfg.bk * cfg.block_n) * jnp.dtype(in_dtype).itemsize
-    out = cfg.compute_wgs * cfg.bm * cfg.bn * jnp.dtype(out_dtype).itemsize
-    return max(2, min(cfg.stages, (SHARED_BYTES - out) // slot))
 
 
 def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
@@ -154,7 +115,6 @@ def pad_k_n(x, w, cfg: MosaicConfig):
 def grouped_matmul(x, w, group_sizes, cfg: MosaicConfig | None = None, out_dtype=None):
     """x [M, K] rows grouped in order, w [G, K, N] -> [M, N] (float32 accumulation, out_dtype default x.dtype);
     rows past sum(group_sizes) are 0."""
-    from moejax.kernels.grouped_matmul import tuning
     check_operands(x, w)
     M, N = x.shape[0], w.shape[2]
     cfg = cfg or tuning.mosaic_config(M, w.shape[0], N)

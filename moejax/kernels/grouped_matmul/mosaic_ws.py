@@ -15,7 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from moejax.kernels.grouped_matmul.mosaic import MosaicConfig, fitted_stages, work_items
+from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
 
 COPY_REGISTERS = 40  # registers per thread left to the copy warpgroup (JAX's Hopper matmul: "reasonable on H100")
 def _swizzled(minor_elems: int, dtype) -> tuple:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 try:
     from jax.experimental.pallas import triton as plt
-except ImportError:  # a JAX without the Triton backend: backends.pallas_unavailable() refuses these kernels
+except ImportError:  # a JAX without the Triton backend: platform.pallas_unavailable() refuses these kernels
     plt = None
 
 from moejax.kernels.activation import glu

@@ -4,7 +4,7 @@ the class, today's hand-picked choice.
 
 A shape class is the op ("gemm": one product; "glu": the fused gate/up product, two accumulators) and the mean
 rows per group rounded up to a power of two (16 .. 2048): what decides the row tile. The table also records,
-per class, which backend the run measured fastest; `auto` follows it (backends.resolve_experts).
+per class, which backend the run measured fastest; `auto` follows it (grouped_matmul.auto.expert_auto).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import os
 
 import jax
 
-from moejax.kernels.grouped_matmul.mosaic import MosaicConfig
+from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
 ROW_CLASSES = (16, 32, 64, 128, 256, 512, 1024, 2048)
