@@ -118,6 +118,9 @@ def pytest_collection_finish(session):
     session knows its test will run, so that it runs beside the other tests on the second core."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects every test; the one that runs it
         return  # starts the dry run then (waiting for it, that worker leaves the cores to the other workers)
+    if session.config.option.collectonly:  # nothing runs
+        return
+    # session.items is what -m and -k left (the test is marked slow: -m "not slow" deselects it, so it never starts)
     if any(item.nodeid == GPU_CHECK_DRY_RUN for item in session.items):
         _dry_run.update(_start_gpu_check_dry_run())
 

@@ -183,6 +183,7 @@ def measured():
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_hlo_bytes_equal_the_analytic_figures(measured):
     """Per collective kind, over the whole step: the expert programs' collectives (shard_map, by op metadata)
     equal the analytic experts x the MoE layers that communicate, the rest the analytic attention x layers
@@ -200,6 +201,7 @@ def test_hlo_bytes_equal_the_analytic_figures(measured):
         assert got["other"] == approx(comm.step_by_kind("attention")), case
 
 
+@pytest.mark.slow
 def test_explain_prints_analytic_and_measured(measured):
     """attn=tp,experts=tp at the default shape, one row of 128 tokens per device: both parts are modelled."""
     cfg = config("qwen3_moe")

@@ -51,6 +51,7 @@ def same_choices(row: dict, want: dict) -> None:
     assert got["logprobs"]["token_logprobs"] == pytest.approx(ref["logprobs"]["token_logprobs"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_read_only_folder_is_refused_before_anything_loads(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()

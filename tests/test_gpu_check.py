@@ -28,6 +28,7 @@ SWEEP = importlib.util.find_spec("launch.tune_gmm") is not None  # the tuning sw
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
     """The dry run starts when the session is collected (conftest) and runs beside the other tests."""
     run = gpu_check_dry_run
@@ -95,6 +96,7 @@ def test_a_partial_run_replaces_itself_and_the_complete_one_replaces_it(tmp_path
     assert read_runs(path)[1] == {"benchmark": "kernels", "results": [1, 2, 3]}
 
 
+@pytest.mark.slow
 def test_a_benchmark_stopped_at_its_limit_leaves_its_rows_and_the_check_keeps_them(tmp_path):
     (tmp_path / "out").mkdir(), (tmp_path / "results").mkdir()
     check = gpu_check.Check(argparse.Namespace(out=str(tmp_path / "out"), results_dir=str(tmp_path / "results"),
@@ -116,6 +118,7 @@ def test_a_benchmark_stopped_at_its_limit_leaves_its_rows_and_the_check_keeps_th
     assert kept["partial"] and kept["results"] == [1, 2] and read_runs(path) == [kept]
 
 
+@pytest.mark.slow
 def test_only_runs_the_chosen_steps_and_says_how_to_run_what_did_not_finish(tmp_path, monkeypatch, capsys):
     """Fake steps: install and environment run first though not chosen; bench_kernels runs past its --limit;
     bench_plans then has under MIN_START_S of the 16 s budget left and is not started."""
@@ -147,6 +150,7 @@ def test_only_runs_the_chosen_steps_and_says_how_to_run_what_did_not_finish(tmp_
         gpu_check.main(["--out", str(out), "--only", "bench_kernel"])  # a misspelt step is an error, not a no-op
 
 
+@pytest.mark.slow
 def test_runner_keeps_going_past_failing_slow_and_unreadable_steps(tmp_path):
     log, py = str(tmp_path / "log"), sys.executable
 
@@ -197,6 +201,7 @@ def test_pallas_kernels_step_aside_when_jax_refuses_triton(triton_deprecation_is
 
 
 
+@pytest.mark.slow
 def test_outcomes_plugin_records_each_test_as_it_ends(tmp_path):
     (tmp_path / "test_sample.py").write_text(
         "import pytest\n"

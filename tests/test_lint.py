@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATHS = ("moejax", "launch", "tests", "examples")  # named, so scratch folders at the root are never linted
 
 
+# Not marked slow though it starts a process: ruff takes about a second, and the fast tier is the daily lint.
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is not installed (pip install -e .[test])")
 def test_ruff_finds_nothing():
     # --no-cache: leave nothing behind in the checkout

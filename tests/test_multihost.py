@@ -92,6 +92,7 @@ def rel(got, want) -> float:
     return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
+@pytest.mark.slow
 def test_dp_ep_and_async_ep_over_two_processes_equal_one_device(tmp_path):
     finished = run_workers(tmp_path, "--fixtures", "qwen3_moe")
     assert all(f.returncode == 0 for f in finished), report(finished)
@@ -112,6 +113,7 @@ def test_dp_ep_and_async_ep_over_two_processes_equal_one_device(tmp_path):
         assert rel(out, want) <= TOL, (layout, rows)
 
 
+@pytest.mark.slow
 def test_a_failing_process_ends_every_process_within_the_timeouts(tmp_path):
     """Process 1 raises before the first collective. It waits at the shutdown barrier for process 0 (stuck in its
     first collective, waiting for process 1) for the 3 s shutdown timeout; then the JAX runtime ends both."""
@@ -127,6 +129,7 @@ def test_a_failing_process_ends_every_process_within_the_timeouts(tmp_path):
     assert not (tmp_path / "logits0.npz").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_process_ends_the_others_after_the_initialization_timeout(tmp_path):
     start = time.monotonic()
     finished = run_workers(tmp_path, "--fixtures", "qwen3_moe", "--init-timeout-s", "1", processes=(0,),
@@ -137,6 +140,7 @@ def test_a_missing_process_ends_the_others_after_the_initialization_timeout(tmp_
     assert "DEADLINE_EXCEEDED" in finished[0].summary(), text
 
 
+@pytest.mark.slow
 def test_serve_over_two_processes_gives_the_one_process_output(tmp_path):
     """launch.serve with --coordinator: both processes run every batch (completions and scores), only process 0
     writes, and what it writes equals a one-process run's output."""

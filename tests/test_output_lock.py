@@ -57,6 +57,7 @@ def refusal(paths) -> str:
     return str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_naming_the_first_and_runs_once_it_is_done(tmp_path):
     out = tmp_path / "out.jsonl"
     with output_lock.hold(str(out)):
@@ -71,6 +72,7 @@ def test_a_second_process_is_refused_naming_the_first_and_runs_once_it_is_done(t
     assert second.returncode == 0 and second.stdout == "held\n", second.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_runner_leaves_a_lock_file_that_blocks_nobody(tmp_path):
     out = tmp_path / "out.jsonl"
     child = start_holder(out)
@@ -84,6 +86,7 @@ def test_a_killed_runner_leaves_a_lock_file_that_blocks_nobody(tmp_path):
     assert not os.path.exists(f"{out}.lock")
 
 
+@pytest.mark.slow
 def test_other_outputs_are_not_blocked_but_a_shared_error_file_is(tmp_path):
     a, b, errors = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "errors.jsonl"
     child = start_holder(a, errors)
@@ -158,6 +161,7 @@ def score(cid, prompt, cands) -> str:
                        "body": {"prompt_token_ids": prompt, "candidate_token_ids": cands}})
 
 
+@pytest.mark.slow
 def test_launch_serve_is_refused_while_another_runner_writes_its_output_and_resumes_after(tmp_path, capsys):
     """The issue's case: a second launch.serve on an output another runner is writing exits non-zero, naming it,
     before its model loads, with the first's output and journal untouched; once the first is killed, a rerun

@@ -38,6 +38,7 @@ def measured(tmp_path_factory):
     return path, done.stdout
 
 
+@pytest.mark.slow
 def test_quick_profile_loads_and_every_figure_is_positive(measured):
     path, stdout = measured
     profile = load_profile(path)
@@ -84,6 +85,7 @@ def _within_factor(predicted: float, fresh_timing) -> tuple[bool, list[float]]:
     return False, seen
 
 
+@pytest.mark.slow
 def test_profile_predicts_a_matmul_timed_afresh(measured):
     profile = load_profile(measured[0])
     shapes = measure.Shapes.generic(quick=True)
@@ -96,6 +98,7 @@ def test_profile_predicts_a_matmul_timed_afresh(measured):
     assert ok, f"[{m}, {D}] x [{D}, {F}]: predicted {predicted * 1e3:.2f} ms, timed {[s * 1e3 for s in seen]} ms"
 
 
+@pytest.mark.slow
 def test_profile_predicts_a_memory_pass_timed_afresh(measured):
     profile = load_profile(measured[0])
     x = jax.device_put(np.zeros(measure.QUICK.bandwidth_bytes // 4, np.float32), _cpu())
@@ -105,6 +108,7 @@ def test_profile_predicts_a_memory_pass_timed_afresh(measured):
     assert ok, f"x + 1 over {x.nbytes} B: predicted {predicted * 1e3:.2f} ms, timed {[s * 1e3 for s in seen]} ms"
 
 
+@pytest.mark.slow
 def test_profile_predicts_a_host_to_device_copy_timed_afresh(measured):
     profile = load_profile(measured[0])
     device = _cpu()

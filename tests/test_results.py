@@ -159,6 +159,7 @@ store.finish()
 """
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_resume(tmp_path):
     out = str(tmp_path / "out.jsonl")
     ids = {i: f"c{i}" for i in range(1, 41)}

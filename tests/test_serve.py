@@ -137,6 +137,7 @@ def qwen3(qwen3_engine):
 
 # ---- 1. the main job on the examples, and --help ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_main_job_on_examples():
     """The README's first command: the text examples on the embedded trained model, answered as a Python
     programmer expects."""
@@ -167,6 +168,7 @@ def test_main_job_on_examples():
     assert f"{len(lines)} ok, 0 failed, 0 resumed" in summary
 
 
+@pytest.mark.slow
 def test_batch_files_of_openai_vllm_and_sglang_run_unchanged(tmp_path):
     """examples/formats.jsonl as those APIs' clients write their batch files (chat and completions with the fields
     they carry, SGLang and vLLM scoring), on a checkpoint with a chat template: every line served, exit 0."""
@@ -182,6 +184,7 @@ def test_batch_files_of_openai_vllm_and_sglang_run_unchanged(tmp_path):
     assert rows[0]["response"]["body"]["model"] == "gpt-4o-mini"
 
 
+@pytest.mark.slow
 def test_help_as_a_process():
     r = cli("--help", timeout=120)
     assert r.returncode == 0, r.stderr
@@ -294,6 +297,7 @@ def test_explain_loads_no_checkpoint_weights():
     assert engine._state is None and "1 batches:" in text
 
 
+@pytest.mark.slow
 def test_explain_process_writes_no_output(tmp_path):
     out = tmp_path / "out.jsonl"
     r = cli("--input", EXAMPLES, "--output", str(out), "--explain", "--dtype", "float32")
@@ -514,6 +518,7 @@ def test_text_lines_that_cannot_be_served(qwen3, tmp_path):
 
 # ---- 5. stdin and --metrics ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_stdin_input_and_metrics_file(tmp_path):
     metrics = tmp_path / "m.json"
     # The examples (whose compiled steps test_main_job_on_examples left in the persistent cache) plus a bad line.
@@ -629,6 +634,7 @@ def serve_in_process(capsys, argv) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_completes_the_output(tmp_path, capsys):
     """The run is killed as a process; the resumes and the reference run are launch.serve's main in this process
     (reading the journal is the same in a fresh process)."""

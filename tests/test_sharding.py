@@ -44,6 +44,7 @@ def results():
     return out
 
 
+@pytest.mark.slow
 def test_every_layout_equals_one_device(results):
     assert len(results["models"]) == 19  # 11 layouts on qwen3_moe, 4 on each of two other families
     for case, r in results["models"].items():
@@ -51,12 +52,14 @@ def test_every_layout_equals_one_device(results):
         assert r["same_tokens"], case
 
 
+@pytest.mark.slow
 def test_expert_exchanges_with_uneven_and_skewed_routing(results):
     assert len(results["experts"]) == 12
     for case, err in results["experts"].items():
         assert err <= TOL, case
 
 
+@pytest.mark.slow
 def test_every_layout_with_all_tokens_on_the_same_experts(results):
     assert len(results["skewed"]) == 7
     for spec, err in results["skewed"].items():
@@ -79,6 +82,7 @@ def _expected_schedule(order, moe_layers, r1, r2):
     return out + [["combine", moe_layers[-1], m] for m in range(r1)]
 
 
+@pytest.mark.slow
 def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
     """attn_devices=3, expert_devices=4, r1=2, r2=2 (PPPipe: 1) on deepseek_v2_lite (dense first layer, shared
     experts; D=32, k=2, 8 experts) for 4 rows of 16 tokens, padded to 6 rows (a multiple of A·r1): micro-batches of
@@ -100,6 +104,7 @@ def test_dep_groups_hold_their_parts_and_dispatch_in_order(results):
         assert (a2e.bytes_sent * 3 * 2, e2a.bytes_sent * 4 * 2) == (r["stats"]["a2e_bytes"], r["stats"]["e2a_bytes"])
 
 
+@pytest.mark.slow
 def test_planned_layouts_equal_one_device_and_say_why(results):
     """layout="auto" runs the layout the planner predicts fastest (h100 datasheet, steps of 128 tokens) and
     r1/r2/order=auto under DEP what FinDEP's solver picks; each gives the one-device logits and explains itself."""
@@ -111,6 +116,7 @@ def test_planned_layouts_equal_one_device_and_say_why(results):
     assert "runner-ups" in dep["decisions"][0]
 
 
+@pytest.mark.slow
 def test_async_ep_gathers_depend_only_on_weights(results):
     """Every device holds the first MoE layer's experts whole and a shard of the others'; each later layer's
     gathers read only parameters, so none waits on any layer's compute and XLA may start them early."""
@@ -121,6 +127,7 @@ def test_async_ep_gathers_depend_only_on_weights(results):
     assert all(op.startswith("%param") for op in gathers["operands"]), gathers["operands"]
 
 
+@pytest.mark.slow
 def test_async_ep_streamed_from_host_equals_one_device_and_gathers_only_inputs(results):
     """AsyncEP's two channels (MoE-Prefill §6.3), window 1: each MoE layer's program all-gathers the next layer's
     experts from shards that came from pinned host memory; the gathers read only the program's inputs (one per
@@ -139,6 +146,7 @@ def test_async_ep_streamed_from_host_equals_one_device_and_gathers_only_inputs(r
         assert r["bytes_h2d"] == (r["moe_layers"] + ahead) * r["layer_bytes"], name
 
 
+@pytest.mark.slow
 def test_batches_pad_to_a_multiple_of_the_devices_that_split_rows(results):
     """3 rows: 8 under DP on 8 devices (and then nothing moves outside the expert program), 6 on 6 devices, the
     plain bucket (4) under attn=tp, and 2 micro-batches x 2 attention devices under DEP."""
@@ -149,6 +157,7 @@ def test_batches_pad_to_a_multiple_of_the_devices_that_split_rows(results):
     assert r["attn=dp,experts=ep"]["outside"] == {} and r["attn=dp,experts=replicated,devices=6"]["outside"] == {}
 
 
+@pytest.mark.slow
 def test_data_parallel_layouts_communicate_only_for_their_experts(results):
     """Hidden states are split by batch rows under attn=dp and routing runs inside each layout's program on each
     device's own tokens (no top-k gather of router logits): only the expert exchange itself communicates."""
@@ -213,6 +222,7 @@ def test_specs_checked_against_the_model_and_devices():
     assert spread.placement == "resident" and "a layout spreads the weights" in spread.reason
 
 
+@pytest.mark.slow
 def test_serve_with_a_layout_gives_the_one_device_results(tmp_path):
     lines = [json.dumps({"custom_id": "c", "url": "/v1/completions", "body": {"prompt_token_ids": [1, 2, 3, 4],
                                                                                "max_tokens": 5}}),

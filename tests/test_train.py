@@ -74,6 +74,7 @@ def test_sigterm_saves_and_resume_reaches_the_uninterrupted_parameters(reference
     assert resumed["step"] == MICRO.steps and same_params(resumed["params"], reference[1]["params"])
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reaches_the_uninterrupted_parameters(reference, tmp_path):
     out = str(tmp_path / "run")
     command = [sys.executable, "-m", "launch.train", "--out", out, "--no-progress", *flags(MICRO)]

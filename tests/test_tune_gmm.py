@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H200_SWEEP = os.path.join(ROOT, "bench", "results", "tune_gmm-NVIDIA_H200.json")
 
 
+@pytest.mark.slow
 def test_dry_run_checks_candidates_and_records_the_best(tmp_path):
     out = tmp_path / "tune.json"
     assert tune_gmm.main(["--dry-run", "--out", str(out)]) == 0
