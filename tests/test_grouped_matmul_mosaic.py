@@ -14,6 +14,7 @@ from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.platform import on_gpu
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, max_tiles, to_aligned
+from moejax.kernels import platform
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig
 from moejax.kernels.lowering import MOSAIC_GPU, cuda_module
 from test_expert_ffn import make as make_ffn
@@ -101,11 +102,11 @@ def test_tuning_table_classes_lookups_and_fallbacks():
 def test_tiles_fit_shared_memory_in_every_dtype():
     """An H200 refused the tuned 64-row glu tiles of a float32 model (240 KiB of shared memory asked, 227 KiB
     there): the table is tuned in bfloat16, so a float32 model gets fewer stages (then a shallower bk)."""
-    hopper = tuning.SHARED_MEMORY[(9, 0)]
+    hopper = platform.SHARED_MEMORY[(9, 0)]
     bf16 = tuning.pallas_config(8192, 128, 2048, 768, fused=True, entry=ENTRY, itemsize=2, shared_bytes=hopper)
     f32 = tuning.pallas_config(8192, 128, 2048, 768, fused=True, entry=ENTRY, itemsize=4, shared_bytes=hopper)
     assert bf16.stages == 4 and (f32.stages, f32.bk) == (2, 64)
-    small = tuning.SHARED_MEMORY_OTHER  # 99 KiB: two stages of 80 KiB do not fit either
+    small = platform.SHARED_MEMORY_OTHER  # 99 KiB: two stages of 80 KiB do not fit either
     assert tuning.pallas_config(8192, 128, 2048, 768, fused=True, entry=ENTRY, itemsize=4, shared_bytes=small).bk == 32
     for kind, entry in tuning._table().get("devices", {}).items():
         for key, tuned in entry.get("pallas", {}).items():

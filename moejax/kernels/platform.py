@@ -43,3 +43,18 @@ def resolve(op: str, backend: str, choices: tuple[str, ...], auto: str | None = 
 
 
 GPU_ONLY = ("pallas", "cudnn", "mosaic")  # compiled for NVIDIA GPUs; pallas_interpret runs the Pallas kernels anywhere
+
+
+# Shared memory per thread block, bytes, by compute capability (CUDA's limits): H100/H200, A100; the rest (sm_86,
+# sm_89) 99 KiB.
+SHARED_MEMORY = {(9, 0): 232448, (8, 0): 166912}
+SHARED_MEMORY_OTHER = 101376
+
+
+def shared_memory_bytes() -> int:
+    """What one thread block may use: Hopper's 227 KiB; off a GPU (interpreted kernels), Hopper's too."""
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        return SHARED_MEMORY[(9, 0)]
+    major, minor = (int(v) for v in str(getattr(dev, "compute_capability", "9.0")).split(".")[:2])
+    return SHARED_MEMORY.get((major, minor), SHARED_MEMORY_OTHER)

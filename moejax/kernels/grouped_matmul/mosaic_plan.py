@@ -12,6 +12,8 @@ try:
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
     plgpu = None
 
+from moejax.kernels.platform import SHARED_MEMORY
+
 
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
@@ -42,7 +44,7 @@ def work_items(cfg: MosaicConfig, used, grid_n: int):
     return loop, (lambda index: index if cfg.cols_minor else index[::-1])
 
 
-SHARED_BYTES = 225 * 1024  # of Hopper's 227 KiB per block; the rest for barriers
+SHARED_BYTES = SHARED_MEMORY[(9, 0)] - 2 * 1024  # Hopper's per block, less 2 KiB for the barriers
 
 
 def fitted_stages(cfg: MosaicConfig, in_dtype, out_dtype) -> int:

@@ -17,13 +17,10 @@ import os
 import jax
 
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig
+from moejax.kernels.platform import shared_memory_bytes
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning.json")
 ROW_CLASSES = (16, 32, 64, 128, 256, 512, 1024, 2048)
-# Shared memory per thread block, bytes, by compute capability (CUDA's limits): H100/H200, A100; the rest (sm_86,
-# sm_89) 99 KiB.
-SHARED_MEMORY = {(9, 0): 232448, (8, 0): 166912}
-SHARED_MEMORY_OTHER = 101376
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,15 +94,6 @@ def default_pallas(rows: int, groups: int, k: int, n: int, fused: bool) -> Palla
     bm = 128 if mean >= 128 else 64 if rows >= 64 else 16
     bn, bk = _divisor(n, 128), _divisor(k, 64)
     return PallasConfig(bm, bn, bk, 8 if bm * bn * (2 if fused else 1) >= 128 * 128 else 4, 3)
-
-
-def shared_memory_bytes() -> int:
-    """What one thread block may use: Hopper's 227 KiB; off a GPU (interpreted kernels), Hopper's too."""
-    dev = jax.devices()[0]
-    if dev.platform != "gpu":
-        return SHARED_MEMORY[(9, 0)]
-    major, minor = (int(v) for v in str(getattr(dev, "compute_capability", "9.0")).split(".")[:2])
-    return SHARED_MEMORY.get((major, minor), SHARED_MEMORY_OTHER)
 
 
 def fit_shared_memory(cfg: PallasConfig, itemsize: int, fused: bool, limit: int) -> PallasConfig:
