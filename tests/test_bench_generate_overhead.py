@@ -82,6 +82,7 @@ def runs(engine, tmp_path, monkeypatch):
     return run
 
 
+@pytest.mark.slow  # a whole benchmark or CLI run end to end (tens of seconds)
 def test_overhead_reports_host_time_per_step(runs):
     run = runs("--overhead")
     o = run["overhead"]
@@ -93,6 +94,7 @@ def test_overhead_reports_host_time_per_step(runs):
     assert o["target_ms"] == 2.0 and isinstance(o["target_met"], bool)
 
 
+@pytest.mark.slow  # a whole benchmark or CLI run end to end (tens of seconds)
 def test_long_tail_compares_warm_and_compilation_included(runs):
     run = runs("--no-mixed")
     assert set(run["ratios"]) == {"continuous / static", "continuous / static, compilation included"}

@@ -27,6 +27,7 @@ def test_full_presets_are_abstract_until_used(name, billions):
     assert params == pytest.approx(billions * 1e9, rel=0.02)
 
 
+@pytest.mark.slow  # a real-shaped preset's layers: over a minute on 2 cores
 def test_real_shaped_preset_slice_runs():
     engine = moejax.load("deepseek-v2-lite", num_layers=1)  # real widths, one layer (~1 GB in bfloat16)
     assert engine.config.num_layers == 1 and engine.config.vocab_size == 102400

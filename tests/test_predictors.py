@@ -194,6 +194,7 @@ def test_cache_replay_counts_hits_misses_and_bytes():
     assert (tight["hits"], tight["misses"], tight["prefetch_loads"], tight["bytes_moved"]) == (6, 6, 6, 12)
 
 
+@pytest.mark.slow  # a whole benchmark or CLI run end to end (tens of seconds)
 def test_bench_predictors_reports_every_measure(tmp_path):
     import argparse
 

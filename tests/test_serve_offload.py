@@ -72,6 +72,7 @@ def _same(rows, ref):
                     assert c["logprobs"]["token_logprobs"] == pytest.approx(w["logprobs"]["token_logprobs"], abs=1e-5)
 
 
+@pytest.mark.slow  # a whole benchmark or CLI run end to end (tens of seconds)
 def test_a_model_over_the_budget_serves_streamed_and_cached(tmp_path, resident):
     budget = _budget_gb()
     assert moejax.load(fixture_dir(NAME), dtype="float32", device_memory_gb=budget).memory_plan.placement == "streamed"
@@ -96,6 +97,7 @@ def test_explain_prints_the_memory_plan_and_the_saturation_threshold(tmp_path, c
     assert "placement 'resident': all routed experts need" in bad.value.code
 
 
+@pytest.mark.slow  # a whole benchmark or CLI run end to end (tens of seconds)
 def test_calibrate_and_distill_clis_then_serve_with_the_router_and_hybrid_predictors(tmp_path, capsys, resident):
     inp = _input(tmp_path, "not json\n")
     out = tmp_path / "vectors"
