@@ -77,9 +77,9 @@ def _visible_columns(offsets, T, window, NB):
 LONG = dict(B=3, T=1, Hkv=2, G=2, widths=(8,), Dv=8, offsets=(0, 150, 300))  # 19 table columns, three rows apart
 
 
-@pytest.mark.parametrize("blocks_per_step", [None, 1, 3])  # the default (8), one, and one that divides nothing
+@pytest.mark.parametrize("columns", [None, 1, 3])  # the default (8), one, and one that divides nothing
 @pytest.mark.parametrize("case", list(CASES) + ["long_decode_window"])
-def test_xla_reads_only_the_blocks_each_row_sees(case, blocks_per_step):
+def test_xla_reads_only_the_blocks_each_row_sees(case, columns):
     """Every pool block no row's queries can see is NaN (a read of one would poison its row through 0 x NaN): the
     XLA path still matches the reference computed on the clean pool."""
     from moejax.kernels.attention import paged_xla
@@ -98,7 +98,7 @@ def test_xla_reads_only_the_blocks_each_row_sees(case, blocks_per_step):
     mla = shape.get("mla", False)
     parts_p = tuple(poison(p) for p in parts)
     out = paged_xla.attention(q, parts_p, parts_p[0] if mla else poison(v), table, offsets, sinks, window=window,
-                              scale=float(scale), blocks_per_step=blocks_per_step)
+                              scale=float(scale), columns=columns)
     assert len(unseen) > 0 and np.isfinite(np.asarray(out)).all()
     err = np.linalg.norm(np.asarray(out) - np.asarray(ref)) / np.linalg.norm(np.asarray(ref))
     assert err <= 1e-5, err

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
-from moejax.kernels.attention.paged_xla import KEYS_PER_STEP
+from moejax.kernels.attention.paged_xla import blocks_per_step
 from moejax.kv_pool import BLOCK
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
@@ -54,9 +54,9 @@ ROW_COST_BLOCKS = 24
 
 
 def _read_blocks(blocks: int) -> int:
-    """Key blocks a row of `blocks` blocks costs in a decode call: attention steps over whole steps of
-    KEYS_PER_STEP keys (moejax.kernels.attention.paged_xla), up to the call's longest row."""
-    step = max(KEYS_PER_STEP // BLOCK, 1)
+    """Key blocks a row of `blocks` blocks costs in a decode call: attention runs whole loop steps
+    (moejax.kernels.attention.paged_xla), up to the call's longest row."""
+    step = blocks_per_step(BLOCK)
     return step * max(-(-blocks // step), 1)
 
 

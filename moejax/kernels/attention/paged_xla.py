@@ -1,8 +1,8 @@
 """Paged attention in plain JAX that reads only the blocks each row's queries can see: an online softmax over
-steps of `blocks_per_step` table columns, from the first column any row's window reaches to the last column any
-row's queries reach. Within a step, a row whose own blocks end earlier (or whose window starts later) reads its
-last (first) visible block again instead of the table's padding, so the bytes read per row follow its length, not
-the table's width; the positions past its end are masked by causality.
+steps of `columns` table columns (blocks_per_step), from the first column any row's window reaches to the last
+column any row's queries reach. Within a step, a row whose own blocks end earlier (or whose window starts later)
+reads its last (first) visible block again instead of the table's padding, so the bytes read per row follow its
+length, not the table's width; the positions past its end are masked by causality.
 
 Arguments as `paged.paged_attention`'s (normalised: q_offset int32 [B], scale a float, window None or an int).
 """
@@ -18,12 +18,18 @@ KEYS_PER_STEP = 128  # keys of a row per loop step (8 blocks of 16): short rows 
 _f32 = jnp.float32
 
 
-def attention(q, k_parts, v_pool, block_table, q_offset, sinks, *, window, scale, blocks_per_step=None):
+def blocks_per_step(block_size: int) -> int:
+    """Table columns one loop step reads: KEYS_PER_STEP keys' worth of blocks (at least one)."""
+    return max(1, KEYS_PER_STEP // block_size)
+
+
+def attention(q, k_parts, v_pool, block_table, q_offset, sinks, *, window, scale, columns=None):
+    """columns: table columns per loop step (default blocks_per_step of the pool's block size)."""
     B, T, Hq, D = q.shape
     P, Hkv, Dv = v_pool.shape[1], v_pool.shape[2], v_pool.shape[3]
     NB = block_table.shape[1]
     G = Hq // Hkv
-    C = min(NB, blocks_per_step or max(1, KEYS_PER_STEP // P))
+    C = min(NB, columns or blocks_per_step(P))
     prec = for_operands(q.dtype)
     widths = [p.shape[-1] for p in k_parts]
     q_split = jnp.split(q.reshape(B, T, Hkv, G, D), [sum(widths[:i + 1]) for i in range(len(widths) - 1)], axis=-1)
