@@ -167,7 +167,7 @@ def _per(by_kind: dict, times: int) -> dict:
 def measured_hlo(engine, B: int, T: int) -> dict:
     """The compiled full-logits step's collectives: inside the expert programs per MoE layer, the rest per layer
     (means over the step)."""
-    text = engine._logits_fn.lower(engine.params, jax.ShapeDtypeStruct((B, T), jnp.int32)).compile().as_text()
+    text = engine.steps.logits.lower(engine.params, jax.ShapeDtypeStruct((B, T), jnp.int32)).compile().as_text()
     found = hlo_comm.collectives(text)
     return dict(source="collectives of the compiled full-logits step", collectives=len(found),
                 attention=_per(hlo_comm.bytes_by_kind(found, in_shard_map=False), engine.config.num_layers),

@@ -38,6 +38,7 @@ from moejax.costs import layer_flops_per_token
 from moejax.kernels.platform import on_gpu
 from moejax.offload.predict import calibrate
 from moejax.offload.saturation import profile_saturation
+from moejax.placements import Cached
 from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
 
@@ -254,7 +255,7 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
                distinct_tokens=len(set(tokens)))
     if reference is not None:
         row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference)) / len(reference)
-    if engine.memory_plan is not None and engine.memory_plan.placement == "cached":
+    if isinstance(engine.placement, Cached):
         loop = _decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
         steps_run = len(loop["tokens"]) - 1  # the first token comes from the prefill
         row.update(placement=engine.layered_steps.placement.describe(), decode_loop_s_per_token=loop["seconds"] /

@@ -43,7 +43,7 @@ from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
 from moejax.plan.resolve import profile_for
 from moejax.sched import output_lock
-from moejax.sched.batch import engine_settings, explain_lines, serve_lines, theta_from_profile
+from moejax.sched.batch import engine_settings, explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.planner import KV_MODES
@@ -230,12 +230,13 @@ def check_kernels(args) -> str | None:
 
 
 def set_saturation(engine, args) -> None:
-    """Θ of a streamed engine: profiled (Eq. 3), or by Eq. 1 from the hardware profile (AsyncEP's two channels
-    under experts=async_ep)."""
+    """Θ of a placement that copies experts during a forward: measured on the engine (Eq. 3), or the one load made
+    by Eq. 1 from the hardware profile (AsyncEP's two channels under experts=async_ep), which needs a profile."""
     if args.theta == "profile":
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens or 512))
-    else:
-        theta_from_profile(engine, args.profile)
+    elif engine.saturation is None:  # load found no profile: say why
+        import jax
+        profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
 
 
 def plan_plots(engine, args) -> list[str]:
@@ -356,7 +357,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
         engine = moejax.load(args.model, dtype=args.dtype, **options)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
-    if engine.memory_plan.placement == "streamed" and engine.layer_by_layer:  # Θ: prefill batches are filled to it
+    if engine.placement.profiles_theta:  # Θ: prefill batches are filled to it
         try:
             set_saturation(engine, args)
         except ValueError as e:

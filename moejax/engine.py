@@ -1,7 +1,6 @@
 """Engine: a loaded model with jit-compiled full-sequence, packed-scoring, prefill and decode steps."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -9,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import paged_steps, steps
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
+from moejax.placements.base import Placement
 
 MIN_SEQ_BUCKET = 16
 
@@ -21,11 +20,13 @@ MIN_SEQ_BUCKET = 16
 class Engine:
     """Serve one model. Weights are created lazily: a full-shape preset costs nothing until it runs."""
 
-    def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], nnx.State],
-                 tokenizer=None, *, dtype=jnp.float32, kernels: Kernels = Kernels(), name: str = "",
-                 memory_plan=None, make_placement: Callable | None = None, layout=None, chat_template=None):
-        """materialize() -> the weights (nnx.State), or (weights, HostStore) for an offloaded model, whose
-        `make_placement(store)` gives the placement that runs its routed experts (moejax.offload).
+    def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], tuple],
+                 tokenizer=None, *, placement: Placement, dtype=jnp.float32, kernels: Kernels = Kernels(),
+                 name: str = "", chat_template=None, plan=None, decisions: Sequence[str] = (), saturation=None):
+        """materialize() -> (the weights as an nnx.State, the placement's store or None). placement: where the
+        routed experts live and which steps run (moejax.placements). plan: the moejax.plan.engine_plan.EnginePlan
+        it was loaded with (auto choices made); decisions: what the planners chose for `auto` and why;
+        saturation: Θ (moejax.plan.theta.ThetaPlan, or a measured moejax.offload.saturation.Saturation), or None.
         chat_template: moejax.chat.ChatTemplate, or None when the model has none."""
         self.config = config
         self.tokenizer = tokenizer
@@ -37,40 +38,20 @@ class Engine:
         self.abstract_params = abstract_state
         self._materialize = materialize
         self._state = None
-        self.memory_plan = memory_plan
-        self.layout = layout  # moejax.sharding.Layout, or None: one device
-        self.store = None  # HostStore of an offloaded model, once its weights are loaded
-        self.saturation = None  # offload.saturation.Saturation (profiled) or plan.theta.ThetaPlan (Eq. 1)
-        self.plan = None  # the moejax.plan.engine_plan.EnginePlan it was loaded with (auto choices made)
-        self.decisions: list[str] = []  # what the planners chose for `auto` and why (moejax.load)
-        self._make_placement = make_placement
-        self._layered = None
-        if make_placement is not None:  # layer by layer from Python (moejax.offload.layered)
-            layered = lambda name: lambda *a, **k: getattr(self.layered_steps, name)(*a, **k)  # noqa: E731
-            self._logits_fn, self._score_fn = layered("logits"), layered("score")
-            self._logprobs_fn = layered("logprobs")
-            self._prefill_fn, self._decode_fn = layered("prefill"), layered("decode")
-            self._chunk_fn, self._paged_decode_fn = layered("chunk"), layered("paged_decode")
-            return
-        bind = functools.partial
-        self._logits_fn = jax.jit(bind(steps.full_logits, graphdef, kernels))
-        self._logprobs_fn = jax.jit(bind(steps.token_logprobs, graphdef, kernels), static_argnames=("k",))
-        self._score_fn = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,), static_argnames=("span",))
-        self._prefill_fn = jax.jit(bind(steps.prefill, graphdef, kernels), static_argnames=("cache_len",),
-                                   donate_argnums=(1,))
-        self._decode_fn = jax.jit(bind(steps.decode, graphdef, kernels), static_argnames=("steps",))
-        self._chunk_fn = jax.jit(bind(paged_steps.chunk, graphdef, kernels), static_argnames=("fresh",),
-                                 donate_argnums=(1, 2))
-        self._paged_decode_fn = jax.jit(bind(paged_steps.decode, graphdef, kernels), static_argnames=("steps",),
-                                        donate_argnums=(1, 2))
+        self.store = None  # the placement's store (HostStore, DEP's expert group), once the weights are loaded
+        self.placement = placement
+        self.plan = plan
+        self.decisions = list(decisions)
+        self.saturation = saturation
+        # layer-by-layer placements build their loop with the weights (first use of `steps`)
+        self._steps = None if placement.layer_by_layer else placement.make_steps(graphdef, kernels, config)
 
     # -- weights ---------------------------------------------------------------------------------
     @property
     def params(self) -> nnx.State:
         """The weights (an offloaded model's routed experts are 0-d stand-ins here: they are in `store`)."""
         if self._state is None:
-            out = self._materialize()
-            self._state, self.store = out if isinstance(out, tuple) else (out, None)
+            self._state, self.store = self._materialize()
         return self._state
 
     @property
@@ -78,20 +59,37 @@ class Engine:
         return self._graphdef
 
     @property
+    def memory_plan(self):
+        return self.placement.memory_plan
+
+    @property
+    def layout(self):
+        """The moejax.sharding.Layout, or None: one device."""
+        return self.placement.layout
+
+    @property
     def layer_by_layer(self) -> bool:
         """Whether the steps run layer by layer from Python (an offloaded placement driving the experts)."""
-        return self._make_placement is not None
+        return self.placement.layer_by_layer
+
+    @property
+    def steps(self):
+        """The steps a forward runs: whole-model jits, or the placement's layer loop (built with the weights)."""
+        if self._steps is None:
+            params = self.params
+            self._steps = self.placement.make_steps(self._graphdef, self.kernels, self.config, params, self.store)
+        return self._steps
 
     @property
     def layered_steps(self):
-        """The steps of an offloaded model (built with its weights and placement on first use)."""
-        if self._layered is None:
-            from moejax.offload.layered import LayeredSteps
-            params = self.params
-            placement = self._make_placement(self.store)
-            steps_class = getattr(placement, "steps_class", LayeredSteps)  # DEP drives its layers its own way
-            self._layered = steps_class(self._graphdef, params, self.kernels, placement)
-        return self._layered
+        """The layer loop of a layer-by-layer placement (moejax.offload.layered.LayeredSteps)."""
+        if not self.layer_by_layer:
+            raise AttributeError(f"placement {self.placement.name} runs whole-model jits, not the layer loop")
+        return self.steps
+
+    def use_theta(self, saturation) -> None:
+        """Replace the load-time Θ by one measured on this engine (moejax.offload.saturation.profile_saturation)."""
+        self.saturation = saturation
 
     def layer_experts(self, layer: int) -> dict:
         """Routed expert arrays of one MoE layer on the device, wherever they live ([E, ...] by name)."""
@@ -105,18 +103,11 @@ class Engine:
     def stats(self) -> dict:
         """Offloading counters since load or `reset_stats`: per MoE layer and in total, hits, misses, prefetches,
         bytes moved host -> device, seconds waited on transfers (and, speculative, mispredicted tokens)."""
-        if not self.layer_by_layer:
-            if self.memory_plan is not None and self.memory_plan.placement == "streamed":
-                return {"placement": "streamed", "stream": "jit"}  # XLA moves the experts: nothing to count here
-            return {"placement": "resident"}
-        placement = self.layered_steps.placement
-        extra = placement.cache.stats() if hasattr(placement, "cache") else {}
-        return {"placement": placement.name, **placement.stats.as_dict(extra)}
+        return self.placement.stats(self.steps if self.layer_by_layer else None)
 
     def reset_stats(self) -> None:
         if self.layer_by_layer:
-            placement = self.layered_steps.placement
-            placement.stats = type(placement.stats)()
+            self.placement.reset_stats(self.steps)
 
     def explain(self, comm_shape: tuple[int, int] | None = None) -> str:
         """The memory plan, the placement and (when profiled) the saturation threshold, as text. For a
@@ -132,13 +123,10 @@ class Engine:
         if self.layout is not None:
             lines.append(f"layout {self.layout}")
             lines += self._explain_comm(comm_shape)
-        if self.memory_plan is not None:
-            lines.append(self.memory_plan.describe())
-        if self.layer_by_layer:
-            lines.append("placement " + self.layered_steps.placement.describe())
-        elif self.memory_plan is not None and self.memory_plan.placement == "streamed":
-            lines.append("placement streamed inside the jit: the experts are host-memory inputs and XLA schedules "
-                         "their copies (no window, no counters)")
+        lines.append(self.memory_plan.describe())
+        placement = self.placement.describe(self.steps if self.layer_by_layer else None)
+        if placement is not None:
+            lines.append(placement)
         if self.saturation is not None:
             lines.append(self.saturation.describe())
         return "\n".join(lines)
@@ -176,7 +164,7 @@ class Engine:
                              "of every forward since, of its own shape)")
             return lines
         ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        found = hlo_comm.collectives(self._logits_fn.lower(self.params, ids).compile().as_text())
+        found = hlo_comm.collectives(self.steps.logits.lower(self.params, ids).compile().as_text())
         lines = [head + f"; measured: the {len(found)} collectives of the compiled full-logits step"]
         for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
                                             ("experts", comm.moe_layers, comm.experts, comm.ideal_experts)):
@@ -213,7 +201,7 @@ class Engine:
                              f"{self.config.max_position_embeddings}")
         padded = np.zeros((rows_bucket(B, self.row_multiple), bucket(T, MIN_SEQ_BUCKET)), np.int32)
         padded[:B, :T] = ids
-        out = self._logits_fn(self.params, self._token_rows(padded))
+        out = self.steps.logits(self.params, self._token_rows(padded))
         return _to_host(out)[:B, :T] if self._rows_span_processes else np.asarray(out[:B, :T])
 
     @property
@@ -296,10 +284,10 @@ class Engine:
         temp, topp = row(temperature, 0.0), row(top_p, 1.0)
         maxn = np.ones((Bm,), np.int32)
         maxn[:m] = max_new
-        cache, first, pool = self._prefill_fn(self.params, pool, jnp.asarray(tokens), jnp.asarray(positions),
+        cache, first, pool = self.steps.prefill(self.params, pool, jnp.asarray(tokens), jnp.asarray(positions),
                                               jnp.asarray(last), temp, topp, row_keys,
                                               **{k: jnp.asarray(v) for k, v in extra.items()}, cache_len=cache_len)
-        out, count = self._decode_fn(self.params, cache, first, jnp.asarray(lengths), temp, topp, row_keys,
+        out, count = self.steps.decode(self.params, cache, first, jnp.asarray(lengths), temp, topp, row_keys,
                                      jnp.asarray(stops), jnp.asarray(maxn), steps=steps)
         out, count = _to_host(out), _to_host(count)
         return [out[i, : count[i]].tolist() for i in range(m)], pool
@@ -318,7 +306,7 @@ class Engine:
             ids = np.zeros((B, T), np.int32)
             for r, i in enumerate(rows):
                 ids[r, : len(sequences[i])] = sequences[i]
-            chosen, top, top_ids = (_to_host(a) for a in self._logprobs_fn(self.params, self._token_rows(ids), k=k))
+            chosen, top, top_ids = (_to_host(a) for a in self.steps.logprobs(self.params, self._token_rows(ids), k=k))
             for r, i in enumerate(rows):
                 L = len(sequences[i]) - 1
                 out[i] = (chosen[r, :L], top[r, :L], top_ids[r, :L])
@@ -336,14 +324,14 @@ class Engine:
         (numpy) inputs go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
         where a device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or
         raw."""
-        return self._chunk_fn(self.params, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
+        return self.steps.chunk(self.params, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
                               count, fresh=fresh)
 
     def paged_decode(self, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
                      stops, *, steps: int):
         """moejax.paged_steps.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
         inputs as for paged_chunk."""
-        return self._paged_decode_fn(self.params, pool, carry, slot, chain, last, start, budget, table, temperature,
+        return self.steps.paged_decode(self.params, pool, carry, slot, chain, last, start, budget, table, temperature,
                                      top_p, keys, count, stops, steps=steps)
 
     def kv_bytes_per_token(self) -> int:
@@ -355,7 +343,7 @@ class Engine:
         """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
         device, pool) without waiting for them: `to_host` reads them (the batch runner dispatches the next batch
         first)."""
-        return self._score_fn(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()}, span=tuple(span))
+        return self.steps.score(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()}, span=tuple(span))
 
     @staticmethod
     def to_host(x) -> np.ndarray:

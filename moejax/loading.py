@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -13,18 +12,18 @@ from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
-from moejax.models.checkpoint import load_tokenizer, plan_params, read_config, read_generation_eos
+from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
-from moejax.offload.host_store import HostStore, is_routed_expert
-from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes
-from moejax.models.moe import MoEBlock
-from moejax.offload.setup import offload_plan, placement_factory, streams_in_jit
+from moejax.offload.memory_plan import OFFLOADED, MemoryPlanError, device_budget_bytes
+from moejax.offload.setup import offload_plan
+from moejax.placements import placement_for
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
 from moejax.plan.placement import choose_placement
 from moejax.plan.resolve import profile_for
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
+from moejax.weights import materializer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache") + PLAN_OPTIONS
@@ -60,150 +59,103 @@ def checkpoint_dtype(config: dict, where: str) -> str:
     return named
 
 
-def load(model: str, *, dtype: str = "auto", plan: EnginePlan | None = None, **options) -> Engine:
-    """Load `model` (a HF checkpoint directory or a preset name; see `presets()`). dtype: "auto" (the
-    checkpoint's own, bfloat16 for presets), "float32", "bfloat16" or "float16".
+def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num_layers: int | None = None,
+         seed: int = 0, kernels: str | None = None, compilation_cache: bool | str = True, **plan_options) -> Engine:
+    """Load `model` (a HF checkpoint directory or a preset name; see `presets()`) as an Engine that is complete:
+    its placement, plan, planners' decisions and Θ are made here.
 
-    options: num_layers (run the first N layers only), seed (preset weights), kernels (backends of the expert FFN
-    and attention: "auto", one name for both such as "xla" or "pallas", or per op, e.g.
-    "experts=ragged_dot,attention=reference"; see moejax.kernels), compilation_cache (True, False or a directory).
+    plan: where the experts live (placement and its settings, moejax.offload.settings.PlacementSettings), how the
+    model spreads over devices (layout, moejax.sharding.layout), the hardware profile `auto` choices consult and the
+    workload they are made for: one moejax.plan.engine_plan.EnginePlan, whose fields document each setting. Its
+    fields may instead be given as keywords (placement="cached", cache_slots=32, layout="attn=dp,experts=ep",
+    profile="h100", plan_tokens=8192, ...): a convenience that builds the same EnginePlan.
+    dtype: "auto" (the checkpoint's own, bfloat16 for presets), "float32", "bfloat16" or "float16"; num_layers: run
+    the first N layers only; seed: the presets' weights; kernels: backends of the expert FFN and attention ("auto",
+    one name for both such as "xla" or "pallas", or per op, e.g. "experts=ragged_dot,attention=reference"; see
+    moejax.kernels); compilation_cache: True, False or a directory."""
+    engine_plan = _plan_of(plan, plan_options)
+    kernel_choice = _kernels(kernels)
+    if compilation_cache:
+        enable_compilation_cache(compilation_cache if isinstance(compilation_cache, str) else None)
+    name, path = model, resolve_embedded(model)
+    is_dir = os.path.isdir(path)
+    if not is_dir and path not in PRESETS:
+        missing = f" (its files are missing from {os.path.dirname(__file__)}/assets)" if path in EMBEDDED else ""
+        raise ValueError(f"moejax.load: {path!r} is neither a checkpoint directory nor a preset{missing} "
+                         f"(presets: {', '.join(presets())})")
+    hf_config = read_config(path) if is_dir else preset_config(path)
+    dtype = _dtype(dtype, hf_config, path)
+    cfg, full_layers = _model_config(hf_config, path if is_dir else None, num_layers)
+    dt = DTYPES[dtype]
+    shapes = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: MoEModel(cfg, dt))))}
+    engine_plan, decisions = plan_choices(cfg, engine_plan)
+    settings = engine_plan.placement
+    memory_plan = offload_plan(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
+    if settings.placement == "auto" and memory_plan.offloads and engine_plan.layout is None:
+        memory_plan, text = choose_offload(cfg, shapes, settings, memory_plan, engine_plan)
+        decisions.append(text)
+    layout = layout_of(engine_plan.layout, cfg)
+    if layout and not memory_plan.offloads:
+        try:
+            memory_plan = layout.plan_memory(memory_plan, shapes, device_budget_bytes(settings.device_memory_gb))
+        except MemoryPlanError as e:
+            raise ValueError(f"moejax.load: {e}") from None
+    placement = placement_for(memory_plan, settings, layout)
+    abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt, placement.experts_runner(), placement.split_batch()))
+    skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
+    materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),
+                               ignore_layers_from=cfg.num_layers if skips_layers else None)
+    tokenizer = load_tokenizer(path) if is_dir else None
+    chat = ChatTemplate.from_dir(path) if tokenizer is not None else None
+    saturation = placement.theta(cfg, lambda: _profile(engine_plan))
+    graphdef, abstract_state = nnx.split(abstract)
+    return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, placement=placement, dtype=dt,
+                  kernels=kernel_choice, name=name, chat_template=chat, plan=engine_plan, decisions=decisions,
+                  saturation=saturation)
 
-    Expert offloading (moejax.offload; one device): placement ("auto": resident when the model fits the budget,
-    else streamed, else cached; "resident", "streamed", "cached"), device_memory_gb (cap on what moejax uses on the
-    device; default: the device's memory, no cap on CPU), window (streamed: MoE layers copied ahead), stream
-    (streamed: "python", a loop over per-layer jits that copies `window` layers ahead, or "jit": the experts are
-    host-memory inputs of the whole-model jit and XLA schedules their copies),
-    cache_slots, eviction ("lru", "lfu", "priority"), predictor ("router", "estimator", "hybrid",
-    "expert_map", "previous_hidden", "oracle" or a predictor object), maps (directory written by
-    `launch.calibrate --maps`, for "expert_map"), default_vectors (directory written by DefaultVectors.save,
-    for the router predictor), estimator (directory written by `launch.distill`, for "estimator" and "hybrid"),
-    prefetch_distance (MoE layers ahead; an estimator's distance is the one it was distilled for),
-    speculative (run predicted experts instead of loading true-router misses), router_free (speculative: the
-    predictor builds on the predicted routing of the layers it ran, Speculating Experts §6.4).
 
-    layout: how the model spreads over devices, e.g. "attn=dp,experts=ep" (see moejax.sharding.layout); "auto" (the
-    fastest layout on the devices present, moejax.plan.layouts), or a DEP layout with fields left to FinDEP's solver,
-    e.g. "attn=dp,experts=dep,r1=auto,r2=auto,order=auto". profile: the hardware profile `auto` choices consult (a
-    datasheet name such as "h100", or a JSON file from `launch.profile_devices`; default: the one measured for these
-    devices, else their datasheet); plan_tokens / plan_seq_len: the step those choices are made for (8192 tokens
-    in sequences of 1024).
-
-    plan: the same settings as one moejax.plan.engine_plan.EnginePlan (then none of the keywords above)."""
-    unknown = sorted(set(options) - set(OPTIONS))
+def _plan_of(plan: EnginePlan | None, options: dict) -> EnginePlan:
+    """load's plan, given whole or as keywords (not both)."""
+    unknown = sorted(set(options) - set(PLAN_OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
-    if plan is not None and set(options) & set(PLAN_OPTIONS):
-        raise TypeError(f"moejax.load: give plan= or the options {sorted(set(options) & set(PLAN_OPTIONS))}, not both")
-    engine_plan = plan or EnginePlan.from_options({k: options.get(k) for k in PLAN_OPTIONS})
-    settings = engine_plan.placement
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"moejax.load: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    if plan is not None and options:
+        raise TypeError(f"moejax.load: give plan= or the options {sorted(options)}, not both")
+    return plan or EnginePlan.from_options({k: options.get(k) for k in PLAN_OPTIONS})
+
+
+def _kernels(spec: str | None) -> Kernels:
+    """The kernels option checked; `auto` stays per call (attention's and the experts' choices depend on shapes and,
+    for the experts on a GPU, on the tuning table's measurements)."""
     try:
-        kernels = Kernels.parse(options.get("kernels"))
+        kernels = Kernels.parse(spec)
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
     unavailable = kernels.unavailable()
     if unavailable:
         raise ValueError(f"moejax.load: kernels {unavailable}")
-    # auto stays per call: attention's and the experts' choices depend on shapes (and, for the experts on a GPU,
-    # on the tuning table's measurements)
-    cache_opt = options.get("compilation_cache", True)
-    if cache_opt:
-        enable_compilation_cache(cache_opt if isinstance(cache_opt, str) else None)
+    return kernels
 
-    name, model = model, resolve_embedded(model)
-    is_dir = os.path.isdir(model)
-    if not is_dir and model not in PRESETS:
-        missing = f" (its files are missing from {os.path.dirname(__file__)}/assets)" if model in EMBEDDED else ""
-        raise ValueError(f"moejax.load: {model!r} is neither a checkpoint directory nor a preset{missing} "
-                         f"(presets: {', '.join(presets())})")
-    hf_config = read_config(model) if is_dir else preset_config(model)
-    if dtype == "auto":
-        dtype = checkpoint_dtype(hf_config, model)
+
+def _dtype(dtype: str, hf_config: dict, where: str) -> str:
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"moejax.load: dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    return checkpoint_dtype(hf_config, where) if dtype == "auto" else dtype
+
+
+def _model_config(hf_config: dict, checkpoint: str | None, num_layers: int | None) -> tuple[ModelConfig, int]:
+    """-> (the config to run, the checkpoint's full layer count). Generation stops at generation_config.json's
+    end-of-sequence ids when it names any, else at config.json's: what transformers' generate does."""
     cfg = ModelConfig.from_hf(hf_config)
-    # Generation stops at generation_config.json's end-of-sequence ids when it names any, else at config.json's:
-    # what transformers' generate does.
-    generation_eos = read_generation_eos(model) if is_dir else ()
+    generation_eos = read_generation_eos(checkpoint) if checkpoint is not None else ()
     if generation_eos:
         cfg = cfg.replace(eos_token_ids=generation_eos)
     full_layers = cfg.num_layers
-    n = options.get("num_layers")
-    if n is not None:
-        if not 1 <= int(n) <= cfg.num_layers:
-            raise ValueError(f"moejax.load: num_layers={n} outside 1..{cfg.num_layers}")
-        cfg = cfg.replace(num_layers=int(n))
-    dt = DTYPES[dtype]
-    abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt))
-    flat = {path: var for path, var in nnx.to_flat_state(nnx.state(abstract))}
-    shapes = {path: var.get_value() for path, var in flat.items()}
-    engine_plan, decisions = plan_choices(cfg, engine_plan)
-    plan = offload_plan(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
-    if settings.placement == "auto" and plan.placement != "resident" and engine_plan.layout is None:
-        plan, text = choose_offload(cfg, shapes, settings, plan, engine_plan)
-        decisions.append(text)
-    in_jit = streams_in_jit(plan, settings)
-    for layer in abstract.layers if in_jit else ():  # a static flag: part of the graphdef the jits see
-        if isinstance(layer.mlp, MoEBlock):
-            layer.mlp.host_experts = True
-    layout = layout_of(engine_plan.layout, cfg, plan, in_jit)
-    if layout and plan.placement == "resident":
-        try:
-            plan = layout.plan_memory(plan, shapes, device_budget_bytes(settings.device_memory_gb))
-        except MemoryPlanError as e:
-            raise ValueError(f"moejax.load: {e}") from None
-    if layout:
-        abstract.split_batch = layout.split_batch
-    for layer in abstract.layers if layout and not layout.disaggregated else ():
-        if isinstance(layer.mlp, MoEBlock):
-            layer.mlp.run_experts = layout.run_experts
-    graphdef, abstract_state = nnx.split(abstract)
-
-    def fill(values):
-        for path, var in flat.items():
-            var.set_value(values[path])
-        return nnx.from_flat_state(list(flat.items()))
-
-    offloaded = plan.placement != "resident"
-    disaggregated = layout is not None and layout.disaggregated
-
-    def place(path, array):
-        """Checkpoint or preset tensor -> device array; routed experts of an offloaded model go to the store, of a
-        DEP model to its expert group."""
-        if disaggregated and is_routed_expert(path):
-            return store.add(path, array)  # (a stand-in on the attention group)
-        if offloaded and is_routed_expert(path):
-            placed = store.add(path, array)  # in_jit: the jits take the host arrays; else the placement moves them
-            return placed if in_jit else jnp.zeros((), array.dtype)  # (a stand-in)
-        return layout.place(path, array) if layout else jax.device_put(array)
-
-    def with_store(build):
-        def materialize():
-            nonlocal store
-            store = HostStore(per_expert=plan.placement == "cached",
-                              sharding=layout.expert_shards if layout else None) if offloaded else \
-                layout.expert_group() if disaggregated else None
-            state = build()
-            return (state, store) if store is not None else state
-        return materialize
-
-    store = None
-    if is_dir:
-        skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
-        read = plan_params(model, cfg, shapes, ignore_layers_from=cfg.num_layers if skips_layers else None)
-        materialize = with_store(lambda: fill(read(place)))
-        tokenizer = load_tokenizer(model)
-        chat = ChatTemplate.from_dir(model) if tokenizer is not None else None
-    else:
-        seed = int(options.get("seed", 0))
-        materialize = with_store(lambda: fill({p: place(p, random_param(p, s, seed)) for p, s in shapes.items()}))
-        tokenizer, chat = None, None
-    engine = Engine(cfg, graphdef, abstract_state, materialize, tokenizer, dtype=dt, kernels=kernels, name=name,
-                    chat_template=chat,
-                    memory_plan=plan, layout=layout.layout if layout else None,
-                    make_placement=layout.make_placement(cfg, kernels, plan) if layout and (disaggregated or offloaded)
-                    else placement_factory(plan, settings, kernels) if offloaded and not in_jit else None)
-    engine.plan, engine.decisions = engine_plan, decisions
-    return engine
+    if num_layers is not None:
+        if not 1 <= int(num_layers) <= cfg.num_layers:
+            raise ValueError(f"moejax.load: num_layers={num_layers} outside 1..{cfg.num_layers}")
+        cfg = cfg.replace(num_layers=int(num_layers))
+    return cfg, full_layers
 
 
 def _profile(plan: EnginePlan):
@@ -226,7 +178,7 @@ def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_plan, plan: 
     """placement auto, the experts not fitting: streamed or cached, whichever the profile predicts faster when both
     fit (bytes decide when only one does, or when no profile is known) -> (memory plan, decision)."""
     feasible = [memory_plan]
-    other = "cached" if memory_plan.placement == "streamed" else "streamed"
+    other = next(p for p in OFFLOADED if p != memory_plan.placement)
     try:
         feasible.append(offload_plan(cfg, shapes, dataclasses.replace(settings, placement=other)))
     except ValueError as e:
@@ -240,24 +192,3 @@ def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_plan, plan: 
                                 profile, chosen.placement, PLACEMENT_WHAT_IF)
     text += "\n  what would change it: " + "; ".join(changes)
     return dataclasses.replace(chosen, reason=chosen.reason + "; " + text.splitlines()[0]), text
-
-
-def random_param(path: tuple, abstract, seed: int):
-    """Deterministic per-tensor random init on the default device (norm weights 1, biases 0)."""
-    name = str(path[-1]) if path[-1] != "weight" else str(path[-2])
-    shape, dtype = tuple(abstract.shape), abstract.dtype
-    if path[-1] == "weight":  # RMSNorm scales
-        return jnp.ones(shape, dtype)
-    if name.startswith("b") or name in ("sinks", "router_bias", "correction_bias"):
-        return jnp.zeros(shape, dtype)
-    key = jax.random.fold_in(jax.random.key(seed), zlib.crc32("/".join(map(str, path)).encode()))
-    return _normal(key, shape, dtype)
-
-
-@jax.jit
-def _normal_impl(key, proto):
-    return (0.02 * jax.random.normal(key, proto.shape, jnp.float32)).astype(proto.dtype)
-
-
-def _normal(key, shape, dtype):
-    return _normal_impl(key, jax.ShapeDtypeStruct(shape, dtype))

@@ -28,7 +28,7 @@ EXPLAIN = ("qwen3_moe", "attn=tp,experts=tp,devices=4")  # attention and experts
 
 
 def measure(engine, shape):
-    text = engine._logits_fn.lower(engine.params, jnp.zeros(shape, jnp.int32)).compile().as_text()
+    text = engine.steps.logits.lower(engine.params, jnp.zeros(shape, jnp.int32)).compile().as_text()
     found = hlo_comm.collectives(text)
     return dict(experts=hlo_comm.bytes_by_kind(found, in_shard_map=True),
                 other=hlo_comm.bytes_by_kind(found, in_shard_map=False), in_loop=sum(c.in_loop for c in found))

@@ -137,7 +137,7 @@ def async_ep_gathers(name):
     """AsyncEP: the operands of the all-gathers that bring each layer's experts together, in the compiled step.
     They must be parameters: then no gather waits on any layer's compute, and XLA may start it early."""
     engine = moejax.load(os.path.join(FIXTURES, name), dtype="float32", layout="attn=dp,experts=async_ep")
-    text = engine._logits_fn.lower(engine.params, jnp.zeros((8, 16), jnp.int32)).compile().as_text()
+    text = engine.steps.logits.lower(engine.params, jnp.zeros((8, 16), jnp.int32)).compile().as_text()
     operands = []
     for line in text.splitlines():
         if " all-gather(" in line and "shard_map" in line:
@@ -155,7 +155,7 @@ def collective_kinds(name):
     for spec in ("attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",
                  "attn=dp,experts=tp"):
         engine = moejax.load(os.path.join(FIXTURES, name), dtype="float32", layout=spec)
-        text = engine._logits_fn.lower(engine.params, jnp.zeros((8, 16), jnp.int32)).compile().as_text()
+        text = engine.steps.logits.lower(engine.params, jnp.zeros((8, 16), jnp.int32)).compile().as_text()
         kinds = re.findall(r" (all-to-all|all-gather|reduce-scatter|all-reduce|collective-permute)\(", text)
         out[spec] = sorted(set(kinds))
     return out
@@ -208,8 +208,8 @@ def padded_rows():
     for spec in ("attn=dp,experts=ep", "attn=dp,experts=replicated,devices=6", "attn=tp,experts=tp,devices=4",
                  "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=2"):
         engine = moejax.load(os.path.join(FIXTURES, "qwen3_moe"), dtype="float32", layout=spec)
-        shapes, step = [], engine._logits_fn
-        engine._logits_fn = lambda params, ids: shapes.append(ids.shape) or step(params, ids)
+        shapes, step = [], engine.steps.logits
+        engine.steps.logits = lambda params, ids: shapes.append(ids.shape) or step(params, ids)
         engine.logits(np.ones((3, 5), np.int32))
         out[spec] = dict(rows=shapes[0][0], multiple=engine.row_multiple)
         if not engine.layer_by_layer:

@@ -55,10 +55,10 @@ def test_seed_changes_preset_weights(tiny):
 
 def test_logits_do_not_recompile_within_a_bucket(tiny):
     tiny.logits(np.ones((1, 5), np.int32))
-    before = tiny._logits_fn._cache_size()
+    before = tiny.steps.logits._cache_size()
     tiny.logits(np.ones((1, 9), np.int32))
     tiny.logits(np.ones((1, 16), np.int32))
-    assert tiny._logits_fn._cache_size() == before
+    assert tiny.steps.logits._cache_size() == before
 
 
 def test_padding_does_not_change_logits(tiny):

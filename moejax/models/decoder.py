@@ -9,17 +9,17 @@ from moejax.kernels.backends import Kernels
 from moejax.kernels.precision import f32_dot
 from moejax.models.attention import GQAttention, MLAttention
 from moejax.models.layers import RMSNorm, rope_cos_sin
-from moejax.models.moe import DenseMLP, MoEBlock
+from moejax.models.moe import DenseMLP, LocalExperts, MoEBlock
 
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype, experts_runner=LocalExperts()):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = (MLAttention if cfg.attention == "mla" else GQAttention)(cfg, layer, dtype)
         if cfg.is_moe(layer):
-            self.mlp = MoEBlock(cfg, dtype)
+            self.mlp = MoEBlock(cfg, dtype, experts_runner)
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
@@ -38,14 +38,14 @@ class DecoderLayer(nnx.Module):
 class MoEModel(nnx.Module):
     """Build under `nnx.eval_shape` (weights are filled by the checkpoint loader or the preset init)."""
 
-    # Set by the loader for a data-parallel layout: split_batch(x [B, T, D]) constrains hidden states to be split
-    # by rows over the devices, so attention runs on each device's own sequences.
-    split_batch = None
-
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
+    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, experts_runner=LocalExperts(), split_batch=None):
+        """experts_runner: how every MoE block runs its routed experts (the placement's; see MoEBlock).
+        split_batch(x [B, T, D]): a data-parallel layout's constraint splitting hidden states by rows over the
+        devices, so attention runs on each device's own sequences (None: no constraint)."""
         self.cfg = cfg
+        self.split_batch = split_batch
         self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
-        self.layers = nnx.List([DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers)])
+        self.layers = nnx.List([DecoderLayer(cfg, i, dtype, experts_runner) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(
             jnp.zeros((cfg.hidden_size, cfg.vocab_size), dtype))

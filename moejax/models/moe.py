@@ -72,21 +72,44 @@ def local_expert_ffn(cfg: ModelConfig, backend: str = "auto"):
     return local
 
 
+class LocalExperts:
+    """How a MoE block runs its routed experts inside the whole-model jits: route, then the single-device expert
+    FFN over the block's own arrays. Placements give blocks other runners (host-memory inputs, programs over
+    devices); every runner is stateless and compares equal to its kind, so equal layers keep equal graphdefs."""
+
+    def __call__(self, block: "MoEBlock", x2, backend: str):
+        idx, weights = block.route_tokens(x2)
+        return block.routed(x2, idx, weights, self.arrays(block), backend)
+
+    def arrays(self, block: "MoEBlock") -> dict:
+        return block.expert_weights()
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+class HostExperts(LocalExperts):
+    """Routed experts that are host-memory inputs of the jits (a streamed placement with stream='jit'): each block
+    moves its arrays to the device where it uses them, and XLA schedules the copies."""
+
+    def arrays(self, block: "MoEBlock") -> dict:
+        return {name: jax.device_put(a, jax.memory.Space.Device) for name, a in block.expert_weights().items()}
+
+
 class MoEBlock(nnx.Module):
-    # Set on every MoE block of a model whose routed experts are jit inputs in host memory (streamed inside the
-    # jit, moejax.offload): the block moves them to the device where it uses them and XLA schedules the copies.
-    host_experts = False
-    # Set by the loader for a parallel layout: run_experts(local_ffn, x2, None, None, experts, route=route_tokens)
-    # routes and runs the experts as a program over devices (moejax.sharding.experts), computing what local_ffn
-    # would on one device; routing inside it keeps top-k on each device's own tokens.
-    run_experts = None
     # Set by moejax.train (forward_with_router): route_tokens sows its router logits as an nnx.Intermediate
     # ("sown_router_logits") for nnx.capture; the training losses and the quality bench read them.
     record_router = False
 
-    def __init__(self, cfg: ModelConfig, dtype):
+    def __init__(self, cfg: ModelConfig, dtype, experts_runner=LocalExperts()):
+        """experts_runner(block, x2 [N, D], backend) -> routed output [N, D]: LocalExperts, HostExperts, or a
+        program over devices (moejax.sharding.experts.ShardedExperts); the placement picks it."""
         D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
         self.cfg = cfg
+        self.run_experts = experts_runner
         self.router = _param((D, E), _f32)  # routers stay float32 whatever the model dtype
         self.router_bias = _param((E,), _f32) if cfg.router_bias else None
         self.correction_bias = _param((E,), _f32) if cfg.score_correction_bias else None
@@ -103,10 +126,7 @@ class MoEBlock(nnx.Module):
 
     def expert_weights(self) -> dict:
         """The routed experts' arrays by name (absent biases left out), as `routed` takes them."""
-        arrays = {name: getattr(self, name)[...] for name in EXPERT_ARRAYS if getattr(self, name) is not None}
-        if self.host_experts:
-            arrays = {name: jax.device_put(a, jax.memory.Space.Device) for name, a in arrays.items()}
-        return arrays
+        return {name: getattr(self, name)[...] for name in EXPERT_ARRAYS if getattr(self, name) is not None}
 
     def route_tokens(self, x2):
         """[N, D] -> (expert ids [N, k], float32 weights [N, k])."""
@@ -137,10 +157,5 @@ class MoEBlock(nnx.Module):
     def __call__(self, x, backend: str = "auto"):
         B, T, D = x.shape
         x2 = x.reshape(B * T, D)
-        if self.run_experts is not None:
-            y = self.run_experts(self._local_ffn(backend), x2, None, None, self.expert_weights(),
-                                 route=self.route_tokens)
-        else:
-            idx, weights = self.route_tokens(x2)
-            y = self.routed(x2, idx, weights, self.expert_weights(), backend)
+        y = self.run_experts(self, x2, backend)
         return self.with_shared(x2, y).reshape(B, T, D)

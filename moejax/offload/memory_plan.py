@@ -9,6 +9,7 @@ import dataclasses
 import jax
 
 PLACEMENTS = ("auto", "resident", "streamed", "cached")
+OFFLOADED = ("streamed", "cached")  # the experts live in host memory
 RESERVE_FRACTION = 0.1  # of the budget, for activations, KV cache and XLA workspace
 DEFAULT_WINDOW = 2  # layers in flight beyond the computing one: more only costs memory once copies are hidden
 MIN_PASS_EXPERTS = 16  # experts stacked per pass of the cached FFN (at least top-k)
@@ -55,6 +56,11 @@ class MemoryPlan:
     @property
     def device_bytes(self) -> int:
         return self.resident_bytes + self.expert_device_bytes
+
+    @property
+    def offloads(self) -> bool:
+        """Whether routed experts live in host memory (streamed or cached)."""
+        return self.placement in OFFLOADED
 
     def describe(self) -> str:
         budget = "no cap" if self.budget_bytes is None else size(self.budget_bytes)

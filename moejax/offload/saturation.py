@@ -82,7 +82,7 @@ class _Stopwatch:
 def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
                        seed: int = 0) -> Saturation:
     """Profile a streamed engine on one row of `tokens` random ids (after a warm-up pass that compiles)."""
-    if engine.memory_plan is None or engine.memory_plan.placement != "streamed" or not engine.layer_by_layer:
+    if not engine.placement.profiles_theta:
         raise ValueError("profile_saturation: the engine's placement is not 'streamed' with stream='python'")
     steps = engine.layered_steps
     streamed = steps.placement
@@ -103,5 +103,5 @@ def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, r
     ref_flops = layer_flops_per_token(engine.config) * tokens
     theta = (1 + epsilon) * max(streaming.values()) / t0 * ref_flops
     saturation = Saturation(theta, tokens, ref_flops, t0, compute, streaming, epsilon)
-    engine.saturation = saturation
+    engine.use_theta(saturation)
     return saturation

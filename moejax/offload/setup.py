@@ -1,5 +1,5 @@
 """`moejax.load`'s placement settings (checked where they are built, moejax.offload.settings) turned into a
-MemoryPlan, and into the placement the Engine runs."""
+MemoryPlan, and the predictor they name."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,14 +7,12 @@ import dataclasses
 import numpy as np
 
 from moejax.config import ModelConfig
-from moejax.offload.cached import Cached
 from moejax.offload.host_store import is_routed_expert
 from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes, plan_memory
 from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
                                     OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
 from moejax.offload.settings import PlacementSettings
-from moejax.offload.streamed import Streamed
 
 def _error(message: str):
     return ValueError(f"moejax.load: {message}")
@@ -45,15 +43,7 @@ def offload_plan(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *,
         plan = dataclasses.replace(plan, reason=plan.reason + "; planned as one device: under experts=async_ep each "
                                    "device holds the current and next layer's experts whole and window layers of its "
                                    "1/devices shards")
-    if streams_in_jit(plan, settings):
-        plan = dataclasses.replace(plan, reason=plan.reason + "; stream='jit': XLA decides how many layers of "
-                                   "experts are on the device at once (the window is a plan, not enforced)")
     return plan
-
-
-def streams_in_jit(plan, settings: PlacementSettings) -> bool:
-    """Streamed experts as host-memory inputs of the resident jits (XLA copies them in) instead of a Python loop."""
-    return plan.placement == "streamed" and settings.streams_in_jit
 
 
 def _same_distance(settings: PlacementSettings, built_for: int, what: str) -> int:
@@ -63,8 +53,15 @@ def _same_distance(settings: PlacementSettings, built_for: int, what: str) -> in
     return built_for
 
 
-def _predictor(settings: PlacementSettings):
+def predictor_of(settings: PlacementSettings):
     """The predictor object the settings name (its files read here, at load), or what was given, or None."""
+    try:
+        return _predictor(settings)
+    except ValueError as e:
+        raise _error(str(e)) from None
+
+
+def _predictor(settings: PlacementSettings):
     name = settings.predictor
     distance = settings.prefetch_distance or 1
     if name == "router":
@@ -82,19 +79,3 @@ def _predictor(settings: PlacementSettings):
     if name == "oracle":
         return OraclePredictor()
     return name
-
-
-def placement_factory(plan, settings: PlacementSettings, kernels):
-    """-> make(store) building the placement of an offloaded plan (predictor files are read here, at load)."""
-    try:
-        predictor = _predictor(settings)
-    except ValueError as e:
-        raise _error(str(e)) from None
-
-    def make(store):
-        if plan.placement == "streamed":
-            return Streamed(store, plan.window, kernels.experts)
-        return Cached(store, plan.cache_slots, settings.eviction or "lru", kernels.experts,
-                      predictor=predictor, speculative=settings.speculative, router_free=settings.router_free,
-                      pass_experts=plan.pass_experts)
-    return make

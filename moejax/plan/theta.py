@@ -93,3 +93,17 @@ def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_
         compute = f / plan.devices / cfg.num_layers / plan.compute_flops_per_s
         out.append((compute, max(compute, plan.t_comm_s)))
     return out
+
+
+def theta_at_load(cfg: ModelConfig, mode: str | None, devices: int, find_profile) -> ThetaPlan | None:
+    """Θ a freshly loaded engine fills its prefill batches to: Eq. 1 in the placement's channel `mode` (None: its
+    experts are not copied during a forward, so no Θ) on the hardware profile `find_profile()` returns; None when
+    no profile is known (it raises ValueError; batches then follow the token budget alone). A measured Θ (Eq. 3,
+    moejax.offload.saturation) may replace it later."""
+    if mode is None:
+        return None
+    try:
+        profile = find_profile()
+    except ValueError:
+        return None
+    return theta_eq1(cfg, profile, mode=mode if devices > 1 or mode == "streamed" else "streamed", devices=devices)

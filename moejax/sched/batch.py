@@ -31,15 +31,15 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
             if not isinstance(e, BadLine) and not store.done(e.line)]
     # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies
-    saturation = engine.saturation or unprofiled_theta(engine)
+    saturation = engine.saturation  # made at load (moejax.plan.theta), or measured since
     floor = saturation.theta_flops if saturation is not None else 0.0
     cache_blocks = prefix_cache_blocks(engine, prefix_cache_mb)
     sizing = score_batch_size(engine, max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if kv_cache == "off" else prefix_cache_mb * 2**20)
     plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens or DEFAULT_TOKENS, kv_cache=kv_cache,
                      cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg, score_batch=sizing)
-    if batching == "continuous" and engine.layout is not None and engine.layout.experts == "dep":
-        batching = "static"  # DEP splits a step's rows (and so its caches) into micro-batches: not a shared pool yet
+    if batching == "continuous" and not engine.placement.continuous_batching:
+        batching = "static"
     runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options,
                     batch_size=sizing)
     if batching == "continuous":
@@ -55,30 +55,6 @@ def longest_score_sequence(requests) -> int:
     """Tokens of the longest scoring sequence (a context and one candidate, its last token read, not fed)."""
     return max((len(ctx) + len(c.token_ids) - 1 for r in requests if isinstance(r, ScoreRequest)
                 for ctx in r.contexts for c in r.candidates), default=0)
-
-
-def theta_from_profile(engine, profile: str | None = None):
-    """Θ of a streamed engine by Eq. 1 from a hardware profile (named, else the devices' own; ValueError without
-    one); AsyncEP's two-channel form under a layout. Sets engine.saturation."""
-    from moejax.plan.resolve import profile_for
-    from moejax.plan.theta import theta_eq1
-    devices = engine.layout.devices if engine.layout is not None else 1
-    found = profile_for(jax.devices()[0].device_kind, len(jax.devices()), profile)
-    engine.saturation = theta_eq1(engine.config, found, mode="two_channel" if devices > 1 else "streamed",
-                                  devices=devices)
-    return engine.saturation
-
-
-def unprofiled_theta(engine):
-    """Θ of a streamed engine whose Θ was not profiled: Eq. 1 (the fallback), or None without a hardware profile
-    (then batches follow the token budget alone)."""
-    plan = engine.memory_plan
-    if plan is None or plan.placement != "streamed" or not engine.layer_by_layer:
-        return None
-    try:
-        return theta_from_profile(engine, engine.plan.profile if engine.plan is not None else None)
-    except ValueError:
-        return None
 
 
 def engine_settings(engine) -> dict:

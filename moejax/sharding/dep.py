@@ -83,8 +83,6 @@ class Disaggregated:
         self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh,
                                                   local_expert_ffn(cfg, backend)))
 
-    steps_class = property(lambda self: DisaggregatedSteps)
-
     def run(self, layer: int, y2, idx, weights):
         """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited)."""
         sent = jax.device_put((y2, idx, weights), self.expert_rows)

@@ -140,3 +140,16 @@ def _all_to_all_body(local_ffn, names, n_dev):
         y = jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)  # (token, choice) order
         return jnp.einsum("nkd,nk->nd", y.astype(_f32), weights.astype(_f32)).astype(x.dtype)
     return body
+
+
+class ShardedExperts:
+    """A MoE block's experts runner under a parallel layout (MoEBlock's experts_runner): routes and runs the
+    experts as one program over the mesh (sharded_routed), routing inside it so top-k stays on each device's own
+    tokens. One object serves every block: the graphdefs of equal layers stay equal."""
+
+    def __init__(self, layout: Layout, mesh):
+        self.layout, self.mesh = layout, mesh
+
+    def __call__(self, block, x2, backend: str):
+        return sharded_routed(self.layout, self.mesh, block._local_ffn(backend), x2, None, None,
+                              block.expert_weights(), route=block.route_tokens)

@@ -11,9 +11,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import is_routed_expert
-from moejax.sharding.dep import Disaggregated, ExpertGroup, group_meshes
-from moejax.sharding.gathered import GatheredStreamed
-from moejax.sharding.experts import AXIS, TP_SPECS, sharded_routed, tp_columns
+from moejax.sharding.dep import ExpertGroup, group_meshes
+from moejax.sharding.experts import AXIS, TP_SPECS, ShardedExperts, tp_columns
 from moejax.sharding.layout import Layout
 from moejax.sharding.memory import check_fits, device_weights
 from moejax.sharding.mesh import make_mesh
@@ -23,7 +22,7 @@ from moejax.sharding.mesh import make_mesh
 class LayoutSetup:
     layout: Layout
     mesh: object  # every device of the layout; under DEP the attention group's
-    run_experts: object  # one object for every block: the graphdefs of equal layers stay equal (None under DEP)
+    run_experts: object  # ShardedExperts, one for every block: equal layers keep equal graphdefs (None under DEP)
     kv_heads: int
     expert_mesh: object = None  # DEP: the expert group's devices
     first_moe: int | None = None  # async_ep keeps this layer's experts whole on every device
@@ -49,13 +48,6 @@ class LayoutSetup:
         """Where an offloaded layout's routed experts go: split by expert index over the devices (a HostStore
         puts them in each device's pinned host memory)."""
         return NamedSharding(self.mesh, P(AXIS))
-
-    def make_placement(self, cfg, kernels, plan):
-        """-> make(store) giving the placement that runs the routed experts layer by layer (as Engine's
-        make_placement): DEP's expert group, or AsyncEP's two-channel pipeline from the host."""
-        if self.disaggregated:
-            return lambda store: Disaggregated(store, self.layout, cfg, kernels.experts)
-        return lambda store: GatheredStreamed(store, plan.window, self.mesh, cfg, kernels.experts)
 
     @property
     def split_batch(self):
@@ -96,9 +88,8 @@ class LayoutSetup:
         return by_heads
 
 
-def layout_of(spec, cfg, plan, in_jit: bool = False) -> LayoutSetup | None:
-    """The checked layout (None without one); offloading combines only as AsyncEP's two-channel pipeline
-    (experts=async_ep, placement='streamed', streamed from Python)."""
+def layout_of(spec, cfg) -> LayoutSetup | None:
+    """The checked layout (None without one); which placements combine with it is moejax.placements' to say."""
     if spec is None:
         return None
     try:
@@ -107,11 +98,6 @@ def layout_of(spec, cfg, plan, in_jit: bool = False) -> LayoutSetup | None:
                                 heads=cfg.num_heads)
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
-    two_channel = layout.experts == "async_ep" and plan.placement == "streamed" and not in_jit
-    if plan.placement != "resident" and not two_channel:
-        raise ValueError(f"moejax.load: layout {layout} and placement {plan.placement!r}"
-                         f"{' (stream=jit)' if in_jit else ''} do not combine; with a layout, experts are offloaded "
-                         "only as experts=async_ep with placement='streamed' (stream='python')")
     if layout.experts == "dep":
         if jax.process_count() > 1:
             raise ValueError("moejax.load: experts=dep runs in one process (its groups exchange activations with "
@@ -120,5 +106,5 @@ def layout_of(spec, cfg, plan, in_jit: bool = False) -> LayoutSetup | None:
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     mesh = make_mesh(layout.devices)
     first_moe = next((i for i, moe in enumerate(cfg.moe_layers) if moe), None)
-    return LayoutSetup(layout, mesh, functools.partial(sharded_routed, layout, mesh), cfg.num_kv_heads or 0,
+    return LayoutSetup(layout, mesh, ShardedExperts(layout, mesh), cfg.num_kv_heads or 0,
                        first_moe=first_moe)

@@ -17,7 +17,7 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
-from moejax.loading import random_param
+from moejax.weights import random_param
 from moejax.models.decoder import MoEModel
 from moejax.models.moe import MoEBlock
 
@@ -47,7 +47,7 @@ class TrainModel:
         self.shapes = {name_of(path): var.get_value() for path, var in nnx.to_flat_state(state)}
 
     def init(self, seed: int) -> dict:
-        """Normal(0, 0.02) weights, norms 1 (loading.random_param, the presets' init)."""
+        """Normal(0, 0.02) weights, norms 1 (weights.random_param, the presets' init)."""
         return {name: random_param(self.paths[name], s, seed) for name, s in self.shapes.items()}
 
     def module(self, params: dict) -> MoEModel:

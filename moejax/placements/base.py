@@ -1,0 +1,128 @@
+"""The Placement interface: where a model's routed experts live and how a forward reaches them. `moejax.load` picks
+one class (moejax.placements.placement_for) and the Engine asks it everything placement-specific; no other code
+compares placement names."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from moejax.models.moe import LocalExperts, is_routed_expert
+from moejax.offload.layered import LayeredSteps
+from moejax.plan.theta import theta_at_load
+from moejax.whole_model_steps import WholeModelSteps
+
+
+class Placement:
+    """Resident behaviour; each placement overrides what differs. Answers, for `moejax.load` and the Engine:
+    - how checkpoint tensors are placed: `new_store()` at materialize, then `place(path, array, store)` for each;
+    - which steps run a forward (`make_steps`): the whole-model jits (`experts_runner()` tells each MoE block how to
+      run its experts inside them), or the layer loop of moejax.offload.layered (LayerByLayer);
+    - its saturation threshold Θ (`theta`; `theta_mode` names the weight channel Eq. 1 models, None: no copies);
+    - its counters (`stats`) and how it describes itself (`describe`)."""
+
+    name: ClassVar[str] = "resident"
+    layer_by_layer: ClassVar[bool] = False  # the steps run MoE layers from Python (layer_runtime)
+    theta_mode: ClassVar[str | None] = None  # moejax.plan.theta.MODES: Θ applies to this placement
+    profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
+    continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
+
+    def __init__(self, memory_plan, layout_setup=None):
+        self.memory_plan = memory_plan  # moejax.offload.memory_plan.MemoryPlan
+        self.layout_setup = layout_setup  # moejax.sharding.setup.LayoutSetup, or None on one device
+
+    @classmethod
+    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+        """Whether this class runs the memory plan's placement under the settings and the layout."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, memory_plan, settings, layout_setup) -> "Placement":
+        return cls(memory_plan, layout_setup)
+
+    @property
+    def layout(self):
+        """The resolved moejax.sharding.Layout, or None on one device."""
+        return None if self.layout_setup is None else self.layout_setup.layout
+
+    @property
+    def devices(self) -> int:
+        return 1 if self.layout is None else self.layout.devices
+
+    # -- the model ----------------------------------------------------------------------------------------------
+    def experts_runner(self):
+        """How each MoE block runs its routed experts inside the whole-model jits (MoEBlock's experts_runner)."""
+        return LocalExperts() if self.layout_setup is None or self.layout_setup.run_experts is None else \
+            self.layout_setup.run_experts
+
+    def split_batch(self):
+        """The hidden-state row split of a data-parallel layout (MoEModel's split_batch), or None."""
+        return None if self.layout_setup is None else self.layout_setup.split_batch
+
+    # -- the weights --------------------------------------------------------------------------------------------
+    def new_store(self):
+        """Where the routed experts go at materialize (a HostStore, DEP's expert group), or None: in the params."""
+        return None
+
+    def place(self, path: tuple, array, store):
+        """A checkpoint or preset tensor -> what the params hold for it (the placement may keep the array itself
+        in `store` and give the params a stand-in)."""
+        return self.layout_setup.place(path, array) if self.layout_setup is not None else jax.device_put(array)
+
+    # -- the steps ------------------------------------------------------------------------------------------------
+    def make_steps(self, graphdef, kernels, config, params=None, store=None):
+        """The steps a forward runs (logits, score, prefill, decode, chunk, paged_decode): here the whole-model jits,
+        which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
+        return WholeModelSteps(graphdef, kernels)
+
+    def theta(self, config, find_profile):
+        """Θ at load: Eq. 1 in this placement's channel (moejax.plan.theta), None without copies to hide."""
+        return theta_at_load(config, self.theta_mode, self.devices, find_profile)
+
+    # -- reporting ----------------------------------------------------------------------------------------------
+    def stats(self, steps) -> dict:
+        """Engine.stats(): counters since load or reset (`steps`: the layer loop, None for whole-model jits)."""
+        return {"placement": self.name}
+
+    def reset_stats(self, steps) -> None:
+        pass
+
+    def describe(self, steps) -> str | None:
+        """A line for Engine.explain() after the memory plan's (None: nothing to add)."""
+        return None
+
+
+class LayerByLayer(Placement):
+    """A placement whose MoE layers run from Python (moejax.offload.layered): `layer_runtime` gives the object that
+    supplies each MoE layer's experts to the loop, and counters and description come from it."""
+
+    layer_by_layer = True
+
+    def make_steps(self, graphdef, kernels, config, params=None, store=None):
+        return self.steps_class()(graphdef, params, kernels, self.layer_runtime(store, kernels, config))
+
+    def layer_runtime(self, store, kernels, config):
+        raise NotImplementedError
+
+    def steps_class(self):
+        """The layer loop's class (moejax.offload.layered.LayeredSteps unless the placement drives its own)."""
+        return LayeredSteps
+
+    def stats(self, steps) -> dict:
+        runtime = steps.placement
+        extra = runtime.cache.stats() if hasattr(runtime, "cache") else {}
+        return {"placement": runtime.name, **runtime.stats.as_dict(extra)}
+
+    def reset_stats(self, steps) -> None:
+        steps.placement.stats = type(steps.placement.stats)()
+
+    def describe(self, steps) -> str:
+        return "placement " + steps.placement.describe()
+
+    def stand_in(self, path: tuple, array, store):
+        """Routed experts into the store, a 0-d stand-in in the params; the rest as resident."""
+        if is_routed_expert(path):
+            store.add(path, array)
+            return jnp.zeros((), array.dtype)
+        return super().place(path, array, store)

@@ -1,0 +1,38 @@
+"""Cached experts (Speculating Experts, fMoE): a fixed number of expert slots on the device, filled from pinned host
+memory by demand and by a predictor's prefetches (moejax.offload.cached)."""
+from __future__ import annotations
+
+from moejax.offload.cached import Cached as CachedRuntime
+from moejax.offload.host_store import HostStore
+from moejax.offload.setup import predictor_of
+from moejax.placements.base import LayerByLayer
+
+
+class Cached(LayerByLayer):
+    name = "cached"
+
+    def __init__(self, memory_plan, layout_setup=None, *, settings, predictor):
+        """settings: the PlacementSettings (eviction, speculative, router_free); predictor: the object built from
+        them at load (predictor_of), or None."""
+        super().__init__(memory_plan, layout_setup)
+        self.settings, self.predictor = settings, predictor
+
+    @classmethod
+    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+        return memory_plan.placement == cls.name and layout_setup is None
+
+    @classmethod
+    def build(cls, memory_plan, settings, layout_setup) -> "Cached":
+        return cls(memory_plan, layout_setup, settings=settings, predictor=predictor_of(settings))
+
+    def new_store(self):
+        return HostStore(per_expert=True)
+
+    def place(self, path, array, store):
+        return self.stand_in(path, array, store)
+
+    def layer_runtime(self, store, kernels, config):
+        s = self.settings
+        return CachedRuntime(store, self.memory_plan.cache_slots, s.eviction or "lru", kernels.experts,
+                             predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
+                             pass_experts=self.memory_plan.pass_experts)

@@ -1,0 +1,28 @@
+"""AsyncEP's two-channel pipeline (MoE-Prefill §6.2-6.3, layout experts=async_ep with placement 'streamed'): each
+device copies its shard of a layer's experts from pinned host memory while gathering the next layer's shards from
+the others (moejax.sharding.gathered)."""
+from __future__ import annotations
+
+from moejax.offload.host_store import HostStore
+from moejax.placements.base import LayerByLayer
+from moejax.sharding.gathered import GatheredStreamed
+
+
+class Gathered(LayerByLayer):
+    name = "async_ep+streamed"
+    theta_mode = "two_channel"
+    profiles_theta = True
+
+    @classmethod
+    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+        return (memory_plan.placement == "streamed" and layout_setup is not None and not settings.streams_in_jit
+                and layout_setup.layout.experts == "async_ep")
+
+    def new_store(self):
+        return HostStore(per_expert=False, sharding=self.layout_setup.expert_shards)
+
+    def place(self, path, array, store):
+        return self.stand_in(path, array, store)
+
+    def layer_runtime(self, store, kernels, config):
+        return GatheredStreamed(store, self.memory_plan.window, self.layout_setup.mesh, config, kernels.experts)

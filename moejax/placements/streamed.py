@@ -1,0 +1,56 @@
+"""Streamed experts (MoE-Prefill §6.3, one device): each MoE layer's routed experts copied from pinned host memory
+`window` layers ahead. stream='python': a loop over per-layer jits moves them (moejax.offload.streamed);
+stream='jit': the experts are host-memory inputs of the whole-model jits and XLA schedules their copies."""
+from __future__ import annotations
+
+from moejax.models.moe import HostExperts, is_routed_expert
+from moejax.offload.host_store import HostStore
+from moejax.offload.streamed import Streamed as StreamedRuntime
+from moejax.placements.base import LayerByLayer, Placement
+
+
+class Streamed(LayerByLayer):
+    name = "streamed"
+    theta_mode = "streamed"
+    profiles_theta = True
+
+    @classmethod
+    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+        return memory_plan.placement == cls.name and layout_setup is None and not settings.streams_in_jit
+
+    def new_store(self):
+        return HostStore(per_expert=False)
+
+    def place(self, path, array, store):
+        return self.stand_in(path, array, store)
+
+    def layer_runtime(self, store, kernels, config):
+        return StreamedRuntime(store, self.memory_plan.window, kernels.experts)
+
+
+class StreamedInJit(Placement):
+    """stream='jit': no layer loop, no counters; the MoE blocks move their host-memory arrays where they use them."""
+    name = "streamed"
+
+    @classmethod
+    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+        return memory_plan.placement == "streamed" and layout_setup is None and settings.streams_in_jit
+
+    def experts_runner(self):
+        return HostExperts()
+
+    def new_store(self):
+        return HostStore(per_expert=False)
+
+    def place(self, path, array, store):
+        if is_routed_expert(path):
+            return store.add(path, array)  # the host array itself: an input of the jits
+        return super().place(path, array, store)
+
+    def stats(self, steps) -> dict:
+        return {"placement": "streamed", "stream": "jit"}  # XLA moves the experts: nothing to count here
+
+    def describe(self, steps) -> str:
+        return ("placement streamed inside the jit: the experts are host-memory inputs and XLA schedules their copies "
+                "(no window, no counters: XLA decides how many layers of experts are on the device at once, and the "
+                "memory plan's window is a plan, not enforced)")
