@@ -37,10 +37,10 @@ from moejax.buckets import bucket, rows_bucket
 from moejax.kernels.attention.paged_xla import blocks_per_step
 from moejax.kv_pool import BLOCK
 from moejax.sampling import Sampling
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
+from moejax.step_inputs import ChunkRows, PagedDecodeRows
 
 # Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
 # most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables
