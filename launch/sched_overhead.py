@@ -20,18 +20,17 @@ TARGET_MS = 2.0  # issue 29: host overhead per scheduler step, no-op model, CPU
 # pool would be a copy each step (the real steps donate it and write it in place). The carry is kept as the real
 # steps keep it, so chained rows make tokens only where their sequence goes on.
 @functools.partial(jax.jit, static_argnames=("fresh", "token"), keep_unused=True)
-def _chunk(pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *, fresh, token):
-    tok = jnp.full(tokens.shape[:1], token, jnp.int32)
-    return carry.at[slot].set(tok, mode="drop"), tok
+def _chunk(pool, carry, rows, *, fresh, token):
+    tok = jnp.full(rows.tokens.shape[:1], token, jnp.int32)
+    return carry.at[rows.slot].set(tok, mode="drop"), tok
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "token"), keep_unused=True)
-def _decode(pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count, stops, *, steps,
-            token):
-    _, _, live, _ = paged_steps.decode_start(carry, slot, chain, last, budget, stops, steps)
-    made = (jnp.arange(steps, dtype=jnp.int32)[None, :] < budget[:, None]) & live[:, None]  # its whole budget
+def _decode(pool, carry, rows, *, steps, token):
+    live = paged_steps.decode_start(carry, rows, steps).live
+    made = (jnp.arange(steps, dtype=jnp.int32)[None, :] < rows.budget[:, None]) & live[:, None]  # its whole budget
     out = jnp.where(made, token, -1).astype(jnp.int32)
-    return paged_steps.decode_finish(carry, slot, out), out
+    return paged_steps.decode_finish(carry, rows.slot, out), out
 
 
 class NoopSteps:
@@ -44,16 +43,12 @@ class NoopSteps:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def paged_chunk(self, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *,
-                    fresh: bool):
-        # the host inputs straight into the jitted call, as Engine.paged_chunk passes them
-        return pool, *_chunk(pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count,
-                             fresh=fresh, token=self._token)
+    def paged_chunk(self, pool, carry, rows, *, fresh: bool):
+        # the host rows straight into the jitted call, as Engine.paged_chunk passes them
+        return pool, *_chunk(pool, carry, rows, fresh=fresh, token=self._token)
 
-    def paged_decode(self, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
-                     stops, *, steps: int):
-        return pool, *_decode(pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
-                              stops, steps=steps, token=self._token)
+    def paged_decode(self, pool, carry, rows, *, steps: int):
+        return pool, *_decode(pool, carry, rows, steps=steps, token=self._token)
 
 
 def free_token(reqs: list[dict], eos_ids, vocab: int) -> int:

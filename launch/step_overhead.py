@@ -22,7 +22,7 @@ KIND = {"paged_chunk": "chunk", "paged_decode": "decode"}
 @dataclasses.dataclass
 class Call:
     method: str
-    args: tuple  # after the pool and the carry
+    args: tuple  # after the pool and the carry: the step's rows (moejax.step_inputs)
     kwargs: dict
     out: object  # the call's result besides the pool (tokens, on the device)
     call_s: float  # host seconds until the call returned (inputs converted, program dispatched)
@@ -56,10 +56,10 @@ def _as_run(call: Call) -> tuple:
     its samples differ)."""
     if call.method != "paged_decode":
         return call.args
-    slot, chain, last, start, _, table, temperature, top_p, keys, count, stops = call.args
+    rows, = call.args
     made = (np.asarray(call.out) >= 0).sum(axis=1).astype(np.int32)
-    return (slot, np.zeros_like(chain), last, start, made, table, temperature, top_p, keys, count,
-            np.full_like(stops, -1))
+    return (dataclasses.replace(rows, chain=np.zeros_like(rows.chain), budget=made,
+                                stops=np.full_like(rows.stops, -1)),)
 
 
 def _live(pool):

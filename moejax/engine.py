@@ -13,6 +13,8 @@ from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
 from moejax.placements.base import Placement
+from moejax.sampling import Sampling
+from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 MIN_SEQ_BUCKET = 16
 
@@ -281,14 +283,14 @@ class Engine:
                           -1)
         row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (Bm - m,))]) if Bm > m else keys
         row = lambda values, fill: jnp.asarray(np.array(list(values) + [fill] * (Bm - m), np.float32))  # noqa: E731
-        temp, topp = row(temperature, 0.0), row(top_p, 1.0)
+        sampling = Sampling(row(temperature, 0.0), row(top_p, 1.0), row_keys, jnp.zeros((Bm,), jnp.int32))
         maxn = np.ones((Bm,), np.int32)
         maxn[:m] = max_new
-        cache, first, pool = self.steps.prefill(self.params, pool, jnp.asarray(tokens), jnp.asarray(positions),
-                                              jnp.asarray(last), temp, topp, row_keys,
-                                              **{k: jnp.asarray(v) for k, v in extra.items()}, cache_len=cache_len)
-        out, count = self.steps.decode(self.params, cache, first, jnp.asarray(lengths), temp, topp, row_keys,
-                                     jnp.asarray(stops), jnp.asarray(maxn), steps=steps)
+        prefill = PrefillRows(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(last), sampling,
+                              **{k: jnp.asarray(v) for k, v in extra.items()})
+        cache, first, pool = self.steps.prefill(self.params, pool, prefill, cache_len=cache_len)
+        decode = DecodeRows(first, jnp.asarray(lengths), jnp.asarray(stops), jnp.asarray(maxn), sampling)
+        out, count = self.steps.decode(self.params, cache, decode, steps=steps)
         out, count = _to_host(out), _to_host(count)
         return [out[i, : count[i]].tolist() for i in range(m)], pool
 
@@ -318,21 +320,17 @@ class Engine:
         model = nnx.merge(self._graphdef, self.abstract_params)
         return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
 
-    def paged_chunk(self, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *,
-                    fresh: bool):
+    def paged_chunk(self, pool, carry, rows: ChunkRows, *, fresh: bool):
         """moejax.paged_steps.chunk (pool and carry donated) -> (pool, carry, next token per row, on device). Host
-        (numpy) inputs go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
+        (numpy) rows go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
         where a device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or
         raw."""
-        return self.steps.chunk(self.params, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
-                              count, fresh=fresh)
+        return self.steps.chunk(self.params, pool, carry, rows, fresh=fresh)
 
-    def paged_decode(self, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys, count,
-                     stops, *, steps: int):
+    def paged_decode(self, pool, carry, rows: PagedDecodeRows, *, steps: int):
         """moejax.paged_steps.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
-        inputs as for paged_chunk."""
-        return self.steps.paged_decode(self.params, pool, carry, slot, chain, last, start, budget, table, temperature,
-                                     top_p, keys, count, stops, steps=steps)
+        rows as for paged_chunk."""
+        return self.steps.paged_decode(self.params, pool, carry, rows, steps=steps)
 
     def kv_bytes_per_token(self) -> int:
         model = nnx.merge(self._graphdef, self.abstract_params)

@@ -10,16 +10,19 @@ Both steps also thread `carry` [S]: each sequence's last sampled token by its sc
 the scheduler can dispatch a decode step before reading the step that samples its rows' input tokens (a `chain`
 row takes its input from carry[slot] on the device; one whose token there is -1 or a stop makes nothing).
 
+Each step takes its rows as one pytree (moejax.step_inputs: ChunkRows, PagedDecodeRows) with their Sampling.
 Token i of a sequence is sampled with fold_in(row key, i), as Engine.generate does, so a sequence's tokens do not
 depend on which rows share its steps or on being preempted and resumed. Like moejax.steps, each step is a begin,
 the layers and an end, so an offloaded model runs the same phases layer by layer (moejax.offload.layered)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 from moejax.kv_pool import PagedCache, slots_of
-from moejax.sampling import sample
+from moejax.step_inputs import ChunkRows, PagedDecodeRows
 from moejax.steps import is_stop, model_of
 
 
@@ -31,52 +34,48 @@ def _pool_blocks(pool) -> int:
     return jax.tree.leaves(pool)[0].shape[0]
 
 
-def _fold(keys, index):
-    """Each row's key folded with its token index; keys typed, or raw key data (the scheduler sends raw data: it
-    crosses to the device with the other host inputs)."""
-    if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
-        keys = jax.random.wrap_key_data(keys)
-    return jax.vmap(jax.random.fold_in)(keys, index.astype(jnp.uint32))
-
-
 # -- a prompt chunk per row ----------------------------------------------------------------------------------
-def chunk_begin(model, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
-    """tokens [B, T]: row b's tokens at positions start[b].. (its first n[b] are real; n = 0: an idle row).
-    fresh (static): every row starts at position 0, so attention reads only this call's keys."""
-    T = tokens.shape[1]
-    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)
-    valid = jnp.arange(T, dtype=jnp.int32)[None, :] < n[:, None]
-    slots = slots_of(table, positions, valid, _pool_blocks(pool))
-    x, cos, sin = model.embed_inputs(tokens, positions)
-    return dict(x=x, positions=positions, cos=cos, sin=sin, cache=_paged(pool, table, slots)), None
+def chunk_begin(model, pool, carry, rows: ChunkRows, *, fresh):
+    """fresh (static): every row starts at position 0, so attention reads only this call's keys."""
+    T = rows.tokens.shape[1]
+    positions = rows.start[:, None] + jnp.arange(T, dtype=jnp.int32)
+    valid = jnp.arange(T, dtype=jnp.int32)[None, :] < rows.n[:, None]
+    slots = slots_of(rows.table, positions, valid, _pool_blocks(pool))
+    x, at = model.embed_inputs(rows.tokens, positions)
+    return dict(x=x, at=at, cache=_paged(pool, rows.table, slots)), None
 
 
-def chunk_end(model, x, caches, context, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
-              count, *, fresh):
+def chunk_end(model, x, caches, context, pool, carry, rows: ChunkRows, *, fresh):
     """-> (pool, carry, the token after each row's last real token, sampled as token count[b] of its sequence).
     carry[slot[b]] takes row b's token (slot[b] = S: it does not; a prompt's rows but its last)."""
-    logits = model.head(x, jnp.maximum(n - 1, 0))
-    tok = sample(logits, temperature, top_p, _fold(keys, count))
-    return [c.pool for c in caches], carry.at[slot].set(tok, mode="drop"), tok
+    tok = rows.sampling.next_tokens(model.head(x, jnp.maximum(rows.n - 1, 0)))
+    return [c.pool for c in caches], carry.at[rows.slot].set(tok, mode="drop"), tok
 
 
-def chunk(graphdef, kernels, state, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *,
-          fresh):
+def chunk(graphdef, kernels, state, pool, carry, rows: ChunkRows, *, fresh):
     model = model_of(graphdef, state)
-    args = (pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count)
-    inputs, context = chunk_begin(model, *args, fresh=fresh)
+    inputs, context = chunk_begin(model, pool, carry, rows, fresh=fresh)
     x, caches = model.run_layers(**inputs, read_cache=not fresh, kernels=kernels)
-    return chunk_end(model, x, caches, context, *args, fresh=fresh)
+    return chunk_end(model, x, caches, context, pool, carry, rows, fresh=fresh)
 
 
 # -- decode: several tokens per call ----------------------------------------------------------------------------
-def decode_start(carry, slot, chain, last, budget, stops, steps):
-    """The loop's state before the first token: (i, out [B, steps] (-1: not made), live rows, last). A chain row's
-    input is carry[slot] (made by a step the host has not read); it is live only if that is a token, not a stop."""
-    prev = carry[jnp.minimum(slot, carry.shape[0] - 1)]
-    last = jnp.where(chain, prev, last)
-    live = (budget > 0) & ~(chain & ((prev < 0) | is_stop(prev, stops)))
-    return jnp.int32(0), jnp.full((budget.shape[0], steps), -1, jnp.int32), live, last
+class DecodeLoop(NamedTuple):
+    """The device loop's state besides the pool: i, the loop step; out [B, steps], each row's tokens (-1: not
+    made); live [B], whether the row makes more; last [B], its last token (the next step's input)."""
+    i: jax.Array
+    out: jax.Array
+    live: jax.Array
+    last: jax.Array
+
+
+def decode_start(carry, rows: PagedDecodeRows, steps) -> DecodeLoop:
+    """The loop's state before the first token. A chain row's input is carry[slot] (made by a step the host has not
+    read); it is live only if that is a token, not a stop."""
+    prev = carry[jnp.minimum(rows.slot, carry.shape[0] - 1)]
+    last = jnp.where(rows.chain, prev, rows.last)
+    live = (rows.budget > 0) & ~(rows.chain & ((prev < 0) | is_stop(prev, rows.stops)))
+    return DecodeLoop(jnp.int32(0), jnp.full((rows.budget.shape[0], steps), -1, jnp.int32), live, last)
 
 
 def decode_finish(carry, slot, out):
@@ -86,39 +85,37 @@ def decode_finish(carry, slot, out):
     return carry.at[slot].set(jnp.where(made > 0, last, -1), mode="drop")
 
 
-def token_begin(model, pool, i, last, live, start, table):
-    """Row b's input `last` at position start[b] + i (written only while the row is live)."""
-    positions = (start + i)[:, None]
-    slots = slots_of(table, positions, live[:, None], _pool_blocks(pool))
-    x, cos, sin = model.embed_inputs(last[:, None], positions)
-    return dict(x=x, positions=positions, cos=cos, sin=sin, cache=_paged(pool, table, slots))
+def token_begin(model, pool, loop: DecodeLoop, rows: PagedDecodeRows):
+    """Row b's input loop.last at position start[b] + i (written only while the row is live)."""
+    positions = (rows.start + loop.i)[:, None]
+    slots = slots_of(rows.table, positions, loop.live[:, None], _pool_blocks(pool))
+    x, at = model.embed_inputs(loop.last[:, None], positions)
+    return dict(x=x, at=at, cache=_paged(pool, rows.table, slots))
 
 
-def token_end(model, x, caches, i, out, live, last, budget, temperature, top_p, keys, count, stops):
-    """-> (pool, i + 1, out, live, last): this token sampled as token count[b] + i of row b's sequence."""
-    tok = sample(model.head(x, jnp.zeros((x.shape[0],), jnp.int32)), temperature, top_p, _fold(keys, count + i))
+def token_end(model, x, caches, loop: DecodeLoop, rows: PagedDecodeRows):
+    """-> (pool, the loop's next state): this token sampled as token count[b] + i of row b's sequence."""
+    i, out, live, last = loop
+    tok = rows.sampling.next_tokens(model.head(x, jnp.zeros((x.shape[0],), jnp.int32)), i)
     tok = jnp.where(live, tok, last)
     out = out.at[:, i].set(jnp.where(live, tok, -1))
-    live = live & ~is_stop(tok, stops) & (i + 1 < budget)
-    return [c.pool for c in caches], i + 1, out, live, tok
+    live = live & ~is_stop(tok, rows.stops) & (i + 1 < rows.budget)
+    return [c.pool for c in caches], DecodeLoop(i + 1, out, live, tok)
 
 
-def decode(graphdef, kernels, state, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys,
-           count, stops, *, steps):
-    """Up to min(steps, budget[b]) tokens per row, ending a row after a stop token (stops [B, S], -1 pads).
+def decode(graphdef, kernels, state, pool, carry, rows: PagedDecodeRows, *, steps):
+    """Up to min(steps, budget[b]) tokens per row, ending a row after a stop token.
     -> (pool, carry, tokens [B, steps], -1 after a row's last)."""
     model = model_of(graphdef, state)
 
-    def cond(loop):
-        _, i, _, live, _ = loop
-        return (i < steps) & jnp.any(live)
+    def cond(pool_loop):
+        _, loop = pool_loop
+        return (loop.i < steps) & jnp.any(loop.live)
 
-    def body(loop):
-        pool, i, out, live, last = loop
-        inputs = token_begin(model, pool, i, last, live, start, table)
-        x, caches = model.run_layers(**inputs, read_cache=True, kernels=kernels)
-        return token_end(model, x, caches, i, out, live, last, budget, temperature, top_p, keys, count, stops)
+    def body(pool_loop):
+        pool, loop = pool_loop
+        x, caches = model.run_layers(**token_begin(model, pool, loop, rows), read_cache=True, kernels=kernels)
+        return token_end(model, x, caches, loop, rows)
 
-    i, out, live, last = decode_start(carry, slot, chain, last, budget, stops, steps)
-    pool, _, out, _, _ = jax.lax.while_loop(cond, body, (pool, i, out, live, last))
-    return pool, decode_finish(carry, slot, out), out
+    pool, loop = jax.lax.while_loop(cond, body, (pool, decode_start(carry, rows, steps)))
+    return pool, decode_finish(carry, rows.slot, loop.out), loop.out

@@ -1,8 +1,35 @@
 """Next-token choice: greedy (temperature 0) or temperature + nucleus (top-p) sampling, per row."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How each row of a step picks its tokens (a pytree: the steps pass it on whole, so a new setting touches
+    this class, `sample` and the code that builds it). temperature [B] (0: greedy), top_p [B]; keys [B]: PRNG keys,
+    typed or raw key data (the scheduler sends raw data: it crosses to the device with the other host inputs);
+    count [B]: the index in its sequence of the row's next token. Token i of a sequence is sampled with
+    fold_in(row key, i), so its tokens do not depend on which rows share its steps."""
+    temperature: jax.Array
+    top_p: jax.Array
+    keys: jax.Array
+    count: jax.Array
+
+    def next_tokens(self, logits, ahead=0):
+        """logits [B, V] float32 -> each row's token count[b] + ahead, int32 [B]."""
+        return sample(logits, self.temperature, self.top_p, _fold(self.keys, self.count + ahead))
+
+
+def _fold(keys, index):
+    """Each row's key folded with its token index; keys typed, or raw key data."""
+    if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        keys = jax.random.wrap_key_data(keys)
+    return jax.vmap(jax.random.fold_in)(keys, index.astype(jnp.uint32))
 
 
 def sample(logits, temperature, top_p, keys):

@@ -4,8 +4,11 @@ Each step is a `begin` (inputs -> the first layer's inputs), the decoder layers,
 states -> outputs). A resident model runs all three in one jit (`resident`); an offloaded one runs begin and
 end as jits and the layers one by one from Python (moejax.offload.layered), with the same begin and end.
 begin(model, *args, **static) -> (layer inputs: dict of run_layers keywords, context for end);
-end(model, x, new per-layer caches or keys, context, *args, **static) -> the step's outputs."""
+end(model, x, new per-layer caches or keys, context, *args, **static) -> the step's outputs.
+Prefill and decode take their rows as one pytree (moejax.step_inputs)."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +17,7 @@ from flax import nnx
 from moejax import kv_pool
 from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
-from moejax.sampling import sample
+from moejax.step_inputs import DecodeRows, PrefillRows
 
 
 def model_of(graphdef, state) -> MoEModel:
@@ -35,8 +38,8 @@ def resident(begin, end, read_cache=lambda *args, **static: True):
 def logits_begin(model, tokens):
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    x, cos, sin = model.embed_inputs(tokens, positions)
-    return dict(x=x, positions=positions, cos=cos, sin=sin), None
+    x, at = model.embed_inputs(tokens, positions)
+    return dict(x=x, at=at), None
 
 
 def logits_end(model, x, new, context, tokens):
@@ -72,8 +75,8 @@ def score_begin(model, pool, batch, *, span=(0, None)):
         return new if prior is None else jnp.concatenate([batch[f"prior_{name}"], new], axis=1)
 
     tree = TreeMask(batch["q_pre"], keys("pre"), keys("post"), keys("pos"), *span)
-    x, cos, sin = model.embed_inputs(batch["tokens"], batch["positions"])
-    return dict(x=x, positions=batch["positions"], cos=cos, sin=sin, tree=tree, prior=prior), prior
+    x, at = model.embed_inputs(batch["tokens"], batch["positions"], tree)
+    return dict(x=x, at=at, prior=prior), prior
 
 
 def score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
@@ -93,88 +96,87 @@ def scored(logits, new, prior, pool, batch):
 
 
 # -- prefill -------------------------------------------------------------------------------------------------
-def prefill_begin(model, pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None, store_ids=None,
-                  store_src=None, expand=None, *, cache_len):
-    """Right-padded prompt rows. tokens/positions [B, T]: each row's prompt from its first uncached position;
-    `last` [B] the index of its last prompt token. prior_ids [B, NP]: pool blocks holding positions
-    [0, NP*BLOCK) of each row (a row whose prompt starts later has them all). store_ids/store_src: prompt
-    blocks to copy into the pool (src = slots). Cache slot = position. expand [B2]: the prefill row each decode
-    row continues (several choices of one prompt share its prefill); temperature, top_p, keys are then [B2]."""
-    B = tokens.shape[0]
+def prefill_begin(model, pool, rows: PrefillRows, *, cache_len):
+    """Cache slot = position; rows with prior_ids first copy those pool blocks into their cache."""
+    B = rows.tokens.shape[0]
     cache = model.init_cache(B, cache_len)
-    if prior_ids is not None:
-        prior = kv_pool.gather(pool, prior_ids)
-        slots = cache_positions(prior_ids.shape[1] * kv_pool.BLOCK, B)
+    if rows.prior_ids is not None:
+        prior = kv_pool.gather(pool, rows.prior_ids)
+        slots = cache_positions(rows.prior_ids.shape[1] * kv_pool.BLOCK, B)
         cache = [{name: write_cache(c[name], slots, p[name]) for name in c} for c, p in zip(cache, prior)]
-    x, cos, sin = model.embed_inputs(tokens, positions)
-    return dict(x=x, positions=positions, cos=cos, sin=sin, cache=cache), None
+    x, at = model.embed_inputs(rows.tokens, rows.positions)
+    return dict(x=x, at=at, cache=cache), None
 
 
-def prefill_end(model, x, cache, context, pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None,
-                store_ids=None, store_src=None, expand=None, *, cache_len):
+def prefill_end(model, x, cache, context, pool, rows: PrefillRows, *, cache_len):
     """-> (cache, first new token per row, pool); with `expand`, cache and tokens are per decode row."""
-    if store_ids is not None:
-        pool = kv_pool.store(pool, cache, store_ids, store_src)
-    logits = model.head(x, last)
-    if expand is not None:
-        cache = jax.tree.map(lambda c: c[expand], cache)
-        logits = logits[expand]
-    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    return cache, sample(logits, temperature, top_p, step_keys), pool
+    if rows.store_ids is not None:
+        pool = kv_pool.store(pool, cache, rows.store_ids, rows.store_src)
+    logits = model.head(x, rows.last)
+    if rows.expand is not None:
+        cache = jax.tree.map(lambda c: c[rows.expand], cache)
+        logits = logits[rows.expand]
+    return cache, rows.sampling.next_tokens(logits), pool
 
 
-def prefill_reads_cache(pool, tokens, positions, last, temperature, top_p, keys, prior_ids=None, *rest, **static):
-    return prior_ids is not None  # else the cache held nothing before this call
+def prefill_reads_cache(pool, rows: PrefillRows, **static):
+    return rows.prior_ids is not None  # else the cache held nothing before this call
 
 
 # -- decode --------------------------------------------------------------------------------------------------
-def decode_start(first, max_new, stops, steps):
-    """The decode loop's carry before step 1: (step, out, done, count, last token)."""
-    B = first.shape[0]
-    out = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(first)
-    done = is_stop(first, stops) | (max_new <= 1)
-    return jnp.int32(1), out, done, jnp.ones((B,), jnp.int32), first
+class DecodeLoop(NamedTuple):
+    """The decode loop's state: step, the index of the tokens it makes next (the prefill's is 0); out [B, steps],
+    each row's tokens (0 after its last); done [B]; count [B], the tokens each row made; last [B], its last token."""
+    step: jax.Array
+    out: jax.Array
+    done: jax.Array
+    count: jax.Array
+    last: jax.Array
 
 
-def decode_begin(model, step, last, lengths):
-    positions = (lengths + step - 1)[:, None]
-    x, cos, sin = model.embed_inputs(last[:, None], positions)
-    return dict(x=x, positions=positions, cos=cos, sin=sin)
+def decode_start(rows: DecodeRows, steps) -> DecodeLoop:
+    """The decode loop's state before step 1."""
+    B = rows.first.shape[0]
+    out = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(rows.first)
+    done = is_stop(rows.first, rows.stops) | (rows.max_new <= 1)
+    return DecodeLoop(jnp.int32(1), out, done, jnp.ones((B,), jnp.int32), rows.first)
 
 
-def decode_end(model, x, step, out, done, count, last, temperature, top_p, keys, stops, max_new):
-    """Sample this step's tokens and update the carry."""
+def decode_begin(model, loop: DecodeLoop, rows: DecodeRows):
+    positions = (rows.lengths + loop.step - 1)[:, None]
+    x, at = model.embed_inputs(loop.last[:, None], positions)
+    return dict(x=x, at=at)
+
+
+def decode_end(model, x, loop: DecodeLoop, rows: DecodeRows) -> DecodeLoop:
+    """Sample this step's tokens and update the loop's state."""
+    step, out, done, count, last = loop
     B = x.shape[0]
-    logits = model.head(x, jnp.zeros((B,), jnp.int32))
-    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
-    tok = sample(logits, temperature, top_p, step_keys)
+    tok = rows.sampling.next_tokens(model.head(x, jnp.zeros((B,), jnp.int32)), step)
     tok = jnp.where(done, last, tok)
     out = out.at[:, step].set(jnp.where(done, 0, tok))
     count = count + (~done).astype(jnp.int32)
-    done = done | is_stop(tok, stops) | (step + 1 >= max_new)
-    return step + 1, out, done, count, tok
+    done = done | is_stop(tok, rows.stops) | (step + 1 >= rows.max_new)
+    return DecodeLoop(step + 1, out, done, count, tok)
 
 
-def decode(graphdef, kernels, state, cache, first, lengths, temperature, top_p, keys, stops, max_new, *, steps):
-    """Decode until every row has max_new[row] tokens or has emitted one of its stop tokens (stops [B, S], -1
-    pads). Returns (tokens, counts)."""
+def decode(graphdef, kernels, state, cache, rows: DecodeRows, *, steps):
+    """Decode until every row has max_new[row] tokens or has emitted one of its stop tokens. Returns (tokens,
+    counts)."""
     model = model_of(graphdef, state)
-    limit = jnp.max(max_new)
+    limit = jnp.max(rows.max_new)
 
     def cond(carry):
-        step, _, _, done, _, _ = carry
-        return (step < limit) & ~jnp.all(done)
+        _, loop = carry
+        return (loop.step < limit) & ~jnp.all(loop.done)
 
     def body(carry):
-        step, cache, out, done, count, last = carry
-        x, cache = model.run_layers(**decode_begin(model, step, last, lengths), cache=cache, kernels=kernels)
-        step, out, done, count, last = decode_end(model, x, step, out, done, count, last, temperature, top_p, keys,
-                                                  stops, max_new)
-        return step, cache, out, done, count, last
+        cache, loop = carry
+        x, cache = model.run_layers(**decode_begin(model, loop, rows), cache=cache, kernels=kernels)
+        return cache, decode_end(model, x, loop, rows)
 
-    step, out, done, count, last = decode_start(first, max_new, stops, steps)
-    _, _, out, _, count, _ = jax.lax.while_loop(cond, body, (step, cache, out, done, count, last))
-    return out, count
+    _, loop = jax.lax.while_loop(cond, body, (cache, decode_start(rows, steps)))
+    return loop.out, loop.count
 
 
 def is_stop(tok, stops):

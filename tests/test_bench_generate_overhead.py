@@ -6,6 +6,8 @@ import pytest
 
 import moejax
 from launch import bench, bench_generate, generate_workloads, sched_overhead
+from moejax.sampling import Sampling
+from moejax.step_inputs import ChunkRows, PagedDecodeRows
 from launch.bench_results import read_runs
 from conftest import fixture_dir
 
@@ -48,17 +50,17 @@ def test_noop_steps_keep_the_pool_and_fill_each_budget():
     keys = jax.random.split(jax.random.key(0), 4)
     rows, carry = np.zeros(4, np.int32), np.full(4, -1, np.int32)
     slot = np.array([0, 4, 2, 4], np.int32)  # rows 1 and 3 keep no token
-    same, carry, tok = noop.paged_chunk(pool, carry, slot, np.zeros((4, 16), np.int32), rows, rows,
-                                        np.zeros((4, 8), np.int32), np.zeros(4, np.float32), np.ones(4, np.float32),
-                                        keys, rows, fresh=True)
+    sampling = Sampling(np.zeros(4, np.float32), np.ones(4, np.float32), keys, rows)
+    same, carry, tok = noop.paged_chunk(pool, carry, ChunkRows(np.zeros((4, 16), np.int32), rows, rows,
+                                                               np.zeros((4, 8), np.int32), slot, sampling), fresh=True)
     assert same[0]["k"] is pool[0]["k"] and tok.shape == (4,) and tok.dtype == np.int32 and set(np.asarray(tok)) == {7}
     np.testing.assert_array_equal(carry, [7, -1, 7, -1])
     budget = np.array([3, 0, 8, 1], np.int32)
     chain = np.array([True, False, False, True])  # row 3 chains on slot 1: no token there, so it makes none
     slot = np.array([0, 3, 2, 1], np.int32)
-    _, carry, out = noop.paged_decode(pool, carry, slot, chain, rows, rows, budget, np.zeros((4, 8), np.int32),
-                                      np.zeros(4, np.float32), np.ones(4, np.float32), keys, rows,
-                                      np.full((4, 4), -1, np.int32), steps=8)
+    decode = PagedDecodeRows(rows, chain, rows, budget, np.zeros((4, 8), np.int32), slot,
+                             np.full((4, 4), -1, np.int32), sampling)
+    _, carry, out = noop.paged_decode(pool, carry, decode, steps=8)
     np.testing.assert_array_equal((np.asarray(out) == 7).sum(axis=1), [3, 0, 8, 0])
     assert ((np.asarray(out) == 7) | (np.asarray(out) == -1)).all()
     np.testing.assert_array_equal(carry, [7, -1, 7, -1])

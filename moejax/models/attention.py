@@ -1,13 +1,13 @@
 """Attention blocks: GQA/MHA (biases, q/k norm, sinks, sliding window) and DeepSeek MLA.
 
-Every block takes `x [B, T, D]`, absolute `positions [B, T]` (consecutive within a row), the attention backend
-(moejax.kernels.attention) and either
+Every block takes `x [B, T, D]`, `Positions` (absolute positions [B, T], consecutive within a row, and their
+rotary angles), the attention backend (moejax.kernels.attention) and either
 - an optional per-layer cache whose slot index equals the token position -> `(out [B, T, D], new_cache)`, or
 - a `PagedCache` (moejax.kv_pool: block pool, block tables, write slots) -> `(out, the cache with this call's
   keys written)`; attention reads every key through the block tables, or only this call's keys when
   `read_cache` is False (a chunk that starts every row's sequence), or
-- a `TreeMask` and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed token
-  trees -> `(out, new)` where `new` holds this call's keys in cache layout (to store them for reuse).
+- a `TreeMask` (Positions.tree) and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed
+  token trees -> `(out, new)` where `new` holds this call's keys in cache layout (to store them for reuse).
 """
 from __future__ import annotations
 
@@ -56,6 +56,17 @@ class TreeMask:
     k_pos: jax.Array  # [B, S]
     head: int = 0
     window: int | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Positions:
+    """Where a step's tokens sit, the same for every layer (MoEModel.embed_inputs makes it): positions [B, T], their
+    rotary cos and sin, and for rows that pack token trees the TreeMask of which keys each token sees (else None)."""
+    positions: jax.Array
+    cos: jax.Array
+    sin: jax.Array
+    tree: TreeMask | None = None
 
 
 def tree_attend(q, k, v, q_pos, scale, tree: TreeMask, window=None, sinks=None):
@@ -145,9 +156,9 @@ class GQAttention(nnx.Module):
         shape = (batch, length, self.num_kv_heads, self.head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None,
-                 backend="auto"):
+    def __call__(self, x, at: Positions, cache=None, read_cache=True, prior=None, backend="auto"):
         B, T, _ = x.shape
+        positions, cos, sin, tree = at.positions, at.cos, at.sin, at.tree
         q = _proj(x, self.wq, self.bq).reshape(B, T, self.num_heads, self.head_dim)
         k = _proj(x, self.wk, self.bk).reshape(B, T, self.num_kv_heads, self.head_dim)
         v = _proj(x, self.wv, self.bv).reshape(B, T, self.num_kv_heads, self.head_dim)
@@ -212,10 +223,10 @@ class MLAttention(nnx.Module):
         return {"latent": jnp.zeros((batch, length, self.rank), dtype),
                 "k_rope": jnp.zeros((batch, length, self.rope_dim), dtype)}
 
-    def __call__(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None,
-                 backend="auto"):
+    def __call__(self, x, at: Positions, cache=None, read_cache=True, prior=None, backend="auto"):
         B, T, _ = x.shape
         H = self.num_heads
+        positions, cos, sin, tree = at.positions, at.cos, at.sin, at.tree
         if self.wq is not None:
             q = _proj(x, self.wq)
         else:

@@ -7,7 +7,7 @@ from flax import nnx
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kernels.precision import f32_dot
-from moejax.models.attention import GQAttention, MLAttention
+from moejax.models.attention import GQAttention, MLAttention, Positions
 from moejax.models.layers import RMSNorm, rope_cos_sin
 from moejax.models.moe import DenseMLP, LocalExperts, MoEBlock
 
@@ -23,14 +23,15 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def attend(self, x, positions, cos, sin, cache, read_cache, kernels: Kernels, tree=None, prior=None):
-        """The attention half: -> (residual after attention, its normalized input to the MLP, cache)."""
-        h, cache = self.attn(self.attn_norm(x), positions, cos, sin, cache, read_cache, tree, prior, kernels.attention)
+    def attend(self, x, at: Positions, cache, prior=None, *, read_cache, kernels: Kernels):
+        """The attention half: -> (residual after attention, its normalized input to the MLP, cache). cache, prior:
+        this layer's (MoEModel.run_layers)."""
+        h, cache = self.attn(self.attn_norm(x), at, cache, read_cache, prior, kernels.attention)
         x = x + h
         return x, self.mlp_norm(x), cache
 
-    def __call__(self, x, positions, cos, sin, cache, read_cache, kernels: Kernels, tree=None, prior=None):
-        x, y, cache = self.attend(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+    def __call__(self, x, at: Positions, cache, prior=None, *, read_cache, kernels: Kernels):
+        x, y, cache = self.attend(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
         y = self.mlp(y, kernels.experts) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
         return x + y, cache
 
@@ -63,25 +64,24 @@ class MoEModel(nnx.Module):
         says the cache held nothing before this call, so attention reads only the new keys.
         With a `tree` (TreeMask) the rows are packed token trees that may attend to `prior` keys (per-layer
         cache-layout arrays [B, P, ...]); the second output is then this call's keys per layer."""
-        x, cos, sin = self.embed_inputs(tokens, positions)
-        x, new_cache = self.run_layers(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+        x, at = self.embed_inputs(tokens, positions, tree)
+        x, new_cache = self.run_layers(x, at, cache, read_cache, kernels, prior)
         return self.head(x, gather_idx), (None if cache is None and tree is None else new_cache)
 
-    def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, kernels=Kernels(), tree=None,
-                   prior=None):
-        """Every decoder layer in turn -> (hidden states, per-layer caches or new keys)."""
+    def run_layers(self, x, at: Positions, cache=None, read_cache=True, kernels=Kernels(), prior=None):
+        """Every decoder layer in turn -> (hidden states, per-layer caches or new keys). cache, prior: per layer."""
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, c = layer(x, positions, cos, sin, None if cache is None else cache[i], read_cache, kernels, tree,
-                         None if prior is None else prior[i])
+            x, c = layer(x, at, None if cache is None else cache[i], None if prior is None else prior[i],
+                         read_cache=read_cache, kernels=kernels)
             new_cache.append(c)
         return x, new_cache
 
-    def embed_inputs(self, tokens, positions):
-        """-> (hidden states [B, T, D], rotary cos, sin): what the first layer takes."""
+    def embed_inputs(self, tokens, positions, tree=None):
+        """-> (hidden states [B, T, D], Positions): what the first layer takes (tree: packed rows' TreeMask)."""
         cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
         x = self.embed[...][tokens]
-        return (x if self.split_batch is None else self.split_batch(x)), cos, sin
+        return (x if self.split_batch is None else self.split_batch(x)), Positions(positions, cos, sin, tree)
 
     def head(self, x, gather_idx=None):
         """Last hidden states -> float32 logits (at every position, or at `gather_idx` as in __call__)."""

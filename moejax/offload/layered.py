@@ -36,14 +36,15 @@ class Layer:
         return jitted(self.state, *args, **static)
 
 
-def whole_layer(graphdef, state, x, positions, cos, sin, cache, tree, prior, *, kernels, read_cache):
-    return nnx.merge(graphdef, state)(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+def whole_layer(graphdef, state, x, at, cache, prior, *, kernels, read_cache):
+    """The decoder layer on x at Positions `at`, with its cache and prior keys (None: none)."""
+    return nnx.merge(graphdef, state)(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
 
 
-def attend_route(graphdef, state, x, positions, cos, sin, cache, tree, prior, *, kernels, read_cache):
+def attend_route(graphdef, state, x, at, cache, prior, *, kernels, read_cache):
     """-> (residual after attention, normalized MoE input, cache, router's expert ids [N, k], weights [N, k])."""
     layer = nnx.merge(graphdef, state)
-    x, y, cache = layer.attend(x, positions, cos, sin, cache, read_cache, kernels, tree, prior)
+    x, y, cache = layer.attend(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
     idx, weights = layer.mlp.route_tokens(y.reshape(-1, y.shape[-1]))
     return x, y, cache, idx, weights
 
@@ -87,21 +88,20 @@ class LayeredSteps:
                        jit(steps.score_end, donate_argnums=(4,), static_argnames=("span",)))
         self._prefill = (jit(steps.prefill_begin, static_argnames=("cache_len",)),
                          jit(steps.prefill_end, static_argnames=("cache_len",), donate_argnums=(4,)))
-        self._decode_start = jax.jit(steps.decode_start, static_argnums=(3,))
+        self._decode_start = jax.jit(steps.decode_start, static_argnums=(1,))
         self._decode = jit(steps.decode_begin), jit(steps.decode_end)
         self._chunk = (jit(paged_steps.chunk_begin, static_argnames=("fresh",)),
                        jit(paged_steps.chunk_end, static_argnames=("fresh",)))
         self._token = jit(paged_steps.token_begin), jit(paged_steps.token_end)
-        self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(6,))
+        self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(2,))
         self._paged_finish = jax.jit(paged_steps.decode_finish, donate_argnums=(0,))
 
-    def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+    def run_layers(self, x, at, cache=None, read_cache=True, prior=None):
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
         self.placement.begin_pass(self)
         new = []
         for i, layer in enumerate(self.layers):
-            args = (x, positions, cos, sin, None if cache is None else cache[i], tree,
-                    None if prior is None else prior[i])
+            args = (x, at, None if cache is None else cache[i], None if prior is None else prior[i])
             if i in self.moe_layers:
                 x, y, c, idx, weights = layer(attend_route, *args, kernels=self.kernels, read_cache=read_cache)
                 x = self.placement.moe(layer, x, y, idx, weights)
@@ -127,35 +127,31 @@ class LayeredSteps:
     def score(self, state, pool, batch, *, span=(0, None)):
         return self._run(self._score, state, pool, batch, span=span)
 
-    def prefill(self, state, pool, *args, cache_len, **optional):
-        read_cache = steps.prefill_reads_cache(pool, *args, **optional)
-        return self._run(self._prefill, state, pool, *args, read_cache=read_cache, cache_len=cache_len, **optional)
+    def prefill(self, state, pool, rows, *, cache_len):
+        read_cache = steps.prefill_reads_cache(pool, rows)
+        return self._run(self._prefill, state, pool, rows, read_cache=read_cache, cache_len=cache_len)
 
-    def decode(self, state, cache, first, lengths, temperature, top_p, keys, stops, max_new, *, steps):
+    def decode(self, state, cache, rows, *, steps):
         begin, end = self._decode
-        step, out, done, count, last = self._decode_start(first, max_new, stops, steps)
-        limit = int(np.max(np.asarray(max_new)))
+        loop = self._decode_start(rows, steps)
+        limit = int(np.max(np.asarray(rows.max_new)))
         for t in range(1, limit):  # the resident loop's condition, checked on the host
-            if bool(np.all(np.asarray(done))):
+            if bool(np.all(np.asarray(loop.done))):
                 break
-            x, cache = self.run_layers(**begin(state, step, last, lengths), cache=cache)
-            step, out, done, count, last = end(state, x, step, out, done, count, last, temperature, top_p, keys,
-                                               stops, max_new)
-        return out, count
+            x, cache = self.run_layers(**begin(state, loop, rows), cache=cache)
+            loop = end(state, x, loop, rows)
+        return loop.out, loop.count
 
     # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
-    def chunk(self, state, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys, count, *, fresh):
-        return self._run(self._chunk, state, pool, carry, slot, tokens, start, n, table, temperature, top_p, keys,
-                         count, read_cache=not fresh, fresh=fresh)
+    def chunk(self, state, pool, carry, rows, *, fresh):
+        return self._run(self._chunk, state, pool, carry, rows, read_cache=not fresh, fresh=fresh)
 
-    def paged_decode(self, state, pool, carry, slot, chain, last, start, budget, table, temperature, top_p, keys,
-                     count, stops, *, steps):
+    def paged_decode(self, state, pool, carry, rows, *, steps):
         begin, end = self._token
-        i, out, live, last = self._paged_start(carry, slot, chain, last, budget, stops, steps)
+        loop = self._paged_start(carry, rows, steps)
         for _ in range(steps):  # the resident loop's condition, checked on the host
-            if not bool(np.any(np.asarray(live))):
+            if not bool(np.any(np.asarray(loop.live))):
                 break
-            x, caches = self.run_layers(**begin(state, pool, i, last, live, start, table))
-            pool, i, out, live, last = end(state, x, caches, i, out, live, last, budget, temperature, top_p, keys,
-                                           count, stops)
-        return pool, self._paged_finish(carry, slot, out), out
+            x, caches = self.run_layers(**begin(state, pool, loop, rows))
+            pool, loop = end(state, x, caches, loop, rows)
+        return pool, self._paged_finish(carry, rows.slot, loop.out), loop.out

@@ -36,9 +36,11 @@ import numpy as np
 from moejax.buckets import bucket, rows_bucket
 from moejax.kernels.attention.paged_xla import blocks_per_step
 from moejax.kv_pool import BLOCK
+from moejax.sampling import Sampling
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
+from moejax.step_inputs import ChunkRows, PagedDecodeRows
 
 # Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
 # most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables
@@ -311,15 +313,15 @@ class Scheduler:
         with self.stats.times.phase(kind, "wait"):
             return np.asarray(x)
 
-    def _call(self, kind: str, shape: tuple, step, host_inputs: tuple, **static):
-        """Call a step on its host inputs (numpy; the jitted call copies them, the raw key data last); the call of a
-        shape not run before traces and compiles (timed apart)."""
+    def _call(self, kind: str, shape: tuple, step, rows, **static):
+        """Call a step on its rows (moejax.step_inputs, of numpy arrays: the jitted call copies them, the keys as raw
+        data); the call of a shape not run before traces and compiles (timed apart)."""
         times = self.stats.times
         new = shape not in self.stats.shapes
         self.stats.shapes.add(shape)
         times.steps[kind] += 1
         with times.phase(kind, "compile" if new else "dispatch"):
-            self.pool, self.carry, out = step(self.pool, self.carry, *host_inputs, **static)
+            self.pool, self.carry, out = step(self.pool, self.carry, rows, **static)
         return out
 
     def _table(self, seqs, rows: int) -> np.ndarray:
@@ -329,15 +331,15 @@ class Scheduler:
             table[r, : len(s.blocks)] = s.blocks
         return table
 
-    def _sampling(self, seqs, rows: int):
-        """(temperature, top_p, count, raw key data): the steps wrap the keys on the device."""
+    def _sampling(self, seqs, rows: int) -> Sampling:
+        """The rows' Sampling, its keys as raw key data (the steps wrap them on the device)."""
         pad = rows - len(seqs)  # built as lists, converted once: a row at a time costs more (host time per step)
         temp = np.array([s.req.temperature for s in seqs] + [0.0] * pad, np.float32)
         top_p = np.array([s.req.top_p for s in seqs] + [1.0] * pad, np.float32)
         count = np.array([len(s.out) + s.ahead for s in seqs] + [0] * pad, np.int32)
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
         keys[: len(seqs)] = [s.req.key for s in seqs]
-        return temp, top_p, count, keys
+        return Sampling(temp, top_p, keys, count)
 
     def _launch_chunk(self, riders: dict):
         """Dispatch one chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of
@@ -351,9 +353,9 @@ class Scheduler:
             prepared = self._chunk_inputs(riders)
         if prepared is None:
             return None
-        rows, sampled, shape, host_inputs, fresh = prepared
+        rows, sampled, shape, inputs, fresh = prepared
         t0 = time.perf_counter()
-        tok = self._call("chunk", shape, self._chunk_call, host_inputs, fresh=fresh)
+        tok = self._call("chunk", shape, self.engine.paged_chunk, inputs, fresh=fresh)
         with times.phase("chunk", "update"):
             for s, take, _ in rows:
                 s.computed += take
@@ -373,13 +375,9 @@ class Scheduler:
         with self.stats.times.phase("chunk", "update"):
             self._chunk_results(rows, sampled, riders, tok, shape)
 
-    def _chunk_call(self, pool, carry, slot, tokens, start, n, table, temp, top_p, count, keys, *, fresh):
-        return self.engine.paged_chunk(pool, carry, slot, tokens, start, n, table, temp, top_p, keys, count,
-                                       fresh=fresh)
-
     def _chunk_inputs(self, riders: dict):
         """-> (rows [(sequence, tokens, first position)], the rows whose sampled token is their sequence's next (a
-        rider's; a prompt's first, not a resumed sequence's), shape, host inputs, fresh), or None without rows."""
+        rider's; a prompt's first, not a resumed sequence's), shape, ChunkRows, fresh), or None without rows."""
         rows = [(s, 1, start) for s, (start, _) in riders.items()]
         free = max(self.chunk_tokens // self.row_tokens - len(rows), 1)
         for s in sorted([s for s in self.running if s.prefilling], key=lambda s: s.order):
@@ -408,7 +406,7 @@ class Scheduler:
             self.blocks.check_writable(s.blocks[first // BLOCK: _blocks_for(first + take)])
         table = self._table(seqs, B)
         fresh = not start.any()
-        inputs = (slot, tokens, start, n, table, *self._sampling(seqs, B))
+        inputs = ChunkRows(tokens, start, n, table, slot, self._sampling(seqs, B))
         return rows, sampled, ("chunk", B, T, table.shape[1], fresh), inputs, fresh
 
     def _chunk_results(self, rows, sampled: list[int], riders: dict, tok: np.ndarray, shape: tuple) -> None:
@@ -484,13 +482,12 @@ class Scheduler:
                     if s.req.stop_ids:
                         stops[r, : len(s.req.stop_ids)] = s.req.stop_ids
                 table = self._table(group, B)
-                temp, top_p, count, keys = self._sampling(group, B)
-                host_inputs = (slot, chain, last, start, budget, table, temp, top_p, count, stops, keys)
+                inputs = PagedDecodeRows(last, chain, start, budget, table, slot, stops, self._sampling(group, B))
                 for s in group:
                     s.ahead += want[s][1]
                 self.stats.chained_rows += int(chain.sum())
             shape = ("decode", B, K, table.shape[1], width)  # width: of the stop-id lists
-            out = self._call("decode", shape, self._decode_call, host_inputs, steps=K)
+            out = self._call("decode", shape, self.engine.paged_decode, inputs, steps=K)
             calls.append((group, B, budget[: len(group)], out))
         previous, self._inflight = self._inflight, calls
         self._read_decode(previous)
@@ -527,11 +524,6 @@ class Scheduler:
         if s.done and s in self.waiting:
             self.waiting.remove(s)
             self._results.append(s)
-
-    def _decode_call(self, pool, carry, slot, chain, last, start, budget, table, temp, top_p, count, stops, keys, *,
-                     steps):
-        return self.engine.paged_decode(pool, carry, slot, chain, last, start, budget, table, temp, top_p, keys,
-                                        count, stops, steps=steps)
 
     def _decode_rows(self, n: int) -> int:
         """A decode call's rows for n sequences: powers of two from MIN_DECODE_ROWS up to max_rows' (a few shapes

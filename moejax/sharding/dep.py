@@ -103,10 +103,10 @@ class Disaggregated:
 
 
 # -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
-def attend_chunks(graphdef, state, x, positions, cos, sin, cache, tree, prior, *, kernels, read_cache, chunks):
+def attend_chunks(graphdef, state, x, at, cache, prior, *, kernels, read_cache, chunks):
     """Attention + router, then the MoE input cut into token chunks [(y2, idx, weights)] padded as `chunks` says."""
-    x, y, cache, idx, weights = layered.attend_route(graphdef, state, x, positions, cos, sin, cache, tree, prior,
-                                                     kernels=kernels, read_cache=read_cache)
+    x, y, cache, idx, weights = layered.attend_route(graphdef, state, x, at, cache, prior, kernels=kernels,
+                                                     read_cache=read_cache)
     y2 = y.reshape(-1, y.shape[-1])
     out, start = [], 0
     for real, padded in chunks:
@@ -155,11 +155,10 @@ class DisaggregatedSteps(layered.LayeredSteps):
         # ("experts", layer, micro-batch, chunk), for --explain and tests.
         self.schedule: list[tuple] = []
 
-    def run_layers(self, x, positions, cos, sin, cache=None, read_cache=True, tree=None, prior=None):
+    def run_layers(self, x, at, cache=None, read_cache=True, prior=None):
         sizes = self.placement.layout.micro_batches(x.shape[0])
         split_cache = isinstance(cache, MicroBatched)
-        inputs = dict(x=x, positions=positions, cos=cos, sin=sin, tree=tree, prior=prior,
-                      cache=None if split_cache else cache)
+        inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache else cache)
         parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
         if split_cache:
             for part, c in zip(parts, cache):
@@ -197,8 +196,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         for i, layer in enumerate(self.layers):
             for m, (p, c) in enumerate(zip(parts, old)):
                 combine(m)
-                a = (p["x"], p["positions"], p["cos"], p["sin"], None if c is None else c[i], p["tree"],
-                     None if p["prior"] is None else p["prior"][i])
+                a = (p["x"], p["at"], None if c is None else c[i], None if p["prior"] is None else p["prior"][i])
                 if i not in self.moe_layers:
                     p["x"], c = layer(layered.whole_layer, *a, kernels=self.kernels, read_cache=read_cache)
                     p["cache"].append(c)
@@ -227,10 +225,10 @@ class DisaggregatedSteps(layered.LayeredSteps):
             combine(m)
         return parts
 
-    def decode(self, state, cache, first, *args, **kw):
-        sizes = self.placement.layout.micro_batches(first.shape[0])
+    def decode(self, state, cache, rows, **static):
+        sizes = self.placement.layout.micro_batches(rows.first.shape[0])
         parts = MicroBatched(self._split_jit(cache, sizes=sizes))
-        return super().decode(state, parts, first, *args, **kw)
+        return super().decode(state, parts, rows, **static)
 
 
 def group_meshes(layout: Layout):
