@@ -88,6 +88,11 @@ def parse_args(argv=None):
 OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, PlacementSettings, Processes)  # those with flags here
 
 
+def options_table() -> str:
+    """The README's table of the option flags, from their fields."""
+    return options.markdown_table(*OPTION_CLASSES)
+
+
 def read_lines(path: str) -> list[str]:
     # newline="": only "\n" ends a line (as on stdin); utf-8-sig drops a byte-order mark. Bytes that are not UTF-8
     # stay as lone surrogates (surrogateescape), so the parser can refuse their lines instead of serving a

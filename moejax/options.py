@@ -56,7 +56,7 @@ def allowed(m: dict) -> str:
     """What the option takes, as text: 'an int >= 1', 'one of python, jit', 'a number > 0', ..."""
     if m["choices"] is not None:
         return f"one of {', '.join(map(str, m['choices']))}"
-    what = {int: "an int", float: "a number", bool: "True or False", str: "a string"}[m["type"]]
+    what = {int: "an int", float: "a number", bool: "True or False", str: "a path" if m["path"] else "text"}[m["type"]]
     return f"{what} {bound(m)}" if bound(m) else what
 
 
@@ -146,14 +146,14 @@ def describe(instance) -> str:
 
 
 def markdown_table(*classes) -> str:
-    """A Markdown table of the flags of `classes`: flag, default, what it takes, help."""
+    """A Markdown table of the flags of `classes`: flag, default (blank: none, or off), what it takes, help."""
     lines = ["| flag | default | takes | what it does |", "|---|---|---|---|"]
     for cls in classes:
         for f in fields(cls):
             m = meta(f)
             if m["flag"]:
-                takes = "a flag" if m["type"] is bool else allowed(m)
-                default = "" if f.default is None else f"`{f.default}`"
+                takes = "a switch" if m["type"] is bool else allowed(m)
+                default = "" if f.default in (None, False) else f"`{f.default}`"
                 text = m["help"].replace("|", "\\|")
                 lines.append(f"| `{flag_of(f)}` | {default} | {takes} | {text} |")
     return "\n".join(lines)

@@ -23,11 +23,12 @@ def engine(qwen3_engine):
     return qwen3_engine
 
 
-def serve(engine, tmp_path, requests, name="out.jsonl", settings=None, **kw):
+def serve(engine, tmp_path, requests, name="out.jsonl", settings=None, error_file=None, **kw):
     """kw: ServingOptions."""
     out = tmp_path / name
     lines = [json.dumps({"custom_id": f"r{i}", "url": url, "body": body}) for i, (url, body) in enumerate(requests)]
-    summary = serve_lines(engine, lines, str(out), ServingOptions(**kw), settings=settings)
+    summary = serve_lines(engine, lines, str(out), ServingOptions(**kw), settings=settings,
+                          error_file=error_file)
     return [json.loads(x) for x in out.read_text().splitlines()], summary
 
 
