@@ -19,13 +19,13 @@ def option(default, help: str, *, type=None, choices=None, minimum=None, above=N
     flag: launch.serve has a flag for it (`--` and the name, `_` as `-`); path: a file or directory (the journal
     records its identity); fingerprint: it decides results (the journal records it); checked: False when the
     class checks the value itself (it takes more than the choices)."""
-    kind = type if type is not None else builtin_type(default)
-    meta = dict(help=help, type=kind, choices=tuple(choices) if choices is not None else None, minimum=minimum,
-                above=above, flag=flag, path=path, fingerprint=fingerprint, checked=checked)
-    return dataclasses.field(default=default, metadata={_KEY: meta})
+    kind = type if type is not None else _type_of(default)
+    about = dict(help=help, type=kind, choices=tuple(choices) if choices is not None else None, minimum=minimum,
+                 above=above, flag=flag, path=path, fingerprint=fingerprint, checked=checked)
+    return dataclasses.field(default=default, metadata={_KEY: about})
 
 
-def builtin_type(default):
+def _type_of(default):
     for kind in (bool, int, float, str):  # bool first: a bool is an int too
         if isinstance(default, kind):
             return kind
@@ -153,7 +153,7 @@ def markdown_table(*classes) -> str:
             m = meta(f)
             if m["flag"]:
                 takes = "a switch" if m["type"] is bool else allowed(m)
-                default = "" if f.default in (None, False) else f"`{f.default}`"
+                default = "" if f.default is None or f.default is False else f"`{f.default}`"
                 text = m["help"].replace("|", "\\|")
                 lines.append(f"| `{flag_of(f)}` | {default} | {takes} | {text} |")
     return "\n".join(lines)

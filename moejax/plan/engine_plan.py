@@ -11,9 +11,6 @@ from moejax.offload.settings import PlacementSettings
 from moejax.options import option
 from moejax.sharding.layout import Layout
 
-PLAN_OPTIONS = ("layout", "profile", "plan_tokens", "plan_seq_len") + PlacementSettings.names()
-
-
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """The step `auto` plans for: `tokens` per forward step in sequences of `seq_len` (serve: --max-batch-tokens)."""
@@ -22,6 +19,9 @@ class Workload:
 
     def __post_init__(self):
         options.check(self, prefix="moejax.load: plan_")
+
+
+WORKLOAD_OPTIONS = {f"plan_{f.name}": f.name for f in options.fields(Workload)}  # load's keyword -> field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +49,18 @@ class EnginePlan:
             raise TypeError(f"moejax.load: plan.placement must be a PlacementSettings, got {type(self.placement)}")
 
     @classmethod
-    def from_options(cls, options: dict) -> "EnginePlan":
+    def from_options(cls, given: dict) -> "EnginePlan":
         """load's keyword options (those of PLAN_OPTIONS; None means not given) -> EnginePlan."""
-        given = {k: v for k, v in options.items() if v is not None}
+        given = {k: v for k, v in given.items() if v is not None}
         placement = PlacementSettings(**{k: v for k, v in given.items() if k in PlacementSettings.names()})
-        workload = Workload(**{k[len("plan_"):]: v for k, v in given.items() if k in ("plan_tokens", "plan_seq_len")})
+        workload = Workload(**{WORKLOAD_OPTIONS[k]: v for k, v in given.items() if k in WORKLOAD_OPTIONS})
         return cls(placement, given.get("layout"), given.get("profile"), workload)
 
     @property
     def needs_planner(self) -> bool:
         """Some choice is left to a planner: layout auto, or a DEP layout with auto fields."""
         return self.layout == "auto" or (isinstance(self.layout, Layout) and bool(self.layout.auto_fields))
+
+
+# load's keywords of a plan: EnginePlan's own (layout, profile), the Workload's and the placement settings
+PLAN_OPTIONS = tuple(f.name for f in options.fields(EnginePlan)) + tuple(WORKLOAD_OPTIONS) + PlacementSettings.names()
