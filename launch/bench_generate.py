@@ -37,6 +37,7 @@ import moejax
 from moejax import compiles
 from moejax.sched import step_times
 from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 from launch import generate_workloads, sched_overhead, step_overhead
 from launch.bench_results import no_file
 
@@ -61,8 +62,9 @@ def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "out.jsonl")
             t0 = time.perf_counter()
-            summary = serve_lines(engine, _lines(reqs), out, batching=batching, max_batch_tokens=max_batch_tokens,
-                                  kv_pool_mb=kv_pool_mb, seed_nonce=0, scheduler_options=options)
+            serving = ServingOptions(batching=batching, max_batch_tokens=max_batch_tokens, kv_pool_mb=kv_pool_mb,
+                                     **(options or {}))
+            summary = serve_lines(engine, _lines(reqs), out, serving, seed_nonce=0)
             wall = time.perf_counter() - t0
             rows = [json.loads(x) for x in open(out)]
     finally:

@@ -25,6 +25,7 @@ import numpy as np
 import moejax
 from moejax.costs import layer_flops_per_token, prefill_flops
 from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 
 from launch.bench_util import time_calls
 
@@ -51,8 +52,8 @@ def workload(kind: str, n: int, prefix: int, suffix: int, candidates: int, vocab
 def _serve(engine, lines, mode: str, max_batch_tokens: int | None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        summary = serve_lines(engine, lines, os.path.join(d, "out.jsonl"), max_batch_tokens=max_batch_tokens,
-                              kv_cache=mode)
+        summary = serve_lines(engine, lines, os.path.join(d, "out.jsonl"),
+                              ServingOptions(max_batch_tokens=max_batch_tokens, kv_cache=mode))
         summary["outer_wall_s"] = time.perf_counter() - t0
     return summary
 

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import secrets
 import sys
@@ -36,106 +35,46 @@ import tempfile
 import time
 
 import moejax
+from launch.serve_options import ModelOptions, Processes
+from moejax import options
 from moejax.kernels.backends import Kernels
-from moejax.offload.expert_cache import POLICIES
-from moejax.offload.memory_plan import PLACEMENTS
-from moejax.offload.predict import PREDICTORS
 from moejax.offload.saturation import profile_saturation
+from moejax.offload.settings import PlacementSettings
+from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
 from moejax.sched import output_lock
 from moejax.sched.batch import engine_settings, explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
-from moejax.sched.planner import KV_MODES
 from moejax.sched.pool_size import PoolTooLarge
 from moejax.sched.results import SettingsMismatch, WriteFailed
-from moejax.sched.runner import BATCHING
-from moejax.presets import DEFAULT_MODEL, resolve_embedded
+from moejax.sched.serving_options import ServingOptions
+from moejax.presets import resolve_embedded
 from moejax.sharding import multihost
 
 
 def parse_args(argv=None):
+    """The flags of the option dataclasses (moejax.options: their defaults, types, choices and help), and this
+    command's own: files, Θ, the plots."""
     p = argparse.ArgumentParser(prog="python -m launch.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"HF checkpoint directory, embedded model or preset ({', '.join(moejax.presets())}); "
-                        f"default {DEFAULT_MODEL}")
+    options.add_arguments(p, ModelOptions, ("model",))
     p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
     p.add_argument("--error-file", default=None,
                    help="also write the failed lines (4xx, 5xx; as in --output) to this file, as the OpenAI Batch API "
                         "does")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
-                   help="default auto: the checkpoint's own (config.json's dtype / torch_dtype; presets: bfloat16)")
-    p.add_argument("--num-layers", type=int, default=None, help="run only the first N layers (for trials)")
-    p.add_argument("--kernels", default="auto",
-                   help="kernel backends: auto (Pallas on GPU, XLA on CPU), one name for every op (xla, pallas, "
-                        "pallas_interpret) or per op, e.g. experts=ragged_dot,attention=xla")
-    p.add_argument("--max-batch-tokens", type=int, default=None,
-                   help="token budget of one batch, padding included (rows x row length; for completions rows x "
-                        "(prompt + new tokens)). Default: scoring batches on a GPU are sized from the device (Θ of "
-                        "the placement on the hardware profile, bounded by the memory plan), elsewhere and for "
-                        f"completions {DEFAULT_TOKENS}; given, it wins everywhere; --explain says which")
-    p.add_argument("--kv-cache", choices=KV_MODES, default="auto",
-                   help="cross-batch prefix KV cache. on: keep every prompt block (LRU, bounded by "
-                        "--prefix-cache-mb); off: scoring keeps no KV at all; auto (default): on only when some "
-                        "prefix block recurs across batches, keeping just those blocks")
-    p.add_argument("--prefix-cache-mb", type=float, default=1024.0,
-                   help="most device memory the prefix KV cache may use, in MiB (default 1024)")
-    p.add_argument("--batching", choices=BATCHING, default="continuous",
-                   help="completions: continuous (default; one scheduler over a paged KV pool admits, decodes, "
-                        "retires and preempts sequences step by step) or static (each planned batch prefills "
-                        "together and decodes until its longest row ends: the baseline). Several processes use "
-                        "static")
-    p.add_argument("--kv-pool-mb", type=float, default=None,
-                   help="continuous batching's KV pool in MiB (default: the device budget less the weights and 5%% "
-                        "for activations; 1024 where the device reports none, as on CPU); --explain shows it")
-    p.add_argument("--layout", default=None,
-                   help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts "
-                        "replicated|tp|ep|async_ep|dep; devices=N; exchange=all_to_all|gather; dep: attn_devices, "
-                        "expert_devices, r1, r2, order asas|aass|pppipe, each may be auto (FinDEP's solver); see "
-                        "moejax.sharding), or auto: the layout the planner predicts fastest (--explain says why)")
-    p.add_argument("--profile", default=None,
-                   help="hardware profile that auto choices and --theta eq1 consult: h100, h200, a100, l4, t4 or a "
-                        "JSON from `python -m launch.profile_devices` (default: the one measured for these devices, "
-                        "else their datasheet)")
+    options.add_arguments(p, ModelOptions, ("dtype", "num_layers", "kernels"))
+    options.add_arguments(p, ServingOptions)
+    options.add_arguments(p, EnginePlan)
     g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
-    g.add_argument("--placement", default="auto", choices=PLACEMENTS,
-                   help="where routed experts live: auto (resident when the model fits --device-memory-gb, else "
-                        "streamed, else cached), resident, streamed (layers copied ahead from host memory; "
-                        "prefill batches are packed to the profiled saturation threshold), cached (an expert "
-                        "cache; for decode and small batches)")
+    options.add_arguments(g, PlacementSettings, ("placement",))
     g.add_argument("--theta", default="profile", choices=["profile", "eq1"],
                    help="streamed: the saturation threshold Θ prefill batches are filled to: profile (measure it, "
                         "MoE-Prefill Eq. 3) or eq1 (from the hardware profile, Eq. 1; no profiling pass)")
-    g.add_argument("--device-memory-gb", type=float, default=None,
-                   help="device memory moejax may use (default: the device's; no cap on CPU)")
-    g.add_argument("--window", type=int, default=None, help="streamed: MoE layers copied ahead (default: planned)")
-    g.add_argument("--stream", default=None, choices=["python", "jit"],
-                   help="streamed: python (default; per-layer jits, --window layers copied ahead, Θ profiled) or "
-                        "jit (experts are host-memory inputs of the whole-model jit; XLA schedules the copies)")
-    g.add_argument("--cache-slots", type=int, default=None, help="cached: expert slots (default: what fits)")
-    g.add_argument("--eviction", default=None, choices=POLICIES, help="cached: eviction policy (default lru)")
-    g.add_argument("--predictor", default=None, choices=PREDICTORS, help="cached: expert predictor for prefetch")
-    g.add_argument("--default-vectors", default=None,
-                   help="cached, --predictor router: directory from `python -m launch.calibrate`")
-    g.add_argument("--estimator", default=None,
-                   help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`")
-    g.add_argument("--maps", default=None,
-                   help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`")
-    g.add_argument("--prefetch-distance", type=int, default=None,
-                   help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)")
-    g.add_argument("--speculative", action="store_true",
-                   help="cached: run the predicted experts instead of loading the true router's misses "
-                        "(changes outputs; the metrics count mispredicted tokens)")
-    g.add_argument("--router-free", action="store_true",
-                   help="--speculative: predictions chain from the predicted routing, not the true router's")
+    options.add_arguments(g, PlacementSettings, PlacementSettings.names()[1:])
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
-    g.add_argument("--coordinator", default=None, help="HOST:PORT of process 0, which serves the coordinator")
-    g.add_argument("--num-processes", type=int, default=None, help="how many processes take part")
-    g.add_argument("--process-id", type=int, default=None,
-                   help="this process's index, 0..N-1; every process runs the same batches, only process 0 writes "
-                        "--output and --metrics")
+    options.add_arguments(g, Processes)
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
     p.add_argument("--plot", default=None, metavar="DIR",
@@ -144,6 +83,14 @@ def parse_args(argv=None):
     p.add_argument("--allow-invalid-lines", action="store_true",
                    help="exit 0 when the only failed lines were invalid input (each still gets its 400 line)")
     return p.parse_args(argv)
+
+
+OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, PlacementSettings, Processes)  # those with flags here
+
+
+def options_table() -> str:
+    """The README's table of the option flags, from their fields."""
+    return options.markdown_table(*OPTION_CLASSES)
 
 
 def read_lines(path: str) -> list[str]:
@@ -159,29 +106,13 @@ def read_lines(path: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-# flag -> (smallest allowed value, what it is); checked before anything loads
-NUMBER_FLAGS = {"max_batch_tokens": (16, "tokens per batch"), "num_layers": (1, "layers"),
-                "prefix_cache_mb": (0, "MiB"), "kv_pool_mb": (None, "MiB, more than 0"),
-                "device_memory_gb": (None, "GiB, more than 0"),
-                "window": (1, "MoE layers"), "cache_slots": (1, "expert slots"),
-                "prefetch_distance": (1, "layers ahead"), "num_processes": (1, "processes"),
-                "process_id": (0, "a process index")}
-
-
 def check_numbers(args) -> str | None:
-    """The first numeric flag out of range, as a message naming it; None when all are fine."""
-    for name, (least, what) in NUMBER_FLAGS.items():
-        value = getattr(args, name)
-        flag = "--" + name.replace("_", "-")
-        if value is None:
-            continue
-        if not math.isfinite(value):
-            return f"{flag} must be a finite number; got {value}"
-        if (value <= 0) if least is None else (value < least):
-            return f"{flag} must be {'> 0' if least is None else f'>= {least}'} ({what}); got {value}"
-    if args.process_id is not None and args.num_processes is not None and args.process_id >= args.num_processes:
+    """The first numeric flag out of its option's range, as a message naming it; None when all are fine."""
+    problem = options.check_flags(args, *OPTION_CLASSES)
+    if problem is None and args.process_id is not None and args.num_processes is not None \
+            and args.process_id >= args.num_processes:
         return f"--process-id must be below --num-processes ({args.num_processes}); got {args.process_id}"
-    return None
+    return problem
 
 
 def check_output_is_not_input(args) -> str | None:
@@ -277,15 +208,17 @@ def plan_plots(engine, args) -> list[str]:
 
 def run_settings(args, engine) -> dict:
     """What decides this run's results (the journal records it; a resume must match): the model's identity (its
-    files' names, sizes and config, not just the path), dtype, kernels, layers, layout and the offload options."""
+    files' names, sizes and config, not just the path), dtype, kernels, layers, layout, the placement, and under
+    --speculative the options that decide which experts run (moejax.options' fingerprint marks; a directory by its
+    identity)."""
     settings = {**engine_settings(engine), "model": model_identity(args.model)}
     if engine.memory_plan is not None:
         settings["placement"] = engine.memory_plan.placement
     if args.speculative:  # runs predicted experts: the predictor decides the results
-        settings.update(speculative=True, predictor=args.predictor, prefetch_distance=args.prefetch_distance,
-                        default_vectors=model_identity(args.default_vectors) if args.default_vectors else None,
-                        estimator=model_identity(args.estimator) if args.estimator else None,
-                        router_free=args.router_free)
+        paths = options.paths(PlacementSettings)
+        settings.update({name: model_identity(value) if name in paths and value else value
+                         for name, value in options.settings(options.from_args(PlacementSettings, args),
+                                                             fingerprint=True).items()})
     return settings
 
 
@@ -335,14 +268,8 @@ def _main(args, held: contextlib.ExitStack) -> int:
         lines = read_lines(args.input)
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
-    options = {"kernels": args.kernels, "placement": args.placement,
-               "plan_tokens": args.max_batch_tokens or DEFAULT_TOKENS}
-    for name in ("num_layers", "layout", "profile", "device_memory_gb", "window", "stream", "cache_slots",
-                 "eviction", "predictor", "default_vectors", "estimator", "maps", "prefetch_distance", "speculative",
-                 "router_free"):
-        value = getattr(args, name)
-        if value is not None and value is not False:  # 0 is a value, not "not given"
-            options[name] = value
+    # several processes run static batches: the scheduler's host loop runs in one process
+    serving = options.from_args(ServingOptions, args, **({"batching": "static"} if multi else {}))
     if multi:
         try:  # before anything touches a JAX device
             multihost.initialize(*multi)
@@ -354,7 +281,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
         sys.exit(problem)
     lock_outputs(args, multi, held)
     try:
-        engine = moejax.load(args.model, dtype=args.dtype, **options)
+        engine = load(args, serving)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
     if engine.placement.profiles_theta:  # Θ: prefill batches are filled to it
@@ -362,15 +289,12 @@ def _main(args, held: contextlib.ExitStack) -> int:
             set_saturation(engine, args)
         except ValueError as e:
             sys.exit(f"--theta {args.theta}: {e}")
-    batching = "static" if multi else args.batching  # the scheduler's host loop runs in one process
     writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:
         if writer:
             print(engine.explain())
             try:
-                print(explain_lines(engine, lines, max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
-                                    prefix_cache_mb=args.prefix_cache_mb, batching=batching,
-                                    kv_pool_mb=args.kv_pool_mb))
+                print(explain_lines(engine, lines, serving))
             except PoolTooLarge as e:
                 sys.exit(f"--kv-pool-mb {args.kv_pool_mb}: {e}")
             if args.plot:
@@ -381,12 +305,10 @@ def _main(args, held: contextlib.ExitStack) -> int:
     nonce = multihost.main_number(secrets.randbits(62)) if multi else None
     try:
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sys.stdout if writer else sink):
-            summary = serve_lines(engine, lines, args.output if writer else None,
-                                  max_batch_tokens=args.max_batch_tokens, kv_cache=args.kv_cache,
-                                  prefix_cache_mb=args.prefix_cache_mb, progress=_progress_bar if writer else None,
-                                  peak=peak_flops(engine.dtype.name), settings=run_settings(args, engine),
-                                  seed_nonce=nonce, error_file=args.error_file if writer else None,
-                                  batching=batching, kv_pool_mb=args.kv_pool_mb)
+            summary = serve_lines(engine, lines, args.output if writer else None, serving,
+                                  progress=_progress_bar if writer else None, peak=peak_flops(engine.dtype.name),
+                                  settings=run_settings(args, engine), seed_nonce=nonce,
+                                  error_file=args.error_file if writer else None)
     except SettingsMismatch as e:
         sys.exit(f"--output {args.output}: {e}")
     except WriteFailed as e:
@@ -403,6 +325,15 @@ def _main(args, held: contextlib.ExitStack) -> int:
         with open(args.metrics, "w") as f:
             json.dump(summary, f, indent=1)
     return exit_status(summary, args.allow_invalid_lines)
+
+
+def load(args, serving: ServingOptions):
+    """The model with the flags' plan: placement, layout and profile, its auto choices made for batches of
+    --max-batch-tokens."""
+    model = options.from_args(ModelOptions, args)
+    plan = options.from_args(EnginePlan, args, placement=options.from_args(PlacementSettings, args),
+                             workload=Workload(tokens=serving.max_batch_tokens or DEFAULT_TOKENS))
+    return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels, plan=plan)
 
 
 def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:

@@ -11,6 +11,7 @@ import moejax
 from moejax.plan.datasheets import DATASHEETS
 from moejax.plan.theta import theta_eq1
 from moejax.sched.batch import explain_lines, serve_lines
+from moejax.sched.serving_options import ServingOptions
 from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, activation_bytes_per_token, score_batch_size
 from moejax.sched.planner import make_plan
 from moejax.sched.requests import parse_lines
@@ -51,7 +52,7 @@ def test_explain_says_which_size_and_why(tiny):
     lines = [score_line("a", [5, 6, 7], [[1]])]
     assert "scoring batches: up to 8192 tokens (the default on cpu)" in explain_lines(tiny, lines)
     assert "scoring batches: up to 64 tokens (--max-batch-tokens 64, as given; it wins over the device's size)" in \
-        explain_lines(tiny, lines, max_batch_tokens=64)
+        explain_lines(tiny, lines, ServingOptions(max_batch_tokens=64))
 
 
 def test_the_plan_packs_rows_up_to_the_budget_and_theta_grows_them_no_further_than_memory():
@@ -99,7 +100,8 @@ def test_the_next_batch_is_dispatched_before_the_last_is_read_with_the_same_resu
     prompts = [rng.integers(3, 1024, 40).tolist() for _ in range(4)]
     lines = [score_line(f"r{i}", p, [[7], [9]]) for i, p in enumerate(prompts)]
     events = spy(tiny, monkeypatch)
-    summary = serve_lines(tiny, lines, str(tmp_path / "out.jsonl"), max_batch_tokens=64, kv_cache="off")
+    summary = serve_lines(tiny, lines, str(tmp_path / "out.jsonl"),
+                          ServingOptions(max_batch_tokens=64, kv_cache="off"))
     assert summary["batches"] == 4 and summary["requests_ok"] == 4
     kinds = [kind for kind, _ in events]
     assert kinds == ["dispatch", "dispatch", "read", "dispatch", "read", "dispatch", "read", "read"]
@@ -117,7 +119,8 @@ def test_a_batch_failing_when_read_costs_only_its_requests_and_the_next_is_packe
     prompts = [head + rng.integers(3, 1024, 8).tolist() for _ in range(4)]
     lines = [score_line(f"r{i}", p, [[7]]) for i, p in enumerate(prompts)]
     events = spy(tiny, monkeypatch, fail_read=1)
-    summary = serve_lines(tiny, lines, str(tmp_path / "out.jsonl"), max_batch_tokens=40, kv_cache="on")
+    summary = serve_lines(tiny, lines, str(tmp_path / "out.jsonl"),
+                          ServingOptions(max_batch_tokens=40, kv_cache="on"))
     assert summary["requests_ok"] == 3 and summary["requests_batch_failed"] == 1 and summary["cached_prompt_tokens"]
     # the third batch was packed against the cache the failed batch left, then again against a fresh one
     assert [kind for kind, _ in events].count("dispatch") == 5

@@ -8,6 +8,7 @@ import pytest
 
 import moejax
 from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 from moejax.sched.block_pool import BlockPool, PoolExhausted
 from moejax.sched.continuous import GenRequest, Scheduler
 from scheduling import row_key, run_scheduler
@@ -113,7 +114,7 @@ def test_serving_continuous_equals_static(tiny, tmp_path):
     results = {}
     for batching in ("static", "continuous"):
         out = tmp_path / f"{batching}.jsonl"
-        summary = serve_lines(tiny, lines, str(out), seed_nonce=0, batching=batching)
+        summary = serve_lines(tiny, lines, str(out), ServingOptions(batching=batching), seed_nonce=0)
         assert summary["requests_ok"] == len(lines) and summary["batching"] == batching
         results[batching] = [_comparable(json.loads(x)) for x in out.read_text().splitlines()]
     assert results["continuous"] == results["static"]
@@ -121,7 +122,7 @@ def test_serving_continuous_equals_static(tiny, tmp_path):
 
     too_long = completion_line("too-long", p[1] * 3, 200)
     out = tmp_path / "small.jsonl"
-    summary = serve_lines(tiny, lines[:1] + [too_long], str(out), seed_nonce=0, kv_pool_mb=0.05)
+    summary = serve_lines(tiny, lines[:1] + [too_long], str(out), ServingOptions(kv_pool_mb=0.05), seed_nonce=0)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert _comparable(rows[0]) == results["static"][0]
     assert rows[1]["response"]["status_code"] == 500
@@ -148,7 +149,7 @@ def test_a_failing_step_fails_only_its_sequences(tiny, tmp_path, monkeypatch):
     p = prompts_of([5, 9, 7], seed=7)
     lines = [completion_line(f"c{i}", prompt, 4, seed=i) for i, prompt in enumerate(p)]
     out = tmp_path / "out.jsonl"
-    summary = serve_lines(tiny, lines, str(out), seed_nonce=0, scheduler_options={"max_rows": 2})
+    summary = serve_lines(tiny, lines, str(out), ServingOptions(max_rows=2), seed_nonce=0)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     # the two longest prompts are admitted first (the plan's order), decode together and fail together
     assert [r["response"]["status_code"] for r in rows] == [200, 500, 500]

@@ -12,6 +12,7 @@ import pytest
 import moejax
 from conftest import fixture_dir
 from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 from moejax.sched.results import SettingsMismatch
 
 QWEN3 = fixture_dir("qwen3_moe")  # vocab 256, a tokenizer and a chat template
@@ -22,10 +23,12 @@ def engine(qwen3_engine):
     return qwen3_engine
 
 
-def serve(engine, tmp_path, requests, name="out.jsonl", **kw):
+def serve(engine, tmp_path, requests, name="out.jsonl", settings=None, error_file=None, **kw):
+    """kw: ServingOptions."""
     out = tmp_path / name
     lines = [json.dumps({"custom_id": f"r{i}", "url": url, "body": body}) for i, (url, body) in enumerate(requests)]
-    summary = serve_lines(engine, lines, str(out), **kw)
+    summary = serve_lines(engine, lines, str(out), ServingOptions(**kw), settings=settings,
+                          error_file=error_file)
     return [json.loads(x) for x in out.read_text().splitlines()], summary
 
 

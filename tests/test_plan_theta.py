@@ -108,12 +108,14 @@ def test_an_unprofiled_streamed_engine_falls_back_to_eq1():
     """Serving a streamed engine whose Θ was never profiled takes Θ from Eq. 1 on its hardware profile (here the
     h100 datasheet it was loaded with), and fills its scoring batches to that floor."""
     from moejax.sched.batch import explain_lines
+    from moejax.sched.serving_options import ServingOptions
     engine = moejax.load("tiny-qwen3-moe", placement="streamed", window=1, profile="h100")
     assert engine.saturation.source == "Eq. 1 from profile h100 (datasheet)"  # Θ is made at load (issue 31)
     lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/score",
                          "body": {"prompt_token_ids": [i + 1] * 24, "candidate_token_ids": [[9], [10]]}})
              for i in range(40)]
-    text = explain_lines(engine, lines, max_batch_tokens=32)
+    text = explain_lines(engine, lines, ServingOptions(max_batch_tokens=32))
     assert "1 batches:" in text  # Θ is far above these 40 short sequences: one batch, past the 32-token budget
-    assert "1 batches:" not in explain_lines(moejax.load("tiny-qwen3-moe", placement="streamed", window=1), lines,
-                                             max_batch_tokens=32)  # no profile for this CPU: the budget alone
+    unprofiled = moejax.load("tiny-qwen3-moe", placement="streamed", window=1)
+    # no profile for this CPU: the budget alone
+    assert "1 batches:" not in explain_lines(unprofiled, lines, ServingOptions(max_batch_tokens=32))

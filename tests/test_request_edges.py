@@ -7,6 +7,7 @@ import pytest
 
 import moejax
 from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 from moejax.sched.pool_size import PoolTooLarge, pool_size
 
 TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024, context 2048
@@ -23,8 +24,9 @@ def line(cid, url, body) -> str:
 
 
 def served(engine, tmp_path, lines, name, **kw) -> list[dict]:
+    """kw: ServingOptions."""
     out = tmp_path / name
-    serve_lines(engine, lines, str(out), seed_nonce=0, **kw)
+    serve_lines(engine, lines, str(out), ServingOptions(**kw), seed_nonce=0)
     return [json.loads(x) for x in out.read_text().splitlines()]
 
 

@@ -9,6 +9,7 @@ import pytest
 import moejax
 from conftest import fixture_dir
 from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 
 FAMILIES = ["qwen3_moe", "deepseek_v3", "gpt_oss", "mixtral"]  # GQA, MLA, sinks + sliding window, window
 
@@ -68,8 +69,9 @@ def reference_scores(engine, line, cache=None):
 
 
 def served(engine, lines, tmp_path, name, **kw):
+    """kw: ServingOptions."""
     out = tmp_path / f"{name}.jsonl"
-    summary = serve_lines(engine, lines, str(out), **kw)
+    summary = serve_lines(engine, lines, str(out), ServingOptions(**kw))
     return [json.loads(x) for x in out.read_text().splitlines()], summary
 
 

@@ -23,6 +23,7 @@ from garbage import FORMAT_EXAMPLES, damage
 from launch import serve as serve_cli
 from moejax.kernels.platform import on_gpu
 from moejax.sched.batch import explain_lines, serve_lines
+from moejax.sched.serving_options import ServingOptions
 from moejax.sched.requests import CompletionRequest, parse_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,7 +277,7 @@ def test_explain_loads_no_weights():
     engine = moejax.load(DEFAULT, dtype="float32")  # the examples' model (text); a fresh engine, so nothing ran yet
     assert engine._state is None
     lines = example_lines() + ["not json", completion("late", [1, 2, 3], 4)]
-    text = explain_lines(engine, lines, max_batch_tokens=64)
+    text = explain_lines(engine, lines, ServingOptions(max_batch_tokens=64))
     assert engine._state is None
     assert "prefix KV cache:" in text and "batches:" in text
     assert "score" in text and "completion" in text
@@ -364,7 +365,7 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
         expected[len(lines)] = (cid, fragment)
     lines += good_lines(len(BAD_LINE_CASES))
     out = tmp_path / "out.jsonl"
-    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=256)
+    summary = serve_lines(tiny, lines, str(out), ServingOptions(max_batch_tokens=256))
     rows = rows_of(read_text(out))
     assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
     ok_bodies = {}
@@ -388,7 +389,7 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
     # Bad lines do not change what the good ones get.
     good = [line for n, line in enumerate(lines, start=1) if n not in expected]
     alone = tmp_path / "alone.jsonl"
-    serve_lines(tiny, good, str(alone), max_batch_tokens=256)
+    serve_lines(tiny, good, str(alone), ServingOptions(max_batch_tokens=256))
     for row, body in zip(rows_of(read_text(alone)), ok_bodies.values()):
         got = row["response"]["body"]
         if body["object"] == "score":
@@ -578,7 +579,7 @@ def test_failing_batch_gives_500_to_its_requests_only(tiny, tmp_path, monkeypatc
              completion("c", [1, 2, 3], 4),
              score("s40", list(range(300, 340)), [[1], [2]])]
     out = tmp_path / "out.jsonl"
-    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=64, batching="static")
+    summary = serve_lines(tiny, lines, str(out), ServingOptions(max_batch_tokens=64, batching="static"))
     assert len(calls) == 3 and summary["batches"] == 4
     rows = rows_of(read_text(out))
     assert [line_no(row) for row in rows] == list(range(1, 6))
@@ -595,7 +596,7 @@ def test_failing_batch_gives_500_to_its_requests_only(tiny, tmp_path, monkeypatc
     # anew (its id fingerprints the new text), the rest is reused.
     monkeypatch.undo()
     lines[2] = score("fixed", [5, 6, 7], [[1], [2]])
-    summary = serve_lines(tiny, lines, str(out), max_batch_tokens=64)
+    summary = serve_lines(tiny, lines, str(out), ServingOptions(max_batch_tokens=64))
     rows = rows_of(read_text(out))
     assert [row["response"]["status_code"] for row in rows] == [200] * 5
     assert summary["requests_resumed"] == 2 and summary["requests_ok"] == 3
@@ -728,7 +729,7 @@ def check_garbage(engine, lines):
     lines = [line.replace("\n", " ") for line in lines]  # one request per line, as read from a file
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.jsonl")
-        summary = serve_lines(engine, lines, out, max_batch_tokens=256)
+        summary = serve_lines(engine, lines, out, ServingOptions(max_batch_tokens=256))
         text = read_text(out)
         assert not os.path.exists(out + ".partial")
     rows = rows_of(text)

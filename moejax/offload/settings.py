@@ -1,11 +1,12 @@
 """A placement and its settings as one frozen dataclass, checked in one place (`PlacementSettings.__post_init__`):
-what `moejax.load`'s offloading keywords become. A ValueError names the setting."""
+what `moejax.load`'s offloading keywords become. Each setting is an option (moejax.options): its type, range, choices
+and help are on its field, and launch.serve's flags come from them. A ValueError names the setting."""
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
+from moejax import options
+from moejax.options import option
 from moejax.offload.expert_cache import POLICIES
 from moejax.offload.memory_plan import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
@@ -23,37 +24,51 @@ def _error(message: str):
 @dataclasses.dataclass(frozen=True)
 class PlacementSettings:
     """Where routed experts live on one device (moejax.offload) and the settings of that placement; None: not given
-    (the memory plan or the placement decides). See `moejax.load` for each setting."""
-    placement: str = "auto"
-    device_memory_gb: float | None = None
-    window: int | None = None
-    stream: str | None = None
-    cache_slots: int | None = None
-    eviction: str | None = None
-    predictor: object = None  # a name in PREDICTORS or a predictor object
-    default_vectors: str | None = None
-    estimator: str | None = None
-    maps: str | None = None
-    prefetch_distance: int | None = None
-    speculative: bool = False
-    router_free: bool = False
+    (the memory plan or the placement decides). Each field's help says what it does (launch.serve's flags)."""
+    placement: str = option(
+        "auto", choices=PLACEMENTS,
+        help="where routed experts live: auto (resident when the model fits --device-memory-gb, else streamed, else "
+             "cached), resident, streamed (layers copied ahead from host memory; prefill batches are packed to the "
+             "profiled saturation threshold), cached (an expert cache; for decode and small batches)")
+    device_memory_gb: float | None = option(
+        None, type=float, above=0, help="device memory moejax may use (default: the device's; no cap on CPU)")
+    window: int | None = option(None, type=int, minimum=1,
+                                help="streamed: MoE layers copied ahead (default: planned)")
+    stream: str | None = option(
+        None, type=str, choices=STREAMS,
+        help="streamed: python (default; per-layer jits, --window layers copied ahead, Θ profiled) or jit (experts "
+             "are host-memory inputs of the whole-model jit; XLA schedules the copies)")
+    cache_slots: int | None = option(None, type=int, minimum=1, help="cached: expert slots (default: what fits)")
+    eviction: str | None = option(None, type=str, choices=POLICIES, help="cached: eviction policy (default lru)")
+    # a name in PREDICTORS or a predictor object (_check_predictor checks it)
+    predictor: object = option(None, type=str, choices=PREDICTORS, checked=False, fingerprint=True,
+                               help="cached: expert predictor for prefetch")
+    default_vectors: str | None = option(None, type=str, path=True, fingerprint=True,
+                                         help="cached, --predictor router: directory from `python -m launch.calibrate`")
+    estimator: str | None = option(
+        None, type=str, path=True, fingerprint=True,
+        help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`")
+    maps: str | None = option(
+        None, type=str, path=True,
+        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`")
+    prefetch_distance: int | None = option(
+        None, type=int, minimum=1, fingerprint=True,
+        help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)")
+    speculative: bool = option(
+        False, fingerprint=True,
+        help="cached: run the predicted experts instead of loading the true router's misses (changes outputs; the "
+             "metrics count mispredicted tokens)")
+    router_free: bool = option(
+        False, fingerprint=True,
+        help="--speculative: predictions chain from the predicted routing, not the true router's")
 
     def __post_init__(self):
-        if self.placement not in PLACEMENTS:
-            raise _error(f"placement must be one of {', '.join(PLACEMENTS)}; got {self.placement!r}")
+        options.check(self, prefix="moejax.load: ")
         for name, only in _ONLY_FOR.items():
             if getattr(self, name) not in (None, False) and self.placement not in ("auto", only):
                 raise _error(f"{name} applies to placement {only!r}, not {self.placement!r}")
-        for name in ("window", "cache_slots", "prefetch_distance"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
-                raise _error(f"{name} must be an int >= 1, got {value!r}")
-        if self.stream not in (None, *STREAMS):
-            raise _error(f"stream must be one of {', '.join(STREAMS)}; got {self.stream!r}")
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
-        if self.eviction not in (None, *POLICIES):
-            raise _error(f"eviction must be one of {', '.join(POLICIES)}; got {self.eviction!r}")
         self._check_predictor()
 
     def _check_predictor(self) -> None:

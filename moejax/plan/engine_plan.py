@@ -6,30 +6,37 @@ from __future__ import annotations
 
 import dataclasses
 
+from moejax import options
 from moejax.offload.settings import PlacementSettings
+from moejax.options import option
 from moejax.sharding.layout import Layout
-
-PLAN_OPTIONS = ("layout", "profile", "plan_tokens", "plan_seq_len") + PlacementSettings.names()
-
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """The step `auto` plans for: `tokens` per forward step in sequences of `seq_len` (serve: --max-batch-tokens)."""
-    tokens: int = 8192
-    seq_len: int = 1024
+    tokens: int = option(8192, minimum=1, flag=False, help="tokens of the step auto plans for (load: plan_tokens)")
+    seq_len: int = option(1024, minimum=1, flag=False, help="its sequence length (load: plan_seq_len)")
 
     def __post_init__(self):
-        for name in ("tokens", "seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"moejax.load: plan_{name} must be an int >= 1, got {value!r}")
+        options.check(self, prefix="moejax.load: plan_")
+
+
+WORKLOAD_OPTIONS = {f"plan_{f.name}": f.name for f in options.fields(Workload)}  # load's keyword -> field
 
 
 @dataclasses.dataclass(frozen=True)
 class EnginePlan:
     placement: PlacementSettings = PlacementSettings()
-    layout: Layout | str | None = None  # a Layout (fields may be "auto"), "auto", or None: one device
-    profile: str | None = None  # datasheet name or measured profile JSON; None: the devices' own (moejax.plan.resolve)
+    layout: Layout | str | None = option(  # a Layout (fields may be "auto"), "auto", or None: one device
+        None, type=str, checked=False,
+        help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts replicated|tp|ep|"
+             "async_ep|dep; devices=N; exchange=all_to_all|gather; dep: attn_devices, expert_devices, r1, r2, order "
+             "asas|aass|pppipe, each may be auto (FinDEP's solver); see moejax.sharding), or auto: the layout the "
+             "planner predicts fastest (--explain says why)")
+    profile: str | None = option(  # None: the devices' own (moejax.plan.resolve)
+        None, type=str,
+        help="hardware profile that auto choices and --theta eq1 consult: h100, h200, a100, l4, t4 or a JSON from "
+             "`python -m launch.profile_devices` (default: the one measured for these devices, else their datasheet)")
     workload: Workload = Workload()
 
     def __post_init__(self):
@@ -42,14 +49,18 @@ class EnginePlan:
             raise TypeError(f"moejax.load: plan.placement must be a PlacementSettings, got {type(self.placement)}")
 
     @classmethod
-    def from_options(cls, options: dict) -> "EnginePlan":
+    def from_options(cls, given: dict) -> "EnginePlan":
         """load's keyword options (those of PLAN_OPTIONS; None means not given) -> EnginePlan."""
-        given = {k: v for k, v in options.items() if v is not None}
+        given = {k: v for k, v in given.items() if v is not None}
         placement = PlacementSettings(**{k: v for k, v in given.items() if k in PlacementSettings.names()})
-        workload = Workload(**{k[len("plan_"):]: v for k, v in given.items() if k in ("plan_tokens", "plan_seq_len")})
+        workload = Workload(**{WORKLOAD_OPTIONS[k]: v for k, v in given.items() if k in WORKLOAD_OPTIONS})
         return cls(placement, given.get("layout"), given.get("profile"), workload)
 
     @property
     def needs_planner(self) -> bool:
         """Some choice is left to a planner: layout auto, or a DEP layout with auto fields."""
         return self.layout == "auto" or (isinstance(self.layout, Layout) and bool(self.layout.auto_fields))
+
+
+# load's keywords of a plan: EnginePlan's own (layout, profile), the Workload's and the placement settings
+PLAN_OPTIONS = tuple(f.name for f in options.fields(EnginePlan)) + tuple(WORKLOAD_OPTIONS) + PlacementSettings.names()

@@ -17,10 +17,10 @@ from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.requests import BadLine, CompletionRequest, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Runner
+from moejax.sched.serving_options import ServingOptions
 
 
-def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_cache_mb, settings=None, seed_nonce=None,
-             batching="continuous", kv_pool_mb=None, scheduler_options=None):
+def _prepare(engine, lines, store_path, options: ServingOptions, *, settings=None, seed_nonce=None, progress=None):
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
@@ -33,21 +33,22 @@ def _prepare(engine, lines, store_path, *, max_batch_tokens, kv_cache, prefix_ca
     # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies
     saturation = engine.saturation  # made at load (moejax.plan.theta), or measured since
     floor = saturation.theta_flops if saturation is not None else 0.0
-    cache_blocks = prefix_cache_blocks(engine, prefix_cache_mb)
-    sizing = score_batch_size(engine, max_batch_tokens, longest=longest_score_sequence(todo),
-                              reserved_bytes=0.0 if kv_cache == "off" else prefix_cache_mb * 2**20)
-    plan = make_plan(list(enumerate(todo)), max_batch_tokens=max_batch_tokens or DEFAULT_TOKENS, kv_cache=kv_cache,
-                     cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg, score_batch=sizing)
-    if batching == "continuous" and not engine.placement.continuous_batching:
-        batching = "static"
-    runner = Runner(engine, plan, todo, store, batching=batching, scheduler_options=scheduler_options,
-                    batch_size=sizing)
-    if batching == "continuous":
+    cache_blocks = prefix_cache_blocks(engine, options.prefix_cache_mb)
+    sizing = score_batch_size(engine, options.max_batch_tokens, longest=longest_score_sequence(todo),
+                              reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
+    plan = make_plan(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
+                     kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg,
+                     score_batch=sizing)
+    if options.batching == "continuous" and not engine.placement.continuous_batching:
+        options = dataclasses.replace(options, batching="static")
+    kv_pool = None
+    if options.batching == "continuous":
         # max_tokens 0 (an echo's prompt log-probabilities) generates nothing: the scheduler gives it no blocks
-        runner.kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
-                                            if isinstance(r, CompletionRequest) and r.max_tokens
-                                            for _ in range(r.n)], kv_pool_mb)
-        runner.kv_blocks = runner.kv_pool.blocks
+        kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
+                                     if isinstance(r, CompletionRequest) and r.max_tokens
+                                     for _ in range(r.n)], options.kv_pool_mb)
+    runner = Runner(engine, plan, todo, store, options=options, kv_pool=kv_pool, batch_size=sizing,
+                    progress=progress(len(todo)) if progress is not None else None)
     return entries, store, todo, plan, runner
 
 
@@ -73,34 +74,27 @@ def with_seed(request, nonce: int, rid: str):
     return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
 
 
-def explain_lines(engine, lines, *, max_batch_tokens=None, kv_cache="auto", prefix_cache_mb=1024.0,
-                  batching="continuous", kv_pool_mb=None) -> str:
-    """The plan for `lines` as text; loads no weights and runs nothing. max_batch_tokens: None sizes scoring batches
-    from the device (moejax.sched.batch_size)."""
-    _, _, todo, plan, runner = _prepare(engine, lines, None, max_batch_tokens=max_batch_tokens, kv_cache=kv_cache,
-                                        prefix_cache_mb=prefix_cache_mb, batching=batching, kv_pool_mb=kv_pool_mb)
+def explain_lines(engine, lines, options: ServingOptions = ServingOptions()) -> str:
+    """The plan for `lines` as text; loads no weights and runs nothing. options.max_batch_tokens None sizes scoring
+    batches from the device (moejax.sched.batch_size)."""
+    _, _, todo, plan, runner = _prepare(engine, lines, None, options)
     return describe(plan, runner, engine)
 
 
-def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=None, kv_cache="auto",
-                prefix_cache_mb=1024.0, progress=None, peak=None, settings=None, seed_nonce=None,
-                error_file: str | None = None, batching="continuous", kv_pool_mb=None,
-                scheduler_options=None) -> dict:
+def serve_lines(engine, lines, output: str | None, options: ServingOptions = ServingOptions(), *, progress=None,
+                peak=None, settings=None, seed_nonce=None, error_file: str | None = None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its
     journal from an interrupted run with the same settings are skipped; results made with other settings raise
-    results.SettingsMismatch before anything is written. settings: what decides the results (default
-    engine_settings); seed_nonce: what requests without a seed draw theirs from (default: random); error_file:
-    also write the failed lines there. A result that cannot be written raises results.WriteFailed (the journal
-    keeps what it has). max_batch_tokens: the token budget of a batch; None: scoring batches sized from the device
-    (moejax.sched.batch_size), others DEFAULT_TOKENS. batching: "continuous" (completions through one scheduler over
-    a paged KV pool of kv_pool_mb MiB, default from the device budget: moejax.sched.pool_size; scheduler_options: the
-    Scheduler's keywords) or "static" (Runner). Another runner holding the output's or error file's lock raises
-    output_lock.OutputLockError before anything is read or written. Returns the run summary."""
+    results.SettingsMismatch before anything is written. options: how to batch and cache (ServingOptions; its
+    fields say each). settings: what decides the results (default engine_settings); seed_nonce: what requests
+    without a seed draw theirs from (default: random); progress(total) -> a callback of the requests done (or
+    None); error_file: also write the failed lines there. A result
+    that cannot be written raises results.WriteFailed (the journal keeps what it has). Another runner holding the
+    output's or error file's lock raises output_lock.OutputLockError before anything is read or written. Returns
+    the run summary."""
     with output_lock.hold(output, error_file):
-        entries, store, todo, plan, runner = _prepare(engine, lines, output, max_batch_tokens=max_batch_tokens,
-                                                      kv_cache=kv_cache, prefix_cache_mb=prefix_cache_mb,
-                                                      settings=settings, seed_nonce=seed_nonce, batching=batching,
-                                                      kv_pool_mb=kv_pool_mb, scheduler_options=scheduler_options)
+        entries, store, todo, plan, runner = _prepare(engine, lines, output, options, settings=settings,
+                                                      seed_nonce=seed_nonce, progress=progress)
         bad = 0
         with store:
             for e in entries:
@@ -108,10 +102,9 @@ def serve_lines(engine, lines, output: str | None, *, max_batch_tokens=None, kv_
                     store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line],
                                                    param=e.param))
                     bad += 1
-            runner.progress = bar = progress(len(todo)) if progress is not None else None
             metrics = runner.run()
-            if bar is not None:
-                bar(None, metrics)
+            if runner.progress is not None:
+                runner.progress(None, metrics)
             store.finish(error_file)
     metrics.requests_batch_failed = metrics.requests_failed  # the runner's failures: 500s, retried by a rerun
     metrics.requests_failed += bad

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jax
 
+from moejax import options
+
 # Dense (no sparsity) 16-bit tensor-core peaks from NVIDIA datasheets, FLOP/s.
 DATASHEET_PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12, "B200": 2250e12}
 
@@ -17,15 +19,16 @@ def peak_flops(dtype: str) -> float | None:
 
 
 def describe(plan, runner, engine) -> str:
-    lines = [f"model {engine.name}: {engine.config.num_layers} layers, vocab {engine.config.vocab_size}",
+    lines = [f"serving options: {options.describe(runner.options)}",
+             f"model {engine.name}: {engine.config.num_layers} layers, vocab {engine.config.vocab_size}",
              f"prefix KV cache: {plan.reason}; pool {plan.pool_blocks} blocks "
              f"({plan.pool_blocks * 16 * engine.kv_bytes_per_token() / 2**20:.1f} MiB)",
              f"{len(plan.batches)} batches:"]
     continuous = runner.batching == "continuous"
     if continuous and runner.kv_pool is not None:
-        lines.insert(2, runner.kv_pool.describe())
+        lines.insert(3, runner.kv_pool.describe())
     if continuous and any(b.kind != "score" for b in plan.batches):
-        lines.insert(3, "completions: continuous batching (one scheduler over the KV pool; the completion batches "
+        lines.insert(4, "completions: continuous batching (one scheduler over the KV pool; the completion batches "
                         "below are the static plan, listed for comparison)")
     if runner.batch_size is not None:
         lines.insert(len(lines) - 1, runner.batch_size.describe())

@@ -19,10 +19,12 @@ from moejax.kv_pool import BLOCK
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.planner import Plan
+from moejax.sched.pool_size import PoolSize
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.bodies import Bodies, Choice
 from moejax.sched.requests import MAX_LOGPROBS, ScoreRequest
 from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
+from moejax.sched.serving_options import ServingOptions
 
 
 @dataclasses.dataclass
@@ -55,9 +57,6 @@ class Metrics:
         return d
 
 
-BATCHING = ("continuous", "static")
-
-
 @dataclasses.dataclass
 class _Launched:
     """A scoring batch dispatched to the device (its log-probabilities not read yet), or the error that stopped it."""
@@ -71,21 +70,17 @@ class _Launched:
 
 class Runner:
     def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None,
-                 batching: str = "continuous", kv_blocks: int = 0, scheduler_options: dict | None = None,
+                 options: ServingOptions = ServingOptions(), kv_pool: PoolSize | None = None,
                  batch_size: ScoreBatchSize | None = None):
-        """batching: "continuous" serves every completion through one scheduler over a paged KV pool of
-        `kv_blocks` blocks (moejax.sched.continuous); "static" runs each planned completion batch as one prefill
-        and one decode loop until its longest row ends. scheduler_options: keywords of the Scheduler (max_rows,
-        chunk_tokens, decode_steps, mixed). batch_size: how the plan's scoring batches were sized (explain shows
-        it)."""
-        if batching not in BATCHING:
-            raise ValueError(f"batching must be one of {', '.join(BATCHING)}; got {batching!r}")
+        """options.batching: "continuous" serves every completion through one scheduler (options' scheduler knobs)
+        over a paged KV pool of kv_pool.blocks blocks (moejax.sched.continuous; explain shows how it was sized);
+        "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
+        batch_size: how the plan's scoring batches were sized (explain shows it)."""
         self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
         self.progress = progress
-        self.batching, self.kv_blocks = batching, kv_blocks
-        self.scheduler_options = dict(scheduler_options or {})
+        self.options, self.batching = options, options.batching
+        self.kv_pool, self.kv_blocks = kv_pool, kv_pool.blocks if kv_pool is not None else 0
         self.batch_size = batch_size
-        self.kv_pool = None  # pool_size.PoolSize, when it was sized from a budget (explain shows it)
         self.scheduler_stats = None
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
@@ -311,7 +306,7 @@ class Runner:
                 failed.add(i)
                 self._fail_requests([self._index[reqs[i].line]], message)
 
-        options = dict(self.scheduler_options)
+        options = self.options.scheduler_keywords()
         if self.engine.saturation is not None:  # streamed experts: chunk steps of at least Θ tokens hide the copies
             options.setdefault("chunk_tokens", max(512, bucket(self.engine.saturation.theta_tokens, 16)))
         sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode, **options)

@@ -1,0 +1,159 @@
+"""Options defined once: an option's default, type, allowed values, help and command-line flag live in the metadata
+of its frozen dataclass field (`option(...)`). The checks (`check`, `check_flags`), the argparse flags
+(`add_arguments`), the settings a journal fingerprints or --explain lists (`settings`) and the README's table
+(`markdown_table`) are derived from it."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import numbers
+
+_KEY = "moejax.option"
+
+
+def option(default, help: str, *, type=None, choices=None, minimum=None, above=None, flag: bool = True,
+           path: bool = False, fingerprint: bool = False, checked: bool = True):
+    """A dataclass field that is an option. type: int, float, str or bool (default: the default's type; give it
+    when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it;
+    flag: launch.serve has a flag for it (`--` and the name, `_` as `-`); path: a file or directory (the journal
+    records its identity); fingerprint: it decides results (the journal records it); checked: False when the
+    class checks the value itself (it takes more than the choices)."""
+    kind = type if type is not None else _type_of(default)
+    about = dict(help=help, type=kind, choices=tuple(choices) if choices is not None else None, minimum=minimum,
+                 above=above, flag=flag, path=path, fingerprint=fingerprint, checked=checked)
+    return dataclasses.field(default=default, metadata={_KEY: about})
+
+
+def _type_of(default):
+    for kind in (bool, int, float, str):  # bool first: a bool is an int too
+        if isinstance(default, kind):
+            return kind
+    raise TypeError(f"option: give type= for the default {default!r}")
+
+
+def meta(f: dataclasses.Field) -> dict | None:
+    return f.metadata.get(_KEY)
+
+
+def fields(cls) -> list[dataclasses.Field]:
+    """The fields of `cls` (a dataclass or an instance) that are options, in order."""
+    return [f for f in dataclasses.fields(cls) if meta(f) is not None]
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def bound(m: dict) -> str | None:
+    """The range as text ('>= 16', '> 0'), or None."""
+    if m["minimum"] is not None:
+        return f">= {m['minimum']}"
+    return f"> {m['above']}" if m["above"] is not None else None
+
+
+def allowed(m: dict) -> str:
+    """What the option takes, as text: 'an int >= 1', 'one of python, jit', 'a number > 0', ..."""
+    if m["choices"] is not None:
+        return f"one of {', '.join(map(str, m['choices']))}"
+    what = {int: "an int", float: "a number", bool: "True or False", str: "a path" if m["path"] else "text"}[m["type"]]
+    return f"{what} {bound(m)}" if bound(m) else what
+
+
+def _in_range(m: dict, value) -> bool:
+    if not math.isfinite(value):
+        return False
+    if m["minimum"] is not None and value < m["minimum"]:
+        return False
+    return m["above"] is None or value > m["above"]
+
+
+def _fits(m: dict, value) -> bool:
+    """None means not given, and passes; else the value has the option's type, choice and range."""
+    if value is None or not m["checked"]:
+        return True
+    if m["choices"] is not None:
+        return value in m["choices"]
+    kind = m["type"]
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float):
+        number = numbers.Integral if kind is int else numbers.Real  # numpy's scalars too
+        return isinstance(value, number) and not isinstance(value, bool) and _in_range(m, value)
+    return True  # a string without choices (a path, a layout spec): its user checks it
+
+
+def check(instance, prefix: str = "") -> None:
+    """ValueError naming the first option of `instance` whose value does not fit: '<prefix><name> must be an int
+    >= 1, got 0'."""
+    for f in fields(instance):
+        m, value = meta(f), getattr(instance, f.name)
+        if not _fits(m, value):
+            raise ValueError(f"{prefix}{f.name} must be {allowed(m)}, got {value!r}")
+
+
+def check_flags(args: argparse.Namespace, *classes) -> str | None:
+    """The first flag of `classes` whose parsed value is out of range, as a message naming the flag; None when all
+    are fine. argparse has already checked the types and the choices."""
+    for cls in classes:
+        for f in fields(cls):
+            m, value = meta(f), getattr(args, f.name, None)
+            if not m["flag"] or value is None or m["type"] not in (int, float) or _in_range(m, value):
+                continue
+            if not math.isfinite(value):
+                return f"{flag_of(f)} must be a finite number; got {value}"
+            return f"{flag_of(f)} must be {bound(m)}; got {value}"
+    return None
+
+
+def add_arguments(parser, cls, names: tuple[str, ...] | None = None) -> None:
+    """A flag for each option of `cls` that has one (only `names`, in that order, when given): its default, type,
+    choices and help."""
+    by_name = {f.name: f for f in fields(cls)}
+    for name in names if names is not None else by_name:
+        f = by_name[name]
+        m = meta(f)
+        if not m["flag"]:
+            continue
+        text = m["help"].replace("%", "%%")  # argparse formats help with %
+        if m["type"] is bool:
+            parser.add_argument(flag_of(f), action="store_true", help=text)
+            continue
+        parser.add_argument(flag_of(f), default=f.default, help=text,
+                            **({"choices": m["choices"]} if m["choices"] is not None else {}),
+                            **({"type": m["type"]} if m["type"] in (int, float) else {}))
+
+
+def from_args(cls, args: argparse.Namespace, **overrides):
+    """An instance of `cls` from the parsed flags of its options (the others at their defaults)."""
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if meta(f)["flag"] and hasattr(args, f.name)}
+    return cls(**{**given, **overrides})
+
+
+def settings(instance, *, fingerprint: bool = False) -> dict:
+    """{name: value} of the options of `instance` (with fingerprint=True, only those that decide results)."""
+    return {f.name: getattr(instance, f.name) for f in fields(instance) if meta(f)["fingerprint"] or not fingerprint}
+
+
+def paths(cls) -> set[str]:
+    """The options of `cls` that name a file or directory."""
+    return {f.name for f in fields(cls) if meta(f)["path"]}
+
+
+def describe(instance) -> str:
+    """The options' values in one line: 'kv_cache auto, prefix_cache_mb 1024.0, ...'."""
+    return ", ".join(f"{k} {v}" for k, v in settings(instance).items())
+
+
+def markdown_table(*classes) -> str:
+    """A Markdown table of the flags of `classes`: flag, default (blank: none, or off), what it takes, help."""
+    lines = ["| flag | default | takes | what it does |", "|---|---|---|---|"]
+    for cls in classes:
+        for f in fields(cls):
+            m = meta(f)
+            if m["flag"]:
+                takes = "a switch" if m["type"] is bool else allowed(m)
+                default = "" if f.default is None or f.default is False else f"`{f.default}`"
+                text = m["help"].replace("|", "\\|")
+                lines.append(f"| `{flag_of(f)}` | {default} | {takes} | {text} |")
+    return "\n".join(lines)
