@@ -80,22 +80,22 @@ LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gm
 # list (the first H200 sweep's best, the warp-specialized Mosaic body, the runners-up), about 80 s; the full sweep
 # (`python -m launch.tune_gmm`, 160 s) is a call of its own (bench/README.md).
 TUNE_GMM = (["--tokens", "8192,32768", "--configs", "3", "--no-anchor", "--budget-s", "75"], ["--dry-run"])
-MOSAIC_TESTS = "tests/test_grouped_matmul_mosaic.py"  # the Mosaic GPU kernel's compiled tests
+MOSAIC_TESTS = "tests/kernels/test_grouped_matmul_mosaic.py"  # the Mosaic GPU kernel's compiled tests
 TEST_STEPS = {  # name: (what, files, -k on the GPU, -k in the dry run)
     "kernel_tests": ("compiled Pallas, cuDNN and Mosaic GPU kernels against float64 oracles",
                      # the Mosaic file first: its kernels ran on a GPU the least (the 2026-11-26 check was
                      # stopped before them)
-                     [MOSAIC_TESTS, "tests/test_grouped_matmul.py", "tests/test_expert_ffn.py",
-                      "tests/test_attention_kernels.py", "tests/test_paged_attention.py"],
+                     [MOSAIC_TESTS, "tests/kernels/test_grouped_matmul.py", "tests/kernels/test_expert_ffn.py",
+                      "tests/kernels/test_attention_kernels.py", "tests/kernels/test_paged_attention.py"],
                      # not: interpreted; lowering (CI lowers for CUDA on CPU); a CPU-only check that names cudnn;
                      # of the Mosaic file only the compiled tests (its layout and table tests are CI's)
                      "test_compiled or (pallas or cudnn) and not (interpret or lower or block_sizes or cpu_picks)",
                      "test_explicit_edges and pallas_interpret or test_pallas_kernels_lower_for_gpu or cudnn"),
-    "parity_tests": ("every family against transformers in bfloat16; float32 for two", ["tests/test_parity.py"],
+    "parity_tests": ("every family against transformers in bfloat16; float32 for two", ["tests/models/test_parity.py"],
                      "bfloat16_logits or float32 and (deepseek_v3 or gpt_oss) and not nonorm",
                      "qwen3_moe and not nonorm and (float32_logits or bfloat16_logits)"),
     "offload_tests": ("expert offloading from pinned host memory (real on a GPU) against the resident model",
-                      ["tests/test_host_store.py", "tests/test_offload.py"],
+                      ["tests/offload/test_host_store.py", "tests/offload/test_offload.py"],
                       "test_host_store or exact_placements and (gpt_oss or deepseek_v3) or bfloat16_placements",
                       "test_offloaded_store_lives_in_host_memory"),
 }

@@ -1,4 +1,4 @@
-"""Run by tests/test_comm_accounting.py in a process with 8 simulated CPU devices: the collectives of every
+"""Run by tests/sharding/test_comm_accounting.py in a process with 8 simulated CPU devices: the collectives of every
 layout's compiled full-logits step, read by moejax.sharding.hlo_comm, and one Engine.explain(). Prints one JSON
 line: per case the bytes sent per device by kind, inside the expert programs (shard_map) and outside."""
 import json

@@ -89,7 +89,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
-GPU_CHECK_DRY_RUN = "tests/test_gpu_check.py::test_dry_run_runs_every_step_and_writes_every_output"
+GPU_CHECK_DRY_RUN = "tests/launch/test_gpu_check.py::test_dry_run_runs_every_step_and_writes_every_output"
 _dry_run: dict = {}
 
 

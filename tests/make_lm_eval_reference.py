@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Write the local lm-eval tasks' data and lm-eval's own `hf` model's answers on them, for
-tests/test_lm_eval_model.py (which compares `--model moejax` against these, without torch).
+tests/eval/test_lm_eval_model.py (which compares `--model moejax` against these, without torch).
 
 Dev-only: needs lm_eval, torch and transformers (`pip install torch==2.13.0 transformers`, CPU build):
 

@@ -1,5 +1,5 @@
-"""One process of tests/test_multihost.py: joins the others through jax.distributed, loads each fixture with each
-layout over the devices of every process, computes logits of fixed random batches and greedy generations
+"""One process of tests/sharding/test_multihost.py: joins the others through jax.distributed, loads each fixture
+with each layout over the devices of every process, computes logits of fixed random batches and greedy generations
 (DP+EP), and (process 0 only) saves them with np.savez, with "topology" = [processes, devices].
 `--fail-process I` makes process I raise after joining, before its first collective."""
 import argparse

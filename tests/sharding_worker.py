@@ -1,4 +1,4 @@
-"""Run by tests/test_sharding.py in a process with 8 simulated CPU devices: every layout against the one-device
+"""Run by tests/sharding/test_sharding.py in a process with 8 simulated CPU devices: every layout against the one-device
 float32 model (logits, greedy tokens), also with every token routed to the same experts; at the expert level
 against the single-device expert FFN with uneven token counts and all tokens routed to one expert; AsyncEP's
 gathers in the compiled HLO; DEP's groups and dispatch order. Prints one JSON line of results."""

@@ -32,7 +32,7 @@ m_a = sequences per micro-batch per attention device, m_e = rows per expert per 
              return gates its next attention, after which the AG still owes every shared segment.)
      PPPipe: ASAS's D* with t_a <- t_a + t_s, t_s <- 0, r2 = 1.
    These equal the discrete-event simulation of Eq. 5's rules under each dispatch order (`moejax.plan.dep_sim`)
-   to rounding, for any durations (tests/test_plan_findep.py). Dense layers add r1 t_d each (exact for leading
+   to rounding, for any durations (tests/plan/test_plan_findep.py). Dense layers add r1 t_d each (exact for leading
    dense layers, as DeepSeek's; a dense layer between MoE runs is counted as a drain and a restart, an
    over-estimate: up to 22-47% on random durations; no preset has one). Embedding and lm_head are not modelled.
    Padding counts as work, as the executor runs it: each pass's rows are padded to A r1 m_a, each micro-batch's

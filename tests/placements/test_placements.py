@@ -11,7 +11,7 @@ import moejax
 from moejax import placements
 from moejax.placements import Cached, Placement, Resident, Streamed, StreamedInJit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # where a placement's name may be compared: the classes themselves, and the memory planner that names the placement
 # a budget allows (moejax.offload.memory_plan) and predicts its step time (moejax.plan.placement)
 OWNERS = ("moejax/placements/", "moejax/offload/memory_plan.py", "moejax/offload/settings.py",

@@ -13,7 +13,7 @@ from moejax.sched.requests import (
     MAX_N, BadLine, Candidate, CompletionRequest, ScoreRequest, parse_line, parse_lines,
 )
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen3_moe")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "qwen3_moe")
 TOKENIZER = Tokenizer.from_file(os.path.join(FIXTURE, "tokenizer.json"))
 CHAT = ChatTemplate.from_dir(FIXTURE)
 VOCAB = 256

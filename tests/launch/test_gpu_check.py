@@ -25,7 +25,7 @@ from moejax.kernels.platform import TRITON_DEPRECATION_ID, pallas_unavailable, r
 STEPS = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_generate", "offload_tests",
          "tune_gmm", "bench_kernels", "bench_offload", "bench_serve", "bench_plans"]
 SWEEP = importlib.util.find_spec("launch.tune_gmm") is not None  # the tuning sweep's step is absent without it
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow
@@ -51,13 +51,13 @@ def test_dry_run_runs_every_step_and_writes_every_output(gpu_check_dry_run):
     assert isinstance(record["ceilings"]["torch"], str)  # no CUDA here: says why instead of numbers
 
     kernels = {t["test"]: t["outcome"] for t in record["tests"]["kernel_tests"]["tests"]}
-    assert kernels["tests/test_attention_kernels.py::test_explicit_edges[pallas_interpret]"] == "passed"
-    assert kernels["tests/test_attention_kernels.py::test_cudnn_matches_oracle_on_gpu"] == "skipped"
+    assert kernels["tests/kernels/test_attention_kernels.py::test_explicit_edges[pallas_interpret]"] == "passed"
+    assert kernels["tests/kernels/test_attention_kernels.py::test_cudnn_matches_oracle_on_gpu"] == "skipped"
     parity = record["tests"]["parity_tests"]
     assert parity["counts"] == {"passed": 2} and all("[qwen3_moe]" in t["test"] for t in parity["tests"])
     offload = record["tests"]["offload_tests"]["tests"]
     assert [(t["test"], t["outcome"]) for t in offload] == [
-        ("tests/test_offload.py::test_offloaded_store_lives_in_host_memory", "passed")]
+        ("tests/offload/test_offload.py::test_offloaded_store_lives_in_host_memory", "passed")]
 
     files = sorted(os.listdir(out))
     assert files == sorted(["generate-cpu.json", "gpu_check-cpu.json", "gpu_check-cpu.log", "kernels-cpu.json",
@@ -217,7 +217,8 @@ def test_outcomes_plugin_records_each_test_as_it_ends(tmp_path):
     out = tmp_path / "outcomes.jsonl"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.pytest_outcomes",
                     str(tmp_path / "test_sample.py"), "--outcomes", str(out), "--rootdir", str(tmp_path)],
-                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True, timeout=120)
+                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                   capture_output=True, timeout=120)
     lines = {json.loads(x)["test"].split("::")[-1]: json.loads(x) for x in out.read_text().splitlines()}
     assert {k: v["outcome"] for k, v in lines.items()} == {
         "test_ok": "passed", "test_bad": "failed", "test_skipped": "skipped", "test_known": "xfailed",

@@ -18,7 +18,7 @@ from launch import serve as serve_cli
 from moejax.sched import output_lock
 
 fcntl = pytest.importorskip("fcntl")  # POSIX; without it nothing is locked (tested below by taking it away)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE = os.path.join(ROOT, "moejax", "sched", "output_lock.py")
 TINY = "tiny-qwen3-moe"
 

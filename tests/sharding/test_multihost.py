@@ -22,7 +22,7 @@ import pytest
 import moejax
 import multihost_worker as worker  # tests/ is on sys.path under pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
 
 

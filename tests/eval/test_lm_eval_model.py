@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("lm_eval")  # the eval extra (also in the test extra: it does not pull torch)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data", "lm_eval")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from make_lm_eval_reference import MODELS, TASKS, run_lm_eval  # noqa: E402

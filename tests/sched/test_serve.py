@@ -26,7 +26,7 @@ from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.serving_options import ServingOptions
 from moejax.sched.requests import CompletionRequest, parse_lines
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples", "requests.jsonl")
 TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024, context 2048
 DEFAULT = "pycode-moe"  # launch.serve's default: the embedded trained model, with a tokenizer

@@ -14,7 +14,7 @@ from moejax.kernels import GROUPED_MATMUL_BACKENDS, combine, dispatch, expert_ff
 from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
 
-# Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/test_grouped_matmul_mosaic.py
+# Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/kernels/test_grouped_matmul_mosaic.py
 BACKENDS = [b for b in GROUPED_MATMUL_BACKENDS if b != "mosaic" and (b != "pallas" or on_gpu())]
 
 

@@ -12,7 +12,7 @@ import pytest
 from moejax.sched.batch import serve_lines
 from moejax.sched.results import ResultStore, WriteFailed, ok_line
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @contextlib.contextmanager

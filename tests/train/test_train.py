@@ -20,7 +20,7 @@ from moejax.train.export import export
 from moejax.train.loop import Run, Settings, train
 from moejax.train.model import TrainModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MICRO = Settings(config="micro", steps=40, batch=4, seq_len=64, max_files=40, warmup_steps=4, peak_lr=3e-3,
                  eval_every=20, eval_windows=8, checkpoint_every=5)
 

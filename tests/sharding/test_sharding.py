@@ -14,7 +14,7 @@ import moejax
 from moejax.costs import layout_comm
 from moejax.sharding import Layout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
 
 

@@ -19,7 +19,7 @@ from moejax.plan.paths import default_profile_path, device_tag
 from moejax.plan.hardware import LINKS
 from moejax.plan.datasheets import load_profile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FACTOR = 3.0  # predicted vs fresh timing
 ATTEMPTS = 5  # fresh timings tried before a mismatch counts (another test may hold the cores for a moment)
 

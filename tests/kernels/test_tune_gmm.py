@@ -9,7 +9,7 @@ from launch import tune_gmm
 from launch.bench_results import read_runs, write_runs
 from moejax.kernels.grouped_matmul import tuning
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H200_SWEEP = os.path.join(ROOT, "bench", "results", "tune_gmm-NVIDIA_H200.json")
 
 

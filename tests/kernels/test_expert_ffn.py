@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from moejax.kernels import EXPERT_BACKENDS, expert_ffn
 from moejax.kernels.platform import on_gpu
 
-# Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/test_grouped_matmul_mosaic.py
+# Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/kernels/test_grouped_matmul_mosaic.py
 BACKENDS = [b for b in EXPERT_BACKENDS if b != "mosaic" and (b != "pallas" or on_gpu())]
 
 

@@ -16,7 +16,7 @@ from moejax.offload.memory_plan import size
 from moejax.sharding import hlo_comm
 from moejax.sharding.layout import Layout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def config(name) -> ModelConfig:

@@ -8,7 +8,8 @@ import pytest
 import moejax
 from moejax.presets import DEFAULT_MODEL, embedded_dir
 
-REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "pycode_moe_reference.npz")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE = os.path.join(TESTS, "fixtures", "pycode_moe_reference.npz")
 MAX_BYTES = 32 * 2 ** 20
 
 

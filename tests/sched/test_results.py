@@ -9,7 +9,7 @@ import pytest
 from conftest import kill_when_journal_has
 from moejax.sched.results import ResultStore, SettingsMismatch, error_line, fingerprint, ok_line
 
-RESULTS_PY = os.path.join(os.path.dirname(__file__), "..", "moejax", "sched", "results.py")
+RESULTS_PY = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "moejax", "sched", "results.py")
 
 
 FP = fingerprint({})  # a store's default settings
