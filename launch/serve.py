@@ -181,22 +181,15 @@ def plan_plots(engine, args) -> list[str]:
     except ValueError as e:
         return [f"no plots: {e}"]
     cfg, out = engine.config, []
-    if engine.layout is not None and engine.layout.experts == "dep":
-        from moejax.plan.dep_sim import simulate_plan
-        from moejax.plan.findep import solve_dep
-        lay = engine.layout
-        budget = args.max_batch_tokens or DEFAULT_TOKENS
-        seq = min(budget, cfg.max_position_embeddings, 1024)
-        plan = solve_dep(cfg, profile, devices=lay.devices, tokens=max(budget, seq), seq_len=seq,
-                         attn_devices=lay.attn_devices, expert_devices=lay.expert_devices, r1=lay.r1, r2=lay.r2,
-                         order=lay.order)
-        path = plots.gantt({str(lay): simulate_plan(cfg, profile, plan, layers=min(cfg.num_layers, 3))},
-                           os.path.join(args.plot, "dep-gantt.png"), f"predicted on profile {profile.name}")
+    pipeline = engine.placement.predicted_pipeline(cfg, profile, args.max_batch_tokens or DEFAULT_TOKENS)
+    if pipeline is not None:
+        path = plots.gantt({str(engine.layout): pipeline}, os.path.join(args.plot, "dep-gantt.png"),
+                           f"predicted on profile {profile.name}")
         out.append(f"plot: {path}")
     if engine.saturation is not None:
         from moejax.plan.theta import layer_time_curve, theta_eq1
-        devices = engine.layout.devices if engine.layout is not None else 1
-        eq1 = theta_eq1(cfg, profile, mode="two_channel" if devices > 1 else "streamed", devices=devices)
+        placement = engine.placement
+        eq1 = theta_eq1(cfg, profile, mode=placement.theta_mode or "streamed", devices=placement.devices)
         theta = engine.saturation.theta_flops
         flops = list(np.geomspace(theta / 100, theta * 100, 60))
         curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, eq1, flops))]

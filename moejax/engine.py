@@ -180,6 +180,14 @@ class Engine:
             lines.append("  (XLA:CPU widens 16-bit collectives to float32: measured exceeds analytic here)")
         return lines
 
+    def padded_rows(self, rows: int) -> int:
+        """The rows a step over `rows` rows computes (its compiled shape's batch)."""
+        return rows_bucket(rows, self.row_multiple)
+
+    def padded_length(self, tokens: int) -> int:
+        """The sequence length a whole-batch step over rows of at most `tokens` tokens computes."""
+        return bucket(tokens, MIN_SEQ_BUCKET)
+
     @property
     def row_multiple(self) -> int:
         """Batches are padded to a multiple of this many rows (Layout.row_multiple; 1 on one device)."""
@@ -254,9 +262,9 @@ class Engine:
         temperature, top_p, keys and stop_token_ids are per output row. Returns (new tokens per row, pool)."""
         n = len(prompts)
         m = n if expand is None else len(expand)
-        B, Bm = rows_bucket(n, self.row_multiple), rows_bucket(m, self.row_multiple)
+        B, Bm = self.padded_rows(n), self.padded_rows(m)
         skip = [BLOCK * len(p) for p in prior_blocks] if prior_blocks else [0] * n
-        T = bucket(max(len(p) - s for p, s in zip(prompts, skip)), MIN_SEQ_BUCKET)
+        T = self.padded_length(max(len(p) - s for p, s in zip(prompts, skip)))
         tokens = np.zeros((B, T), np.int32)
         positions = np.tile(np.arange(T, dtype=np.int32), (B, 1))
         last = np.zeros((B,), np.int32)

@@ -92,6 +92,11 @@ class Placement:
         """A line for Engine.explain() after the memory plan's (None: nothing to add)."""
         return None
 
+    def predicted_pipeline(self, config, profile, max_batch_tokens: int):
+        """The predicted timeline of a pipelined placement's step on `profile` (what `--explain --plot` draws as a
+        Gantt chart), or None: nothing pipelined to draw."""
+        return None
+
 
 class LayerByLayer(Placement):
     """A placement whose MoE layers run from Python (moejax.offload.layered): `layer_runtime` gives the object that

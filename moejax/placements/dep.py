@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from moejax.models.moe import is_routed_expert
 from moejax.placements.base import LayerByLayer
+from moejax.plan.dep_sim import simulate_plan
+from moejax.plan.findep import solve_dep
 from moejax.sharding.dep import Disaggregated, DisaggregatedSteps
 
 
@@ -25,6 +27,16 @@ class DEP(LayerByLayer):
 
     def layer_runtime(self, store, kernels, config):
         return Disaggregated(store, self.layout, config, kernels.experts)
+
+    def predicted_pipeline(self, config, profile, max_batch_tokens: int):
+        """FinDEP's schedule of this layout's r1, r2 and order for a step of `max_batch_tokens` tokens (sequences of
+        at most 1024), simulated over up to 3 layers on `profile`."""
+        lay = self.layout
+        seq = min(max_batch_tokens, config.max_position_embeddings, 1024)
+        schedule = solve_dep(config, profile, devices=lay.devices, tokens=max(max_batch_tokens, seq), seq_len=seq,
+                             attn_devices=lay.attn_devices, expert_devices=lay.expert_devices, r1=lay.r1, r2=lay.r2,
+                             order=lay.order)
+        return simulate_plan(config, profile, schedule, layers=min(config.num_layers, 3))
 
     def steps_class(self):
         return DisaggregatedSteps  # drives its layers its own way

@@ -12,9 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.buckets import bucket, rows_bucket
+from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
-from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kv_pool import BLOCK
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
@@ -243,11 +242,9 @@ class Runner:
         new = [len(reqs[k].prompt) - BLOCK * len(prior[k]) for k in gen]
         m.computed_tokens += sum(new)
         if gen:
-            B = rows_bucket(len(gen), self.engine.row_multiple)
-            m.padded_tokens += B * bucket(max(new), MIN_SEQ_BUCKET)
+            m.padded_tokens += self.engine.padded_rows(len(gen)) * self.engine.padded_length(max(new))
             m.decode_rows_useful += sum(max(len(o) - 1, 0) for o in outs)  # the first token comes from prefill
-            m.decode_rows_computed += rows_bucket(len(rows), self.engine.row_multiple) * max(
-                max(map(len, outs)) - 1, 0)
+            m.decode_rows_computed += self.engine.padded_rows(len(rows)) * max(max(map(len, outs)) - 1, 0)
         m.flops += self._flops_per_token * sum(new) + self._decode_flops(outs)
         self._finish_completions(reqs, {(k, c): out for (k, c), out in zip(rows, outs)},
                                  {k: BLOCK * len(prior[k]) for k in range(len(reqs))})
