@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from typing import Any
 
 
 class ChatTemplate:
@@ -125,7 +126,7 @@ def _compile(source: str):
 
 def _special_tokens(config: dict) -> dict:
     """bos_token, eos_token, ... as strings (tokenizer_config.json may give them as AddedToken objects)."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in config.items():
         if key.endswith("_token") and isinstance(value, dict):
             value = value.get("content")

@@ -196,7 +196,7 @@ class MLAttention(nnx.Module):
             self.wq = None
             self.wq_a = _dense((D, cfg.q_lora_rank), dtype)
             self.bq_a = _dense((cfg.q_lora_rank,), dtype) if bias else None
-            self.q_a_norm = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)
+            self.q_a_norm: RMSNorm | None = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)
             self.wq_b = _dense((cfg.q_lora_rank, H * qk), dtype)
         else:
             self.wq = _dense((D, H * qk), dtype)

@@ -103,6 +103,7 @@ def _expert_pieces(src: Experts, target: tuple[int, ...], keys) -> list[tuple[st
         return [(src.prefix + fused, target)]
     names = {"gate_up": ["gate_proj.weight", "up_proj.weight"], "down": ["down_proj.weight"],
              "gate_up_bias": ["gate_proj.bias", "up_proj.bias"], "down_bias": ["down_proj.bias"]}[src.part]
+    shape: tuple[int, ...]
     if src.part == "gate_up":
         shape = (target[2] // 2, target[1])
     elif src.part == "down":
@@ -127,6 +128,7 @@ def _assemble(src: Experts, pieces, target, read) -> np.ndarray:
         if out is None:
             out = np.empty(target, row.dtype)
         out[e] = row
+    assert out is not None  # target[0] >= 1 experts
     return out
 
 

@@ -31,6 +31,7 @@ def rope_frequencies(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
         return inv / rope.factor, 1.0
     if rope.kind == "llama3":
         orig = rope.original_max_position
+        assert orig is not None  # config._rope sets it for llama3
         low_wl, high_wl = orig / rope.low_freq_factor, orig / rope.high_freq_factor
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > low_wl, inv / rope.factor, inv)

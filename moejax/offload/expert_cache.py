@@ -86,7 +86,9 @@ class ExpertCache:
         for i, key in enumerate(keys):
             self._recency[key] = (self._clock, i)
             self._uses[key] = self._uses.get(key, 0) + 1
-        hits, loads, evicted = [], [], []
+        hits: list[tuple[Key, int]] = []
+        loads: list[tuple[Key, int]] = []
+        evicted: list[Key] = []
         protected = set(keys)
         for key in keys:
             if key in self._slot_of:
@@ -96,7 +98,9 @@ class ExpertCache:
                     self._stats["prefetch_used"] += 1
                 continue
             # Fewer distinct keys than slots guarantees a victim outside `protected` when no slot is free.
-            loads.append((key, self._place(key, protected, evicted)))
+            slot = self._place(key, protected, evicted)
+            assert slot is not None
+            loads.append((key, slot))
         self._stats["hits"] += len(hits)
         self._stats["misses"] += len(loads)
         return hits, loads, evicted
@@ -107,7 +111,8 @@ class ExpertCache:
         keys = _distinct(keys)
         self._clock += 1
         protected = set(keys) | self._unused_prefetch
-        loads, evicted = [], []
+        loads: list[tuple[Key, int]] = []
+        evicted: list[Key] = []
         for i, key in enumerate(keys):
             if key in self._slot_of:
                 continue

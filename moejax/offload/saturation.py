@@ -35,7 +35,7 @@ class Saturation:
         return int(np.ceil(self.theta_flops / (self.ref_flops / self.ref_tokens)))
 
     def describe(self) -> str:
-        worst = max(self.streamed_s, key=self.streamed_s.get)
+        worst = max(self.streamed_s, key=self.streamed_s.__getitem__)
         ms = lambda d: ", ".join(f"{k}: {v * 1e3:.2f}" for k, v in d.items())  # noqa: E731
         return (f"saturation threshold: Θ = (1+{self.epsilon})·(max T_l {self.streamed_s[worst] * 1e3:.2f} ms "
                 f"(layer {worst}) / T_0 {self.t0_s * 1e3:.2f} ms)·F_ref {self.ref_flops:.3g} = "

@@ -63,7 +63,7 @@ class Simulation(NamedTuple):
 class _Resources:
     """Per resource the time it becomes free; `run` places a task after it and after its inputs."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.free = dict.fromkeys(RESOURCES, 0.0)
         self.events: list[Event] = []
 
@@ -125,6 +125,5 @@ def simulate_plan(cfg, profile, plan, layers: int | Sequence[bool] | None = None
     passes: compare it with makespan x plan.passes."""
     if profile is not None and getattr(profile, "name", plan.profile) != plan.profile:
         raise ValueError(f"simulate_plan: the plan was made for profile {plan.profile!r}, not {profile.name!r}")
-    if layers is None or isinstance(layers, int):
-        layers = cfg.moe_layers[:layers]
-    return simulate(plan.task_times, layers=layers, r1=plan.r1, r2=plan.r2, order=plan.order)
+    flags: Sequence[bool] = cfg.moe_layers[:layers] if layers is None or isinstance(layers, int) else layers
+    return simulate(plan.task_times, layers=flags, r1=plan.r1, r2=plan.r2, order=plan.order)

@@ -473,7 +473,7 @@ class DepPlan:
         t, r1, r2 = self.task_times, self.r1, self.r2
         per_layer = {"the attention group": r1 * (t.attention + t.shared), "the expert group": r1 * r2 * t.experts,
                      "the transfers": r1 * r2 * t.a2e}
-        name = max(per_layer, key=per_layer.get)
+        name = max(per_layer, key=per_layer.__getitem__)
         return f"busiest per MoE layer: {name} ({per_layer[name] * 1e3:.3f} ms)"
 
 

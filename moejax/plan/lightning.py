@@ -404,7 +404,8 @@ def search_policy(cfg: ModelConfig, profile, *, prompt_len: int, gen_len: int, g
     top = max(main, key=lambda v: found[v][0])
     solve_ms = (time.perf_counter() - start) * 1e3
     build = lambda v: _policy(m, hw, s, n, caps, v, found[v], solve_ms, m.name)  # noqa: E731
-    best, listed = build(top), {}
+    best = build(top)
+    listed: dict[tuple, LightningPolicy] = {}
     for p in [best] + [build(v) for v in VARIANTS if v is not top and found.get(v)]:
         key = (p.N, p.mu, p.A_g, p.F_g, round(p.r_w, 3), round(p.r_c, 3))
         if key in listed:  # the same policy as an earlier variant's: one entry, both labels, the narrower's numbers

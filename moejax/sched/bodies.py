@@ -49,7 +49,8 @@ class Bodies:
             cut = min((text.find(s) for s in req.stop if s in text), default=-1)
             if cut >= 0:
                 text, finish = text[:cut], "stop"
-                n = next(n for n in range(1, len(out) + 1) if any(s in self.decode(out[:n]) for s in req.stop))
+                # text is not None: there is a tokenizer, so decode gives text
+                n = next(n for n in range(1, len(out) + 1) if any(s in (self.decode(out[:n]) or "") for s in req.stop))
                 choice = Choice(out[:n], finish, choice.logprobs and choice.logprobs[:n], choice.top and choice.top[:n])
         choice.finish_reason = finish
         return choice, text
@@ -80,6 +81,7 @@ class Bodies:
         text_offset; with echo the prompt's tokens come first (the first has no log-probability). Tokens are named
         by TokenText.completion_name (part of a character: `bytes:\\xNN...`), so every top entry has its own key;
         text_offset indexes the choice's text (characters), the prompt's tokens into the prompt's text."""
+        assert c.logprobs is not None and c.top is not None  # generated with them: req.logprobs is set
         tokens, lps, tops, offsets = [], [], [], []
         if req.echo:
             first_lps, first_tops = prompt_logprobs
@@ -109,6 +111,7 @@ class Bodies:
     def chat_logprobs(self, req: CompletionRequest, c: Choice) -> list[dict]:
         """OpenAI's chat shape: each token with its real bytes (TokenText.chat_item) and its top alternatives."""
         item = self.tokens.chat_item
+        assert c.logprobs is not None and c.top is not None  # generated with them: req.logprobs is set
         return [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top[: req.logprobs]]}
                 for t, lp, top in zip(c.tokens, c.logprobs, c.top)]
 
@@ -131,6 +134,7 @@ class Bodies:
     def label_scores(self, req: ScoreRequest, rid: str, logprobs: list[list[float]], cached: int) -> dict:
         """Per item, the label tokens' probabilities (softmax: renormalised over the labels). SGLang answers all
         of them (`scores`); vLLM the first label's (`data[].score`)."""
+        assert req.labels is not None  # score() sends only label requests here
         scores = []
         for lps in logprobs:
             if req.labels.endswith("softmax"):

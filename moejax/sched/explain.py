@@ -29,12 +29,13 @@ def describe(plan, runner, engine) -> str:
                         "below are the static plan, listed for comparison)")
     if runner.batch_size is not None:
         lines.insert(len(lines) - 1, runner.batch_size.describe())
-    shapes, total, padded, cached = set(), 0, 0, 0
+    shapes: set[tuple] = set()
+    total, padded, cached = 0, 0, 0
     for k, batch in enumerate(plan.batches):
         prepared = runner.prepare(k)
         if batch.kind == "score":
             rows, (arrays, _, span) = prepared
-            shape = tuple(sorted((name, a.shape) for name, a in arrays.items()))
+            shape: tuple = tuple(sorted((name, a.shape) for name, a in arrays.items()))
             real = sum(len(r.tokens) for r in rows)
             hits = sum(sum(r.cached.values()) for r in rows)
             B, T = arrays["tokens"].shape

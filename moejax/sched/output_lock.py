@@ -24,7 +24,7 @@ import time
 try:
     import fcntl
 except ImportError:  # Windows
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # a module or None: checked before each use
 
 
 class OutputLockError(RuntimeError):

@@ -41,7 +41,7 @@ def pool_size(engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None
         budget, source = kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}"
         room = None if device is None else max(device - weights, 0)
         # what is allocated: the given size, capped at the run's use (below)
-        if room is not None and min(budget, sum(each) * block_bytes) > room:
+        if device is not None and room is not None and min(budget, sum(each) * block_bytes) > room:
             raise PoolTooLarge(
                 f"--kv-pool-mb {kv_pool_mb:g}: the device budget {size(device)} less {size(weights)} of weights "
                 f"leaves {size(room)} ({room / 2**20:.1f} MiB), too little for this pool; give at most that")

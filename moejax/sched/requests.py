@@ -200,7 +200,7 @@ class _Parser:
         if "n" in body and (not is_int(body["n"]) or body["n"] != 1):
             raise Invalid(f"body.n: must be 1 for scoring; got {show(body['n'])}")
         cands = self.candidates(body)
-        suffixes = ()
+        suffixes: tuple[tuple[int, ...], ...] = ()
         if "suffixes" in body:
             items = nonempty_list(body["suffixes"], "body.suffixes", "strings or token id lists")
             suffixes = tuple(self.text_or_ids(s, f"body.suffixes[{i}]") for i, s in enumerate(items))

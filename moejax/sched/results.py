@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from typing import TextIO
 
 _FSYNC_EVERY_S = 1.0  # flush every write, but fsync at most this often (and always at close)
 
@@ -78,7 +79,7 @@ class ResultStore:
         # line -> serialized result; keeping the text means a rerun rewrites byte-identical output.
         self._results: dict[int, str] = {}
         self._failed: set[int] = set()  # lines whose result is an error (loaded results are all served ones)
-        self._journal = None
+        self._journal: TextIO | None = None
         self._has_header = False
         self._foreign: dict[str, int] = {}  # file -> results made with other settings
         self._foreign_settings: dict | None = None  # another journal header's settings
@@ -181,7 +182,7 @@ class ResultStore:
                               "kept: make room (or fix the folder's permissions) and rerun the same command to "
                               "resume") from None
 
-    def _open_journal(self):
+    def _open_journal(self) -> TextIO:
         journal = open(self.journal_path, "a", encoding="utf-8")
         # A crash may have left a torn last line; start on a fresh line so the next entry parses.
         if journal.tell() > 0:

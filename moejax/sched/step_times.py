@@ -45,7 +45,7 @@ class StepTimes:
     def as_dict(self) -> dict:
         """Seconds per kind and phase, and per step of each kind in milliseconds (phases that took no time left
         out)."""
-        out = {}
+        out: dict[str, object] = {}
         for kind in KINDS:
             spent = {p: s for p, s in self.seconds[kind].items() if s}
             steps = self.steps[kind]

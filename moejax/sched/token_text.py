@@ -31,7 +31,7 @@ def _decoder_kinds(tokenizer) -> set[str]:
     """The types of the tokenizer's decoder and of the decoders in its Sequence (tokenizer.json's `decoder`)."""
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
     parts = decoder.get("decoders") or [decoder]
-    kinds = {d.get("type") for d in parts if isinstance(d, dict)}
+    kinds = {d["type"] for d in parts if isinstance(d, dict) and isinstance(d.get("type"), str)}
     return kinds | {"Metaspace"} if _METASPACE in str(decoder) else kinds  # a Replace("▁", " ") counts too
 
 
@@ -73,7 +73,9 @@ class TokenText:
             return bytes([int(m.group(1), 16)])
         if "Metaspace" in self._kinds:
             return entry.replace(_METASPACE, " ").encode("utf-8")
-        return self.decode([token]).encode("utf-8")
+        text = self.decode([token])
+        assert text is not None  # the tokenizer knew the token
+        return text.encode("utf-8")
 
     def text(self, token: int) -> str | None:
         """The token's text when its bytes are whole UTF-8 characters, else None."""

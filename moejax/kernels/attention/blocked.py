@@ -72,7 +72,7 @@ def _take(x, ranges: Ranges):
 def causal_blocks(T: int, S: int, window: int | None = None, block: int = BLOCK) -> list[tuple[int, int, Ranges]]:
     """Queries are the last T of S keys: block [qs, qe) reads keys [lo, S - T + qe), lo the first key its
     first query's window reaches."""
-    out = []
+    out: list[tuple[int, int, Ranges]] = []
     for qs in range(0, T, block):
         qe = min(qs + block, T)
         lo = 0 if window is None else max(0, S - T + qs - window + 1)
@@ -98,8 +98,8 @@ def tree_blocks(T: int, prior: int, head: int, window: int | None, block: int = 
     return out
 
 
-def _merge(ranges) -> Ranges:
-    merged = []
+def _merge(ranges: list[tuple[int, int]]) -> Ranges:
+    merged: list[tuple[int, int]] = []
     for lo, hi in ranges:
         if merged and merged[-1][1] == lo:
             merged[-1] = (merged[-1][0], hi)

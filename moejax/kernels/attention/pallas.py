@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 try:
     from jax.experimental.pallas import triton as plt
 except ImportError:  # a JAX without the Triton backend: platform.pallas_unavailable() refuses these kernels
-    plt = None
+    plt = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.padding import pad_axis, round_up
 from moejax.kernels.precision import for_operands

@@ -12,6 +12,7 @@ lowers (tests check that) but does not run.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from jax.experimental import pallas as pl
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
-    plgpu = None
+    plgpu = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
@@ -53,6 +54,7 @@ def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
     if rows % cfg.bm or K % cfg.bk or N % cfg.block_n:
         raise ValueError(f"mosaic grouped GEMM: rows {rows}, K {K}, N {N} must be multiples of {cfg.bm}, {cfg.bk}, "
                          f"{cfg.block_n}")
+    threads: dict[str, Any]  # plgpu.kernel's thread keywords
     if cfg.compute_wgs == 2:
         from moejax.kernels.grouped_matmul.mosaic_ws import warp_specialized_body
         body, threads = warp_specialized_body(cfg, K, N, out_dtype), dict(num_threads=3, thread_name="wg")

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
-    plgpu = None
+    plgpu = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.platform import SHARED_MEMORY
 

@@ -146,7 +146,7 @@ class ExpertMapPredictor:
         self._steps = steps
         x = np.asarray(steps.inputs, np.float32)
         self._embedding = x.reshape(-1, x.shape[-1]).mean(axis=0)
-        self._observed = []
+        self._observed: list[np.ndarray] = []
 
     def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
         moe = self._steps.moe_layers
@@ -166,11 +166,12 @@ class ExpertMapPredictor:
         return f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, distance {self.distance})"
 
 
-def replay_predictions(store: ExpertMapStore, traces, embed_table: np.ndarray, k: int) -> dict[int, tuple]:
+def replay_predictions(store: ExpertMapStore, traces, embed_table: np.ndarray, k: int
+                       ) -> tuple[dict[int, tuple], float]:
     """The predictor's sets for every traced token as batch-1 decode iterations (semantic embedding: the
     token's prompt's mean input embedding; trajectory: the token's own gate distributions), the store left
-    unchanged. -> {target layer: (ids [N, E] padded with -1, map probabilities [N, E])} like replay.predictions,
-    and the mean number of experts predicted per (token, layer) under "set_size"."""
+    unchanged. -> ({target layer: (ids [N, E] padded with -1, map probabilities [N, E])} like
+    replay.predictions, the mean number of experts predicted per (token, layer))."""
     N, M, E = traces.router_logits.shape
     probs = gate_probabilities(traces.router_logits)
     prompt_of = np.repeat(np.arange(traces.num_prompts), np.diff(traces.starts))
