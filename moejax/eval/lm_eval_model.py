@@ -94,11 +94,11 @@ class MoejaxLM(TemplateLM):
 
     # -- what TemplateLM and lm-eval ask of a model ------------------------------------------------------------------
     @property
-    def eot_token_id(self) -> int:
+    def eot_token_id(self) -> int | None:  # None: neither the tokenizer nor the config names one
         return self.tok.eos_token_id
 
     @property
-    def prefix_token_id(self) -> int:
+    def prefix_token_id(self) -> int | None:
         if self.custom_prefix_token_id is not None:
             return int(self.custom_prefix_token_id)
         return self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id

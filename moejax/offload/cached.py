@@ -119,7 +119,14 @@ class Cached:
         start = time.perf_counter()
         jax.block_until_ready(loaded + [self._slots[slot] for _, slot in hits])  # prefetches may still be on the way
         s.wait_s += time.perf_counter() - start
-        return [self._slots[self.cache.slot((layer, int(e)))] for e in chunk]
+        return [self._held((layer, int(e))) for e in chunk]
+
+    def _held(self, key: tuple[int, int]) -> dict[str, jax.Array]:
+        """The arrays of an expert the cache holds (one just requested)."""
+        slot = self.cache.slot(key)
+        arrays = None if slot is None else self._slots[slot]
+        assert arrays is not None, f"expert {key} is not in the cache"
+        return arrays
 
     def _prefetch(self, layer: int, p_idx, p_weights) -> None:
         """Load the predicted experts, the highest predicted weight (summed over rows, as a share of the rows)
@@ -137,9 +144,9 @@ class Cached:
 
     def _load(self, layer: int, expert: int, slot: int) -> dict[str, jax.Array]:
         """Start copying one expert into a slot (async) and count its bytes."""
-        self._slots[slot] = self.store.fetch_expert(layer, expert)
+        arrays = self._slots[slot] = self.store.fetch_expert(layer, expert)
         self.stats[layer].bytes_h2d += self.store.expert_bytes(layer)
-        return self._slots[slot]
+        return arrays
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()

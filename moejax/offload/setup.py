@@ -64,13 +64,17 @@ def predictor_of(settings: PlacementSettings):
 def _predictor(settings: PlacementSettings):
     name = settings.predictor
     distance = settings.prefetch_distance or 1
+    # PlacementSettings checked that each named predictor has its files
     if name == "router":
+        assert settings.default_vectors is not None
         return RouterPredictor(DefaultVectors.load(settings.default_vectors), distance)
     if name in ("estimator", "hybrid"):
+        assert settings.estimator is not None
         net = EstimatorNet.load(settings.estimator)
         _same_distance(settings, net.shape.distance, "estimator")
         return EstimatorPredictor(net) if name == "estimator" else HybridPredictor(net)
     if name == "expert_map":
+        assert settings.maps is not None
         store = ExpertMapStore.load(settings.maps)
         _same_distance(settings, store.distance, "expert maps")
         return ExpertMapPredictor(store)

@@ -45,6 +45,7 @@ def plan_layout(cfg: ModelConfig, plan: EnginePlan, profile: Profile, devices: i
         text = choice.describe() + "\n  what would change it: " + "; ".join(changes)
         return dataclasses.replace(plan, layout=Layout.parse(_spec(choice.best.spec))), text
     fixed = plan.layout  # a DEP layout with auto fields
+    assert isinstance(fixed, Layout)  # EnginePlan parsed it
     option, dep = dep_option(cfg, profile, devices, w.tokens, w.seq_len, fixed)
     if dep is None:
         raise ValueError(f"moejax.load: layout {fixed}: {option.why}")

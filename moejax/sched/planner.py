@@ -55,7 +55,9 @@ def group_trees(seqs: Sequence[tuple[int, ScoreSeq]], cap: int) -> list[list[Sco
     """Sort sequences so shared prefixes are adjacent, then cut them into trees of at most `cap` tokens. A
     sequence joins the tree before it when it belongs to the same request or shares at least one block."""
     ordered = sorted(seqs, key=lambda x: x[1].tokens)
-    trees, size, prev, prev_req = [], 0, (), None
+    trees: list[list[ScoreSeq]] = []
+    prev: tuple[int, ...] = ()
+    size, prev_req = 0, None
     for req, s in ordered:
         lcp = _lcp(prev, s.tokens)
         grow = len(s.tokens) - lcp
@@ -91,7 +93,8 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
         most = -(-total // T)
         nrows = min(1 << (max(1, max_batch_tokens // T).bit_length() - 1), most)
         while True:
-            rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
+            rows: list[list[ScoreSeq]] = [[] for _ in range(nrows)]
+            sums, left = [0] * nrows, []
             for size, tree in pending:
                 r = min(range(nrows), key=sums.__getitem__)
                 if sums[r] + size <= T:
@@ -125,7 +128,8 @@ def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens:
     """Longest (prompt + max_tokens) first; a batch grows while rows (one per choice) x padded cache length fits
     the budget."""
     ordered = sorted(reqs, key=lambda r: -(len(r.prompt) + r.max_tokens))
-    batches, cur = [], []
+    batches: list[CompletionBatch] = []
+    cur: list[CompletionRequest] = []
     for r in ordered:
         trial = cur + [r]
         cache = bucket(max(len(x.prompt) for x in trial), MIN_ROW) + bucket(max(x.max_tokens for x in trial), MIN_ROW)

@@ -43,7 +43,7 @@ def escaped(data: bytes) -> str:
 class TokenText:
     """Token texts of a `tokenizers.Tokenizer` (cached per id); a tokenizer-less model's tokens are `token_id:N`."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._kinds = set() if tokenizer is None else _decoder_kinds(tokenizer)
         self._bytes: dict[int, bytes | None] = {}

@@ -7,7 +7,7 @@ import functools
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import is_routed_expert
@@ -21,10 +21,10 @@ from moejax.sharding.mesh import make_mesh
 @dataclasses.dataclass(frozen=True)
 class LayoutSetup:
     layout: Layout
-    mesh: object  # every device of the layout; under DEP the attention group's
+    mesh: Mesh  # every device of the layout; under DEP the attention group's
     run_experts: object  # ShardedExperts, one for every block: equal layers keep equal graphdefs (None under DEP)
     kv_heads: int
-    expert_mesh: object = None  # DEP: the expert group's devices
+    expert_mesh: Mesh | None = None  # DEP: the expert group's devices
     first_moe: int | None = None  # async_ep keeps this layer's experts whole on every device
 
     @property
@@ -66,6 +66,7 @@ class LayoutSetup:
             if self.layout.experts == "ep" or (self.layout.experts == "async_ep" and path[1] != self.first_moe):
                 spec = P(AXIS)
             elif self.layout.experts == "tp":
+                assert name is not None and self.layout.devices is not None  # routed experts are named; resolved
                 spec = TP_SPECS[name]
                 if name in ("we_gate_up", "be_gate_up"):
                     array = tp_columns(array, self.layout.devices)
@@ -83,6 +84,7 @@ class LayoutSetup:
         one; kv projections only when the kv heads divide too)."""
         by_heads = {"wq": P(None, AXIS), "bq": P(AXIS), "wq_b": P(None, AXIS), "wkv_b": P(None, AXIS),
                     "wo": P(AXIS, None), "sinks": P(AXIS)}
+        assert self.layout.devices is not None  # resolved by layout_of
         if self.kv_heads % self.layout.devices == 0:
             by_heads.update(wk=P(None, AXIS), wv=P(None, AXIS), bk=P(AXIS), bv=P(AXIS))
         return by_heads
@@ -104,6 +106,7 @@ def layout_of(spec, cfg) -> LayoutSetup | None:
                              "device_put, which does not cross processes)")
         attn_mesh, expert_mesh = group_meshes(layout)
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
+    assert layout.devices is not None  # resolved
     mesh = make_mesh(layout.devices)
     first_moe = next((i for i, moe in enumerate(cfg.moe_layers) if moe), None)
     return LayoutSetup(layout, mesh, ShardedExperts(layout, mesh), cfg.num_kv_heads or 0,

@@ -71,11 +71,11 @@ def pair_recall(steps, moe_layers, params, pairs, chunk: int = 8192) -> dict[int
 def choose_hybrid(router: dict[int, float], estimator: dict[int, float]) -> tuple[float, list[int]]:
     """The threshold on router recall (and the target layers under it) that maximises the hybrid's mean recall;
     ties go to fewer estimator layers."""
-    best = (np.mean(list(router.values())), 0.0, [])
+    best: tuple[float, float, list[int]] = (float(np.mean(list(router.values()))), 0.0, [])
     for tau in sorted(set(router.values())):
         tau = float(np.nextafter(tau, 1.0))  # layers with router recall < tau use the estimator
         chosen = [t for t in router if router[t] < tau]
-        score = np.mean([estimator[t] if t in chosen else router[t] for t in router])
+        score = float(np.mean([estimator[t] if t in chosen else router[t] for t in router]))
         if score > best[0] + 1e-12:
             best = (score, tau, chosen)
     return best[1], sorted(best[2])

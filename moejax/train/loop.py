@@ -91,7 +91,9 @@ class Run:
             self._prepare()
         from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(os.path.join(out, "tokenizer", "tokenizer.json"))
-        self.eos_id = self.tokenizer.token_to_id(END_OF_TEXT)
+        eos_id = self.tokenizer.token_to_id(END_OF_TEXT)
+        assert eos_id is not None, f"{END_OF_TEXT} is not in the run's tokenizer"  # _prepare trains it in
+        self.eos_id = eos_id
         self.hf_config = train_config(self.settings.config, eos_token_id=self.eos_id)
         self.cfg = ModelConfig.from_hf(self.hf_config)
         self.train_tokens = np.load(os.path.join(out, "tokens-train.npy"))
@@ -168,8 +170,8 @@ def train(run: Run, *, progress: bool | None = None) -> dict:
     step, wall_before, tokens_seen = 0, 0.0, 0
     latest = ckpts.latest_step()
     if latest is not None:
-        state, position = ckpts.restore(latest, state)
-        step, wall_before, tokens_seen = position["step"], position["wall_s"], position["tokens_seen"]
+        state, restored = ckpts.restore(latest, state)
+        step, wall_before, tokens_seen = restored["step"], restored["wall_s"], restored["tokens_seen"]
         run.log(f"resumed from the checkpoint at step {step} ({tokens_seen} tokens seen)")
         _drop_metrics_after(os.path.join(run.out, "metrics.jsonl"), step)  # those steps run again
 

@@ -82,6 +82,7 @@ def bigram_quality(train: np.ndarray, held_out: np.ndarray, vocab: int, *, windo
         nll = -np.mean(np.log(lam_eff * p_bigram + (1 - lam_eff) * unigram[nxt]))
         if best is None or nll < best[0]:
             best = (nll, float(lam))
+    assert best is not None  # 34 values of lambda tried
     # its most likely next token: the most frequent follower (the unigram argmax after an unseen token)
     follower = np.where(from_prev > 0, pairs.argmax(axis=1), unigram.argmax())
     return dict(bigram_perplexity=float(np.exp(best[0])), bigram_top1_accuracy=float(np.mean(follower[prev] == nxt)),

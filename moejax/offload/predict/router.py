@@ -116,7 +116,8 @@ def run_prompts(engine, placement, prompts, *, max_tokens_per_prompt: int, max_t
     layer-by-layer steps with `placement` (which sees the valid-token mask as `placement.valid`) -> (steps, the
     token ids run, each prompt's length)."""
     steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
-    tokens, lengths = [], []
+    tokens: list[int] = []
+    lengths: list[int] = []
     for prompt in prompts:
         room = max_tokens_per_prompt if max_tokens is None else min(max_tokens_per_prompt, max_tokens - sum(lengths))
         if room <= 0:

@@ -65,7 +65,7 @@ class _Recording(_Calibrating):
 
     name = "recording"
 
-    def __init__(self, *args):
+    def __init__(self, *args) -> None:
         super().__init__(*args)
         self.rows: dict[int, list] = {}
 
