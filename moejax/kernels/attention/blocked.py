@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -22,8 +23,9 @@ _f32 = jnp.float32
 Ranges = tuple[tuple[int, int], ...]
 
 
-def attention(q, k, v, blocks: Sequence[tuple[int, int, Ranges]], visible: Callable, scale: float, sinks=None,
-              return_lse: bool = False):
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, blocks: Sequence[tuple[int, int, Ranges]], visible: Callable,
+              scale: float, sinks: jax.Array | None = None, return_lse: bool = False
+              ) -> tuple[jax.Array, jax.Array | None]:
     """q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv]; blocks: (q_start, q_end, key ranges) covering [0, T);
     visible(q_start, q_end, key_idx int array [K]) -> bool [B, q_end - q_start, K].
     -> (out [B,T,Hq,Dv] in q.dtype, lse [B,T,Hq] float32 without sinks, or None)."""
