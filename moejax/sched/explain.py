@@ -2,7 +2,14 @@
 MFU estimate. Replays the exact packing the runner would do, without touching the model."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.sched.planner import Plan
+    from moejax.sched.runner import Runner
 
 # Dense (no sparsity) 16-bit tensor-core peaks from NVIDIA datasheets, FLOP/s.
 DATASHEET_PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12, "B200": 2250e12}
@@ -16,7 +23,7 @@ def peak_flops(dtype: str) -> float | None:
     return next((v for k, v in DATASHEET_PEAKS.items() if k in kind), None)
 
 
-def describe(plan, runner, engine) -> str:
+def describe(plan: Plan, runner: Runner, engine: Engine) -> str:
     lines = [f"model {engine.name}: {engine.config.num_layers} layers, vocab {engine.config.vocab_size}",
              f"prefix KV cache: {plan.reason}; pool {plan.pool_blocks} blocks "
              f"({plan.pool_blocks * 16 * engine.kv_bytes_per_token() / 2**20:.1f} MiB)",

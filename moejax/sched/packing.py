@@ -271,7 +271,8 @@ def _reach(row: Row, head: int, T: int, block: int) -> int:
     return need
 
 
-def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1):
+def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1
+             ) -> tuple[dict[str, np.ndarray], list[list[Hashable]], TreeSpan]:
     """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g], TreeSpan); the row
     count is padded to a multiple of `row_multiple` (Engine.row_multiple)."""
     B = rows_bucket(len(rows), row_multiple)

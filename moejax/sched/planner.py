@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
@@ -14,19 +15,22 @@ from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.requests import CompletionRequest, ScoreRequest
 
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+
 KV_MODES = ("auto", "on", "off")
 
 
 @dataclasses.dataclass
 class ScoreBatch:
     rows: list[list[ScoreSeq]]
-    kind: str = "score"
+    kind: Literal["score"] = "score"
 
 
 @dataclasses.dataclass
 class CompletionBatch:
     requests: list[CompletionRequest]
-    kind: str = "completion"
+    kind: Literal["completion"] = "completion"
 
 
 @dataclasses.dataclass
@@ -79,7 +83,8 @@ def row_length(largest: int) -> int:
 
 
 def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_flops: float = 0.0,
-                       flops_of=None, max_tokens: int | None = None) -> list[ScoreBatch]:
+                       flops_of: Callable[[list[ScoreSeq]], float] | None = None, max_tokens: int | None = None
+                       ) -> list[ScoreBatch]:
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
     Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
@@ -103,8 +108,10 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
                 else:
                     left.append((size, tree))
             room = max_tokens is None or 2 * nrows * T <= max_tokens
-            if not (min_flops and left and nrows < most and room) or \
-                    sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
+            if not (min_flops and left and nrows < most and room):
+                break
+            assert flops_of is not None  # a FLOPs floor comes with its counter
+            if sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
                 break
             nrows = min(2 * nrows, most)
         batches.append(ScoreBatch([r for r in rows if r]))
@@ -112,7 +119,7 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
     return batches
 
 
-def tree_flops(cfg) -> Callable[[list[ScoreSeq]], float]:
+def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq]], float]:
     """-> flops_of(tree): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the tokens it does
     not share with the one before it (sorted), after the shared part."""
     from moejax.costs import true_prefill_flops
@@ -142,15 +149,15 @@ def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens:
     return batches
 
 
-def batch_hashes(batch) -> set[bytes]:
+def batch_hashes(batch: ScoreBatch | CompletionBatch) -> set[bytes]:
     if batch.kind == "score":
         return {h for row in batch.rows for s in row for h in block_hashes(s.tokens[: s.context_len])}
     return {h for r in batch.requests for h in block_hashes(r.prompt)}
 
 
 def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
-              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0, config=None,
-              score_batch: ScoreBatchSize | None = None) -> Plan:
+              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0,
+              config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> Plan:
     """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
     own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
     of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring
@@ -159,8 +166,12 @@ def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], 
         raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
     sized = score_batch or ScoreBatchSize(max_batch_tokens, None, max_batch_tokens, "")
     seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
-    batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops,
-                                       tree_flops(config) if min_batch_flops else None, sized.cap)
+    flops_of = None
+    if min_batch_flops:
+        assert config is not None, "make_plan: a FLOPs floor needs the model's config"
+        flops_of = tree_flops(config)
+    batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops, flops_of,
+                                       sized.cap)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]

@@ -8,9 +8,13 @@ log-probabilities come from a scoring pass)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from moejax.kv_pool import BLOCK
 from moejax.offload.memory_plan import RESERVE_FRACTION, device_budget_bytes, size
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 DEFAULT_MB = 1024.0
 
@@ -30,7 +34,7 @@ class PoolSize:
                 f"{size(self.blocks * self.block_bytes)} ({self.source})")
 
 
-def pool_size(engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
+def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
     """sequences: (prompt tokens, max_tokens) of every sequence to generate (each choice counts; max_tokens >= 1)."""
     block_bytes = engine.kv_bytes_per_token() * BLOCK
     plan = engine.memory_plan

@@ -33,7 +33,7 @@ def ok_line(line: int, custom_id: str, body: dict, *, rid: str | None = None) ->
             "error": None}
 
 
-def error_line(line: int, custom_id: str | None, message: str, *, code="invalid_request", status=400,
+def error_line(line: int, custom_id: str | None, message: str, *, code: str = "invalid_request", status: int = 400,
                rid: str | None = None, param: str | None = None) -> dict:
     """An OpenAI Batch output line for a refused (4xx) or failed (5xx) request: the body is OpenAI's error object.
     `line` and the top-level `error` (code, message) are kept for readers of earlier moejax output."""
@@ -251,7 +251,7 @@ class ResultStore:
     def __enter__(self) -> ResultStore:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
