@@ -28,10 +28,12 @@ from moejax.buckets import bucket
 from moejax.offload.expert_cache import ExpertCache
 from moejax.offload import layered
 from moejax.offload.host_store import HostStore
+from moejax.offload.predict.protocol import Predictor
 from moejax.offload.stats import OffloadStats
 
 
-def routed_subset(graphdef, state, y, idx, weights, local_of, experts, *, backend):
+def routed_subset(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, weights: jax.Array,
+                  local_of: jax.Array, experts: list[dict[str, jax.Array]], *, backend: str) -> jax.Array:
     """Routed output [N, D] of the experts in `experts` (a list of per-expert dicts); local_of [E] gives each
     expert's position in that list or -1, and tokens' choices outside it contribute nothing."""
     local = local_of[idx]
@@ -52,8 +54,9 @@ def _mispredicted(predicted, true):
 class Cached:
     name = "cached"
 
-    def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *, predictor=None,
-                 speculative: bool = False, router_free: bool = False, pass_experts: int | None = None):
+    def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
+                 predictor: Predictor | None = None, speculative: bool = False, router_free: bool = False,
+                 pass_experts: int | None = None) -> None:
         if not store.per_expert:
             raise ValueError("cached placement needs a per_expert HostStore")
         if speculative and predictor is None:
@@ -68,13 +71,13 @@ class Cached:
         self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
         self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
         self._planned.clear()
         self._steps = steps
         if self.predictor is not None:
             self.predictor.begin_pass(steps)
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         layer = handle.index
         s = self.stats[layer]
         source = self._planned.get(layer) if self.router_free else None

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.predict.protocol import Predictor
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -21,7 +22,7 @@ class Cached(LayerByLayer):
     name = "cached"
 
     def __init__(self, memory_plan: MemoryPlan, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
-                 predictor: object) -> None:
+                 predictor: Predictor | None) -> None:
         """settings: the PlacementSettings (eviction, speculative, router_free); predictor: the object built from
         them at load (predictor_of), or None."""
         super().__init__(memory_plan, layout_setup)

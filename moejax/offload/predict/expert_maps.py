@@ -16,6 +16,7 @@ it), so it prefetches only; speculative execution needs per-token predictions an
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,10 @@ import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
+from moejax.offload.predict.protocol import Prediction
+
+if TYPE_CHECKING:
+    from moejax.offload.layered import LayeredSteps
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -142,13 +147,14 @@ class ExpertMapPredictor:
         if len(store) == 0:
             raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`)")
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         self._steps = steps
         x = np.asarray(steps.inputs, np.float32)
         self._embedding = x.reshape(-1, x.shape[-1]).mean(axis=0)
         self._observed: list[np.ndarray] = []
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
+                ) -> Prediction:
         moe = self._steps.moe_layers
         j = moe.index(layer)
         self._observed.append(np.asarray(self._steps.layers[layer](_router_probs, y)).mean(axis=0))
