@@ -32,7 +32,8 @@ class ChatTemplate:
             return None
         return cls(source, _special_tokens(config))
 
-    def render(self, messages, *, add_generation_prompt: bool = True, kwargs: dict | None = None) -> str:
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, kwargs: dict | None = None
+               ) -> str:
         """messages: OpenAI chat messages -> the prompt text; kwargs: more template variables (vLLM's
         chat_template_kwargs). Raises ValueError naming the bad field."""
         import jinja2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Iterator
 
 from jax import monitoring
 
@@ -41,7 +42,7 @@ class Compiles:
 
 
 @contextlib.contextmanager
-def counting(c: Compiles | None = None):
+def counting(c: Compiles | None = None) -> Iterator[Compiles]:
     """with counting() as c: ...; c.as_dict() -> {programs, by_function, compile_s_by_function, trace_s, lower_s,
     compile_s}. Given a Compiles, adds to it."""
     c = Compiles() if c is None else c

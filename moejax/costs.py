@@ -28,6 +28,7 @@ Conventions (shared by cost models, planners and benchmarks):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from moejax.config import ModelConfig
 from moejax.sharding.layout import Layout
@@ -197,7 +198,7 @@ class LayoutComm:
         return dataclasses.asdict(self)
 
 
-def by_kind(transfers, times: int = 1) -> dict[str, float]:
+def by_kind(transfers: Iterable[Transfer], times: int = 1) -> dict[str, float]:
     """Transfers -> bytes per collective kind (x times)."""
     out: dict[str, float] = {}
     for t in transfers:

@@ -12,13 +12,16 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors import safe_open
 
 from moejax.config import ModelConfig
 from moejax.models.families import NON_PARAMETERS, Experts, Tensor, normalize_key, source
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class CheckpointError(ValueError):
@@ -196,7 +199,7 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
     return read_all
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> Tokenizer | None:
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
         return None

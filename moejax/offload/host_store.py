@@ -9,9 +9,11 @@ On CPU the same memory kinds exist and the same code runs (there is no cap).
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
+from jax.sharding import NamedSharding
 
 from moejax.models.moe import is_routed_expert
 
@@ -32,7 +34,8 @@ class HostStore:
     an expert cache, which moves single experts). Build with `from_arrays`; `fetch` / `fetch_expert` start the
     copies to the device."""
 
-    def __init__(self, device=None, *, per_expert: bool = False, limit_bytes: int | None = -1, sharding=None):
+    def __init__(self, device: jax.Device | None = None, *, per_expert: bool = False, limit_bytes: int | None = -1,
+                 sharding: NamedSharding | None = None) -> None:
         """An empty store; `add` fills it. limit_bytes: refuse beyond this many bytes (default: the platform's
         pinned host pool; None: no cap). sharding: whole layers split over several devices' host memory
         (AsyncEP with offloading) instead of one device's."""
@@ -44,15 +47,15 @@ class HostStore:
         self._total = 0
 
     @classmethod
-    def from_arrays(cls, items: Iterable[tuple[tuple, object]], device=None, limit_bytes: int | None = -1,
-                    per_expert: bool = False) -> "HostStore":
+    def from_arrays(cls, items: Iterable[tuple[tuple, Any]], device: jax.Device | None = None,
+                    limit_bytes: int | None = -1, per_expert: bool = False) -> HostStore:
         """(flat path, array) pairs of routed expert arrays -> store (see `add`)."""
         store = cls(device, per_expert=per_expert, limit_bytes=limit_bytes)
         for path, array in items:
             store.add(path, array)
         return store
 
-    def add(self, path: tuple, array) -> Stored:
+    def add(self, path: tuple, array: Any) -> Stored:
         """One routed expert array (numpy as read from a checkpoint, or jax) straight to pinned host memory
         (split along the expert axis for a per_expert store); raises ValueError, with the numbers, when the
         total exceeds the limit. Returns what it stored (an array, or a list of them)."""

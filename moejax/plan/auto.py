@@ -5,6 +5,7 @@ nothing here touches a device beyond asking what kind and how many there are."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 from moejax.config import ModelConfig
 from moejax.plan.engine_plan import EnginePlan
@@ -19,7 +20,8 @@ PLACEMENT_WHAT_IF = (("h2d.bandwidth", "host-to-device bandwidth"), ("device.flo
 FACTORS = (0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
 
 
-def what_would_change(decide, profile: Profile, chosen: str, what_if=LAYOUT_WHAT_IF) -> list[str]:
+def what_would_change(decide: Callable[[Profile], str], profile: Profile, chosen: str,
+                      what_if: Sequence[tuple[str, str]] = LAYOUT_WHAT_IF) -> list[str]:
     """For each field of `what_if`, the smallest scaling (of FACTORS) that makes `decide(profile) -> choice`
     choose something else, as text."""
     out = []

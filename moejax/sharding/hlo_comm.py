@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>[^%\"]*?)\s+"
@@ -58,7 +59,7 @@ def array_bytes(dtype: str, dims: tuple) -> int:
     return math.ceil(math.prod(dims) * dtype_bits(dtype) / 8)
 
 
-def parse_type(text: str):
+def parse_type(text: str) -> Any:
     """An HLO result type -> an array (dtype, dims) or a (nested) list of them for a tuple.
     `(f32[8,16]{1,0}, /*index=5*/s32[8]{0})` -> [("f32", (8, 16)), ("s32", (8,))]."""
     text = re.sub(r"/\*.*?\*/", "", text)

@@ -65,7 +65,7 @@ def same_everywhere(data: bytes) -> bool:
     return bool((multihost_utils.process_allgather(digest) == digest).all())
 
 
-def shard_rows(batch: np.ndarray, mesh) -> jax.Array:
+def shard_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     """A host batch [B, ...], the same in every process, as one global array split by rows over the 1-D `mesh`.
     Rows are padded with zeros to a multiple of the mesh's devices (a global array splits only evenly); each
     process passes just the rows its own devices hold."""
