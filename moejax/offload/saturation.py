@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 
 from moejax.costs import layer_flops_per_token
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 EPSILON = 0.1
 
@@ -79,7 +83,7 @@ class _Stopwatch:
         return out
 
 
-def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
+def profile_saturation(engine: Engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
                        seed: int = 0) -> Saturation:
     """Profile a streamed engine on one row of `tokens` random ids (after a warm-up pass that compiles)."""
     if not engine.placement.profiles_theta:

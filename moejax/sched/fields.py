@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from typing import TypeGuard
 
 
 class Invalid(Exception):
@@ -47,7 +48,7 @@ def string_field(value: object, path: str, what: str = "a non-empty string") -> 
     return value
 
 
-def number(value, path: str) -> float:
+def number(value: object, path: str) -> float:
     # JSON parsing accepts NaN, Infinity and 400-digit ints; none is a usable sampling parameter.
     if is_int(value) or isinstance(value, float):
         number = float(value) if abs(value) < 1e300 else math.inf
@@ -56,7 +57,7 @@ def number(value, path: str) -> float:
     raise Invalid(f"{path}: must be a finite number; got {show(value)}")
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
 
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from moejax.offload.predict.layer_ops import route_input
-from moejax.offload.predict.protocol import Prediction
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
-    import jax
-
     from moejax.offload.layered import LayeredSteps
 
 
@@ -22,8 +20,7 @@ class PreviousHiddenPredictor:
     def begin_pass(self, steps: LayeredSteps) -> None:
         self._steps = steps
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j = moe.index(layer) + self.distance
         if j >= len(moe):

@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
-from moejax.offload.predict.protocol import Prediction
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
@@ -153,8 +153,7 @@ class ExpertMapPredictor:
         self._embedding = x.reshape(-1, x.shape[-1]).mean(axis=0)
         self._observed: list[np.ndarray] = []
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j = moe.index(layer)
         self._observed.append(np.asarray(self._steps.layers[layer](_router_probs, y)).mean(axis=0))

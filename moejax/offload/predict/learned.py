@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from moejax.offload.predict import estimator as est
 from moejax.offload.predict.layer_ops import quasi_hidden, route_logits
-from moejax.offload.predict.protocol import Prediction
+from moejax.offload.predict.protocol import Arrays, Prediction
 from moejax.offload.predict.router import RouterPredictor
 
 if TYPE_CHECKING:
@@ -43,8 +43,7 @@ class EstimatorPredictor:
         j = moe.index(layer)
         return moe[j + self.distance] if j + self.distance < len(moe) else None
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         target = self.target(layer)
         if target is None:
             return {}
@@ -70,8 +69,7 @@ class HybridPredictor:
         self.estimator.begin_pass(steps)
         self.router.begin_pass(steps)
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         use = self.estimator if self.estimator.target(layer) in self.estimator_targets else self.router
         return use.predict(pass_no, layer, x, y, idx, weights)
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moejax.offload.predict.protocol import Prediction
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
-    import jax
-
     from moejax.offload.layered import LayeredSteps
 
 
@@ -18,8 +16,7 @@ class OraclePredictor:
     def begin_pass(self, steps: LayeredSteps) -> None:
         pass
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         return {layer: (idx, weights)}
 
     def describe(self) -> str:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
-    import jax
+import jax
+import numpy as np
 
+if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
 
+Arrays = jax.Array | np.ndarray  # on the device, or replayed from recorded traces (moejax.offload.predict.replay)
 # {target layer: (predicted expert ids [N, k], predicted weights [N, k])}, as jax or numpy arrays
 Prediction = dict[int, tuple[Any, Any]]
 
@@ -19,8 +21,7 @@ class Predictor(Protocol):
     def begin_pass(self, steps: LayeredSteps) -> None:
         """A forward pass starts over `steps` (the layer loop: its layers and MoE layer indices)."""
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         """At MoE layer `layer` of pass `pass_no`: its residual x, MoE input y and true routing -> predictions."""
 
     def describe(self) -> str:

@@ -17,7 +17,7 @@ from flax import nnx
 from moejax.buckets import bucket
 from moejax.offload import layered
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
-from moejax.offload.predict.protocol import Prediction
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 _f32 = jnp.float32
 
@@ -59,8 +59,7 @@ class RouterPredictor:
             raise ValueError(f"router predictor: default vectors cover {self.vectors.vectors.shape[0]} layers, "
                              f"the model has {len(steps.layers)}")
 
-    def predict(self, pass_no: int, layer: int, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-                ) -> Prediction:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         ahead = moe[moe.index(layer) + 1: moe.index(layer) + 1 + self.distance]  # distance counts MoE layers
         if len(ahead) < self.distance:
