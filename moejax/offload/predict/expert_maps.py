@@ -28,6 +28,7 @@ from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
+    from moejax.offload.predict.traces import Traces
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -109,7 +110,7 @@ def gate_probabilities(logits: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def build_store(traces, embed_table: np.ndarray, *, capacity: int = 1024, distance: int = 1) -> ExpertMapStore:
+def build_store(traces: Traces, embed_table: np.ndarray, *, capacity: int = 1024, distance: int = 1) -> ExpertMapStore:
     """One map per traced prompt: its mean gate distribution per MoE layer, keyed by its mean input embedding."""
     M, E = traces.router_logits.shape[1:]
     store = ExpertMapStore.empty(capacity, distance, M, E, embed_table.shape[1])
@@ -119,7 +120,8 @@ def build_store(traces, embed_table: np.ndarray, *, capacity: int = 1024, distan
     return store
 
 
-def predict_sets(store: ExpertMapStore, embedding, observed, position: int, k: int) -> dict[int, tuple]:
+def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndarray, position: int, k: int
+                 ) -> dict[int, tuple]:
     """What the predictor prefetches when MoE layer `position` (0-based among MoE layers) has run, with gate
     distributions `observed` [position + 1, E]: {target position: (expert ids, their map probabilities)}."""
     M, d = store.maps.shape[1], store.distance
@@ -171,7 +173,7 @@ class ExpertMapPredictor:
         return f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, distance {self.distance})"
 
 
-def replay_predictions(store: ExpertMapStore, traces, embed_table: np.ndarray, k: int
+def replay_predictions(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, k: int
                        ) -> tuple[dict[int, tuple], float]:
     """The predictor's sets for every traced token as batch-1 decode iterations (semantic embedding: the
     token's prompt's mean input embedding; trajectory: the token's own gate distributions), the store left
