@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from typing import Any
 
 
 class ChatTemplate:
@@ -31,7 +32,8 @@ class ChatTemplate:
             return None
         return cls(source, _special_tokens(config))
 
-    def render(self, messages, *, add_generation_prompt: bool = True, kwargs: dict | None = None) -> str:
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, kwargs: dict | None = None
+               ) -> str:
         """messages: OpenAI chat messages -> the prompt text; kwargs: more template variables (vLLM's
         chat_template_kwargs). Raises ValueError naming the bad field."""
         import jinja2
@@ -125,7 +127,7 @@ def _compile(source: str):
 
 def _special_tokens(config: dict) -> dict:
     """bos_token, eos_token, ... as strings (tokenizer_config.json may give them as AddedToken objects)."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in config.items():
         if key.endswith("_token") and isinstance(value, dict):
             value = value.get("content")

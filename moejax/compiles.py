@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from collections.abc import Iterator
 
 from jax import monitoring
 
@@ -17,28 +18,31 @@ FIELDS = dict(trace="trace_s", lower="lower_s", backend="compile_s")
 
 
 class Compiles:
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds = dict.fromkeys(EVENTS.values(), 0.0)
-        self.programs: collections.Counter = collections.Counter()  # XLA compilations by function name
-        self.compile_s: collections.Counter = collections.Counter()  # their seconds, by function name
+        self.programs: collections.Counter[str] = collections.Counter()  # XLA compilations by function name
+        self.compile_s: collections.defaultdict[str, float] = collections.defaultdict(float)  # their seconds, by name
 
-    def add(self, event: str, seconds: float, fun_name: str = "?", **_) -> None:
+    def add(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
+        """jax.monitoring's event-duration listener: `fun_name` among the keywords names the compiled function."""
         phase = EVENTS.get(event)
         if phase is None:
             return
-        self.seconds[phase] += seconds
+        self.seconds[phase] += duration_secs
         if phase == "backend":
+            fun_name = str(kwargs.get("fun_name", "?"))
             self.programs[fun_name] += 1
-            self.compile_s[fun_name] += seconds
+            self.compile_s[fun_name] += duration_secs
 
     def as_dict(self) -> dict:
+        by_seconds = sorted(self.compile_s.items(), key=lambda kv: kv[1], reverse=True)  # as Counter.most_common
         return dict(programs=sum(self.programs.values()), by_function=dict(self.programs.most_common()),
-                    compile_s_by_function={k: round(v, 3) for k, v in self.compile_s.most_common()},
+                    compile_s_by_function={k: round(v, 3) for k, v in by_seconds},
                     **{FIELDS[phase]: round(v, 3) for phase, v in self.seconds.items()})
 
 
 @contextlib.contextmanager
-def counting(c: Compiles | None = None):
+def counting(c: Compiles | None = None) -> Iterator[Compiles]:
     """with counting() as c: ...; c.as_dict() -> {programs, by_function, compile_s_by_function, trace_s, lower_s,
     compile_s}. Given a Compiles, adds to it."""
     c = Compiles() if c is None else c

@@ -186,7 +186,7 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
     n = int(_need(c, "num_hidden_layers"))
     heads = int(_need(c, "num_attention_heads"))
     hidden = int(_need(c, "hidden_size"))
-    base = dict(
+    base: dict[str, Any] = dict(
         model_type=mt, vocab_size=int(_need(c, "vocab_size")), hidden_size=hidden, num_layers=n,
         num_heads=heads, num_kv_heads=int(_need(c, "num_key_value_heads", default=heads)),
         head_dim=int(_need(c, "head_dim", default=hidden // heads)),
@@ -197,8 +197,8 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
         num_experts=int(_need(c, "num_experts", "num_local_experts", "n_routed_experts")),
         num_experts_per_tok=int(_need(c, "num_experts_per_tok")),
         bos_token_id=c.get("bos_token_id"), eos_token_ids=_eos(c))
-    moe_size = c.get("moe_intermediate_size")
-    window = c.get("sliding_window")
+    moe_size: Any = c.get("moe_intermediate_size")  # int() below: a missing one fails there, as before
+    window: Any = c.get("sliding_window")
 
     if mt in ("qwen3_moe", "qwen2_moe"):
         step = int(c.get("decoder_sparse_step", 1) or 1)
@@ -206,7 +206,7 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
         moe = tuple(i not in only and base["num_experts"] > 0 and (i + 1) % step == 0 for i in range(n))
         if mt == "qwen3_moe":
             use_window = bool(c.get("use_sliding_window", False)) and window is not None
-            extra = dict(qk_norm=True, qkv_bias=bool(c.get("attention_bias", False)),
+            extra: dict[str, Any] = dict(qk_norm=True, qkv_bias=bool(c.get("attention_bias", False)),
                          o_bias=bool(c.get("attention_bias", False)),
                          layer_types=("sliding" if use_window else "full",) * n)
         else:
@@ -266,7 +266,8 @@ def _from_hf(c: dict[str, Any]) -> ModelConfig:
             raise ConfigError(f"config.json: unsupported 'topk_method' {method!r} for deepseek_v2 "
                               "(supported: greedy, group_limited_greedy)")
         groups = (int(c["n_group"]), int(c["topk_group"])) if method == "group_limited_greedy" else None
-        routing = dict(router_scoring="softmax", topk_groups=groups, group_score="max", norm_topk_prob=False)
+        routing: dict[str, Any] = dict(router_scoring="softmax", topk_groups=groups, group_score="max",
+                                       norm_topk_prob=False)
     else:
         method = c.get("topk_method", "noaux_tc")
         if method != "noaux_tc":

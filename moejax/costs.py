@@ -28,6 +28,7 @@ Conventions (shared by cost models, planners and benchmarks):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from moejax.config import ModelConfig
 from moejax.sharding.layout import Layout
@@ -197,7 +198,7 @@ class LayoutComm:
         return dataclasses.asdict(self)
 
 
-def by_kind(transfers, times: int = 1) -> dict[str, float]:
+def by_kind(transfers: Iterable[Transfer], times: int = 1) -> dict[str, float]:
     """Transfers -> bytes per collective kind (x times)."""
     out: dict[str, float] = {}
     for t in transfers:
@@ -220,13 +221,14 @@ def layout_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, dtype_by
     N = batch * seq
     n = -(-N // P)  # rows per device in the expert program (padded to a multiple of P)
     ring = (P - 1) / P
+    attention: tuple[Transfer, ...]
     if layout.attn == "dp":
         attention, ideal_attention = (), 0.0
     else:  # heads split, every device holds every token: the output projection's partial sums are added
         attention = (Transfer("all-reduce", "attention output, float32 partial sums", 2 * ring * N * D * _F32),)
         ideal_attention = 2 * ring * N * D * b  # Table 1: one all-reduce of the attention output
     experts, ideal_experts = _expert_transfers(cfg, layout, N, n, b)
-    outputs = ()
+    outputs: tuple[Transfer, ...] = ()
     if layout.attn == "tp" and layout.experts != "tp":  # the program splits the tokens: outputs back to all
         outputs = (Transfer("all-gather", "expert outputs to every device", ring * n * P * D * b),)
     # async_ep keeps the first MoE layer's experts whole on every device (MoE-Prefill §6.2: nothing to gather
@@ -242,6 +244,7 @@ def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) ->
     per expert device, E->A its share of the outputs, plus EP inside the expert group on each chunk. Table 1
     has no DEP row: `ideal_*` is the useful A->E + E->A traffic (hidden states there and back, no padding)."""
     A, B, D, k = layout.attn_devices, layout.expert_devices, cfg.hidden_size, cfg.num_experts_per_tok
+    assert A is not None and B is not None  # resolved: layout_comm checked
     padded_rows = -(-batch // layout.row_multiple) * layout.row_multiple  # the executor pads to a multiple of A·r1
     chunks = [c for rows in layout.micro_batches(padded_rows) for c in layout.token_chunks(rows * seq)]
     padded = sum(p for _, p in chunks)
@@ -250,17 +253,20 @@ def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) ->
     for _, p in chunks:
         for t in _expert_transfers(cfg, inner, p, p // B, b)[0]:
             inside[(t.kind, t.what)] = inside.get((t.kind, t.what), 0.0) + t.bytes_sent
-    experts = (Transfer("device_put", "A->E hidden states and routing (padded chunks), per attention device",
-                        padded * (D * b + k * (_I32 + _F32)) / A),
-               Transfer("device_put", "E->A routed outputs (padded chunks), per expert device", padded * D * b / B))
+    experts: tuple[Transfer, ...] = (
+        Transfer("device_put", "A->E hidden states and routing (padded chunks), per attention device",
+                 padded * (D * b + k * (_I32 + _F32)) / A),
+        Transfer("device_put", "E->A routed outputs (padded chunks), per expert device", padded * D * b / B))
     experts += tuple(Transfer(kind, f"{what}, inside the expert group", v) for (kind, what), v in inside.items())
     return LayoutComm(str(layout), A + B, cfg.num_layers, sum(cfg.moe_layers), (), experts, experts, 0.0,
                       batch * seq * D * b * (1 / A + 1 / B))
 
 
-def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int):
+def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int
+                      ) -> tuple[tuple[Transfer, ...], float]:
     """(what moejax.sharding.experts moves per MoE layer, Table 1's figure)."""
     P, D, k, E, I = layout.devices, cfg.hidden_size, cfg.num_experts_per_tok, cfg.num_experts, cfg.moe_intermediate_size
+    assert P is not None  # resolved: layout_comm checked
     ring, rows = (P - 1) / P, n * P
     bias = cfg.expert_bias
     if layout.experts == "replicated":

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 
 BLOCK = 16
+Layer = dict[str, jax.Array]  # one layer's keys (or pool) by name
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "table", "slots"], meta_fields=[])
@@ -29,35 +31,35 @@ class PagedCache:
                                                for name, a in self.pool.items()})
 
 
-def write_slots(pool, slots, new):
+def write_slots(pool: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
     """pool [N, BLOCK, ...] with new [B, T, ...] written at flat slots [B, T] (out of range: dropped)."""
     flat = pool.reshape(-1, *pool.shape[2:])
     flat = flat.at[slots.reshape(-1)].set(new.reshape(-1, *pool.shape[2:]).astype(pool.dtype), mode="drop")
     return flat.reshape(pool.shape)
 
 
-def slots_of(table, positions, valid, num_blocks: int):
+def slots_of(table: jax.Array, positions: jax.Array, valid: jax.Array, num_blocks: int) -> jax.Array:
     """Flat pool slots [B, T] of `positions` [B, T] through block tables [B, NB]; where not `valid`, an out-of-range
     slot (nothing is written)."""
     block = jnp.take_along_axis(table, jnp.clip(positions // BLOCK, 0, table.shape[1] - 1), axis=1)
     return jnp.where(valid, block * BLOCK + positions % BLOCK, num_blocks * BLOCK)
 
 
-def gather(pool, block_ids):
+def gather(pool: Sequence[Layer], block_ids: jax.Array) -> list[Layer]:
     """pool (list per layer of {name: [N, BLOCK, ...]}), block_ids int [B, NP] -> per-layer [B, NP*BLOCK, ...]."""
     B, NP = block_ids.shape
     flat = block_ids.reshape(-1)
     return [{name: a[flat].reshape(B, NP * BLOCK, *a.shape[2:]) for name, a in layer.items()} for layer in pool]
 
 
-def store(pool, keys, block_ids, src):
+def store(pool: Sequence[Layer], keys: Sequence[Layer], block_ids: jax.Array, src: jax.Array) -> list[Layer]:
     """Copy tokens of `keys` (per-layer {name: [B, S, ...]}) into pool blocks: block_ids [B, NS] (an id >= the
     pool size is skipped), src [B, NS, BLOCK] = the key index of each token of each block."""
     B, NS, _ = src.shape
     flat_ids = block_ids.reshape(-1)
     out = []
     for layer_pool, layer_keys in zip(pool, keys):
-        new = {}
+        new: Layer = {}
         for name, a in layer_pool.items():
             k = layer_keys[name]
             idx = src.reshape((B, NS * BLOCK) + (1,) * (k.ndim - 2))
@@ -67,12 +69,12 @@ def store(pool, keys, block_ids, src):
     return out
 
 
-def concat_prior(prior, new):
+def concat_prior(prior: jax.Array, new: jax.Array) -> jax.Array:
     """Keys [B, P, ...] of earlier tokens followed by a call's own keys [B, T, ...]."""
     return jnp.concatenate([prior.astype(new.dtype), new], axis=1)
 
 
-def concat_keys(prior, new):
+def concat_keys(prior: Sequence[Layer] | None, new: list[Layer]) -> list[Layer]:
     """Per-layer keys of a packed call: prior keys (or None) followed by the call's own keys."""
     if prior is None:
         return new

@@ -30,6 +30,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Callable
 
 import jax
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs
@@ -178,13 +180,14 @@ def _matmul(x, w, dtype):
     return jnp.dot(x, w, preferred_element_type=_f32, precision=for_operands(dtype)).astype(dtype)
 
 
-def matmul_seconds(rows: int, hidden: int, width: int, dtype, repeats: int) -> float:
+def matmul_seconds(rows: int, hidden: int, width: int, dtype: DTypeLike, repeats: int) -> float:
     """Median seconds of one [rows, hidden] x [hidden, width] matmul, float32 accumulation, result in `dtype`."""
     x, w = _random((rows, hidden), dtype, 1), _random((hidden, width), dtype, 2)
     return median_seconds(lambda: _matmul(x, w, dtype), repeats)
 
 
-def matmul_points(shapes: Shapes, sweep: Sweep, dtype, launch_s: float):
+def matmul_points(shapes: Shapes, sweep: Sweep, dtype: DTypeLike, launch_s: float
+                  ) -> tuple[tuple[float, float, float], ...]:
     D, F = shapes.hidden, shapes.dense_width
     return _points(sweep.rows, lambda m: 2 * m * D * F, lambda m: matmul_seconds(m, D, F, dtype, sweep.repeats),
                    launch_s)
@@ -201,7 +204,7 @@ def _batched(x, w, experts, rows):
     return jnp.einsum("erd,edi->eri", x.reshape(experts, rows, -1), w, preferred_element_type=_f32).astype(x.dtype)
 
 
-def grouped_seconds(rows_per_expert: int, shapes: Shapes, dtype, repeats: int, backend: str) -> float:
+def grouped_seconds(rows_per_expert: int, shapes: Shapes, dtype: DTypeLike, repeats: int, backend: str) -> float:
     """Median seconds of a grouped GEMM: every expert gets `rows_per_expert` rows of [D] times its [D, I]."""
     E, D, I = shapes.experts, shapes.hidden, shapes.expert_width
     x, w = _random((E * rows_per_expert, D), dtype, 3), _random((E, D, I), dtype, 4)
@@ -222,7 +225,8 @@ def grouped_backend_refused(backend: str, platform: str) -> str | None:
     return None
 
 
-def grouped_points(shapes: Shapes, sweep: Sweep, dtype, launch_s: float, backend: str):
+def grouped_points(shapes: Shapes, sweep: Sweep, dtype: DTypeLike, launch_s: float, backend: str
+                   ) -> tuple[tuple[float, float, float], ...]:
     E, D, I = shapes.experts, shapes.hidden, shapes.expert_width
     return _points(sweep.rows_per_expert, lambda r: 2 * E * r * D * I,
                    lambda r: grouped_seconds(r, shapes, dtype, sweep.repeats, backend), launch_s)
@@ -243,14 +247,15 @@ def attention_flops(tokens: int, shapes: Shapes) -> int:
     return causal_pairs(tokens) * shapes.heads * 2 * (shapes.d_qk + shapes.d_v)
 
 
-def attention_seconds(tokens: int, shapes: Shapes, dtype, repeats: int) -> float:
+def attention_seconds(tokens: int, shapes: Shapes, dtype: DTypeLike, repeats: int) -> float:
     K, G = shapes.kv_heads, shapes.heads // shapes.kv_heads
     q = _random((tokens, K, G, shapes.d_qk), dtype, 5)
     k, v = _random((tokens, K, shapes.d_qk), dtype, 6), _random((tokens, K, shapes.d_v), dtype, 7)
     return median_seconds(lambda: _causal_attention(q, k, v), repeats)
 
 
-def attention_points(shapes: Shapes, sweep: Sweep, dtype, launch_s: float):
+def attention_points(shapes: Shapes, sweep: Sweep, dtype: DTypeLike, launch_s: float
+                     ) -> tuple[tuple[float, float, float], ...]:
     points = _points(sweep.tokens, lambda T: attention_flops(T, shapes),
                      lambda T: attention_seconds(T, shapes, dtype, sweep.repeats), launch_s)
     return tuple((T * T, s, rate) for T, s, rate in points)  # size: query tokens x context
@@ -265,7 +270,7 @@ def _points(sizes, flops_of, seconds_of, launch_s: float) -> tuple[tuple[float, 
     return tuple(out)
 
 
-def curve_of(points) -> Curve:
+def curve_of(points: Sequence[tuple[float, float, float]]) -> Curve:
     return Curve(tuple(float(p[0]) for p in points), tuple(float(p[2]) for p in points))
 
 
@@ -281,7 +286,7 @@ def host_memory_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def device_memory_bytes(device) -> tuple[float, str]:
+def device_memory_bytes(device: jax.Device) -> tuple[float, str]:
     """(bytes, note): the allocator's limit where the device reports one, else the host's RAM (CPU devices)."""
     try:
         stats = device.memory_stats() or {}
@@ -295,7 +300,7 @@ def device_memory_bytes(device) -> tuple[float, str]:
 # ---------------------------------------------------------------------------------------------------- links
 
 
-def fit_alpha_beta(samples) -> Fit:
+def fit_alpha_beta(samples: Sequence[tuple[int, float]]) -> Fit:
     """time = alpha + bytes / bandwidth over (bytes, seconds) samples, least squares of the RELATIVE error (the
     sizes span orders of magnitude: plain least squares would fit the largest and ignore the latency). A negative
     intercept is refitted through the origin (α = 0); a time that does not grow with size (overhead swamps every
@@ -320,14 +325,14 @@ def _f32_elements(nbytes: int, multiple: int = 1) -> int:
     return max(multiple, nbytes // 4 // multiple * multiple)
 
 
-def pinned_host_available(device) -> bool:
+def pinned_host_available(device: jax.Device) -> bool:
     try:
         return "pinned_host" in {m.kind for m in device.addressable_memories()}
     except Exception:  # a backend without memory spaces
         return False
 
 
-def host_to_device(sizes, repeats: int) -> tuple[Fit, str]:
+def host_to_device(sizes: Sequence[int], repeats: int) -> tuple[Fit, str]:
     """α-β fit of copies from pinned host memory to device 0 (from numpy arrays where there is no pinned_host
     memory kind), as moejax.offload.host_store moves experts."""
     device = jax.local_devices()[0]
@@ -341,7 +346,7 @@ def host_to_device(sizes, repeats: int) -> tuple[Fit, str]:
     return fit_alpha_beta(samples), "" if pinned else "h2d: from numpy arrays (no pinned_host memory kind)"
 
 
-def device_to_device(sizes, repeats: int) -> Fit | None:
+def device_to_device(sizes: Sequence[int], repeats: int) -> Fit | None:
     """α-β fit of `device_put` from device 0 to device 1 (DEP's transfers between groups); None with one device."""
     devices = jax.local_devices()  # a process can only put onto its own devices
     if len(devices) < 2:
@@ -368,7 +373,7 @@ def sent_bytes(kind: str, operand_bytes: int, devices: int) -> float:
     return ring * operand_bytes * (devices if kind == "all_gather" else 1)
 
 
-def collective(kind: str, sizes, repeats: int) -> Fit | None:
+def collective(kind: str, sizes: Sequence[int], repeats: int) -> Fit | None:
     """α-β fit of one collective among all devices against the bytes each sends; None with one device."""
     n = jax.device_count()
     if n < 2:

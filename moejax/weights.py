@@ -3,6 +3,8 @@ the presets' deterministic init, each tensor placed where its Placement says."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +12,13 @@ from flax import nnx
 
 from moejax.models.checkpoint import plan_params
 
+if TYPE_CHECKING:
+    from moejax.models.decoder import MoEModel
+    from moejax.placements.base import Placement
 
-def materializer(abstract, shapes: dict, placement, *, checkpoint: str | None = None, ignore_layers_from=None,
-                 seed: int = 0):
+
+def materializer(abstract: MoEModel, shapes: dict, placement: Placement, *, checkpoint: str | None = None,
+                 ignore_layers_from: int | None = None, seed: int = 0) -> Callable[[], tuple[nnx.State, Any]]:
     """-> materialize() giving (weights as an nnx.State, the placement's store or None). `abstract`: the model
     under nnx.eval_shape; shapes: its abstract arrays by flat path; checkpoint: a HF directory to read (None: the
     presets' random init with `seed`)."""
@@ -36,7 +42,7 @@ def materializer(abstract, shapes: dict, placement, *, checkpoint: str | None = 
     return materialize
 
 
-def random_param(path: tuple, abstract, seed: int):
+def random_param(path: tuple, abstract: jax.ShapeDtypeStruct, seed: int) -> jax.Array:
     """Deterministic per-tensor random init on the default device (norm weights 1, biases 0)."""
     name = str(path[-1]) if path[-1] != "weight" else str(path[-2])
     shape, dtype = tuple(abstract.shape), abstract.dtype

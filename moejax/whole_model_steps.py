@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 
 import jax
+from flax import nnx
 
 from moejax import paged_steps, steps
 from moejax.kernels.backends import Kernels
 
 
 class WholeModelSteps:
-    def __init__(self, graphdef, kernels: Kernels):
+    def __init__(self, graphdef: nnx.GraphDef, kernels: Kernels) -> None:
         bind = functools.partial
         self.logits = jax.jit(bind(steps.full_logits, graphdef, kernels))
         self.logprobs = jax.jit(bind(steps.token_logprobs, graphdef, kernels), static_argnames=("k",))

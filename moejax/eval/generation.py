@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +27,7 @@ class Completion:
     seed: int = 0
 
 
-def generate(engine, completions: Sequence[Completion], decode: Callable[[list[int]], str], *,
+def generate(engine: Engine, completions: Sequence[Completion], decode: Callable[[list[int]], str], *,
              kv_pool_mb: float | None = None, progress: Callable[[int], None] | None = None) -> list[list[int]]:
     """New tokens of each completion, in order (a stop token is kept as the last). decode(tokens) -> text, for the
     stop strings. progress(1) as each one ends."""

@@ -4,14 +4,22 @@ this step is the same begin and layers with an end that adds the flags."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
 from moejax import steps
 
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.models.decoder import MoEModel
 
-def greedy_score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
+
+def greedy_score_end(model: MoEModel, x: jax.Array, new: list, prior: list | None, pool: list,
+                     batch: dict[str, jax.Array], *, span: tuple[int, int | None] = (0, None)
+                     ) -> tuple[tuple[jax.Array, jax.Array], list]:
     """-> ((log-probabilities [B, G] float32, whether each target is its read position's argmax [B, G]), pool)."""
     logits = model.head(x, batch["read_idx"])  # [B, U, V] float32
     picked, pool = steps.scored(logits, new, prior, pool, batch)
@@ -29,7 +37,7 @@ class GreedyScoreStep:
     whole model, or (an offloaded placement, engine.layer_by_layer) jitted begin and end around the engine's
     own layer loop."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         bind = functools.partial
         if engine.layer_by_layer:
@@ -40,7 +48,8 @@ class GreedyScoreStep:
             self._whole = jax.jit(bind(steps.resident(steps.score_begin, greedy_score_end), engine.graphdef,
                                        engine.kernels), donate_argnums=(1,), static_argnames=("span",))
 
-    def __call__(self, pool, batch: dict, span=(0, None)):
+    def __call__(self, pool: list, batch: dict, span: Sequence[int | None] = (0, None)
+                 ) -> tuple[tuple[jax.Array, jax.Array], list]:
         params = self.engine.params
         arrays = {k: jnp.asarray(v) for k, v in batch.items()}
         span = tuple(span)

@@ -13,6 +13,8 @@ Each answers in request order with a progress bar as lm-eval's own models show i
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: it fills an empty registry only)
 from lm_eval import utils as lm_utils
@@ -24,6 +26,11 @@ from tqdm import tqdm
 from moejax.eval.generation import Completion, generate
 from moejax.eval.scoring import Scorer
 from moejax.eval.tokens import EvalTokenizer
+
+if TYPE_CHECKING:
+    from lm_eval.api.instance import Instance
+
+    from moejax.engine import Engine
 
 # What lm-eval passes every model besides --model_args; batches here are sized in tokens, not requests.
 _HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
@@ -41,11 +48,11 @@ class MoejaxLM(TemplateLM):
     kv_pool_mb (generation's KV pool), add_bos_token and prefix_token_id (as hf's), seed (sampled generation), and
     every option of moejax.load (placement, layout, kernels, num_layers, device_memory_gb, ...)."""
 
-    def __init__(self, pretrained, dtype: str = "auto", tokenizer: str | None = None, max_length: int | None = None,
-                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, max_batch_tokens: int | None = None,
-                 prefix_cache_mb: float = 1024.0, kv_cache: str = "auto", kv_pool_mb: float | None = None,
-                 add_bos_token: bool | None = None, prefix_token_id: int | None = None, seed: int = 0,
-                 **options):
+    def __init__(self, pretrained: str | Engine, dtype: str = "auto", tokenizer: str | None = None,
+                 max_length: int | None = None, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+                 max_batch_tokens: int | None = None, prefix_cache_mb: float = 1024.0, kv_cache: str = "auto",
+                 kv_pool_mb: float | None = None, add_bos_token: bool | None = None, prefix_token_id: int | None = None,
+                 seed: int = 0, **options: Any) -> None:
         super().__init__()
         import moejax
         from moejax.loading import OPTIONS
@@ -94,11 +101,11 @@ class MoejaxLM(TemplateLM):
 
     # -- what TemplateLM and lm-eval ask of a model ------------------------------------------------------------------
     @property
-    def eot_token_id(self) -> int:
+    def eot_token_id(self) -> int | None:  # None: neither the tokenizer nor the config names one
         return self.tok.eos_token_id
 
     @property
-    def prefix_token_id(self) -> int:
+    def prefix_token_id(self) -> int | None:
         if self.custom_prefix_token_id is not None:
             return int(self.custom_prefix_token_id)
         return self.tok.bos_token_id if self.tok.bos_token_id is not None else self.tok.eos_token_id
@@ -116,12 +123,15 @@ class MoejaxLM(TemplateLM):
         return self.pretrained.replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
-                   **kwargs) -> list[int]:
+                   **kwargs: Any) -> list[int]:
         """hf's tok_encode: the tokenizer's special tokens unless add_special_tokens (or add_bos_token) says; none
         when the text already starts with the prefix token."""
         special = add_special_tokens if add_special_tokens is not None else self.add_bos_token
-        if add_special_tokens is None and string.startswith(self.tok.decode([self.prefix_token_id], False)):
-            special = False
+        if add_special_tokens is None:
+            prefix = self.prefix_token_id
+            assert prefix is not None, "the tokenizer names neither a bos nor an eos token"
+            if string.startswith(self.tok.decode([prefix], False)):
+                special = False
         ids = self.tok.encode(string, add_special_tokens=True if special is None else bool(special))
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
@@ -134,7 +144,7 @@ class MoejaxLM(TemplateLM):
         ids = self.tok.encode(context, add_special_tokens=True if special is None else bool(special))
         return ids[-room:]
 
-    def tok_decode(self, tokens, skip_special_tokens: bool = True) -> str:
+    def tok_decode(self, tokens: int | Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(tokens, skip_special_tokens)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, desc: str | None = None):
@@ -155,7 +165,7 @@ class MoejaxLM(TemplateLM):
                 self.cache_hook.add_partial("loglikelihood", key, answer)
         return results
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
         """Each text's log-likelihood over lm-eval's disjoint rolling windows of max_length tokens (the first
         conditioned on the prefix token), every window of every text scored in one packed run."""
         windows, owner = [], []
@@ -184,9 +194,11 @@ class MoejaxLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Greedy completions (sampled where the task asks: temperature / top_p), cut at `until` as hf cuts them."""
-        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+        eot = self.eot_token_id
+        assert eot is not None, "the tokenizer names no eos token"
+        eos = self.tok_decode([eot], skip_special_tokens=False)
         jobs, stops = [], []
         for i, req in enumerate(requests):
             context, gen_kwargs = req.args
@@ -225,7 +237,7 @@ class MoejaxLM(TemplateLM):
             return None
         return template.source
 
-    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, chat_history: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if self.engine.chat_template is None:
             raise ValueError(f"{self.pretrained}: the model has no chat template (tokenizer_config.json's "
                              "chat_template or chat_template.jinja)")

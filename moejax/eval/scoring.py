@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from moejax.sched.requests import Candidate, ScoreRequest
 from moejax.sched.runner import Runner
 
 from moejax.eval.greedy_step import GreedyScoreStep
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 
 @dataclasses.dataclass
@@ -34,8 +38,8 @@ class ScoringStats:
 class Scorer:
     """Scores token pairs on one engine; its compiled steps are kept between calls."""
 
-    def __init__(self, engine, *, max_batch_tokens: int | None = None, prefix_cache_mb: float = 1024.0,
-                 kv_cache: str = "auto"):
+    def __init__(self, engine: Engine, *, max_batch_tokens: int | None = None, prefix_cache_mb: float = 1024.0,
+                 kv_cache: str = "auto") -> None:
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
         self.prefix_cache_mb = prefix_cache_mb

@@ -3,11 +3,17 @@ encode with the post-processor's special tokens unless told otherwise, decode sk
 eos / bos tokens named by tokenizer_config.json (or special_tokens_map.json)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from moejax.chat import named_tokens
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class EvalTokenizer:
-    def __init__(self, tokenizer, directory: str | None, config_eos: tuple[int, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, directory: str | None, config_eos: tuple[int, ...] = ()) -> None:
         """tokenizer: a `tokenizers.Tokenizer`; directory: where its tokenizer_config.json is (None: none);
         config_eos: the model's end-of-sequence ids, used when the tokenizer names no eos token."""
         self.tokenizer = tokenizer
@@ -32,6 +38,6 @@ class EvalTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: int | Iterable[int], skip_special_tokens: bool = True) -> str:
         ids = [ids] if isinstance(ids, int) else list(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

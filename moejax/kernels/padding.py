@@ -2,6 +2,7 @@
 slice starts (a slice past the end would silently shift data), so inputs are padded to whole tiles."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -9,7 +10,7 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def pad_axis(a, axis: int, size: int):
+def pad_axis(a: jax.Array, axis: int, size: int) -> jax.Array:
     """Zero-pad `axis` of `a` up to `size` (no copy when it already has that size)."""
     if a.shape[axis] == size:
         return a
@@ -18,5 +19,5 @@ def pad_axis(a, axis: int, size: int):
     return jnp.pad(a, widths)
 
 
-def pad_to_16(a, axis: int):
+def pad_to_16(a: jax.Array, axis: int) -> jax.Array:
     return pad_axis(a, axis, round_up(a.shape[axis], 16))

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 
-def for_operands(dtype):
+def for_operands(dtype: DTypeLike) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
-def f32_einsum(spec: str, a, b):
+def f32_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """jnp.einsum with a float32 result, at the precision `a`'s dtype asks for."""
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
 
 
-def f32_dot(a, b):
+def f32_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """jnp.dot with a float32 result, at the precision `a`'s dtype asks for."""
     return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))

@@ -20,7 +20,7 @@ class Routing(NamedTuple):
     expert_of_row: jax.Array  # [N*k] expert id of each sorted row
 
 
-def dispatch(idx, num_experts: int) -> Routing:
+def dispatch(idx: jax.Array, num_experts: int) -> Routing:
     """idx [N, k] expert ids -> Routing. The sort is stable, so an expert's rows keep token order."""
     flat = idx.reshape(-1).astype(jnp.int32)
     order = jnp.argsort(flat, stable=True).astype(jnp.int32)
@@ -29,12 +29,12 @@ def dispatch(idx, num_experts: int) -> Routing:
     return Routing(order, inverse, sizes, flat[order])
 
 
-def gather_rows(x, routing: Routing, k: int):
+def gather_rows(x: jax.Array, routing: Routing, k: int) -> jax.Array:
     """x [N, D] -> [N*k, D] in sorted (expert) order."""
     return x[routing.order // k]
 
 
-def combine(y_sorted, routing: Routing, weights):
+def combine(y_sorted: jax.Array, routing: Routing, weights: jax.Array) -> jax.Array:
     """y_sorted [N*k, D] expert outputs in sorted order, weights [N, k] -> float32 [N, D] = sum_j w[n,j] y[n,j].
     A gather, not a scatter-add: each token reads its k rows, so the result is deterministic."""
     N, k = weights.shape

@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.kernels.attention import attention, blocked
@@ -26,6 +27,7 @@ from moejax.kv_pool import PagedCache, concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
 _f32 = jnp.float32
+Cache = dict[str, jax.Array] | PagedCache | None  # a layer's: its own arrays, a paged pool's view, or none
 
 
 def _dense(shape, dtype):
@@ -69,7 +71,8 @@ class Positions:
     tree: TreeMask | None = None
 
 
-def tree_attend(q, k, v, q_pos, scale, tree: TreeMask, window=None, sinks=None):
+def tree_attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, scale: float, tree: TreeMask,
+                window: int | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """`attend` over a packed tree, reading only the key ranges the tree's static span allows (blocked)."""
     T, S = q.shape[1], k.shape[1]
     P = S - T
@@ -87,7 +90,8 @@ def tree_attend(q, k, v, q_pos, scale, tree: TreeMask, window=None, sinks=None):
     return blocked.attention(q, k, v, blocks, visible, scale, sinks)[0]
 
 
-def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask | None = None):
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_pos: jax.Array, scale: float,
+           window: int | None = None, sinks: jax.Array | None = None, tree: TreeMask | None = None) -> jax.Array:
     """Causal attention with GQA head groups over explicit key positions (packed token trees; the kernels take
     consecutive positions only). q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv];
     q_pos [B,T], k_pos [B,S]. A key is visible when k_pos <= q_pos (and k_pos > q_pos - window), and, with a
@@ -119,13 +123,13 @@ def attend(q, k, v, q_pos, k_pos, scale, window=None, sinks=None, tree: TreeMask
     return out.reshape(B, T, Hq, v.shape[-1]).astype(q.dtype)
 
 
-def write_cache(cache, positions, new):
+def write_cache(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
     """Store new [B,T,...] at slot = position, per sequence."""
     rows = jnp.arange(positions.shape[0])[:, None]
     return cache.at[rows, positions].set(new.astype(cache.dtype), mode="drop")
 
 
-def cache_positions(cache_len: int, batch: int):
+def cache_positions(cache_len: int, batch: int) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(cache_len, dtype=jnp.int32), (batch, cache_len))
 
 
@@ -135,7 +139,7 @@ def _paged_backend(backend: str) -> str:
 
 
 class GQAttention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: DTypeLike) -> None:
         D, H, K, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = H, K, hd
         self.scale = cfg.softmax_scale
@@ -152,17 +156,18 @@ class GQAttention(nnx.Module):
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
         self.sinks = nnx.Param(jnp.zeros((H,), _f32)) if cfg.sinks else None
 
-    def init_cache(self, batch: int, length: int, dtype):
+    def init_cache(self, batch: int, length: int, dtype: DTypeLike) -> dict[str, jax.Array]:
         shape = (batch, length, self.num_kv_heads, self.head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def __call__(self, x, at: Positions, cache=None, read_cache=True, prior=None, backend="auto"):
+    def __call__(self, x: jax.Array, at: Positions, cache: Cache = None, read_cache: bool = True,
+                 prior: dict[str, jax.Array] | None = None, backend: str = "auto") -> tuple[jax.Array, Cache]:
         B, T, _ = x.shape
         positions, cos, sin, tree = at.positions, at.cos, at.sin, at.tree
         q = _proj(x, self.wq, self.bq).reshape(B, T, self.num_heads, self.head_dim)
         k = _proj(x, self.wk, self.bk).reshape(B, T, self.num_kv_heads, self.head_dim)
         v = _proj(x, self.wv, self.bv).reshape(B, T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (qk_norm)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin, self.interleaved), apply_rope(k, cos, sin, self.interleaved)
         sinks = self.sinks[...] if self.sinks is not None else None
@@ -195,7 +200,7 @@ class MLAttention(nnx.Module):
     (as transformers does); cached steps attend in the absorbed form, with W_UK folded into the query
     and W_UV applied after, so the latent is never expanded per head."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: DTypeLike) -> None:
         D, H = cfg.hidden_size, cfg.num_heads
         self.num_heads, self.nope, self.rope_dim = H, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         self.v_dim, self.rank = cfg.v_head_dim, cfg.kv_lora_rank
@@ -207,7 +212,7 @@ class MLAttention(nnx.Module):
             self.wq = None
             self.wq_a = _dense((D, cfg.q_lora_rank), dtype)
             self.bq_a = _dense((cfg.q_lora_rank,), dtype) if bias else None
-            self.q_a_norm = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)
+            self.q_a_norm: RMSNorm | None = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)
             self.wq_b = _dense((cfg.q_lora_rank, H * qk), dtype)
         else:
             self.wq = _dense((D, H * qk), dtype)
@@ -219,17 +224,19 @@ class MLAttention(nnx.Module):
         self.wo = _dense((H * self.v_dim, D), dtype)
         self.bo = _dense((D,), dtype) if bias else None
 
-    def init_cache(self, batch: int, length: int, dtype):
+    def init_cache(self, batch: int, length: int, dtype: DTypeLike) -> dict[str, jax.Array]:
         return {"latent": jnp.zeros((batch, length, self.rank), dtype),
                 "k_rope": jnp.zeros((batch, length, self.rope_dim), dtype)}
 
-    def __call__(self, x, at: Positions, cache=None, read_cache=True, prior=None, backend="auto"):
+    def __call__(self, x: jax.Array, at: Positions, cache: Cache = None, read_cache: bool = True,
+                 prior: dict[str, jax.Array] | None = None, backend: str = "auto") -> tuple[jax.Array, Cache]:
         B, T, _ = x.shape
         H = self.num_heads
         positions, cos, sin, tree = at.positions, at.cos, at.sin, at.tree
         if self.wq is not None:
             q = _proj(x, self.wq)
         else:
+            assert self.q_a_norm is not None  # q_lora_rank: made with wq_a and wq_b
             q = _proj(self.q_a_norm(_proj(x, self.wq_a, self.bq_a)), self.wq_b)
         q = q.reshape(B, T, H, self.nope + self.rope_dim)
         q_nope, q_rope = q[..., : self.nope], q[..., self.nope:]
@@ -248,8 +255,7 @@ class MLAttention(nnx.Module):
             out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, tree=tree, q_pos=positions)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
         new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
-        paged = isinstance(cache, PagedCache)
-        if paged:
+        if isinstance(cache, PagedCache):
             cache = cache.write(new)
         elif cache is not None:
             cache = {name: write_cache(cache[name], positions, new[name]) for name in cache}
@@ -258,7 +264,7 @@ class MLAttention(nnx.Module):
         else:
             q_lat = f32_einsum("bthn,rhn->bthr", q_nope, w_uk).astype(x.dtype)
             q_abs = jnp.concatenate([q_lat, q_rope], -1)
-            if paged:  # the latent is both the value and the first part of the key
+            if isinstance(cache, PagedCache):  # the latent is both the value and the first part of the key
                 lat = cache.pool["latent"][:, :, None]
                 o_lat = paged_attention(q_abs, (lat, cache.pool["k_rope"][:, :, None]), lat, cache.table,
                                         positions[:, 0], scale=self.scale, backend=_paged_backend(backend))

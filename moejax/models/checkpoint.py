@@ -12,13 +12,16 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors import safe_open
 
 from moejax.config import ModelConfig
 from moejax.models.families import NON_PARAMETERS, Experts, Tensor, normalize_key, source
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class CheckpointError(ValueError):
@@ -103,6 +106,7 @@ def _expert_pieces(src: Experts, target: tuple[int, ...], keys) -> list[tuple[st
         return [(src.prefix + fused, target)]
     names = {"gate_up": ["gate_proj.weight", "up_proj.weight"], "down": ["down_proj.weight"],
              "gate_up_bias": ["gate_proj.bias", "up_proj.bias"], "down_bias": ["down_proj.bias"]}[src.part]
+    shape: tuple[int, ...]
     if src.part == "gate_up":
         shape = (target[2] // 2, target[1])
     elif src.part == "down":
@@ -127,6 +131,7 @@ def _assemble(src: Experts, pieces, target, read) -> np.ndarray:
         if out is None:
             out = np.empty(target, row.dtype)
         out[e] = row
+    assert out is not None  # target[0] >= 1 experts
     return out
 
 
@@ -194,7 +199,7 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
     return read_all
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> Tokenizer | None:
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
         return None

@@ -7,16 +7,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.config import RopeConfig, yarn_mscale
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, dtype):
+    def __init__(self, dim: int, eps: float, dtype: DTypeLike) -> None:
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
         self.eps = eps
 
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (self.weight[...].astype(jnp.float32) * normed).astype(x.dtype)
@@ -31,6 +32,7 @@ def rope_frequencies(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
         return inv / rope.factor, 1.0
     if rope.kind == "llama3":
         orig = rope.original_max_position
+        assert orig is not None  # config._rope sets it for llama3
         low_wl, high_wl = orig / rope.low_freq_factor, orig / rope.high_freq_factor
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > low_wl, inv / rope.factor, inv)
@@ -61,14 +63,14 @@ def rope_frequencies(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
     return inv.astype(np.float32), float(att)
 
 
-def rope_cos_sin(rope: RopeConfig, dim: int, positions):
+def rope_cos_sin(rope: RopeConfig, dim: int, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos, sin of shape positions.shape + [dim/2], in float32."""
     inv, scale = rope_frequencies(rope, dim)
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv)
     return jnp.cos(angles) * scale, jnp.sin(angles) * scale
 
 
-def apply_rope(x, cos, sin, interleaved: bool):
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, interleaved: bool) -> jax.Array:
     """x [B, T, H, D]; cos/sin [B, T, D/2]. Halves (Llama style) or interleaved pairs (DeepSeek)."""
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     xf = x.astype(jnp.float32)

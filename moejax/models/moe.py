@@ -2,9 +2,12 @@
 the MoE block (routed experts + optional shared expert)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.kernels import expert_ffn
@@ -12,6 +15,8 @@ from moejax.kernels.precision import f32_dot
 
 _f32 = jnp.float32
 EXPERT_ARRAYS = ("we_gate_up", "we_down", "be_gate_up", "be_down")  # what offloading moves
+# (x2 [N, D], idx [N, k], weights [N, k], expert arrays by name) -> weighted routed output [N, D]
+ExpertFFN = Callable[[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]], jax.Array]
 
 
 def is_routed_expert(path: tuple) -> bool:
@@ -24,14 +29,14 @@ def _param(shape, dtype):
 
 
 class DenseMLP(nnx.Module):
-    def __init__(self, hidden: int, width: int, bias: bool, dtype):
+    def __init__(self, hidden: int, width: int, bias: bool, dtype: DTypeLike) -> None:
         self.w_gate, self.w_up, self.w_down = _param((hidden, width), dtype), _param((hidden, width), dtype), \
             _param((width, hidden), dtype)
         self.b_gate = _param((width,), dtype) if bias else None
         self.b_up = _param((width,), dtype) if bias else None
         self.b_down = _param((hidden,), dtype) if bias else None
 
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         def lin(v, w, b):
             y = f32_dot(v, w[...])
             return y if b is None else y + b[...].astype(_f32)
@@ -39,7 +44,8 @@ class DenseMLP(nnx.Module):
         return lin(h.astype(x.dtype), self.w_down, self.b_down).astype(x.dtype)
 
 
-def route(cfg: ModelConfig, logits, correction_bias=None):
+def route(cfg: ModelConfig, logits: jax.Array, correction_bias: jax.Array | None = None
+          ) -> tuple[jax.Array, jax.Array]:
     """float32 router logits [N, E] -> (expert ids [N, k], weights [N, k] float32)."""
     k, E = cfg.num_experts_per_tok, cfg.num_experts
     scores = jax.nn.sigmoid(logits) if cfg.router_scoring == "sigmoid" else jax.nn.softmax(logits, axis=-1)
@@ -62,7 +68,7 @@ def route(cfg: ModelConfig, logits, correction_bias=None):
     return idx, weights * cfg.routed_scaling_factor
 
 
-def local_expert_ffn(cfg: ModelConfig, backend: str = "auto"):
+def local_expert_ffn(cfg: ModelConfig, backend: str = "auto") -> ExpertFFN:
     """The single-device routed FFN of cfg's experts: (x2 [N, D], idx [N, k], weights [N, k], experts by name) ->
     weighted output [N, D]. Needs no block: an expert group that holds only the experts runs it (DEP)."""
     def local(x2, idx, weights, experts):
@@ -77,17 +83,17 @@ class LocalExperts:
     FFN over the block's own arrays. Placements give blocks other runners (host-memory inputs, programs over
     devices); every runner is stateless and compares equal to its kind, so equal layers keep equal graphdefs."""
 
-    def __call__(self, block: "MoEBlock", x2, backend: str):
+    def __call__(self, block: MoEBlock, x2: jax.Array, backend: str) -> jax.Array:
         idx, weights = block.route_tokens(x2)
         return block.routed(x2, idx, weights, self.arrays(block), backend)
 
-    def arrays(self, block: "MoEBlock") -> dict:
+    def arrays(self, block: MoEBlock) -> dict[str, jax.Array]:
         return block.expert_weights()
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(other) is type(self)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(type(self))
 
 
@@ -95,7 +101,7 @@ class HostExperts(LocalExperts):
     """Routed experts that are host-memory inputs of the jits (a streamed placement with stream='jit'): each block
     moves its arrays to the device where it uses them, and XLA schedules the copies."""
 
-    def arrays(self, block: "MoEBlock") -> dict:
+    def arrays(self, block: MoEBlock) -> dict[str, jax.Array]:
         return {name: jax.device_put(a, jax.memory.Space.Device) for name, a in block.expert_weights().items()}
 
 
@@ -104,7 +110,8 @@ class MoEBlock(nnx.Module):
     # ("sown_router_logits") for nnx.capture; the training losses and the quality bench read them.
     record_router = False
 
-    def __init__(self, cfg: ModelConfig, dtype, experts_runner=LocalExperts()):
+    def __init__(self, cfg: ModelConfig, dtype: DTypeLike,
+                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts()) -> None:
         """experts_runner(block, x2 [N, D], backend) -> routed output [N, D]: LocalExperts, HostExperts, or a
         program over devices (moejax.sharding.experts.ShardedExperts); the placement picks it."""
         D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
@@ -120,15 +127,15 @@ class MoEBlock(nnx.Module):
         self.shared = DenseMLP(D, cfg.shared_expert_size, cfg.mlp_bias, dtype) if cfg.shared_expert_size else None
         self.shared_gate = _param((D, 1), dtype) if cfg.shared_expert_gate else None
 
-    def router_logits(self, x2):
+    def router_logits(self, x2: jax.Array) -> jax.Array:
         logits = jnp.dot(x2.astype(_f32), self.router[...], precision=jax.lax.Precision.HIGHEST)
         return logits if self.router_bias is None else logits + self.router_bias[...]
 
-    def expert_weights(self) -> dict:
+    def expert_weights(self) -> dict[str, jax.Array]:
         """The routed experts' arrays by name (absent biases left out), as `routed` takes them."""
         return {name: getattr(self, name)[...] for name in EXPERT_ARRAYS if getattr(self, name) is not None}
 
-    def route_tokens(self, x2):
+    def route_tokens(self, x2: jax.Array) -> tuple[jax.Array, jax.Array]:
         """[N, D] -> (expert ids [N, k], float32 weights [N, k])."""
         bias = None if self.correction_bias is None else self.correction_bias[...]
         logits = self.router_logits(x2)
@@ -136,15 +143,16 @@ class MoEBlock(nnx.Module):
             self.sow(nnx.Intermediate, "sown_router_logits", logits)
         return route(self.cfg, logits, bias)
 
-    def routed(self, x2, idx, weights, experts: dict, backend: str = "auto"):
+    def routed(self, x2: jax.Array, idx: jax.Array, weights: jax.Array, experts: dict[str, jax.Array],
+               backend: str = "auto") -> jax.Array:
         """Routed experts' weighted output [N, D]; `experts` may come from anywhere (this block's own arrays, a
         host-streamed copy, or a cache holding a subset, with `idx` renumbered to it)."""
         return self._local_ffn(backend)(x2, idx, weights, experts)
 
-    def _local_ffn(self, backend):
+    def _local_ffn(self, backend: str) -> ExpertFFN:
         return local_expert_ffn(self.cfg, backend)
 
-    def with_shared(self, x2, y):
+    def with_shared(self, x2: jax.Array, y: jax.Array) -> jax.Array:
         """Add the shared expert (if any) to the routed output y [N, D]."""
         if self.shared is None:
             return y
@@ -154,7 +162,7 @@ class MoEBlock(nnx.Module):
             s = (gate * s.astype(_f32)).astype(x2.dtype)
         return y + s
 
-    def __call__(self, x, backend: str = "auto"):
+    def __call__(self, x: jax.Array, backend: str = "auto") -> jax.Array:
         B, T, D = x.shape
         x2 = x.reshape(B * T, D)
         y = self.run_experts(self, x2, backend)

@@ -28,10 +28,12 @@ from moejax.buckets import bucket
 from moejax.offload.expert_cache import ExpertCache
 from moejax.offload import layered
 from moejax.offload.host_store import HostStore
+from moejax.offload.predict.protocol import Predictor
 from moejax.offload.stats import OffloadStats
 
 
-def routed_subset(graphdef, state, y, idx, weights, local_of, experts, *, backend):
+def routed_subset(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, weights: jax.Array,
+                  local_of: jax.Array, experts: list[dict[str, jax.Array]], *, backend: str) -> jax.Array:
     """Routed output [N, D] of the experts in `experts` (a list of per-expert dicts); local_of [E] gives each
     expert's position in that list or -1, and tokens' choices outside it contribute nothing."""
     local = local_of[idx]
@@ -52,8 +54,9 @@ def _mispredicted(predicted, true):
 class Cached:
     name = "cached"
 
-    def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *, predictor=None,
-                 speculative: bool = False, router_free: bool = False, pass_experts: int | None = None):
+    def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
+                 predictor: Predictor | None = None, speculative: bool = False, router_free: bool = False,
+                 pass_experts: int | None = None) -> None:
         if not store.per_expert:
             raise ValueError("cached placement needs a per_expert HostStore")
         if speculative and predictor is None:
@@ -68,13 +71,13 @@ class Cached:
         self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
         self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
         self._planned.clear()
         self._steps = steps
         if self.predictor is not None:
             self.predictor.begin_pass(steps)
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         layer = handle.index
         s = self.stats[layer]
         source = self._planned.get(layer) if self.router_free else None
@@ -119,7 +122,14 @@ class Cached:
         start = time.perf_counter()
         jax.block_until_ready(loaded + [self._slots[slot] for _, slot in hits])  # prefetches may still be on the way
         s.wait_s += time.perf_counter() - start
-        return [self._slots[self.cache.slot((layer, int(e)))] for e in chunk]
+        return [self._held((layer, int(e))) for e in chunk]
+
+    def _held(self, key: tuple[int, int]) -> dict[str, jax.Array]:
+        """The arrays of an expert the cache holds (one just requested)."""
+        slot = self.cache.slot(key)
+        arrays = None if slot is None else self._slots[slot]
+        assert arrays is not None, f"expert {key} is not in the cache"
+        return arrays
 
     def _prefetch(self, layer: int, p_idx, p_weights) -> None:
         """Load the predicted experts, the highest predicted weight (summed over rows, as a share of the rows)
@@ -137,9 +147,9 @@ class Cached:
 
     def _load(self, layer: int, expert: int, slot: int) -> dict[str, jax.Array]:
         """Start copying one expert into a slot (async) and count its bytes."""
-        self._slots[slot] = self.store.fetch_expert(layer, expert)
+        arrays = self._slots[slot] = self.store.fetch_expert(layer, expert)
         self.stats[layer].bytes_h2d += self.store.expert_bytes(layer)
-        return self._slots[slot]
+        return arrays
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()

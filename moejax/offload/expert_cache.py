@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import heapq
 import operator
-from typing import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 POLICIES = ("lru", "lfu", "priority")
 Key = tuple[int, int]  # (layer, expert)
 
 
-def _key(key) -> Key:
+def _key(key: Sequence[int]) -> Key:
     layer, expert = key
     return int(layer), int(expert)
 
 
-def _distinct(keys: Iterable) -> list[Key]:
+def _distinct(keys: Iterable[Sequence[int]]) -> list[Key]:
     return list(dict.fromkeys(_key(k) for k in keys))
 
 
@@ -58,10 +58,10 @@ class ExpertCache:
         self._unused_prefetch: set[Key] = set()  # loaded by prefetch, not requested since
         self._stats = dict.fromkeys(("hits", "misses", "prefetch_loads", "prefetch_used", "evictions"), 0)
 
-    def slot(self, key) -> int | None:
+    def slot(self, key: Sequence[int]) -> int | None:
         return self._slot_of.get(_key(key))
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: Sequence[int]) -> bool:
         return self.slot(key) is not None
 
     def __len__(self) -> int:
@@ -70,14 +70,14 @@ class ExpertCache:
     def resident(self) -> dict[Key, int]:
         return dict(self._slot_of)
 
-    def set_scores(self, scores) -> None:
+    def set_scores(self, scores: Mapping[Sequence[int], float]) -> None:
         for key, p in scores.items():
             self._scores[_key(key)] = float(p)
 
     def stats(self) -> dict:
         return dict(self._stats)
 
-    def request(self, keys) -> tuple[list[tuple[Key, int]], list[tuple[Key, int]], list[Key]]:
+    def request(self, keys: Iterable[Sequence[int]]) -> tuple[list[tuple[Key, int]], list[tuple[Key, int]], list[Key]]:
         keys = _distinct(keys)
         if len(keys) > self.num_slots:
             raise ValueError(f"request needs {len(keys)} distinct experts but the cache has only "
@@ -86,7 +86,9 @@ class ExpertCache:
         for i, key in enumerate(keys):
             self._recency[key] = (self._clock, i)
             self._uses[key] = self._uses.get(key, 0) + 1
-        hits, loads, evicted = [], [], []
+        hits: list[tuple[Key, int]] = []
+        loads: list[tuple[Key, int]] = []
+        evicted: list[Key] = []
         protected = set(keys)
         for key in keys:
             if key in self._slot_of:
@@ -96,18 +98,22 @@ class ExpertCache:
                     self._stats["prefetch_used"] += 1
                 continue
             # Fewer distinct keys than slots guarantees a victim outside `protected` when no slot is free.
-            loads.append((key, self._place(key, protected, evicted)))
+            slot = self._place(key, protected, evicted)
+            assert slot is not None
+            loads.append((key, slot))
         self._stats["hits"] += len(hits)
         self._stats["misses"] += len(loads)
         return hits, loads, evicted
 
-    def prefetch(self, keys, scores=None) -> tuple[list[tuple[Key, int]], list[Key]]:
+    def prefetch(self, keys: Iterable[Sequence[int]], scores: Mapping[Sequence[int], float] | None = None
+                 ) -> tuple[list[tuple[Key, int]], list[Key]]:
         if scores:
             self.set_scores(scores)
         keys = _distinct(keys)
         self._clock += 1
         protected = set(keys) | self._unused_prefetch
-        loads, evicted = [], []
+        loads: list[tuple[Key, int]] = []
+        evicted: list[Key] = []
         for i, key in enumerate(keys):
             if key in self._slot_of:
                 continue

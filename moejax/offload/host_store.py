@@ -9,14 +9,17 @@ On CPU the same memory kinds exist and the same code runs (there is no cap).
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jax
+from jax.sharding import NamedSharding
 
 from moejax.models.moe import is_routed_expert
 
 HOST_LIMIT_ENV = "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"
 DEFAULT_GPU_HOST_LIMIT_GB = 64
+Stored = jax.Array | list[jax.Array]  # a whole layer's array, or (per_expert) one array per expert
 
 
 def pinned_host_limit_bytes(platform: str | None = None) -> int | None:
@@ -31,7 +34,8 @@ class HostStore:
     an expert cache, which moves single experts). Build with `from_arrays`; `fetch` / `fetch_expert` start the
     copies to the device."""
 
-    def __init__(self, device=None, *, per_expert: bool = False, limit_bytes: int | None = -1, sharding=None):
+    def __init__(self, device: jax.Device | None = None, *, per_expert: bool = False, limit_bytes: int | None = -1,
+                 sharding: NamedSharding | None = None) -> None:
         """An empty store; `add` fills it. limit_bytes: refuse beyond this many bytes (default: the platform's
         pinned host pool; None: no cap). sharding: whole layers split over several devices' host memory
         (AsyncEP with offloading) instead of one device's."""
@@ -39,19 +43,19 @@ class HostStore:
         self.sharding = sharding
         self.per_expert = per_expert
         self.limit_bytes = pinned_host_limit_bytes() if limit_bytes == -1 else limit_bytes
-        self._layers: dict[int, dict[str, object]] = {}
+        self._layers: dict[int, dict[str, Stored]] = {}
         self._total = 0
 
     @classmethod
-    def from_arrays(cls, items: Iterable[tuple[tuple, object]], device=None, limit_bytes: int | None = -1,
-                    per_expert: bool = False) -> "HostStore":
+    def from_arrays(cls, items: Iterable[tuple[tuple, Any]], device: jax.Device | None = None,
+                    limit_bytes: int | None = -1, per_expert: bool = False) -> HostStore:
         """(flat path, array) pairs of routed expert arrays -> store (see `add`)."""
         store = cls(device, per_expert=per_expert, limit_bytes=limit_bytes)
         for path, array in items:
             store.add(path, array)
         return store
 
-    def add(self, path: tuple, array):
+    def add(self, path: tuple, array: Any) -> Stored:
         """One routed expert array (numpy as read from a checkpoint, or jax) straight to pinned host memory
         (split along the expert axis for a per_expert store); raises ValueError, with the numbers, when the
         total exceeds the limit. Returns what it stored (an array, or a list of them)."""
@@ -63,6 +67,7 @@ class HostStore:
                              f"host memory, over XLA's pool of {self.limit_bytes / 2**30:.1f} GiB; set "
                              f"{HOST_LIMIT_ENV} higher before starting (and have that much host RAM)")
         host = self._sharding("pinned_host")
+        placed: Stored
         if self.per_expert:
             placed = [jax.device_put(array[e], host) for e in range(array.shape[0])]
         else:
@@ -74,15 +79,16 @@ class HostStore:
     def layers(self) -> list[int]:
         return sorted(self._layers)
 
-    def arrays(self, layer: int) -> dict[str, object]:
+    def arrays(self, layer: int) -> dict[str, Stored]:
         return dict(self._layers[layer])
 
     def num_experts(self, layer: int) -> int:
         first = next(iter(self._layers[layer].values()))
-        return len(first) if self.per_expert else first.shape[0]
+        return len(first) if isinstance(first, list) else first.shape[0]  # a list: per_expert
 
     def layer_bytes(self, layer: int) -> int:
-        return sum(sum(a.nbytes for a in v) if self.per_expert else v.nbytes for v in self._layers[layer].values())
+        return sum(sum(a.nbytes for a in v) if isinstance(v, list) else v.nbytes  # a list: per_expert
+                   for v in self._layers[layer].values())
 
     def expert_bytes(self, layer: int) -> int:
         return self.layer_bytes(layer) // self.num_experts(layer)

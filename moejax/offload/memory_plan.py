@@ -5,6 +5,7 @@ budget is kept for activations and KV caches. A model that fits entirely stays r
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 
@@ -48,8 +49,10 @@ class MemoryPlan:
     @property
     def expert_device_bytes(self) -> int:
         if self.placement == "streamed":
+            assert self.window is not None  # a streamed plan has its window
             return (self.window + 1) * self.layer_expert_bytes
         if self.placement == "cached":
+            assert self.cache_slots is not None and self.pass_experts is not None  # a cached plan has its slots
             return (self.cache_slots + self.pass_experts) * self.expert_bytes
         return self.moe_layers * self.layer_expert_bytes
 
@@ -65,6 +68,7 @@ class MemoryPlan:
     def describe(self) -> str:
         budget = "no cap" if self.budget_bytes is None else size(self.budget_bytes)
         if self.placement == "streamed":
+            assert self.window is not None  # a streamed plan has its window
             what = f"window {self.window}: {self.window + 1} layers of experts on the device"
         elif self.placement == "cached":
             what = f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"
@@ -94,7 +98,7 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
     all_experts = expert_bytes * experts_per_layer * moe_layers
     resident = total_bytes - all_experts
     reserve = 0 if budget_bytes is None else int(RESERVE_FRACTION * budget_bytes)
-    base = dict(budget_bytes=budget_bytes, resident_bytes=resident, expert_bytes=expert_bytes,
+    base: dict[str, Any] = dict(budget_bytes=budget_bytes, resident_bytes=resident, expert_bytes=expert_bytes,
                 experts_per_layer=experts_per_layer, moe_layers=moe_layers, reserve_bytes=reserve)
     if moe_layers == 0 and placement in ("streamed", "cached"):
         raise MemoryPlanError(f"placement {placement!r}: the model has no MoE layers to offload")

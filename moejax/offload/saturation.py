@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 
 from moejax.costs import layer_flops_per_token
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 EPSILON = 0.1
 
@@ -35,7 +39,7 @@ class Saturation:
         return int(np.ceil(self.theta_flops / (self.ref_flops / self.ref_tokens)))
 
     def describe(self) -> str:
-        worst = max(self.streamed_s, key=self.streamed_s.get)
+        worst = max(self.streamed_s, key=self.streamed_s.__getitem__)
         ms = lambda d: ", ".join(f"{k}: {v * 1e3:.2f}" for k, v in d.items())  # noqa: E731
         return (f"saturation threshold: Θ = (1+{self.epsilon})·(max T_l {self.streamed_s[worst] * 1e3:.2f} ms "
                 f"(layer {worst}) / T_0 {self.t0_s * 1e3:.2f} ms)·F_ref {self.ref_flops:.3g} = "
@@ -79,7 +83,7 @@ class _Stopwatch:
         return out
 
 
-def profile_saturation(engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
+def profile_saturation(engine: Engine, *, tokens: int = 512, epsilon: float = EPSILON, repeats: int = 2,
                        seed: int = 0) -> Saturation:
     """Profile a streamed engine on one row of `tokens` random ids (after a warm-up pass that compiles)."""
     if not engine.placement.profiles_theta:

@@ -3,22 +3,25 @@ MemoryPlan, and the predictor they name."""
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import numpy as np
 
 from moejax.config import ModelConfig
 from moejax.offload.host_store import is_routed_expert
-from moejax.offload.memory_plan import MemoryPlanError, device_budget_bytes, plan_memory
+from moejax.offload.memory_plan import MemoryPlan, MemoryPlanError, device_budget_bytes, plan_memory
 from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
                                     OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
+from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings
 
 def _error(message: str):
     return ValueError(f"moejax.load: {message}")
 
 
-def offload_plan(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False):
+def offload_plan(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False
+                 ) -> MemoryPlan:
     """Abstract parameter shapes + placement settings -> MemoryPlan (ValueError naming the setting or the numbers).
     with_layout: a layout spreads the weights over devices (placement auto: planned per device once it is
     resolved)."""
@@ -53,7 +56,7 @@ def _same_distance(settings: PlacementSettings, built_for: int, what: str) -> in
     return built_for
 
 
-def predictor_of(settings: PlacementSettings):
+def predictor_of(settings: PlacementSettings) -> Predictor | None:
     """The predictor object the settings name (its files read here, at load), or what was given, or None."""
     try:
         return _predictor(settings)
@@ -61,16 +64,20 @@ def predictor_of(settings: PlacementSettings):
         raise _error(str(e)) from None
 
 
-def _predictor(settings: PlacementSettings):
+def _predictor(settings: PlacementSettings) -> Predictor | None:
     name = settings.predictor
     distance = settings.prefetch_distance or 1
+    # PlacementSettings checked that each named predictor has its files
     if name == "router":
+        assert settings.default_vectors is not None
         return RouterPredictor(DefaultVectors.load(settings.default_vectors), distance)
     if name in ("estimator", "hybrid"):
+        assert settings.estimator is not None
         net = EstimatorNet.load(settings.estimator)
         _same_distance(settings, net.shape.distance, "estimator")
         return EstimatorPredictor(net) if name == "estimator" else HybridPredictor(net)
     if name == "expert_map":
+        assert settings.maps is not None
         store = ExpertMapStore.load(settings.maps)
         _same_distance(settings, store.distance, "expert maps")
         return ExpertMapPredictor(store)
@@ -78,4 +85,4 @@ def _predictor(settings: PlacementSettings):
         return PreviousHiddenPredictor(distance)
     if name == "oracle":
         return OraclePredictor()
-    return name
+    return cast("Predictor | None", name)  # a predictor object given in the settings, or None

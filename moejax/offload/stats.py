@@ -18,7 +18,7 @@ class LayerStats:
 
 
 class OffloadStats:
-    def __init__(self):
+    def __init__(self) -> None:
         self.layers: dict[int, LayerStats] = defaultdict(LayerStats)
 
     def __getitem__(self, layer: int) -> LayerStats:

@@ -16,7 +16,7 @@ from moejax.offload.stats import OffloadStats
 class Streamed:
     name = "streamed"
 
-    def __init__(self, store: HostStore, window: int, backend: str):
+    def __init__(self, store: HostStore, window: int, backend: str) -> None:
         if window < 1:
             raise ValueError(f"streamed placement: window must be >= 1, got {window}")
         self.store, self.window, self.backend = store, int(window), backend
@@ -24,11 +24,11 @@ class Streamed:
         self._order = store.layers
         self._ahead: dict[int, dict[str, jax.Array]] = {}  # layer -> its experts, on the device or on their way
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
         for layer in self._order[: self.window]:
             self._prefetch(layer)
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         layer = handle.index
         experts = self._ahead.pop(layer, None)
         s = self.stats[layer]
@@ -46,11 +46,12 @@ class Streamed:
         return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
     # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
-    def ready_experts(self, layer: int) -> dict:
+    def ready_experts(self, layer: int) -> dict[str, jax.Array]:
         """A layer's experts where `moe_ready` wants them (on the device), waited for."""
         return jax.block_until_ready(self.store.fetch(layer))
 
-    def moe_ready(self, handle, x, y, idx, weights, experts):
+    def moe_ready(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
+                  experts: dict[str, jax.Array]) -> jax.Array:
         return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
     def _prefetch(self, layer: int, current: int | None = None) -> None:
@@ -58,7 +59,7 @@ class Streamed:
             self._ahead[layer] = self._fetch(layer)
             self.stats[layer].prefetches += 1
 
-    def _fetch(self, layer: int):
+    def _fetch(self, layer: int) -> dict[str, jax.Array]:
         self.stats[layer].bytes_h2d += self.store.layer_bytes(layer)
         return self.store.fetch(layer)
 

@@ -2,6 +2,8 @@
 is writing its class and listing it in PLACEMENTS, where `placement_for` finds the first that applies."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
 from moejax.placements.dep import DEP
@@ -9,18 +11,25 @@ from moejax.placements.gathered import Gathered
 from moejax.placements.resident import Resident
 from moejax.placements.streamed import Streamed, StreamedInJit
 
+if TYPE_CHECKING:
+    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.settings import PlacementSettings
+    from moejax.sharding.setup import LayoutSetup
+
 __all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Placement", "Resident", "Streamed",
            "StreamedInJit", "placement_for"]
 
 PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Resident)
 
 
-def placement_for(memory_plan, settings, layout_setup) -> Placement:
+def placement_for(memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None
+                  ) -> Placement:
     """The placement of a memory plan (moejax.offload.memory_plan: resident, streamed or cached), the placement
     settings (moejax.offload.settings) and the checked layout (None on one device); ValueError when none applies."""
     for cls in PLACEMENTS:
         if cls.applies(memory_plan, settings, layout_setup):
             return cls.build(memory_plan, settings, layout_setup)
+    assert layout_setup is not None  # on one device Resident, Streamed or Cached applies
     in_jit = " (stream=jit)" if settings.streams_in_jit else ""
     raise ValueError(f"moejax.load: layout {layout_setup.layout} and placement {memory_plan.placement!r}{in_jit} do "
                      "not combine; with a layout, experts are offloaded only as experts=async_ep with "

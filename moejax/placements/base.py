@@ -3,7 +3,8 @@ one class (moejax.placements.placement_for) and the Engine asks it everything pl
 compares placement names."""
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,22 @@ from moejax.models.moe import LocalExperts, is_routed_expert
 from moejax.offload.layered import LayeredSteps
 from moejax.plan.theta import theta_at_load
 from moejax.whole_model_steps import WholeModelSteps
+
+if TYPE_CHECKING:
+    from flax import nnx
+
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+    from moejax.models.moe import MoEBlock
+    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.settings import PlacementSettings
+    from moejax.plan.hardware import Profile
+    from moejax.plan.theta import ThetaPlan
+    from moejax.sharding.layout import Layout
+    from moejax.sharding.setup import LayoutSetup
+
+# What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
+Store = Any
 
 
 class Placement:
@@ -28,67 +45,72 @@ class Placement:
     profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
 
-    def __init__(self, memory_plan, layout_setup=None):
+    def __init__(self, memory_plan: MemoryPlan, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_plan = memory_plan  # moejax.offload.memory_plan.MemoryPlan
         self.layout_setup = layout_setup  # moejax.sharding.setup.LayoutSetup, or None on one device
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         """Whether this class runs the memory plan's placement under the settings and the layout."""
         raise NotImplementedError
 
     @classmethod
-    def build(cls, memory_plan, settings, layout_setup) -> "Placement":
+    def build(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Placement:
         return cls(memory_plan, layout_setup)
 
     @property
-    def layout(self):
+    def layout(self) -> Layout | None:
         """The resolved moejax.sharding.Layout, or None on one device."""
         return None if self.layout_setup is None else self.layout_setup.layout
 
     @property
     def devices(self) -> int:
-        return 1 if self.layout is None else self.layout.devices
+        layout = self.layout
+        if layout is None:
+            return 1
+        assert layout.devices is not None  # a LayoutSetup's layout is resolved
+        return layout.devices
 
     # -- the model ----------------------------------------------------------------------------------------------
-    def experts_runner(self):
+    def experts_runner(self) -> Callable[[MoEBlock, jax.Array, str], jax.Array]:
         """How each MoE block runs its routed experts inside the whole-model jits (MoEBlock's experts_runner)."""
         return LocalExperts() if self.layout_setup is None or self.layout_setup.run_experts is None else \
             self.layout_setup.run_experts
 
-    def split_batch(self):
+    def split_batch(self) -> Callable[[jax.Array], jax.Array] | None:
         """The hidden-state row split of a data-parallel layout (MoEModel's split_batch), or None."""
         return None if self.layout_setup is None else self.layout_setup.split_batch
 
     # -- the weights --------------------------------------------------------------------------------------------
-    def new_store(self):
+    def new_store(self) -> Store:
         """Where the routed experts go at materialize (a HostStore, DEP's expert group), or None: in the params."""
         return None
 
-    def place(self, path: tuple, array, store):
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         """A checkpoint or preset tensor -> what the params hold for it (the placement may keep the array itself
         in `store` and give the params a stand-in)."""
         return self.layout_setup.place(path, array) if self.layout_setup is not None else jax.device_put(array)
 
     # -- the steps ------------------------------------------------------------------------------------------------
-    def make_steps(self, graphdef, kernels, config, params=None, store=None):
+    def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
+                   store: Store = None) -> WholeModelSteps | LayeredSteps:
         """The steps a forward runs (logits, score, prefill, decode, chunk, paged_decode): here the whole-model jits,
         which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
         return WholeModelSteps(graphdef, kernels)
 
-    def theta(self, config, find_profile):
+    def theta(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> ThetaPlan | None:
         """Θ at load: Eq. 1 in this placement's channel (moejax.plan.theta), None without copies to hide."""
         return theta_at_load(config, self.theta_mode, self.devices, find_profile)
 
     # -- reporting ----------------------------------------------------------------------------------------------
-    def stats(self, steps) -> dict:
+    def stats(self, steps: LayeredSteps | None) -> dict:
         """Engine.stats(): counters since load or reset (`steps`: the layer loop, None for whole-model jits)."""
         return {"placement": self.name}
 
-    def reset_stats(self, steps) -> None:
+    def reset_stats(self, steps: LayeredSteps | None) -> None:
         pass
 
-    def describe(self, steps) -> str | None:
+    def describe(self, steps: LayeredSteps | None) -> str | None:
         """A line for Engine.explain() after the memory plan's (None: nothing to add)."""
         return None
 
@@ -104,28 +126,33 @@ class LayerByLayer(Placement):
 
     layer_by_layer = True
 
-    def make_steps(self, graphdef, kernels, config, params=None, store=None):
+    def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
+                   store: Store = None) -> LayeredSteps:
         return self.steps_class()(graphdef, params, kernels, self.layer_runtime(store, kernels, config))
 
-    def layer_runtime(self, store, kernels, config):
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> object:
+        """What supplies each MoE layer's experts to the loop (LayeredSteps' `placement`)."""
         raise NotImplementedError
 
-    def steps_class(self):
+    def steps_class(self) -> type[LayeredSteps]:
         """The layer loop's class (moejax.offload.layered.LayeredSteps unless the placement drives its own)."""
         return LayeredSteps
 
-    def stats(self, steps) -> dict:
+    def stats(self, steps: LayeredSteps | None) -> dict:
+        assert steps is not None  # a layer loop's
         runtime = steps.placement
         extra = runtime.cache.stats() if hasattr(runtime, "cache") else {}
         return {"placement": runtime.name, **runtime.stats.as_dict(extra)}
 
-    def reset_stats(self, steps) -> None:
+    def reset_stats(self, steps: LayeredSteps | None) -> None:
+        assert steps is not None
         steps.placement.stats = type(steps.placement.stats)()
 
-    def describe(self, steps) -> str:
+    def describe(self, steps: LayeredSteps | None) -> str:
+        assert steps is not None
         return "placement " + steps.placement.describe()
 
-    def stand_in(self, path: tuple, array, store):
+    def stand_in(self, path: tuple, array: Any, store: Store) -> Any:
         """Routed experts into the store, a 0-d stand-in in the params; the rest as resident."""
         if is_routed_expert(path):
             store.add(path, array)

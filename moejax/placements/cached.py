@@ -2,37 +2,49 @@
 memory by demand and by a predictor's prefetches (moejax.offload.cached)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from moejax.offload.cached import Cached as CachedRuntime
 from moejax.offload.host_store import HostStore
 from moejax.offload.setup import predictor_of
-from moejax.placements.base import LayerByLayer
+from moejax.placements.base import LayerByLayer, Store
+
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.predict.protocol import Predictor
+    from moejax.offload.settings import PlacementSettings
+    from moejax.sharding.setup import LayoutSetup
 
 
 class Cached(LayerByLayer):
     name = "cached"
 
-    def __init__(self, memory_plan, layout_setup=None, *, settings, predictor):
+    def __init__(self, memory_plan: MemoryPlan, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
+                 predictor: Predictor | None) -> None:
         """settings: the PlacementSettings (eviction, speculative, router_free); predictor: the object built from
         them at load (predictor_of), or None."""
         super().__init__(memory_plan, layout_setup)
         self.settings, self.predictor = settings, predictor
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return memory_plan.placement == cls.name and layout_setup is None
 
     @classmethod
-    def build(cls, memory_plan, settings, layout_setup) -> "Cached":
+    def build(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
         return cls(memory_plan, layout_setup, settings=settings, predictor=predictor_of(settings))
 
-    def new_store(self):
+    def new_store(self) -> HostStore:
         return HostStore(per_expert=True)
 
-    def place(self, path, array, store):
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         return self.stand_in(path, array, store)
 
-    def layer_runtime(self, store, kernels, config):
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedRuntime:
         s = self.settings
+        assert self.memory_plan.cache_slots is not None  # a cached plan has its slots
         return CachedRuntime(store, self.memory_plan.cache_slots, s.eviction or "lru", kernels.experts,
                              predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
                              pass_experts=self.memory_plan.pass_experts)

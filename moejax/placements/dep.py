@@ -2,11 +2,20 @@
 experts on another, activations exchanged per token chunk (moejax.sharding.dep)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from moejax.models.moe import is_routed_expert
-from moejax.placements.base import LayerByLayer
+from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.dep_sim import simulate_plan
 from moejax.plan.findep import solve_dep
-from moejax.sharding.dep import Disaggregated, DisaggregatedSteps
+from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
+
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.settings import PlacementSettings
+    from moejax.sharding.setup import LayoutSetup
 
 
 class DEP(LayerByLayer):
@@ -14,18 +23,21 @@ class DEP(LayerByLayer):
     continuous_batching = False  # a step's rows (and so its caches) split into micro-batches: no shared pool yet
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return memory_plan.placement == "resident" and layout_setup is not None and layout_setup.disaggregated
 
-    def new_store(self):
+    def new_store(self) -> ExpertGroup:
+        assert self.layout_setup is not None  # DEP applies only with a layout
         return self.layout_setup.expert_group()
 
-    def place(self, path, array, store):
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         if is_routed_expert(path):
             return store.add(path, array)  # a stand-in on the attention group
+        assert self.layout_setup is not None
         return self.layout_setup.place(path, array)
 
-    def layer_runtime(self, store, kernels, config):
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> Disaggregated:
+        assert self.layout is not None
         return Disaggregated(store, self.layout, config, kernels.experts)
 
     def predicted_pipeline(self, config, profile, max_batch_tokens: int):
@@ -38,5 +50,5 @@ class DEP(LayerByLayer):
                              order=lay.order)
         return simulate_plan(config, profile, schedule, layers=min(config.num_layers, 3))
 
-    def steps_class(self):
+    def steps_class(self) -> type[DisaggregatedSteps]:
         return DisaggregatedSteps  # drives its layers its own way

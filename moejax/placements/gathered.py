@@ -3,9 +3,18 @@ device copies its shard of a layer's experts from pinned host memory while gathe
 the others (moejax.sharding.gathered)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from moejax.offload.host_store import HostStore
-from moejax.placements.base import LayerByLayer
+from moejax.placements.base import LayerByLayer, Store
 from moejax.sharding.gathered import GatheredStreamed
+
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.settings import PlacementSettings
+    from moejax.sharding.setup import LayoutSetup
 
 
 class Gathered(LayerByLayer):
@@ -14,15 +23,17 @@ class Gathered(LayerByLayer):
     profiles_theta = True
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return (memory_plan.placement == "streamed" and layout_setup is not None and not settings.streams_in_jit
                 and layout_setup.layout.experts == "async_ep")
 
-    def new_store(self):
+    def new_store(self) -> HostStore:
+        assert self.layout_setup is not None  # applies only with a layout
         return HostStore(per_expert=False, sharding=self.layout_setup.expert_shards)
 
-    def place(self, path, array, store):
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         return self.stand_in(path, array, store)
 
-    def layer_runtime(self, store, kernels, config):
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> GatheredStreamed:
+        assert self.layout_setup is not None and self.memory_plan.window is not None  # a streamed plan's window
         return GatheredStreamed(store, self.memory_plan.window, self.layout_setup.mesh, config, kernels.experts)

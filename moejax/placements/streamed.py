@@ -3,10 +3,24 @@
 stream='jit': the experts are host-memory inputs of the whole-model jits and XLA schedules their copies."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+
 from moejax.models.moe import HostExperts, is_routed_expert
 from moejax.offload.host_store import HostStore
 from moejax.offload.streamed import Streamed as StreamedRuntime
-from moejax.placements.base import LayerByLayer, Placement
+from moejax.placements.base import LayerByLayer, Placement, Store
+
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+    from moejax.models.moe import MoEBlock
+    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.settings import PlacementSettings
+    from moejax.sharding.setup import LayoutSetup
 
 
 class Streamed(LayerByLayer):
@@ -15,16 +29,17 @@ class Streamed(LayerByLayer):
     profiles_theta = True
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return memory_plan.placement == cls.name and layout_setup is None and not settings.streams_in_jit
 
-    def new_store(self):
+    def new_store(self) -> HostStore:
         return HostStore(per_expert=False)
 
-    def place(self, path, array, store):
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         return self.stand_in(path, array, store)
 
-    def layer_runtime(self, store, kernels, config):
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedRuntime:
+        assert self.memory_plan.window is not None  # a streamed plan has its window
         return StreamedRuntime(store, self.memory_plan.window, kernels.experts)
 
 
@@ -33,24 +48,24 @@ class StreamedInJit(Placement):
     name = "streamed"
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
+    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return memory_plan.placement == "streamed" and layout_setup is None and settings.streams_in_jit
 
-    def experts_runner(self):
+    def experts_runner(self) -> Callable[[MoEBlock, jax.Array, str], jax.Array]:
         return HostExperts()
 
-    def new_store(self):
+    def new_store(self) -> HostStore:
         return HostStore(per_expert=False)
 
-    def place(self, path, array, store):
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         if is_routed_expert(path):
             return store.add(path, array)  # the host array itself: an input of the jits
         return super().place(path, array, store)
 
-    def stats(self, steps) -> dict:
+    def stats(self, steps: LayeredSteps | None) -> dict:
         return {"placement": "streamed", "stream": "jit"}  # XLA moves the experts: nothing to count here
 
-    def describe(self, steps) -> str:
+    def describe(self, steps: LayeredSteps | None) -> str:
         return ("placement streamed inside the jit: the experts are host-memory inputs and XLA schedules their copies "
                 "(no window, no counters: XLA decides how many layers of experts are on the device at once, and the "
                 "memory plan's window is a plan, not enforced)")

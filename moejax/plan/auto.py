@@ -5,6 +5,7 @@ nothing here touches a device beyond asking what kind and how many there are."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 from moejax.config import ModelConfig
 from moejax.plan.engine_plan import EnginePlan
@@ -19,7 +20,8 @@ PLACEMENT_WHAT_IF = (("h2d.bandwidth", "host-to-device bandwidth"), ("device.flo
 FACTORS = (0.125, 0.25, 0.5, 2.0, 4.0, 8.0)
 
 
-def what_would_change(decide, profile: Profile, chosen: str, what_if=LAYOUT_WHAT_IF) -> list[str]:
+def what_would_change(decide: Callable[[Profile], str], profile: Profile, chosen: str,
+                      what_if: Sequence[tuple[str, str]] = LAYOUT_WHAT_IF) -> list[str]:
     """For each field of `what_if`, the smallest scaling (of FACTORS) that makes `decide(profile) -> choice`
     choose something else, as text."""
     out = []
@@ -45,6 +47,7 @@ def plan_layout(cfg: ModelConfig, plan: EnginePlan, profile: Profile, devices: i
         text = choice.describe() + "\n  what would change it: " + "; ".join(changes)
         return dataclasses.replace(plan, layout=Layout.parse(_spec(choice.best.spec))), text
     fixed = plan.layout  # a DEP layout with auto fields
+    assert isinstance(fixed, Layout)  # EnginePlan parsed it
     option, dep = dep_option(cfg, profile, devices, w.tokens, w.seq_len, fixed)
     if dep is None:
         raise ValueError(f"moejax.load: layout {fixed}: {option.why}")

@@ -25,7 +25,11 @@ resource."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.plan.hardware import Profile
 
 RESOURCES = ("AG", "A2E", "EG", "E2A")
 SIM_ORDERS = ("asas", "aass", "pppipe")
@@ -60,10 +64,19 @@ class Simulation(NamedTuple):
         return sum(e.end - e.start for e in self.events if e.resource == resource)
 
 
+class DepPlanLike(Protocol):
+    """What simulate_plan reads of a moejax.plan.findep.DepPlan (which imports this module)."""
+    profile: str
+    task_times: TaskTimes
+    r1: int
+    r2: int
+    order: str
+
+
 class _Resources:
     """Per resource the time it becomes free; `run` places a task after it and after its inputs."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.free = dict.fromkeys(RESOURCES, 0.0)
         self.events: list[Event] = []
 
@@ -118,13 +131,13 @@ def _chunks(res: _Resources, times: TaskTimes, t: int, i: int, release: float, r
     return last
 
 
-def simulate_plan(cfg, profile, plan, layers: int | Sequence[bool] | None = None) -> Simulation:
+def simulate_plan(cfg: ModelConfig, profile: Profile | None, plan: DepPlanLike,
+                  layers: int | Sequence[bool] | None = None) -> Simulation:
     """Simulate one pass of a `moejax.plan.findep.DepPlan` (its task times, r1, r2 and order) over cfg's layers
     (layers: None for all of them, an int for the first that many, or the MoE flags themselves). `profile` must be
     the one the plan was made with (the task times come from the plan). The plan's predicted_s covers all its
     passes: compare it with makespan x plan.passes."""
     if profile is not None and getattr(profile, "name", plan.profile) != plan.profile:
         raise ValueError(f"simulate_plan: the plan was made for profile {plan.profile!r}, not {profile.name!r}")
-    if layers is None or isinstance(layers, int):
-        layers = cfg.moe_layers[:layers]
-    return simulate(plan.task_times, layers=layers, r1=plan.r1, r2=plan.r2, order=plan.order)
+    flags: Sequence[bool] = cfg.moe_layers[:layers] if layers is None or isinstance(layers, int) else layers
+    return simulate(plan.task_times, layers=flags, r1=plan.r1, r2=plan.r2, order=plan.order)

@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -130,7 +131,7 @@ class DepWorkload:
         passes = _ceil_div(per_device, r1 * cap)
         return passes, _ceil_div(_ceil_div(per_device, passes), r1)
 
-    def pass_shapes(self, attn_devices: int):
+    def pass_shapes(self, attn_devices: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """pass_shape for r1 = 1, 2, ... up to max_r1, while one sequence per micro-batch fits (max_m_a falls
         with r1): arrays (r1, passes, m_a)."""
         r1 = np.arange(1, self.max_r1(attn_devices) + 1, dtype=np.int64)
@@ -321,7 +322,7 @@ class DepChoice:
         return layout_spec(self)
 
 
-def layout_spec(c) -> str:
+def layout_spec(c: DepChoice | DepPlan) -> str:
     """The moejax layout string (moejax.sharding.layout) of a DepChoice or DepPlan."""
     return (f"attn=dp,experts=dep,attn_devices={c.attn_devices},expert_devices={c.expert_devices},r1={c.r1},"
             f"r2={c.r2},order={c.order}")
@@ -359,7 +360,7 @@ def pareto_pairs(coef: DepCoefficients, work: DepWorkload, r1: int | None = None
 
 
 def search_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None = None, r2: int | None = None,
-                 orders=ORDERS) -> dict[str, DepChoice]:
+                 orders: Sequence[str] = ORDERS) -> dict[str, DepChoice]:
     """The best configuration of each order for one (A, B): Alg. 1 on the given coefficients."""
     best: dict[str, DepChoice] = {}
     for r, passes, m_a in pareto_pairs(coef, work, r1):
@@ -375,7 +376,7 @@ def search_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None = N
 
 
 def evaluate(coef: DepCoefficients, work: DepWorkload, *, m_a: int, r1: int, r2: int | None = None,
-             orders=ORDERS) -> DepChoice:
+             orders: Sequence[str] = ORDERS) -> DepChoice:
     """One pass of exactly A r1 m_a sequences (no row padding, memory not checked), r2 and the order searched
     unless given: the throughput the paper's Tables 3-4 tabulate for an (m_a, r1)."""
     pair = _Pair(coef, work, m_a, r1, 1)
@@ -385,7 +386,7 @@ def evaluate(coef: DepCoefficients, work: DepWorkload, *, m_a: int, r1: int, r2:
 
 
 def exhaustive_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None = None, r2: int | None = None,
-                     orders=ORDERS) -> dict[str, DepChoice]:
+                     orders: Sequence[str] = ORDERS) -> dict[str, DepChoice]:
     """Brute force over the same space: every r1 up to the sequences per attention device (while one sequence per
     micro-batch fits), every r2 in [1, R2_MAX] (at most one chunk per block of lcm(A, B) rows), every order."""
     best: dict[str, DepChoice] = {}
@@ -473,7 +474,7 @@ class DepPlan:
         t, r1, r2 = self.task_times, self.r1, self.r2
         per_layer = {"the attention group": r1 * (t.attention + t.shared), "the expert group": r1 * r2 * t.experts,
                      "the transfers": r1 * r2 * t.a2e}
-        name = max(per_layer, key=per_layer.get)
+        name = max(per_layer, key=per_layer.__getitem__)
         return f"busiest per MoE layer: {name} ({per_layer[name] * 1e3:.3f} ms)"
 
 
@@ -568,7 +569,7 @@ def _fit_splits(cfg, profile, work: DepWorkload, splits) -> dict[tuple[int, int]
                                      max_m_a=reach(A), _ag=ag) for A, B in splits}
 
 
-def fastest(choices) -> DepChoice:
+def fastest(choices: Iterable[DepChoice]) -> DepChoice:
     """Fastest; ties to fewer micro-batches and chunks (less to dispatch), then ASAS."""
     return min(choices, key=lambda c: (c.predicted_s, c.r1 * c.r2, PLAN_ORDERS.index(c.order), c.attn_devices))
 

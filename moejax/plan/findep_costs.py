@@ -4,6 +4,7 @@ sizes (Eq. 7-11). Pure functions of a ModelConfig and a Profile."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs
@@ -139,7 +140,7 @@ class LineFit:
         return self.alpha + self.beta * x
 
 
-def fit_line(name: str, unit: str, xs, ys) -> LineFit:
+def fit_line(name: str, unit: str, xs: Iterable[float], ys: Iterable[float]) -> LineFit:
     """Least squares in relative error (the sizes span orders of magnitude, and the small ones, where α dominates,
     decide r2), with α, β >= 0 (a negative launch cost would let the solver split without end)."""
     pts = [(float(x), float(y)) for x, y in zip(xs, ys) if y > 0]

@@ -11,6 +11,7 @@ import bisect
 import dataclasses
 import json
 import math
+from typing import Any
 
 GB = 1e9
 GiB = 2**30
@@ -109,7 +110,7 @@ class Profile:
 
         def proc(p):
             return Processor(**{**p, **{k: curve(p[k]) for k in ("matmul", "grouped", "attention") if k in p}})
-        links = {k: Link(**d[k]) for k in LINKS}
+        links: dict[str, Any] = {k: Link(**d[k]) for k in LINKS}  # with `rest`: the JSON's other fields
         rest = {k: v for k, v in d.items() if k not in links and k not in ("device", "host")}
         return cls(device=proc(d["device"]), host=proc(d["host"]), **links, **rest)
 

@@ -20,11 +20,18 @@ Profile); lightning.py builds the latency model and the policy search on both.""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs, param_count, prefill_flops
+
+if TYPE_CHECKING:
+    from moejax.plan.hardware import Profile
+
+Num = float | np.ndarray  # a count or size, or an array of them (elementwise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +50,7 @@ class Hardware:
     tp: int = 1
 
     @classmethod
-    def from_profile(cls, profile, gpus: int = 1) -> "Hardware":
+    def from_profile(cls, profile: Profile, gpus: int = 1) -> Hardware:
         d, h = profile.device, profile.host
         return cls(f"{gpus} x {d.name} + {h.name}", d.memory_bytes * gpus, h.memory_bytes, d.bandwidth * gpus,
                    h.bandwidth, profile.h2d.bandwidth, d.flops * gpus, h.flops, gpus)
@@ -62,15 +69,15 @@ class HRM:
     B_j: float
     B_ji: float
 
-    def roof_i(self, I_i):
+    def roof_i(self, I_i: ArrayLike) -> np.ndarray:
         """Eq. 8 on the GPU: min(Eq. 4, Eq. 5)."""
         return np.minimum(self.P_i, self.B_i * np.asarray(I_i, float))
 
-    def roof_j(self, I_j):
+    def roof_j(self, I_j: ArrayLike) -> np.ndarray:
         """Eq. 8 on the CPU."""
         return np.minimum(self.P_j, self.B_j * np.asarray(I_j, float))
 
-    def attainable_i(self, I_i, I_j):
+    def attainable_i(self, I_i: ArrayLike, I_j: ArrayLike) -> np.ndarray:
         """Eq. 7: x on the GPU with its data fetched from the CPU."""
         return np.minimum(self.roof_i(I_i), self.B_ji * np.asarray(I_j, float))
 
@@ -128,24 +135,24 @@ class ModelShape:
 
     # -- FLOPs and bytes of the two ops the paper models, per layer (moejax.costs' conventions) --
 
-    def attn_flops(self, seqs, context):
+    def attn_flops(self, seqs: Num, context: Num) -> Num:
         """Decode attention of `seqs` sequences, one query each, over `context` keys: 2(d_qk + d_v) a pair."""
         return seqs * context * self.n_q * 2 * (self.d_qk + self.d_v)
 
-    def attn_bytes(self, seqs, context):
+    def attn_bytes(self, seqs: Num, context: Num) -> Num:
         """Decode attention reads q and the KV cache and writes its output."""
         return seqs * (self.dt * self.n_q * (self.d_qk + self.d_v) + context * self.kv_token)
 
-    def prefill_attn_flops(self, seqs, prompt):
+    def prefill_attn_flops(self, seqs: Num, prompt: float) -> Num:
         return seqs * causal_pairs(int(prompt)) * self.n_q * 2 * (self.d_qk + self.d_v)
 
-    def prefill_attn_bytes(self, seqs, prompt):
+    def prefill_attn_bytes(self, seqs: Num, prompt: Num) -> Num:
         return seqs * prompt * (self.dt * self.n_q * (self.d_qk + self.d_v) + self.kv_token)
 
-    def ffn_flops(self, tokens):
+    def ffn_flops(self, tokens: Num) -> Num:
         return tokens * self.ffn_flops_token
 
-    def ffn_bytes(self, tokens):
+    def ffn_bytes(self, tokens: Num) -> Num:
         """HBM bytes of one FFN kernel over `tokens` rows: the experts they touch (E(1 - (1 - k/E)^tokens) under
         uniform routing; the artifact counts all E), the non-routed FFN weights, activations in and out."""
         touched = 1.0 - (1.0 - self.k / self.n_e) ** np.asarray(tokens, float) if self.n_e else 0.0
@@ -153,15 +160,15 @@ class ModelShape:
 
     # -- operational intensities (Definition 3.1) --
 
-    def attn_intensity(self, context) -> float:
+    def attn_intensity(self, context: Num) -> float:
         """Decode attention's FLOPs per byte of the memory holding the KV cache (any batch: §3.3)."""
         return float(self.attn_flops(1, context) / self.attn_bytes(1, context))
 
-    def ffn_intensity_gpu(self, mu) -> float:
+    def ffn_intensity_gpu(self, mu: Num) -> float:
         """I^i of the MoE FFN: FLOPs per HBM byte of one micro-batch of μ tokens."""
         return float(self.ffn_flops(mu) / self.ffn_bytes(mu))
 
-    def ffn_intensity_cpu(self, N, r_w: float = 0.0) -> float:
+    def ffn_intensity_cpu(self, N: Num, r_w: float = 0.0) -> float:
         """I^j of the MoE FFN: FLOPs of the batch N per byte of experts fetched from the CPU ((1 - r_w) W_e)."""
         moved = (1.0 - r_w) * self.W_e
         return float(self.ffn_flops(N) / moved) if moved > 0 else float("inf")
@@ -190,7 +197,7 @@ class RooflineData:
     N_at_P1: float  # the batch sizes where the FFN's I^j reaches P1 and P2 (with r_w)
     N_at_P2: float
 
-    def roofs(self, intensities) -> dict[str, np.ndarray]:
+    def roofs(self, intensities: ArrayLike) -> dict[str, np.ndarray]:
         """Each roof's FLOP/s over an array of operational intensities (Eqs. 4-6)."""
         I = np.asarray(intensities, float)
         h = self.hrm
@@ -213,7 +220,7 @@ def roofline_data(shape: ModelShape, hw: Hardware, *, mu: int, N: int, r_w: floa
                         shape.batch_for_cpu_intensity(p1, r_w), shape.batch_for_cpu_intensity(p2, r_w))
 
 
-def plot_roofline(hrm_data: RooflineData, policy, path: str) -> str:
+def plot_roofline(hrm_data: RooflineData, policy: object, path: str) -> str:
     """Write a PNG: the five roofs (log-log), P1 and P2, and `policy.operating_points` ((label, I, FLOP/s)
     triples; a LightningPolicy has them). matplotlib is an optional extra (`pip install moejax[plots]`)."""
     try:

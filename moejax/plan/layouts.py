@@ -15,13 +15,18 @@ Nothing here touches a device."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
 from moejax.costs import layout_comm, param_count, prefill_flops
 from moejax.plan.hardware import Profile
 from moejax.plan.theta import layer_expert_bytes
 from moejax.sharding.layout import ATTN, IMPLEMENTED, Layout
+
+if TYPE_CHECKING:
+    from moejax.plan.findep import DepPlan
 
 FIT_FRACTION = 0.9
 _LINK = {"all-to-all": "all_to_all", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
@@ -76,6 +81,7 @@ def _weights_per_device(cfg: ModelConfig, layout: Layout, dtype_bytes: int) -> t
     experts = layer * sum(cfg.moe_layers)
     rest = param_count(cfg) * dtype_bytes - experts
     P = layout.devices
+    assert P is not None  # a resolved layout
     if layout.attn == "tp":  # attention projections split by heads (approximately the whole of them)
         rest -= (1 - 1 / P) * cfg.num_layers * (cfg.num_heads * cfg.head_dim * cfg.hidden_size * 2) * dtype_bytes
     if layout.experts == "replicated":
@@ -88,6 +94,7 @@ def _weights_per_device(cfg: ModelConfig, layout: Layout, dtype_bytes: int) -> t
 def predict_layout(cfg: ModelConfig, profile: Profile, layout: Layout, tokens: int, seq_len: int) -> LayoutOption:
     """Predicted step time of a resolved (non-DEP) layout (module docstring)."""
     P, b = layout.devices, profile.dtype_bytes
+    assert P is not None, "predict_layout: resolve the layout first"
     batch = max(1, tokens // seq_len)
     if layout.attn == "dp":
         batch = -(-batch // P) * P  # rows pad to a multiple of the devices
@@ -128,7 +135,7 @@ def candidates(cfg: ModelConfig, devices: int) -> list[Layout]:
 
 
 def dep_option(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, seq_len: int,
-               fixed: Layout | None = None) -> tuple[LayoutOption, object]:
+               fixed: Layout | None = None) -> tuple[LayoutOption, DepPlan | None]:
     """FinDEP's best DEP layout (fields of `fixed` that are not "auto" held), as an option, and its DepPlan."""
     from moejax.plan.findep import solve_dep
     fields = ("attn_devices", "expert_devices", "r1", "r2", "order")
@@ -149,7 +156,8 @@ def choose_layout(cfg: ModelConfig, profile: Profile, devices: int, tokens: int,
     options = [predict_layout(cfg, profile, layout, tokens, seq_len) for layout in candidates(cfg, devices)]
     if cfg.num_experts:
         options.append(dep_option(cfg, profile, devices, tokens, seq_len)[0])
-    fitting = sorted((o for o in options if o.predicted_s is not None), key=lambda o: o.predicted_s)
+    fitting = sorted((o for o in options if o.predicted_s is not None),
+                     key=lambda o: o.predicted_s if o.predicted_s is not None else math.inf)
     if not fitting:
         raise ValueError("layout auto: no layout fits the devices: " + "; ".join(f"{o.spec}: {o.why}" for o in options))
     ordered = tuple(fitting + [o for o in options if o.predicted_s is None])

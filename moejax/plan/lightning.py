@@ -53,6 +53,7 @@ import time
 import numpy as np
 
 from moejax.config import ModelConfig
+from moejax.plan.hardware import Profile
 from moejax.plan.hrm import Hardware, ModelShape, RooflineData, plot_roofline, roofline_data
 
 __all__ = ["LightningPolicy", "LayerTimes", "search_policy", "policy_roofline", "plot_roofline", "roofline_data",
@@ -376,7 +377,7 @@ def _operating_points(m, hw, c, mu, N, A_g, F_g, r_w, dec: LayerTimes) -> tuple:
     return tuple((a, float(i), float(p)) for a, i, p in pts)
 
 
-def search_policy(cfg: ModelConfig, profile, *, prompt_len: int, gen_len: int, gpus: int = 1,
+def search_policy(cfg: ModelConfig, profile: Profile, *, prompt_len: int, gen_len: int, gpus: int = 1,
                   name: str = "") -> LightningPolicy:
     """MoE-Lightning's policy search (§4.2): the (N, μ, A_g, F_g, r_w, r_c) with the highest predicted generation
     throughput for prompts of `prompt_len` (pad to the batch's longest, as MoE-Lightning (p) and the artifact do,
@@ -404,7 +405,8 @@ def search_policy(cfg: ModelConfig, profile, *, prompt_len: int, gen_len: int, g
     top = max(main, key=lambda v: found[v][0])
     solve_ms = (time.perf_counter() - start) * 1e3
     build = lambda v: _policy(m, hw, s, n, caps, v, found[v], solve_ms, m.name)  # noqa: E731
-    best, listed = build(top), {}
+    best = build(top)
+    listed: dict[tuple, LightningPolicy] = {}
     for p in [best] + [build(v) for v in VARIANTS if v is not top and found.get(v)]:
         key = (p.N, p.mu, p.A_g, p.F_g, round(p.r_w, 3), round(p.r_c, 3))
         if key in listed:  # the same policy as an earlier variant's: one entry, both labels, the narrower's numbers
@@ -415,7 +417,7 @@ def search_policy(cfg: ModelConfig, profile, *, prompt_len: int, gen_len: int, g
     return dataclasses.replace(best, label=first.label, alternatives=tuple(others))
 
 
-def policy_roofline(cfg: ModelConfig, profile, policy: LightningPolicy) -> RooflineData:
+def policy_roofline(cfg: ModelConfig, profile: Profile, policy: LightningPolicy) -> RooflineData:
     """The HRM numbers behind a policy's plot (its μ, N, r_w and average decode context)."""
     m = ModelShape.from_config(cfg, profile.dtype_bytes, policy.model)
     return roofline_data(m, Hardware.from_profile(profile, policy.gpus), mu=policy.mu, N=policy.N, r_w=policy.r_w,

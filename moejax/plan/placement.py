@@ -10,10 +10,14 @@ Model for a prefill step of `tokens` tokens (per MoE layer; dense work at the pr
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
 from moejax.costs import prefill_flops
 from moejax.plan.hardware import Profile
+
+if TYPE_CHECKING:
+    from moejax.offload.memory_plan import MemoryPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +27,7 @@ class PlacementOption:
     detail: str
 
 
-def predict_placement(cfg: ModelConfig, profile: Profile, memory_plan, tokens: int) -> PlacementOption:
+def predict_placement(cfg: ModelConfig, profile: Profile, memory_plan: MemoryPlan, tokens: int) -> PlacementOption:
     """Predicted seconds of one step of `tokens` tokens under `memory_plan` (a MemoryPlan of any placement)."""
     moe = max(memory_plan.moe_layers, 1)
     E, k = max(cfg.num_experts, 1), max(cfg.num_experts_per_tok, 1)
@@ -38,6 +42,7 @@ def predict_placement(cfg: ModelConfig, profile: Profile, memory_plan, tokens: i
         return PlacementOption("streamed", dense + moe * max(per_layer, layer_copy),
                                f"per MoE layer max(compute {per_layer * 1e3:.2f} ms, copy {layer_copy * 1e3:.2f} ms)")
     touched = E * (1 - (1 - k / E) ** tokens)
+    assert memory_plan.cache_slots is not None  # the cached placement's plan has its slots
     held = min(1.0, memory_plan.cache_slots / (E * moe))
     loads = touched * (1 - held) * profile.h2d.time(memory_plan.expert_bytes)
     return PlacementOption("cached", dense + moe * (per_layer + loads),
@@ -45,7 +50,8 @@ def predict_placement(cfg: ModelConfig, profile: Profile, memory_plan, tokens: i
                            f"loaded {loads * 1e3:.2f} ms")
 
 
-def choose_placement(cfg: ModelConfig, profile: Profile, plans: list, tokens: int) -> tuple[object, str]:
+def choose_placement(cfg: ModelConfig, profile: Profile, plans: list[MemoryPlan], tokens: int
+                     ) -> tuple[MemoryPlan, str]:
     """plans: the feasible MemoryPlans -> (the fastest, the decision as text)."""
     options = sorted(((predict_placement(cfg, profile, p, tokens), p) for p in plans), key=lambda o: o[0].predicted_s)
     best = options[0][0]

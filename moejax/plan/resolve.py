@@ -31,8 +31,8 @@ def profile_for(device_kind: str, devices: int, asked: str | None = None) -> Pro
         measured = default_profile_path(device_kind)
         if os.path.isfile(measured):
             profile = load_profile(measured)
-        elif datasheet_for(device_kind):
-            profile = DATASHEETS[datasheet_for(device_kind)]
+        elif (datasheet := datasheet_for(device_kind)) is not None:
+            profile = DATASHEETS[datasheet]
         else:
             raise NoProfile(f"no hardware profile for {devices} x {device_kind!r}: measure one with `python -m "
                             f"launch.profile_devices` (it writes {measured}), or name one with profile= (--profile): a "

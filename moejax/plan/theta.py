@@ -15,6 +15,7 @@ dispatch, which Eq. 3's reference batch folds in differently; taking the peak ke
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 
 from moejax.config import ModelConfig
 from moejax.costs import layer_flops_per_token, param_count
@@ -86,7 +87,8 @@ def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", dev
                      layer_expert_bytes=layer_expert_bytes(cfg, profile.dtype_bytes), epsilon=epsilon)
 
 
-def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_flops) -> list[tuple[float, float]]:
+def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_flops: Iterable[float]
+                     ) -> list[tuple[float, float]]:
     """(compute-only, overlapped) seconds per MoE layer for whole-batch FLOPs values: what the Θ plot draws."""
     out = []
     for f in batch_flops:
@@ -95,7 +97,8 @@ def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_
     return out
 
 
-def theta_at_load(cfg: ModelConfig, mode: str | None, devices: int, find_profile) -> ThetaPlan | None:
+def theta_at_load(cfg: ModelConfig, mode: str | None, devices: int, find_profile: Callable[[], Profile]
+                  ) -> ThetaPlan | None:
     """Θ a freshly loaded engine fills its prefill batches to: Eq. 1 in the placement's channel `mode` (None: its
     experts are not copied during a forward, so no Θ) on the hardware profile `find_profile()` returns; None when
     no profile is known (it raises ValueError; batches then follow the token budget alone). A measured Θ (Eq. 3,

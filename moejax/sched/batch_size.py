@@ -14,12 +14,17 @@ unrolls as many query blocks."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 
 from moejax.config import ModelConfig
 from moejax.kernels.attention.blocked import BLOCK as QUERY_BLOCK
 from moejax.offload.memory_plan import size
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.plan.hardware import Profile
 
 DEFAULT_TOKENS = 8192  # launch.serve's budget before batches were sized from the device; CPUs and completions keep it
 _F32 = 4
@@ -55,8 +60,8 @@ def activation_bytes_per_token(cfg: ModelConfig, dtype_bytes: int, keys: int) ->
     return 3 * D * _F32 + attention + routed + dense
 
 
-def score_batch_size(engine, asked: int | None, *, longest: int, reserved_bytes: float = 0.0,
-                     platform: str | None = None, profile=None) -> ScoreBatchSize:
+def score_batch_size(engine: Engine, asked: int | None, *, longest: int, reserved_bytes: float = 0.0,
+                     platform: str | None = None, profile: Profile | None = None) -> ScoreBatchSize:
     """The scoring batch budget of `engine` (see the module docstring). asked: --max-batch-tokens (None: not given);
     longest: the longest scoring sequence (context + candidate) in tokens, which bounds the keys a query reads;
     reserved_bytes: device memory the run keeps besides the weights (the prefix KV cache's pool). platform and

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from moejax.sched.requests import CompletionRequest, ScoreRequest
 from moejax.sched.token_text import TokenText
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 @dataclass
@@ -23,22 +28,23 @@ class Choice:
 
 
 class Bodies:
-    def __init__(self, tokenizer, model: str, fingerprint: str):
+    def __init__(self, tokenizer: Tokenizer | None, model: str, fingerprint: str) -> None:
         self.tokenizer, self.model, self.fingerprint = tokenizer, model, fingerprint
         self.tokens = TokenText(tokenizer)
 
-    def head(self, kind: str, rid: str, req) -> dict:
+    def head(self, kind: str, rid: str, req: CompletionRequest | ScoreRequest) -> dict:
         prefixes = {"text_completion": "cmpl", "chat.completion": "chatcmpl", "list": "generative-score"}
         prefix = prefixes.get(kind, "score")
         return {"id": f"{prefix}-{rid}", "object": kind, "created": int(time.time()), "model": req.model or self.model,
                 "system_fingerprint": self.fingerprint}
 
-    def decode(self, ids) -> str | None:
+    def decode(self, ids: Sequence[int]) -> str | None:
         """Text as transformers' tokenizer.decode gives it by default: special tokens kept."""
         return self.tokens.decode(ids)
 
     # -- generation --------------------------------------------------------------------------------------------
-    def cut_at_stop(self, req: CompletionRequest, choice: Choice, stop_ids) -> tuple[Choice, str | None]:
+    def cut_at_stop(self, req: CompletionRequest, choice: Choice, stop_ids: Collection[int]
+                    ) -> tuple[Choice, str | None]:
         """The choice ended at the first stop string (text and tokens cut there), and its text. A stop token
         ends the tokens and is not part of the text."""
         out = choice.tokens
@@ -49,7 +55,8 @@ class Bodies:
             cut = min((text.find(s) for s in req.stop if s in text), default=-1)
             if cut >= 0:
                 text, finish = text[:cut], "stop"
-                n = next(n for n in range(1, len(out) + 1) if any(s in self.decode(out[:n]) for s in req.stop))
+                # text is not None: there is a tokenizer, so decode gives text
+                n = next(n for n in range(1, len(out) + 1) if any(s in (self.decode(out[:n]) or "") for s in req.stop))
                 choice = Choice(out[:n], finish, choice.logprobs and choice.logprobs[:n], choice.top and choice.top[:n])
         choice.finish_reason = finish
         return choice, text
@@ -75,13 +82,16 @@ class Bodies:
             "cached_prompt_tokens": cached})
         return body
 
-    def completion_logprobs(self, req: CompletionRequest, c: Choice, prompt_logprobs) -> dict:
+    def completion_logprobs(self, req: CompletionRequest, c: Choice, prompt_logprobs: tuple[list[float], list] | None
+                            ) -> dict:
         """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (dicts, the chosen token included),
         text_offset; with echo the prompt's tokens come first (the first has no log-probability). Tokens are named
         by TokenText.completion_name (part of a character: `bytes:\\xNN...`), so every top entry has its own key;
         text_offset indexes the choice's text (characters), the prompt's tokens into the prompt's text."""
+        assert c.logprobs is not None and c.top is not None  # generated with them: req.logprobs is set
         tokens, lps, tops, offsets = [], [], [], []
         if req.echo:
+            assert prompt_logprobs is not None  # the prompt was scored for echo
             first_lps, first_tops = prompt_logprobs
             tokens += list(req.prompt)
             lps += [None] + list(first_lps)
@@ -101,14 +111,15 @@ class Bodies:
         """The prompt's text before the completion's with echo: as sent, else decoded."""
         return req.prompt_text if req.prompt_text is not None else self.decode(req.prompt)
 
-    def top_dict(self, token: int, logprob: float, top) -> dict:
-        d = {self.tokens.completion_name(t): lp for t, lp in top}
+    def top_dict(self, token: int, logprob: float | None, top: Sequence[tuple[int, float]]) -> dict:
+        d: dict[str, float | None] = {self.tokens.completion_name(t): lp for t, lp in top}
         d.setdefault(self.tokens.completion_name(token), logprob)
         return d
 
     def chat_logprobs(self, req: CompletionRequest, c: Choice) -> list[dict]:
         """OpenAI's chat shape: each token with its real bytes (TokenText.chat_item) and its top alternatives."""
         item = self.tokens.chat_item
+        assert c.logprobs is not None and c.top is not None  # generated with them: req.logprobs is set
         return [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top[: req.logprobs]]}
                 for t, lp, top in zip(c.tokens, c.logprobs, c.top)]
 
@@ -131,6 +142,7 @@ class Bodies:
     def label_scores(self, req: ScoreRequest, rid: str, logprobs: list[list[float]], cached: int) -> dict:
         """Per item, the label tokens' probabilities (softmax: renormalised over the labels). SGLang answers all
         of them (`scores`); vLLM the first label's (`data[].score`)."""
+        assert req.labels is not None  # score() sends only label requests here
         scores = []
         for lps in logprobs:
             if req.labels.endswith("softmax"):

@@ -2,9 +2,16 @@
 MFU estimate. Replays the exact packing the runner would do, without touching the model."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 
 from moejax import options
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.sched.planner import Plan
+    from moejax.sched.runner import Runner
 
 # Dense (no sparsity) 16-bit tensor-core peaks from NVIDIA datasheets, FLOP/s.
 DATASHEET_PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12, "B200": 2250e12}
@@ -18,7 +25,7 @@ def peak_flops(dtype: str) -> float | None:
     return next((v for k, v in DATASHEET_PEAKS.items() if k in kind), None)
 
 
-def describe(plan, runner, engine) -> str:
+def describe(plan: Plan, runner: Runner, engine: Engine) -> str:
     lines = [f"serving options: {options.describe(runner.options)}",
              f"model {engine.name}: {engine.config.num_layers} layers, vocab {engine.config.vocab_size}",
              f"prefix KV cache: {plan.reason}; pool {plan.pool_blocks} blocks "
@@ -32,12 +39,13 @@ def describe(plan, runner, engine) -> str:
                         "below are the static plan, listed for comparison)")
     if runner.batch_size is not None:
         lines.insert(len(lines) - 1, runner.batch_size.describe())
-    shapes, total, padded, cached = set(), 0, 0, 0
+    shapes: set[tuple] = set()
+    total, padded, cached = 0, 0, 0
     for k, batch in enumerate(plan.batches):
         prepared = runner.prepare(k)
         if batch.kind == "score":
             rows, (arrays, _, span) = prepared
-            shape = tuple(sorted((name, a.shape) for name, a in arrays.items()))
+            shape: tuple = tuple(sorted((name, a.shape) for name, a in arrays.items()))
             real = sum(len(r.tokens) for r in rows)
             hits = sum(sum(r.cached.values()) for r in rows)
             B, T = arrays["tokens"].shape

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from typing import TypeGuard
 
 
 class Invalid(Exception):
@@ -31,13 +32,13 @@ def flag(body: dict, key: str, default: bool) -> bool:
     return value
 
 
-def nonempty_list(value, path: str, of: str) -> list:
+def nonempty_list(value: object, path: str, of: str) -> list:
     if not isinstance(value, list) or not value:
         raise Invalid(f"{path}: must be a non-empty list of {of}; got {show(value)}")
     return value
 
 
-def string_field(value, path: str, what: str = "a non-empty string") -> str:
+def string_field(value: object, path: str, what: str = "a non-empty string") -> str:
     if not isinstance(value, str) or not value:
         raise Invalid(f"{path}: must be {what}; got {show(value)}")
     try:
@@ -47,7 +48,7 @@ def string_field(value, path: str, what: str = "a non-empty string") -> str:
     return value
 
 
-def number(value, path: str) -> float:
+def number(value: object, path: str) -> float:
     # JSON parsing accepts NaN, Infinity and 400-digit ints; none is a usable sampling parameter.
     if is_int(value) or isinstance(value, float):
         number = float(value) if abs(value) < 1e300 else math.inf
@@ -56,11 +57,11 @@ def number(value, path: str) -> float:
     raise Invalid(f"{path}: must be a finite number; got {show(value)}")
 
 
-def is_int(value) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
 
 
-def show(value, limit: int = 40) -> str:
+def show(value: object, limit: int = 40) -> str:
     """A short rendering of a bad value: scalars as JSON literals (strings quoted), containers by kind. A long one
     is cut where it stays readable: a string keeps its quotes and says how long it was."""
     if isinstance(value, list):

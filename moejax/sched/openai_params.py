@@ -39,7 +39,7 @@ def check_no_ops(body: dict, known: tuple[str, ...]) -> None:
                       "default, which changes nothing): drop the field or use that value")
 
 
-def brief(value, limit: int = 80) -> str:
+def brief(value: object, limit: int = 80) -> str:
     """A value as JSON when that is short, else a complete summary of it (never JSON cut off mid-way): a list by
     its length and the names of its items (tools name their functions), an object by its keys."""
     text = _json(value)

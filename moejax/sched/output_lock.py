@@ -13,6 +13,7 @@ This module imports only the standard library (tests load it in a subprocess wit
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 import errno
 import json
 import os
@@ -24,7 +25,7 @@ import time
 try:
     import fcntl
 except ImportError:  # Windows
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # a module or None: checked before each use
 
 
 class OutputLockError(RuntimeError):
@@ -41,7 +42,7 @@ def lock_path(path: str) -> str:
 
 
 @contextlib.contextmanager
-def hold(*paths: str | None):
+def hold(*paths: str | None) -> Iterator[None]:
     """Hold the lock of every given path (None: no file, e.g. stdout) until the block ends; OutputLockError when
     another process (or another thread of this one) holds any of them, after releasing those already taken."""
     taken = []

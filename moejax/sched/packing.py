@@ -36,7 +36,8 @@ class _Node:
     __slots__ = ("tokens", "start", "children", "pre", "post")
 
     def __init__(self, tokens: list[int], start: int):
-        self.tokens, self.start, self.children = tokens, start, {}
+        self.tokens, self.start = tokens, start
+        self.children: dict[int, _Node] = {}  # by first token
         self.pre = self.post = 0
 
 
@@ -56,7 +57,8 @@ def _insert(root: _Node, seq: Sequence[int]) -> None:
 
 def _chain(root: _Node, seq: Sequence[int]) -> tuple[list[_Node], list[int]]:
     """The nodes an inserted sequence runs through and the position each starts at (node.start)."""
-    nodes, node, i = [], root, 0
+    nodes: list[_Node] = []
+    node, i = root, 0
     while i < len(seq):
         node = node.children[seq[i]]
         nodes.append(node)
@@ -73,7 +75,8 @@ def _at(chain: tuple[list[_Node], list[int]], pos: int) -> tuple[_Node, int]:
 
 def _number(root: _Node) -> list[_Node]:
     """DFS preorder list of nodes, with pre/post spans set."""
-    order, stack = [], [(root, False)]
+    order: list[_Node] = []
+    stack = [(root, False)]
     while stack:
         node, closing = stack.pop()
         if closing:
@@ -122,7 +125,8 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
         return key_of.get((id(node), off)) or ("new", new_base[id(node)] + off)
 
     row = Row([], [], [], [], [], [], [], [], [], [], [], {})
-    contexts = {}  # one entry per distinct context: (tag, chain, length)
+    # one entry per distinct context: (tag, chain, length)
+    contexts: dict[tuple[int, ...], tuple[Hashable, tuple[list[_Node], list[int]], int]] = {}
     for s, c in zip(seqs, chains):
         contexts.setdefault(s.tokens[: s.context_len], (s.context_tag, c, s.context_len))
     hashes = {ctx: block_hashes(ctx) for ctx in contexts}
@@ -176,9 +180,9 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
             continue
         for k, h in enumerate(hashes[ctx]):
             if h not in cache and want_store(h):
-                slot = cache.allocate(h)
-                if slot is not None:
-                    row.stores.append((slot, [key(*_at(chain, pos)) for pos in range(k * BLOCK, (k + 1) * BLOCK)]))
+                stored = cache.allocate(h)
+                if stored is not None:
+                    row.stores.append((stored, [key(*_at(chain, pos)) for pos in range(k * BLOCK, (k + 1) * BLOCK)]))
     return row
 
 
@@ -235,6 +239,7 @@ def tree_span(rows: Sequence[Row], T: int, block: int = blocked.BLOCK) -> TreeSp
         cost = sum(hi - lo for _, _, ranges in blocked.tree_blocks(T, 0, head, window) for lo, hi in ranges)
         if best is None or cost < best[0]:
             best = cost, TreeSpan(head, window)
+    assert best is not None  # heads holds 0 at least
     return best[1]
 
 
@@ -266,7 +271,8 @@ def _reach(row: Row, head: int, T: int, block: int) -> int:
     return need
 
 
-def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1):
+def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1
+             ) -> tuple[dict[str, np.ndarray], list[list[Hashable]], TreeSpan]:
     """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g], TreeSpan); the row
     count is padded to a multiple of `row_multiple` (Engine.row_multiple)."""
     B = rows_bucket(len(rows), row_multiple)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
@@ -14,19 +15,22 @@ from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.requests import CompletionRequest, ScoreRequest
 
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+
 KV_MODES = ("auto", "on", "off")
 
 
 @dataclasses.dataclass
 class ScoreBatch:
     rows: list[list[ScoreSeq]]
-    kind: str = "score"
+    kind: Literal["score"] = "score"
 
 
 @dataclasses.dataclass
 class CompletionBatch:
     requests: list[CompletionRequest]
-    kind: str = "completion"
+    kind: Literal["completion"] = "completion"
 
 
 @dataclasses.dataclass
@@ -55,7 +59,9 @@ def group_trees(seqs: Sequence[tuple[int, ScoreSeq]], cap: int) -> list[list[Sco
     """Sort sequences so shared prefixes are adjacent, then cut them into trees of at most `cap` tokens. A
     sequence joins the tree before it when it belongs to the same request or shares at least one block."""
     ordered = sorted(seqs, key=lambda x: x[1].tokens)
-    trees, size, prev, prev_req = [], 0, (), None
+    trees: list[list[ScoreSeq]] = []
+    prev: tuple[int, ...] = ()
+    size, prev_req = 0, None
     for req, s in ordered:
         lcp = _lcp(prev, s.tokens)
         grow = len(s.tokens) - lcp
@@ -77,7 +83,8 @@ def row_length(largest: int) -> int:
 
 
 def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_flops: float = 0.0,
-                       flops_of=None, max_tokens: int | None = None) -> list[ScoreBatch]:
+                       flops_of: Callable[[list[ScoreSeq]], float] | None = None, max_tokens: int | None = None
+                       ) -> list[ScoreBatch]:
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
     Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
@@ -91,7 +98,8 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
         most = -(-total // T)
         nrows = min(1 << (max(1, max_batch_tokens // T).bit_length() - 1), most)
         while True:
-            rows, sums, left = [[] for _ in range(nrows)], [0] * nrows, []
+            rows: list[list[ScoreSeq]] = [[] for _ in range(nrows)]
+            sums, left = [0] * nrows, []
             for size, tree in pending:
                 r = min(range(nrows), key=sums.__getitem__)
                 if sums[r] + size <= T:
@@ -100,8 +108,10 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
                 else:
                     left.append((size, tree))
             room = max_tokens is None or 2 * nrows * T <= max_tokens
-            if not (min_flops and left and nrows < most and room) or \
-                    sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
+            if not (min_flops and left and nrows < most and room):
+                break
+            assert flops_of is not None  # a FLOPs floor comes with its counter
+            if sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
                 break
             nrows = min(2 * nrows, most)
         batches.append(ScoreBatch([r for r in rows if r]))
@@ -109,7 +119,7 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
     return batches
 
 
-def tree_flops(cfg) -> Callable[[list[ScoreSeq]], float]:
+def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq]], float]:
     """-> flops_of(tree): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the tokens it does
     not share with the one before it (sorted), after the shared part."""
     from moejax.costs import true_prefill_flops
@@ -125,7 +135,8 @@ def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens:
     """Longest (prompt + max_tokens) first; a batch grows while rows (one per choice) x padded cache length fits
     the budget."""
     ordered = sorted(reqs, key=lambda r: -(len(r.prompt) + r.max_tokens))
-    batches, cur = [], []
+    batches: list[CompletionBatch] = []
+    cur: list[CompletionRequest] = []
     for r in ordered:
         trial = cur + [r]
         cache = bucket(max(len(x.prompt) for x in trial), MIN_ROW) + bucket(max(x.max_tokens for x in trial), MIN_ROW)
@@ -138,15 +149,15 @@ def pack_completion_batches(reqs: Sequence[CompletionRequest], max_batch_tokens:
     return batches
 
 
-def batch_hashes(batch) -> set[bytes]:
+def batch_hashes(batch: ScoreBatch | CompletionBatch) -> set[bytes]:
     if batch.kind == "score":
         return {h for row in batch.rows for s in row for h in block_hashes(s.tokens[: s.context_len])}
     return {h for r in batch.requests for h in block_hashes(r.prompt)}
 
 
 def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
-              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0, config=None,
-              score_batch: ScoreBatchSize | None = None) -> Plan:
+              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0,
+              config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> Plan:
     """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
     own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
     of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring
@@ -155,8 +166,12 @@ def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], 
         raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
     sized = score_batch or ScoreBatchSize(max_batch_tokens, None, max_batch_tokens, "")
     seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
-    batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops,
-                                       tree_flops(config) if min_batch_flops else None, sized.cap)
+    flops_of = None
+    if min_batch_flops:
+        assert config is not None, "make_plan: a FLOPs floor needs the model's config"
+        flops_of = tree_flops(config)
+    batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops, flops_of,
+                                       sized.cap)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]

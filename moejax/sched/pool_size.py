@@ -8,9 +8,13 @@ log-probabilities come from a scoring pass)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from moejax.kv_pool import BLOCK
 from moejax.offload.memory_plan import RESERVE_FRACTION, device_budget_bytes, size
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 DEFAULT_MB = 1024.0
 
@@ -30,7 +34,7 @@ class PoolSize:
                 f"{size(self.blocks * self.block_bytes)} ({self.source})")
 
 
-def pool_size(engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
+def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
     """sequences: (prompt tokens, max_tokens) of every sequence to generate (each choice counts; max_tokens >= 1)."""
     block_bytes = engine.kv_bytes_per_token() * BLOCK
     plan = engine.memory_plan
@@ -41,7 +45,7 @@ def pool_size(engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None
         budget, source = kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}"
         room = None if device is None else max(device - weights, 0)
         # what is allocated: the given size, capped at the run's use (below)
-        if room is not None and min(budget, sum(each) * block_bytes) > room:
+        if device is not None and room is not None and min(budget, sum(each) * block_bytes) > room:
             raise PoolTooLarge(
                 f"--kv-pool-mb {kv_pool_mb:g}: the device budget {size(device)} less {size(weights)} of weights "
                 f"leaves {size(room)} ({room / 2**20:.1f} MiB), too little for this pool; give at most that")

@@ -7,11 +7,15 @@ import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from moejax.kv_pool import BLOCK
 
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
-def cache_blocks(engine, megabytes: float) -> int:
+
+def cache_blocks(engine: Engine, megabytes: float) -> int:
     """Blocks of BLOCK tokens' KV that `megabytes` of prefix cache hold on `engine`."""
     return int(megabytes * 2**20 // (engine.kv_bytes_per_token() * BLOCK))
 

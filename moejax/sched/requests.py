@@ -9,9 +9,15 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from moejax.sched.fields import Invalid, flag, is_int, nonempty_list, number, reject_unknown, show, string_field
 from moejax.sched.openai_params import NO_OP_KEYS, check_no_ops
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from moejax.chat import ChatTemplate
 
 SCORE_URL = "/v1/score"
 COMPLETIONS_URL = "/v1/completions"
@@ -98,8 +104,8 @@ class BadLine:
 Request = ScoreRequest | CompletionRequest
 
 
-def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context: int,
-                chat=None) -> list[Request | BadLine]:
+def parse_lines(lines: Iterable[str], *, tokenizer: Tokenizer | None, vocab_size: int, max_context: int,
+                chat: ChatTemplate | None = None) -> list[Request | BadLine]:
     """One entry per input line, in order. A repeated custom_id makes the later line bad; the first
     line carrying it keeps it (even if that line is itself bad), so output custom_ids stay unique
     where possible. Iterate a file object rather than split its text: a final newline must not
@@ -117,8 +123,8 @@ def parse_lines(lines: Iterable[str], *, tokenizer, vocab_size: int, max_context
     return out
 
 
-def parse_line(text: str, line: int, *, tokenizer, vocab_size: int, max_context: int,
-               chat=None) -> Request | BadLine:
+def parse_line(text: str, line: int, *, tokenizer: Tokenizer | None, vocab_size: int, max_context: int,
+               chat: ChatTemplate | None = None) -> Request | BadLine:
     """One JSONL line -> a request, or a BadLine naming what is wrong. chat: the model's chat template
     (moejax.chat.ChatTemplate), or None when it has none."""
     if not text.strip():
@@ -200,7 +206,7 @@ class _Parser:
         if "n" in body and (not is_int(body["n"]) or body["n"] != 1):
             raise Invalid(f"body.n: must be 1 for scoring; got {show(body['n'])}")
         cands = self.candidates(body)
-        suffixes = ()
+        suffixes: tuple[tuple[int, ...], ...] = ()
         if "suffixes" in body:
             items = nonempty_list(body["suffixes"], "body.suffixes", "strings or token id lists")
             suffixes = tuple(self.text_or_ids(s, f"body.suffixes[{i}]") for i, s in enumerate(items))

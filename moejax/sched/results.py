@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from typing import TextIO
 
 _FSYNC_EVERY_S = 1.0  # flush every write, but fsync at most this often (and always at close)
 
@@ -32,7 +33,7 @@ def ok_line(line: int, custom_id: str, body: dict, *, rid: str | None = None) ->
             "error": None}
 
 
-def error_line(line: int, custom_id: str | None, message: str, *, code="invalid_request", status=400,
+def error_line(line: int, custom_id: str | None, message: str, *, code: str = "invalid_request", status: int = 400,
                rid: str | None = None, param: str | None = None) -> dict:
     """An OpenAI Batch output line for a refused (4xx) or failed (5xx) request: the body is OpenAI's error object.
     `line` and the top-level `error` (code, message) are kept for readers of earlier moejax output."""
@@ -78,7 +79,7 @@ class ResultStore:
         # line -> serialized result; keeping the text means a rerun rewrites byte-identical output.
         self._results: dict[int, str] = {}
         self._failed: set[int] = set()  # lines whose result is an error (loaded results are all served ones)
-        self._journal = None
+        self._journal: TextIO | None = None
         self._has_header = False
         self._foreign: dict[str, int] = {}  # file -> results made with other settings
         self._foreign_settings: dict | None = None  # another journal header's settings
@@ -181,7 +182,7 @@ class ResultStore:
                               "kept: make room (or fix the folder's permissions) and rerun the same command to "
                               "resume") from None
 
-    def _open_journal(self):
+    def _open_journal(self) -> TextIO:
         journal = open(self.journal_path, "a", encoding="utf-8")
         # A crash may have left a torn last line; start on a fresh line so the next entry parses.
         if journal.tell() > 0:
@@ -250,7 +251,7 @@ class ResultStore:
     def __enter__(self) -> ResultStore:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 
 from moejax.compiles import Compiles, counting
 
@@ -25,17 +26,17 @@ KINDS = ("loop", "chunk", "decode")
 
 
 class StepTimes:
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds = {kind: dict.fromkeys(PHASES, 0.0) for kind in KINDS}
         self.steps = dict.fromkeys(KINDS, 0)  # the loop's: its iterations
         self.jax_compile = Compiles()
 
-    def listening(self):
+    def listening(self) -> contextlib.AbstractContextManager[Compiles]:
         """Count JAX's own tracing, lowering and compiling (every program of this process) meanwhile."""
         return counting(self.jax_compile)
 
     @contextlib.contextmanager
-    def phase(self, kind: str, name: str):
+    def phase(self, kind: str, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield
@@ -45,7 +46,7 @@ class StepTimes:
     def as_dict(self) -> dict:
         """Seconds per kind and phase, and per step of each kind in milliseconds (phases that took no time left
         out)."""
-        out = {}
+        out: dict[str, object] = {}
         for kind in KINDS:
             spent = {p: s for p, s in self.seconds[kind].items() if s}
             steps = self.steps[kind]

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def byte_level_table() -> dict[str, int]:
@@ -27,11 +32,11 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece-style byte
 _METASPACE = "\u2581"  # "▁": SentencePiece's space
 
 
-def _decoder_kinds(tokenizer) -> set[str]:
+def _decoder_kinds(tokenizer: Tokenizer) -> set[str]:
     """The types of the tokenizer's decoder and of the decoders in its Sequence (tokenizer.json's `decoder`)."""
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
     parts = decoder.get("decoders") or [decoder]
-    kinds = {d.get("type") for d in parts if isinstance(d, dict)}
+    kinds = {d["type"] for d in parts if isinstance(d, dict) and isinstance(d.get("type"), str)}
     return kinds | {"Metaspace"} if _METASPACE in str(decoder) else kinds  # a Replace("▁", " ") counts too
 
 
@@ -43,12 +48,12 @@ def escaped(data: bytes) -> str:
 class TokenText:
     """Token texts of a `tokenizers.Tokenizer` (cached per id); a tokenizer-less model's tokens are `token_id:N`."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
         self._kinds = set() if tokenizer is None else _decoder_kinds(tokenizer)
         self._bytes: dict[int, bytes | None] = {}
 
-    def decode(self, ids) -> str | None:
+    def decode(self, ids: Iterable[int]) -> str | None:
         """The text of `ids`, special tokens included (transformers' default); None without a tokenizer."""
         return None if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
@@ -73,7 +78,9 @@ class TokenText:
             return bytes([int(m.group(1), 16)])
         if "Metaspace" in self._kinds:
             return entry.replace(_METASPACE, " ").encode("utf-8")
-        return self.decode([token]).encode("utf-8")
+        text = self.decode([token])
+        assert text is not None  # the tokenizer knew the token
+        return text.encode("utf-8")
 
     def text(self, token: int) -> str | None:
         """The token's text when its bytes are whole UTF-8 characters, else None."""
@@ -99,7 +106,7 @@ class TokenText:
         name = text if text is not None else f"token_id:{token}" if data is None else escaped(data)
         return {"token": name, "logprob": logprob, "bytes": None if data is None else list(data)}
 
-    def offsets(self, ids) -> list[int]:
+    def offsets(self, ids: Iterable[int]) -> list[int]:
         """Where each token starts in decode(ids), as a str index (characters, as OpenAI's text_offset): a token
         whose first byte continues a character started by an earlier token starts where that character does."""
         data, starts = bytearray(), []

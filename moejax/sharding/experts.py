@@ -19,18 +19,30 @@ Under attn=tp every device holds every token: the programs that split tokens tak
 replicated input and all-gather their outputs back."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.sharding.layout import Layout
 
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from moejax.models.moe import ExpertFFN, MoEBlock
+
 AXIS = "x"
+ArrayT = TypeVar("ArrayT", np.ndarray, jax.Array)  # a checkpoint's numpy array or a jax one
 _f32 = jnp.float32
 
 
-def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: dict, route=None):
+def sharded_routed(layout: Layout, mesh: Mesh, local_ffn: ExpertFFN, x2: jax.Array, idx: jax.Array | None,
+                   weights: jax.Array | None, experts: dict[str, jax.Array],
+                   route: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None = None) -> jax.Array:
     """x2 [N, D], idx / weights [N, k] -> [N, D] in x2.dtype, as local_ffn on one device would give.
     With `route` (x2 -> idx, weights) instead of idx/weights, routing runs inside the program on each device's
     tokens (a top-k over tokens split across devices would otherwise be gathered by the partitioner)."""
@@ -43,6 +55,7 @@ def sharded_routed(layout: Layout, mesh, local_ffn, x2, idx, weights, experts: d
     if pad:
         x2 = jnp.pad(x2, ((0, pad), (0, 0)))
         if route is None:
+            assert idx is not None and weights is not None  # given when routing is not
             idx, weights = jnp.pad(idx, ((0, pad), (0, 0))), jnp.pad(weights, ((0, pad), (0, 0)))
     names = sorted(experts)
     token_spec = P(AXIS)
@@ -79,7 +92,7 @@ TP_SPECS = {"we_gate_up": P(None, None, AXIS), "be_gate_up": P(None, AXIS), "we_
             "be_down": P()}
 
 
-def tp_columns(array, devices: int):
+def tp_columns(array: ArrayT, devices: int) -> ArrayT:
     """[..., 2I] laid out [gate | up] -> [gate_0 | up_0 | gate_1 | up_1 | ...]: device p's contiguous
     1/devices slice is then its own [gate_p | up_p], which the local GLU splits in half."""
     *lead, two_i = array.shape
@@ -147,9 +160,9 @@ class ShardedExperts:
     experts as one program over the mesh (sharded_routed), routing inside it so top-k stays on each device's own
     tokens. One object serves every block: the graphdefs of equal layers stay equal."""
 
-    def __init__(self, layout: Layout, mesh):
+    def __init__(self, layout: Layout, mesh: Mesh) -> None:
         self.layout, self.mesh = layout, mesh
 
-    def __call__(self, block, x2, backend: str):
+    def __call__(self, block: MoEBlock, x2: jax.Array, backend: str) -> jax.Array:
         return sharded_routed(self.layout, self.mesh, block._local_ffn(backend), x2, None, None,
                               block.expert_weights(), route=block.route_tokens)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
-from jax.sharding import NamedSharding
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import local_expert_ffn
@@ -22,10 +25,16 @@ from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
 from moejax.sharding.layout import Layout
 
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+
 _LOCAL = Layout(attn="dp", experts="replicated")  # each device its own tokens against whole experts
 
 
-def moe_and_gather(graphdef, state, x, y, idx, weights, experts, next_shards, *, run, whole):
+def moe_and_gather(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, y: jax.Array, idx: jax.Array,
+                   weights: jax.Array, experts: dict[str, jax.Array], next_shards: dict[str, jax.Array] | None, *,
+                   run: Callable[..., jax.Array], whole: NamedSharding
+                   ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """Layer l's routed experts (whole on every device) + shared expert + residual, and layer l+1's experts
     gathered whole from their shards (None: nothing to gather)."""
     out = layered.finish(graphdef, state, x, y, run(y.reshape(-1, y.shape[-1]), idx, weights, experts))
@@ -37,7 +46,7 @@ class GatheredStreamed:
     """Placement for `layout="attn=dp,experts=async_ep", placement="streamed", window=W`."""
     name = "async_ep+streamed"
 
-    def __init__(self, store: HostStore, window: int, mesh, cfg, backend: str):
+    def __init__(self, store: HostStore, window: int, mesh: Mesh, cfg: ModelConfig, backend: str) -> None:
         if window < 1:
             raise ValueError(f"async_ep streamed placement: window must be >= 1, got {window}")
         self.store, self.window = store, int(window)
@@ -50,7 +59,7 @@ class GatheredStreamed:
         self._shards: dict[int, dict] = {}  # layer -> its shards on the devices (or on their way)
         self._whole: dict[int, dict] = {}  # layer -> its experts whole on every device
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
         first = self._order[0]
         if first not in self._whole:  # nothing computes before the first MoE layer: its gather waits
             self._whole[first] = self._gather(self._take(first))
@@ -58,7 +67,7 @@ class GatheredStreamed:
         for layer in self._order[1:self.window + 2]:
             self._prefetch(layer)
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         layer = handle.index
         p = self._order.index(layer)
         experts = self._whole.pop(layer, None)
@@ -80,11 +89,12 @@ class GatheredStreamed:
         return out
 
     # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
-    def ready_experts(self, layer: int) -> dict:
+    def ready_experts(self, layer: int) -> dict[str, jax.Array]:
         """A layer's experts whole on every device, waited for."""
         return jax.block_until_ready(self._gather(self.store.fetch(layer)))
 
-    def moe_ready(self, handle, x, y, idx, weights, experts):
+    def moe_ready(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
+                  experts: dict[str, jax.Array]) -> jax.Array:
         return handle(self._step, x, y, idx, weights, experts, None)[0]
 
     def _take(self, layer: int) -> dict:

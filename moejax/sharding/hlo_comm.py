@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from typing import Any
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>[^%\"]*?)\s+"
@@ -58,7 +59,7 @@ def array_bytes(dtype: str, dims: tuple) -> int:
     return math.ceil(math.prod(dims) * dtype_bits(dtype) / 8)
 
 
-def parse_type(text: str):
+def parse_type(text: str) -> Any:
     """An HLO result type -> an array (dtype, dims) or a (nested) list of them for a tuple.
     `(f32[8,16]{1,0}, /*index=5*/s32[8]{0})` -> [("f32", (8, 16)), ("s32", (8,))]."""
     text = re.sub(r"/\*.*?\*/", "", text)
@@ -108,7 +109,9 @@ def group_size(attrs: str, devices: int | None) -> int:
     if spec.startswith("mesh"):
         sizes = dict(re.findall(r"'([^']+)'=(\d+)", spec))
         size = 1
-        for axis in re.search(r"\{([^}]*)\}", spec.split("]", 1)[1]).group(1).split(","):
+        axes = re.search(r"\{([^}]*)\}", spec.split("]", 1)[1])
+        assert axes is not None  # the replica_groups pattern above matched mesh[...]{...}
+        for axis in axes.group(1).split(","):
             name, _, sub = axis.strip().partition(":")  # a sub-axis reads 'a':(pre)size
             sub_size = re.search(r"\)(\d+)", sub)
             if not sub_size and name.strip("'") not in sizes:
@@ -148,7 +151,10 @@ def collectives(hlo_text: str) -> list[Collective]:
     """Every collective instruction in an HLO module's text (all computations), in text order."""
     header = re.search(r"num_partitions=(\d+)", hlo_text)
     devices = int(header.group(1)) if header else None
-    found, calls, loops, computation = [], {}, [], ""
+    found: list[Collective] = []
+    calls: dict[str, set[str]] = {}
+    loops: list[str] = []
+    computation = ""
     for line in hlo_text.splitlines():
         head = _COMPUTATION.match(line)
         if head:

@@ -56,7 +56,8 @@ class Layout:
             elif key in _INTS:
                 if not value.isdigit() or int(value) < 1:
                     raise ValueError(f"layout {spec!r}: {key} must be an int >= 1, got {value!r}")
-                value = int(value)
+                values[key] = int(value)
+                continue
             values[key] = value
         for key, allowed in (("attn", ATTN), ("experts", EXPERTS), ("exchange", EXCHANGES), ("order", ORDERS)):
             if key in values and values[key] not in allowed and not (key == "order" and values[key] == "auto"):
@@ -107,10 +108,11 @@ class Layout:
         elif a is None or b is None:
             n = n or available
             given = a if b is None else b
+            assert given is not None  # one of the two is given
             if given >= n:
                 raise ValueError(f"layout: experts=dep: {'attn' if b is None else 'expert'}_devices={given} leaves no "
                                  f"device of the {n} for the other group")
-            a, b = (a, n - a) if b is None else (n - b, b)
+            a, b = (given, n - given) if b is None else (n - given, given)
         elif n is not None and n != a + b:
             raise ValueError(f"layout: devices={n} but attn_devices={a} + expert_devices={b} = {a + b}")
         if a + b > available:
@@ -129,7 +131,10 @@ class Layout:
         attention devices, for each of its r1 micro-batches); 1 under attn=tp or before `resolve`."""
         if self.attn != "dp" or not self.devices:
             return 1
-        return self.attn_devices * self.r1 if self.experts == "dep" else self.devices
+        if self.experts != "dep":
+            return self.devices
+        assert self.attn_devices is not None  # resolved: DEP's groups are set with its devices
+        return self.attn_devices * self.r1
 
     def micro_batches(self, rows: int) -> tuple[int, ...]:
         """DEP: rows of each of the (up to) r1 micro-batches of a batch."""
@@ -138,6 +143,7 @@ class Layout:
     def token_chunks(self, tokens: int) -> tuple[tuple[int, int], ...]:
         """DEP: a micro-batch's tokens as (up to) r2 chunks of (real rows, padded rows); padded to a multiple of
         lcm(A, B) rows so that both groups split them evenly over their devices."""
+        assert self.attn_devices is not None and self.expert_devices is not None, "resolve the layout first"
         multiple = math.lcm(self.attn_devices, self.expert_devices)
         sizes = [len(c) for c in np.array_split(np.arange(tokens), min(self.r2, tokens))]
         return tuple((s, -(-s // multiple) * multiple) for s in sizes)

@@ -38,6 +38,7 @@ class DeviceWeights:
 def device_weights(shapes: dict, layout: Layout, first_moe: int | None, head_split: set[str]) -> DeviceWeights:
     """shapes: flat parameter path -> abstract array; head_split: attention array names split by heads (attn=tp)."""
     P = layout.devices
+    assert P is not None, "device_weights: resolve the layout first"
     rest = experts = first = 0
     per_layer: dict[int, int] = {}
     for path, a in shapes.items():
@@ -55,6 +56,7 @@ def device_weights(shapes: dict, layout: Layout, first_moe: int | None, head_spl
     if layout.experts == "replicated":
         return DeviceWeights(str(layout), rest, experts)
     if layout.experts == "dep":
+        assert layout.expert_devices is not None  # resolved with its devices
         return DeviceWeights(str(layout), rest, 0, experts // layout.expert_devices)
     if layout.experts == "async_ep":  # shards of the later layers, the first whole, one gathered layer whole
         return DeviceWeights(str(layout), rest, (experts - first) // P + first + layer_experts)

@@ -65,7 +65,7 @@ def same_everywhere(data: bytes) -> bool:
     return bool((multihost_utils.process_allgather(digest) == digest).all())
 
 
-def shard_rows(batch: np.ndarray, mesh) -> jax.Array:
+def shard_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     """A host batch [B, ...], the same in every process, as one global array split by rows over the 1-D `mesh`.
     Rows are padded with zeros to a multiple of the mesh's devices (a global array splits only evenly); each
     process passes just the rows its own devices hold."""
@@ -80,7 +80,8 @@ def shard_rows(batch: np.ndarray, mesh) -> jax.Array:
     padded[: batch.shape[0]] = batch
     sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
     # The rows of this process's devices, in global order (make_array_from_process_local_data's local layout).
-    starts = sorted({idx[0].start or 0 for idx in sharding.addressable_devices_indices_map(padded.shape).values()})
+    indices = sharding.addressable_devices_indices_map(padded.shape).values()
+    starts = sorted({idx[0].start or 0 for idx in indices if idx is not None})  # a NamedSharding's are never None
     per_device = rows // mesh.size
     local = np.concatenate([padded[s: s + per_device] for s in starts])
     return jax.make_array_from_process_local_data(sharding, local, padded.shape)

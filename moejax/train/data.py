@@ -4,13 +4,17 @@ exactly the batches an uninterrupted one would."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from moejax.train import corpus
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
-def tokenize_files(tok, root: str, files: list[str], eos_id: int) -> np.ndarray:
+
+def tokenize_files(tok: Tokenizer, root: str, files: list[str], eos_id: int) -> np.ndarray:
     """Every file's tokens followed by the end-of-text token, concatenated."""
     texts = [corpus.read_source(os.path.join(root, f)) for f in files]
     out = []

@@ -9,12 +9,14 @@ estimator is used, chosen to maximise the hybrid's recall."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from moejax.offload.layered import LayeredSteps
 from moejax.offload.predict import estimator as est
 from moejax.offload.predict.layer_ops import quasi_hidden, route_logits
 from moejax.offload.predict.learned import EstimatorPredictor
@@ -23,7 +25,9 @@ from moejax.offload.predict.router import DefaultVectors, RouterPredictor
 from moejax.offload.predict.traces import Traces
 
 
-def estimator_pairs(steps, traces: Traces, vectors: DefaultVectors, distance: int, truth=None, chunk: int = 8192):
+def estimator_pairs(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors, distance: int,
+                    truth: list[tuple[np.ndarray, np.ndarray]] | None = None, chunk: int = 8192
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """-> (quasi-hidden inputs [P, D], source ids [P], true target logits [P, E], target MoE position [P])."""
     truth = truth or true_routing(steps, traces, chunk)
     moe, M = traces.moe_layers, len(traces.moe_layers)
@@ -49,7 +53,8 @@ def _kl(params, q, source, target):
     return jnp.mean(jnp.sum(p_true * (jax.nn.log_softmax(target, axis=-1) - logp), axis=-1))
 
 
-def pair_recall(steps, moe_layers, params, pairs, chunk: int = 8192) -> dict[int, float]:
+def pair_recall(steps: LayeredSteps, moe_layers: Sequence[int], params: dict, pairs: tuple, chunk: int = 8192
+                ) -> dict[int, float]:
     """Recall of the estimator on (q, source, true logits, target position) pairs, per target layer: both sets of
     logits routed by the target layer's own routing."""
     q, source, target, position = pairs
@@ -71,19 +76,20 @@ def pair_recall(steps, moe_layers, params, pairs, chunk: int = 8192) -> dict[int
 def choose_hybrid(router: dict[int, float], estimator: dict[int, float]) -> tuple[float, list[int]]:
     """The threshold on router recall (and the target layers under it) that maximises the hybrid's mean recall;
     ties go to fewer estimator layers."""
-    best = (np.mean(list(router.values())), 0.0, [])
+    best: tuple[float, float, list[int]] = (float(np.mean(list(router.values()))), 0.0, [])
     for tau in sorted(set(router.values())):
         tau = float(np.nextafter(tau, 1.0))  # layers with router recall < tau use the estimator
         chosen = [t for t in router if router[t] < tau]
-        score = np.mean([estimator[t] if t in chosen else router[t] for t in router])
+        score = float(np.mean([estimator[t] if t in chosen else router[t] for t in router]))
         if score > best[0] + 1e-12:
             best = (score, tau, chosen)
     return best[1], sorted(best[2])
 
 
-def distill(steps, traces: Traces, vectors: DefaultVectors, *, distance: int = 1, train_steps: int = 2000,
+def distill(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors, *, distance: int = 1, train_steps: int = 2000,
             batch: int = 1024, lr: float = 2e-3, latent: int = 256, mlp: int = 512, seed: int = 0,
-            eval_every: int = 250, validation_every: int = 10, log=print, progress: bool | None = None):
+            eval_every: int = 250, validation_every: int = 10, log: Callable[[str], None] = print,
+            progress: bool | None = None) -> est.EstimatorNet:
     """Traces (and the default vectors they were calibrated with) -> a trained EstimatorNet whose info records
     tokens, pairs, steps, seconds, the validation KL and recall per layer and the Hybrid-PF choice."""
     train, validation = traces.split(validation_every)

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
@@ -14,6 +15,9 @@ import numpy as np
 from moejax.config import ModelConfig
 from moejax.models.families import Experts, source
 from moejax.train.model import LOAD_BALANCE_COEF, Z_LOSS_COEF, TrainModel
+
+if TYPE_CHECKING:
+    from moejax.train.loop import Run
 
 _NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
@@ -41,7 +45,7 @@ def hf_tensors(cfg: ModelConfig, model: TrainModel, params: dict, dtype: str) ->
     return {k: np.ascontiguousarray(v.astype(to)) for k, v in out.items()}
 
 
-def export(run, result: dict, target: str, *, dtype: str = "bfloat16", quality: dict | None = None) -> None:
+def export(run: Run, result: dict, target: str, *, dtype: str = "bfloat16", quality: dict | None = None) -> None:
     """Write the checkpoint of `result` (train()'s return) into `target` (replaced if it exists), then measure
     it on the run's held-out split (moejax.train.quality) for the model card unless `quality` is given."""
     from safetensors.numpy import save_file
@@ -74,7 +78,7 @@ def _machine() -> str:
     return f"{os.cpu_count()} CPU cores ({cpu}), {platform.system()}"
 
 
-def model_card(run, result: dict, q: dict, dtype: str) -> str:
+def model_card(run: Run, result: dict, q: dict, dtype: str) -> str:
     s, c, cfg = run.settings, run.corpus, run.cfg
     params = sum(int(np.prod(v.shape)) for v in result["params"].values())
     ratio = q["perplexity"] / q["bigram_perplexity"]

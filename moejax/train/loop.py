@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +58,7 @@ class Settings:
             raise ValueError("train: peak_lr and clip_norm must be > 0")
 
 
-def optimizer(s: Settings):
+def optimizer(s: Settings) -> tuple[optax.GradientTransformation, Callable[[int], Any]]:
     schedule = optax.warmup_cosine_decay_schedule(0.0, s.peak_lr, max(s.warmup_steps, 1), s.steps,
                                                   end_value=s.peak_lr * s.final_lr_ratio)
     # no weight decay on norm scales (1-D)
@@ -69,7 +71,8 @@ def optimizer(s: Settings):
 class Run:
     """A run directory, prepared (tokenizer, tokens, run.json) or reopened."""
 
-    def __init__(self, out: str, settings: Settings | None = None, *, resume: bool = False, log=print):
+    def __init__(self, out: str, settings: Settings | None = None, *, resume: bool = False,
+                 log: Callable[[str], None] = print) -> None:
         self.out, self.log = out, log
         run_json = os.path.join(out, "run.json")
         if resume:
@@ -91,7 +94,9 @@ class Run:
             self._prepare()
         from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(os.path.join(out, "tokenizer", "tokenizer.json"))
-        self.eos_id = self.tokenizer.token_to_id(END_OF_TEXT)
+        eos_id = self.tokenizer.token_to_id(END_OF_TEXT)
+        assert eos_id is not None, f"{END_OF_TEXT} is not in the run's tokenizer"  # _prepare trains it in
+        self.eos_id = eos_id
         self.hf_config = train_config(self.settings.config, eos_token_id=self.eos_id)
         self.cfg = ModelConfig.from_hf(self.hf_config)
         self.train_tokens = np.load(os.path.join(out, "tokens-train.npy"))
@@ -110,6 +115,7 @@ class Run:
         save_tokenizer(tok, os.path.join(self.out, "tokenizer"),
                        max_length=train_config(s.config, eos_token_id=0)["max_position_embeddings"])
         eos = tok.token_to_id(END_OF_TEXT)
+        assert eos is not None  # train_tokenizer makes it a special token
         train = tokenize_files(tok, root, train_files, eos)
         held_out = tokenize_files(tok, root, held_out_files, eos)
         np.save(os.path.join(self.out, "tokens-train.npy"), train)
@@ -168,8 +174,8 @@ def train(run: Run, *, progress: bool | None = None) -> dict:
     step, wall_before, tokens_seen = 0, 0.0, 0
     latest = ckpts.latest_step()
     if latest is not None:
-        state, position = ckpts.restore(latest, state)
-        step, wall_before, tokens_seen = position["step"], position["wall_s"], position["tokens_seen"]
+        state, restored = ckpts.restore(latest, state)
+        step, wall_before, tokens_seen = restored["step"], restored["wall_s"], restored["tokens_seen"]
         run.log(f"resumed from the checkpoint at step {step} ({tokens_seen} tokens seen)")
         _drop_metrics_after(os.path.join(run.out, "metrics.jsonl"), step)  # those steps run again
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
@@ -39,7 +40,7 @@ def name_of(path: tuple) -> str:
 class TrainModel:
     """cfg's MoEModel split into a graph and flat float32 parameters; `apply` merges them back."""
 
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32):
+    def __init__(self, cfg: ModelConfig, dtype: DTypeLike = jnp.float32) -> None:
         self.cfg = cfg
         abstract = nnx.eval_shape(lambda: MoEModel(cfg, dtype))
         self.graphdef, state = nnx.split(abstract)
@@ -53,12 +54,13 @@ class TrainModel:
     def module(self, params: dict) -> MoEModel:
         return nnx.merge(self.graphdef, nnx.from_flat_state({self.paths[n]: v for n, v in params.items()}))
 
-    def apply(self, params: dict, tokens, kernels: Kernels = TRAIN_KERNELS):
+    def apply(self, params: dict, tokens: jax.Array, kernels: Kernels = TRAIN_KERNELS
+              ) -> tuple[jax.Array, list[jax.Array]]:
         """tokens [B, T] -> (float32 logits [B, T, V], router logits per MoE layer [[B*T, E], ...])."""
         return forward_with_router(self.module(params), tokens, kernels)
 
 
-def forward_with_router(model: MoEModel, tokens, kernels: Kernels):
+def forward_with_router(model: MoEModel, tokens: jax.Array, kernels: Kernels) -> tuple[jax.Array, list[jax.Array]]:
     """tokens [B, T] -> (float32 logits [B, T, V], router logits per MoE layer in layer order [[B*T, E], ...])."""
     for layer in model.layers:
         if isinstance(layer.mlp, MoEBlock):
@@ -82,7 +84,7 @@ def router_losses(cfg: ModelConfig, router_logits: list) -> tuple:
     return jnp.mean(jnp.stack(balance)), jnp.mean(jnp.stack(z))
 
 
-def loss_fn(model: TrainModel, params: dict, window) -> tuple:
+def loss_fn(model: TrainModel, params: dict, window: jax.Array) -> tuple:
     """window [B, T + 1] -> (total loss, metrics dict)."""
     logits, router = model.apply(params, window[:, :-1])
     targets = window[:, 1:]

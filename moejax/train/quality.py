@@ -4,6 +4,8 @@ interpolated bigram model fit on training tokens (the floor a trained model must
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,10 @@ from flax import nnx
 
 from moejax.models.moe import route
 from moejax.train.model import forward_with_router
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.train.loop import Run
 
 
 def _windows(tokens: np.ndarray, window: int) -> np.ndarray:
@@ -23,7 +29,7 @@ def _windows(tokens: np.ndarray, window: int) -> np.ndarray:
     return np.stack([tokens[i * window:i * window + window + 1] for i in range(n)])
 
 
-def model_quality(engine, tokens: np.ndarray, *, window: int = 512, batch: int = 4) -> dict:
+def model_quality(engine: Engine, tokens: np.ndarray, *, window: int = 512, batch: int = 4) -> dict:
     """engine (moejax.Engine, resident on one device) over `tokens` in windows of `window` ->
     {"perplexity", "top1_accuracy", "expert_share": [[share per expert] per MoE layer], "tokens", "window"}."""
     if engine.layer_by_layer or engine.layout is not None:
@@ -82,6 +88,7 @@ def bigram_quality(train: np.ndarray, held_out: np.ndarray, vocab: int, *, windo
         nll = -np.mean(np.log(lam_eff * p_bigram + (1 - lam_eff) * unigram[nxt]))
         if best is None or nll < best[0]:
             best = (nll, float(lam))
+    assert best is not None  # 34 values of lambda tried
     # its most likely next token: the most frequent follower (the unigram argmax after an unseen token)
     follower = np.where(from_prev > 0, pairs.argmax(axis=1), unigram.argmax())
     return dict(bigram_perplexity=float(np.exp(best[0])), bigram_top1_accuracy=float(np.mean(follower[prev] == nxt)),
@@ -103,7 +110,7 @@ def parses(code: str) -> bool:
     return False
 
 
-def greedy_samples(engine, prompts=GREEDY_PROMPTS, *, max_new: int = 24) -> list[dict]:
+def greedy_samples(engine: Engine, prompts: Sequence[str] = GREEDY_PROMPTS, *, max_new: int = 24) -> list[dict]:
     """Each prompt's greedy completion up to the first blank line or end of text, and whether prompt + completion
     is valid Python (`parses`)."""
     tok = engine.tokenizer
@@ -115,7 +122,7 @@ def greedy_samples(engine, prompts=GREEDY_PROMPTS, *, max_new: int = 24) -> list
     return samples
 
 
-def run_quality(checkpoint: str, run) -> dict:
+def run_quality(checkpoint: str, run: Run) -> dict:
     """The model card's numbers: the exported checkpoint (as served: its own dtype) on the run's held-out split,
     the bigram fit on its training split."""
     import moejax

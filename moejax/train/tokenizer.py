@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 END_OF_TEXT = "<|endoftext|>"  # separates documents in training and ends generation
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     if vocab_size < 257 + 1:
         raise ValueError(f"vocab_size must hold the 256 bytes and {END_OF_TEXT}: at least 258, got {vocab_size}")
@@ -24,7 +28,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
     return tok
 
 
-def save_tokenizer(tok, directory: str, *, max_length: int) -> None:
+def save_tokenizer(tok: Tokenizer, directory: str, *, max_length: int) -> None:
     """tokenizer.json and tokenizer_config.json into `directory`."""
     os.makedirs(directory, exist_ok=True)
     tok.save(os.path.join(directory, "tokenizer.json"))

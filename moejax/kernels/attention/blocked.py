@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -22,8 +23,9 @@ _f32 = jnp.float32
 Ranges = tuple[tuple[int, int], ...]
 
 
-def attention(q, k, v, blocks: Sequence[tuple[int, int, Ranges]], visible: Callable, scale: float, sinks=None,
-              return_lse: bool = False):
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, blocks: Sequence[tuple[int, int, Ranges]], visible: Callable,
+              scale: float, sinks: jax.Array | None = None, return_lse: bool = False
+              ) -> tuple[jax.Array, jax.Array | None]:
     """q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv]; blocks: (q_start, q_end, key ranges) covering [0, T);
     visible(q_start, q_end, key_idx int array [K]) -> bool [B, q_end - q_start, K].
     -> (out [B,T,Hq,Dv] in q.dtype, lse [B,T,Hq] float32 without sinks, or None)."""
@@ -72,7 +74,7 @@ def _take(x, ranges: Ranges):
 def causal_blocks(T: int, S: int, window: int | None = None, block: int = BLOCK) -> list[tuple[int, int, Ranges]]:
     """Queries are the last T of S keys: block [qs, qe) reads keys [lo, S - T + qe), lo the first key its
     first query's window reaches."""
-    out = []
+    out: list[tuple[int, int, Ranges]] = []
     for qs in range(0, T, block):
         qe = min(qs + block, T)
         lo = 0 if window is None else max(0, S - T + qs - window + 1)
@@ -98,8 +100,8 @@ def tree_blocks(T: int, prior: int, head: int, window: int | None, block: int = 
     return out
 
 
-def _merge(ranges) -> Ranges:
-    merged = []
+def _merge(ranges: list[tuple[int, int]]) -> Ranges:
+    merged: list[tuple[int, int]] = []
     for lo, hi in ranges:
         if merged and merged[-1][1] == lo:
             merged[-1] = (merged[-1][0], hi)

@@ -11,9 +11,12 @@ exact log-sum-exp combination, and sinks enter the denominator once, there.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from moejax.kernels.attention.op import attention
 
@@ -21,8 +24,10 @@ _f32 = jnp.float32
 
 
 @functools.partial(jax.jit, static_argnames=("sliding_window", "scale", "backend"))
-def cascade_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, *, suffix_lengths=None, sinks=None,
-                      sliding_window=None, scale=None, backend="auto"):
+def cascade_attention(q: jax.Array, k_prefix: jax.Array, v_prefix: jax.Array, k_suffix: jax.Array, v_suffix: jax.Array,
+                      *, suffix_lengths: ArrayLike | None = None, sinks: jax.Array | None = None,
+                      sliding_window: int | None = None, scale: float | None = None, backend: str = "auto"
+                      ) -> jax.Array:
     """q [N,T,Hq,D]; k_prefix [P,Hkv,D], v_prefix [P,Hkv,Dv] (positions 0..P-1); k_suffix [N,T,Hkv,D],
     v_suffix [N,T,Hkv,Dv] (suffix token t at position P + t); suffix_lengths [N] valid suffix tokens (None = T).
     -> [N,T,Hq,Dv] in q.dtype, equal to causal attention of each sibling over prefix + its valid suffix.
@@ -36,7 +41,7 @@ def cascade_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, *, suffix_lengt
     if Hq % Hkv != 0:
         raise ValueError(f"query heads Hq={Hq} are not a multiple of kv heads Hkv={Hkv}")
     G = Hq // Hkv
-    kw = dict(sliding_window=sliding_window, scale=scale, return_lse=True, backend=backend)
+    kw: dict[str, Any] = dict(sliding_window=sliding_window, scale=scale, return_lse=True, backend=backend)
 
     out_s, lse_s = attention(q, k_suffix, v_suffix, causal=True, q_offset=jnp.zeros((N,), jnp.int32),
                              kv_lengths=suffix_lengths, **kw)
@@ -52,7 +57,7 @@ def cascade_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, *, suffix_lengt
     return merge(parts, sinks).astype(q.dtype)
 
 
-def merge(parts, sinks=None):
+def merge(parts: Sequence[tuple[jax.Array, jax.Array]], sinks: jax.Array | None = None) -> jax.Array:
     """Exact softmax over the union of disjoint key sets, from each set's (out [...,H,Dv], lse [...,H]);
     sinks [H] add exp(sink) to the denominator. A query that sees nothing anywhere gets 0."""
     lses = [lse for _, lse in parts]

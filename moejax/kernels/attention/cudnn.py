@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from moejax.kernels.platform import on_gpu
 
 HEAD_DIMS = (64, 128)  # conservative: what every cuDNN 9 flash kernel on Ampere/Hopper runs
 
 
-def unsupported_reason(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse) -> str | None:
+def unsupported_reason(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sliding_window: int | None,
+                       sinks: jax.Array | None, q_offset: ArrayLike | None, kv_lengths: ArrayLike | None,
+                       return_lse: bool) -> str | None:
     """None when `attention` below computes this case exactly, else why not."""
     if not on_gpu():
         return "not on a GPU"
@@ -30,11 +33,14 @@ def unsupported_reason(q, k, v, causal, sliding_window, sinks, q_offset, kv_leng
     return None
 
 
-def supports(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse) -> bool:
+def supports(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sliding_window: int | None,
+             sinks: jax.Array | None, q_offset: ArrayLike | None, kv_lengths: ArrayLike | None, return_lse: bool
+             ) -> bool:
     return unsupported_reason(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse) is None
 
 
-def attention(q, k, v, *, causal, window, kv_lengths, scale):
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, window: int | None,
+              kv_lengths: jax.Array | None, scale: float) -> jax.Array:
     """kv_lengths int32 [B] or None. Query t sits at position t (see module doc)."""
     out = jax.nn.dot_product_attention(
         q, k, v, scale=scale, is_causal=causal, key_value_seq_lengths=kv_lengths,

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from moejax.kernels.attention import blocked, cudnn, pallas, reference, xla
 from moejax.kernels.platform import on_gpu, pallas_unavailable, resolve
@@ -23,8 +25,26 @@ from moejax.kernels.platform import on_gpu, pallas_unavailable, resolve
 BACKENDS = ("reference", "xla", "pallas", "pallas_interpret", "cudnn")
 
 
-def attention(q, k, v, *, causal=True, sliding_window=None, sinks=None, q_offset=None, kv_lengths=None,
-              scale=None, return_lse=False, backend="auto"):
+@overload
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = ..., sliding_window: int | None = ...,
+              sinks: jax.Array | None = ..., q_offset: ArrayLike | None = ..., kv_lengths: ArrayLike | None = ...,
+              scale: float | None = ..., return_lse: Literal[False] = ..., backend: str = ...) -> jax.Array: ...
+@overload
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = ..., sliding_window: int | None = ...,
+              sinks: jax.Array | None = ..., q_offset: ArrayLike | None = ..., kv_lengths: ArrayLike | None = ...,
+              scale: float | None = ..., return_lse: Literal[True], backend: str = ...
+              ) -> tuple[jax.Array, jax.Array]: ...
+@overload
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = ..., sliding_window: int | None = ...,
+              sinks: jax.Array | None = ..., q_offset: ArrayLike | None = ..., kv_lengths: ArrayLike | None = ...,
+              scale: float | None = ..., return_lse: bool = ..., backend: str = ...
+              ) -> jax.Array | tuple[jax.Array, jax.Array]: ...
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, sliding_window: int | None = None,
+              sinks: jax.Array | None = None, q_offset: ArrayLike | None = None, kv_lengths: ArrayLike | None = None,
+              scale: float | None = None, return_lse: bool = False, backend: str = "auto"
+              ) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv] -> out [B,T,Hq,Dv] in q.dtype, with return_lse (out, lse [B,T,Hq]
+    float32, without sinks)."""
     _check(q, k, v, causal, sliding_window, sinks, return_lse)
     if backend == "cudnn":  # asked for by name; `auto` picks it only where it applies
         why = cudnn.unsupported_reason(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse)
@@ -73,7 +93,9 @@ def _causal_visible(first: int, n: int, idx, window):
     return (dist >= 0) & (dist < window) if window is not None else dist >= 0
 
 
-def pick_backend(q, k, v, causal, sliding_window, sinks, q_offset, kv_lengths, return_lse) -> str:
+def pick_backend(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sliding_window: int | None,
+                 sinks: jax.Array | None, q_offset: ArrayLike | None, kv_lengths: ArrayLike | None,
+                 return_lse: bool) -> str:
     """'xla' off GPU; on GPU cuDNN where it computes the case exactly, else the Pallas kernel (XLA where this JAX
     cannot run it)."""
     if not on_gpu():

@@ -13,16 +13,20 @@ name a block of the pool (any): their keys lie after every query and are never v
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from moejax.kernels.platform import resolve
 
 BACKENDS = ("reference", "xla", "pallas", "pallas_interpret")
 
 
-def paged_attention(q, k_parts, v_pool, block_table, q_offset, *, sliding_window=None, sinks=None, scale=None,
-                    backend="auto"):
+def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, block_table: jax.Array,
+                    q_offset: ArrayLike, *, sliding_window: int | None = None, sinks: jax.Array | None = None,
+                    scale: float | None = None, backend: str = "auto") -> jax.Array:
     k_parts = tuple(k_parts)
     _check(q, k_parts, v_pool, block_table, q_offset)
     backend = resolve("paged attention", backend, BACKENDS)
@@ -44,7 +48,7 @@ def paged_attention(q, k_parts, v_pool, block_table, q_offset, *, sliding_window
                                   scale=scale, interpret=backend == "pallas_interpret")
 
 
-def gather_blocks(pool, block_table):
+def gather_blocks(pool: jax.Array, block_table: jax.Array) -> jax.Array:
     """pool [N, P, ...], block_table [B, NB] -> each row's blocks in order, [B, NB*P, ...]."""
     B, NB = block_table.shape
     return pool[block_table.reshape(-1)].reshape(B, NB * pool.shape[1], *pool.shape[2:])

@@ -14,6 +14,7 @@ over power-of-two pieces >= 16 of every part.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +86,9 @@ def _kernel(qoff_ref, table_ref, *refs, G, R, P, S, block_r, block_k, window, sc
 
 
 @functools.partial(jax.jit, static_argnames=("window", "scale", "interpret"))
-def attention(q, k_parts, v_pool, block_table, q_offset, sinks, *, window, scale, interpret=False):
+def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, block_table: jax.Array,
+              q_offset: jax.Array, sinks: jax.Array | None, *, window: int | None, scale: float, interpret: bool = False
+              ) -> jax.Array:
     """q [B,T,Hq,D], k_parts (pools [N,P,Hkv,D_i], sum D_i = D), v_pool [N,P,Hkv,Dv], block_table int32 [B,NB],
     q_offset int32 [B], sinks [Hq] or None -> [B,T,Hq,Dv] in q.dtype (see paged.py)."""
     B, T, Hq, D = q.shape

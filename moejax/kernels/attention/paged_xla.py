@@ -8,6 +8,9 @@ Arguments as `paged.paged_attention`'s (normalised: q_offset int32 [B], scale a 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -23,7 +26,9 @@ def blocks_per_step(block_size: int) -> int:
     return max(1, KEYS_PER_STEP // block_size)
 
 
-def attention(q, k_parts, v_pool, block_table, q_offset, sinks, *, window, scale, columns=None):
+def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, block_table: jax.Array,
+              q_offset: jax.Array, sinks: jax.Array | None, *, window: int | None, scale: float,
+              columns: int | None = None) -> jax.Array:
     """columns: table columns per loop step (default blocks_per_step of the pool's block size)."""
     B, T, Hq, D = q.shape
     P, Hkv, Dv = v_pool.shape[1], v_pool.shape[2], v_pool.shape[3]

@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 try:
     from jax.experimental.pallas import triton as plt
 except ImportError:  # a JAX without the Triton backend: platform.pallas_unavailable() refuses these kernels
-    plt = None
+    plt = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.padding import pad_axis, round_up
 from moejax.kernels.precision import for_operands
@@ -57,7 +57,7 @@ def _pieces(d: int) -> list[tuple[int, int]]:
     return out
 
 
-def softmax_tile(m, s):
+def softmax_tile(m: jax.Array, s: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Online softmax over one key tile: running max m [rows], logits s [rows, keys] (-inf: not visible) ->
     (new running max, the factor that rescales the sums so far, exp(s - new max))."""
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -65,7 +65,8 @@ def softmax_tile(m, s):
     return m_new, jnp.exp(m - m_safe), jnp.exp(s - m_safe[:, None])
 
 
-def normalise(m, l, acc, sink):
+def normalise(m: jax.Array, l: jax.Array, acc: tuple[jax.Array, ...], sink: jax.Array | None
+              ) -> tuple[jax.Array, ...]:
     """The end of the tile loop: acc (pieces [rows, n]) / l, with sink (one extra logit per row, or None) in the
     denominator only; a row that saw no key gets 0."""
     if sink is not None:
@@ -131,7 +132,9 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse", "interpret"))
-def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse, interpret=False):
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_lengths: jax.Array,
+              sinks: jax.Array | None, *, causal: bool, window: int | None, scale: float, return_lse: bool,
+              interpret: bool = False) -> tuple[jax.Array, jax.Array | None]:
     B, T, Hq, D = q.shape
     S, Hkv, Dv = k.shape[1], k.shape[2], v.shape[-1]
     G = Hq // Hkv

@@ -16,7 +16,8 @@ from moejax.kernels.precision import for_operands
 _f32 = jnp.float32
 
 
-def visible(q_pos, key_idx, kv_lengths, causal: bool, window: int | None):
+def visible(q_pos: jax.Array, key_idx: jax.Array, kv_lengths: jax.Array, causal: bool, window: int | None
+            ) -> jax.Array:
     """q_pos [B,T], key_idx [C] -> bool [B,T,C]: key j is visible to the query at q_pos."""
     j = key_idx[None, None, :]
     vis = j < kv_lengths[:, None, None]
@@ -28,7 +29,9 @@ def visible(q_pos, key_idx, kv_lengths, causal: bool, window: int | None):
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse"))
-def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse):
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_lengths: jax.Array,
+              sinks: jax.Array | None, *, causal: bool, window: int | None, scale: float, return_lse: bool
+              ) -> tuple[jax.Array, jax.Array | None]:
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     G = Hq // Hkv

@@ -6,6 +6,7 @@ FEW_QUERIES queries per row) sum over the cache in place.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,9 @@ _f32 = jnp.float32
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse"))
-def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse):
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_lengths: jax.Array,
+              sinks: jax.Array | None, *, causal: bool, window: int | None, scale: float, return_lse: bool
+              ) -> tuple[jax.Array, jax.Array | None]:
     S = k.shape[1]
     if q.shape[1] <= FEW_QUERIES:
         return few_queries(q, k, v, q_offset, kv_lengths, sinks, causal=causal, window=window, scale=scale,
@@ -66,7 +69,9 @@ def attention(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, re
     return out, lse.transpose(0, 3, 1, 2).reshape(B, T, Hq)
 
 
-def few_queries(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse):
+def few_queries(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_lengths: jax.Array,
+                sinks: jax.Array | None, *, causal: bool, window: int | None, scale: float, return_lse: bool
+                ) -> tuple[jax.Array, jax.Array | None]:
     """Decode-sized calls: products and sums over the cache as stored ([B, S, Hkv, D]). A dot would want keys
     after heads and transpose the whole cache each call (each layer of each decode step)."""
     B, T, Hq, D = q.shape
@@ -88,7 +93,8 @@ def few_queries(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, 
     return (out, lse.reshape(B, T, Hq)) if return_lse else (out, None)
 
 
-def online_step(m, l, acc, s, values):
+def online_step(m: jax.Array, l: jax.Array, acc: jax.Array, s: jax.Array, values: Callable[[jax.Array], jax.Array]
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One step of the online softmax: running max m, sum l and unnormalised acc [..., Dv], updated with masked
     logits s [..., keys] (-inf: not visible); values(p) -> p @ the step's values [..., Dv]."""
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
@@ -98,7 +104,7 @@ def online_step(m, l, acc, s, values):
     return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + values(p)
 
 
-def finish(m, l, acc, sink):
+def finish(m: jax.Array, l: jax.Array, acc: jax.Array, sink: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """Online-softmax state (running max m, sum l, unnormalised acc [..., Dv]) -> (out, lse without sinks).
     A sink adds exp(sink) to the denominator only."""
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)

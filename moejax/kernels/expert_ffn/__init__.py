@@ -17,7 +17,9 @@ Backends:
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.platform import resolve
@@ -26,12 +28,13 @@ from moejax.kernels.expert_ffn import baselines, grouped, tiled
 BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "tiled", "ragged_dot", "dense")
 
 
-def expert_ffn(x, idx, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, act="silu", limit=7.0,
-               alpha=1.702, backend="auto"):
+def expert_ffn(x: ArrayLike, idx: ArrayLike, weights: ArrayLike, w_gate_up: ArrayLike, w_down: ArrayLike,
+               b_gate_up: ArrayLike | None = None, b_down: ArrayLike | None = None, *, act: str = "silu",
+               limit: float = 7.0, alpha: float = 1.702, backend: str = "auto") -> jax.Array:
     """x [N, D]; idx, weights [N, k]; w_gate_up [E, D, 2I] ([gate | up]); w_down [E, I, D]; biases [E, 2I],
     [E, D] -> [N, D] in x.dtype (float32 accumulation)."""
-    x, idx, weights, w_gate_up, w_down, b_gate_up, b_down = (
-        None if a is None else jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down, b_gate_up, b_down))
+    x, idx, weights, w_gate_up, w_down = (jnp.asarray(a) for a in (x, idx, weights, w_gate_up, w_down))
+    b_gate_up, b_down = (None if b is None else jnp.asarray(b) for b in (b_gate_up, b_down))
     backend = resolve("expert_ffn", backend, BACKENDS,
                       auto=expert_auto(idx.size, w_gate_up.shape[0], w_gate_up.dtype, fused=True, top_k=idx.shape[1]))
     fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "mosaic": grouped.mosaic,

@@ -11,7 +11,8 @@ from moejax.kernels.routing import combine, dispatch, gather_rows
 _f32 = jnp.float32
 
 
-def ragged_dot(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
+def ragged_dot(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+               bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     routing = dispatch(idx, wgu.shape[0])
     xs = gather_rows(x, routing, idx.shape[1])
     e = routing.expert_of_row
@@ -26,7 +27,8 @@ def ragged_dot(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     return combine(y, routing, weights)
 
 
-def dense(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
+def dense(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+          bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     E = wgu.shape[0]
     # Tokens broadcast over experts make it a batched matmul over the weights as stored; "nd,edf->enf" had XLA
     # transpose every expert's weights on each call (each decode step: 15 ms a layer here).

@@ -3,6 +3,7 @@ windows), the Pallas Triton kernels and the Mosaic GPU kernels."""
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +17,13 @@ from moejax.kernels.grouped_matmul.aligned import aligned_layout
 from moejax.kernels.grouped_matmul.xla import for_each_group
 from moejax.kernels.padding import pad_axis, pad_to_16
 from moejax.kernels.precision import f32_dot, f32_einsum
-from moejax.kernels.routing import combine, dispatch, gather_rows
+from moejax.kernels.routing import Routing, combine, dispatch, gather_rows
 
 _f32 = jnp.float32
 
 
-def ffn_rows(xs, wgu, wd, bgu, bd, act, limit, alpha):
+def ffn_rows(xs: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None, bd: jax.Array | None, act: str,
+             limit: float, alpha: float) -> jax.Array:
     """One expert's FFN on rows xs [m, D] -> float32 [m, D]."""
     h = f32_dot(xs, wgu)
     if bgu is not None:
@@ -33,7 +35,8 @@ def ffn_rows(xs, wgu, wd, bgu, bd, act, limit, alpha):
 CAPACITY_MAX_MEAN_ROWS = 32  # measured (N=8..4096 tokens, 32 experts top-4): slots win up to here, the loop after
 
 
-def xla(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
+def xla(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+        bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     N, k = idx.shape
     E = wgu.shape[0]
     routing = dispatch(idx, E)
@@ -57,7 +60,8 @@ def slot_sizes(N: int, k: int, E: int) -> list[int]:
     return sorted({min(N, max(8, fine_bucket(f * mean))) for f in (2, 3, 4)} | {N})
 
 
-def capacity(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
+def capacity(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+             bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     """Each expert's rows in C static slots: one batched matmul over the weights as stored, where the loop pays a
     step per expert. C is the smallest of `slot_sizes` that holds the busiest expert of this batch; the loop takes
     what none holds."""
@@ -89,7 +93,7 @@ def _pad_halves(w, axis: int):
     return jnp.concatenate([pad_to_16(gate, axis), pad_to_16(up, axis)], axis=axis)
 
 
-def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, interpret):
+def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, *, interpret):
     N, D = x.shape
     k = idx.shape[1]
     E = wgu.shape[0]
@@ -111,7 +115,8 @@ def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, interpret):
     return combine(y[:M, :D], routing, weights)
 
 
-def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
+def mosaic(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+           bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     """Gate/up and down as Mosaic GPU grouped GEMMs over the group-aligned layout; the activation and biases in
     XLA between them (one elementwise pass over [M, 2I]). Tokens are gathered straight into the aligned layout
     and the outputs read straight from it, so the layout costs no pass of its own."""
@@ -137,9 +142,9 @@ def mosaic(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha):
     return combine(y, routing._replace(inverse=layout.position[routing.inverse]), weights)
 
 
-def pallas(*args):
+def pallas(*args: Any) -> jax.Array:
     return _pallas(*args, interpret=False)
 
 
-def pallas_interpret(*args):
+def pallas_interpret(*args: Any) -> jax.Array:
     return _pallas(*args, interpret=True)

@@ -5,6 +5,7 @@ only), at most E * (tile - 1) padding rows: the training backend, where `xla`'s 
 differentiated and `dense` pays E/k times the FLOPs."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from moejax.kernels.activation import glu_of
@@ -15,7 +16,7 @@ _f32 = jnp.float32
 TILE_ROWS = 128
 
 
-def tile_layout(group_sizes, rows: int, tile: int):
+def tile_layout(group_sizes: jax.Array, rows: int, tile: int) -> tuple[jax.Array, jax.Array]:
     """Rows sorted by expert (group_sizes [E], summing to `rows`) -> (padded position of each sorted row [rows],
     expert of each tile [tiles]). tiles = ceil(rows / tile) + E bounds any split into per-expert tiles; the
     tiles past the last expert's are zero rows given to expert E-1."""
@@ -31,7 +32,8 @@ def tile_layout(group_sizes, rows: int, tile: int):
     return position, tile_expert
 
 
-def tiled(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, tile: int = TILE_ROWS):
+def tiled(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+          bd: jax.Array | None, act: str, limit: float, alpha: float, tile: int = TILE_ROWS) -> jax.Array:
     (N, k), E, D = idx.shape, wgu.shape[0], x.shape[1]
     routing = dispatch(idx, E)
     tile = min(tile, N * k)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.platform import resolve
@@ -19,13 +20,13 @@ from moejax.kernels.precision import for_operands
 BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "ragged_dot", "reference")
 
 
-def _ragged_dot(x, w, group_sizes):
+def _ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
     y = jax.lax.ragged_dot(x, w, group_sizes.astype(jnp.int32), preferred_element_type=jnp.float32,
                            precision=for_operands(x.dtype))
     return zero_rows_of_no_group(y, group_sizes)
 
 
-def grouped_matmul(x, w, group_sizes, *, backend: str = "auto"):
+def grouped_matmul(x: ArrayLike, w: ArrayLike, group_sizes: ArrayLike, *, backend: str = "auto") -> jax.Array:
     x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
     if x.ndim != 2 or w.ndim != 3 or group_sizes.shape != (w.shape[0],) or x.shape[1] != w.shape[1]:
         raise ValueError(f"grouped_matmul: need x [M, K], w [G, K, N], group_sizes [G]; got x {x.shape}, "

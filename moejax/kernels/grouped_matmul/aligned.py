@@ -24,7 +24,7 @@ def max_tiles(rows: int, groups: int, bm: int) -> int:
     return rows // bm + groups
 
 
-def aligned_layout(group_sizes, rows: int, bm: int) -> AlignedLayout:
+def aligned_layout(group_sizes: jax.Array, rows: int, bm: int) -> AlignedLayout:
     """group_sizes [G] (sum <= rows) -> the aligned layout of `rows` grouped rows. Rows past sum(group_sizes)
     belong to no group and map to a padding row."""
     G = group_sizes.shape[0]
@@ -45,12 +45,12 @@ def aligned_layout(group_sizes, rows: int, bm: int) -> AlignedLayout:
     return AlignedLayout(position, source, jnp.where(tile_group < G, tile_group, -1), tiles)
 
 
-def to_aligned(x, layout: AlignedLayout):
+def to_aligned(x: jax.Array, layout: AlignedLayout) -> jax.Array:
     """x [M, K] grouped rows -> [tiles * bm, K] aligned, padding rows zero."""
     return jnp.take(x, layout.source, axis=0, mode="fill", fill_value=0)  # source M: out of range -> zeros
 
 
-def from_aligned(y, layout: AlignedLayout):
+def from_aligned(y: jax.Array, layout: AlignedLayout) -> jax.Array:
     """y [tiles * bm, N] aligned -> [M, N] in grouped order. Rows of no group read some row of y: callers that
     allow them zero them (groups.zero_rows_of_no_group)."""
     return y[jnp.minimum(layout.position, y.shape[0] - 1)]

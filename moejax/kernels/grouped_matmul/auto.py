@@ -3,6 +3,7 @@ tuning table a GPU run measured."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.mosaic_plan import mosaic_unavailable
@@ -18,7 +19,7 @@ from moejax.kernels.platform import on_gpu, pallas_unavailable
 CPU_DENSE_MAX_TOKENS, CPU_DENSE_MAX_RATIO = 32, 8
 
 
-def expert_auto(rows: int, groups: int, dtype, fused: bool, top_k: int | None = None) -> str:
+def expert_auto(rows: int, groups: int, dtype: DTypeLike, fused: bool, top_k: int | None = None) -> str:
     """`auto` for the grouped expert products on this platform and shape (rows: tokens x top_k where top_k is
     given): on a CPU the XLA path, or dense for a few tokens (CPU_DENSE_MAX_TOKENS); on a GPU, the backend the
     last GPU run measured fastest for the shape class (grouped_matmul/tuning.json), else Pallas; Mosaic GPU only

@@ -12,14 +12,16 @@ lowers (tests check that) but does not run.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.typing import DTypeLike
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
-    plgpu = None
+    plgpu = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
@@ -36,7 +38,7 @@ def _multiprocessors() -> int:
     return count or HOPPER_SMS
 
 
-def check_operands(x, w) -> None:
+def check_operands(x: jax.Array, w: jax.Array) -> None:
     for name, a in (("x", x), ("w", w)):
         if jnp.dtype(a.dtype) not in (jnp.bfloat16, jnp.float16):
             raise ValueError(f"grouped_matmul backend 'mosaic': {name} is {jnp.dtype(a.dtype)}; the Mosaic GPU "
@@ -45,7 +47,8 @@ def check_operands(x, w) -> None:
         raise ValueError(f"grouped_matmul backend 'mosaic': x is {x.dtype} and w is {w.dtype}; they must match")
 
 
-def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
+def aligned_call(xa: jax.Array, w: jax.Array, tile_group: jax.Array, cfg: MosaicConfig,
+                 out_dtype: DTypeLike) -> jax.Array:
     """xa [tiles * bm, K] in the aligned layout, w [G, K, N], tile_group [tiles] (the used tiles first, then -1)
     -> [tiles * bm, N]; K a multiple of bk, N of cfg.block_n. Rows of unused tiles are left unwritten."""
     rows, K = xa.shape
@@ -53,6 +56,7 @@ def aligned_call(xa, w, tile_group, cfg: MosaicConfig, out_dtype):
     if rows % cfg.bm or K % cfg.bk or N % cfg.block_n:
         raise ValueError(f"mosaic grouped GEMM: rows {rows}, K {K}, N {N} must be multiples of {cfg.bm}, {cfg.bk}, "
                          f"{cfg.block_n}")
+    threads: dict[str, Any]  # plgpu.kernel's thread keywords
     if cfg.compute_wgs == 2:
         from moejax.kernels.grouped_matmul.mosaic_ws import warp_specialized_body
         body, threads = warp_specialized_body(cfg, K, N, out_dtype), dict(num_threads=3, thread_name="wg")
@@ -106,13 +110,14 @@ def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
     return body
 
 
-def pad_k_n(x, w, cfg: MosaicConfig):
+def pad_k_n(x: jax.Array, w: jax.Array, cfg: MosaicConfig) -> tuple[jax.Array, jax.Array]:
     K, N = w.shape[1], w.shape[2]
     Kp, Np = round_up(K, cfg.bk), round_up(N, cfg.block_n)
     return pad_axis(x, 1, Kp), pad_axis(pad_axis(w, 1, Kp), 2, Np)
 
 
-def grouped_matmul(x, w, group_sizes, cfg: MosaicConfig | None = None, out_dtype=None):
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, cfg: MosaicConfig | None = None,
+                   out_dtype: DTypeLike | None = None) -> jax.Array:
     """x [M, K] rows grouped in order, w [G, K, N] -> [M, N] (float32 accumulation, out_dtype default x.dtype);
     rows past sum(group_sizes) are 0."""
     check_operands(x, w)

@@ -4,13 +4,15 @@ bodies import it without importing each other."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
-    plgpu = None
+    plgpu = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.platform import SHARED_MEMORY
 
@@ -37,7 +39,7 @@ def mosaic_unavailable() -> str | None:
     return None
 
 
-def work_items(cfg: MosaicConfig, used, grid_n: int):
+def work_items(cfg: MosaicConfig, used: jax.Array, grid_n: int) -> tuple[Callable, Callable[[tuple], tuple]]:
     """The persistent loop over (row tile, column block) items of the used tiles: its decorator, and a function
     of the loop's index giving (t, j)."""
     loop = plgpu.nd_loop((used, grid_n) if cfg.cols_minor else (grid_n, used), collective_axes="sm")
@@ -47,7 +49,7 @@ def work_items(cfg: MosaicConfig, used, grid_n: int):
 SHARED_BYTES = SHARED_MEMORY[(9, 0)] - 2 * 1024  # Hopper's per block, less 2 KiB for the barriers
 
 
-def fitted_stages(cfg: MosaicConfig, in_dtype, out_dtype) -> int:
+def fitted_stages(cfg: MosaicConfig, in_dtype: DTypeLike, out_dtype: DTypeLike) -> int:
     """The ring's depth that fits in shared memory beside the output tile(s), at least 2: a float32 output (the
     expert FFN's down product) takes twice the bytes of the bfloat16 one the sweep tuned for."""
     slot = (cfg.bm * cfg.bk + cfg.bk * cfg.block_n) * jnp.dtype(in_dtype).itemsize

@@ -9,11 +9,13 @@ Work items, the group-aligned layout and the used-tile count are mosaic.py's.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.typing import DTypeLike
 
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
 
@@ -24,7 +26,7 @@ def _swizzled(minor_elems: int, dtype) -> tuple:
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
-def warp_specialized_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
+def warp_specialized_body(cfg: MosaicConfig, K: int, N: int, out_dtype: DTypeLike) -> Callable[..., None]:
     bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
     block_n = 2 * bn
 

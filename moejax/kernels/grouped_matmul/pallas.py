@@ -20,11 +20,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jax.experimental import pallas as pl
 try:
     from jax.experimental.pallas import triton as plt
 except ImportError:  # a JAX without the Triton backend: platform.pallas_unavailable() refuses these kernels
-    plt = None
+    plt = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.activation import glu
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
@@ -35,7 +36,7 @@ from moejax.kernels.precision import for_operands
 _f32 = jnp.float32
 
 
-def tile_schedule(group_sizes, bm: int, tiles: int):
+def tile_schedule(group_sizes: jax.Array, bm: int, tiles: int) -> jax.Array:
     """-> int32 [3, tiles]: (group, first row, end row of the group) per tile; empty tiles have end == first."""
     G = group_sizes.shape[0]
     sizes = group_sizes.astype(jnp.int32)
@@ -74,15 +75,16 @@ def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, k, half, act, limit, alph
                   mask=(rows < end)[:, None])
 
 
-def config_for(rows: int, w, fused: bool) -> PallasConfig:
+def config_for(rows: int, w: jax.Array, fused: bool) -> PallasConfig:
     """The tile configuration for `rows` grouped rows against w [G, K, N] (N: [gate | up] when fused)."""
     G, K, N = w.shape
     return pallas_config(rows, G, round_up(K, 16), round_up(N // 2 if fused else N, 16), fused,
                          itemsize=w.dtype.itemsize)
 
 
-def grouped_call(x, w, bias, group_sizes, *, cfg: PallasConfig, out_dtype, act=None, limit=7.0, alpha=1.702,
-                 interpret=False):
+def grouped_call(x: jax.Array, w: jax.Array, bias: jax.Array | None, group_sizes: jax.Array, *, cfg: PallasConfig,
+                 out_dtype: DTypeLike, act: str | None = None, limit: float = 7.0, alpha: float = 1.702,
+                 interpret: bool = False) -> jax.Array:
     """x [Mp, K] (Mp = a multiple of cfg.bm, one spare tile included), w [G, K, N], bias [G, N] or None.
     act=None: -> [Mp, N] = x @ w[group] (+ bias). act set: w holds [gate | up] halves of width N/2 each and the
     result is [Mp, N/2] = glu(gate, up). Rows past sum(group_sizes) are left unwritten."""
@@ -113,7 +115,8 @@ def padded_rows(rows: int, bm: int) -> int:
     return round_up(rows, bm) + bm
 
 
-def grouped_matmul(x, w, group_sizes, *, interpret=False, cfg: PallasConfig | None = None):
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, interpret: bool = False,
+                   cfg: PallasConfig | None = None) -> jax.Array:
     """x [M, K], w [G, K, N] -> [M, N] in x.dtype (float32 accumulation); rows past sum(group_sizes) are 0."""
     M, N = x.shape[0], w.shape[2]
     cfg = cfg or config_for(M, w, fused=False)

@@ -2,13 +2,14 @@
 group's result. G times the FLOPs; obviously right, and the "all experts" baseline of the benchmark."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from moejax.kernels.grouped_matmul.groups import group_of_rows
 from moejax.kernels.precision import f32_einsum
 
 
-def grouped_matmul(x, w, group_sizes):
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """x [M, K], w [G, K, N] -> float32 [M, N]."""
     gid = group_of_rows(group_sizes, x.shape[0])
     y = f32_einsum("mk,gkn->mgn", x, w)

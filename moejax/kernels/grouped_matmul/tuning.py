@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+from collections.abc import Iterator
 
 import jax
 
@@ -54,7 +55,7 @@ _override: list[dict] = []
 
 
 @contextlib.contextmanager
-def using(entry: dict):
+def using(entry: dict) -> Iterator[None]:
     """Trace kernels with this device entry instead of the committed table's (launch.tune_gmm times the whole
     expert FFN with the configurations it just measured best)."""
     _override.append(entry)

@@ -7,6 +7,8 @@ all-experts product pay for much more (see `python -m launch.bench kernels`).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -28,7 +30,8 @@ def window_sizes(rows: int, groups: int, quantum: int = 8) -> list[int]:
     return sizes + [tile]
 
 
-def for_each_group(xs, group_sizes, out_dim: int, body):
+def for_each_group(xs: jax.Array, group_sizes: jax.Array, out_dim: int,
+                   body: Callable[[jax.Array, jax.Array], jax.Array]) -> jax.Array:
     """xs [M, K] rows grouped in order; body(g, rows [m, K]) -> float32 [m, out_dim] for group g's weights.
     Returns float32 [M, out_dim]; rows past sum(group_sizes) are 0.
 
@@ -66,7 +69,7 @@ def for_each_group(xs, group_sizes, out_dim: int, body):
     return zero_rows_of_no_group(ys, group_sizes)
 
 
-def grouped_matmul(x, w, group_sizes):
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """x [M, K], w [G, K, N] -> float32 [M, N]."""
     return for_each_group(x, group_sizes, w.shape[2],
                           lambda g, rows: f32_dot(rows, w[g]))

@@ -2,7 +2,13 @@
 is to the router of MoE layer l + d. No default vectors, no training: what the quasi-hidden state must beat."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from moejax.offload.predict.layer_ops import route_input
+from moejax.offload.predict.protocol import Arrays, Prediction
+
+if TYPE_CHECKING:
+    from moejax.offload.layered import LayeredSteps
 
 
 class PreviousHiddenPredictor:
@@ -11,10 +17,10 @@ class PreviousHiddenPredictor:
             raise ValueError(f"previous_hidden predictor: distance must be >= 1, got {distance}")
         self.distance = int(distance)
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         self._steps = steps
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j = moe.index(layer) + self.distance
         if j >= len(moe):

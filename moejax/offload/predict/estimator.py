@@ -54,7 +54,7 @@ def init_params(shape: EstimatorShape, seed: int = 0) -> dict:
                 w_head=dense(keys[3], H, shape.experts), b_head=jnp.zeros((shape.experts,), _f32))
 
 
-def apply(params: dict, q, source):
+def apply(params: dict, q: jax.Array, source: jax.Array) -> jax.Array:
     """q [N, D] quasi-hidden states, source [N] int source-layer ids (0..sources-1) -> logits [N, E] float32."""
     hi = jax.lax.Precision.HIGHEST
     z = jnp.dot(q.astype(_f32), params["w_in"], precision=hi) + params["b_in"] + params["layer_emb"][source]

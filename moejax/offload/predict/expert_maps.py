@@ -16,6 +16,7 @@ it), so it prefetches only; speculative execution needs per-token predictions an
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,11 @@ import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
+from moejax.offload.predict.protocol import Arrays, Prediction
+
+if TYPE_CHECKING:
+    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.predict.traces import Traces
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -104,7 +110,7 @@ def gate_probabilities(logits: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def build_store(traces, embed_table: np.ndarray, *, capacity: int = 1024, distance: int = 1) -> ExpertMapStore:
+def build_store(traces: Traces, embed_table: np.ndarray, *, capacity: int = 1024, distance: int = 1) -> ExpertMapStore:
     """One map per traced prompt: its mean gate distribution per MoE layer, keyed by its mean input embedding."""
     M, E = traces.router_logits.shape[1:]
     store = ExpertMapStore.empty(capacity, distance, M, E, embed_table.shape[1])
@@ -114,7 +120,8 @@ def build_store(traces, embed_table: np.ndarray, *, capacity: int = 1024, distan
     return store
 
 
-def predict_sets(store: ExpertMapStore, embedding, observed, position: int, k: int) -> dict[int, tuple]:
+def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndarray, position: int, k: int
+                 ) -> dict[int, tuple]:
     """What the predictor prefetches when MoE layer `position` (0-based among MoE layers) has run, with gate
     distributions `observed` [position + 1, E]: {target position: (expert ids, their map probabilities)}."""
     M, d = store.maps.shape[1], store.distance
@@ -142,13 +149,13 @@ class ExpertMapPredictor:
         if len(store) == 0:
             raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`)")
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         self._steps = steps
         x = np.asarray(steps.inputs, np.float32)
         self._embedding = x.reshape(-1, x.shape[-1]).mean(axis=0)
-        self._observed = []
+        self._observed: list[np.ndarray] = []
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j = moe.index(layer)
         self._observed.append(np.asarray(self._steps.layers[layer](_router_probs, y)).mean(axis=0))
@@ -166,11 +173,12 @@ class ExpertMapPredictor:
         return f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, distance {self.distance})"
 
 
-def replay_predictions(store: ExpertMapStore, traces, embed_table: np.ndarray, k: int) -> dict[int, tuple]:
+def replay_predictions(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, k: int
+                       ) -> tuple[dict[int, tuple], float]:
     """The predictor's sets for every traced token as batch-1 decode iterations (semantic embedding: the
     token's prompt's mean input embedding; trajectory: the token's own gate distributions), the store left
-    unchanged. -> {target layer: (ids [N, E] padded with -1, map probabilities [N, E])} like replay.predictions,
-    and the mean number of experts predicted per (token, layer) under "set_size"."""
+    unchanged. -> ({target layer: (ids [N, E] padded with -1, map probabilities [N, E])} like
+    replay.predictions, the mean number of experts predicted per (token, layer))."""
     N, M, E = traces.router_logits.shape
     probs = gate_probabilities(traces.router_logits)
     prompt_of = np.repeat(np.arange(traces.num_prompts), np.diff(traces.starts))

@@ -8,13 +8,18 @@
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
 from moejax.offload.predict import estimator as est
 from moejax.offload.predict.layer_ops import quasi_hidden, route_logits
+from moejax.offload.predict.protocol import Arrays, Prediction
 from moejax.offload.predict.router import RouterPredictor
+
+if TYPE_CHECKING:
+    from moejax.offload.layered import LayeredSteps
 
 
 @functools.partial(jax.jit, static_argnames=("source",))
@@ -27,7 +32,7 @@ class EstimatorPredictor:
         self.net, self.distance = net, net.shape.distance
         self._vectors = jnp.asarray(net.vectors.vectors)
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         self._steps = steps
         if self._vectors.shape[0] != len(steps.layers):
             raise ValueError(f"estimator: its default vectors cover {self._vectors.shape[0]} layers, the model has "
@@ -38,7 +43,7 @@ class EstimatorPredictor:
         j = moe.index(layer)
         return moe[j + self.distance] if j + self.distance < len(moe) else None
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         target = self.target(layer)
         if target is None:
             return {}
@@ -60,11 +65,11 @@ class HybridPredictor:
         self.router = RouterPredictor(net.vectors, net.shape.distance)
         self.distance, self.estimator_targets = net.shape.distance, set(net.info["hybrid_layers"])
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         self.estimator.begin_pass(steps)
         self.router.begin_pass(steps)
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         use = self.estimator if self.estimator.target(layer) in self.estimator_targets else self.router
         return use.predict(pass_no, layer, x, y, idx, weights)
 

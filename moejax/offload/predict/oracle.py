@@ -2,14 +2,21 @@
 0. A speculative run with it must equal the resident model; its hit rate is the ceiling of any predictor."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from moejax.offload.predict.protocol import Arrays, Prediction
+
+if TYPE_CHECKING:
+    from moejax.offload.layered import LayeredSteps
+
 
 class OraclePredictor:
     distance = 0
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         pass
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         return {layer: (idx, weights)}
 
     def describe(self) -> str:

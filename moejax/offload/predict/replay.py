@@ -3,19 +3,25 @@ predictor's own `predict` (the code the cached placement runs), and what it pred
 compared with that layer's true top-k. Recall = the share of true (token, layer, expert) choices predicted."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from moejax.offload.layered import LayeredSteps
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
+from moejax.offload.predict.protocol import Predictor
 from moejax.offload.predict.traces import Traces
 
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
-def steps_of(engine) -> LayeredSteps:
+
+def steps_of(engine: Engine) -> LayeredSteps:
     """The engine's layers as per-layer jits (no placement: predictors only call norms and routers)."""
     return LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement=None)
 
 
-def true_routing(steps, traces: Traces, chunk: int = 8192) -> list[tuple[np.ndarray, np.ndarray]]:
+def true_routing(steps: LayeredSteps, traces: Traces, chunk: int = 8192) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per MoE layer (in order): the true (expert ids [N, k], weights [N, k]) from the recorded logits."""
     out = []
     for m, layer in enumerate(traces.moe_layers):
@@ -26,7 +32,8 @@ def true_routing(steps, traces: Traces, chunk: int = 8192) -> list[tuple[np.ndar
     return out
 
 
-def predictions(steps, predictor, traces: Traces, truth=None, chunk: int = 8192) -> dict[int, tuple]:
+def predictions(steps: LayeredSteps, predictor: Predictor, traces: Traces,
+                truth: list[tuple[np.ndarray, np.ndarray]] | None = None, chunk: int = 8192) -> dict[int, tuple]:
     """{target layer: (predicted expert ids [N, k], their weights [N, k])} from replaying every source MoE layer
     through `predictor`."""
     truth = truth or true_routing(steps, traces, chunk)
@@ -48,7 +55,9 @@ def recall(predicted: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.any(true[:, :, None] == predicted[:, None, :], axis=2)))
 
 
-def recall_by_layer(steps, predictor, traces: Traces, truth=None, predicted=None) -> dict:
+def recall_by_layer(steps: LayeredSteps, predictor: Predictor, traces: Traces,
+                    truth: list[tuple[np.ndarray, np.ndarray]] | None = None,
+                    predicted: dict[int, tuple] | None = None) -> dict:
     """-> {"per_layer": {target layer: recall}, "overall": recall over every predicted (token, layer)}."""
     truth = truth or true_routing(steps, traces)
     position = {layer: m for m, layer in enumerate(traces.moe_layers)}

@@ -17,6 +17,7 @@ from flax import nnx
 from moejax.buckets import bucket
 from moejax.offload import layered
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 _f32 = jnp.float32
 
@@ -52,13 +53,13 @@ class RouterPredictor:
         self.vectors, self.distance = vectors, int(distance)
         self._device_vectors = jnp.asarray(vectors.vectors)
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
         self._steps = steps
         if self.vectors.vectors.shape[0] != len(steps.layers):
             raise ValueError(f"router predictor: default vectors cover {self.vectors.vectors.shape[0]} layers, "
                              f"the model has {len(steps.layers)}")
 
-    def predict(self, pass_no, layer, x, y, idx, weights) -> dict:
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         ahead = moe[moe.index(layer) + 1: moe.index(layer) + 1 + self.distance]  # distance counts MoE layers
         if len(ahead) < self.distance:
@@ -96,7 +97,7 @@ class _Calibrating:
         self.sums, self.counts = np.zeros(shape, np.float64), np.zeros(shape[:2], np.int64)
         self.valid = None
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
         pass
 
     def vectors(self) -> "DefaultVectors":
@@ -116,7 +117,8 @@ def run_prompts(engine, placement, prompts, *, max_tokens_per_prompt: int, max_t
     layer-by-layer steps with `placement` (which sees the valid-token mask as `placement.valid`) -> (steps, the
     token ids run, each prompt's length)."""
     steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
-    tokens, lengths = [], []
+    tokens: list[int] = []
+    lengths: list[int] = []
     for prompt in prompts:
         room = max_tokens_per_prompt if max_tokens is None else min(max_tokens_per_prompt, max_tokens - sum(lengths))
         if room <= 0:

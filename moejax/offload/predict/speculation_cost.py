@@ -2,7 +2,14 @@
 engine (exact or speculative placements alike), and the best answer of each multiple-choice score request."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.sched.requests import ScoreRequest
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -10,7 +17,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def window_quality(engine, rows: np.ndarray, batch: int = 4) -> dict:
+def window_quality(engine: Engine, rows: np.ndarray, batch: int = 4) -> dict:
     """rows [n, T + 1] token windows -> {"perplexity", "top1_accuracy"} of predicting rows[:, 1:]."""
     nll, correct, count = 0.0, 0, 0
     for s in range(0, len(rows), batch):
@@ -23,7 +30,7 @@ def window_quality(engine, rows: np.ndarray, batch: int = 4) -> dict:
     return dict(perplexity=float(np.exp(nll / count)), top1_accuracy=correct / count)
 
 
-def best_answers(engine, requests) -> list[int]:
+def best_answers(engine: Engine, requests: Iterable[ScoreRequest]) -> list[int]:
     """Score requests (moejax.sched.requests.ScoreRequest) -> per (request, context) the index of the candidate
     with the highest summed log-probability."""
     best = []

@@ -6,12 +6,17 @@ experts anywhere; the same pass calibrates default vectors (Speculating Experts 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.router import DefaultVectors, _Calibrating, run_prompts
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 _f32 = jnp.float32
 
@@ -28,7 +33,7 @@ class Traces:
     def num_prompts(self) -> int:
         return len(self.starts) - 1
 
-    def prompts(self, which) -> "Traces":
+    def prompts(self, which: Sequence[int]) -> Traces:
         """The traces of the prompts `which` (indices), in that order."""
         rows = np.concatenate([np.arange(self.starts[r], self.starts[r + 1]) for r in which] or [np.zeros(0, int)])
         lengths = np.diff(self.starts)[list(which)]
@@ -65,7 +70,7 @@ class _Recording(_Calibrating):
 
     name = "recording"
 
-    def __init__(self, *args):
+    def __init__(self, *args) -> None:
         super().__init__(*args)
         self.rows: dict[int, list] = {}
 
@@ -77,8 +82,8 @@ class _Recording(_Calibrating):
         return super().moe(handle, x, y, idx, weights)
 
 
-def record(engine, prompts, *, max_tokens_per_prompt: int = 512, max_tokens: int = 65536,
-           ) -> tuple[Traces, DefaultVectors]:
+def record(engine: Engine, prompts: Iterable[Sequence[int]], *, max_tokens_per_prompt: int = 512,
+           max_tokens: int = 65536) -> tuple[Traces, DefaultVectors]:
     """Run `prompts` (lists of token ids, each cut to max_tokens_per_prompt; recording stops once max_tokens
     are held, which bounds memory at max_tokens * M * (D + E) * 4 bytes) -> (Traces, DefaultVectors of the
     same tokens)."""

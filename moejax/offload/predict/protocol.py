@@ -1,0 +1,28 @@
+"""What every expert predictor answers (the package docstring lists them); the cached placement
+(moejax.offload.cached) calls it once per forward pass and once per MoE layer."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import jax
+import numpy as np
+
+if TYPE_CHECKING:
+    from moejax.offload.layered import LayeredSteps
+
+Arrays = jax.Array | np.ndarray  # on the device, or replayed from recorded traces (moejax.offload.predict.replay)
+# {target layer: (predicted expert ids [N, k], predicted weights [N, k])}, as jax or numpy arrays
+Prediction = dict[int, tuple[Any, Any]]
+
+
+class Predictor(Protocol):
+    distance: int  # MoE layers ahead it predicts (0: the layer itself)
+
+    def begin_pass(self, steps: LayeredSteps) -> None:
+        """A forward pass starts over `steps` (the layer loop: its layers and MoE layer indices)."""
+
+    def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
+        """At MoE layer `layer` of pass `pass_no`: its residual x, MoE input y and true routing -> predictions."""
+
+    def describe(self) -> str:
+        """One line for Engine.explain()."""
