@@ -39,7 +39,7 @@ class Engine:
         self._graphdef = graphdef
         self.abstract_params = abstract_state
         self._materialize = materialize
-        self._state = None
+        self._state: nnx.State | None = None
         self.store = None  # the placement's store (HostStore, DEP's expert group), once the weights are loaded
         self.placement = placement
         self.plan = plan
@@ -306,7 +306,7 @@ class Engine:
         """For each token sequence s: (logprob of s[t+1] after s[:t+1] for t < len(s) - 1, and the k most likely
         next tokens there as (logprobs [len-1, k], ids [len-1, k])), as numpy. Rows are batched up to
         `max_batch_tokens` padded tokens (the step holds [rows, T, vocab] float32 log-probabilities)."""
-        out = [None] * len(sequences)
+        out: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * len(sequences)
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         while order:
             T = bucket(len(sequences[order[0]]), MIN_SEQ_BUCKET)

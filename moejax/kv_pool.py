@@ -7,9 +7,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from moejax.sampling import StepArray
 
 BLOCK = 16
 Layer = dict[str, jax.Array]  # one layer's keys (or pool) by name
@@ -38,21 +42,21 @@ def write_slots(pool: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
     return flat.reshape(pool.shape)
 
 
-def slots_of(table: jax.Array, positions: jax.Array, valid: jax.Array, num_blocks: int) -> jax.Array:
+def slots_of(table: StepArray, positions: StepArray, valid: jax.Array, num_blocks: int) -> jax.Array:
     """Flat pool slots [B, T] of `positions` [B, T] through block tables [B, NB]; where not `valid`, an out-of-range
     slot (nothing is written)."""
     block = jnp.take_along_axis(table, jnp.clip(positions // BLOCK, 0, table.shape[1] - 1), axis=1)
     return jnp.where(valid, block * BLOCK + positions % BLOCK, num_blocks * BLOCK)
 
 
-def gather(pool: Sequence[Layer], block_ids: jax.Array) -> list[Layer]:
+def gather(pool: Sequence[Layer], block_ids: StepArray) -> list[Layer]:
     """pool (list per layer of {name: [N, BLOCK, ...]}), block_ids int [B, NP] -> per-layer [B, NP*BLOCK, ...]."""
     B, NP = block_ids.shape
     flat = block_ids.reshape(-1)
     return [{name: a[flat].reshape(B, NP * BLOCK, *a.shape[2:]) for name, a in layer.items()} for layer in pool]
 
 
-def store(pool: Sequence[Layer], keys: Sequence[Layer], block_ids: jax.Array, src: jax.Array) -> list[Layer]:
+def store(pool: Sequence[Layer], keys: Sequence[Layer], block_ids: StepArray, src: StepArray) -> list[Layer]:
     """Copy tokens of `keys` (per-layer {name: [B, S, ...]}) into pool blocks: block_ids [B, NS] (an id >= the
     pool size is skipped), src [B, NS, BLOCK] = the key index of each token of each block."""
     B, NS, _ = src.shape

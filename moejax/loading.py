@@ -36,7 +36,7 @@ def presets() -> list[str]:
 
 def enable_compilation_cache(path: str | None = None) -> str:
     """Turn on JAX's persistent compilation cache (default: the user cache dir) unless already set."""
-    current = jax.config.jax_compilation_cache_dir
+    current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # jax's Config types no options
     if current:
         return current
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -33,7 +33,15 @@ def _type_of(default):
 
 
 def meta(f: dataclasses.Field) -> dict | None:
+    """The option's metadata, or None when the field is not an option."""
     return f.metadata.get(_KEY)
+
+
+def _about(f: dataclasses.Field) -> dict:
+    """The metadata of a field that `fields` returned (an option's, so never None)."""
+    m = meta(f)
+    assert m is not None, f"{f.name} is not an option"
+    return m
 
 
 def fields(cls) -> list[dataclasses.Field]:
@@ -87,7 +95,7 @@ def check(instance, prefix: str = "") -> None:
     """ValueError naming the first option of `instance` whose value does not fit: '<prefix><name> must be an int
     >= 1, got 0'."""
     for f in fields(instance):
-        m, value = meta(f), getattr(instance, f.name)
+        m, value = _about(f), getattr(instance, f.name)
         if not _fits(m, value):
             raise ValueError(f"{prefix}{f.name} must be {allowed(m)}, got {value!r}")
 
@@ -97,7 +105,7 @@ def check_flags(args: argparse.Namespace, *classes) -> str | None:
     are fine. argparse has already checked the types and the choices."""
     for cls in classes:
         for f in fields(cls):
-            m, value = meta(f), getattr(args, f.name, None)
+            m, value = _about(f), getattr(args, f.name, None)
             if not m["flag"] or value is None or m["type"] not in (int, float) or _in_range(m, value):
                 continue
             if not math.isfinite(value):
@@ -112,7 +120,7 @@ def add_arguments(parser, cls, names: tuple[str, ...] | None = None) -> None:
     by_name = {f.name: f for f in fields(cls)}
     for name in names if names is not None else by_name:
         f = by_name[name]
-        m = meta(f)
+        m = _about(f)
         if not m["flag"]:
             continue
         text = m["help"].replace("%", "%%")  # argparse formats help with %
@@ -126,18 +134,18 @@ def add_arguments(parser, cls, names: tuple[str, ...] | None = None) -> None:
 
 def from_args(cls, args: argparse.Namespace, **overrides):
     """An instance of `cls` from the parsed flags of its options (the others at their defaults)."""
-    given = {f.name: getattr(args, f.name) for f in fields(cls) if meta(f)["flag"] and hasattr(args, f.name)}
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if _about(f)["flag"] and hasattr(args, f.name)}
     return cls(**{**given, **overrides})
 
 
 def settings(instance, *, fingerprint: bool = False) -> dict:
     """{name: value} of the options of `instance` (with fingerprint=True, only those that decide results)."""
-    return {f.name: getattr(instance, f.name) for f in fields(instance) if meta(f)["fingerprint"] or not fingerprint}
+    return {f.name: getattr(instance, f.name) for f in fields(instance) if _about(f)["fingerprint"] or not fingerprint}
 
 
 def paths(cls) -> set[str]:
     """The options of `cls` that name a file or directory."""
-    return {f.name for f in fields(cls) if meta(f)["path"]}
+    return {f.name for f in fields(cls) if _about(f)["path"]}
 
 
 def describe(instance) -> str:
@@ -150,7 +158,7 @@ def markdown_table(*classes) -> str:
     lines = ["| flag | default | takes | what it does |", "|---|---|---|---|"]
     for cls in classes:
         for f in fields(cls):
-            m = meta(f)
+            m = _about(f)
             if m["flag"]:
                 takes = "a switch" if m["type"] is bool else allowed(m)
                 default = "" if f.default is None or f.default is False else f"`{f.default}`"

@@ -5,6 +5,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+# A step input's array: on the device, or host numpy that the jitted call copies over with the rest of its pytree
+StepArray = jax.Array | np.ndarray
 
 
 @jax.tree_util.register_dataclass
@@ -15,10 +19,10 @@ class Sampling:
     typed or raw key data (the scheduler sends raw data: it crosses to the device with the other host inputs);
     count [B]: the index in its sequence of the row's next token. Token i of a sequence is sampled with
     fold_in(row key, i), so its tokens do not depend on which rows share its steps."""
-    temperature: jax.Array
-    top_p: jax.Array
-    keys: jax.Array
-    count: jax.Array
+    temperature: StepArray
+    top_p: StepArray
+    keys: StepArray
+    count: StepArray
 
     def next_tokens(self, logits, ahead=0):
         """logits [B, V] float32 -> each row's token count[b] + ahead, int32 [B]."""

@@ -8,7 +8,7 @@ import dataclasses
 
 import jax
 
-from moejax.sampling import Sampling
+from moejax.sampling import Sampling, StepArray
 
 pytree = jax.tree_util.register_dataclass
 
@@ -22,14 +22,14 @@ class PrefillRows:
     [B, NS] and store_src [B, NS, BLOCK], prompt blocks to copy into the pool (src = slots); expand [B2], the prefill
     row each decode row continues (several choices of one prompt share its prefill): `sampling` is then per decode
     row."""
-    tokens: jax.Array
-    positions: jax.Array
-    last: jax.Array
+    tokens: StepArray
+    positions: StepArray
+    last: StepArray
     sampling: Sampling
-    prior_ids: jax.Array | None = None
-    store_ids: jax.Array | None = None
-    store_src: jax.Array | None = None
-    expand: jax.Array | None = None
+    prior_ids: StepArray | None = None
+    store_ids: StepArray | None = None
+    store_src: StepArray | None = None
+    expand: StepArray | None = None
 
 
 @pytree
@@ -37,10 +37,10 @@ class PrefillRows:
 class DecodeRows:
     """moejax.steps.decode: first [B], each row's first new token (the prefill's); lengths [B], its prompt's length;
     stops [B, S], its stop tokens (-1 pads); max_new [B], the most new tokens it makes, the first included."""
-    first: jax.Array
-    lengths: jax.Array
-    stops: jax.Array
-    max_new: jax.Array
+    first: StepArray
+    lengths: StepArray
+    stops: StepArray
+    max_new: StepArray
     sampling: Sampling
 
 
@@ -50,11 +50,11 @@ class ChunkRows:
     """moejax.paged_steps.chunk: a prompt chunk per row. tokens [B, T]: row b's tokens at positions start[b].. (its
     first n[b] are real; n = 0: an idle row); table [B, W]: its block table; slot [B]: the carry slot that takes
     the token sampled after its last real token (out of the carry's range: none is kept)."""
-    tokens: jax.Array
-    start: jax.Array
-    n: jax.Array
-    table: jax.Array
-    slot: jax.Array
+    tokens: StepArray
+    start: StepArray
+    n: StepArray
+    table: StepArray
+    slot: StepArray
     sampling: Sampling
 
 
@@ -64,11 +64,11 @@ class PagedDecodeRows:
     """moejax.paged_steps.decode: new tokens per row from position start[b]. last [B]: the row's input token, or,
     where chain[b], carry[slot[b]] (made by a step the host has not read); budget [B]: the most tokens it makes;
     table [B, W]: its block table; stops [B, S]: its stop tokens (-1 pads); slot [B]: its carry slot."""
-    last: jax.Array
-    chain: jax.Array
-    start: jax.Array
-    budget: jax.Array
-    table: jax.Array
-    slot: jax.Array
-    stops: jax.Array
+    last: StepArray
+    chain: StepArray
+    start: StepArray
+    budget: StepArray
+    table: StepArray
+    slot: StepArray
+    stops: StepArray
     sampling: Sampling

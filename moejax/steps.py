@@ -17,6 +17,7 @@ from flax import nnx
 from moejax import kv_pool
 from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
+from moejax.sampling import StepArray
 from moejax.step_inputs import DecodeRows, PrefillRows
 
 
@@ -111,6 +112,7 @@ def prefill_begin(model, pool, rows: PrefillRows, *, cache_len):
 def prefill_end(model, x, cache, context, pool, rows: PrefillRows, *, cache_len):
     """-> (cache, first new token per row, pool); with `expand`, cache and tokens are per decode row."""
     if rows.store_ids is not None:
+        assert rows.store_src is not None  # given with store_ids
         pool = kv_pool.store(pool, cache, rows.store_ids, rows.store_src)
     logits = model.head(x, rows.last)
     if rows.expand is not None:
@@ -126,12 +128,12 @@ def prefill_reads_cache(pool, rows: PrefillRows, **static):
 # -- decode --------------------------------------------------------------------------------------------------
 class DecodeLoop(NamedTuple):
     """The decode loop's state: step, the index of the tokens it makes next (the prefill's is 0); out [B, steps],
-    each row's tokens (0 after its last); done [B]; count [B], the tokens each row made; last [B], its last token."""
+    each row's tokens (0 after its last); done [B]; counts [B], the tokens each row made; last [B], its last token."""
     step: jax.Array
     out: jax.Array
     done: jax.Array
-    count: jax.Array
-    last: jax.Array
+    counts: jax.Array
+    last: StepArray  # rows.first before step 1
 
 
 def decode_start(rows: DecodeRows, steps) -> DecodeLoop:
@@ -176,7 +178,7 @@ def decode(graphdef, kernels, state, cache, rows: DecodeRows, *, steps):
         return cache, decode_end(model, x, loop, rows)
 
     _, loop = jax.lax.while_loop(cond, body, (cache, decode_start(rows, steps)))
-    return loop.out, loop.count
+    return loop.out, loop.counts
 
 
 def is_stop(tok, stops):

@@ -18,6 +18,7 @@ class DecoderLayer(nnx.Module):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = (MLAttention if cfg.attention == "mla" else GQAttention)(cfg, layer, dtype)
+        self.mlp: MoEBlock | DenseMLP
         if cfg.is_moe(layer):
             self.mlp = MoEBlock(cfg, dtype, experts_runner)
         else:

@@ -7,6 +7,7 @@ The parameters given to these steps hold 0-d stand-ins for the routed expert arr
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -24,7 +25,8 @@ class Layer:
 
     def __init__(self, index: int, graphdef, state, shared: dict):
         self.index, self.graphdef, self.state = index, graphdef, state
-        self._shared, self._mine = shared, {}
+        self._shared = shared
+        self._mine: dict[Callable, Callable] = {}  # fn -> its jit for this layer's structure
 
     def __call__(self, fn, *args, **static):
         jitted = self._mine.get(fn)
@@ -140,7 +142,7 @@ class LayeredSteps:
                 break
             x, cache = self.run_layers(**begin(state, loop, rows), cache=cache)
             loop = end(state, x, loop, rows)
-        return loop.out, loop.count
+        return loop.out, loop.counts
 
     # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
     def chunk(self, state, pool, carry, rows, *, fresh):

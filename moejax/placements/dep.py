@@ -44,6 +44,7 @@ class DEP(LayerByLayer):
         """FinDEP's schedule of this layout's r1, r2 and order for a step of `max_batch_tokens` tokens (sequences of
         at most 1024), simulated over up to 3 layers on `profile`."""
         lay = self.layout
+        assert lay is not None and lay.devices is not None  # a DEP placement's layout, resolved
         seq = min(max_batch_tokens, config.max_position_embeddings, 1024)
         schedule = solve_dep(config, profile, devices=lay.devices, tokens=max(max_batch_tokens, seq), seq_len=seq,
                              attn_devices=lay.attn_devices, expert_devices=lay.expert_devices, r1=lay.r1, r2=lay.r2,

@@ -65,12 +65,18 @@ class Simulation(NamedTuple):
 
 
 class DepPlanLike(Protocol):
-    """What simulate_plan reads of a moejax.plan.findep.DepPlan (which imports this module)."""
-    profile: str
-    task_times: TaskTimes
-    r1: int
-    r2: int
-    order: str
+    """What simulate_plan reads of a moejax.plan.findep.DepPlan (which imports this module); read-only, as a frozen
+    dataclass's fields are."""
+    @property
+    def profile(self) -> str: ...
+    @property
+    def task_times(self) -> TaskTimes: ...
+    @property
+    def r1(self) -> int: ...
+    @property
+    def r2(self) -> int: ...
+    @property
+    def order(self) -> str: ...
 
 
 class _Resources:

@@ -265,6 +265,7 @@ class Scheduler:
         """Free its blocks and slot (steps dispatched before still write them: later steps run after those)."""
         self.blocks.release(s.blocks)
         s.blocks = []
+        assert s.slot is not None  # a running sequence holds a slot
         self._slots.append(s.slot)
         s.slot = None
         for h in [h for h, owner in self._pending.items() if owner is s]:
@@ -552,5 +553,6 @@ class Scheduler:
         if len(s.out) >= r.max_tokens or (s.out and s.out[-1] in r.stop_ids):
             s.done = True
         elif r.stop_strings:
+            assert self.decode_text is not None  # `rejects` refuses stop strings without it
             text = self.decode_text(s.out)
             s.done = text is not None and any(x in text for x in r.stop_strings)

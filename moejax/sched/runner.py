@@ -80,14 +80,15 @@ class Runner:
         self.options, self.batching = options, options.batching
         self.kv_pool, self.kv_blocks = kv_pool, kv_pool.blocks if kv_pool is not None else 0
         self.batch_size = batch_size
-        self.scheduler_stats = None
+        self.scheduler_stats: dict | None = None  # the continuous scheduler's counters, once it ran
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
         self.cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
         self.pool = None
         self.future = Counter(h for u in plan.uses for h in u)
-        self._acc = defaultdict(float)  # (request, sibling, candidate) -> summed logprob
-        self._cached = {}  # (request, sibling) -> cached context tokens
+        # (request, sibling, candidate) -> summed logprob
+        self._acc: defaultdict[tuple[int, int, int], float] = defaultdict(float)
+        self._cached: dict[tuple[int, int], int] = {}  # (request, sibling) -> cached context tokens
         self._index = {r.line: i for i, r in enumerate(requests)}  # input line -> request index
         self._reads_left = {i: sum(len(r.contexts) * len(c.token_ids) for c in r.candidates)
                             for i, r in enumerate(requests) if isinstance(r, ScoreRequest)}
@@ -199,6 +200,7 @@ class Runner:
 
     def _score_results(self, launched: _Launched) -> None:
         rows, tags = launched.rows, launched.tags
+        assert rows is not None and tags is not None  # launched without an error
         lp = self.engine.to_host(launched.logprobs)
         m = self.metrics
         m.computed_tokens += sum(len(r.tokens) for r in rows)
@@ -259,7 +261,8 @@ class Runner:
         """Result bodies of completion requests from their choices' tokens (outs[(request, choice)]; cached[request]:
         prompt tokens taken from a cache): stop strings, log-probabilities, usage."""
         # An echo-only request (max_tokens 0) has one empty choice: the prompt, and its log-probabilities if asked.
-        choices = {k: [] if r.max_tokens else [(Choice([], "length"), ())] for k, r in enumerate(reqs)}
+        choices: dict[int, list[tuple[Choice, tuple[int, ...]]]] = {
+            k: [] if r.max_tokens else [(Choice([], "length"), ())] for k, r in enumerate(reqs)}
         for k, r in enumerate(reqs):
             if r.max_tokens:
                 choices[k] += [(Choice(outs[(k, c)], "length"), self._stop_ids(r)) for c in range(r.n)]
@@ -276,7 +279,10 @@ class Runner:
         """Every completion through one continuous-batching scheduler; a request's result is written when its
         last choice ends (while the next step runs)."""
         from moejax.sched.continuous import GenRequest, Scheduler
-        items, done, failed = [], defaultdict(dict), set()
+        items: list[GenRequest] = []
+        # request -> choice -> (tokens, cached prompt tokens)
+        done: defaultdict[int, dict[int, tuple[list[int], int]]] = defaultdict(dict)
+        failed: set[int] = set()
         for i, r in enumerate(reqs):
             for c in range(r.n if r.max_tokens else 1):
                 key = jax.random.key_data(jax.random.fold_in(jax.random.key(r.seed), c))
@@ -333,7 +339,7 @@ class Runner:
         if not seqs:
             return {}
         top_k = 5 if max(reqs[k].logprobs for k in want) <= 5 else MAX_LOGPROBS
-        out = {}
+        out: dict[tuple[int, int | str], tuple[list[float], list[list[tuple[int, float]]]]] = {}
         for (k, c), (lp, top, ids) in zip(keys, self.engine.token_logprobs(seqs, top_k)):
             P = len(reqs[k].prompt)
             pairs = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, top)]

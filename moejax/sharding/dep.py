@@ -95,6 +95,8 @@ class Disaggregated:
 
     def describe(self) -> str:
         lay = self.layout
+        assert lay.devices is not None and lay.attn_devices is not None and lay.expert_devices is not None, \
+            "resolve the layout first"
         return (f"dep: attention group devices 0..{lay.attn_devices - 1}, expert group devices {lay.attn_devices}.."
                 f"{lay.devices - 1} (EP inside, exchange {lay.exchange}); r1={lay.r1} micro-batches, r2={lay.r2} "
                 f"token chunks per expert step, order {lay.order}; per token and MoE layer A->E sends its hidden "
@@ -233,4 +235,5 @@ class DisaggregatedSteps(layered.LayeredSteps):
 
 def group_meshes(layout: Layout):
     """-> (attention group mesh, expert group mesh) of a resolved DEP layout."""
+    assert layout.attn_devices is not None and layout.expert_devices is not None, "resolve the layout first"
     return make_mesh(layout.attn_devices), make_mesh(layout.expert_devices, first=layout.attn_devices)
