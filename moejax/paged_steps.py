@@ -16,26 +16,32 @@ depend on which rows share its steps or on being preempted and resumed. Like moe
 the layers and an end, so an offloaded model runs the same phases layer by layer (moejax.offload.layered)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-from moejax.kv_pool import PagedCache, slots_of
+from moejax.kernels.backends import Kernels
+from moejax.kv_pool import Layer, PagedCache, slots_of
+from moejax.models.decoder import MoEModel
+from moejax.sampling import StepArray
 from moejax.step_inputs import ChunkRows, PagedDecodeRows
 from moejax.steps import is_stop, model_of
 
 
-def _paged(pool, table, slots):
+def _paged(pool: list[Layer], table: StepArray, slots: jax.Array) -> list[PagedCache]:
+    table = cast(jax.Array, table)  # the step traces its rows: a jax.Array here
     return [PagedCache(layer, table, slots) for layer in pool]
 
 
-def _pool_blocks(pool) -> int:
+def _pool_blocks(pool: list[Layer]) -> int:
     return jax.tree.leaves(pool)[0].shape[0]
 
 
 # -- a prompt chunk per row ----------------------------------------------------------------------------------
-def chunk_begin(model, pool, carry, rows: ChunkRows, *, fresh):
+def chunk_begin(model: MoEModel, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
+                ) -> tuple[dict, None]:
     """fresh (static): every row starts at position 0, so attention reads only this call's keys."""
     T = rows.tokens.shape[1]
     positions = rows.start[:, None] + jnp.arange(T, dtype=jnp.int32)
@@ -45,14 +51,16 @@ def chunk_begin(model, pool, carry, rows: ChunkRows, *, fresh):
     return dict(x=x, at=at, cache=_paged(pool, rows.table, slots)), None
 
 
-def chunk_end(model, x, caches, context, pool, carry, rows: ChunkRows, *, fresh):
+def chunk_end(model: MoEModel, x: jax.Array, caches: list[PagedCache], context: None, pool: list[Layer],
+              carry: jax.Array, rows: ChunkRows, *, fresh: bool) -> tuple[list[Layer], jax.Array, jax.Array]:
     """-> (pool, carry, the token after each row's last real token, sampled as token count[b] of its sequence).
     carry[slot[b]] takes row b's token (slot[b] = S: it does not; a prompt's rows but its last)."""
     tok = rows.sampling.next_tokens(model.head(x, jnp.maximum(rows.n - 1, 0)))
     return [c.pool for c in caches], carry.at[rows.slot].set(tok, mode="drop"), tok
 
 
-def chunk(graphdef, kernels, state, pool, carry, rows: ChunkRows, *, fresh):
+def chunk(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list[Layer], carry: jax.Array,
+          rows: ChunkRows, *, fresh: bool) -> tuple[list[Layer], jax.Array, jax.Array]:
     model = model_of(graphdef, state)
     inputs, context = chunk_begin(model, pool, carry, rows, fresh=fresh)
     x, caches = model.run_layers(**inputs, read_cache=not fresh, kernels=kernels)
@@ -69,23 +77,24 @@ class DecodeLoop(NamedTuple):
     last: jax.Array
 
 
-def decode_start(carry, rows: PagedDecodeRows, steps) -> DecodeLoop:
+def decode_start(carry: jax.Array, rows: PagedDecodeRows, steps: int) -> DecodeLoop:
     """The loop's state before the first token. A chain row's input is carry[slot] (made by a step the host has not
     read); it is live only if that is a token, not a stop."""
     prev = carry[jnp.minimum(rows.slot, carry.shape[0] - 1)]
     last = jnp.where(rows.chain, prev, rows.last)
     live = (rows.budget > 0) & ~(rows.chain & ((prev < 0) | is_stop(prev, rows.stops)))
+    live = cast(jax.Array, live)  # traced rows: a jax.Array here
     return DecodeLoop(jnp.int32(0), jnp.full((rows.budget.shape[0], steps), -1, jnp.int32), live, last)
 
 
-def decode_finish(carry, slot, out):
+def decode_finish(carry: jax.Array, slot: StepArray, out: jax.Array) -> jax.Array:
     """carry[slot[b]]: row b's last token (a stop if it ended on one), or -1 where it made none."""
     made = (out >= 0).sum(axis=1)
     last = jnp.take_along_axis(out, jnp.maximum(made - 1, 0)[:, None], axis=1)[:, 0]
     return carry.at[slot].set(jnp.where(made > 0, last, -1), mode="drop")
 
 
-def token_begin(model, pool, loop: DecodeLoop, rows: PagedDecodeRows):
+def token_begin(model: MoEModel, pool: list[Layer], loop: DecodeLoop, rows: PagedDecodeRows) -> dict:
     """Row b's input loop.last at position start[b] + i (written only while the row is live)."""
     positions = (rows.start + loop.i)[:, None]
     slots = slots_of(rows.table, positions, loop.live[:, None], _pool_blocks(pool))
@@ -93,7 +102,8 @@ def token_begin(model, pool, loop: DecodeLoop, rows: PagedDecodeRows):
     return dict(x=x, at=at, cache=_paged(pool, rows.table, slots))
 
 
-def token_end(model, x, caches, loop: DecodeLoop, rows: PagedDecodeRows):
+def token_end(model: MoEModel, x: jax.Array, caches: list[PagedCache], loop: DecodeLoop, rows: PagedDecodeRows
+              ) -> tuple[list[Layer], DecodeLoop]:
     """-> (pool, the loop's next state): this token sampled as token count[b] + i of row b's sequence."""
     i, out, live, last = loop
     tok = rows.sampling.next_tokens(model.head(x, jnp.zeros((x.shape[0],), jnp.int32)), i)
@@ -103,16 +113,17 @@ def token_end(model, x, caches, loop: DecodeLoop, rows: PagedDecodeRows):
     return [c.pool for c in caches], DecodeLoop(i + 1, out, live, tok)
 
 
-def decode(graphdef, kernels, state, pool, carry, rows: PagedDecodeRows, *, steps):
+def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list[Layer], carry: jax.Array,
+           rows: PagedDecodeRows, *, steps: int) -> tuple[list[Layer], jax.Array, jax.Array]:
     """Up to min(steps, budget[b]) tokens per row, ending a row after a stop token.
     -> (pool, carry, tokens [B, steps], -1 after a row's last)."""
     model = model_of(graphdef, state)
 
-    def cond(pool_loop):
+    def cond(pool_loop: tuple[list[Layer], DecodeLoop]) -> jax.Array:
         _, loop = pool_loop
         return (loop.i < steps) & jnp.any(loop.live)
 
-    def body(pool_loop):
+    def body(pool_loop: tuple[list[Layer], DecodeLoop]) -> tuple[list[Layer], DecodeLoop]:
         pool, loop = pool_loop
         x, caches = model.run_layers(**token_begin(model, pool, loop, rows), read_cache=True, kernels=kernels)
         return token_end(model, x, caches, loop, rows)

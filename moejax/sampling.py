@@ -24,19 +24,19 @@ class Sampling:
     keys: StepArray
     count: StepArray
 
-    def next_tokens(self, logits, ahead=0):
+    def next_tokens(self, logits: jax.Array, ahead: int | jax.Array = 0) -> jax.Array:
         """logits [B, V] float32 -> each row's token count[b] + ahead, int32 [B]."""
         return sample(logits, self.temperature, self.top_p, _fold(self.keys, self.count + ahead))
 
 
-def _fold(keys, index):
+def _fold(keys: StepArray, index: StepArray) -> jax.Array:
     """Each row's key folded with its token index; keys typed, or raw key data."""
     if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
-        keys = jax.random.wrap_key_data(keys)
+        keys = jax.random.wrap_key_data(keys)  # type: ignore[arg-type]  # numpy key data works; jax types it Array
     return jax.vmap(jax.random.fold_in)(keys, index.astype(jnp.uint32))
 
 
-def sample(logits, temperature, top_p, keys):
+def sample(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: jax.Array) -> jax.Array:
     """logits [B, V] float32; temperature, top_p [B]; keys [B] PRNG keys -> token ids [B] int32."""
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     # Sorting the vocabulary is most of a small decode step on CPU (30 ms of ~175 for 32 rows of 4096 here):

@@ -8,26 +8,30 @@ end(model, x, new per-layer caches or keys, context, *args, **static) -> the ste
 Prefill and decode take their rows as one pytree (moejax.step_inputs)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from moejax import kv_pool
+from moejax.kernels.backends import Kernels
+from moejax.kv_pool import Layer
 from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray
 from moejax.step_inputs import DecodeRows, PrefillRows
 
 
-def model_of(graphdef, state) -> MoEModel:
+def model_of(graphdef: nnx.GraphDef, state: nnx.State) -> MoEModel:
     return nnx.merge(graphdef, state)
 
 
-def resident(begin, end, read_cache=lambda *args, **static: True):
+def resident(begin: Callable, end: Callable, read_cache: Callable[..., bool] = lambda *args, **static: True
+             ) -> Callable:
     """One jit-able step (graphdef, kernels, state, *args, **static) from a begin and an end."""
-    def step(graphdef, kernels, state, *args, **static):
+    def step(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, *args: Any, **static: Any) -> Any:
         model = model_of(graphdef, state)
         inputs, context = begin(model, *args, **static)
         x, new = model.run_layers(**inputs, read_cache=read_cache(*args, **static), kernels=kernels)
@@ -36,23 +40,24 @@ def resident(begin, end, read_cache=lambda *args, **static: True):
 
 
 # -- full-sequence logits ------------------------------------------------------------------------------------
-def logits_begin(model, tokens):
+def logits_begin(model: MoEModel, tokens: jax.Array) -> tuple[dict, None]:
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x, at = model.embed_inputs(tokens, positions)
     return dict(x=x, at=at), None
 
 
-def logits_end(model, x, new, context, tokens):
+def logits_end(model: MoEModel, x: jax.Array, new: list, context: None, tokens: jax.Array) -> jax.Array:
     return model.head(x)
 
 
 # -- log-probabilities of given tokens ------------------------------------------------------------------------
-def logprobs_begin(model, tokens, *, k):
+def logprobs_begin(model: MoEModel, tokens: jax.Array, *, k: int) -> tuple[dict, None]:
     return logits_begin(model, tokens)
 
 
-def logprobs_end(model, x, new, context, tokens, *, k):
+def logprobs_end(model: MoEModel, x: jax.Array, new: list, context: None, tokens: jax.Array, *, k: int
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """-> (log-probability of token t+1 at each position t [B, T] (the last column is meaningless), the k most
     likely next tokens at each position: log-probabilities and ids [B, T, k])."""
     logprobs = jax.nn.log_softmax(model.head(x).astype(jnp.float32), axis=-1)
@@ -63,7 +68,8 @@ def logprobs_end(model, x, new, context, tokens, *, k):
 
 
 # -- packed-tree scoring -------------------------------------------------------------------------------------
-def score_begin(model, pool, batch, *, span=(0, None)):
+def score_begin(model: MoEModel, pool: list[Layer], batch: dict, *, span: tuple = (0, None)
+                ) -> tuple[dict, list[Layer] | None]:
     """batch: tokens, positions, q_pre, q_post [B, T] (DFS spans of each token's node); read_idx [B, U] (rows whose
     next-token distribution is read); tgt_u, tgt_tok [B, G] (which read row, which token). Optional prior keys
     from the pool: prior_ids [B, NP] and prior_pos, prior_pre, prior_post [B, NP*BLOCK]; optional blocks to
@@ -71,7 +77,7 @@ def score_begin(model, pool, batch, *, span=(0, None)):
     rows' TreeSpan (head, window), which keys attention reads (moejax.sched.packing.tree_span)."""
     prior = kv_pool.gather(pool, batch["prior_ids"]) if "prior_ids" in batch else None
 
-    def keys(name):
+    def keys(name: str) -> jax.Array:
         new = batch["positions"] if name == "pos" else batch[f"q_{name}"]
         return new if prior is None else jnp.concatenate([batch[f"prior_{name}"], new], axis=1)
 
@@ -80,12 +86,14 @@ def score_begin(model, pool, batch, *, span=(0, None)):
     return dict(x=x, at=at, prior=prior), prior
 
 
-def score_end(model, x, new, prior, pool, batch, *, span=(0, None)):
+def score_end(model: MoEModel, x: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer],
+              batch: dict, *, span: tuple = (0, None)) -> tuple[jax.Array, list[Layer]]:
     """-> (log-probabilities of the target tokens [B, G] float32, pool)."""
     return scored(model.head(x, batch["read_idx"]), new, prior, pool, batch)
 
 
-def scored(logits, new, prior, pool, batch):
+def scored(logits: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer], batch: dict
+           ) -> tuple[jax.Array, list[Layer]]:
     """From the read positions' logits [B, U, V]: (the target tokens' log-probabilities [B, G] float32, the pool
     with the batch's prompt blocks stored)."""
     logprobs = jax.nn.log_softmax(logits, axis=-1)
@@ -97,7 +105,7 @@ def scored(logits, new, prior, pool, batch):
 
 
 # -- prefill -------------------------------------------------------------------------------------------------
-def prefill_begin(model, pool, rows: PrefillRows, *, cache_len):
+def prefill_begin(model: MoEModel, pool: list[Layer], rows: PrefillRows, *, cache_len: int) -> tuple[dict, None]:
     """Cache slot = position; rows with prior_ids first copy those pool blocks into their cache."""
     B = rows.tokens.shape[0]
     cache = model.init_cache(B, cache_len)
@@ -109,7 +117,8 @@ def prefill_begin(model, pool, rows: PrefillRows, *, cache_len):
     return dict(x=x, at=at, cache=cache), None
 
 
-def prefill_end(model, x, cache, context, pool, rows: PrefillRows, *, cache_len):
+def prefill_end(model: MoEModel, x: jax.Array, cache: list, context: None, pool: list[Layer], rows: PrefillRows, *,
+                cache_len: int) -> tuple[list, jax.Array, list[Layer]]:
     """-> (cache, first new token per row, pool); with `expand`, cache and tokens are per decode row."""
     if rows.store_ids is not None:
         assert rows.store_src is not None  # given with store_ids
@@ -121,7 +130,7 @@ def prefill_end(model, x, cache, context, pool, rows: PrefillRows, *, cache_len)
     return cache, rows.sampling.next_tokens(logits), pool
 
 
-def prefill_reads_cache(pool, rows: PrefillRows, **static):
+def prefill_reads_cache(pool: list[Layer], rows: PrefillRows, **static: Any) -> bool:
     return rows.prior_ids is not None  # else the cache held nothing before this call
 
 
@@ -136,7 +145,7 @@ class DecodeLoop(NamedTuple):
     last: StepArray  # rows.first before step 1
 
 
-def decode_start(rows: DecodeRows, steps) -> DecodeLoop:
+def decode_start(rows: DecodeRows, steps: int) -> DecodeLoop:
     """The decode loop's state before step 1."""
     B = rows.first.shape[0]
     out = jnp.zeros((B, steps), jnp.int32).at[:, 0].set(rows.first)
@@ -144,13 +153,13 @@ def decode_start(rows: DecodeRows, steps) -> DecodeLoop:
     return DecodeLoop(jnp.int32(1), out, done, jnp.ones((B,), jnp.int32), rows.first)
 
 
-def decode_begin(model, loop: DecodeLoop, rows: DecodeRows):
+def decode_begin(model: MoEModel, loop: DecodeLoop, rows: DecodeRows) -> dict:
     positions = (rows.lengths + loop.step - 1)[:, None]
     x, at = model.embed_inputs(loop.last[:, None], positions)
     return dict(x=x, at=at)
 
 
-def decode_end(model, x, loop: DecodeLoop, rows: DecodeRows) -> DecodeLoop:
+def decode_end(model: MoEModel, x: jax.Array, loop: DecodeLoop, rows: DecodeRows) -> DecodeLoop:
     """Sample this step's tokens and update the loop's state."""
     step, out, done, count, last = loop
     B = x.shape[0]
@@ -162,17 +171,18 @@ def decode_end(model, x, loop: DecodeLoop, rows: DecodeRows) -> DecodeLoop:
     return DecodeLoop(step + 1, out, done, count, tok)
 
 
-def decode(graphdef, kernels, state, cache, rows: DecodeRows, *, steps):
+def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, cache: list, rows: DecodeRows, *, steps: int
+           ) -> tuple[jax.Array, jax.Array]:
     """Decode until every row has max_new[row] tokens or has emitted one of its stop tokens. Returns (tokens,
     counts)."""
     model = model_of(graphdef, state)
     limit = jnp.max(rows.max_new)
 
-    def cond(carry):
+    def cond(carry: tuple[list, DecodeLoop]) -> jax.Array:
         _, loop = carry
         return (loop.step < limit) & ~jnp.all(loop.done)
 
-    def body(carry):
+    def body(carry: tuple[list, DecodeLoop]) -> tuple[list, DecodeLoop]:
         cache, loop = carry
         x, cache = model.run_layers(**decode_begin(model, loop, rows), cache=cache, kernels=kernels)
         return cache, decode_end(model, x, loop, rows)
@@ -181,7 +191,7 @@ def decode(graphdef, kernels, state, cache, rows: DecodeRows, *, steps):
     return loop.out, loop.counts
 
 
-def is_stop(tok, stops):
+def is_stop(tok: StepArray, stops: StepArray) -> jax.Array:
     return jnp.any(tok[:, None] == stops, axis=1)
 
 
