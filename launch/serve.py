@@ -187,9 +187,9 @@ def plan_plots(engine, args) -> list[str]:
                            f"predicted on profile {profile.name}")
         out.append(f"plot: {path}")
     if engine.saturation is not None:
-        from moejax.plan.theta import layer_time_curve, theta_eq1
-        placement = engine.placement
-        eq1 = theta_eq1(cfg, profile, mode=placement.theta_mode or "streamed", devices=placement.devices)
+        from moejax.plan.theta import layer_time_curve
+        eq1 = engine.placement.theta(cfg, lambda: profile)  # Eq. 1 in the placement's channel, on this profile
+        assert eq1 is not None  # a placement with a Θ copies experts, so it has a channel
         theta = engine.saturation.theta_flops
         flops = list(np.geomspace(theta / 100, theta * 100, 60))
         curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, eq1, flops))]

@@ -152,7 +152,7 @@ class LayerByLayer(Placement):
         assert steps is not None
         return "placement " + steps.placement.describe()
 
-    def stand_in(self, path: tuple, array: Any, store: Store) -> Any:
+    def place(self, path: tuple, array: Any, store: Store) -> Any:
         """Routed experts into the store, a 0-d stand-in in the params; the rest as resident."""
         if is_routed_expert(path):
             store.add(path, array)

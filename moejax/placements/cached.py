@@ -2,7 +2,7 @@
 memory by demand and by a predictor's prefetches (moejax.offload.cached)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moejax.offload.cached import Cached as CachedRuntime
 from moejax.offload.host_store import HostStore
@@ -38,9 +38,6 @@ class Cached(LayerByLayer):
 
     def new_store(self) -> HostStore:
         return HostStore(per_expert=True)
-
-    def place(self, path: tuple, array: Any, store: Store) -> Any:
-        return self.stand_in(path, array, store)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedRuntime:
         s = self.settings

@@ -3,7 +3,7 @@ device copies its shard of a layer's experts from pinned host memory while gathe
 the others (moejax.sharding.gathered)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from moejax.offload.host_store import HostStore
 from moejax.placements.base import LayerByLayer, Store
@@ -30,9 +30,6 @@ class Gathered(LayerByLayer):
     def new_store(self) -> HostStore:
         assert self.layout_setup is not None  # applies only with a layout
         return HostStore(per_expert=False, sharding=self.layout_setup.expert_shards)
-
-    def place(self, path: tuple, array: Any, store: Store) -> Any:
-        return self.stand_in(path, array, store)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> GatheredStreamed:
         assert self.layout_setup is not None and self.memory_plan.window is not None  # a streamed plan's window

@@ -35,9 +35,6 @@ class Streamed(LayerByLayer):
     def new_store(self) -> HostStore:
         return HostStore(per_expert=False)
 
-    def place(self, path: tuple, array: Any, store: Store) -> Any:
-        return self.stand_in(path, array, store)
-
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedRuntime:
         assert self.memory_plan.window is not None  # a streamed plan has its window
         return StreamedRuntime(store, self.memory_plan.window, kernels.experts)
