@@ -28,6 +28,7 @@ from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray
 from moejax.step_inputs import ChunkRows, PagedDecodeRows
 from moejax.steps import is_stop, model_of
+from moejax.token_loop import token_loop
 
 
 def _paged(pool: list[Layer], table: StepArray, slots: jax.Array) -> list[PagedCache]:
@@ -128,5 +129,5 @@ def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: lis
         x, caches = model.run_layers(**token_begin(model, pool, loop, rows), read_cache=True, kernels=kernels)
         return token_end(model, x, caches, loop, rows)
 
-    pool, loop = jax.lax.while_loop(cond, body, (pool, decode_start(carry, rows, steps)))
+    pool, loop = token_loop(cond, body, (pool, decode_start(carry, rows, steps)), steps)
     return pool, decode_finish(carry, rows.slot, loop.out), loop.out

@@ -22,6 +22,7 @@ from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray
 from moejax.step_inputs import DecodeRows, PrefillRows
+from moejax.token_loop import token_loop
 
 
 def model_of(graphdef: nnx.GraphDef, state: nnx.State) -> MoEModel:
@@ -187,7 +188,7 @@ def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, cache: li
         x, cache = model.run_layers(**decode_begin(model, loop, rows), cache=cache, kernels=kernels)
         return cache, decode_end(model, x, loop, rows)
 
-    _, loop = jax.lax.while_loop(cond, body, (cache, decode_start(rows, steps)))
+    _, loop = token_loop(cond, body, (cache, decode_start(rows, steps)), steps - 1)
     return loop.out, loop.counts
 
 
