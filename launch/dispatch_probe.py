@@ -86,7 +86,8 @@ def main() -> None:
     rows: dict = {"as run": twice(method, False), "inputs on device": twice(method, True),
                   "no donation": twice(bound, False)}
     os.environ[token_loop.CHECK_VARIABLE] = "1"  # read when the new jit traces: the early exit checked every token
-    checked = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels), static_argnames=("steps",))
+    checked = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels),
+                      static_argnames=("steps",))
     rows["no donation, exit checked every token"] = twice(functools.partial(checked, engine.params), False)
     del os.environ[token_loop.CHECK_VARIABLE]
     try:
