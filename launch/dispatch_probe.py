@@ -48,13 +48,47 @@ def _timed(method, pool, carry, calls, on_device: bool) -> dict:
                 median_return_ms=1e3 * float(np.median(returns)), wall_ms_per_call=1e3 * wall / len(calls))
 
 
+def loops() -> None:
+    """`--loops`: one jit of 8 matmuls [1024, 1024] chained, as a fori_loop, a while_loop on a device predicate and
+    unrolled: does a call return before the device has finished? (a separate question from the model's)"""
+    x = jax.random.normal(jax.random.key(0), (1024, 1024), jax.numpy.float32)
+    w = jax.random.normal(jax.random.key(1), (1024, 1024), jax.numpy.float32) / 32
+
+    def fori(x):
+        return jax.lax.fori_loop(0, 8, lambda i, y: jax.numpy.tanh(y @ w), x)
+
+    def unrolled(x):
+        for _ in range(8):
+            x = jax.numpy.tanh(x @ w)
+        return x
+
+    def early(x):
+        return jax.lax.while_loop(lambda c: (c[0] < 8) & (c[1].sum() != 0), lambda c: (c[0] + 1, jax.numpy.tanh(
+            c[1] @ w)), (0, x))[1]
+    for name, f in (("fori_loop", fori), ("unrolled", unrolled), ("while_loop, device predicate", early)):
+        f = jax.jit(f)
+        jax.block_until_ready(f(x))
+        returns, t0 = [], time.perf_counter()
+        y = x
+        for _ in range(50):
+            t = time.perf_counter()
+            y = f(y)
+            returns.append(time.perf_counter() - t)
+        jax.block_until_ready(y)
+        print(f"{name:30s} call returns {1e3 * np.median(returns):.3f} ms, wall {1e3 * (time.perf_counter() - t0) / 50:.3f}"
+              " ms per call", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="pycode-moe")
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--out", default=None)
+    p.add_argument("--loops", action="store_true", help=loops.__doc__)
     a = p.parse_args()
+    if a.loops:
+        return loops()
     where = argparse.Namespace(model=a.model, num_layers=None, seed=0, no_transformers=True)
     engine = moejax.load(bench_generate._checkpoint(where, "/tmp")[0], dtype="float32", compilation_cache=False)
     cfg = engine.config

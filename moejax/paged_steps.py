@@ -129,5 +129,5 @@ def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: lis
         x, caches = model.run_layers(**token_begin(model, pool, loop, rows), read_cache=True, kernels=kernels)
         return token_end(model, x, caches, loop, rows)
 
-    pool, loop = token_loop(cond, body, (pool, decode_start(carry, rows, steps)), steps)
+    pool, loop = token_loop(cond, body, (pool, decode_start(carry, rows, steps)), steps, few=True)
     return pool, decode_finish(carry, rows.slot, loop.out), loop.out

@@ -188,7 +188,7 @@ def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, cache: li
         x, cache = model.run_layers(**decode_begin(model, loop, rows), cache=cache, kernels=kernels)
         return cache, decode_end(model, x, loop, rows)
 
-    _, loop = token_loop(cond, body, (cache, decode_start(rows, steps)), steps - 1)
+    _, loop = token_loop(cond, body, (cache, decode_start(rows, steps)), steps - 1, few=False)
     return loop.out, loop.counts
 
 

@@ -1,13 +1,14 @@
-"""The decode steps' token loop: up to `steps` iterations of a body that ends rows, stopping early once none is left.
+"""The decode steps' token loop: up to `iterations` runs of a body that ends rows, stopping once none is left.
 
-XLA evaluates a while loop's condition on the device, and on a GPU its runtime copies that predicate to the host
-before every iteration: a loop whose exit depends on the tokens blocks the dispatching thread until the loop is done
-(the call no longer returns before the device has finished) and leaves the GPU idle while the host launches each
-iteration's kernels. A loop with a trip count fixed at trace time needs no such copy. So the early exit is checked
-only every `check_every` iterations, the iterations between run as a fixed loop, and a dead row's iterations change
-nothing (the bodies mask them). `check_every` comes from MOEJAX_TOKEN_LOOP_CHECK (read at trace time), else the
-platform's default: every iteration on a CPU, where the check costs nothing and ending early saves work; on a GPU,
-never inside a call (the iterations after every row has ended are the price)."""
+How often the loop checks whether any row is left is a measured trade-off on a GPU (bench/README.md, fifth check,
+an H200): XLA evaluates a while loop's condition on the device and its GPU runtime reads the predicate back before
+each iteration, so a loop whose exit depends on the tokens makes the host wait on every token and leaves the device
+idle while the next iteration is launched; a fixed trip count avoids that wait but runs the iterations after every
+row has ended. The continuous scheduler's decode call makes at most a few tokens (decode_steps, 8 by default), so
+the fixed count wins there (3,272 against 3,000 output tokens/s on the embedded model); static batching's one call
+runs to the batch's longest request, so wasted iterations dominate (2,380 against 3,052) and it checks every token.
+On a CPU a check costs nothing: every token, both. MOEJAX_TOKEN_LOOP_CHECK=N (read when a step is traced) makes
+every loop check every N iterations (rounded down to a divisor of its count), for such comparisons."""
 from __future__ import annotations
 
 import os
@@ -19,27 +20,27 @@ State = TypeVar("State")
 CHECK_VARIABLE = "MOEJAX_TOKEN_LOOP_CHECK"
 
 
-def check_every(iterations: int) -> int:
-    """How many iterations run between two early-exit checks: a divisor of `iterations` (so that no chunk runs past
-    it), the largest one not above what MOEJAX_TOKEN_LOOP_CHECK asks for."""
+def check_every(iterations: int, few: bool) -> int:
+    """How many iterations run between two early-exit checks, a divisor of `iterations` (no chunk runs past it): on
+    a GPU none inside the call for a loop of `few` iterations, else every one; MOEJAX_TOKEN_LOOP_CHECK overrides."""
     chosen = os.environ.get(CHECK_VARIABLE)
     if chosen is None:
-        return iterations if jax.default_backend() == "gpu" else 1
+        return iterations if few and jax.default_backend() == "gpu" else 1
     if not chosen.isdigit() or int(chosen) < 1:
         raise ValueError(f"{CHECK_VARIABLE}={chosen!r}: expected a whole number of iterations >= 1")
     return max(d for d in range(1, min(int(chosen), iterations) + 1) if iterations % d == 0)
 
 
 def token_loop(go_on: Callable[[State], jax.Array], body: Callable[[State], State], state: State,
-               iterations: int) -> State:
+               iterations: int, *, few: bool) -> State:
     """Run body on state while go_on(state), at most `iterations` times (go_on must turn false after that many):
-    go_on is checked before the first iteration and then every check_every(iterations) iterations. A body must leave
+    go_on is checked before the first iteration and then every check_every(iterations, few) iterations. A body must leave
     a state on which further iterations change no result once go_on is false. Checked never (every == iterations),
     the loop runs all its iterations: no conditional either, since XLA:GPU reads a conditional's predicate on the
     host as it does a loop's."""
     if iterations < 1:
         return state
-    every = check_every(iterations)
+    every = check_every(iterations, few)
     if every == 1:
         return jax.lax.while_loop(go_on, body, state)
 
