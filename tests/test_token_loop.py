@@ -41,6 +41,7 @@ def test_the_platform_default_and_bad_values(monkeypatch):
         token_loop.check_every(8, few=True)
 
 
+@pytest.mark.slow  # 25 s: two engines compiled under each setting
 def test_engines_make_the_same_tokens_however_often_they_check(monkeypatch):
     prompts = [list(np.random.default_rng(s).integers(1, 1024, size=n)) for s, n in ((0, 7), (1, 15), (2, 4))]
     reference = moejax.load(TINY, dtype="float32")
