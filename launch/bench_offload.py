@@ -193,7 +193,7 @@ def prefill(args, peak_gb_per_s: float, resident, save) -> dict:
                   layer_flops_per_token=layer_flops_per_token(cfg),
                   moe_layers=len(store.layers),
                   expert_bytes_per_layer={i: store.layer_bytes(i) for i in store.layers},
-                  saturation=_saturation_record(sat), memory_plan=streamed.memory_plan.describe(),
+                  saturation=_saturation_record(sat), memory_budget=streamed.memory_budget.describe(),
                   throughput_ratio="resident_s / streamed_s (streamed throughput over resident)",
                   in_jit="stream='jit': the experts are host-memory inputs of the whole-model jit and XLA "
                          "schedules their copies (no window); in_jit_throughput_ratio = resident_s / in_jit_s",

@@ -20,7 +20,7 @@ import numpy as np
 
 import moejax
 from launch.serve import read_lines
-from moejax.offload.memory_plan import PLACEMENTS
+from moejax.offload.memory_budget import PLACEMENTS
 from moejax.offload.predict import calibrate
 from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 

@@ -75,8 +75,9 @@ def loops() -> None:
             y = f(y)
             returns.append(time.perf_counter() - t)
         jax.block_until_ready(y)
-        print(f"{name:30s} call returns {1e3 * np.median(returns):.3f} ms, wall {1e3 * (time.perf_counter() - t0) / 50:.3f}"
-              " ms per call", flush=True)
+        wall = (time.perf_counter() - t0) / 50
+        print(f"{name:30s} call returns {1e3 * np.median(returns):.3f} ms, wall {1e3 * wall:.3f} ms per call",
+              flush=True)
 
 
 def main() -> None:

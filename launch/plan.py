@@ -96,7 +96,7 @@ def run_dep(cfg, profile, args) -> tuple[dict, str, list]:
     plots = []
     if args.plot:
         schedules = {f"{p.order.upper()} A={p.attn_devices} B={p.expert_devices} r1={p.r1} r2={p.r2}":
-                     dep_sim.simulate_plan(cfg, profile, p, layers=min(cfg.num_layers, 3))
+                     dep_sim.simulate_schedule(cfg, profile, p, layers=min(cfg.num_layers, 3))
                      for p in _orders(cfg, profile, plan, baseline, kw)}
         plots.append(gantt(schedules, os.path.join(args.plot, "dep-gantt.png"),
                            f"{args.model} on {args.devices} x {profile.device.name}, {args.tokens} tokens (first 3 "

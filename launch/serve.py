@@ -205,8 +205,8 @@ def run_settings(args, engine) -> dict:
     --speculative the options that decide which experts run (moejax.options' fingerprint marks; a directory by its
     identity)."""
     settings = {**engine_settings(engine), "model": model_identity(args.model)}
-    if engine.memory_plan is not None:
-        settings["placement"] = engine.memory_plan.placement
+    if engine.memory_budget is not None:
+        settings["placement"] = engine.memory_budget.placement
     if args.speculative:  # runs predicted experts: the predictor decides the results
         paths = options.paths(PlacementSettings)
         settings.update({name: model_identity(value) if name in paths and value else value

@@ -28,7 +28,7 @@ class Engine:
         """materialize() -> (the weights as an nnx.State, the placement's store or None). placement: where the
         routed experts live and which steps run (moejax.placements). plan: the moejax.plan.engine_plan.EnginePlan
         it was loaded with (auto choices made); decisions: what the planners chose for `auto` and why;
-        saturation: Θ (moejax.plan.theta.ThetaPlan, or a measured moejax.offload.saturation.Saturation), or None.
+        saturation: Θ (moejax.plan.theta.ThetaEstimate, or a measured moejax.offload.saturation.Saturation), or None.
         chat_template: moejax.chat.ChatTemplate, or None when the model has none."""
         self.config = config
         self.tokenizer = tokenizer
@@ -61,8 +61,8 @@ class Engine:
         return self._graphdef
 
     @property
-    def memory_plan(self):
-        return self.placement.memory_plan
+    def memory_budget(self):
+        return self.placement.memory_budget
 
     @property
     def layout(self):
@@ -112,20 +112,20 @@ class Engine:
             self.placement.reset_stats(self.steps)
 
     def explain(self, comm_shape: tuple[int, int] | None = None) -> str:
-        """The memory plan, the placement and (when profiled) the saturation threshold, as text. For a
+        """The memory budget, the placement and (when profiled) the saturation threshold, as text. For a
         layer-by-layer placement this builds it, which loads the weights. With a layout, also the communication
         per device per layer for a forward over `comm_shape` = (batch, seq) tokens (default: one row of 128
         tokens per device): the analytic figures (moejax.costs.layout_comm, as implemented and MoE-Prefill
         Table 1's) next to the collectives of the compiled full-logits step, which this compiles (loading the
         weights first if they are not yet: the compiled step depends on how they are placed)."""
-        from moejax.offload.memory_plan import size
+        from moejax.offload.memory_budget import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
         lines += self.decisions
         if self.layout is not None:
             lines.append(f"layout {self.layout}")
             lines += self._explain_comm(comm_shape)
-        lines.append(self.memory_plan.describe())
+        lines.append(self.memory_budget.describe())
         placement = self.placement.describe(self.steps if self.layer_by_layer else None)
         if placement is not None:
             lines.append(placement)
@@ -138,7 +138,7 @@ class Engine:
         the routed experts' programs and the rest by op metadata). DEP: its transfer counters instead, if a
         forward has run since load or reset_stats (they cover every forward since, of whatever shape)."""
         from moejax.costs import by_kind, layout_comm
-        from moejax.offload.memory_plan import size
+        from moejax.offload.memory_budget import size
         from moejax.sharding import hlo_comm
         lay = self.layout
         default_batch = lay.attn_devices if lay.experts == "dep" else lay.devices

@@ -14,8 +14,8 @@ from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
 from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
-from moejax.offload.memory_plan import OFFLOADED, MemoryPlanError, device_budget_bytes
-from moejax.offload.setup import offload_plan
+from moejax.offload.memory_budget import OFFLOADED, MemoryBudgetError, device_budget_bytes
+from moejax.offload.setup import budget_for
 from moejax.placements import placement_for
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
@@ -90,17 +90,17 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     shapes = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: MoEModel(cfg, dt))))}
     engine_plan, decisions = plan_choices(cfg, engine_plan)
     settings = engine_plan.placement
-    memory_plan = offload_plan(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
-    if settings.placement == "auto" and memory_plan.offloads and engine_plan.layout is None:
-        memory_plan, text = choose_offload(cfg, shapes, settings, memory_plan, engine_plan)
+    memory_budget = budget_for(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
+    if settings.placement == "auto" and memory_budget.offloads and engine_plan.layout is None:
+        memory_budget, text = choose_offload(cfg, shapes, settings, memory_budget, engine_plan)
         decisions.append(text)
     layout = layout_of(engine_plan.layout, cfg)
-    if layout and not memory_plan.offloads:
+    if layout and not memory_budget.offloads:
         try:
-            memory_plan = layout.plan_memory(memory_plan, shapes, device_budget_bytes(settings.device_memory_gb))
-        except MemoryPlanError as e:
+            memory_budget = layout.budget_memory(memory_budget, shapes, device_budget_bytes(settings.device_memory_gb))
+        except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
-    placement = placement_for(memory_plan, settings, layout)
+    placement = placement_for(memory_budget, settings, layout)
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt, placement.experts_runner(), placement.split_batch()))
     skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
     materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),
@@ -174,19 +174,19 @@ def plan_choices(cfg: ModelConfig, plan: EnginePlan) -> tuple[EnginePlan, list[s
     return plan, [text]
 
 
-def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_plan, plan: EnginePlan):
+def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_budget, plan: EnginePlan):
     """placement auto, the experts not fitting: streamed or cached, whichever the profile predicts faster when both
-    fit (bytes decide when only one does, or when no profile is known) -> (memory plan, decision)."""
-    feasible = [memory_plan]
-    other = next(p for p in OFFLOADED if p != memory_plan.placement)
+    fit (bytes decide when only one does, or when no profile is known) -> (memory budget, decision)."""
+    feasible = [memory_budget]
+    other = next(p for p in OFFLOADED if p != memory_budget.placement)
     try:
-        feasible.append(offload_plan(cfg, shapes, dataclasses.replace(settings, placement=other)))
+        feasible.append(budget_for(cfg, shapes, dataclasses.replace(settings, placement=other)))
     except ValueError as e:
-        return memory_plan, f"placement auto: {memory_plan.placement} (bytes decide: {other} does not fit: {e})"
+        return memory_budget, f"placement auto: {memory_budget.placement} (bytes decide: {other} does not fit: {e})"
     try:
         profile = _profile(plan)
     except ValueError as e:
-        return memory_plan, f"placement auto: {memory_plan.placement} by bytes alone ({e})"
+        return memory_budget, f"placement auto: {memory_budget.placement} by bytes alone ({e})"
     chosen, text = choose_placement(cfg, profile, feasible, plan.workload.tokens)
     changes = what_would_change(lambda p: choose_placement(cfg, p, feasible, plan.workload.tokens)[0].placement,
                                 profile, chosen.placement, PLACEMENT_WHAT_IF)

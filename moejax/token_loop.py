@@ -34,8 +34,8 @@ def check_every(iterations: int, few: bool) -> int:
 def token_loop(go_on: Callable[[State], jax.Array], body: Callable[[State], State], state: State,
                iterations: int, *, few: bool) -> State:
     """Run body on state while go_on(state), at most `iterations` times (go_on must turn false after that many):
-    go_on is checked before the first iteration and then every check_every(iterations, few) iterations. A body must leave
-    a state on which further iterations change no result once go_on is false. Checked never (every == iterations),
+    go_on is checked before the first iteration and then every check_every(iterations, few) iterations. A body must
+    leave a state on which further iterations change no result once go_on is false. Checked never (every == iterations),
     the loop runs all its iterations: no conditional either, since XLA:GPU reads a conditional's predicate on the
     host as it does a loop's."""
     if iterations < 1:

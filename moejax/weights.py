@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models.checkpoint import plan_params
+from moejax.models.checkpoint import checkpoint_reader
 
 if TYPE_CHECKING:
     from moejax.models.decoder import MoEModel
@@ -24,7 +24,7 @@ def materializer(abstract: MoEModel, shapes: dict, placement: Placement, *, chec
     presets' random init with `seed`)."""
     flat = dict(nnx.to_flat_state(nnx.state(abstract)))
     # a checkpoint is checked against the model from its metadata now, at load; its tensors are read on first use
-    read = None if checkpoint is None else plan_params(checkpoint, abstract.cfg, shapes,
+    read = None if checkpoint is None else checkpoint_reader(checkpoint, abstract.cfg, shapes,
                                                        ignore_layers_from=ignore_layers_from)
 
     def materialize():

@@ -110,7 +110,7 @@ def _stub_engine(placement: str):
     return types.SimpleNamespace(name="tiny", dtype=types.SimpleNamespace(name="float32"),
                                  kernels=types.SimpleNamespace(describe=lambda: "experts auto: xla"),
                                  config=types.SimpleNamespace(num_layers=2), layout=None,
-                                 memory_plan=types.SimpleNamespace(placement=placement))
+                                 memory_budget=types.SimpleNamespace(placement=placement))
 
 
 # Fingerprints of these settings before the options were defined once: journals written then must still resume.

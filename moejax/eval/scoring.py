@@ -1,7 +1,7 @@
 """Log-likelihoods of (context, continuation) token pairs through moejax's prefix-shared scoring.
 
 Pairs are grouped by context: each distinct context is one scoring request whose candidates are its
-continuations, so the planner (moejax.sched.planner) puts them in one token tree and the context is computed once
+continuations, so the planner (moejax.sched.batch_schedule) puts them in one token tree and the context is computed once
 for all of them (sibling decomposition); contexts that share leading blocks (few-shot prompts) share them too, in
 one tree or, across batches, through the prefix KV cache (the batch runner's `auto` policy: only blocks a later
 batch reads are kept). Batch k+1 is packed and dispatched before batch k's results are read, as the runner does."""
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moejax.sched.batch_size import score_batch_size
-from moejax.sched.planner import make_plan
+from moejax.sched.batch_schedule import schedule_batches
 from moejax.sched.prefix_cache import cache_blocks
 from moejax.sched.requests import Candidate, ScoreRequest
 from moejax.sched.runner import Runner
@@ -84,12 +84,12 @@ class Scorer:
         longest = max((len(r.prompt) + len(c.token_ids) - 1 for r in requests for c in r.candidates), default=0)
         reserved = 0.0 if self.kv_cache == "off" else self.prefix_cache_mb * 2**20
         sizing = score_batch_size(engine, self.max_batch_tokens, longest=longest, reserved_bytes=reserved)
-        plan = make_plan(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=self.kv_cache,
+        schedule = schedule_batches(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=self.kv_cache,
                          cache_blocks=cache_blocks(engine, self.prefix_cache_mb), score_batch=sizing)
         # The batch runner's packing (prefix-cache table, blocks stored only while a later batch reads them), as
         # explain uses it; the step is this module's.
-        packer = Runner(engine, plan, requests, None)
-        pool = engine.init_pool(plan.pool_blocks) if plan.pool_blocks else None
+        packer = Runner(engine, schedule, requests, None)
+        pool = engine.init_pool(schedule.pool_blocks) if schedule.pool_blocks else None
         logprob = np.zeros(n, np.float64)
         greedy = np.ones(n, bool)
         reads_left = [sum(len(c.token_ids) for c in r.candidates) for r in requests]  # until a context is done
@@ -119,7 +119,7 @@ class Scorer:
                 progress(done)
 
         pending = None
-        for k in range(len(plan.batches)):
+        for k in range(len(schedule.batches)):
             launched = launch(k)  # dispatched before the one in flight is read: the device never waits for us
             if pending is not None:
                 finish(pending)

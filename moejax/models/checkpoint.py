@@ -135,7 +135,7 @@ def _assemble(src: Experts, pieces, target, read) -> np.ndarray:
     return out
 
 
-def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignore_layers_from: int | None = None
+def checkpoint_reader(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignore_layers_from: int | None = None
                 ) -> Callable[[Callable[[tuple, np.ndarray], Any]], dict[tuple, Any]]:
     """Check the checkpoint against `targets` from metadata alone (raising one CheckpointError that
     lists every problem) and return the reader: put -> {path: put(path, array)}.
@@ -144,7 +144,7 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
     warning that counts them (a slice of a deeper checkpoint; DeepSeek-V3's multi-token-prediction layers)."""
     st = SafetensorsDir(path)
     by_norm = {normalize_key(cfg, k): k for k in st.keys()}
-    missing, misshaped, plan = [], [], {}
+    missing, misshaped, reads = [], [], {}
     for tpath, abstract in targets.items():
         src = source(cfg, tpath)
         target = tuple(abstract.shape)
@@ -158,8 +158,8 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
                 missing.append(key)
             elif tuple(st.shape(by_norm[key])) != want:
                 misshaped.append(f"{by_norm[key]}: shape {list(st.shape(by_norm[key]))}, expected {list(want)}")
-        plan[tpath] = (src, pieces)
-    used = {k for _, pieces in plan.values() for k, _ in pieces}
+        reads[tpath] = (src, pieces)
+    used = {k for _, pieces in reads.values() for k, _ in pieces}
     skip_layer = re.compile(r"model\.layers\.(\d+)\.")
     unexpected, skipped = [], 0
     for norm, orig in by_norm.items():
@@ -186,7 +186,7 @@ def plan_params(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *, ignor
 
     def read_all(put):
         out = {}
-        for tpath, (src, pieces) in plan.items():
+        for tpath, (src, pieces) in reads.items():
             if isinstance(src, Tensor):
                 x = read(src.key)
                 x = x.T if src.transpose else x

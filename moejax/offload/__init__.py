@@ -1,11 +1,11 @@
 """Expert offloading on one device: routed expert weights in host memory, streamed or cached on the device.
 
 host_store (pinned host arrays) -> streamed / cached (placements) run by layered (the steps, layer by layer);
-expert_cache (slot bookkeeping, eviction), predict (expert predictors), memory_plan (budget -> placement),
+expert_cache (slot bookkeeping, eviction), predict (expert predictors), memory_budget (budget -> placement),
 saturation (Θ for streamed prefill), setup (moejax.load's options), stats (Engine.stats())."""
 from moejax.offload.expert_cache import POLICIES, ExpertCache
 from moejax.offload.host_store import HOST_LIMIT_ENV, HostStore, is_routed_expert, pinned_host_limit_bytes
-from moejax.offload.memory_plan import MemoryPlan, MemoryPlanError, plan_memory
+from moejax.offload.memory_budget import MemoryBudget, MemoryBudgetError, budget_memory
 
-__all__ = ["HOST_LIMIT_ENV", "POLICIES", "ExpertCache", "HostStore", "MemoryPlan", "MemoryPlanError",
-           "is_routed_expert", "pinned_host_limit_bytes", "plan_memory"]
+__all__ = ["HOST_LIMIT_ENV", "POLICIES", "ExpertCache", "HostStore", "MemoryBudget", "MemoryBudgetError",
+           "is_routed_expert", "pinned_host_limit_bytes", "budget_memory"]

@@ -8,7 +8,7 @@ import dataclasses
 from moejax import options
 from moejax.options import option
 from moejax.offload.expert_cache import POLICIES
-from moejax.offload.memory_plan import PLACEMENTS
+from moejax.offload.memory_budget import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 
 STREAMS = ("python", "jit")
@@ -24,7 +24,7 @@ def _error(message: str):
 @dataclasses.dataclass(frozen=True)
 class PlacementSettings:
     """Where routed experts live on one device (moejax.offload) and the settings of that placement; None: not given
-    (the memory plan or the placement decides). Each field's help says what it does (launch.serve's flags)."""
+    (the memory budget or the placement decides). Each field's help says what it does (launch.serve's flags)."""
     placement: str = option(
         "auto", choices=PLACEMENTS,
         help="where routed experts live: auto (resident when the model fits --device-memory-gb, else streamed, else "

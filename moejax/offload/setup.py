@@ -1,5 +1,5 @@
 """`moejax.load`'s placement settings (checked where they are built, moejax.offload.settings) turned into a
-MemoryPlan, and the predictor they name."""
+MemoryBudget, and the predictor they name."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ import numpy as np
 
 from moejax.config import ModelConfig
 from moejax.offload.host_store import is_routed_expert
-from moejax.offload.memory_plan import MemoryPlan, MemoryPlanError, device_budget_bytes, plan_memory
+from moejax.offload.memory_budget import MemoryBudget, MemoryBudgetError, device_budget_bytes, budget_memory
 from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
                                     OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
@@ -20,9 +20,9 @@ def _error(message: str):
     return ValueError(f"moejax.load: {message}")
 
 
-def offload_plan(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False
-                 ) -> MemoryPlan:
-    """Abstract parameter shapes + placement settings -> MemoryPlan (ValueError naming the setting or the numbers).
+def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False
+               ) -> MemoryBudget:
+    """Abstract parameter shapes + placement settings -> MemoryBudget (ValueError naming the setting or the numbers).
     with_layout: a layout spreads the weights over devices (placement auto: planned per device once it is
     resolved)."""
     placement = settings.placement
@@ -33,20 +33,20 @@ def offload_plan(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *,
     moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
     E = cfg.num_experts or 1
     try:
-        plan = plan_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
+        budget = budget_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
                            moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
                            budget_bytes=None if spread else device_budget_bytes(settings.device_memory_gb),
                            placement=placement, window=settings.window, cache_slots=settings.cache_slots)
-    except MemoryPlanError as e:
+    except MemoryBudgetError as e:
         raise _error(str(e)) from None
     if spread:
-        plan = dataclasses.replace(plan, reason="a layout spreads the weights over devices")  # planned per device
+        budget = dataclasses.replace(budget, reason="a layout spreads the weights over devices")  # planned per device
         # by moejax.sharding.setup once the layout is resolved
     elif with_layout:
-        plan = dataclasses.replace(plan, reason=plan.reason + "; planned as one device: under experts=async_ep each "
-                                   "device holds the current and next layer's experts whole and window layers of its "
-                                   "1/devices shards")
-    return plan
+        budget = dataclasses.replace(budget, reason=budget.reason + "; budgeted as one device: under experts=async_ep "
+                                     "each device holds the current and next layer's experts whole and window layers "
+                                     "of its 1/devices shards")
+    return budget
 
 
 def _same_distance(settings: PlacementSettings, built_for: int, what: str) -> int:

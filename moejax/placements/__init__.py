@@ -12,7 +12,7 @@ from moejax.placements.resident import Resident
 from moejax.placements.streamed import Streamed, StreamedInJit
 
 if TYPE_CHECKING:
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -22,15 +22,15 @@ __all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Placement
 PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Resident)
 
 
-def placement_for(memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None
+def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None
                   ) -> Placement:
-    """The placement of a memory plan (moejax.offload.memory_plan: resident, streamed or cached), the placement
+    """The placement of a memory budget (moejax.offload.memory_budget: resident, streamed or cached), the placement
     settings (moejax.offload.settings) and the checked layout (None on one device); ValueError when none applies."""
     for cls in PLACEMENTS:
-        if cls.applies(memory_plan, settings, layout_setup):
-            return cls.build(memory_plan, settings, layout_setup)
+        if cls.applies(budget, settings, layout_setup):
+            return cls.build(budget, settings, layout_setup)
     assert layout_setup is not None  # on one device Resident, Streamed or Cached applies
     in_jit = " (stream=jit)" if settings.streams_in_jit else ""
-    raise ValueError(f"moejax.load: layout {layout_setup.layout} and placement {memory_plan.placement!r}{in_jit} do "
+    raise ValueError(f"moejax.load: layout {layout_setup.layout} and placement {budget.placement!r}{in_jit} do "
                      "not combine; with a layout, experts are offloaded only as experts=async_ep with "
                      "placement='streamed' (stream='python')")

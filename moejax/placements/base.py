@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.models.moe import MoEBlock
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.plan.hardware import Profile
-    from moejax.plan.theta import ThetaPlan
+    from moejax.plan.theta import ThetaEstimate
     from moejax.sharding.layout import Layout
     from moejax.sharding.setup import LayoutSetup
 
@@ -45,18 +45,18 @@ class Placement:
     profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
 
-    def __init__(self, memory_plan: MemoryPlan, layout_setup: LayoutSetup | None = None) -> None:
-        self.memory_plan = memory_plan  # moejax.offload.memory_plan.MemoryPlan
+    def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
+        self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget
         self.layout_setup = layout_setup  # moejax.sharding.setup.LayoutSetup, or None on one device
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        """Whether this class runs the memory plan's placement under the settings and the layout."""
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        """Whether this class runs the memory budget's placement under the settings and the layout."""
         raise NotImplementedError
 
     @classmethod
-    def build(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Placement:
-        return cls(memory_plan, layout_setup)
+    def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Placement:
+        return cls(budget, layout_setup)
 
     @property
     def layout(self) -> Layout | None:
@@ -98,7 +98,7 @@ class Placement:
         which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
         return WholeModelSteps(graphdef, kernels)
 
-    def theta(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> ThetaPlan | None:
+    def theta(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> ThetaEstimate | None:
         """Θ at load: Eq. 1 in this placement's channel (moejax.plan.theta), None without copies to hide."""
         return theta_at_load(config, self.theta_mode, self.devices, find_profile)
 
@@ -111,7 +111,7 @@ class Placement:
         pass
 
     def describe(self, steps: LayeredSteps | None) -> str | None:
-        """A line for Engine.explain() after the memory plan's (None: nothing to add)."""
+        """A line for Engine.explain() after the memory budget's (None: nothing to add)."""
         return None
 
     def predicted_pipeline(self, config, profile, max_batch_tokens: int):

@@ -12,7 +12,7 @@ from moejax.placements.base import LayerByLayer, Store
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.predict.protocol import Predictor
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
@@ -21,27 +21,27 @@ if TYPE_CHECKING:
 class Cached(LayerByLayer):
     name = "cached"
 
-    def __init__(self, memory_plan: MemoryPlan, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
+    def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
                  predictor: Predictor | None) -> None:
         """settings: the PlacementSettings (eviction, speculative, router_free); predictor: the object built from
         them at load (predictor_of), or None."""
-        super().__init__(memory_plan, layout_setup)
+        super().__init__(budget, layout_setup)
         self.settings, self.predictor = settings, predictor
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        return memory_plan.placement == cls.name and layout_setup is None
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return budget.placement == cls.name and layout_setup is None
 
     @classmethod
-    def build(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
-        return cls(memory_plan, layout_setup, settings=settings, predictor=predictor_of(settings))
+    def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
+        return cls(budget, layout_setup, settings=settings, predictor=predictor_of(settings))
 
     def new_store(self) -> HostStore:
         return HostStore(per_expert=True)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedRuntime:
         s = self.settings
-        assert self.memory_plan.cache_slots is not None  # a cached plan has its slots
-        return CachedRuntime(store, self.memory_plan.cache_slots, s.eviction or "lru", kernels.experts,
+        assert self.memory_budget.cache_slots is not None  # a cached budget has its slots
+        return CachedRuntime(store, self.memory_budget.cache_slots, s.eviction or "lru", kernels.experts,
                              predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
-                             pass_experts=self.memory_plan.pass_experts)
+                             pass_experts=self.memory_budget.pass_experts)

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 from moejax.models.moe import is_routed_expert
 from moejax.placements.base import LayerByLayer, Store
-from moejax.plan.dep_sim import simulate_plan
+from moejax.plan.dep_sim import simulate_schedule
 from moejax.plan.findep import solve_dep
 from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -23,8 +23,8 @@ class DEP(LayerByLayer):
     continuous_batching = False  # a step's rows (and so its caches) split into micro-batches: no shared pool yet
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        return memory_plan.placement == "resident" and layout_setup is not None and layout_setup.disaggregated
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return budget.placement == "resident" and layout_setup is not None and layout_setup.disaggregated
 
     def new_store(self) -> ExpertGroup:
         assert self.layout_setup is not None  # DEP applies only with a layout
@@ -49,7 +49,7 @@ class DEP(LayerByLayer):
         schedule = solve_dep(config, profile, devices=lay.devices, tokens=max(max_batch_tokens, seq), seq_len=seq,
                              attn_devices=lay.attn_devices, expert_devices=lay.expert_devices, r1=lay.r1, r2=lay.r2,
                              order=lay.order)
-        return simulate_plan(config, profile, schedule, layers=min(config.num_layers, 3))
+        return simulate_schedule(config, profile, schedule, layers=min(config.num_layers, 3))
 
     def steps_class(self) -> type[DisaggregatedSteps]:
         return DisaggregatedSteps  # drives its layers its own way

@@ -12,7 +12,7 @@ from moejax.sharding.gathered import GatheredStreamed
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -23,8 +23,8 @@ class Gathered(LayerByLayer):
     profiles_theta = True
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        return (memory_plan.placement == "streamed" and layout_setup is not None and not settings.streams_in_jit
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return (budget.placement == "streamed" and layout_setup is not None and not settings.streams_in_jit
                 and layout_setup.layout.experts == "async_ep")
 
     def new_store(self) -> HostStore:
@@ -32,5 +32,5 @@ class Gathered(LayerByLayer):
         return HostStore(per_expert=False, sharding=self.layout_setup.expert_shards)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> GatheredStreamed:
-        assert self.layout_setup is not None and self.memory_plan.window is not None  # a streamed plan's window
-        return GatheredStreamed(store, self.memory_plan.window, self.layout_setup.mesh, config, kernels.experts)
+        assert self.layout_setup is not None and self.memory_budget.window is not None  # a streamed budget's window
+        return GatheredStreamed(store, self.memory_budget.window, self.layout_setup.mesh, config, kernels.experts)

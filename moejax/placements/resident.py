@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from moejax.placements.base import Placement
 
 if TYPE_CHECKING:
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -15,5 +15,5 @@ class Resident(Placement):
     name = "resident"
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        return memory_plan.placement == cls.name and (layout_setup is None or not layout_setup.disaggregated)
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return budget.placement == cls.name and (layout_setup is None or not layout_setup.disaggregated)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from moejax.kernels.backends import Kernels
     from moejax.models.moe import MoEBlock
     from moejax.offload.layered import LayeredSteps
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -29,15 +29,15 @@ class Streamed(LayerByLayer):
     profiles_theta = True
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        return memory_plan.placement == cls.name and layout_setup is None and not settings.streams_in_jit
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return budget.placement == cls.name and layout_setup is None and not settings.streams_in_jit
 
     def new_store(self) -> HostStore:
         return HostStore(per_expert=False)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedRuntime:
-        assert self.memory_plan.window is not None  # a streamed plan has its window
-        return StreamedRuntime(store, self.memory_plan.window, kernels.experts)
+        assert self.memory_budget.window is not None  # a streamed budget has its window
+        return StreamedRuntime(store, self.memory_budget.window, kernels.experts)
 
 
 class StreamedInJit(Placement):
@@ -45,8 +45,8 @@ class StreamedInJit(Placement):
     name = "streamed"
 
     @classmethod
-    def applies(cls, memory_plan: MemoryPlan, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
-        return memory_plan.placement == "streamed" and layout_setup is None and settings.streams_in_jit
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return budget.placement == "streamed" and layout_setup is None and settings.streams_in_jit
 
     def experts_runner(self) -> Callable[[MoEBlock, jax.Array, str], jax.Array]:
         return HostExperts()
@@ -65,4 +65,4 @@ class StreamedInJit(Placement):
     def describe(self, steps: LayeredSteps | None) -> str:
         return ("placement streamed inside the jit: the experts are host-memory inputs and XLA schedules their copies "
                 "(no window, no counters: XLA decides how many layers of experts are on the device at once, and the "
-                "memory plan's window is a plan, not enforced)")
+                "memory budget's window is a plan, not enforced)")

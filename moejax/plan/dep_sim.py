@@ -64,9 +64,9 @@ class Simulation(NamedTuple):
         return sum(e.end - e.start for e in self.events if e.resource == resource)
 
 
-class DepPlanLike(Protocol):
-    """What simulate_plan reads of a moejax.plan.findep.DepPlan (which imports this module); read-only, as a frozen
-    dataclass's fields are."""
+class DepScheduleLike(Protocol):
+    """What simulate_schedule reads of a moejax.plan.findep.DepSchedule (which imports this module); read-only, as a
+    frozen dataclass's fields are."""
     @property
     def profile(self) -> str: ...
     @property
@@ -137,13 +137,14 @@ def _chunks(res: _Resources, times: TaskTimes, t: int, i: int, release: float, r
     return last
 
 
-def simulate_plan(cfg: ModelConfig, profile: Profile | None, plan: DepPlanLike,
+def simulate_schedule(cfg: ModelConfig, profile: Profile | None, schedule: DepScheduleLike,
                   layers: int | Sequence[bool] | None = None) -> Simulation:
-    """Simulate one pass of a `moejax.plan.findep.DepPlan` (its task times, r1, r2 and order) over cfg's layers
+    """Simulate one pass of a `moejax.plan.findep.DepSchedule` (its task times, r1, r2 and order) over cfg's layers
     (layers: None for all of them, an int for the first that many, or the MoE flags themselves). `profile` must be
-    the one the plan was made with (the task times come from the plan). The plan's predicted_s covers all its
-    passes: compare it with makespan x plan.passes."""
-    if profile is not None and getattr(profile, "name", plan.profile) != plan.profile:
-        raise ValueError(f"simulate_plan: the plan was made for profile {plan.profile!r}, not {profile.name!r}")
+    the one the schedule was made with (the task times come from the schedule). The schedule's predicted_s covers
+    all its passes: compare it with makespan x schedule.passes."""
+    if profile is not None and getattr(profile, "name", schedule.profile) != schedule.profile:
+        raise ValueError(f"simulate_schedule: the schedule was made for profile {schedule.profile!r}, "
+                         f"not {profile.name!r}")
     flags: Sequence[bool] = cfg.moe_layers[:layers] if layers is None or isinstance(layers, int) else layers
-    return simulate(plan.task_times, layers=flags, r1=plan.r1, r2=plan.r2, order=plan.order)
+    return simulate(schedule.task_times, layers=flags, r1=schedule.r1, r2=schedule.r2, order=schedule.order)

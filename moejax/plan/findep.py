@@ -68,7 +68,7 @@ from moejax.plan.hardware import GiB, Profile
 
 ORDERS = ("asas", "aass")  # FinDEP's two dispatch orders (§4.1)
 PLAN_ORDERS = ORDERS + ("pppipe",)
-RESERVE_FRACTION = 0.1  # of device memory, for XLA workspace and fragmentation (as moejax.offload.memory_plan)
+RESERVE_FRACTION = 0.1  # of device memory, for XLA workspace and fragmentation (as moejax.offload.memory_budget)
 
 
 # -- memory and the workload ---------------------------------------------------------------------------------------
@@ -185,11 +185,11 @@ def dep_workload(cfg: ModelConfig, profile: Profile, *, tokens: int, seq_len: in
 
 def _check_workload(cfg: ModelConfig, tokens: int, seq_len: int) -> None:
     if not cfg.num_experts or not any(cfg.moe_layers):
-        raise ValueError(f"DEP plan: model {cfg.model_type} has no MoE layers; DEP splits routed experts")
+        raise ValueError(f"DEP schedule: model {cfg.model_type} has no MoE layers; DEP splits routed experts")
     if seq_len < 1:
-        raise ValueError(f"DEP plan: seq_len must be >= 1, got {seq_len}")
+        raise ValueError(f"DEP schedule: seq_len must be >= 1, got {seq_len}")
     if tokens < seq_len:
-        raise ValueError(f"DEP plan: tokens={tokens} is less than seq_len={seq_len}: not one whole sequence")
+        raise ValueError(f"DEP schedule: tokens={tokens} is less than seq_len={seq_len}: not one whole sequence")
 
 
 def expert_bytes_per_device(cfg: ModelConfig, profile: Profile, expert_devices: int) -> float:
@@ -322,8 +322,8 @@ class DepChoice:
         return layout_spec(self)
 
 
-def layout_spec(c: DepChoice | DepPlan) -> str:
-    """The moejax layout string (moejax.sharding.layout) of a DepChoice or DepPlan."""
+def layout_spec(c: DepChoice | DepSchedule) -> str:
+    """The moejax layout string (moejax.sharding.layout) of a DepChoice or DepSchedule."""
     return (f"attn=dp,experts=dep,attn_devices={c.attn_devices},expert_devices={c.expert_devices},r1={c.r1},"
             f"r2={c.r2},order={c.order}")
 
@@ -340,7 +340,7 @@ def _r1_values(coef: DepCoefficients, work: DepWorkload, r1: int | None) -> list
         return list(zip(*(a.tolist() for a in work.pass_shapes(coef.attn_devices))))
     shape = work.pass_shape(coef.attn_devices, r1)
     if shape is None:
-        raise ValueError(f"DEP plan: r1={r1} micro-batches of one sequence each do not fit an attention device's "
+        raise ValueError(f"DEP schedule: r1={r1} micro-batches of one sequence each do not fit an attention device's "
                          f"memory ({work.free_bytes / GiB:.2f} GiB free after the weights)")
     return [(r1, *shape)]
 
@@ -404,7 +404,7 @@ def exhaustive_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None
 # -- the planner ---------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class DepPlan:
+class DepSchedule:
     """A chosen DEP configuration with its prediction, the runner-ups and the inputs that decided it."""
     attn_devices: int
     expert_devices: int
@@ -450,7 +450,7 @@ class DepPlan:
     def describe(self) -> str:
         t = self.task_times
         lines = [
-            f"DEP plan for {self.model} on {self.profile}: {self.tokens} tokens as {self.tokens // self.seq_len} "
+            f"DEP schedule for {self.model} on {self.profile}: {self.tokens} tokens as {self.tokens // self.seq_len} "
             f"sequences of {self.seq_len}",
             f"  layout {self.layout_spec()}",
             f"  m_a={self.m_a} sequences per micro-batch per attention device, m_e={self.m_e:.1f} rows per expert "
@@ -483,11 +483,11 @@ def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices, expe
     """(A, B) with A + B = devices, E % B == 0 and the E/B experts per MoE layer fitting an expert device."""
     E = cfg.num_experts
     if attn_devices is not None and expert_devices is not None and attn_devices + expert_devices != devices:
-        raise ValueError(f"DEP plan: attn_devices={attn_devices} + expert_devices={expert_devices} != "
+        raise ValueError(f"DEP schedule: attn_devices={attn_devices} + expert_devices={expert_devices} != "
                          f"devices={devices}")
     for name, v in (("attn_devices", attn_devices), ("expert_devices", expert_devices)):
         if v is not None and not 1 <= v < devices:
-            raise ValueError(f"DEP plan: {name}={v} must leave at least one of the {devices} devices to the other "
+            raise ValueError(f"DEP schedule: {name}={v} must leave at least one of the {devices} devices to the other "
                              "group")
     usable = (memory_bytes if memory_bytes is not None else profile.device.memory_bytes) * (1 - RESERVE_FRACTION)
     out, divisible = [], []
@@ -503,10 +503,10 @@ def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices, expe
     if not divisible:
         held = "".join(f" with {k}={v}" for k, v in (("attn_devices", attn_devices),
                                                       ("expert_devices", expert_devices)) if v is not None)
-        raise ValueError(f"DEP plan: no split of {devices} devices into A + B{held} has the {E} experts divide "
+        raise ValueError(f"DEP schedule: no split of {devices} devices into A + B{held} has the {E} experts divide "
                          "evenly over the B expert devices (E % B == 0)")
     if not out:
-        raise ValueError(f"DEP plan: the routed experts do not fit the expert group: with B = {max(divisible)} "
+        raise ValueError(f"DEP schedule: the routed experts do not fit the expert group: with B = {max(divisible)} "
                          f"devices each holds {expert_bytes_per_device(cfg, profile, max(divisible)) / GiB:.1f} GiB "
                          f"> {usable / GiB:.1f} GiB usable")
     return out
@@ -515,27 +515,27 @@ def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices, expe
 def _check_inputs(devices: int, r1, r2, order) -> tuple[str, ...]:
     """-> the orders to search."""
     if devices < 2:
-        raise ValueError(f"DEP plan: devices={devices}: DEP needs 2 or more devices (an attention group and an "
+        raise ValueError(f"DEP schedule: devices={devices}: DEP needs 2 or more devices (an attention group and an "
                          "expert group)")
     if r1 is not None and r1 < 1:
-        raise ValueError(f"DEP plan: r1 must be >= 1, got {r1}")
+        raise ValueError(f"DEP schedule: r1 must be >= 1, got {r1}")
     if r2 is not None and r2 < 1:
-        raise ValueError(f"DEP plan: r2 must be >= 1, got {r2}")
+        raise ValueError(f"DEP schedule: r2 must be >= 1, got {r2}")
     if order is not None and order not in PLAN_ORDERS:
-        raise ValueError(f"DEP plan: order must be one of {', '.join(PLAN_ORDERS)}, got {order!r}")
+        raise ValueError(f"DEP schedule: order must be one of {', '.join(PLAN_ORDERS)}, got {order!r}")
     if order == "pppipe" and r2 not in (None, 1):
-        raise ValueError(f"DEP plan: order=pppipe sends each micro-batch whole (r2 = 1), got r2={r2}")
+        raise ValueError(f"DEP schedule: order=pppipe sends each micro-batch whole (r2 = 1), got r2={r2}")
     return ORDERS if order is None else (order,)
 
 
 def solve_dep(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
               attn_devices: int | None = None, expert_devices: int | None = None, r1: int | None = None,
               r2: int | None = None, order: str | None = None, exhaustive: bool = False,
-              memory_bytes: float | None = None) -> DepPlan:
+              memory_bytes: float | None = None) -> DepSchedule:
     """FinDEP's Algorithm 1 for `tokens // seq_len` sequences of `seq_len` tokens on `devices` devices: the best
     (A, B, r1, r2, order) under the objective of the module docstring. Any of attn_devices, expert_devices, r1,
     r2, order given is held fixed (order may be "pppipe"). exhaustive=True also runs the brute force over the same
-    space (DepPlan.exhaustive). memory_bytes: per device, default the profile's. ValueError naming the problem
+    space (DepSchedule.exhaustive). memory_bytes: per device, default the profile's. ValueError naming the problem
     when nothing can run."""
     start = time.perf_counter()
     orders = _check_inputs(devices, r1, r2, order)
@@ -574,10 +574,10 @@ def fastest(choices: Iterable[DepChoice]) -> DepChoice:
     return min(choices, key=lambda c: (c.predicted_s, c.r1 * c.r2, PLAN_ORDERS.index(c.order), c.attn_devices))
 
 
-def _plan(cfg, profile, chosen: DepChoice, coefs, best, solve_ms, ex, ex_ms, searched) -> DepPlan:
+def _plan(cfg, profile, chosen: DepChoice, coefs, best, solve_ms, ex, ex_ms, searched) -> DepSchedule:
     coef = coefs[(chosen.attn_devices, chosen.expert_devices)]
     others = sorted((c for c in best.values() if c is not chosen), key=lambda c: c.predicted_s)
-    return DepPlan(attn_devices=chosen.attn_devices, expert_devices=chosen.expert_devices, r1=chosen.r1,
+    return DepSchedule(attn_devices=chosen.attn_devices, expert_devices=chosen.expert_devices, r1=chosen.r1,
                    r2=chosen.r2, order=chosen.order, m_a=chosen.m_a, m_e=chosen.m_e, passes=chosen.passes,
                    predicted_tokens_per_s=chosen.predicted_tokens_per_s, predicted_s=chosen.predicted_s,
                    solve_ms=solve_ms, tokens=chosen.tokens, seq_len=coef.seq_len, model=cfg.model_type,
@@ -587,7 +587,7 @@ def _plan(cfg, profile, chosen: DepChoice, coefs, best, solve_ms, ex, ex_ms, sea
 
 def pppipe_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
                 attn_devices: int | None = None, expert_devices: int | None = None, r1: int | None = None,
-                exhaustive: bool = False, memory_bytes: float | None = None) -> DepPlan:
+                exhaustive: bool = False, memory_bytes: float | None = None) -> DepSchedule:
     """The baseline: the best PPPipe configuration (r2 = 1, the shared expert part of attention, A2E after it)
     under the same model, splits and memory."""
     return solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, attn_devices=attn_devices,
@@ -596,7 +596,7 @@ def pppipe_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int
 
 
 def default_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
-                 memory_bytes: float | None = None) -> DepPlan:
+                 memory_bytes: float | None = None) -> DepSchedule:
     """What `layout=attn=dp,experts=dep` runs without a plan (moejax.sharding.layout): half the devices each
     (the expert group the larger half), r1 = r2 = 1, ASAS; predicted under the same model."""
     A = devices // 2

@@ -26,7 +26,7 @@ from moejax.plan.theta import layer_expert_bytes
 from moejax.sharding.layout import ATTN, IMPLEMENTED, Layout
 
 if TYPE_CHECKING:
-    from moejax.plan.findep import DepPlan
+    from moejax.plan.findep import DepSchedule
 
 FIT_FRACTION = 0.9
 _LINK = {"all-to-all": "all_to_all", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
@@ -135,17 +135,18 @@ def candidates(cfg: ModelConfig, devices: int) -> list[Layout]:
 
 
 def dep_option(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, seq_len: int,
-               fixed: Layout | None = None) -> tuple[LayoutOption, DepPlan | None]:
-    """FinDEP's best DEP layout (fields of `fixed` that are not "auto" held), as an option, and its DepPlan."""
+               fixed: Layout | None = None) -> tuple[LayoutOption, DepSchedule | None]:
+    """FinDEP's best DEP layout (fields of `fixed` that are not "auto" held), as an option, and its DepSchedule."""
     from moejax.plan.findep import solve_dep
     fields = ("attn_devices", "expert_devices", "r1", "r2", "order")
     held = {} if fixed is None else {k: getattr(fixed, k) for k in fields if getattr(fixed, k) not in ("auto", None)}
     try:
-        plan = solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, **held)
+        schedule = solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, **held)
     except ValueError as e:
         return LayoutOption("attn=dp,experts=dep", None, why=f"does not apply: {e}"), None
-    option = LayoutOption(plan.layout_spec(), plan.predicted_s, round(plan.predicted_tokens_per_s * plan.predicted_s))
-    return option, plan
+    option = LayoutOption(schedule.layout_spec(), schedule.predicted_s,
+                          round(schedule.predicted_tokens_per_s * schedule.predicted_s))
+    return option, schedule
 
 
 def choose_layout(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, seq_len: int) -> LayoutChoice:

@@ -1,4 +1,4 @@
-"""Which offloading placement serves a step fastest on one device, when the memory plan leaves a choice (the experts
+"""Which offloading placement serves a step fastest on one device, when the memory budget leaves a choice (the experts
 do not all fit, and both a streaming window and an expert cache do): predicted step times from the analytic costs
 and the profile. What `placement="auto"` asks once bytes alone no longer decide.
 
@@ -17,7 +17,7 @@ from moejax.costs import prefill_flops
 from moejax.plan.hardware import Profile
 
 if TYPE_CHECKING:
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,32 +27,32 @@ class PlacementOption:
     detail: str
 
 
-def predict_placement(cfg: ModelConfig, profile: Profile, memory_plan: MemoryPlan, tokens: int) -> PlacementOption:
-    """Predicted seconds of one step of `tokens` tokens under `memory_plan` (a MemoryPlan of any placement)."""
-    moe = max(memory_plan.moe_layers, 1)
+def predict_placement(cfg: ModelConfig, profile: Profile, memory_budget: MemoryBudget, tokens: int) -> PlacementOption:
+    """Predicted seconds of one step of `tokens` tokens under `memory_budget` (a MemoryBudget of any placement)."""
+    moe = max(memory_budget.moe_layers, 1)
     E, k = max(cfg.num_experts, 1), max(cfg.num_experts_per_tok, 1)
     flops = prefill_flops(cfg, 1, tokens, all_logits=False)
-    dense = profile.device.op_time(flops.total - flops.experts, memory_plan.resident_bytes, "matmul", tokens)
-    per_layer = profile.device.op_time(flops.experts / moe, memory_plan.layer_expert_bytes, "grouped",
+    dense = profile.device.op_time(flops.total - flops.experts, memory_budget.resident_bytes, "matmul", tokens)
+    per_layer = profile.device.op_time(flops.experts / moe, memory_budget.layer_expert_bytes, "grouped",
                                        tokens * k / E)
-    layer_copy = profile.h2d.time(memory_plan.layer_expert_bytes)
-    if memory_plan.placement == "resident":
+    layer_copy = profile.h2d.time(memory_budget.layer_expert_bytes)
+    if memory_budget.placement == "resident":
         return PlacementOption("resident", dense + moe * per_layer, "compute only")
-    if memory_plan.placement == "streamed":
+    if memory_budget.placement == "streamed":
         return PlacementOption("streamed", dense + moe * max(per_layer, layer_copy),
                                f"per MoE layer max(compute {per_layer * 1e3:.2f} ms, copy {layer_copy * 1e3:.2f} ms)")
     touched = E * (1 - (1 - k / E) ** tokens)
-    assert memory_plan.cache_slots is not None  # the cached placement's plan has its slots
-    held = min(1.0, memory_plan.cache_slots / (E * moe))
-    loads = touched * (1 - held) * profile.h2d.time(memory_plan.expert_bytes)
+    assert memory_budget.cache_slots is not None  # the cached placement's budget has its slots
+    held = min(1.0, memory_budget.cache_slots / (E * moe))
+    loads = touched * (1 - held) * profile.h2d.time(memory_budget.expert_bytes)
     return PlacementOption("cached", dense + moe * (per_layer + loads),
                            f"per MoE layer compute {per_layer * 1e3:.2f} ms + {touched * (1 - held):.1f} misses "
                            f"loaded {loads * 1e3:.2f} ms")
 
 
-def choose_placement(cfg: ModelConfig, profile: Profile, plans: list[MemoryPlan], tokens: int
-                     ) -> tuple[MemoryPlan, str]:
-    """plans: the feasible MemoryPlans -> (the fastest, the decision as text)."""
+def choose_placement(cfg: ModelConfig, profile: Profile, plans: list[MemoryBudget], tokens: int
+                     ) -> tuple[MemoryBudget, str]:
+    """plans: the feasible MemoryBudgets -> (the fastest, the decision as text)."""
     options = sorted(((predict_placement(cfg, profile, p, tokens), p) for p in plans), key=lambda o: o[0].predicted_s)
     best = options[0][0]
     lines = [f"placement auto: {best.placement} predicted {tokens / best.predicted_s:,.0f} tokens/s for steps of "

@@ -26,7 +26,7 @@ MODES = ("streamed", "async_ep", "two_channel")
 
 
 @dataclasses.dataclass(frozen=True)
-class ThetaPlan:
+class ThetaEstimate:
     theta_flops: float  # whole-forward FLOPs of a batch (all devices together)
     theta_tokens: int
     source: str
@@ -73,7 +73,7 @@ def channel_times(cfg: ModelConfig, profile: Profile, mode: str, devices: int) -
 
 
 def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", devices: int = 1,
-              epsilon: float = EPSILON) -> ThetaPlan:
+              epsilon: float = EPSILON) -> ThetaEstimate:
     """Θ by Eq. 1 from the profile (module docstring)."""
     channels = channel_times(cfg, profile, mode, devices)
     t_comm = max(channels.values())
@@ -81,13 +81,13 @@ def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", dev
     rate = profile.device.flops
     tokens = (1 + epsilon) * t_comm * rate * cfg.num_layers / per_token  # per device
     theta_flops = tokens * per_token * devices
-    return ThetaPlan(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens * devices))),
+    return ThetaEstimate(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens * devices))),
                      source=f"Eq. 1 from profile {profile.name} ({profile.source})", mode=mode, devices=devices,
                      t_comm_s=t_comm, channels_s=channels, compute_flops_per_s=rate,
                      layer_expert_bytes=layer_expert_bytes(cfg, profile.dtype_bytes), epsilon=epsilon)
 
 
-def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_flops: Iterable[float]
+def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaEstimate, batch_flops: Iterable[float]
                      ) -> list[tuple[float, float]]:
     """(compute-only, overlapped) seconds per MoE layer for whole-batch FLOPs values: what the Θ plot draws."""
     out = []
@@ -98,7 +98,7 @@ def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaPlan, batch_
 
 
 def theta_at_load(cfg: ModelConfig, mode: str | None, devices: int, find_profile: Callable[[], Profile]
-                  ) -> ThetaPlan | None:
+                  ) -> ThetaEstimate | None:
     """Θ a freshly loaded engine fills its prefill batches to: Eq. 1 in the placement's channel `mode` (None: its
     experts are not copied during a forward, so no Θ) on the hardware profile `find_profile()` returns; None when
     no profile is known (it raises ValueError; batches then follow the token budget alone). A measured Θ (Eq. 3,

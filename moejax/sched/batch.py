@@ -1,4 +1,4 @@
-"""Serve a list of request lines on an Engine: parse, plan, run, and write one result per line (the body of
+"""Serve a list of request lines on an Engine: parse, schedule, run, and write one result per line (the body of
 `python -m launch.serve`, callable in-process by tests and benchmarks)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import jax
 from moejax.sched import output_lock
 from moejax.sched.batch_size import DEFAULT_TOKENS, score_batch_size
 from moejax.sched.explain import describe
-from moejax.sched.planner import make_plan
+from moejax.sched.batch_schedule import schedule_batches
 from moejax.sched.pool_size import pool_size
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.requests import BadLine, CompletionRequest, ScoreRequest, parse_lines
@@ -36,7 +36,7 @@ def _prepare(engine, lines, store_path, options: ServingOptions, *, settings=Non
     cache_blocks = prefix_cache_blocks(engine, options.prefix_cache_mb)
     sizing = score_batch_size(engine, options.max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
-    plan = make_plan(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
+    schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
                      kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg,
                      score_batch=sizing)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
@@ -47,9 +47,9 @@ def _prepare(engine, lines, store_path, options: ServingOptions, *, settings=Non
         kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
                                      if isinstance(r, CompletionRequest) and r.max_tokens
                                      for _ in range(r.n)], options.kv_pool_mb)
-    runner = Runner(engine, plan, todo, store, options=options, kv_pool=kv_pool, batch_size=sizing,
+    runner = Runner(engine, schedule, todo, store, options=options, kv_pool=kv_pool, batch_size=sizing,
                     progress=progress(len(todo)) if progress is not None else None)
-    return entries, store, todo, plan, runner
+    return entries, store, todo, schedule, runner
 
 
 def longest_score_sequence(requests) -> int:
@@ -75,10 +75,10 @@ def with_seed(request, nonce: int, rid: str):
 
 
 def explain_lines(engine, lines, options: ServingOptions = ServingOptions()) -> str:
-    """The plan for `lines` as text; loads no weights and runs nothing. options.max_batch_tokens None sizes scoring
+    """The schedule for `lines` as text; loads no weights and runs nothing. options.max_batch_tokens None sizes scoring
     batches from the device (moejax.sched.batch_size)."""
-    _, _, todo, plan, runner = _prepare(engine, lines, None, options)
-    return describe(plan, runner, engine)
+    _, _, todo, schedule, runner = _prepare(engine, lines, None, options)
+    return describe(schedule, runner, engine)
 
 
 def serve_lines(engine, lines, output: str | None, options: ServingOptions = ServingOptions(), *, progress=None,
@@ -93,7 +93,7 @@ def serve_lines(engine, lines, output: str | None, options: ServingOptions = Ser
     output's or error file's lock raises output_lock.OutputLockError before anything is read or written. Returns
     the run summary."""
     with output_lock.hold(output, error_file):
-        entries, store, todo, plan, runner = _prepare(engine, lines, output, options, settings=settings,
+        entries, store, todo, schedule, runner = _prepare(engine, lines, output, options, settings=settings,
                                                       seed_nonce=seed_nonce, progress=progress)
         bad = 0
         with store:
@@ -111,7 +111,7 @@ def serve_lines(engine, lines, output: str | None, options: ServingOptions = Ser
     metrics.requests_invalid = sum(isinstance(e, BadLine) for e in entries)  # their 400s, new or resumed
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
-    return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": plan.reason,
-            "batches_planned": len(plan.batches), "batching": runner.batching,
+    return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": schedule.reason,
+            "batches_planned": len(schedule.batches), "batching": runner.batching,
             "score_batch": runner.batch_size.as_dict(), **metrics.summary(peak),
             "scheduler": runner.scheduler_stats, "offload": engine.stats()}

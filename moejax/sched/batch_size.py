@@ -1,5 +1,5 @@
 """How many tokens one scoring batch holds. `--max-batch-tokens`, when given, wins. Otherwise, on a GPU: enough to
-keep the device busy, bounded by the memory the memory plan leaves; elsewhere (CPUs) DEFAULT_TOKENS, as before.
+keep the device busy, bounded by the memory the memory budget leaves; elsewhere (CPUs) DEFAULT_TOKENS, as before.
 
 The GPU's size is the FLOPs floor of the engine's placement, in tokens: a streamed engine's Θ (profiled, or Eq. 1 on
 the hardware profile), else Θ by Eq. 1 on the profile (moejax.plan.theta), the batch whose compute covers copying a
@@ -7,7 +7,7 @@ layer's experts from the host. A resident engine copies nothing, but a batch tha
 fills the device: on the first H200 run (2026-11-26) resident prefill of the qwen3-30b-a3b 4-layer slice ran at 0.79
 of its 131K-token rate with 16K tokens per call and at 0.97 with 65K (0.95 Θ as profiled there).
 
-The memory bound: what the memory plan leaves (its budget less the weights it places and the prefix KV cache's pool),
+The memory bound: what the memory budget leaves (its budget less the weights it places and the prefix KV cache's pool),
 divided by activation_bytes_per_token, per device that holds a share of the rows. Rows stay as long as before
 (trees of at most DEFAULT_TOKENS): a larger batch has more rows, so its attention costs what it did, and its jit
 unrolls as many query blocks."""
@@ -20,7 +20,7 @@ import jax
 
 from moejax.config import ModelConfig
 from moejax.kernels.attention.blocked import BLOCK as QUERY_BLOCK
-from moejax.offload.memory_plan import size
+from moejax.offload.memory_budget import size
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -33,7 +33,7 @@ _F32 = 4
 @dataclasses.dataclass(frozen=True)
 class ScoreBatchSize:
     tokens: int  # token budget of one scoring batch, padding included
-    cap: int | None  # the most tokens the memory plan leaves room for (None: no bound known); caps Θ's growth too
+    cap: int | None  # the most tokens the memory budget leaves room for (None: no bound known); caps Θ's growth too
     tree_tokens: int  # the most tokens of one prefix tree, and so of a row
     source: str  # why this size, for --explain and the run summary
 
@@ -97,15 +97,15 @@ def score_batch_size(engine: Engine, asked: int | None, *, longest: int, reserve
 
 
 def _memory_cap(engine, longest: int, reserved_bytes: float) -> tuple[int | None, str]:
-    """(the most tokens the memory plan leaves activations room for, how it was counted); (None, "") without a
+    """(the most tokens the memory budget leaves activations room for, how it was counted); (None, "") without a
     budget."""
-    plan = engine.memory_plan
-    if plan is None or plan.budget_bytes is None:
+    budget = engine.memory_budget
+    if budget is None or budget.budget_bytes is None:
         return None, ""
     keys = longest + 2 * QUERY_BLOCK  # a query block reads its tree's keys, its window rounded to whole blocks
     per_token = activation_bytes_per_token(engine.config, engine.dtype.itemsize, keys)
-    free = max(plan.budget_bytes - plan.device_bytes - reserved_bytes, 0)
+    free = max(budget.budget_bytes - budget.device_bytes - reserved_bytes, 0)
     cap = int(free // per_token) * engine.row_multiple
-    return cap, (f"memory: budget {size(plan.budget_bytes)} less weights {size(plan.device_bytes)} and "
+    return cap, (f"memory: budget {size(budget.budget_bytes)} less weights {size(budget.device_bytes)} and "
                  f"{size(reserved_bytes)} of prefix cache leaves {size(free)}, at {size(per_token)} of activations "
                  f"per token ({keys} keys a query) {cap} tokens")

@@ -1,4 +1,4 @@
-"""`--explain`: the plan as text (batches, shapes, prefix-cache replay) and the datasheet peaks behind the
+"""`--explain`: the schedule as text (batches, shapes, prefix-cache replay) and the datasheet peaks behind the
 MFU estimate. Replays the exact packing the runner would do, without touching the model."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from moejax import options
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
-    from moejax.sched.planner import Plan
+    from moejax.sched.batch_schedule import BatchSchedule
     from moejax.sched.runner import Runner
 
 # Dense (no sparsity) 16-bit tensor-core peaks from NVIDIA datasheets, FLOP/s.
@@ -25,23 +25,23 @@ def peak_flops(dtype: str) -> float | None:
     return next((v for k, v in DATASHEET_PEAKS.items() if k in kind), None)
 
 
-def describe(plan: Plan, runner: Runner, engine: Engine) -> str:
+def describe(schedule: BatchSchedule, runner: Runner, engine: Engine) -> str:
     lines = [f"serving options: {options.describe(runner.options)}",
              f"model {engine.name}: {engine.config.num_layers} layers, vocab {engine.config.vocab_size}",
-             f"prefix KV cache: {plan.reason}; pool {plan.pool_blocks} blocks "
-             f"({plan.pool_blocks * 16 * engine.kv_bytes_per_token() / 2**20:.1f} MiB)",
-             f"{len(plan.batches)} batches:"]
+             f"prefix KV cache: {schedule.reason}; pool {schedule.pool_blocks} blocks "
+             f"({schedule.pool_blocks * 16 * engine.kv_bytes_per_token() / 2**20:.1f} MiB)",
+             f"{len(schedule.batches)} batches:"]
     continuous = runner.batching == "continuous"
     if continuous and runner.kv_pool is not None:
         lines.insert(3, runner.kv_pool.describe())
-    if continuous and any(b.kind != "score" for b in plan.batches):
+    if continuous and any(b.kind != "score" for b in schedule.batches):
         lines.insert(4, "completions: continuous batching (one scheduler over the KV pool; the completion batches "
-                        "below are the static plan, listed for comparison)")
+                        "below are the static schedule, listed for comparison)")
     if runner.batch_size is not None:
         lines.insert(len(lines) - 1, runner.batch_size.describe())
     shapes: set[tuple] = set()
     total, padded, cached = 0, 0, 0
-    for k, batch in enumerate(plan.batches):
+    for k, batch in enumerate(schedule.batches):
         prepared = runner.prepare(k)
         if batch.kind == "score":
             rows, (arrays, _, span) = prepared

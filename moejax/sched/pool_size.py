@@ -1,5 +1,5 @@
 """How many blocks the continuous-batching KV pool gets: a size given in MiB, else what the device budget leaves
-after the weights (less half the memory plan's reserve, for activations), else DEFAULT_MB. Never more than the
+after the weights (less half the memory budget's reserve, for activations), else DEFAULT_MB. Never more than the
 run's sequences could hold at once (every prompt and max_tokens: a zeroed pool costs memory and time to make, and
 blocks past that are never used), and without a given size never less than the longest sequence needs (taken from
 the reserve), so every request runs. A given size the device cannot hold beside the weights is refused (PoolTooLarge)
@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from moejax.kv_pool import BLOCK
-from moejax.offload.memory_plan import RESERVE_FRACTION, device_budget_bytes, size
+from moejax.offload.memory_budget import RESERVE_FRACTION, device_budget_bytes, size
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -37,9 +37,9 @@ class PoolSize:
 def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
     """sequences: (prompt tokens, max_tokens) of every sequence to generate (each choice counts; max_tokens >= 1)."""
     block_bytes = engine.kv_bytes_per_token() * BLOCK
-    plan = engine.memory_plan
-    device = plan.budget_bytes if plan is not None and plan.budget_bytes else device_budget_bytes(None)
-    weights = plan.device_bytes if plan is not None else engine.param_bytes()
+    budget = engine.memory_budget
+    device = budget.budget_bytes if budget is not None and budget.budget_bytes else device_budget_bytes(None)
+    weights = budget.device_bytes if budget is not None else engine.param_bytes()
     each = [-(-(p + m) // BLOCK) for p, m in sequences]
     if kv_pool_mb is not None:
         budget, source = kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}"
@@ -52,7 +52,7 @@ def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: floa
     elif device is None:
         budget, source = DEFAULT_MB * 2**20, f"no device memory cap here: the default {DEFAULT_MB:g} MiB"
     else:
-        # The memory plan keeps RESERVE_FRACTION of the budget for activations and KV: half of it at least
+        # The memory budget keeps RESERVE_FRACTION of the budget for activations and KV: half of it at least
         # stays for activations.
         budget = max(device * (1 - RESERVE_FRACTION / 2) - weights, 0)
         source = (f"device budget {size(device)} less {size(weights)} of weights and {RESERVE_FRACTION / 2:.0%} "

@@ -1,4 +1,4 @@
-"""Execute a Plan on an Engine: pack each batch (replaying the prefix-cache table), run the jit step, turn
+"""Execute a BatchSchedule on an Engine: pack each batch (replaying the prefix-cache table), run the jit step, turn
 log-probabilities and tokens into result lines. `explain` replays the same packing without the model."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from moejax.costs import layer_flops_per_token
 from moejax.kv_pool import BLOCK
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
-from moejax.sched.planner import Plan
+from moejax.sched.batch_schedule import BatchSchedule
 from moejax.sched.pool_size import PoolSize
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.bodies import Bodies, Choice
@@ -68,14 +68,14 @@ class _Launched:
 
 
 class Runner:
-    def __init__(self, engine, plan: Plan, requests: list, store: ResultStore | None, *, progress=None,
+    def __init__(self, engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *, progress=None,
                  options: ServingOptions = ServingOptions(), kv_pool: PoolSize | None = None,
                  batch_size: ScoreBatchSize | None = None):
         """options.batching: "continuous" serves every completion through one scheduler (options' scheduler knobs)
         over a paged KV pool of kv_pool.blocks blocks (moejax.sched.continuous; explain shows how it was sized);
         "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
-        batch_size: how the plan's scoring batches were sized (explain shows it)."""
-        self.engine, self.plan, self.requests, self.store = engine, plan, requests, store
+        batch_size: how the schedule's scoring batches were sized (explain shows it)."""
+        self.engine, self.schedule, self.requests, self.store = engine, schedule, requests, store
         self.progress = progress
         self.options, self.batching = options, options.batching
         self.kv_pool, self.kv_blocks = kv_pool, kv_pool.blocks if kv_pool is not None else 0
@@ -83,9 +83,9 @@ class Runner:
         self.scheduler_stats: dict | None = None  # the continuous scheduler's counters, once it ran
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
-        self.cache = PrefixCache(plan.pool_blocks) if plan.kv_cache else None
+        self.cache = PrefixCache(schedule.pool_blocks) if schedule.kv_cache else None
         self.pool = None
-        self.future = Counter(h for u in plan.uses for h in u)
+        self.future = Counter(h for u in schedule.uses for h in u)
         # (request, sibling, candidate) -> summed logprob
         self._acc: defaultdict[tuple[int, int, int], float] = defaultdict(float)
         self._cached: dict[tuple[int, int], int] = {}  # (request, sibling) -> cached context tokens
@@ -98,21 +98,21 @@ class Runner:
 
     # -- packing (shared with explain) ----------------------------------------------------------------------
     def _want_store(self, h: bytes) -> bool:
-        return self.plan.store_all or self.future[h] > 0
+        return self.schedule.store_all or self.future[h] > 0
 
     def prepare(self, k: int):
         """Batch k's inputs: what it takes from and adds to the prefix cache, packed and padded."""
-        for h in self.plan.uses[k]:
+        for h in self.schedule.uses[k]:
             self.future[h] -= 1
         return self._pack(k)
 
     def _pack(self, k: int):
-        batch = self.plan.batches[k]
+        batch = self.schedule.batches[k]
         if self.cache is not None:
             self.cache.begin_batch()
         if batch.kind == "score":
             rows = [packing.pack_row(r, self.cache, self._want_store) for r in batch.rows]
-            return rows, packing.assemble(rows, self.plan.pool_blocks, self.engine.row_multiple)
+            return rows, packing.assemble(rows, self.schedule.pool_blocks, self.engine.row_multiple)
         prior, stores = [], []
         for r in batch.requests:
             keep = []
@@ -133,15 +133,15 @@ class Runner:
     # -- execution ------------------------------------------------------------------------------------------
     def run(self) -> Metrics:
         start = time.perf_counter()
-        if self.plan.pool_blocks:
-            self.pool = self.engine.init_pool(self.plan.pool_blocks)
+        if self.schedule.pool_blocks:
+            self.pool = self.engine.init_pool(self.schedule.pool_blocks)
         continuous = []
         if self.batching == "continuous":  # completions do not read the scoring prefix cache: keep nothing for them
-            for k, batch in enumerate(self.plan.batches):
+            for k, batch in enumerate(self.schedule.batches):
                 if batch.kind != "score":
-                    self.future.subtract(self.plan.uses[k])
+                    self.future.subtract(self.schedule.uses[k])
         pending = None  # the scoring batch on the device whose results are not read yet
-        for k, batch in enumerate(self.plan.batches):
+        for k, batch in enumerate(self.schedule.batches):
             if batch.kind != "score" and self.batching == "continuous":
                 continuous += batch.requests
                 continue
@@ -181,7 +181,7 @@ class Runner:
         old one, and results must not depend on the overlap)."""
         if launched is None:
             return following
-        batch = self.plan.batches[launched.k]
+        batch = self.schedule.batches[launched.k]
         error = launched.error
         if error is None:
             try:
@@ -369,8 +369,8 @@ class Runner:
             idx = [self._index[r.line] for r in batch.requests]
         self._fail_requests(idx, f"batch failed: {message}")
         if self.cache is not None:  # the pool may be gone (donated into the failed call): start it afresh
-            self.cache = PrefixCache(self.plan.pool_blocks)
-            self.pool = self.engine.init_pool(self.plan.pool_blocks) if self.plan.pool_blocks else None
+            self.cache = PrefixCache(self.schedule.pool_blocks)
+            self.pool = self.engine.init_pool(self.schedule.pool_blocks) if self.schedule.pool_blocks else None
 
     def _fail_requests(self, idx, message: str) -> None:
         for i in idx:

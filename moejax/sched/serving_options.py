@@ -9,7 +9,7 @@ import dataclasses
 from moejax import options
 from moejax.options import option
 from moejax.sched.batch_size import DEFAULT_TOKENS
-from moejax.sched.planner import KV_MODES
+from moejax.sched.batch_schedule import KV_MODES
 
 BATCHING = ("continuous", "static")
 SCHEDULER = ("max_rows", "chunk_tokens", "row_tokens", "decode_steps", "mixed")  # the Scheduler's keywords
@@ -21,7 +21,7 @@ class ServingOptions:
         None, type=int, minimum=16,
         help="token budget of one batch, padding included (rows x row length; for completions rows x (prompt + new "
              "tokens)). Default: scoring batches on a GPU are sized from the device (Θ of the placement on the "
-             "hardware profile, bounded by the memory plan), elsewhere and for completions "
+             "hardware profile, bounded by the memory budget), elsewhere and for completions "
              f"{DEFAULT_TOKENS}; given, it wins everywhere; --explain says which")
     kv_cache: str = option(
         "auto", choices=KV_MODES,

@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from moejax.models.moe import is_routed_expert
-from moejax.offload.memory_plan import RESERVE_FRACTION, size
+from moejax.offload.memory_budget import RESERVE_FRACTION, size
 from moejax.sharding.layout import Layout
 
 

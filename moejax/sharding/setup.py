@@ -21,7 +21,7 @@ from moejax.sharding.mesh import make_mesh
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
-    from moejax.offload.memory_plan import MemoryPlan
+    from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +41,13 @@ class LayoutSetup:
         """DEP: where the loader puts the routed experts (the parameters keep stand-ins)."""
         return ExpertGroup(self.mesh, self.expert_mesh)
 
-    def plan_memory(self, plan: MemoryPlan, shapes: dict, budget: int | None) -> MemoryPlan:
-        """The memory plan of a resident layout: each device's weights from the abstract shapes, checked against
+    def budget_memory(self, memory: MemoryBudget, shapes: dict, budget: int | None) -> MemoryBudget:
+        """The memory budget of a resident layout: each device's weights from the abstract shapes, checked against
         the budget (ValueError with the numbers)."""
         weights = device_weights(shapes, self.layout, self.first_moe, set(self.heads) if self.layout.attn == "tp"
                                  else set())
         check_fits(weights, budget)
-        return dataclasses.replace(plan, reason=f"a layout spreads the weights over devices ({weights.describe()})")
+        return dataclasses.replace(memory, reason=f"a layout spreads the weights over devices ({weights.describe()})")
 
     @property
     def expert_shards(self) -> NamedSharding:

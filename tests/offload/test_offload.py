@@ -110,7 +110,7 @@ def test_cache_counts_match_a_replay(policy):
     cached.logits(_ids(cfg))
     cached.generate(PROMPTS, 5)
 
-    replay, per_pass = ExpertCache(slots, policy), cached.memory_plan.pass_experts
+    replay, per_pass = ExpertCache(slots, policy), cached.memory_budget.pass_experts
     expected = {}
     for layer, experts in recorder.log:
         for start in range(0, len(experts), per_pass):
@@ -199,7 +199,7 @@ def test_saturation_profile_and_explain():
     assert sorted(sat.streamed_s) == engine.layered_steps.moe_layers
     assert engine.stats()["total"]["bytes_h2d"] == 0  # the profile's own transfers are not counted
     text = engine.explain()
-    assert "memory plan: streamed" in text and "saturation threshold" in text and "window 1" in text
+    assert "memory budget: streamed" in text and "saturation threshold" in text and "window 1" in text
     with pytest.raises(ValueError, match="not 'streamed'"):
         profile_saturation(moejax.load("tiny-qwen3-moe", placement="cached"))
 

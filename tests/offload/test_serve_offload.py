@@ -12,7 +12,7 @@ from conftest import fixture_dir
 from launch import calibrate as calibrate_cli
 from launch import distill as distill_cli
 from launch import serve as serve_cli
-from moejax.offload.memory_plan import RESERVE_FRACTION
+from moejax.offload.memory_budget import RESERVE_FRACTION
 
 NAME = "gpt_oss"  # three MoE layers, sinks and a sliding window
 
@@ -32,7 +32,7 @@ def _lines() -> list[str]:
 
 def _budget_gb() -> float:
     """Room for the resident weights and 2.5 of the model's 3 layers of experts."""
-    plan = moejax.load(fixture_dir(NAME), dtype="float32").memory_plan
+    plan = moejax.load(fixture_dir(NAME), dtype="float32").memory_budget
     return (plan.resident_bytes + 2.5 * plan.layer_expert_bytes) / (1 - RESERVE_FRACTION) / 2**30
 
 
@@ -75,7 +75,8 @@ def _same(rows, ref):
 @pytest.mark.slow  # a whole benchmark or CLI run end to end (tens of seconds)
 def test_a_model_over_the_budget_serves_streamed_and_cached(tmp_path, resident):
     budget = _budget_gb()
-    assert moejax.load(fixture_dir(NAME), dtype="float32", device_memory_gb=budget).memory_plan.placement == "streamed"
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", device_memory_gb=budget)
+    assert engine.memory_budget.placement == "streamed"
     ref, ref_metrics = resident
     assert ref_metrics["offload"] == {"placement": "resident"} and ref_metrics["requests_ok"] == 8
     for placement in ("streamed", "cached"):
@@ -90,7 +91,7 @@ def test_explain_prints_the_memory_plan_and_the_saturation_threshold(tmp_path, c
     assert serve_cli.main(["--model", fixture_dir(NAME), "--input", str(inp), "--placement", "streamed", "--window",
                            "1", "--explain"]) == 0
     out = capsys.readouterr().out
-    assert "memory plan: streamed (window 1" in out and "saturation threshold: Θ" in out
+    assert "memory budget: streamed (window 1" in out and "saturation threshold: Θ" in out
     with pytest.raises(SystemExit) as bad:  # bf16: the dense weights fit, the experts not
         serve_cli.main(["--model", fixture_dir(NAME), "--input", str(inp), "--placement", "resident",
                         "--device-memory-gb", "0.0001", "--dtype", "bfloat16"])

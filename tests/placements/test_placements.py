@@ -1,5 +1,5 @@
 """One Placement interface (issue 31): moejax.load picks one class per engine, a new placement is one class listed in
-PLACEMENTS, and nothing outside the placements and the memory planner compares placement names."""
+PLACEMENTS, and nothing outside the placements and the memory budgeting compares placement names."""
 import ast
 import os
 
@@ -12,9 +12,9 @@ from moejax import placements
 from moejax.placements import Cached, Placement, Resident, Streamed, StreamedInJit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# where a placement's name may be compared: the classes themselves, and the memory planner that names the placement
-# a budget allows (moejax.offload.memory_plan) and predicts its step time (moejax.plan.placement)
-OWNERS = ("moejax/placements/", "moejax/offload/memory_plan.py", "moejax/offload/settings.py",
+# where a placement's name may be compared: the classes themselves, and the memory budgeting that names the placement
+# a budget allows (moejax.offload.memory_budget) and predicts its step time (moejax.plan.placement)
+OWNERS = ("moejax/placements/", "moejax/offload/memory_budget.py", "moejax/offload/settings.py",
           "moejax/plan/placement.py")
 NAMES = {"resident", "streamed", "cached", "dep", "async_ep+streamed"}
 
@@ -59,11 +59,11 @@ class CountingResident(Resident):
     name = "counting"
 
     @classmethod
-    def applies(cls, memory_plan, settings, layout_setup) -> bool:
-        return layout_setup is None and not memory_plan.offloads
+    def applies(cls, memory_budget, settings, layout_setup) -> bool:
+        return layout_setup is None and not memory_budget.offloads
 
-    def __init__(self, memory_plan, layout_setup=None):
-        super().__init__(memory_plan, layout_setup)
+    def __init__(self, memory_budget, layout_setup=None):
+        super().__init__(memory_budget, layout_setup)
         self.placed = 0
 
     def place(self, path, array, store):

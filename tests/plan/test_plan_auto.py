@@ -20,7 +20,7 @@ def test_a_plan_loads_what_the_keywords_load():
     keywords = moejax.load("tiny-qwen3-moe", placement="streamed", window=1, device_memory_gb=1.0)
     plan = EnginePlan(PlacementSettings(placement="streamed", window=1, device_memory_gb=1.0))
     typed = moejax.load("tiny-qwen3-moe", plan=plan)
-    assert typed.memory_plan == keywords.memory_plan and typed.plan == keywords.plan == plan
+    assert typed.memory_budget == keywords.memory_budget and typed.plan == keywords.plan == plan
     with pytest.raises(TypeError, match="give plan= or the options \\['window'\\], not both"):
         moejax.load("tiny-qwen3-moe", plan=plan, window=2)
 
@@ -59,13 +59,13 @@ def test_placement_auto_asks_the_planner_when_streamed_and_cached_both_fit():
     h100 profile's model decides for 8192-token steps (streamed: the copy hides behind that much compute) and
     names the runner-up with its predicted rate. A single decode token is the other way round."""
     prefill = moejax.load("tiny-qwen3-moe", device_memory_gb=0.0022, profile="h100")
-    assert prefill.memory_plan.placement == "streamed"
+    assert prefill.memory_budget.placement == "streamed"
     text = "\n".join(prefill.decisions)
     assert "placement auto: streamed predicted" in text and "cached:" in text
     decode = moejax.load("tiny-qwen3-moe", device_memory_gb=0.0022, profile="h100", plan_tokens=1)
-    assert decode.memory_plan.placement == "cached", decode.decisions
+    assert decode.memory_budget.placement == "cached", decode.decisions
     no_profile = moejax.load("tiny-qwen3-moe", device_memory_gb=0.0022)  # CPU: bytes decide, and it says so
-    assert no_profile.memory_plan.placement == "streamed" and "by bytes alone" in no_profile.decisions[0]
+    assert no_profile.memory_budget.placement == "streamed" and "by bytes alone" in no_profile.decisions[0]
 
 
 def test_layout_planner_prefers_what_its_model_says_and_lists_what_does_not_fit():

@@ -9,7 +9,7 @@ import pytest
 from moejax.config import ModelConfig
 from moejax.costs import _attn_proj_params
 from moejax.plan import findep, findep_costs
-from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_plan
+from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_schedule
 from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
 from moejax.sharding.layout import Layout
@@ -159,13 +159,13 @@ def test_a_plan_simulates_to_its_prediction():
     cfg, prof = _preset("deepseek-v2-lite"), load_profile("h100")
     for order in findep.PLAN_ORDERS:
         plan = findep.solve_dep(cfg, prof, devices=8, tokens=32 * 1024, seq_len=1024, order=order)
-        makespan, events = simulate_plan(cfg, prof, plan)
+        makespan, events = simulate_schedule(cfg, prof, plan)
         assert makespan * plan.passes == pytest.approx(plan.predicted_s, rel=1e-9)
         assert {e.resource for e in events} == set(RESOURCES)
-    first = simulate_plan(cfg, prof, plan, layers=3)
+    first = simulate_schedule(cfg, prof, plan, layers=3)
     assert {int(e.label.split()[1][1:]) for e in first.events} == {0, 1, 2}
     with pytest.raises(ValueError, match="profile"):
-        simulate_plan(cfg, load_profile("a100"), plan)
+        simulate_schedule(cfg, load_profile("a100"), plan)
 
 
 # -- the solver ---------------------------------------------------------------------------------------------------

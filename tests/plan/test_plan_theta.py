@@ -1,5 +1,5 @@
 """MoE-Prefill's Θ: Eq. 1 from a hardware profile against the profiled Eq. 3, each channel's transfer time, and
-admission as a FLOPs floor (Eq. 2) in the batch planner."""
+admission as a FLOPs floor (Eq. 2) in the batch scheduler."""
 import json
 import os
 import subprocess
@@ -15,7 +15,7 @@ from moejax.plan.datasheets import load_profile
 from moejax.plan.theta import channel_times, layer_expert_bytes, theta_eq1
 from moejax.presets import preset_config
 from moejax.sched.packing import ScoreSeq
-from moejax.sched.planner import pack_score_batches, tree_flops
+from moejax.sched.batch_schedule import pack_score_batches, tree_flops
 
 MIXTRAL = ModelConfig.from_hf(preset_config("mixtral-8x7b"))
 TINY = ModelConfig.from_hf(preset_config("tiny-qwen3-moe"))

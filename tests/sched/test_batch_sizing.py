@@ -1,5 +1,5 @@
 """Scoring batches sized from the device (moejax.sched.batch_size) and the runner's overlapped dispatch: on a GPU
-profile the budget is Θ's tokens, bounded by what the memory plan leaves; a given --max-batch-tokens wins; CPUs keep
+profile the budget is Θ's tokens, bounded by what the memory budget leaves; a given --max-batch-tokens wins; CPUs keep
 the default. The runner dispatches batch k+1 before it reads batch k, with the same results, and a batch that fails
 when read still costs only its own requests (the next one is packed again against the fresh prefix cache)."""
 import json
@@ -13,7 +13,7 @@ from moejax.plan.theta import theta_eq1
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.serving_options import ServingOptions
 from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, activation_bytes_per_token, score_batch_size
-from moejax.sched.planner import make_plan
+from moejax.sched.batch_schedule import schedule_batches
 from moejax.sched.requests import parse_lines
 
 SLICE = dict(num_layers=4, dtype="bfloat16")  # the qwen3-30b-a3b slice the GPU benchmarks run (allocates nothing)
@@ -39,7 +39,7 @@ def test_an_h200_profile_sizes_batches_to_theta():
 
 def test_a_small_memory_budget_bounds_the_batch():
     engine = moejax.load("qwen3-30b-a3b", device_memory_gb=8, **SLICE)  # 5.8 GiB of weights: 2.2 GiB left
-    plan = engine.memory_plan
+    plan = engine.memory_budget
     sized = score_batch_size(engine, None, longest=512, reserved_bytes=2**28, platform="gpu",
                              profile=DATASHEETS["h200"])
     per_token = activation_bytes_per_token(engine.config, 2, 512 + 256)
@@ -59,11 +59,12 @@ def test_the_plan_packs_rows_up_to_the_budget_and_theta_grows_them_no_further_th
     lines = [score_line(f"r{i}", list(range(1 + i, 512 + i)), [[1]]) for i in range(64)]  # 512-token sequences
     reqs = [e for e in parse_lines(lines, tokenizer=None, vocab_size=1024, max_context=2048)]
     sized = ScoreBatchSize(16384, None, DEFAULT_TOKENS, "test")
-    plan = make_plan(list(enumerate(reqs)), max_batch_tokens=DEFAULT_TOKENS, kv_cache="off", score_batch=sized)
+    plan = schedule_batches(list(enumerate(reqs)), max_batch_tokens=DEFAULT_TOKENS, kv_cache="off", score_batch=sized)
     assert [len(b.rows) for b in plan.batches] == [32, 32]  # 16384 tokens in rows of 512
-    grown = make_plan(list(enumerate(reqs)), max_batch_tokens=DEFAULT_TOKENS, kv_cache="off", min_batch_flops=1e30,
-                      config=moejax.load("tiny-qwen3-moe").config,
-                      score_batch=ScoreBatchSize(1024, 8192, DEFAULT_TOKENS, "test"))
+    grown = schedule_batches(list(enumerate(reqs)), max_batch_tokens=DEFAULT_TOKENS, kv_cache="off",
+                             min_batch_flops=1e30,
+                             config=moejax.load("tiny-qwen3-moe").config,
+                             score_batch=ScoreBatchSize(1024, 8192, DEFAULT_TOKENS, "test"))
     assert [len(b.rows) for b in grown.batches] == [16] * 4  # the floor doubles rows until 8192 tokens, not past
 
 

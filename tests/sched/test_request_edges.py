@@ -79,7 +79,7 @@ def test_a_given_pool_size_is_kept_or_refused_with_the_reason(tiny):
     assert only_echo.blocks == 1 and "max_tokens 0 only" in only_echo.source
 
     capped = moejax.load(TINY, dtype="float32", device_memory_gb=1.05 * tiny.param_bytes() / 2**30)
-    room = capped.memory_plan.budget_bytes - capped.memory_plan.device_bytes
+    room = capped.memory_budget.budget_bytes - capped.memory_budget.device_bytes
     assert 0 < room < 100 * block_bytes
     assert pool_size(capped, [(40, 8)], kv_pool_mb=mb).blocks == 3  # the run uses 3 blocks: they fit
     with pytest.raises(PoolTooLarge, match=r"--kv-pool-mb .*: the device budget .* leaves .* too little"):

@@ -139,13 +139,13 @@ def test_completions_equal_engine_generate(engine, tmp_path, kv_cache):
 
 def test_auto_policy_and_kv_free_plan():
     """auto turns the cache on only when a prefix block recurs across batches; off allocates no pool."""
-    from moejax.sched.planner import make_plan
+    from moejax.sched.batch_schedule import schedule_batches
     from moejax.sched.requests import parse_lines
     engine = moejax.load("tiny-qwen3-moe", dtype="float32")
 
     def plan(lines, mode):
         reqs = parse_lines(lines, tokenizer=None, vocab_size=1024, max_context=2048)
-        return make_plan(list(enumerate(reqs)), max_batch_tokens=64, kv_cache=mode, cache_blocks=100)
+        return schedule_batches(list(enumerate(reqs)), max_batch_tokens=64, kv_cache=mode, cache_blocks=100)
     lines = workload(engine.config.vocab_size)
     assert plan(lines, "auto").kv_cache and plan(lines, "auto").pool_blocks > 0
     assert not plan(lines, "off").kv_cache and plan(lines, "off").pool_blocks == 0

@@ -12,7 +12,7 @@ import pytest
 
 from moejax.config import ModelConfig
 from moejax.costs import layout_comm
-from moejax.offload.memory_plan import size
+from moejax.offload.memory_budget import size
 from moejax.sharding import hlo_comm
 from moejax.sharding.layout import Layout
 

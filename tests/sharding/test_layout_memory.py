@@ -7,7 +7,7 @@ from flax import nnx
 
 import moejax
 from moejax.models.moe import is_routed_expert
-from moejax.offload.memory_plan import size
+from moejax.offload.memory_budget import size
 from moejax.sharding import Layout
 from moejax.sharding.memory import check_fits, device_weights
 

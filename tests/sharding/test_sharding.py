@@ -217,8 +217,8 @@ def test_specs_checked_against_the_model_and_devices():
     with pytest.raises(ValueError, match="placement 'cached'"):
         moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=async_ep", placement="cached")
     assert str(Layout.parse("experts=ep,devices=2").resolve(8, 2)) == "attn=dp,experts=ep,devices=2,exchange=all_to_all"
-    # a layout spreads the weights, so the one-device memory planner does not push them to the host
-    spread = moejax.load("qwen3-30b-a3b", device_memory_gb=80, layout="attn=dp,experts=replicated").memory_plan
+    # a layout spreads the weights, so the one-device memory budgeting does not push them to the host
+    spread = moejax.load("qwen3-30b-a3b", device_memory_gb=80, layout="attn=dp,experts=replicated").memory_budget
     assert spread.placement == "resident" and "a layout spreads the weights" in spread.reason
 
 

@@ -1,8 +1,8 @@
-"""The memory planner: budget -> placement and sizes, or a refusal that states the numbers."""
+"""The memory budgeting: budget -> placement and sizes, or a refusal that states the numbers."""
 import pytest
 
 import moejax
-from moejax.offload.memory_plan import RESERVE_FRACTION, MemoryPlanError, plan_memory
+from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError, budget_memory
 
 GiB = 2**30
 # a model of 48 MoE layers x 128 experts of 9 MiB (Qwen3-30B-A3B in bf16) + 3 GiB of other weights
@@ -11,7 +11,7 @@ TOTAL = 3 * GiB + EXPERT * E * L
 
 
 def plan(budget_gb, **kw):
-    return plan_memory(total_bytes=TOTAL, expert_bytes=EXPERT, experts_per_layer=E, moe_layers=L, top_k=K,
+    return budget_memory(total_bytes=TOTAL, expert_bytes=EXPERT, experts_per_layer=E, moe_layers=L, top_k=K,
                        budget_bytes=None if budget_gb is None else int(budget_gb * GiB), **kw)
 
 
@@ -28,7 +28,7 @@ def test_auto_streams_with_the_window_that_fits():
     assert (p.window + 1) * EXPERT * E <= free
     assert p.device_bytes <= 10 * GiB
     assert plan(10, window=4).window == 4
-    with pytest.raises(MemoryPlanError, match=r"window 6 needs 7 layers of experts = 7.88 GiB .*\(window 4 at most"):
+    with pytest.raises(MemoryBudgetError, match=r"window 6 needs 7 layers of experts = 7.88 GiB .*\(window 4 at most"):
         plan(10, window=6)
 
 
@@ -40,16 +40,16 @@ def test_auto_falls_back_to_a_cache_when_two_layers_do_not_fit():
 
 
 def test_refusals_state_the_numbers():
-    with pytest.raises(MemoryPlanError, match=r"\(3.00 GiB\) plus the reserve \(307.2 MiB\) exceed the budget of "
+    with pytest.raises(MemoryBudgetError, match=r"\(3.00 GiB\) plus the reserve \(307.2 MiB\) exceed the budget of "
                                               r"3.00 GiB"):
         plan(3)
-    with pytest.raises(MemoryPlanError, match=r"all routed experts need 54.00 GiB but budget 10.00 GiB"):
+    with pytest.raises(MemoryBudgetError, match=r"all routed experts need 54.00 GiB but budget 10.00 GiB"):
         plan(10, placement="resident")
-    with pytest.raises(MemoryPlanError, match=r"streamed placement needs 2 layers of experts \(2.25 GiB\)"):
+    with pytest.raises(MemoryBudgetError, match=r"streamed placement needs 2 layers of experts \(2.25 GiB\)"):
         plan(5, placement="streamed")
-    with pytest.raises(MemoryPlanError, match=r"cached placement with 4 slots .* at least top-k = 8"):
+    with pytest.raises(MemoryBudgetError, match=r"cached placement with 4 slots .* at least top-k = 8"):
         plan(5, placement="cached", cache_slots=4)
-    with pytest.raises(MemoryPlanError, match=r"at most 154 slots"):
+    with pytest.raises(MemoryBudgetError, match=r"at most 154 slots"):
         plan(5, placement="cached", cache_slots=1000)
 
 
@@ -64,9 +64,9 @@ def test_more_slots_than_routed_experts_give_every_expert_one():
 
 def test_load_plans_from_abstract_shapes_without_allocating():
     # the real Qwen3-30B-A3B shapes; nothing is materialized until the engine runs
-    assert moejax.load("qwen3-30b-a3b", device_memory_gb=80).memory_plan.placement == "resident"
-    assert moejax.load("qwen3-30b-a3b", device_memory_gb=16).memory_plan.placement == "streamed"
-    cached = moejax.load("qwen3-30b-a3b", device_memory_gb=16, placement="cached").memory_plan
+    assert moejax.load("qwen3-30b-a3b", device_memory_gb=80).memory_budget.placement == "resident"
+    assert moejax.load("qwen3-30b-a3b", device_memory_gb=16).memory_budget.placement == "streamed"
+    cached = moejax.load("qwen3-30b-a3b", device_memory_gb=16, placement="cached").memory_budget
     assert cached.placement == "cached" and cached.cache_slots > 1000
     with pytest.raises(ValueError, match=r"moejax.load: cannot fit: the weights that always stay on the device"):
         moejax.load("qwen3-30b-a3b", device_memory_gb=2)

@@ -1,5 +1,5 @@
-"""Batch plan for a file of requests: scoring sequences grouped into prefix trees and packed into rows,
-rows and completions packed into batches under a token budget, and the prefix-cache policy. A plan is data:
+"""The batch schedule of a file of requests: scoring sequences grouped into prefix trees and packed into rows,
+rows and completions packed into batches under a token budget, and the prefix-cache policy. A schedule is data:
 `describe` prints it (`--explain`) and the runner executes it."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class CompletionBatch:
 
 
 @dataclasses.dataclass
-class Plan:
+class BatchSchedule:
     batches: list[ScoreBatch | CompletionBatch]
     kv_cache: bool  # keep a cross-batch prefix KV cache
     store_all: bool  # store every full context block (on), or only blocks a later batch will read (auto)
@@ -155,9 +155,9 @@ def batch_hashes(batch: ScoreBatch | CompletionBatch) -> set[bytes]:
     return {h for r in batch.requests for h in block_hashes(r.prompt)}
 
 
-def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
+def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
               kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0,
-              config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> Plan:
+              config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> BatchSchedule:
     """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
     own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
     of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring
@@ -168,7 +168,7 @@ def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], 
     seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
     flops_of = None
     if min_batch_flops:
-        assert config is not None, "make_plan: a FLOPs floor needs the model's config"
+        assert config is not None, "schedule_batches: a FLOPs floor needs the model's config"
         flops_of = tree_flops(config)
     batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops, flops_of,
                                        sized.cap)
@@ -186,4 +186,4 @@ def make_plan(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], 
         reason = (f"auto: on, {shared} prefix blocks recur across batches; only those are kept" if on else
                   "auto: off, no prefix block recurs across batches (scoring keeps no KV)")
     pool = min(cache_blocks, len(counts) if kv_cache == "on" else shared) if on else 0
-    return Plan(batches, on, kv_cache == "on", reason, pool, uses)
+    return BatchSchedule(batches, on, kv_cache == "on", reason, pool, uses)

@@ -1,4 +1,4 @@
-"""Device memory planning for one GPU: from a budget (`device_memory_gb`), decide where routed experts live and
+"""Device memory budgeting for one GPU: from a budget (`device_memory_gb`), decide where routed experts live and
 how big the streaming window or the expert cache is, or refuse with the numbers. Everything that is not a
 routed expert (embeddings, attention, norms, routers, shared experts) is always resident; a fraction of the
 budget is kept for activations and KV caches. A model that fits entirely stays resident unless told otherwise."""
@@ -16,7 +16,7 @@ DEFAULT_WINDOW = 2  # layers in flight beyond the computing one: more only costs
 MIN_PASS_EXPERTS = 16  # experts stacked per pass of the cached FFN (at least top-k)
 
 
-class MemoryPlanError(ValueError):
+class MemoryBudgetError(ValueError):
     pass
 
 
@@ -29,7 +29,7 @@ def size(nbytes: float) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryPlan:
+class MemoryBudget:
     placement: str
     budget_bytes: int | None
     resident_bytes: int  # weights that never move
@@ -49,10 +49,10 @@ class MemoryPlan:
     @property
     def expert_device_bytes(self) -> int:
         if self.placement == "streamed":
-            assert self.window is not None  # a streamed plan has its window
+            assert self.window is not None  # a streamed budget has its window
             return (self.window + 1) * self.layer_expert_bytes
         if self.placement == "cached":
-            assert self.cache_slots is not None and self.pass_experts is not None  # a cached plan has its slots
+            assert self.cache_slots is not None and self.pass_experts is not None  # a cached budget has its slots
             return (self.cache_slots + self.pass_experts) * self.expert_bytes
         return self.moe_layers * self.layer_expert_bytes
 
@@ -68,13 +68,13 @@ class MemoryPlan:
     def describe(self) -> str:
         budget = "no cap" if self.budget_bytes is None else size(self.budget_bytes)
         if self.placement == "streamed":
-            assert self.window is not None  # a streamed plan has its window
+            assert self.window is not None  # a streamed budget has its window
             what = f"window {self.window}: {self.window + 1} layers of experts on the device"
         elif self.placement == "cached":
             what = f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"
         else:
             what = "all routed experts on the device"
-        return (f"memory plan: {self.placement} ({what}); budget {budget}, reserve {size(self.reserve_bytes)}; "
+        return (f"memory budget: {self.placement} ({what}); budget {budget}, reserve {size(self.reserve_bytes)}; "
                 f"resident weights {size(self.resident_bytes)} + experts {size(self.expert_device_bytes)} = "
                 f"{size(self.device_bytes)}; one expert {size(self.expert_bytes)}, one layer of experts "
                 f"{size(self.layer_expert_bytes)} x {self.moe_layers} MoE layers\n  why: {self.reason}")
@@ -84,27 +84,27 @@ def device_budget_bytes(device_memory_gb: float | None) -> int | None:
     """The cap in bytes: the given GB, else what the first device reports (None on CPU: no cap)."""
     if device_memory_gb is not None:
         if device_memory_gb <= 0:
-            raise MemoryPlanError(f"device_memory_gb must be > 0, got {device_memory_gb}")
+            raise MemoryBudgetError(f"device_memory_gb must be > 0, got {device_memory_gb}")
         return int(device_memory_gb * 2**30)
     stats = jax.devices()[0].memory_stats() if jax.default_backend() == "gpu" else None
     return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
-def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, moe_layers: int, top_k: int,
+def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, moe_layers: int, top_k: int,
                 budget_bytes: int | None, placement: str = "auto", window: int | None = None,
-                cache_slots: int | None = None) -> MemoryPlan:
+                cache_slots: int | None = None) -> MemoryBudget:
     if placement not in PLACEMENTS:
-        raise MemoryPlanError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
+        raise MemoryBudgetError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
     all_experts = expert_bytes * experts_per_layer * moe_layers
     resident = total_bytes - all_experts
     reserve = 0 if budget_bytes is None else int(RESERVE_FRACTION * budget_bytes)
     base: dict[str, Any] = dict(budget_bytes=budget_bytes, resident_bytes=resident, expert_bytes=expert_bytes,
                 experts_per_layer=experts_per_layer, moe_layers=moe_layers, reserve_bytes=reserve)
     if moe_layers == 0 and placement in ("streamed", "cached"):
-        raise MemoryPlanError(f"placement {placement!r}: the model has no MoE layers to offload")
+        raise MemoryBudgetError(f"placement {placement!r}: the model has no MoE layers to offload")
     if budget_bytes is None:
         if placement in ("auto", "resident"):
-            return MemoryPlan("resident", **base, reason="no device memory cap")
+            return MemoryBudget("resident", **base, reason="no device memory cap")
         if placement == "streamed":
             return _streamed(base, window or DEFAULT_WINDOW, "no device memory cap; window as asked or default")
         slots = _every_expert_at_most(base, cache_slots or 2 * experts_per_layer)
@@ -113,23 +113,23 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
     free = budget_bytes - reserve - resident
     fits = f"budget {size(budget_bytes)} - reserve {size(reserve)} - resident weights {size(resident)}"
     if free < 0:
-        raise MemoryPlanError(f"cannot fit: the weights that always stay on the device ({size(resident)}) plus the "
+        raise MemoryBudgetError(f"cannot fit: the weights that always stay on the device ({size(resident)}) plus the "
                               f"reserve ({size(reserve)}) exceed the budget of {size(budget_bytes)}")
     if placement == "resident" or (placement == "auto" and all_experts <= free):
         if all_experts > free:
-            raise MemoryPlanError(f"placement 'resident': all routed experts need {size(all_experts)} but {fits} "
+            raise MemoryBudgetError(f"placement 'resident': all routed experts need {size(all_experts)} but {fits} "
                                   f"leaves {size(free)}; use placement 'streamed' or 'cached'")
-        return MemoryPlan("resident", **base, reason=f"the whole model fits: experts {size(all_experts)} <= "
+        return MemoryBudget("resident", **base, reason=f"the whole model fits: experts {size(all_experts)} <= "
                                                       f"{size(free)} free ({fits})")
     layer_bytes = expert_bytes * experts_per_layer
     max_window = min(free // layer_bytes - 1, moe_layers - 1)
     if placement == "streamed" or (placement == "auto" and max_window >= 1):
         if window is not None and window > max_window:
-            raise MemoryPlanError(f"streamed window {window} needs {window + 1} layers of experts = "
+            raise MemoryBudgetError(f"streamed window {window} needs {window + 1} layers of experts = "
                                   f"{size((window + 1) * layer_bytes)} but {fits} leaves {size(free)} "
                                   f"(window {max(max_window, 0)} at most)")
         if max_window < 1:
-            raise MemoryPlanError(f"streamed placement needs 2 layers of experts ({size(2 * layer_bytes)}) on the "
+            raise MemoryBudgetError(f"streamed placement needs 2 layers of experts ({size(2 * layer_bytes)}) on the "
                                   f"device but {fits} leaves {size(free)}; use placement 'cached' or a larger budget")
         return _streamed(base, window or min(DEFAULT_WINDOW, max_window),
                          f"experts {size(all_experts)} > {size(free)} free ({fits}); window {max_window} at most")
@@ -137,7 +137,7 @@ def plan_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, 
     max_slots = min(free // expert_bytes - pass_experts, experts_per_layer * moe_layers)
     slots = _every_expert_at_most(base, cache_slots) or max_slots
     if slots < top_k or slots > max_slots:
-        raise MemoryPlanError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
+        raise MemoryBudgetError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
                               f"{size(expert_bytes)} but {fits} leaves {size(free)} (at most {max_slots} "
                               f"slots; at least top-k = {top_k} needed)")
     return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
@@ -149,10 +149,10 @@ def _pass_experts(experts_per_layer: int, top_k: int) -> int:
     return min(experts_per_layer, max(top_k, MIN_PASS_EXPERTS))
 
 
-def _streamed(base, window, reason) -> MemoryPlan:
+def _streamed(base, window, reason) -> MemoryBudget:
     if window < 1:
-        raise MemoryPlanError(f"streamed window must be >= 1, got {window}")
-    return MemoryPlan("streamed", **base, window=int(window), reason=reason)
+        raise MemoryBudgetError(f"streamed window must be >= 1, got {window}")
+    return MemoryBudget("streamed", **base, window=int(window), reason=reason)
 
 
 def _every_expert_at_most(base, slots: int | None) -> int | None:
@@ -160,10 +160,10 @@ def _every_expert_at_most(base, slots: int | None) -> int | None:
     return slots and min(slots, base["experts_per_layer"] * base["moe_layers"])
 
 
-def _cached(base, slots, top_k, reason, asked: int | None = None) -> MemoryPlan:
+def _cached(base, slots, top_k, reason, asked: int | None = None) -> MemoryBudget:
     if slots < top_k:
-        raise MemoryPlanError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
+        raise MemoryBudgetError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
     if asked and asked > slots == base["experts_per_layer"] * base["moe_layers"]:
         reason += f"; {asked} slots asked, but the model has {slots} routed experts: every one has a slot"
     pass_experts = min(int(slots), _pass_experts(base["experts_per_layer"], top_k))
-    return MemoryPlan("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason)
+    return MemoryBudget("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason)
