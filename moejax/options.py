@@ -13,15 +13,17 @@ _KEY = "moejax.option"
 
 
 def option(default, help: str, *, type=None, choices=None, minimum=None, above=None, flag: bool = True,
-           path: bool = False, fingerprint: bool = False, checked: bool = True):
+           path: bool = False, fingerprint: bool = False, checked: bool = True,
+           applies: tuple[str, str] | None = None):
     """A dataclass field that is an option. type: int, float, str or bool (default: the default's type; give it
     when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it;
     flag: launch.serve has a flag for it (`--` and the name, `_` as `-`); path: a file or directory (the journal
     records its identity); fingerprint: it decides results (the journal records it); checked: False when the
-    class checks the value itself (it takes more than the choices)."""
+    class checks the value itself (it takes more than the choices); applies: (another option, the value of it this
+    one applies to): given (not None or False), this option needs that one to have that value or "auto"."""
     kind = type if type is not None else _type_of(default)
     about = dict(help=help, type=kind, choices=tuple(choices) if choices is not None else None, minimum=minimum,
-                 above=above, flag=flag, path=path, fingerprint=fingerprint, checked=checked)
+                 above=above, flag=flag, path=path, fingerprint=fingerprint, checked=checked, applies=applies)
     return dataclasses.field(default=default, metadata={_KEY: about})
 
 
@@ -93,11 +95,16 @@ def _fits(m: dict, value) -> bool:
 
 def check(instance, prefix: str = "") -> None:
     """ValueError naming the first option of `instance` whose value does not fit: '<prefix><name> must be an int
-    >= 1, got 0'."""
+    >= 1, got 0'), or given where the option it applies with has another value ('<prefix>window applies to
+    placement 'streamed', not 'cached'')."""
     for f in fields(instance):
         m, value = _about(f), getattr(instance, f.name)
         if not _fits(m, value):
             raise ValueError(f"{prefix}{f.name} must be {allowed(m)}, got {value!r}")
+        if m["applies"] is not None and value not in (None, False):
+            other, needed = m["applies"]
+            if getattr(instance, other) not in ("auto", needed):
+                raise ValueError(f"{prefix}{f.name} applies to {other} {needed!r}, not {getattr(instance, other)!r}")
 
 
 def check_flags(args: argparse.Namespace, *classes) -> str | None:

@@ -12,9 +12,7 @@ from moejax.offload.memory_budget import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 
 STREAMS = ("python", "jit")
-_ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached", "eviction": "cached",
-             "predictor": "cached", "default_vectors": "cached", "estimator": "cached", "maps": "cached",
-             "prefetch_distance": "cached", "speculative": "cached", "router_free": "cached"}
+STREAMED, CACHED = ("placement", "streamed"), ("placement", "cached")  # what an option `applies` to
 
 
 def _error(message: str):
@@ -33,40 +31,41 @@ class PlacementSettings:
     device_memory_gb: float | None = option(
         None, type=float, above=0, help="device memory moejax may use (default: the device's; no cap on CPU)")
     window: int | None = option(None, type=int, minimum=1,
-                                help="streamed: MoE layers copied ahead (default: planned)")
+                                help="streamed: MoE layers copied ahead (default: planned)", applies=STREAMED)
     stream: str | None = option(
         None, type=str, choices=STREAMS,
         help="streamed: python (default; per-layer jits, --window layers copied ahead, Θ profiled) or jit (experts "
-             "are host-memory inputs of the whole-model jit; XLA schedules the copies)")
-    cache_slots: int | None = option(None, type=int, minimum=1, help="cached: expert slots (default: what fits)")
-    eviction: str | None = option(None, type=str, choices=POLICIES, help="cached: eviction policy (default lru)")
+             "are host-memory inputs of the whole-model jit; XLA schedules the copies)", applies=STREAMED)
+    cache_slots: int | None = option(None, type=int, minimum=1, help="cached: expert slots (default: what fits)",
+                                     applies=CACHED)
+    eviction: str | None = option(None, type=str, choices=POLICIES, help="cached: eviction policy (default lru)",
+                                  applies=CACHED)
     # a name in PREDICTORS or a predictor object (_check_predictor checks it)
     predictor: object = option(None, type=str, choices=PREDICTORS, checked=False, fingerprint=True,
-                               help="cached: expert predictor for prefetch")
-    default_vectors: str | None = option(None, type=str, path=True, fingerprint=True,
-                                         help="cached, --predictor router: directory from `python -m launch.calibrate`")
+                               help="cached: expert predictor for prefetch", applies=CACHED)
+    default_vectors: str | None = option(
+        None, type=str, path=True, fingerprint=True, applies=CACHED,
+        help="cached, --predictor router: directory from `python -m launch.calibrate`")
     estimator: str | None = option(
         None, type=str, path=True, fingerprint=True,
-        help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`")
+        help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`", applies=CACHED)
     maps: str | None = option(
         None, type=str, path=True,
-        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`")
+        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`", applies=CACHED)
     prefetch_distance: int | None = option(
         None, type=int, minimum=1, fingerprint=True,
-        help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)")
+        help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)",
+        applies=CACHED)
     speculative: bool = option(
         False, fingerprint=True,
         help="cached: run the predicted experts instead of loading the true router's misses (changes outputs; the "
-             "metrics count mispredicted tokens)")
+             "metrics count mispredicted tokens)", applies=CACHED)
     router_free: bool = option(
         False, fingerprint=True,
-        help="--speculative: predictions chain from the predicted routing, not the true router's")
+        help="--speculative: predictions chain from the predicted routing, not the true router's", applies=CACHED)
 
     def __post_init__(self):
         options.check(self, prefix="moejax.load: ")
-        for name, only in _ONLY_FOR.items():
-            if getattr(self, name) not in (None, False) and self.placement not in ("auto", only):
-                raise _error(f"{name} applies to placement {only!r}, not {self.placement!r}")
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
         self._check_predictor()
