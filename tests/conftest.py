@@ -15,6 +15,18 @@ def fixture_dir(name: str) -> str:
     return os.path.join(FIXTURES, name)
 
 
+# The fast tier (`-m "not slow"`) runs a test over model families on the ones FAST_FAMILIES names (GQA and MLA);
+# the full suite, CI's, runs every family.
+FAST_FAMILIES = ("qwen3_moe", "deepseek_v3")
+
+
+def fast_tier(params, fast=lambda p: p in FAST_FAMILIES) -> list:
+    """A parametrization's values, those for which fast(value) is false marked slow: they run in the full suite only.
+    A tuple is one test's several arguments."""
+    return [p if fast(p) else pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.slow)
+            for p in params]
+
+
 def reference(name: str) -> dict:
     with np.load(os.path.join(FIXTURES, name, "reference.npz")) as z:
         return {k: z[k] for k in z.files}

@@ -18,6 +18,7 @@ pytest.importorskip("lm_eval")  # the eval extra (also in the test extra: it doe
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data", "lm_eval")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from conftest import fast_tier  # noqa: E402
 from make_lm_eval_reference import MODELS, TASKS, run_lm_eval  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -29,7 +30,7 @@ def reference():
         return json.load(f)
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=fast_tier(list(MODELS), lambda m: m == "qwen3_moe"))
 def moejax_run(request, reference):
     """lm-eval's evaluator over the four tasks with --model moejax and the reference's model_args."""
     import moejax.eval.lm_eval_model  # noqa: F401  (registers --model moejax)

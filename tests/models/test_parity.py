@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import moejax
-from conftest import FIXTURE_NAMES, fixture_dir, reference
+from conftest import FIXTURE_NAMES, fast_tier, fixture_dir, reference
 from scheduling import run_scheduler
 
 EXPECTED = {"qwen3_moe", "qwen3_moe_nonorm", "mixtral", "qwen2_moe", "deepseek_v2_lite", "deepseek_v2_group",
@@ -27,7 +27,7 @@ def test_float32_logits_match_transformers(name):
     assert rel_max(out, ref["logits"]) <= 1e-4
 
 
-@pytest.mark.parametrize("name", FIXTURE_NAMES)
+@pytest.mark.parametrize("name", fast_tier(FIXTURE_NAMES))
 def test_float32_greedy_generate_matches_transformers(name):
     ref = reference(name)
     engine = moejax.load(fixture_dir(name), dtype="float32")
@@ -61,7 +61,7 @@ def test_float16_logits_close(name):
 
 
 @pytest.mark.parametrize("kernels", ["pallas_interpret", "experts=ragged_dot,attention=reference"])
-@pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v2_lite", "deepseek_v3", "gpt_oss", "mixtral"])
+@pytest.mark.parametrize("name", fast_tier(["qwen3_moe", "deepseek_v2_lite", "deepseek_v3", "gpt_oss", "mixtral"]))
 def test_kernel_backends_match_transformers(name, kernels):
     """Switching `kernels=` changes no logits beyond float32 rounding, in prefill (logits) and in cached decode
     (greedy generate reads the KV cache through the attention kernel: MLA's absorbed form, GPT-OSS's sinks and

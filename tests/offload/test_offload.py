@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import moejax
-from conftest import FIXTURE_NAMES, fixture_dir
+from conftest import FIXTURE_NAMES, fast_tier, fixture_dir
 from moejax.offload import ExpertCache
 from moejax.offload.predict import DefaultVectors, calibrate
 from moejax.offload.streamed import Streamed
@@ -48,8 +48,12 @@ FAMILIES = [n for n in FIXTURE_NAMES if not n.endswith("_nonorm")]
 STREAMED = ["qwen3_moe", "deepseek_v3", "qwen2_moe", "gpt_oss"]
 
 
-@pytest.mark.parametrize("name, placement", [(n, "cached") for n in FAMILIES] + [(n, "streamed") for n in STREAMED]
-                         + [(n, "streamed_in_jit") for n in STREAMED[1:]])
+EXACT = ([(n, "cached") for n in FAMILIES] + [(n, "streamed") for n in STREAMED]
+         + [(n, "streamed_in_jit") for n in STREAMED[1:]])
+
+
+@pytest.mark.parametrize("name, placement", fast_tier(EXACT, lambda p: p in (
+    ("qwen3_moe", "cached"), ("qwen3_moe", "streamed"), ("deepseek_v3", "streamed_in_jit"))))
 def test_exact_placements_equal_resident(name, placement, resident_runs):
     ref_logits, ref_tokens = resident_runs(name)
     cfg = moejax.load(fixture_dir(name)).config
@@ -69,7 +73,7 @@ def test_exact_placements_equal_resident(name, placement, resident_runs):
     assert stats["misses"] + stats["hits"] > 0 and stats["bytes_h2d"] > 0
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("name", fast_tier(["qwen3_moe", "deepseek_v3", "gpt_oss"]))
 def test_speculative_with_the_oracle_equals_resident(name, resident_runs):
     ref_logits, ref_tokens = resident_runs(name)
     cfg = moejax.load(fixture_dir(name)).config
@@ -217,7 +221,7 @@ def test_router_predictor_two_moe_layers_ahead(tmp_path, resident_runs):
     assert layers[2]["prefetches"] > 0 and layers[1]["prefetches"] == 0
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("name", fast_tier(["qwen3_moe", "deepseek_v3", "gpt_oss"]))
 def test_bfloat16_placements_stay_within_bfloat16_rounding(name):
     """In bfloat16 the fused resident jit may keep excess precision between ops that the layer-by-layer steps
     round at their jit boundaries: results agree to bf16 rounding (measured <= 1.3% max relative here), and

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 import moejax
-from conftest import fixture_dir
+from conftest import fast_tier, fixture_dir
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
 
 FAMILIES = ["qwen3_moe", "deepseek_v3", "gpt_oss", "mixtral"]  # GQA, MLA, sinks + sliding window, window
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=fast_tier(FAMILIES, lambda f: f == "qwen3_moe"))
 def engine(request):
     return moejax.load(fixture_dir(request.param), dtype="float32")
 
