@@ -2,5 +2,6 @@
 attention on the host CPU (JAX's CPU backend in the same process), while the QKV and output projections and the MoE
 FFN run on the accelerator with paged expert weights, in one pipeline over micro-batches.
 
-Built so far: the host KV cache (host_kv) and one layer's decode attention over it (host_attention). The placement,
+Built so far: the host KV cache (host_kv), one layer's decode attention over it (host_attention) and a micro-benchmark
+of that attention's GB/s (host_attention_bench). The placement, the share of the cache kept on the accelerator (r_c),
 the paged weight transfers and the pipelined schedule come later."""

@@ -15,16 +15,20 @@ from flax import nnx
 from moejax.lightning.host_kv import check_step, host_device, store_step
 from moejax.models.attention import AttentionCore, GQAttention, MLAttention, Positions
 
-HOST_BACKEND = "xla"  # the attention kernels' backend on the host's CPU
+HOST_BACKENDS = ("xla", "reference")  # the attention kernels that run on a CPU (Pallas does not)
 
 
 class HostAttention:
     """A layer's attention split between the accelerator, which holds its weights, and the host, which holds its KV
     cache (moejax.lightning.host_kv: {name: [B, L, ...]}, slot = position)."""
 
-    def __init__(self, attn: GQAttention | MLAttention, host: jax.Device | None = None) -> None:
+    def __init__(self, attn: GQAttention | MLAttention, host: jax.Device | None = None, backend: str = "xla"
+                 ) -> None:
         """attn: the layer's attention block, its weights on one device (the accelerator); host: where its KV cache
-        lives and its attention runs (default: the first CPU device)."""
+        lives and its attention runs (default: the first CPU device); backend: the attention kernel there."""
+        if backend not in HOST_BACKENDS:
+            raise ValueError(f"HostAttention: backend {backend!r} does not run on the host; use one of {HOST_BACKENDS}")
+        self.backend = backend
         self._graphdef, self._state = nnx.split(attn)
         self.device = _one_device(self._state)
         self.host = host or host_device()
@@ -38,7 +42,7 @@ class HostAttention:
         q, new = _pre_attention(self._graphdef, self._state, x, at)
         check_step(cache, positions, new, where="host attention")
         q, new, positions = jax.device_put((q, new, positions), self.host)
-        o, cache = _host_attend(cache, q, new, positions, self.core)
+        o, cache = attend_on_host(cache, q, new, positions, self.core, backend=self.backend)
         return _post_attention(self._graphdef, self._state, jax.device_put(o, self.device)), cache
 
 
@@ -56,11 +60,13 @@ def _pre_attention(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: P
     return nnx.merge(graphdef, state).pre_attention(x, at)
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _host_attend(cache: dict[str, jax.Array], q: jax.Array, new: dict[str, jax.Array], positions: jax.Array,
-                 core: AttentionCore) -> tuple[jax.Array, dict[str, jax.Array]]:
+@functools.partial(jax.jit, donate_argnums=0, static_argnames="backend")
+def attend_on_host(cache: dict[str, jax.Array], q: jax.Array, new: dict[str, jax.Array], positions: jax.Array,
+                   core: AttentionCore, *, backend: str) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The host stage, jitted where its arguments are (the host): new KV [B, T, ...] stored at slot = positions [B, T]
+    (the cache is donated), then the core's attention over the cache -> (output, cache)."""
     cache = store_step(cache, positions, new)
-    return core.attend(q, cache, positions[:, 0], backend=HOST_BACKEND), cache
+    return core.attend(q, cache, positions[:, 0], backend=backend), cache
 
 
 @functools.partial(jax.jit, static_argnums=0)

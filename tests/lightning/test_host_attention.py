@@ -19,6 +19,7 @@ import moejax
 from conftest import fixture_dir
 from host_decode import FAMILIES, run_family
 from moejax.lightning import host_kv
+from moejax.lightning.host_attention import HostAttention
 from moejax.models.attention import AttentionCore
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,3 +117,5 @@ def test_bad_host_cache_input_is_refused(abstract_model):
         host_kv.append(cache[0], np.array([[5], [6]]), {"k": new["k"], "v": new["v"][..., 0]})
     with pytest.raises(ValueError, match="kind must be 'gqa' or 'mla'"):
         AttentionCore("mha", 1.0)
+    with pytest.raises(ValueError, match="backend 'pallas' does not run on the host"):
+        HostAttention(abstract_model.layers[0].attn, backend="pallas")
