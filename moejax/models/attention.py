@@ -8,6 +8,11 @@ rotary angles), the attention backend (moejax.kernels.attention) and either
   `read_cache` is False (a chunk that starts every row's sequence), or
 - a `TreeMask` (Positions.tree) and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed
   token trees -> `(out, new)` where `new` holds this call's keys in cache layout (to store them for reuse).
+
+A cached call (dict cache or PagedCache, read_cache) runs in three stages that a pipeline may place on different
+devices (MoE-Lightning's CGOPipe: attention on the host CPU, the rest on the accelerator):
+`pre_attention(x, at) -> (query, new KV)`, `store_kv(cache, positions, new)` + `AttentionCore.attend(query, cache,
+q_offset)` (a pure function of its arguments, for any device), and `post_attention(core output) -> out`.
 """
 from __future__ import annotations
 
@@ -138,6 +143,62 @@ def _paged_backend(backend: str) -> str:
     return "auto" if backend == "cudnn" else backend
 
 
+def store_kv(cache: dict[str, jax.Array] | PagedCache, positions: jax.Array, new: dict[str, jax.Array]
+             ) -> dict[str, jax.Array] | PagedCache:
+    """A cache with new KV {name: [B, T, ...]} stored: a dict cache at slot = position, a PagedCache at its slots."""
+    if isinstance(cache, PagedCache):
+        return cache.write(new)
+    return {name: write_cache(cache[name], positions, new[name]) for name in cache}
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["sinks"], meta_fields=["kind", "scale", "window"])
+@dataclasses.dataclass(frozen=True)
+class AttentionCore:
+    """A layer's attention over its KV cache, apart from the projections: its static settings and its sinks, so that
+    it runs on whichever device holds the cache and the query (the sinks are an array: copy the core with them).
+    kind "gqa": query [B,T,Hq,hd] over {"k", "v"} [.., Hkv, hd]; "mla": the absorbed query [B,T,H,R+r] over
+    {"latent" [.., R], "k_rope" [.., r]}, the latent being both the value and the first part of the key."""
+    kind: str
+    scale: float
+    window: int | None = None
+    sinks: jax.Array | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("gqa", "mla"):
+            raise ValueError(f"AttentionCore.kind must be 'gqa' or 'mla', got {self.kind!r}")
+
+    def attend(self, q: jax.Array, cache: dict[str, jax.Array] | PagedCache, q_offset: jax.Array,
+               backend: str = "auto") -> jax.Array:
+        """Query t of row b at position q_offset[b] + t, over the cache's keys at positions <= its own (this call's
+        already stored) -> [B, T, H, hd] (GQA) or the latent output [B, T, H, R] (MLA), in q.dtype."""
+        if isinstance(cache, PagedCache):
+            pool = cache.pool
+            k_parts: tuple[jax.Array, ...]
+            if self.kind == "mla":  # the keys are read from the latent and k_rope pools, never concatenated
+                lat = pool["latent"][:, :, None]
+                k_parts, v = (lat, pool["k_rope"][:, :, None]), lat
+            else:
+                k_parts, v = (pool["k"],), pool["v"]
+            return paged_attention(q, k_parts, v, cache.table, q_offset, sliding_window=self.window,
+                                   sinks=self.sinks, scale=self.scale, backend=_paged_backend(backend))
+        if self.kind == "mla":
+            k = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
+            v = cache["latent"][:, :, None, :]
+        else:
+            k, v = cache["k"], cache["v"]
+        return attention(q, k, v, sliding_window=self.window, sinks=self.sinks, q_offset=q_offset, scale=self.scale,
+                         backend=backend)
+
+
+def cached_attention(block: "GQAttention | MLAttention", x: jax.Array, at: Positions,
+                     cache: dict[str, jax.Array] | PagedCache, backend: str = "auto"
+                     ) -> tuple[jax.Array, dict[str, jax.Array] | PagedCache]:
+    """A cached call through the three stages, all on x's device -> (out [B, T, D], the cache with this call's KV)."""
+    q, new = block.pre_attention(x, at)
+    cache = store_kv(cache, at.positions, new)
+    return block.post_attention(block.core.attend(q, cache, at.positions[:, 0], backend)), cache
+
+
 class GQAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int, dtype: DTypeLike) -> None:
         D, H, K, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -160,39 +221,42 @@ class GQAttention(nnx.Module):
         shape = (batch, length, self.num_kv_heads, self.head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def __call__(self, x: jax.Array, at: Positions, cache: Cache = None, read_cache: bool = True,
-                 prior: dict[str, jax.Array] | None = None, backend: str = "auto") -> tuple[jax.Array, Cache]:
+    @property
+    def core(self) -> AttentionCore:
+        return AttentionCore("gqa", self.scale, self.window, None if self.sinks is None else self.sinks[...])
+
+    def pre_attention(self, x: jax.Array, at: Positions) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """x [B, T, D] -> (q [B, T, Hq, hd], this call's KV {"k", "v"} [B, T, Hkv, hd]): projections (and biases),
+        q/k norm, rope."""
         B, T, _ = x.shape
-        positions, cos, sin, tree = at.positions, at.cos, at.sin, at.tree
         q = _proj(x, self.wq, self.bq).reshape(B, T, self.num_heads, self.head_dim)
         k = _proj(x, self.wk, self.bk).reshape(B, T, self.num_kv_heads, self.head_dim)
         v = _proj(x, self.wv, self.bv).reshape(B, T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:  # both or neither (qk_norm)
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin, self.interleaved), apply_rope(k, cos, sin, self.interleaved)
+        q, k = apply_rope(q, at.cos, at.sin, self.interleaved), apply_rope(k, at.cos, at.sin, self.interleaved)
+        return q, {"k": k, "v": v}
+
+    def post_attention(self, out: jax.Array) -> jax.Array:
+        """The core's output [B, T, Hq, hd] -> [B, T, D] (wo and its bias)."""
+        B, T = out.shape[:2]
+        return _proj(out.reshape(B, T, -1), self.wo, self.bo)
+
+    def __call__(self, x: jax.Array, at: Positions, cache: Cache = None, read_cache: bool = True,
+                 prior: dict[str, jax.Array] | None = None, backend: str = "auto") -> tuple[jax.Array, Cache]:
+        if at.tree is None and cache is not None and read_cache:
+            return cached_attention(self, x, at, cache, backend)
+        q, new = self.pre_attention(x, at)
+        k, v = new["k"], new["v"]
         sinks = self.sinks[...] if self.sinks is not None else None
-        if tree is not None:
-            new = {"k": k, "v": v}
+        if at.tree is not None:
             keys, values = (k, v) if prior is None else (concat_prior(prior["k"], k), concat_prior(prior["v"], v))
-            out = tree_attend(q, keys, values, positions, self.scale, tree, self.window, sinks)
-            return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
-        if isinstance(cache, PagedCache):
-            cache = cache.write({"k": k, "v": v})
-            if read_cache:
-                out = paged_attention(q, (cache.pool["k"],), cache.pool["v"], cache.table, positions[:, 0],
-                                      sliding_window=self.window, sinks=sinks, scale=self.scale,
-                                      backend=_paged_backend(backend))
-            else:
-                out = attention(q, k, v, sliding_window=self.window, sinks=sinks, scale=self.scale, backend=backend)
-            return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
-        if cache is not None:
-            cache = {"k": write_cache(cache["k"], positions, k), "v": write_cache(cache["v"], positions, v)}
-        if cache is None or not read_cache:  # every key is in this call (prefill into an empty cache)
-            out = attention(q, k, v, sliding_window=self.window, sinks=sinks, scale=self.scale, backend=backend)
-        else:  # cache slot == position, so query t sits at key index positions[:, t]
-            out = attention(q, cache["k"], cache["v"], sliding_window=self.window, sinks=sinks,
-                            q_offset=positions[:, 0], scale=self.scale, backend=backend)
-        return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
+            out = tree_attend(q, keys, values, at.positions, self.scale, at.tree, self.window, sinks)
+            return self.post_attention(out), new
+        if cache is not None:  # prefill into an empty cache: every key is in this call
+            cache = store_kv(cache, at.positions, new)
+        out = attention(q, k, v, sliding_window=self.window, sinks=sinks, scale=self.scale, backend=backend)
+        return self.post_attention(out), cache
 
 
 class MLAttention(nnx.Module):
@@ -228,51 +292,63 @@ class MLAttention(nnx.Module):
         return {"latent": jnp.zeros((batch, length, self.rank), dtype),
                 "k_rope": jnp.zeros((batch, length, self.rope_dim), dtype)}
 
-    def __call__(self, x: jax.Array, at: Positions, cache: Cache = None, read_cache: bool = True,
-                 prior: dict[str, jax.Array] | None = None, backend: str = "auto") -> tuple[jax.Array, Cache]:
+    @property
+    def core(self) -> AttentionCore:
+        return AttentionCore("mla", self.scale)
+
+    def pre_attention(self, x: jax.Array, at: Positions) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """x [B, T, D] -> (the absorbed query [B, T, H, R + r]: W_UK folded into q_nope, then q_rope; this call's
+        {"latent" [B, T, R], "k_rope" [B, T, r]})."""
+        q_nope, q_rope, latent, k_rope = self._project(x, at)
+        w_uk = self._w_kv()[..., : self.nope]
+        q_lat = f32_einsum("bthn,rhn->bthr", q_nope, w_uk).astype(x.dtype)
+        return jnp.concatenate([q_lat, q_rope], -1), {"latent": latent, "k_rope": k_rope[:, :, 0]}
+
+    def post_attention(self, o_lat: jax.Array) -> jax.Array:
+        """The core's latent output [B, T, H, R] -> [B, T, D] (W_UV, then wo and its bias)."""
+        B, T = o_lat.shape[:2]
+        out = f32_einsum("bthr,rhv->bthv", o_lat, self._w_kv()[..., self.nope:]).astype(o_lat.dtype)
+        return _proj(out.reshape(B, T, -1), self.wo, self.bo)
+
+    def _project(self, x: jax.Array, at: Positions) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """-> q_nope [B, T, H, n], roped q_rope [B, T, H, r], the normalised latent [B, T, R], roped k_rope
+        [B, T, 1, r]."""
         B, T, _ = x.shape
-        H = self.num_heads
-        positions, cos, sin, tree = at.positions, at.cos, at.sin, at.tree
         if self.wq is not None:
             q = _proj(x, self.wq)
         else:
             assert self.q_a_norm is not None  # q_lora_rank: made with wq_a and wq_b
             q = _proj(self.q_a_norm(_proj(x, self.wq_a, self.bq_a)), self.wq_b)
-        q = q.reshape(B, T, H, self.nope + self.rope_dim)
+        q = q.reshape(B, T, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rope = q[..., : self.nope], q[..., self.nope:]
         kv = _proj(x, self.wkv_a, self.bkv_a)
         latent = self.kv_a_norm(kv[..., : self.rank])
         k_rope = kv[..., self.rank:][:, :, None, :]
-        q_rope = apply_rope(q_rope, cos, sin, self.interleaved)
-        k_rope = apply_rope(k_rope, cos, sin, self.interleaved)
-        w_kv = self.wkv_b[...].reshape(self.rank, H, self.nope + self.v_dim)
-        w_uk, w_uv = w_kv[..., : self.nope], w_kv[..., self.nope:]
-        if tree is not None:
-            new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
+        q_rope = apply_rope(q_rope, at.cos, at.sin, self.interleaved)
+        k_rope = apply_rope(k_rope, at.cos, at.sin, self.interleaved)
+        return q_nope, q_rope, latent, k_rope
+
+    def _w_kv(self) -> jax.Array:
+        """wkv_b as [R, H, n + v]: per head, W_UK (the first n) and W_UV."""
+        return self.wkv_b[...].reshape(self.rank, self.num_heads, self.nope + self.v_dim)
+
+    def __call__(self, x: jax.Array, at: Positions, cache: Cache = None, read_cache: bool = True,
+                 prior: dict[str, jax.Array] | None = None, backend: str = "auto") -> tuple[jax.Array, Cache]:
+        if at.tree is None and cache is not None and read_cache:  # absorbed form over the cached latent
+            return cached_attention(self, x, at, cache, backend)
+        B, T, _ = x.shape
+        q_nope, q_rope, latent, k_rope = self._project(x, at)
+        new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
+        w_kv = self._w_kv()
+        if at.tree is not None:
             if prior is not None:
                 latent = concat_prior(prior["latent"], latent)
                 k_rope = concat_prior(prior["k_rope"], k_rope[:, :, 0])[:, :, None]
-            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, tree=tree, q_pos=positions)
+            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, tree=at.tree, q_pos=at.positions)
             return _proj(out.reshape(B, T, -1), self.wo, self.bo), new
-        new = {"latent": latent, "k_rope": k_rope[:, :, 0]}
-        if isinstance(cache, PagedCache):
-            cache = cache.write(new)
-        elif cache is not None:
-            cache = {name: write_cache(cache[name], positions, new[name]) for name in cache}
-        if cache is None or not read_cache:  # expanded form: cheaper when every key is in this call
-            out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, backend=backend)
-        else:
-            q_lat = f32_einsum("bthn,rhn->bthr", q_nope, w_uk).astype(x.dtype)
-            q_abs = jnp.concatenate([q_lat, q_rope], -1)
-            if isinstance(cache, PagedCache):  # the latent is both the value and the first part of the key
-                lat = cache.pool["latent"][:, :, None]
-                o_lat = paged_attention(q_abs, (lat, cache.pool["k_rope"][:, :, None]), lat, cache.table,
-                                        positions[:, 0], scale=self.scale, backend=_paged_backend(backend))
-            else:
-                k_abs = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
-                o_lat = attention(q_abs, k_abs, cache["latent"][:, :, None, :], q_offset=positions[:, 0],
-                                  scale=self.scale, backend=backend)
-            out = f32_einsum("bthr,rhv->bthv", o_lat, w_uv).astype(x.dtype)
+        if cache is not None:  # expanded form: cheaper when every key is in this call
+            cache = store_kv(cache, at.positions, new)
+        out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, backend=backend)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 
     def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, *, tree=None, q_pos=None, backend="auto"):

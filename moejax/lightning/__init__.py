@@ -1,0 +1,7 @@
+"""MoE-Lightning's CGOPipe (seeds/moe-lightning.txt §4, Alg. 1, App. A): decode with the KV cache in host memory and
+attention on the host CPU (JAX's CPU backend in the same process), while the QKV and output projections and the MoE
+FFN run on the accelerator with paged expert weights, in one pipeline over micro-batches.
+
+Built so far: the host KV cache (host_kv), one layer's decode attention over it (host_attention) and a micro-benchmark
+of that attention's GB/s (host_attention_bench). The placement, the share of the cache kept on the accelerator (r_c),
+the paged weight transfers and the pipelined schedule come later."""
