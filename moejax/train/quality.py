@@ -114,6 +114,7 @@ def greedy_samples(engine: Engine, prompts: Sequence[str] = GREEDY_PROMPTS, *, m
     """Each prompt's greedy completion up to the first blank line or end of text, and whether prompt + completion
     is valid Python (`parses`)."""
     tok = engine.tokenizer
+    assert tok is not None  # a trained run's engine has the run's tokenizer
     outs = engine.generate([tok.encode(p).ids for p in prompts], max_new, stop_token_ids=engine.config.eos_token_ids)
     samples = []
     for prompt, ids in zip(prompts, outs):
