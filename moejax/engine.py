@@ -331,7 +331,7 @@ class Engine:
         return [out[i, : count[i]].tolist() for i in range(m)], pool
 
     def token_logprobs(self, sequences: Sequence[Sequence[int]], k: int, *, max_batch_tokens: int = 4096
-                       ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+                       ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """For each token sequence s: (logprob of s[t+1] after s[:t+1] for t < len(s) - 1, and the k most likely
         next tokens there as (logprobs [len-1, k], ids [len-1, k])), as numpy. Rows are batched up to
         `max_batch_tokens` padded tokens (the step holds [rows, T, vocab] float32 log-probabilities)."""
@@ -349,7 +349,7 @@ class Engine:
             for r, i in enumerate(rows):
                 L = len(sequences[i]) - 1
                 out[i] = (chosen[r, :L], top[r, :L], top_ids[r, :L])
-        return out
+        return cast("list[tuple[np.ndarray, np.ndarray, np.ndarray]]", out)  # every sequence's is filled
 
     # -- packed scoring and the prefix pool ----------------------------------------------------------------
     def init_pool(self, num_blocks: int) -> list[Layer]:

@@ -7,6 +7,8 @@ import sys
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ import numpy as np
 
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
-from moejax.kv_pool import BLOCK
+from moejax.kv_pool import BLOCK, Layer
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.batch_schedule import BatchSchedule
@@ -24,6 +26,9 @@ from moejax.sched.bodies import Bodies, Choice
 from moejax.sched.requests import MAX_LOGPROBS, ScoreRequest
 from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
 from moejax.sched.serving_options import ServingOptions
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 
 @dataclasses.dataclass
@@ -56,6 +61,10 @@ class Metrics:
         return d
 
 
+# progress(requests just done, or None: the run ended; the metrics so far)
+Progress = Callable[[int | None, Metrics], None]
+
+
 @dataclasses.dataclass
 class _Launched:
     """A scoring batch dispatched to the device (its log-probabilities not read yet), or the error that stopped it."""
@@ -63,14 +72,14 @@ class _Launched:
     rows: list | None = None
     padded_tokens: int = 0
     tags: list | None = None
-    logprobs: object = None  # [B, G] on the device
+    logprobs: jax.Array | None = None  # [B, G] on the device
     error: Exception | None = None
 
 
 class Runner:
-    def __init__(self, engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *, progress=None,
-                 options: ServingOptions = ServingOptions(), kv_pool: PoolSize | None = None,
-                 batch_size: ScoreBatchSize | None = None):
+    def __init__(self, engine: Engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *,
+                 progress: Progress | None = None, options: ServingOptions = ServingOptions(),
+                 kv_pool: PoolSize | None = None, batch_size: ScoreBatchSize | None = None) -> None:
         """options.batching: "continuous" serves every completion through one scheduler (options' scheduler knobs)
         over a paged KV pool of kv_pool.blocks blocks (moejax.sched.continuous; explain shows how it was sized);
         "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
@@ -84,7 +93,7 @@ class Runner:
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
         self.cache = PrefixCache(schedule.pool_blocks) if schedule.kv_cache else None
-        self.pool = None
+        self.pool: list[Layer] | None = None
         self.future = Counter(h for u in schedule.uses for h in u)
         # (request, sibling, candidate) -> summed logprob
         self._acc: defaultdict[tuple[int, int, int], float] = defaultdict(float)
@@ -100,13 +109,15 @@ class Runner:
     def _want_store(self, h: bytes) -> bool:
         return self.schedule.store_all or self.future[h] > 0
 
-    def prepare(self, k: int):
+    # -> score: (rows, (arrays, tags, span)) as packing.assemble gives them; completions: per request, (the prefix
+    # blocks it reads, the (block, position) it stores). Any: which one is the batch's kind, not a type
+    def prepare(self, k: int) -> tuple[Any, Any]:
         """Batch k's inputs: what it takes from and adds to the prefix cache, packed and padded."""
         for h in self.schedule.uses[k]:
             self.future[h] -= 1
         return self._pack(k)
 
-    def _pack(self, k: int):
+    def _pack(self, k: int) -> tuple[Any, Any]:  # as prepare
         batch = self.schedule.batches[k]
         if self.cache is not None:
             self.cache.begin_batch()
@@ -200,7 +211,7 @@ class Runner:
 
     def _score_results(self, launched: _Launched) -> None:
         rows, tags = launched.rows, launched.tags
-        assert rows is not None and tags is not None  # launched without an error
+        assert rows is not None and tags is not None and launched.logprobs is not None  # launched without an error
         lp = self.engine.to_host(launched.logprobs)
         m = self.metrics
         m.computed_tokens += sum(len(r.tokens) for r in rows)
