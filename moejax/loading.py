@@ -21,6 +21,7 @@ from moejax.placements import placement_for
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
 from moejax.plan.placement import choose_placement
+from moejax.plan.hardware import Profile
 from moejax.plan.resolve import profile_for
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
@@ -160,7 +161,7 @@ def _model_config(hf_config: dict, checkpoint: str | None, num_layers: int | Non
     return cfg, full_layers
 
 
-def _profile(plan: EnginePlan):
+def _profile(plan: EnginePlan) -> Profile:
     devices = jax.devices()
     try:
         return profile_for(devices[0].device_kind, len(devices), plan.profile)

@@ -38,7 +38,7 @@ def model_quality(engine: Engine, tokens: np.ndarray, *, window: int = 512, batc
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
 
     @jax.jit
-    def measure(params, rows, valid):
+    def measure(params: nnx.State, rows: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """rows [B, window + 1], valid [B] (padding rows count for nothing) -> (nll sum, correct, counts)."""
         model = nnx.merge(graphdef, params)
         inputs, targets = rows[:, :-1], rows[:, 1:]
