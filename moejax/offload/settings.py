@@ -17,7 +17,7 @@ _ONLY_FOR = {"window": "streamed", "stream": "streamed", "cache_slots": "cached"
              "prefetch_distance": "cached", "speculative": "cached", "router_free": "cached"}
 
 
-def _error(message: str):
+def _error(message: str) -> ValueError:
     return ValueError(f"moejax.load: {message}")
 
 
@@ -62,7 +62,7 @@ class PlacementSettings:
         False, fingerprint=True,
         help="--speculative: predictions chain from the predicted routing, not the true router's")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self, prefix="moejax.load: ")
         for name, only in _ONLY_FOR.items():
             if getattr(self, name) not in (None, False) and self.placement not in ("auto", only):
