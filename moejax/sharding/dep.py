@@ -176,7 +176,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         split_cache = isinstance(cache, MicroBatched)
         inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache else cache)
         parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
-        if isinstance(cache, MicroBatched):  # (split_cache)
+        if isinstance(cache, MicroBatched):  # split_cache, spelled out for the type checker
             for part, c in zip(parts, cache):
                 part["cache"] = c
         parts = self._pipeline(parts, read_cache)
