@@ -7,7 +7,12 @@ from __future__ import annotations
 import datetime
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import jinja2
+    import jinja2.parser
 
 
 class ChatTemplate:
@@ -53,7 +58,7 @@ class ChatTemplate:
                 from None
 
 
-def _messages(messages) -> list[dict]:
+def _messages(messages: object) -> list[dict]:  # body.messages as JSON gave it
     """Check the OpenAI message shape; text content parts are joined into one string (vLLM's default)."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("body.messages: must be a non-empty list of messages")
@@ -90,7 +95,7 @@ def _messages(messages) -> list[dict]:
     return out
 
 
-def _compile(source: str):
+def _compile(source: str) -> jinja2.Template:
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
@@ -100,18 +105,19 @@ def _compile(source: str):
         """transformers' `{% generation %}...{% endgeneration %}` (marks assistant tokens): rendered as its body."""
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-        def _body(self, caller):
+        def _body(self, caller: Callable[[], str]) -> str:
             return caller()
 
-    def raise_exception(message):
+    def raise_exception(message: str) -> NoReturn:
         raise jinja2.TemplateError(message)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | str | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

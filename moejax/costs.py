@@ -296,7 +296,7 @@ def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int
         _ideal_ep(ring, N, P, k, D, b)
 
 
-def _ideal_ep(ring, N, P, k, D, b) -> float:
+def _ideal_ep(ring: float, N: int, P: int, k: int, D: int, b: int) -> float:
     """Table 1's DP/EP (and TP/EP) pair of all-to-alls under uniform routing: each device's N/P tokens x k
     choices, (P-1)/P of them to other devices, there and back."""
     return 2 * ring * N / P * k * D * b

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
@@ -16,15 +18,31 @@ from moejax.placements.base import Placement
 from moejax.sampling import Sampling
 from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    from tokenizers import Tokenizer
+
+    from moejax.chat import ChatTemplate
+    from moejax.costs import Transfer
+    from moejax.kv_pool import Layer
+    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.memory_budget import MemoryBudget
+    from moejax.plan.engine_plan import EnginePlan
+    from moejax.plan.theta import Theta
+    from moejax.sharding.layout import Layout
+    from moejax.whole_model_steps import WholeModelSteps
+
 MIN_SEQ_BUCKET = 16
 
 
 class Engine:
     """Serve one model. Weights are created lazily: a full-shape preset costs nothing until it runs."""
 
-    def __init__(self, config: ModelConfig, graphdef, abstract_state, materialize: Callable[[], tuple],
-                 tokenizer=None, *, placement: Placement, dtype=jnp.float32, kernels: Kernels = Kernels(),
-                 name: str = "", chat_template=None, plan=None, decisions: Sequence[str] = (), saturation=None):
+    def __init__(self, config: ModelConfig, graphdef: nnx.GraphDef, abstract_state: nnx.State,
+                 materialize: Callable[[], tuple], tokenizer: Tokenizer | None = None, *, placement: Placement,
+                 dtype: DTypeLike = jnp.float32, kernels: Kernels = Kernels(), name: str = "",
+                 chat_template: ChatTemplate | None = None, plan: EnginePlan | None = None,
+                 decisions: Sequence[str] = (), saturation: Theta | None = None) -> None:
         """materialize() -> (the weights as an nnx.State, the placement's store or None). placement: where the
         routed experts live and which steps run (moejax.placements). plan: the moejax.plan.engine_plan.EnginePlan
         it was loaded with (auto choices made); decisions: what the planners chose for `auto` and why;
@@ -57,15 +75,15 @@ class Engine:
         return self._state
 
     @property
-    def graphdef(self):
+    def graphdef(self) -> nnx.GraphDef:
         return self._graphdef
 
     @property
-    def memory_budget(self):
+    def memory_budget(self) -> MemoryBudget:
         return self.placement.memory_budget
 
     @property
-    def layout(self):
+    def layout(self) -> Layout | None:
         """The moejax.sharding.Layout, or None: one device."""
         return self.placement.layout
 
@@ -75,7 +93,7 @@ class Engine:
         return self.placement.layer_by_layer
 
     @property
-    def steps(self):
+    def steps(self) -> WholeModelSteps | LayeredSteps:
         """The steps a forward runs: whole-model jits, or the placement's layer loop (built with the weights)."""
         if self._steps is None:
             params = self.params
@@ -83,13 +101,13 @@ class Engine:
         return self._steps
 
     @property
-    def layered_steps(self):
+    def layered_steps(self) -> LayeredSteps:
         """The layer loop of a layer-by-layer placement (moejax.offload.layered.LayeredSteps)."""
         if not self.layer_by_layer:
             raise AttributeError(f"placement {self.placement.name} runs whole-model jits, not the layer loop")
-        return self.steps
+        return cast("LayeredSteps", self.steps)  # a layer-by-layer placement's steps are its layer loop
 
-    def use_theta(self, saturation) -> None:
+    def use_theta(self, saturation: Theta) -> None:
         """Replace the load-time Θ by one measured on this engine (moejax.offload.saturation.profile_saturation)."""
         self.saturation = saturation
 
@@ -105,11 +123,11 @@ class Engine:
     def stats(self) -> dict:
         """Offloading counters since load or `reset_stats`: per MoE layer and in total, hits, misses, prefetches,
         bytes moved host -> device, seconds waited on transfers (and, speculative, mispredicted tokens)."""
-        return self.placement.stats(self.steps if self.layer_by_layer else None)
+        return self.placement.stats(self.layered_steps if self.layer_by_layer else None)
 
     def reset_stats(self) -> None:
         if self.layer_by_layer:
-            self.placement.reset_stats(self.steps)
+            self.placement.reset_stats(self.layered_steps)
 
     def explain(self, comm_shape: tuple[int, int] | None = None) -> str:
         """The memory budget, the placement and (when profiled) the saturation threshold, as text. For a
@@ -126,14 +144,14 @@ class Engine:
             lines.append(f"layout {self.layout}")
             lines += self._explain_comm(comm_shape)
         lines.append(self.memory_budget.describe())
-        placement = self.placement.describe(self.steps if self.layer_by_layer else None)
+        placement = self.placement.describe(self.layered_steps if self.layer_by_layer else None)
         if placement is not None:
             lines.append(placement)
         if self.saturation is not None:
             lines.append(self.saturation.describe())
         return "\n".join(lines)
 
-    def _explain_comm(self, shape) -> list[str]:
+    def _explain_comm(self, shape: tuple[int, int] | None) -> list[str]:
         """explain(): a layout's communication, analytic next to measured (moejax.sharding.hlo_comm; split into
         the routed experts' programs and the rest by op metadata). DEP: its transfer counters instead, if a
         forward has run since load or reset_stats (they cover every forward since, of whatever shape)."""
@@ -141,14 +159,16 @@ class Engine:
         from moejax.offload.memory_budget import size
         from moejax.sharding import hlo_comm
         lay = self.layout
+        assert lay is not None and lay.devices is not None  # explain() asks with a layout, resolved at load
         default_batch = lay.attn_devices if lay.experts == "dep" else lay.devices
+        assert default_batch is not None  # DEP's groups are resolved with the layout
         B, T = shape or (default_batch, min(128, self.config.max_position_embeddings))
         comm = layout_comm(self.config, lay, B, T, self.dtype.itemsize)
 
         def kinds(totals: dict, per: int = 1) -> str:
             return ", ".join(f"{kind} {size(v / per)}" for kind, v in sorted(totals.items())) or "none"
 
-        def analytic(transfers) -> str:
+        def analytic(transfers: Sequence[Transfer]) -> str:
             detail = " + ".join(f"{t.what} {size(t.bytes_sent)}" for t in transfers)
             return kinds(by_kind(transfers)) + (f" = {detail}" if detail else "")
         head = (f"communication per device per layer (attention) and MoE layer (routed experts), forward of batch "
@@ -166,7 +186,10 @@ class Engine:
                              "of every forward since, of its own shape)")
             return lines
         ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        found = hlo_comm.collectives(self.steps.logits.lower(self.params, ids).compile().as_text())
+        steps = cast("WholeModelSteps", self.steps)  # not layer by layer (above): the whole-model jits
+        hlo = steps.logits.lower(self.params, ids).compile().as_text()
+        assert hlo is not None  # XLA's compiled programs have a text form
+        found = hlo_comm.collectives(hlo)
         lines = [head + f"; measured: the {len(found)} collectives of the compiled full-logits step"]
         for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
                                             ("experts", comm.moe_layers, comm.experts, comm.ideal_experts)):
@@ -199,7 +222,7 @@ class Engine:
                    for v in jax.tree.leaves(self.abstract_params))
 
     # -- public API --------------------------------------------------------------------------------
-    def logits(self, token_ids) -> np.ndarray:
+    def logits(self, token_ids: ArrayLike) -> np.ndarray:
         """token_ids int [B, T] -> float32 logits [B, T, vocab] at every position."""
         ids = np.asarray(token_ids)
         if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
@@ -218,7 +241,7 @@ class Engine:
     def _rows_span_processes(self) -> bool:
         return self.layout is not None and jax.process_count() > 1
 
-    def _token_rows(self, padded: np.ndarray):
+    def _token_rows(self, padded: np.ndarray) -> jax.Array:
         """Host token ids [B, T] as a step's input. Several processes: the ids (the same in every process) as one
         global array split by rows over the layout's devices (moejax.sharding.multihost); the outputs come back
         through _to_host."""
@@ -226,6 +249,7 @@ class Engine:
             return jnp.asarray(padded)
         from moejax.sharding.mesh import make_mesh
         from moejax.sharding.multihost import shard_rows
+        assert self.layout is not None and self.layout.devices is not None  # _rows_span_processes: a resolved layout
         return shard_rows(padded, make_mesh(self.layout.devices))  # (DEP refuses several processes at load)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
@@ -253,8 +277,12 @@ class Engine:
                                     top_p=[top_p] * n, keys=keys, stop_token_ids=[stop_token_ids or ()] * n)
         return out
 
-    def generate_rows(self, prompts, max_new, *, temperature, top_p, keys, stop_token_ids, pool=None,
-                      prior_blocks=None, store_blocks=None, expand=None):
+    def generate_rows(self, prompts: Sequence[Sequence[int]], max_new: Sequence[int], *,
+                      temperature: Sequence[float], top_p: Sequence[float], keys: jax.Array,
+                      stop_token_ids: Sequence[Sequence[int]], pool: list[Layer] | None = None,
+                      prior_blocks: Sequence[Sequence[int]] | None = None,
+                      store_blocks: Sequence[Sequence[tuple[int, int]]] | None = None,
+                      expand: Sequence[int] | None = None) -> tuple[list[list[int]], list[Layer] | None]:
         """Per-row generation for the batch runner (inputs already validated). keys: PRNG keys [n].
         With a prefix pool: prior_blocks[r] = pool blocks holding prompt r's first 16*len tokens (the prefill
         starts after them); store_blocks[r] = [(block id, first position)] of prompt blocks to keep in the pool.
@@ -302,7 +330,8 @@ class Engine:
         out, count = _to_host(out), _to_host(count)
         return [out[i, : count[i]].tolist() for i in range(m)], pool
 
-    def token_logprobs(self, sequences, k: int, *, max_batch_tokens: int = 4096):
+    def token_logprobs(self, sequences: Sequence[Sequence[int]], k: int, *, max_batch_tokens: int = 4096
+                       ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """For each token sequence s: (logprob of s[t+1] after s[:t+1] for t < len(s) - 1, and the k most likely
         next tokens there as (logprobs [len-1, k], ids [len-1, k])), as numpy. Rows are batched up to
         `max_batch_tokens` padded tokens (the step holds [rows, T, vocab] float32 log-probabilities)."""
@@ -320,22 +349,24 @@ class Engine:
             for r, i in enumerate(rows):
                 L = len(sequences[i]) - 1
                 out[i] = (chosen[r, :L], top[r, :L], top_ids[r, :L])
-        return out
+        return cast("list[tuple[np.ndarray, np.ndarray, np.ndarray]]", out)  # every sequence's is filled
 
     # -- packed scoring and the prefix pool ----------------------------------------------------------------
-    def init_pool(self, num_blocks: int):
+    def init_pool(self, num_blocks: int) -> list[Layer]:
         """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer)."""
         model = nnx.merge(self._graphdef, self.abstract_params)
         return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
 
-    def paged_chunk(self, pool, carry, rows: ChunkRows, *, fresh: bool):
+    def paged_chunk(self, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
+                    ) -> tuple[list[Layer], jax.Array, jax.Array]:
         """moejax.paged_steps.chunk (pool and carry donated) -> (pool, carry, next token per row, on device). Host
         (numpy) rows go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
         where a device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or
         raw."""
         return self.steps.chunk(self.params, pool, carry, rows, fresh=fresh)
 
-    def paged_decode(self, pool, carry, rows: PagedDecodeRows, *, steps: int):
+    def paged_decode(self, pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int
+                     ) -> tuple[list[Layer], jax.Array, jax.Array]:
         """moejax.paged_steps.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
         rows as for paged_chunk."""
         return self.steps.paged_decode(self.params, pool, carry, rows, steps=steps)
@@ -345,36 +376,37 @@ class Engine:
         shapes = jax.eval_shape(lambda: model.init_cache(1, 1))
         return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
 
-    def score_packed(self, batch: dict, pool=None, span=(0, None)):
+    def score_packed(self, batch: dict[str, np.ndarray], pool: list[Layer] | None = None,
+                     span: Sequence[int | None] = (0, None)) -> tuple[jax.Array, list[Layer] | None]:
         """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
         device, pool) without waiting for them: `to_host` reads them (the batch runner dispatches the next batch
         first)."""
         return self.steps.score(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()}, span=tuple(span))
 
     @staticmethod
-    def to_host(x) -> np.ndarray:
+    def to_host(x: jax.Array) -> np.ndarray:
         """A step's output as numpy, once it is computed (with several processes, from every process's devices)."""
         return _to_host(x)
 
-    def _check_ids(self, ids: np.ndarray, where: str):
+    def _check_ids(self, ids: np.ndarray, where: str) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
             bad = ids[(ids < 0) | (ids >= self.config.vocab_size)][0]
             raise ValueError(f"{where}: token id {int(bad)} is outside the vocabulary [0, {self.config.vocab_size})")
 
 
 
-def _pad_rows(rows, B: int, width: int, fill) -> np.ndarray:
+def _pad_rows(rows: Sequence[Sequence[int]], B: int, width: int, fill: int) -> np.ndarray:
     out = np.full((B, width), fill, np.int32)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
 
 
-def _pool_size(pool) -> int:
+def _pool_size(pool: list[Layer] | None) -> int:
     return jax.tree.leaves(pool)[0].shape[0] if pool is not None else 0
 
 
-def _to_host(x) -> np.ndarray:
+def _to_host(x: jax.Array) -> np.ndarray:
     """A step's output as numpy; with several processes it may span devices of other processes (multihost)."""
     if jax.process_count() == 1:
         return np.asarray(x)

@@ -14,12 +14,14 @@ from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
 from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
-from moejax.offload.memory_budget import OFFLOADED, MemoryBudgetError, device_budget_bytes
+from moejax.offload.memory_budget import OFFLOADED, MemoryBudget, MemoryBudgetError, device_budget_bytes
+from moejax.offload.settings import PlacementSettings
 from moejax.offload.setup import budget_for
 from moejax.placements import placement_for
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
 from moejax.plan.placement import choose_placement
+from moejax.plan.hardware import Profile
 from moejax.plan.resolve import profile_for
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
@@ -60,7 +62,8 @@ def checkpoint_dtype(config: dict, where: str) -> str:
 
 
 def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num_layers: int | None = None,
-         seed: int = 0, kernels: str | None = None, compilation_cache: bool | str = True, **plan_options) -> Engine:
+         seed: int = 0, kernels: str | None = None, compilation_cache: bool | str = True, **plan_options: object
+         ) -> Engine:
     """Load `model` (a HF checkpoint directory or a preset name; see `presets()`) as an Engine that is complete:
     its placement, plan, planners' decisions and Θ are made here.
 
@@ -158,7 +161,7 @@ def _model_config(hf_config: dict, checkpoint: str | None, num_layers: int | Non
     return cfg, full_layers
 
 
-def _profile(plan: EnginePlan):
+def _profile(plan: EnginePlan) -> Profile:
     devices = jax.devices()
     try:
         return profile_for(devices[0].device_kind, len(devices), plan.profile)
@@ -174,7 +177,8 @@ def plan_choices(cfg: ModelConfig, plan: EnginePlan) -> tuple[EnginePlan, list[s
     return plan, [text]
 
 
-def choose_offload(cfg: ModelConfig, shapes: dict, settings, memory_budget, plan: EnginePlan):
+def choose_offload(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, memory_budget: MemoryBudget,
+                   plan: EnginePlan) -> tuple[MemoryBudget, str]:
     """placement auto, the experts not fitting: streamed or cached, whichever the profile predicts faster when both
     fit (bytes decide when only one does, or when no profile is known) -> (memory budget, decision)."""
     feasible = [memory_budget]

@@ -159,7 +159,7 @@ def _compute_seconds(seconds: float, launch_s: float) -> float:
     return max(seconds - launch_s, 0.5 * seconds)
 
 
-def _random(shape, dtype, seed: int = 0):
+def _random(shape: tuple[int, ...], dtype: DTypeLike, seed: int = 0) -> jax.Array:
     """Normal values on the device, drawn on the host (no compilation per shape): a block of 2^20 repeated."""
     block = np.random.default_rng(seed).standard_normal(min(math.prod(shape), 1 << 20), np.float32)
     return jnp.asarray(np.resize(block, shape)).astype(dtype)  # converted on the device: numpy's bfloat16 is slow
@@ -176,7 +176,7 @@ def launch_overhead(repeats: int) -> float:
 
 
 @functools.partial(jax.jit, static_argnums=2)
-def _matmul(x, w, dtype):
+def _matmul(x: jax.Array, w: jax.Array, dtype: DTypeLike) -> jax.Array:
     return jnp.dot(x, w, preferred_element_type=_f32, precision=for_operands(dtype)).astype(dtype)
 
 
@@ -194,12 +194,12 @@ def matmul_points(shapes: Shapes, sweep: Sweep, dtype: DTypeLike, launch_s: floa
 
 
 @functools.partial(jax.jit, static_argnums=3)
-def _grouped(x, w, group_sizes, backend):
+def _grouped(x: jax.Array, w: jax.Array, group_sizes: jax.Array, backend: str) -> jax.Array:
     return grouped_matmul(x, w, group_sizes, backend=backend)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _batched(x, w, experts, rows):
+def _batched(x: jax.Array, w: jax.Array, experts: int, rows: int) -> jax.Array:
     """The einsum fallback: every expert's rows as one batch dimension."""
     return jnp.einsum("erd,edi->eri", x.reshape(experts, rows, -1), w, preferred_element_type=_f32).astype(x.dtype)
 
@@ -233,7 +233,7 @@ def grouped_points(shapes: Shapes, sweep: Sweep, dtype: DTypeLike, launch_s: flo
 
 
 @jax.jit
-def _causal_attention(q_TKGd, k_TKd, v_TKd):
+def _causal_attention(q_TKGd: jax.Array, k_TKd: jax.Array, v_TKd: jax.Array) -> jax.Array:
     """Plain causal prefill attention, GQA: query heads grouped as [kv heads K, G per kv head]."""
     scores = jnp.einsum("qkgd,tkd->kgqt", q_TKGd, k_TKd, preferred_element_type=_f32) * q_TKGd.shape[-1] ** -0.5
     T = q_TKGd.shape[0]
@@ -261,7 +261,8 @@ def attention_points(shapes: Shapes, sweep: Sweep, dtype: DTypeLike, launch_s: f
     return tuple((T * T, s, rate) for T, s, rate in points)  # size: query tokens x context
 
 
-def _points(sizes, flops_of, seconds_of, launch_s: float) -> tuple[tuple[float, float, float], ...]:
+def _points(sizes: Sequence[int], flops_of: Callable[[int], float], seconds_of: Callable[[int], float], launch_s: float
+            ) -> tuple[tuple[float, float, float], ...]:
     """(size, seconds, FLOP/s with the launch overhead taken out) for each size."""
     out = []
     for size in sizes:
@@ -358,7 +359,7 @@ def device_to_device(sizes: Sequence[int], repeats: int) -> Fit | None:
     return fit_alpha_beta(samples)
 
 
-def _collective_body(kind: str):
+def _collective_body(kind: str) -> Callable[[jax.Array], jax.Array]:
     if kind == "all_to_all":
         return lambda x: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)
     if kind == "all_gather":
@@ -477,7 +478,7 @@ def measure_profile(shapes: Shapes, sweep: Sweep, *, dtype: str = "bfloat16", gr
     return Measurement(profile, fits, curves, time.perf_counter() - start)
 
 
-def _measure_links(sweep: Sweep, log) -> tuple[dict[str, Fit], list[str]]:
+def _measure_links(sweep: Sweep, log: Callable[[str], None]) -> tuple[dict[str, Fit], list[str]]:
     """The links' fits (one per Profile link field) and notes on what stands in for what could not be measured."""
     h2d, h2d_note = host_to_device(sweep.transfer_bytes, sweep.repeats)
     notes = [h2d_note] if h2d_note else []

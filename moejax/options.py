@@ -8,13 +8,20 @@ import argparse
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 _KEY = "moejax.option"
+T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
-def option(default, help: str, *, type=None, choices=None, minimum=None, above=None, flag: bool = True,
-           path: bool = False, fingerprint: bool = False, checked: bool = True,
-           applies: tuple[str, str] | None = None):
+def option(default: T, help: str, *, type: type | None = None, choices: Iterable[object] | None = None,
+           minimum: float | None = None, above: float | None = None, flag: bool = True, path: bool = False,
+           fingerprint: bool = False, checked: bool = True, applies: tuple[str, str] | None = None) -> T:
     """A dataclass field that is an option. type: int, float, str or bool (default: the default's type; give it
     when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it;
     flag: launch.serve has a flag for it (`--` and the name, `_` as `-`); path: a file or directory (the journal
@@ -27,7 +34,7 @@ def option(default, help: str, *, type=None, choices=None, minimum=None, above=N
     return dataclasses.field(default=default, metadata={_KEY: about})
 
 
-def _type_of(default):
+def _type_of(default: object) -> type:
     for kind in (bool, int, float, str):  # bool first: a bool is an int too
         if isinstance(default, kind):
             return kind
@@ -46,7 +53,7 @@ def _about(f: dataclasses.Field) -> dict:
     return m
 
 
-def fields(cls) -> list[dataclasses.Field]:
+def fields(cls: DataclassInstance | type[DataclassInstance]) -> list[dataclasses.Field]:
     """The fields of `cls` (a dataclass or an instance) that are options, in order."""
     return [f for f in dataclasses.fields(cls) if meta(f) is not None]
 
@@ -70,7 +77,7 @@ def allowed(m: dict) -> str:
     return f"{what} {bound(m)}" if bound(m) else what
 
 
-def _in_range(m: dict, value) -> bool:
+def _in_range(m: dict, value: float | numbers.Real) -> bool:
     if not math.isfinite(value):
         return False
     if m["minimum"] is not None and value < m["minimum"]:
@@ -78,7 +85,7 @@ def _in_range(m: dict, value) -> bool:
     return m["above"] is None or value > m["above"]
 
 
-def _fits(m: dict, value) -> bool:
+def _fits(m: dict, value: object) -> bool:
     """None means not given, and passes; else the value has the option's type, choice and range."""
     if value is None or not m["checked"]:
         return True
@@ -93,7 +100,7 @@ def _fits(m: dict, value) -> bool:
     return True  # a string without choices (a path, a layout spec): its user checks it
 
 
-def check(instance, prefix: str = "") -> None:
+def check(instance: DataclassInstance, prefix: str = "") -> None:
     """ValueError naming the first option of `instance` whose value does not fit: '<prefix><name> must be an int
     >= 1, got 0'), or given where the option it applies with has another value ('<prefix>window applies to
     placement 'streamed', not 'cached'')."""
@@ -107,7 +114,7 @@ def check(instance, prefix: str = "") -> None:
                 raise ValueError(f"{prefix}{f.name} applies to {other} {needed!r}, not {getattr(instance, other)!r}")
 
 
-def check_flags(args: argparse.Namespace, *classes) -> str | None:
+def check_flags(args: argparse.Namespace, *classes: type[DataclassInstance]) -> str | None:
     """The first flag of `classes` whose parsed value is out of range, as a message naming the flag; None when all
     are fine. argparse has already checked the types and the choices."""
     for cls in classes:
@@ -121,7 +128,8 @@ def check_flags(args: argparse.Namespace, *classes) -> str | None:
     return None
 
 
-def add_arguments(parser, cls, names: tuple[str, ...] | None = None) -> None:
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type[DataclassInstance],
+                  names: tuple[str, ...] | None = None) -> None:
     """A flag for each option of `cls` that has one (only `names`, in that order, when given): its default, type,
     choices and help."""
     by_name = {f.name: f for f in fields(cls)}
@@ -139,28 +147,28 @@ def add_arguments(parser, cls, names: tuple[str, ...] | None = None) -> None:
                             **({"type": m["type"]} if m["type"] in (int, float) else {}))
 
 
-def from_args(cls, args: argparse.Namespace, **overrides):
+def from_args(cls: type[D], args: argparse.Namespace, **overrides: Any) -> D:
     """An instance of `cls` from the parsed flags of its options (the others at their defaults)."""
     given = {f.name: getattr(args, f.name) for f in fields(cls) if _about(f)["flag"] and hasattr(args, f.name)}
     return cls(**{**given, **overrides})
 
 
-def settings(instance, *, fingerprint: bool = False) -> dict:
+def settings(instance: DataclassInstance, *, fingerprint: bool = False) -> dict:
     """{name: value} of the options of `instance` (with fingerprint=True, only those that decide results)."""
     return {f.name: getattr(instance, f.name) for f in fields(instance) if _about(f)["fingerprint"] or not fingerprint}
 
 
-def paths(cls) -> set[str]:
+def paths(cls: DataclassInstance | type[DataclassInstance]) -> set[str]:
     """The options of `cls` that name a file or directory."""
     return {f.name for f in fields(cls) if _about(f)["path"]}
 
 
-def describe(instance) -> str:
+def describe(instance: DataclassInstance) -> str:
     """The options' values in one line: 'kv_cache auto, prefix_cache_mb 1024.0, ...'."""
     return ", ".join(f"{k} {v}" for k, v in settings(instance).items())
 
 
-def markdown_table(*classes) -> str:
+def markdown_table(*classes: type[DataclassInstance]) -> str:
     """A Markdown table of the flags of `classes`: flag, default (blank: none, or off), what it takes, help."""
     lines = ["| flag | default | takes | what it does |", "|---|---|---|---|"]
     for cls in classes:

@@ -65,7 +65,8 @@ def chunk(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list
     model = model_of(graphdef, state)
     inputs, context = chunk_begin(model, pool, carry, rows, fresh=fresh)
     x, caches = model.run_layers(**inputs, read_cache=not fresh, kernels=kernels)
-    return chunk_end(model, x, caches, context, pool, carry, rows, fresh=fresh)
+    # paged caches in (chunk_begin), paged caches out
+    return chunk_end(model, x, cast("list[PagedCache]", caches), context, pool, carry, rows, fresh=fresh)
 
 
 # -- decode: several tokens per call ----------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: lis
     def body(pool_loop: tuple[list[Layer], DecodeLoop]) -> tuple[list[Layer], DecodeLoop]:
         pool, loop = pool_loop
         x, caches = model.run_layers(**token_begin(model, pool, loop, rows), read_cache=True, kernels=kernels)
-        return token_end(model, x, caches, loop, rows)
+        return token_end(model, x, cast("list[PagedCache]", caches), loop, rows)  # paged caches in, paged out
 
     pool, loop = token_loop(cond, body, (pool, decode_start(carry, rows, steps)), steps, few=True)
     return pool, decode_finish(carry, rows.slot, loop.out), loop.out

@@ -45,7 +45,8 @@ def sample(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: ja
                         greedy)
 
 
-def _nucleus(logits, temperature, top_p, keys, greedy):
+def _nucleus(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: jax.Array, greedy: jax.Array
+             ) -> jax.Array:
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
     order = jnp.argsort(-scaled, axis=-1)
     sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)

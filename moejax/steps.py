@@ -131,7 +131,7 @@ def prefill_end(model: MoEModel, x: jax.Array, cache: list, context: None, pool:
     return cache, rows.sampling.next_tokens(logits), pool
 
 
-def prefill_reads_cache(pool: list[Layer], rows: PrefillRows, **static: Any) -> bool:
+def prefill_reads_cache(pool: list[Layer] | None, rows: PrefillRows, **static: Any) -> bool:
     return rows.prior_ids is not None  # else the cache held nothing before this call
 
 

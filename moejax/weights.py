@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.models.checkpoint import checkpoint_reader
 
@@ -27,10 +28,10 @@ def materializer(abstract: MoEModel, shapes: dict, placement: Placement, *, chec
     read = None if checkpoint is None else checkpoint_reader(checkpoint, abstract.cfg, shapes,
                                                        ignore_layers_from=ignore_layers_from)
 
-    def materialize():
+    def materialize() -> tuple[nnx.State, Any]:
         store = placement.new_store()
 
-        def place(path, array):
+        def place(path: tuple, array: Any) -> Any:  # as Placement.place
             return placement.place(path, array, store)
         if read is not None:
             values = read(place)
@@ -55,9 +56,9 @@ def random_param(path: tuple, abstract: jax.ShapeDtypeStruct, seed: int) -> jax.
 
 
 @jax.jit
-def _normal_impl(key, proto):
+def _normal_impl(key: jax.Array, proto: jax.ShapeDtypeStruct) -> jax.Array:
     return (0.02 * jax.random.normal(key, proto.shape, jnp.float32)).astype(proto.dtype)
 
 
-def _normal(key, shape, dtype):
+def _normal(key: jax.Array, shape: tuple[int, ...], dtype: DTypeLike) -> jax.Array:
     return _normal_impl(key, jax.ShapeDtypeStruct(shape, dtype))

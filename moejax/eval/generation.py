@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import jax
 import numpy as np
@@ -48,12 +48,12 @@ def generate(engine: Engine, completions: Sequence[Completion], decode: Callable
     out: list = [None] * len(items)
     failed: list[str] = []
 
-    def on_finish(g, tokens, cached):
-        out[g.tag] = list(tokens)
+    def on_finish(g: GenRequest, tokens: list[int], cached: int) -> None:
+        out[cast(int, g.tag)] = list(tokens)  # the request's index (tag=i above)
         if progress is not None:
             progress(1)
 
-    def on_fail(g, message):
+    def on_fail(g: GenRequest, message: str) -> None:
         failed.append(f"generate_until request {g.tag}: {message}")
 
     Scheduler(engine, blocks, decode_text=decode).run(items, on_finish, on_fail)

@@ -4,8 +4,8 @@ this step is the same begin and layers with an end that adds the flags."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +13,12 @@ import jax.numpy as jnp
 from moejax import steps
 
 if TYPE_CHECKING:
+    from flax import nnx
+
     from moejax.engine import Engine
     from moejax.models.decoder import MoEModel
+
+T = TypeVar("T")
 
 
 def greedy_score_end(model: MoEModel, x: jax.Array, new: list, prior: list | None, pool: list,
@@ -28,7 +32,7 @@ def greedy_score_end(model: MoEModel, x: jax.Array, new: list, prior: list | Non
     return (picked, greedy), pool
 
 
-def _phase(fn, graphdef, state, *args, **static):
+def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **static: Any) -> T:
     return fn(steps.model_of(graphdef, state), *args, **static)
 
 
@@ -48,8 +52,8 @@ class GreedyScoreStep:
             self._whole = jax.jit(bind(steps.resident(steps.score_begin, greedy_score_end), engine.graphdef,
                                        engine.kernels), donate_argnums=(1,), static_argnames=("span",))
 
-    def __call__(self, pool: list, batch: dict, span: Sequence[int | None] = (0, None)
-                 ) -> tuple[tuple[jax.Array, jax.Array], list]:
+    def __call__(self, pool: list | None, batch: dict, span: Sequence[int | None] = (0, None)
+                 ) -> tuple[tuple[jax.Array, jax.Array], list | None]:
         params = self.engine.params
         arrays = {k: jnp.asarray(v) for k, v in batch.items()}
         span = tuple(span)

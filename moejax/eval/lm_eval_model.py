@@ -147,7 +147,8 @@ class MoejaxLM(TemplateLM):
     def tok_decode(self, tokens: int | Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(tokens, skip_special_tokens)
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, desc: str | None = None):
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str] | None, list[int], list[int]]],
+                              disable_tqdm: bool = False, desc: str | None = None) -> list[tuple[float, bool]]:
         """requests: ((context, continuation) or None, context tokens, continuation tokens) -> (logprob, is_greedy),
         in order. Too long for max_length: the context is cut from the left, as hf does."""
         pairs = []
@@ -181,7 +182,7 @@ class MoejaxLM(TemplateLM):
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
                    desc="Running loglikelihood_rolling requests")
 
-        def progress(done):
+        def progress(done: list[int]) -> None:
             for w in done:
                 left[owner[w]] -= 1
                 bar.update(left[owner[w]] == 0)

@@ -22,7 +22,10 @@ from moejax.sched.runner import Runner
 from moejax.eval.greedy_step import GreedyScoreStep
 
 if TYPE_CHECKING:
+    import jax
+
     from moejax.engine import Engine
+    from moejax.sched.packing import Row
 
 
 @dataclasses.dataclass
@@ -79,7 +82,8 @@ class Scorer:
         self.stats.sequence_tokens += sum(len(c) + len(t) - 1 for c, t in pairs)
         return self._run(requests, owners, len(pairs), progress)
 
-    def _run(self, requests, owners, n, progress) -> list[tuple[float, bool]]:
+    def _run(self, requests: list[ScoreRequest], owners: list[list[list[int]]], n: int,
+             progress: Callable[[list[int]], None] | None) -> list[tuple[float, bool]]:
         engine = self.engine
         longest = max((len(r.prompt) + len(c.token_ids) - 1 for r in requests for c in r.candidates), default=0)
         reserved = 0.0 if self.kv_cache == "off" else self.prefix_cache_mb * 2**20
@@ -94,13 +98,17 @@ class Scorer:
         greedy = np.ones(n, bool)
         reads_left = [sum(len(c.token_ids) for c in r.candidates) for r in requests]  # until a context is done
 
-        def launch(k):
+        # a launched batch: (rows, their reads' tags (request, sibling, candidate), (logprobs, greedy) on the device)
+        def launch(k: int) -> tuple[list[Row], list[list[tuple[int, int, int]]], tuple[jax.Array, jax.Array]]:
             rows, (arrays, tags, span) = packer.prepare(k)
             nonlocal pool
             out, pool = self.step(pool, arrays, span)
             return rows, tags, out
 
-        def finish(launched):
+        def finish(launched: tuple[list[Row], list[list[tuple[int, int, int]]], tuple[jax.Array, jax.Array]]
+                   ) -> None:
+            lp: jax.Array | np.ndarray  # on the device, then on the host
+            flags: jax.Array | np.ndarray
             rows, tags, (lp, flags) = launched
             lp, flags = engine.to_host(lp), engine.to_host(flags)
             self.stats.computed_tokens += sum(len(r.tokens) for r in rows)

@@ -35,11 +35,11 @@ _f32 = jnp.float32
 Cache = dict[str, jax.Array] | PagedCache | None  # a layer's: its own arrays, a paged pool's view, or none
 
 
-def _dense(shape, dtype):
+def _dense(shape: tuple[int, ...], dtype: DTypeLike) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype))
 
 
-def _proj(x, w, b=None):
+def _proj(x: jax.Array, w: nnx.Param, b: nnx.Param | None = None) -> jax.Array:
     y = f32_einsum("btd,df->btf", x, w[...])
     if b is not None:
         y = y + b[...].astype(_f32)
@@ -82,7 +82,7 @@ def tree_attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, scal
     T, S = q.shape[1], k.shape[1]
     P = S - T
 
-    def visible(qs, qe, idx):
+    def visible(qs: int, qe: int, idx: jax.Array) -> jax.Array:
         k_pos = tree.k_pos[:, idx]
         dist = q_pos[:, qs:qe, None] - k_pos[:, None, :]
         vis = dist >= 0
@@ -273,11 +273,11 @@ class MLAttention(nnx.Module):
         qk = self.nope + self.rope_dim
         bias = cfg.mla_bias
         if cfg.q_lora_rank:
-            self.wq = None
-            self.wq_a = _dense((D, cfg.q_lora_rank), dtype)
+            self.wq: nnx.Param | None = None
+            self.wq_a: nnx.Param | None = _dense((D, cfg.q_lora_rank), dtype)
             self.bq_a = _dense((cfg.q_lora_rank,), dtype) if bias else None
             self.q_a_norm: RMSNorm | None = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)
-            self.wq_b = _dense((cfg.q_lora_rank, H * qk), dtype)
+            self.wq_b: nnx.Param | None = _dense((cfg.q_lora_rank, H * qk), dtype)
         else:
             self.wq = _dense((D, H * qk), dtype)
             self.wq_a = self.bq_a = self.q_a_norm = self.wq_b = None
@@ -317,7 +317,8 @@ class MLAttention(nnx.Module):
         if self.wq is not None:
             q = _proj(x, self.wq)
         else:
-            assert self.q_a_norm is not None  # q_lora_rank: made with wq_a and wq_b
+            # q_lora_rank: made with wq_a and wq_b
+            assert self.q_a_norm is not None and self.wq_a is not None and self.wq_b is not None
             q = _proj(self.q_a_norm(_proj(x, self.wq_a, self.bq_a)), self.wq_b)
         q = q.reshape(B, T, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rope = q[..., : self.nope], q[..., self.nope:]
@@ -351,7 +352,9 @@ class MLAttention(nnx.Module):
         out = self._expanded(q_nope, q_rope, latent, k_rope, w_kv, backend=backend)
         return _proj(out.reshape(B, T, -1), self.wo, self.bo), cache
 
-    def _expanded(self, q_nope, q_rope, latent, k_rope, w_kv, *, tree=None, q_pos=None, backend="auto"):
+    def _expanded(self, q_nope: jax.Array, q_rope: jax.Array, latent: jax.Array, k_rope: jax.Array, w_kv: jax.Array,
+                  *, tree: TreeMask | None = None, q_pos: jax.Array | None = None, backend: str = "auto"
+                  ) -> jax.Array:
         """Attention with the latent expanded to per-head keys and values (latent [B,S,R], k_rope [B,S,1,r]):
         over a packed tree, or causal over this call's own tokens."""
         B, S, _ = latent.shape
@@ -360,5 +363,6 @@ class MLAttention(nnx.Module):
                              jnp.broadcast_to(k_rope, (B, S, self.num_heads, self.rope_dim))], -1)
         q_full, v = jnp.concatenate([q_nope, q_rope], -1), kv_h[..., self.nope:]
         if tree is not None:
+            assert q_pos is not None  # given with the tree
             return tree_attend(q_full, k, v, q_pos, self.scale, tree)
         return attention(q_full, k, v, scale=self.scale, backend=backend)  # T == S: queries are every key

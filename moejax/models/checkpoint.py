@@ -11,7 +11,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,7 +95,8 @@ class SafetensorsDir:
         return self._open[path].get_tensor(key)
 
 
-def _expert_pieces(src: Experts, target: tuple[int, ...], keys) -> list[tuple[str, tuple[int, ...]]]:
+def _expert_pieces(src: Experts, target: tuple[int, ...], keys: Container[str]
+                   ) -> list[tuple[str, tuple[int, ...]]]:
     """The HF tensors (key, expected shape) that make one [E, ...] expert parameter."""
     E = target[0]
     fused = {"gate_up": "gate_up_proj", "down": "down_proj", "gate_up_bias": "gate_up_proj_bias",
@@ -116,7 +117,8 @@ def _expert_pieces(src: Experts, target: tuple[int, ...], keys) -> list[tuple[st
     return [(f"{src.prefix}{e}.{n}", shape) for e in range(E) for n in names]
 
 
-def _assemble(src: Experts, pieces, target, read) -> np.ndarray:
+def _assemble(src: Experts, pieces: list[tuple[str, tuple[int, ...]]], target: tuple[int, ...],
+              read: Callable[[str], np.ndarray]) -> np.ndarray:
     if len(pieces) == 1:  # fused
         x = read(pieces[0][0])
         if src.interleaved and src.part in ("gate_up", "gate_up_bias"):
@@ -181,10 +183,10 @@ def checkpoint_reader(path: str, cfg: ModelConfig, targets: dict[tuple, Any], *,
                 lines += [f"    {x}" for x in sorted(items)]
         raise CheckpointError("\n".join(lines))
 
-    def read(key):
+    def read(key: str) -> np.ndarray:
         return st.get(by_norm[key])
 
-    def read_all(put):
+    def read_all(put: Callable[[tuple, np.ndarray], Any]) -> dict[tuple, Any]:
         out = {}
         for tpath, (src, pieces) in reads.items():
             if isinstance(src, Tensor):

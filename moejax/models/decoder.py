@@ -1,20 +1,27 @@
 """Decoder layer and the whole model forward (prefill and cached decode), one math for all families."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kernels.precision import f32_dot
-from moejax.models.attention import GQAttention, MLAttention, Positions
+from moejax.models.attention import Cache, GQAttention, MLAttention, Positions, TreeMask
 from moejax.models.layers import RMSNorm, rope_cos_sin
 from moejax.models.moe import DenseMLP, LocalExperts, MoEBlock
+from moejax.sampling import StepArray
 
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, dtype, experts_runner=LocalExperts()):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: DTypeLike,
+                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts()) -> None:
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = (MLAttention if cfg.attention == "mla" else GQAttention)(cfg, layer, dtype)
@@ -24,14 +31,16 @@ class DecoderLayer(nnx.Module):
         else:
             self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def attend(self, x, at: Positions, cache, prior=None, *, read_cache, kernels: Kernels):
+    def attend(self, x: jax.Array, at: Positions, cache: Cache, prior: dict[str, jax.Array] | None = None, *,
+               read_cache: bool, kernels: Kernels) -> tuple[jax.Array, jax.Array, Cache]:
         """The attention half: -> (residual after attention, its normalized input to the MLP, cache). cache, prior:
         this layer's (MoEModel.run_layers)."""
         h, cache = self.attn(self.attn_norm(x), at, cache, read_cache, prior, kernels.attention)
         x = x + h
         return x, self.mlp_norm(x), cache
 
-    def __call__(self, x, at: Positions, cache, prior=None, *, read_cache, kernels: Kernels):
+    def __call__(self, x: jax.Array, at: Positions, cache: Cache, prior: dict[str, jax.Array] | None = None, *,
+                 read_cache: bool, kernels: Kernels) -> tuple[jax.Array, Cache]:
         x, y, cache = self.attend(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
         y = self.mlp(y, kernels.experts) if isinstance(self.mlp, MoEBlock) else self.mlp(y)
         return x + y, cache
@@ -40,7 +49,9 @@ class DecoderLayer(nnx.Module):
 class MoEModel(nnx.Module):
     """Build under `nnx.eval_shape` (weights are filled by the checkpoint loader or the preset init)."""
 
-    def __init__(self, cfg: ModelConfig, dtype=jnp.float32, experts_runner=LocalExperts(), split_batch=None):
+    def __init__(self, cfg: ModelConfig, dtype: DTypeLike = jnp.float32,
+                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts(),
+                 split_batch: Callable[[jax.Array], jax.Array] | None = None) -> None:
         """experts_runner: how every MoE block runs its routed experts (the placement's; see MoEBlock).
         split_batch(x [B, T, D]): a data-parallel layout's constraint splitting hidden states by rows over the
         devices, so attention runs on each device's own sequences (None: no constraint)."""
@@ -52,12 +63,14 @@ class MoEModel(nnx.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(
             jnp.zeros((cfg.hidden_size, cfg.vocab_size), dtype))
 
-    def init_cache(self, batch: int, length: int):
+    def init_cache(self, batch: int, length: int) -> list[dict[str, jax.Array]]:
         dtype = self.embed.dtype
         return [layer.attn.init_cache(batch, length, dtype) for layer in self.layers]
 
-    def __call__(self, tokens, positions, cache=None, *, read_cache=True, kernels=Kernels(), gather_idx=None,
-                 tree=None, prior=None):
+    def __call__(self, tokens: StepArray, positions: StepArray, cache: Sequence[Cache] | None = None, *,
+                 read_cache: bool = True, kernels: Kernels = Kernels(), gather_idx: StepArray | None = None,
+                 tree: TreeMask | None = None, prior: Sequence[dict[str, jax.Array]] | None = None
+                 ) -> tuple[jax.Array, list[Cache] | None]:
         """tokens, positions [B, T] -> float32 logits [B, T, V], or only at `gather_idx` ([B] -> [B, V],
         [B, U] -> [B, U, V]), and the per-layer cache.
 
@@ -69,7 +82,9 @@ class MoEModel(nnx.Module):
         x, new_cache = self.run_layers(x, at, cache, read_cache, kernels, prior)
         return self.head(x, gather_idx), (None if cache is None and tree is None else new_cache)
 
-    def run_layers(self, x, at: Positions, cache=None, read_cache=True, kernels=Kernels(), prior=None):
+    def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
+                   kernels: Kernels = Kernels(), prior: Sequence[dict[str, jax.Array]] | None = None
+                   ) -> tuple[jax.Array, list[Cache]]:
         """Every decoder layer in turn -> (hidden states, per-layer caches or new keys). cache, prior: per layer."""
         new_cache = []
         for i, layer in enumerate(self.layers):
@@ -78,13 +93,16 @@ class MoEModel(nnx.Module):
             new_cache.append(c)
         return x, new_cache
 
-    def embed_inputs(self, tokens, positions, tree=None):
+    def embed_inputs(self, tokens: StepArray, positions: StepArray, tree: TreeMask | None = None
+                     ) -> tuple[jax.Array, Positions]:
         """-> (hidden states [B, T, D], Positions): what the first layer takes (tree: packed rows' TreeMask)."""
         cos, sin = rope_cos_sin(self.cfg.rope, self.cfg.rotary_dim, positions)
         x = self.embed[...][tokens]
-        return (x if self.split_batch is None else self.split_batch(x)), Positions(positions, cos, sin, tree)
+        # the steps call this inside their jits: positions is traced there, a jax.Array
+        at = Positions(cast(jax.Array, positions), cos, sin, tree)
+        return (x if self.split_batch is None else self.split_batch(x)), at
 
-    def head(self, x, gather_idx=None):
+    def head(self, x: jax.Array, gather_idx: StepArray | None = None) -> jax.Array:
         """Last hidden states -> float32 logits (at every position, or at `gather_idx` as in __call__)."""
         if gather_idx is not None:
             one = gather_idx.ndim == 1

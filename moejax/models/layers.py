@@ -10,6 +10,7 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from moejax.config import RopeConfig, yarn_mscale
+from moejax.sampling import StepArray
 
 
 class RMSNorm(nnx.Module):
@@ -42,12 +43,13 @@ def rope_frequencies(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
         return np.where(is_mid, mid, scaled).astype(np.float32), 1.0
     # yarn
     factor, orig = rope.factor, rope.original_max_position
+    assert orig is not None  # config._rope sets it for yarn
     att = rope.attention_factor
     if att is None:
         att = (yarn_mscale(factor, rope.mscale) / yarn_mscale(factor, rope.mscale_all_dim)
                if rope.mscale and rope.mscale_all_dim else yarn_mscale(factor))
 
-    def correction_dim(rotations):
+    def correction_dim(rotations: float) -> float:
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
 
     low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
@@ -63,7 +65,7 @@ def rope_frequencies(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
     return inv.astype(np.float32), float(att)
 
 
-def rope_cos_sin(rope: RopeConfig, dim: int, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(rope: RopeConfig, dim: int, positions: StepArray) -> tuple[jax.Array, jax.Array]:
     """cos, sin of shape positions.shape + [dim/2], in float32."""
     inv, scale = rope_frequencies(rope, dim)
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv)

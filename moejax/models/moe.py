@@ -24,7 +24,7 @@ def is_routed_expert(path: tuple) -> bool:
     return len(path) == 4 and path[0] == "layers" and path[2] == "mlp" and path[3] in EXPERT_ARRAYS
 
 
-def _param(shape, dtype):
+def _param(shape: tuple[int, ...], dtype: DTypeLike) -> nnx.Param:
     return nnx.Param(jnp.zeros(shape, dtype))
 
 
@@ -37,7 +37,7 @@ class DenseMLP(nnx.Module):
         self.b_down = _param((hidden,), dtype) if bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        def lin(v, w, b):
+        def lin(v: jax.Array, w: nnx.Param, b: nnx.Param | None) -> jax.Array:
             y = f32_dot(v, w[...])
             return y if b is None else y + b[...].astype(_f32)
         h = jax.nn.silu(lin(x, self.w_gate, self.b_gate)) * lin(x, self.w_up, self.b_up)
@@ -71,7 +71,7 @@ def route(cfg: ModelConfig, logits: jax.Array, correction_bias: jax.Array | None
 def local_expert_ffn(cfg: ModelConfig, backend: str = "auto") -> ExpertFFN:
     """The single-device routed FFN of cfg's experts: (x2 [N, D], idx [N, k], weights [N, k], experts by name) ->
     weighted output [N, D]. Needs no block: an expert group that holds only the experts runs it (DEP)."""
-    def local(x2, idx, weights, experts):
+    def local(x2: jax.Array, idx: jax.Array, weights: jax.Array, experts: dict[str, jax.Array]) -> jax.Array:
         return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
                           experts.get("be_down"), act=cfg.expert_act, limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha,
                           backend=backend)

@@ -28,7 +28,7 @@ from moejax.buckets import bucket
 from moejax.offload.expert_cache import ExpertCache
 from moejax.offload import layered
 from moejax.offload.host_store import HostStore
-from moejax.offload.predict.protocol import Predictor
+from moejax.offload.predict.protocol import Arrays, Predictor
 from moejax.offload.stats import OffloadStats
 
 
@@ -45,7 +45,7 @@ def routed_subset(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: j
 
 
 @jax.jit
-def _mispredicted(predicted, true):
+def _mispredicted(predicted: jax.Array, true: jax.Array) -> jax.Array:
     """-> [tokens whose predicted expert set differs, predicted (token, expert) choices the router did not make]."""
     wrong = ~jnp.any(predicted[:, :, None] == true[:, None, :], axis=2)
     return jnp.stack([jnp.sum(jnp.any(wrong, axis=1)), jnp.sum(wrong)])
@@ -112,7 +112,7 @@ class Cached:
                 self._prefetch(target, p_idx, p_weights)
         return handle(layered.finish, x, y, out)
 
-    def _request(self, layer: int, chunk) -> list[dict[str, jax.Array]]:
+    def _request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array]]:
         s = self.stats[layer]
         hits, loads, _ = self.cache.request([(layer, int(e)) for e in chunk])
         loaded = []
@@ -131,7 +131,7 @@ class Cached:
         assert arrays is not None, f"expert {key} is not in the cache"
         return arrays
 
-    def _prefetch(self, layer: int, p_idx, p_weights) -> None:
+    def _prefetch(self, layer: int, p_idx: Arrays, p_weights: Arrays) -> None:
         """Load the predicted experts, the highest predicted weight (summed over rows, as a share of the rows)
         first: what fits is what matters most; the shares are the cache's priority scores."""
         ids, w = np.asarray(p_idx).reshape(-1), np.asarray(p_weights, np.float64).reshape(-1)

@@ -111,7 +111,7 @@ class HostStore:
         device = self._sharding("device")
         return {name: jax.device_put(a[expert], device) for name, a in self._layers[layer].items()}
 
-    def _sharding(self, kind: str):
+    def _sharding(self, kind: str) -> jax.sharding.Sharding:
         if self.sharding is not None:
             return self.sharding.with_memory_kind(kind)
         return jax.sharding.SingleDeviceSharding(self.device, memory_kind=kind)

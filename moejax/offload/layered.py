@@ -7,15 +7,22 @@ The parameters given to these steps hold 0-d stand-ins for the routed expert arr
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 import numpy as np
 from flax import nnx
 
-from moejax import paged_steps, steps
+from moejax import kv_pool, paged_steps, steps
 from moejax.kernels.backends import Kernels
 from moejax.models.moe import MoEBlock
+
+if TYPE_CHECKING:
+    from moejax.models.attention import Cache, Positions
+    from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
+
+T = TypeVar("T")
 
 
 class Layer:
@@ -23,12 +30,13 @@ class Layer:
     `fn(graphdef, state, *arrays, **static)` jitted (keywords are static). Layers of one structure share the
     compiled functions, and no call hashes the graphdef (an nnx GraphDef hash took ~0.15 ms here, per call)."""
 
-    def __init__(self, index: int, graphdef, state, shared: dict):
+    def __init__(self, index: int, graphdef: nnx.GraphDef, state: nnx.State,
+                 shared: dict[tuple[Callable, nnx.GraphDef], Callable]) -> None:
         self.index, self.graphdef, self.state = index, graphdef, state
         self._shared = shared
         self._mine: dict[Callable, Callable] = {}  # fn -> its jit for this layer's structure
 
-    def __call__(self, fn, *args, **static):
+    def __call__(self, fn: Callable[..., T], *args: Any, **static: Any) -> T:
         jitted = self._mine.get(fn)
         if jitted is None:
             key = (fn, self.graphdef)
@@ -38,12 +46,15 @@ class Layer:
         return jitted(self.state, *args, **static)
 
 
-def whole_layer(graphdef, state, x, at, cache, prior, *, kernels, read_cache):
+def whole_layer(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
+                prior: kv_pool.Layer | None, *, kernels: Kernels, read_cache: bool) -> tuple[jax.Array, Cache]:
     """The decoder layer on x at Positions `at`, with its cache and prior keys (None: none)."""
     return nnx.merge(graphdef, state)(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
 
 
-def attend_route(graphdef, state, x, at, cache, prior, *, kernels, read_cache):
+def attend_route(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
+                 prior: kv_pool.Layer | None, *, kernels: Kernels, read_cache: bool
+                 ) -> tuple[jax.Array, jax.Array, Cache, jax.Array, jax.Array]:
     """-> (residual after attention, normalized MoE input, cache, router's expert ids [N, k], weights [N, k])."""
     layer = nnx.merge(graphdef, state)
     x, y, cache = layer.attend(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
@@ -51,23 +62,25 @@ def attend_route(graphdef, state, x, at, cache, prior, *, kernels, read_cache):
     return x, y, cache, idx, weights
 
 
-def routed(graphdef, state, y, idx, weights, experts, *, backend):
+def routed(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, weights: jax.Array,
+           experts: dict[str, jax.Array], *, backend: str) -> jax.Array:
     """Routed experts' output [N, D] for experts given as arrays [E', ...] (idx numbers them)."""
     return nnx.merge(graphdef, state).mlp.routed(y.reshape(-1, y.shape[-1]), idx, weights, experts, backend)
 
 
-def finish(graphdef, state, x, y, routed_out):
+def finish(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, y: jax.Array, routed_out: jax.Array) -> jax.Array:
     """Add the shared expert and the residual: the layer's output."""
     y2 = y.reshape(-1, y.shape[-1])
     return x + nnx.merge(graphdef, state).mlp.with_shared(y2, routed_out).reshape(x.shape)
 
 
-def run_moe(layer: "Layer", x, y, idx, weights, experts, backend):
+def run_moe(layer: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
+            experts: dict[str, jax.Array], backend: str) -> jax.Array:
     """The experts half of a MoE layer, given its experts' arrays: routed experts, shared expert, residual."""
     return layer(finish, x, y, layer(routed, y, idx, weights, experts, backend=backend))
 
 
-def _phase(fn, graphdef, state, *args, **static):
+def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **static: Any) -> T:
     return fn(steps.model_of(graphdef, state), *args, **static)
 
 
@@ -75,7 +88,10 @@ class LayeredSteps:
     """logits / score / prefill / decode with the signatures of the Engine's jitted steps; `placement` runs the
     routed experts of every MoE layer (`placement.moe(layer: Layer, x, y, idx, weights) -> x`)."""
 
-    def __init__(self, graphdef, params, kernels: Kernels, placement):
+    # placement: a layer runtime (moejax.offload.streamed.Streamed, cached.Cached, sharding.gathered's, a profiling
+    # or recording wrapper, or DEP's Disaggregated, whose steps drive the layers themselves): no shared base or
+    # protocol, hence Any
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: Any) -> None:
         model = steps.model_of(graphdef, params)
         shared: dict = {}
         self.layers = [Layer(i, *nnx.split(layer), shared) for i, layer in enumerate(model.layers)]
@@ -98,7 +114,8 @@ class LayeredSteps:
         self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(2,))
         self._paged_finish = jax.jit(paged_steps.decode_finish, donate_argnums=(0,))
 
-    def run_layers(self, x, at, cache=None, read_cache=True, prior=None):
+    def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
+                   prior: Sequence[kv_pool.Layer] | None = None) -> tuple[jax.Array, list[Cache]]:
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
         self.placement.begin_pass(self)
         new = []
@@ -113,27 +130,31 @@ class LayeredSteps:
         self.passes += 1
         return x, new
 
-    def _run(self, phases, state, *args, read_cache=True, **static):
+    def _run(self, phases: tuple[Callable, Callable], state: nnx.State, *args: Any, read_cache: bool = True,
+             **static: Any) -> Any:
         begin, end = phases
         inputs, context = begin(state, *args, **static)
         x, new = self.run_layers(**inputs, read_cache=read_cache)
         return end(state, x, new, context, *args, **static)
 
     # -- the Engine's steps ----------------------------------------------------------------------------------
-    def logits(self, state, tokens):
+    def logits(self, state: nnx.State, tokens: jax.Array) -> jax.Array:
         return self._run(self._logits, state, tokens)
 
-    def logprobs(self, state, tokens, *, k):
+    def logprobs(self, state: nnx.State, tokens: jax.Array, *, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         return self._run(self._logprobs, state, tokens, k=k)
 
-    def score(self, state, pool, batch, *, span=(0, None)):
+    def score(self, state: nnx.State, pool: list[kv_pool.Layer] | None, batch: dict[str, jax.Array], *,
+              span: tuple = (0, None)) -> tuple[jax.Array, list[kv_pool.Layer] | None]:
         return self._run(self._score, state, pool, batch, span=span)
 
-    def prefill(self, state, pool, rows, *, cache_len):
+    def prefill(self, state: nnx.State, pool: list[kv_pool.Layer] | None, rows: PrefillRows, *, cache_len: int
+                ) -> tuple[list[kv_pool.Layer], jax.Array, list[kv_pool.Layer] | None]:
         read_cache = steps.prefill_reads_cache(pool, rows)
         return self._run(self._prefill, state, pool, rows, read_cache=read_cache, cache_len=cache_len)
 
-    def decode(self, state, cache, rows, *, steps):
+    def decode(self, state: nnx.State, cache: Sequence[Cache], rows: DecodeRows, *, steps: int
+               ) -> tuple[jax.Array, jax.Array]:
         begin, end = self._decode
         loop = self._decode_start(rows, steps)
         limit = int(np.max(np.asarray(rows.max_new)))
@@ -145,10 +166,12 @@ class LayeredSteps:
         return loop.out, loop.counts
 
     # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
-    def chunk(self, state, pool, carry, rows, *, fresh):
+    def chunk(self, state: nnx.State, pool: list[kv_pool.Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
+              ) -> tuple[list[kv_pool.Layer], jax.Array, jax.Array]:
         return self._run(self._chunk, state, pool, carry, rows, read_cache=not fresh, fresh=fresh)
 
-    def paged_decode(self, state, pool, carry, rows, *, steps):
+    def paged_decode(self, state: nnx.State, pool: list[kv_pool.Layer], carry: jax.Array, rows: PagedDecodeRows, *,
+                     steps: int) -> tuple[list[kv_pool.Layer], jax.Array, jax.Array]:
         begin, end = self._token
         loop = self._paged_start(carry, rows, steps)
         for _ in range(steps):  # the resident loop's condition, checked on the host

@@ -5,7 +5,7 @@ budget is kept for activations and KV caches. A model that fits entirely stays r
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, overload
 
 import jax
 
@@ -149,18 +149,26 @@ def _pass_experts(experts_per_layer: int, top_k: int) -> int:
     return min(experts_per_layer, max(top_k, MIN_PASS_EXPERTS))
 
 
-def _streamed(base, window, reason) -> MemoryBudget:
+def _streamed(base: dict[str, Any], window: int, reason: str) -> MemoryBudget:
     if window < 1:
         raise MemoryBudgetError(f"streamed window must be >= 1, got {window}")
     return MemoryBudget("streamed", **base, window=int(window), reason=reason)
 
 
-def _every_expert_at_most(base, slots: int | None) -> int | None:
+@overload
+def _every_expert_at_most(base: dict[str, Any], slots: int) -> int: ...
+
+
+@overload
+def _every_expert_at_most(base: dict[str, Any], slots: None) -> None: ...
+
+
+def _every_expert_at_most(base: dict[str, Any], slots: int | None) -> int | None:
     """More slots than the model has routed experts hold nothing more: as many as it has."""
     return slots and min(slots, base["experts_per_layer"] * base["moe_layers"])
 
 
-def _cached(base, slots, top_k, reason, asked: int | None = None) -> MemoryBudget:
+def _cached(base: dict[str, Any], slots: int, top_k: int, reason: str, asked: int | None = None) -> MemoryBudget:
     if slots < top_k:
         raise MemoryBudgetError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
     if asked and asked > slots == base["experts_per_layer"] * base["moe_layers"]:

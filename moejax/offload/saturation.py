@@ -16,6 +16,9 @@ from moejax.costs import layer_flops_per_token
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
+    from moejax.offload.layered import Layer, LayeredSteps
+    from moejax.offload.streamed import Streamed
+    from moejax.sharding.gathered import GatheredStreamed
 
 EPSILON = 0.1
 
@@ -55,22 +58,23 @@ class _Stopwatch:
 
     name = "stopwatch"
 
-    def __init__(self, streamed, compute_only: bool):
+    def __init__(self, streamed: Streamed | GatheredStreamed, compute_only: bool) -> None:
         self.inner, self.compute_only = streamed, compute_only
         self.times: dict[int, float] = {}
 
-    def begin_pass(self, steps) -> None:
+    def begin_pass(self, steps: LayeredSteps) -> None:
         self._order = steps.moe_layers
         self._ready = self._load(self._order[0]) if self.compute_only else None
         self.inner.begin_pass(steps)
         self._start = time.perf_counter()
 
-    def _load(self, layer):
+    def _load(self, layer: int) -> dict[str, jax.Array]:
         return self.inner.ready_experts(layer)
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         layer = handle.index
         if self.compute_only:
+            assert self._ready is not None  # this layer's, loaded by begin_pass or the previous MoE layer
             out = self.inner.moe_ready(handle, x, y, idx, weights, self._ready)
         else:
             out = self.inner.moe(handle, x, y, idx, weights)

@@ -15,7 +15,7 @@ STREAMS = ("python", "jit")
 STREAMED, CACHED = ("placement", "streamed"), ("placement", "cached")  # what an option `applies` to
 
 
-def _error(message: str):
+def _error(message: str) -> ValueError:
     return ValueError(f"moejax.load: {message}")
 
 
@@ -64,7 +64,7 @@ class PlacementSettings:
         False, fingerprint=True,
         help="--speculative: predictions chain from the predicted routing, not the true router's", applies=CACHED)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self, prefix="moejax.load: ")
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")

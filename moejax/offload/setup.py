@@ -16,7 +16,7 @@ from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStor
 from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings
 
-def _error(message: str):
+def _error(message: str) -> ValueError:
     return ValueError(f"moejax.load: {message}")
 
 

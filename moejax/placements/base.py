@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from moejax.models.moe import MoEBlock
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
+    from moejax.plan.dep_sim import Simulation
     from moejax.plan.hardware import Profile
     from moejax.plan.theta import ThetaEstimate
     from moejax.sharding.layout import Layout
@@ -114,7 +115,7 @@ class Placement:
         """A line for Engine.explain() after the memory budget's (None: nothing to add)."""
         return None
 
-    def predicted_pipeline(self, config, profile, max_batch_tokens: int):
+    def predicted_pipeline(self, config: ModelConfig, profile: Profile, max_batch_tokens: int) -> Simulation | None:
         """The predicted timeline of a pipelined placement's step on `profile` (what `--explain --plot` draws as a
         Gantt chart), or None: nothing pipelined to draw."""
         return None
@@ -128,6 +129,7 @@ class LayerByLayer(Placement):
 
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
                    store: Store = None) -> LayeredSteps:
+        assert params is not None  # a layer loop is built with the weights (Engine.steps)
         return self.steps_class()(graphdef, params, kernels, self.layer_runtime(store, kernels, config))
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> object:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from moejax.kernels.backends import Kernels
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
+    from moejax.plan.dep_sim import Simulation
+    from moejax.plan.hardware import Profile
     from moejax.sharding.setup import LayoutSetup
 
 
@@ -40,7 +42,7 @@ class DEP(LayerByLayer):
         assert self.layout is not None
         return Disaggregated(store, self.layout, config, kernels.experts)
 
-    def predicted_pipeline(self, config, profile, max_batch_tokens: int):
+    def predicted_pipeline(self, config: ModelConfig, profile: Profile, max_batch_tokens: int) -> Simulation:
         """FinDEP's schedule of this layout's r1, r2 and order for a step of `max_batch_tokens` tokens (sequences of
         at most 1024), simulated over up to 3 layers on `profile`."""
         lay = self.layout

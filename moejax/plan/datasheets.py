@@ -20,11 +20,12 @@ def _host(name: str, cores: int, ghz: float, memory_gb: float, bandwidth_gb: flo
     return Processor(name, memory_gb * GB, cores * ghz * 1e9 * 32, bandwidth_gb * GB, launch_s=5e-6)
 
 
-def _gpu(name, memory_gib, tflops, hbm_gb_s, launch_s=5e-6) -> Processor:
+def _gpu(name: str, memory_gib: float, tflops: float, hbm_gb_s: float, launch_s: float = 5e-6) -> Processor:
     return Processor(name, memory_gib * GiB, tflops * 1e12, hbm_gb_s * GB, launch_s=launch_s)
 
 
-def _profile(name, device, host, h2d_gb_s, nvlink_gb_s, network_gb_s, notes, gpus=8) -> Profile:
+def _profile(name: str, device: Processor, host: Processor, h2d_gb_s: float, nvlink_gb_s: float,
+             network_gb_s: float, notes: str, gpus: int = 8) -> Profile:
     nv = Link(_ALPHA, nvlink_gb_s * GB)
     return Profile(name=name, source="datasheet", device=device, host=host, gpus=gpus, h2d=Link(_ALPHA, h2d_gb_s * GB),
                    d2d=nv, all_to_all=nv, all_gather=nv, reduce_scatter=nv, network=Link(2 * _ALPHA, network_gb_s * GB),

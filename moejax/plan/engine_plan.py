@@ -17,7 +17,7 @@ class Workload:
     tokens: int = option(8192, minimum=1, flag=False, help="tokens of the step auto plans for (load: plan_tokens)")
     seq_len: int = option(1024, minimum=1, flag=False, help="its sequence length (load: plan_seq_len)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self, prefix="moejax.load: plan_")
 
 
@@ -39,7 +39,7 @@ class EnginePlan:
              "`python -m launch.profile_devices` (default: the one measured for these devices, else their datasheet)")
     workload: Workload = Workload()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.layout, str) and self.layout != "auto":
             try:
                 object.__setattr__(self, "layout", Layout.parse(self.layout))

@@ -478,8 +478,8 @@ class DepSchedule:
         return f"busiest per MoE layer: {name} ({per_layer[name] * 1e3:.3f} ms)"
 
 
-def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices, expert_devices,
-            memory_bytes) -> list[tuple[int, int]]:
+def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices: int | None, expert_devices: int | None,
+            memory_bytes: float | None) -> list[tuple[int, int]]:
     """(A, B) with A + B = devices, E % B == 0 and the E/B experts per MoE layer fitting an expert device."""
     E = cfg.num_experts
     if attn_devices is not None and expert_devices is not None and attn_devices + expert_devices != devices:
@@ -512,7 +512,7 @@ def _splits(cfg: ModelConfig, profile: Profile, devices: int, attn_devices, expe
     return out
 
 
-def _check_inputs(devices: int, r1, r2, order) -> tuple[str, ...]:
+def _check_inputs(devices: int, r1: int | None, r2: int | None, order: str | None) -> tuple[str, ...]:
     """-> the orders to search."""
     if devices < 2:
         raise ValueError(f"DEP schedule: devices={devices}: DEP needs 2 or more devices (an attention group and an "
@@ -559,10 +559,11 @@ def solve_dep(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, 
     return _plan(cfg, profile, chosen, coefs, best, solve_ms, ex, ex_ms, searched)
 
 
-def _fit_splits(cfg, profile, work: DepWorkload, splits) -> dict[tuple[int, int], DepCoefficients]:
+def _fit_splits(cfg: ModelConfig, profile: Profile, work: DepWorkload, splits: list[tuple[int, int]]
+                ) -> dict[tuple[int, int], DepCoefficients]:
     """Each split's fits over the m_a its space can reach, whatever else is searched (so that plans with and
     without held parameters share coefficients)."""
-    def reach(A):
+    def reach(A: int) -> int:
         return max(1, min(work.max_r1(A), work.max_m_a(1)))
     ag = _fit_attention_group(cfg, profile, work.seq_len, reach(1))
     return {(A, B): fit_coefficients(cfg, profile, attn_devices=A, expert_devices=B, seq_len=work.seq_len,
@@ -574,7 +575,9 @@ def fastest(choices: Iterable[DepChoice]) -> DepChoice:
     return min(choices, key=lambda c: (c.predicted_s, c.r1 * c.r2, PLAN_ORDERS.index(c.order), c.attn_devices))
 
 
-def _plan(cfg, profile, chosen: DepChoice, coefs, best, solve_ms, ex, ex_ms, searched) -> DepSchedule:
+def _plan(cfg: ModelConfig, profile: Profile, chosen: DepChoice, coefs: dict[tuple[int, int], DepCoefficients],
+          best: dict[tuple[int, int, str], DepChoice], solve_ms: float, ex: DepChoice | None, ex_ms: float | None,
+          searched: str) -> DepSchedule:
     coef = coefs[(chosen.attn_devices, chosen.expert_devices)]
     others = sorted((c for c in best.values() if c is not chosen), key=lambda c: c.predicted_s)
     return DepSchedule(attn_devices=chosen.attn_devices, expert_devices=chosen.expert_devices, r1=chosen.r1,

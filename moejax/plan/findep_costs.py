@@ -46,7 +46,7 @@ def _dense_gemms(cfg: ModelConfig) -> list[tuple[int, int]]:
     return attention_gemms(cfg) + [(D, F), (D, F), (F, D)]
 
 
-def _gemms_seconds(profile: Profile, gemms, rows: float) -> float:
+def _gemms_seconds(profile: Profile, gemms: Iterable[tuple[int, int]], rows: float) -> float:
     b, dev = profile.dtype_bytes, profile.device
     return sum(dev.op_time(2 * rows * k * n, (rows * k + k * n + rows * n) * b, "matmul", rows) for k, n in gemms)
 
@@ -223,7 +223,7 @@ def _fit_attention_group(cfg: ModelConfig, profile: Profile, seq_len: int, max_m
     S = seq_len
     grid = _geometric(1, max(max_m_a, 2), integer=True)
 
-    def gemm_fit(name, gemms):
+    def gemm_fit(name: str, gemms: list[tuple[int, int]]) -> tuple[int, LineFit]:
         x1 = sum(S * k * n for k, n in gemms)
         return x1, fit_line(name, "m k n", [m * x1 for m in grid],
                             [_gemms_seconds(profile, gemms, m * S) if gemms else 0.0 for m in grid])

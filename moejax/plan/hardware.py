@@ -11,7 +11,12 @@ import bisect
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")  # a profile or one of its groups of fields
 
 GB = 1e9
 GiB = 2**30
@@ -105,10 +110,10 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
-        def curve(c):
+        def curve(c: dict) -> Curve:
             return Curve(tuple(c.get("sizes", ())), tuple(c.get("rates", ())))
 
-        def proc(p):
+        def proc(p: dict) -> Processor:
             return Processor(**{**p, **{k: curve(p[k]) for k in ("matmul", "grouped", "attention") if k in p}})
         links: dict[str, Any] = {k: Link(**d[k]) for k in LINKS}  # with `rest`: the JSON's other fields
         rest = {k: v for k, v in d.items() if k not in links and k not in ("device", "host")}
@@ -138,7 +143,7 @@ def _rate(flops: float) -> str:
 LINKS = ("h2d", "d2d", "all_to_all", "all_gather", "reduce_scatter", "network")
 
 
-def _replace_path(obj, parts, value, full):
+def _replace_path(obj: D, parts: list[str], value: str | float, full: str) -> D:
     names = {f.name: f for f in dataclasses.fields(obj)}
     if parts[0] not in names:
         raise ValueError(f"--override {full}: {type(obj).__name__} has no field {parts[0]!r} (fields: "
@@ -147,7 +152,8 @@ def _replace_path(obj, parts, value, full):
     if len(parts) > 1:
         if not dataclasses.is_dataclass(current):
             raise ValueError(f"--override {full}: {parts[0]!r} is a value, not a group of fields")
-        return dataclasses.replace(obj, **{parts[0]: _replace_path(current, parts[1:], value, full)})
+        group = cast("DataclassInstance", current)  # a field's value: an instance, not a class
+        return dataclasses.replace(obj, **{parts[0]: _replace_path(group, parts[1:], value, full)})
     if dataclasses.is_dataclass(current):
         raise ValueError(f"--override {full}: {parts[0]!r} is a group of fields; name one, e.g. {full}."
                          f"{dataclasses.fields(current)[0].name}")

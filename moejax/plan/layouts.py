@@ -17,10 +17,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
-from moejax.costs import layout_comm, param_count, prefill_flops
+from moejax.costs import Transfer, layout_comm, param_count, prefill_flops
 from moejax.plan.hardware import Profile
 from moejax.plan.theta import layer_expert_bytes
 from moejax.sharding.layout import ATTN, IMPLEMENTED, Layout
@@ -65,7 +66,7 @@ class LayoutChoice:
         return "\n".join(lines)
 
 
-def _comm_time(profile: Profile, transfers) -> float:
+def _comm_time(profile: Profile, transfers: Iterable[Transfer]) -> float:
     total = 0.0
     for t in transfers:
         if t.kind == "all-reduce":

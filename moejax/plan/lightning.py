@@ -155,7 +155,13 @@ class LightningPolicy:
 
 # -- the model, vectorised over a grid of (μ, N, A_g, F_g) --------------------------------------------------------
 
-def _terms(m: ModelShape, hw: Hardware, s: int, n: int, mu, N, A_g, F_g) -> dict:
+Grid = float | np.ndarray  # a scalar, or its values over the grid
+Form = tuple[Grid, Grid, Grid]  # a linear form (c0, c_w, c_c) in (r_w, r_c)
+Variant = tuple[str, int, int, tuple[int, int], int]  # (label, A_g, F_g, r_w range, lowest r_c): VARIANTS
+Found = tuple[float, int, int, float, float]  # a variant's best grid point: (throughput, μ, nb, r_w, r_c)
+
+
+def _terms(m: ModelShape, hw: Hardware, s: int, n: int, mu: Grid, N: Grid, A_g: Grid, F_g: Grid) -> dict:
     """Every time and memory term, as constants or as linear forms (c0, c_w, c_c) in (r_w, r_c)."""
     mu, N, A_g, F_g = (np.asarray(x, float) for x in (mu, N, A_g, F_g))
     nb, c, tp, dt, l = N / mu, s + n / 2, hw.tp, m.dt, m.l
@@ -198,7 +204,7 @@ def _const(x):
     return (x, 0 * x, 0 * x)
 
 
-def _varies(form) -> bool:
+def _varies(form: Form) -> bool:
     return bool(np.any(form[1]) or np.any(form[2]))
 
 
@@ -221,7 +227,8 @@ def _vertices(lines, rw_lo, rw_hi, rc_lo, rc_hi):
     return (c[i] * b[j] - c[j] * b[i]) / det, (a[i] * c[j] - a[j] * c[i]) / det, ok
 
 
-def _solve_ratios(t, n: int, caps, rw_lo, rw_hi, rc_lo, rc_hi):
+def _solve_ratios(t: dict, n: int, caps: tuple[float, float], rw_lo: float, rw_hi: float, rc_lo: float,
+                  rc_hi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The exact LP over (r_w, r_c) at every grid point (module docstring). Returns r_w, r_c, the per-layer time
     T_prefill + (n-1) T_decode (inf where nothing fits)."""
     one = np.ones_like(t["gpu"])
@@ -273,7 +280,7 @@ def _ladder(top: int) -> list[int]:
     return sorted(set(out + [top]))
 
 
-def _bounds(m, hw, s, n, caps) -> tuple[int, int]:
+def _bounds(m: ModelShape, hw: Hardware, s: int, n: int, caps: tuple[float, float]) -> tuple[int, int]:
     """The largest μ (at N = μ) and N (at μ = 1) whose GPU memory fits with the least GPU-hungry ratios, and the
     CPU's own bound on N (the prompts' hidden states it holds)."""
     def fits(mu, N):
@@ -322,7 +329,7 @@ def _best(m, hw, s, n, caps, variant, mu_max, N_max):
 
 # -- the policy ---------------------------------------------------------------------------------------------------
 
-def _note(A_g, F_g, r_w, r_c, N) -> tuple[bool, str]:
+def _note(A_g: int, F_g: int, r_w: float, r_c: float, N: int) -> tuple[bool, str]:
     if F_g == 0:
         return False, "the MoE FFN on the CPU (F_g = 0) has no executor in moejax"
     if A_g == 0:
@@ -339,7 +346,8 @@ def _note(A_g, F_g, r_w, r_c, N) -> tuple[bool, str]:
                   f"static share r_w = {r_w:.2f} is streamed too (see the 'moejax streamed' alternative)")
 
 
-def _policy(m, hw, s, n, caps, variant, found, solve_ms, cfg_name) -> LightningPolicy:
+def _policy(m: ModelShape, hw: Hardware, s: int, n: int, caps: tuple[float, float], variant: Variant, found: Found,
+            solve_ms: float, cfg_name: str) -> LightningPolicy:
     label, A_g, F_g = variant[:3]
     _, mu, nb, r_w, r_c = found
     N = mu * nb
@@ -361,7 +369,8 @@ def _policy(m, hw, s, n, caps, variant, found, solve_ms, cfg_name) -> LightningP
         operating_points=_operating_points(m, hw, s + n / 2, mu, N, A_g, F_g, r_w, dec))
 
 
-def _operating_points(m, hw, c, mu, N, A_g, F_g, r_w, dec: LayerTimes) -> tuple:
+def _operating_points(m: ModelShape, hw: Hardware, c: float, mu: int, N: int, A_g: int, F_g: int, r_w: float,
+                      dec: LayerTimes) -> tuple:
     """Where the policy sits on the HRM plot: the FFN w.r.t. GPU memory (its kernel at μ) and w.r.t. CPU memory
     (the batch N over the paged experts, at the pipeline's rate), and decode attention where it runs."""
     pts = []

@@ -4,9 +4,14 @@ moejax.plan.lightning.)"""
 from __future__ import annotations
 
 import os
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:  # matplotlib.pyplot
     try:
         import matplotlib
     except ImportError:
@@ -59,7 +64,7 @@ def theta_plot(curve: list[tuple[float, float, float]], theta_flops: float, path
     return _save(fig, plt, path)
 
 
-def _save(fig, plt, path: str) -> str:
+def _save(fig: Figure, plt: ModuleType, path: str) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from moejax.config import ModelConfig
 from moejax.costs import layer_flops_per_token, param_count
@@ -23,6 +24,22 @@ from moejax.plan.hardware import Profile
 
 EPSILON = 0.1
 MODES = ("streamed", "async_ep", "two_channel")
+
+
+class Theta(Protocol):
+    """Θ as an Engine holds it (Engine.saturation): a ThetaEstimate made at load, or one measured on the engine
+    (moejax.offload.saturation.Saturation, which cannot be named here: that module imports the Engine)."""
+
+    @property
+    def theta_flops(self) -> float: ...
+
+    @property
+    def theta_tokens(self) -> int: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def describe(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,22 +5,30 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 
 from moejax.sched import output_lock
 from moejax.sched.batch_size import DEFAULT_TOKENS, score_batch_size
 from moejax.sched.explain import describe
-from moejax.sched.batch_schedule import schedule_batches
+from moejax.sched.batch_schedule import BatchSchedule, schedule_batches
 from moejax.sched.pool_size import pool_size
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
-from moejax.sched.requests import BadLine, CompletionRequest, ScoreRequest, parse_lines
+from moejax.sched.requests import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
-from moejax.sched.runner import Runner
+from moejax.sched.runner import Progress, Runner
 from moejax.sched.serving_options import ServingOptions
 
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
-def _prepare(engine, lines, store_path, options: ServingOptions, *, settings=None, seed_nonce=None, progress=None):
+
+def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, options: ServingOptions, *,
+             settings: dict | None = None, seed_nonce: int | None = None,
+             progress: Callable[[int], Progress | None] | None = None
+             ) -> tuple[list[Request | BadLine], ResultStore, list[Request], BatchSchedule, Runner]:
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
@@ -52,20 +60,20 @@ def _prepare(engine, lines, store_path, options: ServingOptions, *, settings=Non
     return entries, store, todo, schedule, runner
 
 
-def longest_score_sequence(requests) -> int:
+def longest_score_sequence(requests: Sequence[Request]) -> int:
     """Tokens of the longest scoring sequence (a context and one candidate, its last token read, not fed)."""
     return max((len(ctx) + len(c.token_ids) - 1 for r in requests if isinstance(r, ScoreRequest)
                 for ctx in r.contexts for c in r.candidates), default=0)
 
 
-def engine_settings(engine) -> dict:
+def engine_settings(engine: Engine) -> dict:
     """What decides an engine's results, for the journal's header and each result's system_fingerprint. A caller
     that knows more (launch.serve: offload and prediction options) passes its own."""
     return {"model": engine.name, "dtype": engine.dtype.name, "kernels": engine.kernels.describe(),
             "layers": engine.config.num_layers, "layout": None if engine.layout is None else str(engine.layout)}
 
 
-def with_seed(request, nonce: int, rid: str):
+def with_seed(request: Request, nonce: int, rid: str) -> Request:
     """A completion without a seed gets one of its own, drawn from the run's nonce and the request's id: different
     for every request and run, the same when a journal is resumed (it keeps its nonce). It is in the result."""
     if not isinstance(request, CompletionRequest) or request.seed is not None:
@@ -74,15 +82,16 @@ def with_seed(request, nonce: int, rid: str):
     return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
 
 
-def explain_lines(engine, lines, options: ServingOptions = ServingOptions()) -> str:
+def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions = ServingOptions()) -> str:
     """The schedule for `lines` as text; loads no weights and runs nothing. options.max_batch_tokens None sizes scoring
     batches from the device (moejax.sched.batch_size)."""
     _, _, todo, schedule, runner = _prepare(engine, lines, None, options)
     return describe(schedule, runner, engine)
 
 
-def serve_lines(engine, lines, output: str | None, options: ServingOptions = ServingOptions(), *, progress=None,
-                peak=None, settings=None, seed_nonce=None, error_file: str | None = None) -> dict:
+def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, options: ServingOptions = ServingOptions(),
+                *, progress: Callable[[int], Progress | None] | None = None, peak: float | None = None,
+                settings: dict | None = None, seed_nonce: int | None = None, error_file: str | None = None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its
     journal from an interrupted run with the same settings are skipped; results made with other settings raise
     results.SettingsMismatch before anything is written. options: how to batch and cache (ServingOptions; its
@@ -111,6 +120,7 @@ def serve_lines(engine, lines, output: str | None, options: ServingOptions = Ser
     metrics.requests_invalid = sum(isinstance(e, BadLine) for e in entries)  # their 400s, new or resumed
     metrics.requests_resumed = store.resumed
     device = jax.devices()[0]
+    assert runner.batch_size is not None  # _prepare sizes the scoring batches
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": schedule.reason,
             "batches_planned": len(schedule.batches), "batching": runner.batching,
             "score_batch": runner.batch_size.as_dict(), **metrics.summary(peak),

@@ -96,7 +96,7 @@ def score_batch_size(engine: Engine, asked: int | None, *, longest: int, reserve
                           f"sized for the GPU: {floor}" + (f"; {bound}" if bound else ""))
 
 
-def _memory_cap(engine, longest: int, reserved_bytes: float) -> tuple[int | None, str]:
+def _memory_cap(engine: Engine, longest: int, reserved_bytes: float) -> tuple[int | None, str]:
     """(the most tokens the memory budget leaves activations room for, how it was counted); (None, "") without a
     budget."""
     budget = engine.memory_budget

@@ -29,18 +29,22 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.kernels.attention.paged_xla import blocks_per_step
-from moejax.kv_pool import BLOCK
-from moejax.sampling import Sampling
+from moejax.kv_pool import BLOCK, Layer
+from moejax.sampling import Sampling, StepArray
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
 from moejax.step_inputs import ChunkRows, PagedDecodeRows
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
 
 # Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
 # most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables
@@ -134,10 +138,18 @@ def _blocks_for(positions: int) -> int:
     return -(-positions // BLOCK)
 
 
+# A chunk step's row: (sequence, tokens, first position)
+_ChunkRow = tuple[_Seq, int, int]
+# A dispatched chunk step (_launch_chunk): (rows, the rows sampled, riders, tokens on the device, shape, start time)
+_ChunkLaunch = tuple[list[_ChunkRow], list[int], dict[_Seq, tuple[int, int]], jax.Array, tuple, float]
+# A dispatched decode call: (its sequences, rows, their budgets, tokens on the device)
+_DecodeCall = tuple[list[_Seq], int, np.ndarray, jax.Array]
+
+
 class Scheduler:
-    def __init__(self, engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
+    def __init__(self, engine: Engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
                  row_tokens: int = 64, decode_steps: int = 8, mixed: bool = False,
-                 decode_text: Callable | None = None):
+                 decode_text: Callable | None = None) -> None:
         """chunk_tokens: a chunk step's budget (rows x row_tokens); row_tokens: its row length. mixed: while
         sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
         running their own decode steps. decode_text(tokens) -> str: for stop strings (a sequence with stop strings
@@ -151,9 +163,10 @@ class Scheduler:
         self.decode_text, self.mixed = decode_text, mixed
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
-        self.pool = self.carry = None
+        self.pool: list[Layer] | None = None
+        self.carry: jax.Array | None = None
         self._order = 0
-        self._inflight: list = []  # the decode step dispatched, not read yet: [(sequences, rows, budgets, tokens)]
+        self._inflight: list[_DecodeCall] = []  # the decode step dispatched, not read yet
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(self, requests: Sequence[GenRequest], on_finish: Callable, on_fail: Callable) -> Stats:
@@ -185,7 +198,7 @@ class Scheduler:
         self.stats.run_s += time.perf_counter() - t0
         return self.stats
 
-    def _loop(self, on_fail) -> None:
+    def _loop(self, on_fail: Callable[[GenRequest, str], None]) -> None:
         times = self.stats.times
         while self.waiting or self.running:
             times.steps["loop"] += 1  # iterations
@@ -198,8 +211,8 @@ class Scheduler:
                     self._read_decode()
                     riding = [s for s in self.running if not s.prefilling and not s.done]
                 chunk = self._launch_chunk(self._grow(riding, 1) if riding else {}) if prefilling else None
-                if riding:
-                    self._finish_chunk(chunk)
+                if riding:  # the riders' rows make a chunk (cast, not assert: a None fails here as before)
+                    self._finish_chunk(cast("_ChunkLaunch", chunk))
                 else:
                     if chunk is not None and self._inflight:
                         self._read_decode()  # while the device runs the chunk: no decode row for an ended sequence
@@ -293,7 +306,7 @@ class Scheduler:
             self.on_finish(s.req, s.out, s.cached_tokens or 0)
         self._delivering = False
 
-    def _fail_running(self, message: str, on_fail) -> None:
+    def _fail_running(self, message: str, on_fail: Callable[[GenRequest, str], None]) -> None:
         for s in self.running:
             on_fail(s.req, f"step failed: {message}")
         for h in list(self._pending):
@@ -307,14 +320,15 @@ class Scheduler:
         self.carry = jax.device_put(np.full((self.max_rows,), -1, np.int32))
 
     # -- steps ------------------------------------------------------------------------------------------------
-    def _wait(self, x, kind: str) -> np.ndarray:
+    def _wait(self, x: jax.Array, kind: str) -> np.ndarray:
         """The step's output on the host; retired sequences' results are delivered while it runs."""
         with self.stats.times.phase(kind, "deliver"):
             self._deliver()
         with self.stats.times.phase(kind, "wait"):
             return np.asarray(x)
 
-    def _call(self, kind: str, shape: tuple, step, rows, **static):
+    def _call(self, kind: str, shape: tuple, step: Callable[..., tuple[list[Layer], jax.Array, jax.Array]],
+              rows: ChunkRows | PagedDecodeRows, **static: Any) -> jax.Array:
         """Call a step on its rows (moejax.step_inputs, of numpy arrays: the jitted call copies them, the keys as raw
         data); the call of a shape not run before traces and compiles (timed apart)."""
         times = self.stats.times
@@ -325,14 +339,14 @@ class Scheduler:
             self.pool, self.carry, out = step(self.pool, self.carry, rows, **static)
         return out
 
-    def _table(self, seqs, rows: int) -> np.ndarray:
+    def _table(self, seqs: Sequence[_Seq], rows: int) -> np.ndarray:
         width = bucket(max(len(s.blocks) for s in seqs), MIN_TABLE_BLOCKS)
         table = np.zeros((rows, width), np.int32)
         for r, s in enumerate(seqs):
             table[r, : len(s.blocks)] = s.blocks
         return table
 
-    def _sampling(self, seqs, rows: int) -> Sampling:
+    def _sampling(self, seqs: Sequence[_Seq], rows: int) -> Sampling:
         """The rows' Sampling, its keys as raw key data (the steps wrap them on the device)."""
         pad = rows - len(seqs)  # built as lists, converted once: a row at a time costs more (host time per step)
         temp = np.array([s.req.temperature for s in seqs] + [0.0] * pad, np.float32)
@@ -342,7 +356,7 @@ class Scheduler:
         keys[: len(seqs)] = [s.req.key for s in seqs]
         return Sampling(temp, top_p, keys, count)
 
-    def _launch_chunk(self, riders: dict):
+    def _launch_chunk(self, riders: dict[_Seq, tuple[int, int]]) -> _ChunkLaunch | None:
         """Dispatch one chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of
         up to `row_tokens`, at most chunk_tokens // row_tokens rows. A long prompt fills several rows of one step:
         each layer writes every row's keys before any row attends, so a row reads the rows before it. With
@@ -366,17 +380,19 @@ class Scheduler:
                 self._publish(s)
         return rows, sampled, riders, tok, shape, t0
 
-    def _finish_chunk(self, launched) -> None:
+    def _finish_chunk(self, launched: _ChunkLaunch) -> None:
         """The chunk step's sampled tokens: a prompt's first token, a rider's next. A sequence preempted since the
         dispatch keeps its first token (sampled from its prompt's KV, which the step wrote before any later step
         reused its blocks) and recomputes the prompt when readmitted."""
+        tok: StepArray  # on the device, then read to the host
         rows, sampled, riders, tok, shape, t0 = launched
         tok = self._wait(tok, "chunk")
         self.stats.chunk_s += time.perf_counter() - t0
         with self.stats.times.phase("chunk", "update"):
             self._chunk_results(rows, sampled, riders, tok, shape)
 
-    def _chunk_inputs(self, riders: dict):
+    def _chunk_inputs(self, riders: dict[_Seq, tuple[int, int]]
+                      ) -> tuple[list[_ChunkRow], list[int], tuple, ChunkRows, bool] | None:
         """-> (rows [(sequence, tokens, first position)], the rows whose sampled token is their sequence's next (a
         rider's; a prompt's first, not a resumed sequence's), shape, ChunkRows, fresh), or None without rows."""
         rows = [(s, 1, start) for s, (start, _) in riders.items()]
@@ -400,7 +416,7 @@ class Scheduler:
         sampled = [r for r, (s, take, first) in enumerate(rows)
                    if s in riders or (first + take == s.target and not s.out)]
         for r in sampled:
-            slot[r] = rows[r][0].slot
+            slot[r] = cast(int, rows[r][0].slot)  # a running sequence holds a slot
         for r, (s, take, first) in enumerate(rows):
             tokens[r, :take] = s.context[first: first + take]
             start[r], n[r] = first, take
@@ -410,7 +426,8 @@ class Scheduler:
         inputs = ChunkRows(tokens, start, n, table, slot, self._sampling(seqs, B))
         return rows, sampled, ("chunk", B, T, table.shape[1], fresh), inputs, fresh
 
-    def _chunk_results(self, rows, sampled: list[int], riders: dict, tok: np.ndarray, shape: tuple) -> None:
+    def _chunk_results(self, rows: list[_ChunkRow], sampled: list[int], riders: dict, tok: np.ndarray, shape: tuple
+                       ) -> None:
         _, B, T, _, _ = shape
         self.stats.chunk_steps += 1
         self.stats.prefill_tokens += sum(t for s, t, _ in rows if s not in riders)
@@ -457,7 +474,7 @@ class Scheduler:
         self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
         return want
 
-    def _decode_step(self, decoding: list[_Seq], chunk=None) -> None:
+    def _decode_step(self, decoding: list[_Seq], chunk: _ChunkLaunch | None = None) -> None:
         """Dispatch up to decode_steps tokens for every decoding sequence (one jit call per group of rows:
         _groups), then read `chunk` (a chunk step dispatched just before: _launch_chunk) and the decode step
         dispatched in the iteration before, while the new one runs. A row whose input token is not read yet
@@ -497,13 +514,14 @@ class Scheduler:
         if calls or previous:
             self.stats.decode_s += time.perf_counter() - t0
 
-    def _read_decode(self, calls=None) -> None:
+    def _read_decode(self, calls: list[_DecodeCall] | None = None) -> None:
         """Read a dispatched decode step's tokens (by default the one in flight). A sequence ended since it was
         dispatched (on a stop string) drops them; one preempted since keeps them (sampled from KV the step read
         before any later step reused its blocks)."""
         if calls is None:
             calls, self._inflight = self._inflight, []
         times = self.stats.times
+        out: StepArray  # on the device, then read to the host
         for group, B, budget, out in calls:
             out = self._wait(out, "decode")
             with times.phase("decode", "update"):
@@ -531,7 +549,7 @@ class Scheduler:
         for any run), rounded to a multiple of the devices that split rows."""
         return rows_bucket(min(max(n, MIN_DECODE_ROWS), self.max_rows), self.engine.row_multiple)
 
-    def _cost(self, seqs) -> int:
+    def _cost(self, seqs: Sequence[_Seq]) -> int:
         """A decode call's work, in row-blocks: rows x (blocks its longest row reads + ROW_COST_BLOCKS)."""
         return self._decode_rows(len(seqs)) * (_read_blocks(max(len(s.blocks) for s in seqs)) + ROW_COST_BLOCKS)
 

@@ -57,7 +57,7 @@ def brief(value: object, limit: int = 80) -> str:
     return f"{text[:limit // 2]}... ({len(text)} characters)"
 
 
-def _name(item) -> str | None:
+def _name(item: object) -> str | None:
     """What a tool, function or tool choice is called: its "name", or its function's."""
     if not isinstance(item, dict):
         return None
@@ -66,7 +66,7 @@ def _name(item) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _same(value, default) -> bool:
+def _same(value: object, default: object) -> bool:
     if isinstance(default, bool) or isinstance(value, bool):
         return value is default
     if isinstance(default, (int, float)):
@@ -74,5 +74,5 @@ def _same(value, default) -> bool:
     return value == default
 
 
-def _json(value) -> str:
+def _json(value: object) -> str:
     return json.dumps(value)

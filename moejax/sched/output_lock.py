@@ -174,7 +174,7 @@ def _refusal(path: str, lock: str, holder: dict) -> str:
             "stopped early), stop it, or write to another output")
 
 
-def _running(pid) -> bool:
+def _running(pid: int | str) -> bool:  # the lock file's pid, as its JSON gave it
     try:
         os.kill(int(pid), 0)
     except (ProcessLookupError, ValueError, OverflowError):

@@ -11,7 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from moejax.kv_pool import BLOCK
-from moejax.offload.memory_budget import RESERVE_FRACTION, device_budget_bytes, size
+from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudget, device_budget_bytes, size
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -37,6 +37,7 @@ class PoolSize:
 def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: float | None = None) -> PoolSize:
     """sequences: (prompt tokens, max_tokens) of every sequence to generate (each choice counts; max_tokens >= 1)."""
     block_bytes = engine.kv_bytes_per_token() * BLOCK
+    budget: MemoryBudget | float | None  # the memory budget, then the pool's bytes (below)
     budget = engine.memory_budget
     device = budget.budget_bytes if budget is not None and budget.budget_bytes else device_budget_bytes(None)
     weights = budget.device_bytes if budget is not None else engine.param_bytes()

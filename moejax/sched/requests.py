@@ -162,7 +162,8 @@ def _first_undecodable(text: str) -> str | None:
 
 
 class _Parser:
-    def __init__(self, tokenizer, vocab_size: int, max_context: int, chat=None):
+    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int, max_context: int,
+                 chat: ChatTemplate | None = None) -> None:
         self.tokenizer, self.vocab_size, self.max_context, self.chat = tokenizer, vocab_size, max_context, chat
 
     def request(self, obj: dict, line: int) -> Request:
@@ -399,7 +400,7 @@ class _Parser:
         texts = [string_field(c, f"body.candidates[{i}]") for i, c in enumerate(items)]
         return tuple(Candidate(t, self.encode(t, f"body.candidates[{i}]", special=False)) for i, t in enumerate(texts))
 
-    def text_or_ids(self, value, path: str) -> tuple[int, ...]:
+    def text_or_ids(self, value: object, path: str) -> tuple[int, ...]:  # a request's JSON value
         if isinstance(value, list):
             return self.ids(nonempty_list(value, path, "token ids"), path)
         text = string_field(value, path, "a non-empty string or token id list")
@@ -407,7 +408,7 @@ class _Parser:
             raise Invalid(f"{path}: model has no tokenizer; send token ids")
         return self.encode(text, path, special=False)
 
-    def stop(self, value) -> tuple[str, ...]:
+    def stop(self, value: object) -> tuple[str, ...]:  # body.stop's JSON value
         stops = [value] if isinstance(value, str) else value
         if not isinstance(stops, list):
             raise Invalid(f"body.stop: must be a string or a list of strings; got {show(value)}")
@@ -418,6 +419,7 @@ class _Parser:
         return stops
 
     def encode(self, text: str, path: str, *, special: bool) -> tuple[int, ...]:
+        assert self.tokenizer is not None  # callers answer text without a tokenizer with Invalid first
         ids = tuple(self.tokenizer.encode(text, add_special_tokens=special).ids)
         if not ids:
             raise Invalid(f"{path}: {show(text)} tokenizes to no tokens")

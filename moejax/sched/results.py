@@ -258,7 +258,7 @@ class ResultStore:
 _ID = re.compile(r"req_([1-9][0-9]*)(-[0-9a-f]{8})?")
 
 
-def _line_of(result_id) -> int | None:
+def _line_of(result_id: object) -> int | None:
     m = _ID.fullmatch(result_id) if isinstance(result_id, str) else None
     return int(m.group(1)) if m else None
 
@@ -271,7 +271,7 @@ def _body(result: dict) -> dict:
     return body if isinstance(body, dict) else {}
 
 
-def _status(result: dict):
+def _status(result: dict) -> object:  # the response's status_code as written (an int when valid)
     response = result.get("response")
     return response.get("status_code") if isinstance(response, dict) else None
 

@@ -7,6 +7,8 @@ import sys
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -14,16 +16,20 @@ import numpy as np
 
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
-from moejax.kv_pool import BLOCK
+from moejax.kv_pool import BLOCK, Layer
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
-from moejax.sched.batch_schedule import BatchSchedule
+from moejax.sched.batch_schedule import BatchSchedule, CompletionBatch, ScoreBatch
 from moejax.sched.pool_size import PoolSize
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.bodies import Bodies, Choice
-from moejax.sched.requests import MAX_LOGPROBS, ScoreRequest
+from moejax.sched.requests import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
 from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
 from moejax.sched.serving_options import ServingOptions
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+    from moejax.sched.continuous import GenRequest
 
 
 @dataclasses.dataclass
@@ -56,6 +62,10 @@ class Metrics:
         return d
 
 
+# progress(requests just done, or None: the run ended; the metrics so far)
+Progress = Callable[[int | None, Metrics], None]
+
+
 @dataclasses.dataclass
 class _Launched:
     """A scoring batch dispatched to the device (its log-probabilities not read yet), or the error that stopped it."""
@@ -63,14 +73,14 @@ class _Launched:
     rows: list | None = None
     padded_tokens: int = 0
     tags: list | None = None
-    logprobs: object = None  # [B, G] on the device
+    logprobs: jax.Array | None = None  # [B, G] on the device
     error: Exception | None = None
 
 
 class Runner:
-    def __init__(self, engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *, progress=None,
-                 options: ServingOptions = ServingOptions(), kv_pool: PoolSize | None = None,
-                 batch_size: ScoreBatchSize | None = None):
+    def __init__(self, engine: Engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *,
+                 progress: Progress | None = None, options: ServingOptions = ServingOptions(),
+                 kv_pool: PoolSize | None = None, batch_size: ScoreBatchSize | None = None) -> None:
         """options.batching: "continuous" serves every completion through one scheduler (options' scheduler knobs)
         over a paged KV pool of kv_pool.blocks blocks (moejax.sched.continuous; explain shows how it was sized);
         "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
@@ -84,7 +94,7 @@ class Runner:
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
         self.cache = PrefixCache(schedule.pool_blocks) if schedule.kv_cache else None
-        self.pool = None
+        self.pool: list[Layer] | None = None
         self.future = Counter(h for u in schedule.uses for h in u)
         # (request, sibling, candidate) -> summed logprob
         self._acc: defaultdict[tuple[int, int, int], float] = defaultdict(float)
@@ -100,13 +110,15 @@ class Runner:
     def _want_store(self, h: bytes) -> bool:
         return self.schedule.store_all or self.future[h] > 0
 
-    def prepare(self, k: int):
+    # -> score: (rows, (arrays, tags, span)) as packing.assemble gives them; completions: per request, (the prefix
+    # blocks it reads, the (block, position) it stores). Any: which one is the batch's kind, not a type
+    def prepare(self, k: int) -> tuple[Any, Any]:
         """Batch k's inputs: what it takes from and adds to the prefix cache, packed and padded."""
         for h in self.schedule.uses[k]:
             self.future[h] -= 1
         return self._pack(k)
 
-    def _pack(self, k: int):
+    def _pack(self, k: int) -> tuple[Any, Any]:  # as prepare
         batch = self.schedule.batches[k]
         if self.cache is not None:
             self.cache.begin_batch()
@@ -200,7 +212,7 @@ class Runner:
 
     def _score_results(self, launched: _Launched) -> None:
         rows, tags = launched.rows, launched.tags
-        assert rows is not None and tags is not None  # launched without an error
+        assert rows is not None and tags is not None and launched.logprobs is not None  # launched without an error
         lp = self.engine.to_host(launched.logprobs)
         m = self.metrics
         m.computed_tokens += sum(len(r.tokens) for r in rows)
@@ -224,15 +236,16 @@ class Runner:
         cached = sum(self._cached.pop((i, s), 0) for s in range(len(req.contexts)))
         return self.bodies.score(req, self._rid(req), lps, cached)
 
-    def _run_completions(self, batch, prior, stores):
+    def _run_completions(self, batch: CompletionBatch, prior: list[list[int]], stores: list[list[tuple[int, int]]]
+                         ) -> None:
         reqs = batch.requests
         gen = [k for k, r in enumerate(reqs) if r.max_tokens]  # max_tokens 0: echo of the prompt only
         gen_row = {k: i for i, k in enumerate(gen)}  # request -> its prefill row
         rows = [(k, c) for k in gen for c in range(reqs[k].n)]  # one decode row per choice
         stops = [self._stop_ids(reqs[k]) for k, _ in rows]
-        outs = []
-        if gen:
-            keys = jnp.stack([jax.random.fold_in(jax.random.key(reqs[k].seed), c) for k, c in rows])
+        outs: list[list[int]] = []
+        if gen:  # (with_seed gave every request its seed)
+            keys = jnp.stack([jax.random.fold_in(jax.random.key(cast(int, reqs[k].seed)), c) for k, c in rows])
             several = any(reqs[k].n > 1 for k in gen)
             outs, self.pool = self.engine.generate_rows(
                 [list(reqs[k].prompt) for k in gen], [reqs[k].max_tokens for k, _ in rows],
@@ -251,13 +264,13 @@ class Runner:
         self._finish_completions(reqs, {(k, c): out for (k, c), out in zip(rows, outs)},
                                  {k: BLOCK * len(prior[k]) for k in range(len(reqs))})
 
-    def _decode_flops(self, outs) -> float:
+    def _decode_flops(self, outs: Iterable[Sequence[int]]) -> float:
         return (self._flops_per_token + self._head_flops) * sum(map(len, outs))
 
-    def _stop_ids(self, req) -> tuple[int, ...]:
+    def _stop_ids(self, req: CompletionRequest) -> tuple[int, ...]:
         return tuple(req.stop_token_ids) + tuple(self.engine.config.eos_token_ids)
 
-    def _finish_completions(self, reqs, outs: dict, cached: dict) -> None:
+    def _finish_completions(self, reqs: Sequence[CompletionRequest], outs: dict, cached: dict) -> None:
         """Result bodies of completion requests from their choices' tokens (outs[(request, choice)]; cached[request]:
         prompt tokens taken from a cache): stop strings, log-probabilities, usage."""
         # An echo-only request (max_tokens 0) has one empty choice: the prompt, and its log-probabilities if asked.
@@ -275,7 +288,7 @@ class Runner:
                 made.append(self.bodies.cut_at_stop(r, choice, st))
             self._emit(self._index[r.line], self.bodies.completion(r, self._rid(r), made, cached[k], prompt_lps))
 
-    def _run_continuous(self, reqs) -> None:
+    def _run_continuous(self, reqs: list[CompletionRequest]) -> None:
         """Every completion through one continuous-batching scheduler; a request's result is written when its
         last choice ends (while the next step runs)."""
         from moejax.sched.continuous import GenRequest, Scheduler
@@ -284,13 +297,14 @@ class Runner:
         done: defaultdict[int, dict[int, tuple[list[int], int]]] = defaultdict(dict)
         failed: set[int] = set()
         for i, r in enumerate(reqs):
+            assert r.seed is not None  # with_seed gave every request its seed
             for c in range(r.n if r.max_tokens else 1):
                 key = jax.random.key_data(jax.random.fold_in(jax.random.key(r.seed), c))
                 items.append(GenRequest(r.prompt, r.max_tokens, np.asarray(key), self._stop_ids(r), tuple(r.stop),
                                         r.temperature, r.top_p, tag=(i, c)))
 
-        def on_finish(g, tokens, cached):
-            i, c = g.tag
+        def on_finish(g: GenRequest, tokens: list[int], cached: int) -> None:
+            i, c = cast("tuple[int, int]", g.tag)  # (request, choice), as made above
             done[i][c] = (tokens, cached)
             r = reqs[i]
             if i in failed or len(done[i]) < (r.n if r.max_tokens else 1):
@@ -303,8 +317,8 @@ class Runner:
                 traceback.print_exc(file=sys.stderr)
                 on_fail(g, f"{type(e).__name__}: {e}")
 
-        def on_fail(g, message):
-            i = g.tag[0]
+        def on_fail(g: GenRequest, message: str) -> None:
+            i = cast("tuple[int, int]", g.tag)[0]
             if i not in failed:
                 failed.add(i)
                 self._fail_requests([self._index[reqs[i].line]], message)
@@ -323,7 +337,8 @@ class Runner:
             [t for i in done for t, _ in done[i].values()])
         self.scheduler_stats = stats.as_dict()
 
-    def _logprobs(self, reqs, choices) -> dict:
+    def _logprobs(self, reqs: Sequence[CompletionRequest], choices: dict[int, list[tuple[Choice, tuple[int, ...]]]]
+                  ) -> dict:
         """Log-probabilities of each choice's tokens (and, with echo, of the prompt's), from one teacher-forced
         pass over prompt + completion: {(request, choice): (logprobs, top), (request, "prompt"): ...}."""
         want = [k for k, r in enumerate(reqs) if r.logprobs is not None]
@@ -338,7 +353,7 @@ class Runner:
                     keys.append((k, c))
         if not seqs:
             return {}
-        top_k = 5 if max(reqs[k].logprobs for k in want) <= 5 else MAX_LOGPROBS
+        top_k = 5 if max(cast(int, reqs[k].logprobs) for k in want) <= 5 else MAX_LOGPROBS  # (want: those given)
         out: dict[tuple[int, int | str], tuple[list[float], list[list[tuple[int, float]]]]] = {}
         for (k, c), (lp, top, ids) in zip(keys, self.engine.token_logprobs(seqs, top_k)):
             P = len(reqs[k].prompt)
@@ -348,7 +363,7 @@ class Runner:
                 out[(k, "prompt")] = (lp[: P - 1].tolist(), pairs[: P - 1])
         return out
 
-    def _rid(self, req) -> str:
+    def _rid(self, req: Request) -> str:
         return self.store.ids[req.line] if self.store is not None else f"req_{req.line}"
 
     def _emit(self, i: int, body: dict) -> None:
@@ -362,9 +377,10 @@ class Runner:
         if self.progress is not None:
             self.progress(1, self.metrics)
 
-    def _fail_batch(self, batch, message: str) -> None:
+    def _fail_batch(self, batch: ScoreBatch | CompletionBatch, message: str) -> None:
         if batch.kind == "score":
-            idx = sorted({tag[0] for row in batch.rows for s in row for _, _, tag in s.reads})
+            # a scoring read's tag: (request, sibling, candidate)
+            idx = sorted({cast(tuple, tag)[0] for row in batch.rows for s in row for _, _, tag in s.reads})
         else:
             idx = [self._index[r.line] for r in batch.requests]
         self._fail_requests(idx, f"batch failed: {message}")
@@ -372,7 +388,7 @@ class Runner:
             self.cache = PrefixCache(self.schedule.pool_blocks)
             self.pool = self.engine.init_pool(self.schedule.pool_blocks) if self.schedule.pool_blocks else None
 
-    def _fail_requests(self, idx, message: str) -> None:
+    def _fail_requests(self, idx: Iterable[int], message: str) -> None:
         for i in idx:
             if i in self._reads_left:
                 self._reads_left[i] = -1  # never emitted as ok

@@ -54,7 +54,7 @@ class ServingOptions:
     mixed: bool = option(False, flag=False,
                          help="continuous: decoding sequences ride along in the chunk steps instead of their own")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self)
 
     def scheduler_keywords(self) -> dict:

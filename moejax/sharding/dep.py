@@ -18,12 +18,14 @@ import dataclasses
 import functools
 import math
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import local_expert_ffn
@@ -32,17 +34,23 @@ from moejax.sharding.experts import AXIS, sharded_routed
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
 
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+    from moejax.models.attention import Cache, Positions
+    from moejax.step_inputs import DecodeRows
+
 
 class ExpertGroup:
     """The routed experts of a DEP model: per MoE layer, arrays split by expert index over the expert group. The
     model's parameters keep 0-d stand-ins on the attention group (its jits never see the expert group's arrays)."""
     per_expert = False
 
-    def __init__(self, attn_mesh, expert_mesh):
+    def __init__(self, attn_mesh: Mesh, expert_mesh: Mesh) -> None:
         self.attn_mesh, self.expert_mesh = attn_mesh, expert_mesh
         self._layers: dict[int, dict] = defaultdict(dict)
 
-    def add(self, path: tuple, array):
+    def add(self, path: tuple, array: jax.Array | np.ndarray) -> jax.Array:
         """('layers', i, 'mlp', name) -> placed on the expert group; returns the stand-in for the parameters."""
         self._layers[int(path[1])][path[3]] = jax.device_put(array, NamedSharding(self.expert_mesh, P(AXIS)))
         return jax.device_put(jnp.zeros((), array.dtype), NamedSharding(self.attn_mesh, P()))
@@ -73,7 +81,7 @@ class Disaggregated:
     """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters."""
     name = "dep"
 
-    def __init__(self, store: ExpertGroup, layout: Layout, cfg, backend: str):
+    def __init__(self, store: ExpertGroup, layout: Layout, cfg: ModelConfig, backend: str) -> None:
         self.store, self.layout = store, layout
         self.has_shared = bool(cfg.shared_expert_size)  # MoEBlock.shared exists
         self.stats = TransferStats()
@@ -83,7 +91,7 @@ class Disaggregated:
         self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh,
                                                   local_expert_ffn(cfg, backend)))
 
-    def run(self, layer: int, y2, idx, weights):
+    def run(self, layer: int, y2: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited)."""
         sent = jax.device_put((y2, idx, weights), self.expert_rows)
         out = self._experts(*sent, self.store.fetch(layer))
@@ -105,7 +113,10 @@ class Disaggregated:
 
 
 # -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
-def attend_chunks(graphdef, state, x, at, cache, prior, *, kernels, read_cache, chunks):
+def attend_chunks(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
+                  prior: dict[str, jax.Array] | None, *, kernels: Kernels, read_cache: bool,
+                  chunks: Sequence[tuple[int, int]]
+                  ) -> tuple[jax.Array, jax.Array, Cache, list[tuple[jax.Array, ...]]]:
     """Attention + router, then the MoE input cut into token chunks [(y2, idx, weights)] padded as `chunks` says."""
     x, y, cache, idx, weights = layered.attend_route(graphdef, state, x, at, cache, prior, kernels=kernels,
                                                      read_cache=read_cache)
@@ -118,25 +129,27 @@ def attend_chunks(graphdef, state, x, at, cache, prior, *, kernels, read_cache, 
     return x, y, cache, out
 
 
-def shared_expert(graphdef, state, y):
+def shared_expert(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array) -> jax.Array:
     """The shared expert's output [N, D] (what MoEBlock.with_shared adds to the routed output)."""
     y2 = y.reshape(-1, y.shape[-1])
     return nnx.merge(graphdef, state).mlp.with_shared(y2, jnp.zeros_like(y2))
 
 
-def combine(graphdef, state, x, shared, outs, *, chunks, split):
+def combine(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, shared: jax.Array | None,
+            outs: Sequence[jax.Array], *, chunks: Sequence[tuple[int, int]], split: Callable[[jax.Array], jax.Array]
+            ) -> jax.Array:
     """The layer's output: residual + routed (chunks unpadded, in order) + shared, split by rows over the group."""
     routed = jnp.concatenate([o[:real] for o, (real, _) in zip(outs, chunks)])
     y = routed if shared is None else routed + shared
     return split(x + y.reshape(x.shape))
 
 
-def _split(tree, *, sizes):
+def _split(tree: Any, *, sizes: tuple[int, ...]) -> tuple[Any, ...]:  # any pytree, split by rows
     bounds = np.cumsum((0,) + sizes)
     return tuple(jax.tree.map(lambda a: a[s:e], tree) for s, e in zip(bounds[:-1], bounds[1:]))
 
 
-def _concat(trees):
+def _concat(trees: Sequence[Any]) -> Any:  # pytrees of one structure, joined by rows
     return jax.tree.map(lambda *parts: jnp.concatenate(parts), *trees)
 
 
@@ -147,7 +160,7 @@ class MicroBatched(list):
 class DisaggregatedSteps(layered.LayeredSteps):
     """The Engine's steps under DEP: begin and end on the attention group, the layers as FinDEP's pipeline."""
 
-    def __init__(self, graphdef, params, kernels, placement: Disaggregated):
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: Disaggregated) -> None:
         super().__init__(graphdef, params, kernels, placement)
         self._split_jit = jax.jit(_split, static_argnames=("sizes",))
         self._concat_jit = jax.jit(_concat)
@@ -157,12 +170,13 @@ class DisaggregatedSteps(layered.LayeredSteps):
         # ("experts", layer, micro-batch, chunk), for --explain and tests.
         self.schedule: list[tuple] = []
 
-    def run_layers(self, x, at, cache=None, read_cache=True, prior=None):
+    def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
+                   prior: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, list[Cache]]:
         sizes = self.placement.layout.micro_batches(x.shape[0])
         split_cache = isinstance(cache, MicroBatched)
         inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache else cache)
         parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
-        if split_cache:
+        if isinstance(cache, MicroBatched):  # split_cache, spelled out for the type checker
             for part, c in zip(parts, cache):
                 part["cache"] = c
         parts = self._pipeline(parts, read_cache)
@@ -171,7 +185,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         x = self._concat_jit([p["x"] for p in parts])
         return x, (MicroBatched(new) if split_cache else self._concat_jit(new))
 
-    def _pipeline(self, parts, read_cache):
+    def _pipeline(self, parts: list[dict[str, Any]], read_cache: bool) -> list[dict[str, Any]]:
         """Every layer for every micro-batch, dispatched in FinDEP's order; parts[i]["cache"] becomes the list of
         the micro-batch's new per-layer caches (or keys).
 
@@ -188,7 +202,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         log = self.schedule.append
         pending: list = [None] * len(parts)  # per micro-batch: its last MoE layer, waiting to be combined
 
-        def combine(m):
+        def combine(m: int) -> None:
             if pending[m] is not None:
                 w = pending[m]
                 parts[m]["x"] = w["layer"](self._combine, w["x"], w["shared"], w["outs"], chunks=w["chunks"])
@@ -227,13 +241,14 @@ class DisaggregatedSteps(layered.LayeredSteps):
             combine(m)
         return parts
 
-    def decode(self, state, cache, rows, **static):
+    def decode(self, state: nnx.State, cache: Sequence[Cache], rows: DecodeRows, **static: Any
+               ) -> tuple[jax.Array, jax.Array]:
         sizes = self.placement.layout.micro_batches(rows.first.shape[0])
         parts = MicroBatched(self._split_jit(cache, sizes=sizes))
         return super().decode(state, parts, rows, **static)
 
 
-def group_meshes(layout: Layout):
+def group_meshes(layout: Layout) -> tuple[Mesh, Mesh]:
     """-> (attention group mesh, expert group mesh) of a resolved DEP layout."""
     assert layout.attn_devices is not None and layout.expert_devices is not None, "resolve the layout first"
     return make_mesh(layout.attn_devices), make_mesh(layout.expert_devices, first=layout.attn_devices)

@@ -19,7 +19,7 @@ Under attn=tp every device holds every token: the programs that split tokens tak
 replicated input and all-gather their outputs back."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import jax
@@ -84,7 +84,11 @@ def sharded_routed(layout: Layout, mesh: Mesh, local_ffn: ExpertFFN, x2: jax.Arr
     return out[:N] if pad else out
 
 
-def _gathered_outputs(body):
+# a shard_map body: (x, idx, weights, *the experts' arrays in `names` order) -> this device's output rows
+Body = Callable[..., jax.Array]
+
+
+def _gathered_outputs(body: Body) -> Body:
     return lambda *args: jax.lax.all_gather(body(*args), AXIS, tiled=True)
 
 
@@ -100,8 +104,8 @@ def tp_columns(array: ArrayT, devices: int) -> ArrayT:
     return array.reshape(*lead, 2, devices, i_local).swapaxes(-3, -2).reshape(*lead, two_i)
 
 
-def _tp_body(local_ffn, names, split_tokens: bool):
-    def body(x, idx, weights, *ws):
+def _tp_body(local_ffn: ExpertFFN, names: Sequence[str], split_tokens: bool) -> Body:
+    def body(x: jax.Array, idx: jax.Array, weights: jax.Array, *ws: jax.Array) -> jax.Array:
         experts = dict(zip(names, ws))
         if "be_down" in experts:  # added once, not once per width slice
             experts["be_down"] = jnp.where(jax.lax.axis_index(AXIS) == 0, experts["be_down"], 0)
@@ -113,14 +117,14 @@ def _tp_body(local_ffn, names, split_tokens: bool):
     return body
 
 
-def _mine(idx, per_device):
+def _mine(idx: jax.Array, per_device: int) -> tuple[jax.Array, jax.Array]:
     """Which choices fall on this device's experts, and their local expert ids."""
     me = jax.lax.axis_index(AXIS)
     return idx // per_device == me, idx % per_device
 
 
-def _gather_body(local_ffn, names, n_dev):
-    def body(x, idx, weights, *ws):
+def _gather_body(local_ffn: ExpertFFN, names: Sequence[str], n_dev: int) -> Body:
+    def body(x: jax.Array, idx: jax.Array, weights: jax.Array, *ws: jax.Array) -> jax.Array:
         experts = dict(zip(names, ws))
         per_device = ws[0].shape[0]
         x_all, idx_all, w_all = (jax.lax.all_gather(a, AXIS, tiled=True) for a in (x, idx, weights))
@@ -130,8 +134,8 @@ def _gather_body(local_ffn, names, n_dev):
     return body
 
 
-def _all_to_all_body(local_ffn, names, n_dev):
-    def body(x, idx, weights, *ws):
+def _all_to_all_body(local_ffn: ExpertFFN, names: Sequence[str], n_dev: int) -> Body:
+    def body(x: jax.Array, idx: jax.Array, weights: jax.Array, *ws: jax.Array) -> jax.Array:
         experts = dict(zip(names, ws))
         per_device = ws[0].shape[0]
         n, k = idx.shape

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING
 
 import jax
@@ -101,7 +101,7 @@ class GatheredStreamed:
         shards = self._shards.pop(layer, None)
         return shards if shards is not None else self._fetch(layer)
 
-    def _prefetch(self, layer: int, skip=()) -> None:
+    def _prefetch(self, layer: int, skip: Container[int] = ()) -> None:
         if layer not in skip and layer not in self._shards and layer not in self._whole:
             self._shards[layer] = self._fetch(layer)
             self.stats[layer].prefetches += 1

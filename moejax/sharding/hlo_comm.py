@@ -65,13 +65,13 @@ def parse_type(text: str) -> Any:
     text = re.sub(r"/\*.*?\*/", "", text)
     pos = 0
 
-    def parse():
+    def parse() -> Any:  # as parse_type gives it
         nonlocal pos
         while text[pos] in " ,":
             pos += 1
         if text[pos] == "(":
             pos += 1
-            items = []
+            items: list = []
             while True:
                 while text[pos] in " ,":
                     pos += 1
@@ -91,7 +91,7 @@ def parse_type(text: str) -> Any:
     return out
 
 
-def _leaves(t) -> list:
+def _leaves(t: Any) -> list:  # an HLO type as parse_type gives it
     return [t] if isinstance(t, tuple) else [leaf for item in t for leaf in _leaves(item)]
 
 
@@ -123,7 +123,7 @@ def group_size(attrs: str, devices: int | None) -> int:
     return devices
 
 
-def _results(kind: str, start: bool, result) -> list:
+def _results(kind: str, start: bool, result: Any) -> list:  # result: its type, as parse_type gives it
     """The result arrays of a collective; a `-start`'s tuple also holds its operands (and, for collective-permute,
     context scalars): (operand(s), result(s), ...) -> result(s). all-reduce-start keeps the plain result."""
     if start and kind != "all-reduce" and isinstance(result, list) and len(result) >= 2:

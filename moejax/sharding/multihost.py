@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -103,7 +104,7 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.concatenate([np.asarray(s.data) for s in shards])
 
 
-def _per_process_mesh(sharding) -> Mesh | None:
+def _per_process_mesh(sharding: jax.sharding.Sharding) -> Mesh | None:
     """The devices of a NamedSharding as a (processes, local) mesh, when each process owns one row of it."""
     if not isinstance(sharding, NamedSharding) or sharding.mesh.size % jax.process_count():
         return None
@@ -114,5 +115,5 @@ def _per_process_mesh(sharding) -> Mesh | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _copy_to(sharding: NamedSharding):
+def _copy_to(sharding: NamedSharding) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(lambda a: a, out_shardings=sharding)  # one jit per target: cached, not retraced per call

@@ -39,6 +39,7 @@ class LayoutSetup:
 
     def expert_group(self) -> ExpertGroup:
         """DEP: where the loader puts the routed experts (the parameters keep stand-ins)."""
+        assert self.expert_mesh is not None  # set under DEP
         return ExpertGroup(self.mesh, self.expert_mesh)
 
     def budget_memory(self, memory: MemoryBudget, shapes: dict, budget: int | None) -> MemoryBudget:

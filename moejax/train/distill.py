@@ -47,7 +47,7 @@ def estimator_pairs(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors
     return np.concatenate(qs), np.concatenate(sources), np.concatenate(targets), np.concatenate(positions)
 
 
-def _kl(params, q, source, target):
+def _kl(params: dict, q: jax.Array, source: jax.Array, target: jax.Array) -> jax.Array:
     logp = jax.nn.log_softmax(est.apply(params, q, source), axis=-1)
     p_true = jax.nn.softmax(target, axis=-1)
     return jnp.mean(jnp.sum(p_true * (jax.nn.log_softmax(target, axis=-1) - logp), axis=-1))
@@ -106,7 +106,8 @@ def distill(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors, *, dis
     opt_state = tx.init(params)
 
     @jax.jit
-    def step(params, opt_state, q, source, target):
+    def step(params: dict, opt_state: optax.OptState, q: jax.Array, source: jax.Array, target: jax.Array
+             ) -> tuple[dict, optax.OptState, jax.Array]:
         loss, grads = jax.value_and_grad(_kl)(params, q, source, target)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss

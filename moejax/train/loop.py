@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import jax
@@ -135,19 +136,19 @@ class Run:
 class _StopRequest:
     """SIGTERM/SIGINT set a flag; the loop saves a checkpoint after the step in flight and stops."""
 
-    def __init__(self):
-        self.signal = None
-        self._old = {}
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict = {}  # signal -> the handler it had
 
-    def __enter__(self):
+    def __enter__(self) -> _StopRequest:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signal = signum
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
 
@@ -180,19 +181,19 @@ def train(run: Run, *, progress: bool | None = None) -> dict:
         _drop_metrics_after(os.path.join(run.out, "metrics.jsonl"), step)  # those steps run again
 
     @jax.jit
-    def train_step(state, window):
+    def train_step(state: dict, window: jax.Array) -> tuple[dict, dict]:
         (_, metrics), grads = jax.value_and_grad(lambda p: loss_fn(model, p, window), has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         metrics["grad_norm"] = optax.tree.norm(grads)
         return dict(params=optax.apply_updates(state["params"], updates), opt_state=opt_state), metrics
 
     @jax.jit
-    def eval_step(params, window):
+    def eval_step(params: dict, window: jax.Array) -> dict:
         return loss_fn(model, params, window)[1]
 
     held_out = eval_windows(run.held_out_tokens, s.seq_len, s.eval_windows)
 
-    def evaluate(params) -> dict:
+    def evaluate(params: dict) -> dict:
         metrics = [eval_step(params, jnp.asarray(held_out[i:i + s.batch])) for i in range(0, len(held_out), s.batch)]
         return {f"held_out_{k}": float(np.mean([m[k] for m in metrics])) for k in ("ce", "top1")}
 

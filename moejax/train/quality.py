@@ -38,7 +38,7 @@ def model_quality(engine: Engine, tokens: np.ndarray, *, window: int = 512, batc
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
 
     @jax.jit
-    def measure(params, rows, valid):
+    def measure(params: nnx.State, rows: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """rows [B, window + 1], valid [B] (padding rows count for nothing) -> (nll sum, correct, counts)."""
         model = nnx.merge(graphdef, params)
         inputs, targets = rows[:, :-1], rows[:, 1:]
@@ -114,6 +114,7 @@ def greedy_samples(engine: Engine, prompts: Sequence[str] = GREEDY_PROMPTS, *, m
     """Each prompt's greedy completion up to the first blank line or end of text, and whether prompt + completion
     is valid Python (`parses`)."""
     tok = engine.tokenizer
+    assert tok is not None  # a trained run's engine has the run's tokenizer
     outs = engine.generate([tok.encode(p).ids for p in prompts], max_new, stop_token_ids=engine.config.eos_token_ids)
     samples = []
     for prompt, ids in zip(prompts, outs):

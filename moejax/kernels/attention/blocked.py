@@ -66,7 +66,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, blocks: Sequence[tuple[i
     return out, jnp.concatenate(lses, axis=3).transpose(0, 3, 1, 2).reshape(B, T, Hq)
 
 
-def _take(x, ranges: Ranges):
+def _take(x: jax.Array, ranges: Ranges) -> jax.Array:
     parts = [x[:, :, lo:hi] for lo, hi in ranges]
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)
 

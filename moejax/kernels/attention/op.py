@@ -63,7 +63,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, 
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "window", "scale", "return_lse", "backend"))
-def _run(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_lse, backend):
+def _run(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array | None, kv_lengths: jax.Array | None,
+         sinks: jax.Array | None, *, causal: bool, window: int | None, scale: float, return_lse: bool, backend: str
+         ) -> tuple[jax.Array, jax.Array | None]:
     B, T = q.shape[:2]
     S = k.shape[1]
     lengths = None if kv_lengths is None else jnp.clip(kv_lengths, 0, S)
@@ -87,7 +89,7 @@ def _run(q, k, v, q_offset, kv_lengths, sinks, *, causal, window, scale, return_
 BLOCKED_MAX_KEYS = 8192  # beyond, the chunked online softmax keeps [T, CHUNK] logits instead of [BLOCK, S]
 
 
-def _causal_visible(first: int, n: int, idx, window):
+def _causal_visible(first: int, n: int, idx: ArrayLike, window: int | None) -> jax.Array:
     """Static mask [n, K]: queries at key positions first..first+n-1 against keys idx."""
     dist = (first + jnp.arange(n, dtype=jnp.int32))[:, None] - jnp.asarray(idx)[None, :]
     return (dist >= 0) & (dist < window) if window is not None else dist >= 0
@@ -105,7 +107,8 @@ def pick_backend(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sliding
     return "pallas" if pallas_unavailable() is None else "xla"
 
 
-def _check(q, k, v, causal, sliding_window, sinks, return_lse):
+def _check(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, sliding_window: int | None,
+           sinks: jax.Array | None, return_lse: bool) -> None:
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     if not q.ndim == k.ndim == v.ndim == 4:
         raise ValueError(f"attention wants q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv]; got {shapes}")
@@ -127,7 +130,7 @@ def _check(q, k, v, causal, sliding_window, sinks, return_lse):
                              "sinks once (see cascade.py)")
 
 
-def _per_row(x, B: int, name: str):
+def _per_row(x: ArrayLike, B: int, name: str) -> jax.Array:
     x = jnp.asarray(x, jnp.int32)
     if x.ndim > 1 or (x.ndim == 1 and x.shape[0] != B):
         raise ValueError(f"{name} must be a scalar or have shape ({B},), got {tuple(x.shape)}")

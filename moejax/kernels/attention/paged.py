@@ -54,7 +54,8 @@ def gather_blocks(pool: jax.Array, block_table: jax.Array) -> jax.Array:
     return pool[block_table.reshape(-1)].reshape(B, NB * pool.shape[1], *pool.shape[2:])
 
 
-def _check(q, k_parts, v_pool, block_table, q_offset):
+def _check(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, block_table: jax.Array, q_offset: ArrayLike
+           ) -> None:
     shapes = (f"q {tuple(q.shape)}, k parts {[tuple(p.shape) for p in k_parts]}, v {tuple(v_pool.shape)}, "
               f"block table {tuple(block_table.shape)}")
     if q.ndim != 4 or not k_parts or any(p.ndim != 4 for p in k_parts) or v_pool.ndim != 4 or block_table.ndim != 2:

@@ -102,7 +102,7 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
 
     # Each key part (and v) padded to a multiple of 16: a copy of the pool, so only for widths that are not (tiny test
     # models); real ones (128, 64, 512 + 64) pass through untouched. q's slices are padded to match (q is small).
-    def flat(pool, w):  # [N*P, Hkv, w]
+    def flat(pool: jax.Array, w: int) -> jax.Array:  # [N*P, Hkv, w]
         return pad_axis(pool.reshape(N * P, Hkv, pool.shape[-1]), 2, w)
 
     kp = [flat(p, round_up(w, 16)) for p, w in zip(k_parts, widths)]

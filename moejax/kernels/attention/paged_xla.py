@@ -45,7 +45,7 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
     first = jnp.zeros_like(last) if window is None else jnp.clip((q_offset - window + 1) // P, 0, None)
     first = jnp.minimum(first, last)
 
-    def step(c, carry):
+    def step(c: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         m, l, acc = carry
         cols = c * C + jnp.arange(C, dtype=jnp.int32)  # [C]
         blocks = jnp.take_along_axis(block_table, jnp.clip(cols[None, :], first[:, None], last[:, None]), axis=1)

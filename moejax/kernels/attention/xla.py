@@ -46,7 +46,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_
         c_lo = jnp.clip(jnp.min(q_offset) - window + 1, 0, None) // CHUNK
     c_lo = jnp.minimum(c_lo, c_hi)
 
-    def step(c, carry):
+    def step(c: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         m, l, acc = carry
         # The last chunk overlaps its predecessor instead of padding K/V; keys seen already are masked.
         start = jnp.minimum(c * CHUNK, S - CHUNK)

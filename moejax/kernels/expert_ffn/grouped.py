@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from moejax.buckets import fine_bucket
 from moejax.kernels.activation import glu_of
@@ -45,7 +46,8 @@ def xla(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: ja
     return _loop(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha)
 
 
-def _loop(x, routing, weights, wgu, wd, bgu, bd, act, limit, alpha):
+def _loop(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+          bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     pick = lambda b, g: None if b is None else b[g]  # noqa: E731
     ys = for_each_group(gather_rows(x, routing, weights.shape[1]), routing.group_sizes, x.shape[1],
                         lambda g, rows: ffn_rows(rows, wgu[g], wd[g], pick(bgu, g), pick(bd, g), act, limit, alpha))
@@ -71,7 +73,7 @@ def capacity(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array,
     slot = jnp.arange(N * k, dtype=jnp.int32) - start[routing.expert_of_row]
     rows = gather_rows(x, routing, k)
 
-    def slots(C):
+    def slots(C: int) -> jax.Array:
         buf = jnp.zeros((E, C, x.shape[1]), x.dtype).at[routing.expert_of_row, slot].set(rows, mode="drop")
         h = f32_einsum("ecd,edf->ecf", buf, wgu)
         if bgu is not None:
@@ -87,13 +89,14 @@ def capacity(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array,
     return jax.lax.switch(which, [functools.partial(slots, C) for C in tiers] + [loop])
 
 
-def _pad_halves(w, axis: int):
+def _pad_halves(w: jax.Array, axis: int) -> jax.Array:
     """Pad each of the [gate | up] halves along `axis` to a multiple of 16 (test-sized shapes only)."""
     gate, up = jnp.split(w, 2, axis=axis)
     return jnp.concatenate([pad_to_16(gate, axis), pad_to_16(up, axis)], axis=axis)
 
 
-def _pallas(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha, *, interpret):
+def _pallas(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
+            bd: jax.Array | None, act: str, limit: float, alpha: float, *, interpret: bool) -> jax.Array:
     N, D = x.shape
     k = idx.shape[1]
     E = wgu.shape[0]
@@ -131,7 +134,7 @@ def mosaic(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd:
     xs = jnp.take(x, token, axis=0, mode="fill", fill_value=0)  # padding rows: token N, out of range -> zeros
     group = jnp.repeat(jnp.maximum(layout.tile_group, 0), cfg.bm)  # padding rows: any group, never read back
 
-    def product(a, w, b, out_dtype):
+    def product(a: jax.Array, w: jax.Array, b: jax.Array | None, out_dtype: DTypeLike) -> jax.Array:
         ap, wp = mosaic_gmm.pad_k_n(a, w, cfg)
         y = mosaic_gmm.aligned_call(ap, wp, layout.tile_group, cfg, out_dtype)[:, :w.shape[2]]
         return y if b is None else y.astype(_f32) + b.astype(_f32)[group]

@@ -36,5 +36,5 @@ def expert_auto(rows: int, groups: int, dtype: DTypeLike, fused: bool, top_k: in
     return "pallas"
 
 
-def _mosaic_usable(dtype) -> bool:
+def _mosaic_usable(dtype: DTypeLike) -> bool:
     return mosaic_unavailable() is None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)

@@ -12,6 +12,7 @@ lowers (tests check that) but does not run.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -76,7 +77,7 @@ def aligned_call(xa: jax.Array, w: jax.Array, tile_group: jax.Array, cfg: Mosaic
     return kernel(tile_group, used, xa, w)
 
 
-def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype):
+def _one_warpgroup_body(cfg: MosaicConfig, K: int, N: int, out_dtype: DTypeLike) -> Callable[..., None]:
     """One warpgroup per program issues the copies and the MMAs (emit_pipeline keeps `stages` copies in flight)."""
     bm, bn, bk = cfg.bm, cfg.bn, cfg.bk
 

@@ -20,7 +20,7 @@ from jax.typing import DTypeLike
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
 
 COPY_REGISTERS = 40  # registers per thread left to the copy warpgroup (JAX's Hopper matmul: "reasonable on H100")
-def _swizzled(minor_elems: int, dtype) -> tuple:
+def _swizzled(minor_elems: int, dtype: DTypeLike) -> tuple:
     """Shared-memory transforms for tiles whose minor dimension holds `minor_elems` elements of `dtype`."""
     swizzle = plgpu.find_swizzle(minor_elems * jnp.dtype(dtype).itemsize * 8)
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)

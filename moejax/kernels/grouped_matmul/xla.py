@@ -47,11 +47,11 @@ def for_each_group(xs: jax.Array, group_sizes: jax.Array, out_dim: int,
     active = jnp.nonzero(group_sizes > 0, size=G, fill_value=0)[0]  # ascending group ids
     size_of = jnp.asarray(sizes, jnp.int32)
 
-    def group(i, ys):
+    def group(i: jax.Array, ys: jax.Array) -> jax.Array:
         g = active[i]
         c, s0 = group_sizes[g], starts[g]
 
-        def window(size, off):
+        def window(size: int, off: jax.Array) -> jax.Array:
             return body(g, jax.lax.dynamic_slice_in_dim(xs, off, size))
 
         full = c // tile

@@ -42,7 +42,7 @@ class EstimatorShape:
 def init_params(shape: EstimatorShape, seed: int = 0) -> dict:
     keys = jax.random.split(jax.random.key(seed), 4)
 
-    def dense(key, fan_in, fan_out):
+    def dense(key: jax.Array, fan_in: int, fan_out: int) -> jax.Array:
         return jax.random.normal(key, (fan_in, fan_out), _f32) / np.sqrt(fan_in)
 
     H = shape.latent

@@ -138,7 +138,7 @@ def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndar
     return out
 
 
-def _router_probs(graphdef, state, y):
+def _router_probs(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array) -> jax.Array:
     mlp = nnx.merge(graphdef, state).mlp
     return jax.nn.softmax(mlp.router_logits(y.reshape(-1, y.shape[-1]).astype(jnp.float32)), axis=-1)
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @functools.partial(jax.jit, static_argnames=("source",))
-def _logits(params, q, *, source: int):
+def _logits(params: dict, q: jax.Array, *, source: int) -> jax.Array:
     return est.apply(params, q, jnp.full((q.shape[0],), source, jnp.int32))
 
 

@@ -8,6 +8,8 @@ g_e are the weights of layer l's true router (it runs anyway, and is closer to t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,29 @@ from moejax.offload import layered
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.protocol import Arrays, Prediction
 
+if TYPE_CHECKING:
+    from moejax.config import ModelConfig
+    from moejax.kernels.backends import Kernels
+
 _f32 = jnp.float32
+
+
+class _Engine(Protocol):
+    """What calibration reads of a moejax.engine.Engine (not imported: moejax.engine's imports reach this module)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def graphdef(self) -> nnx.GraphDef: ...
+
+    @property
+    def params(self) -> nnx.State: ...
+
+    @property
+    def kernels(self) -> Kernels: ...
+
+    def layer_experts(self, layer: int) -> dict: ...
 
 
 @dataclasses.dataclass
@@ -37,7 +61,8 @@ class DefaultVectors:
         return cls(np.asarray(tree["vectors"], np.float32), np.asarray(tree["counts"]))
 
 
-def _hop(graphdef, state, h, vectors, idx, weights):
+def _hop(graphdef: nnx.GraphDef, state: nnx.State, h: jax.Array, vectors: jax.Array, idx: jax.Array,
+         weights: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """h [N, D] float32 residual estimate of the previous layer, plus that layer's default-vector mix ->
     the next (MoE) layer's residual estimate and its router's choice."""
     h = h + jnp.einsum("nk,nkd->nd", weights, vectors[idx])
@@ -74,7 +99,8 @@ class RouterPredictor:
         return f"router (quasi-hidden state, distance {self.distance})"
 
 
-def _expert_sums(graphdef, state, y, idx, valid, experts, *, backend):
+def _expert_sums(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, valid: jax.Array,
+                 experts: dict[str, jax.Array], *, backend: str) -> tuple[jax.Array, jax.Array]:
     """Per expert: the summed unweighted output over valid tokens routed to it [E, D], and their count [E]."""
     mlp = nnx.merge(graphdef, state).mlp
     y2 = y.reshape(-1, y.shape[-1])
@@ -92,10 +118,11 @@ class _Calibrating:
 
     name = "calibrating"
 
-    def __init__(self, experts_of, shape, backend):
+    def __init__(self, experts_of: Callable[[int], dict[str, jax.Array]], shape: tuple[int, int, int], backend: str
+                 ) -> None:
         self.experts_of, self.backend = experts_of, backend
         self.sums, self.counts = np.zeros(shape, np.float64), np.zeros(shape[:2], np.int64)
-        self.valid = None
+        self.valid: jax.Array | None = None  # the pass's valid-token mask [N] (run_prompts sets it)
 
     def begin_pass(self, steps: layered.LayeredSteps) -> None:
         pass
@@ -103,7 +130,8 @@ class _Calibrating:
     def vectors(self) -> "DefaultVectors":
         return DefaultVectors((self.sums / np.maximum(self.counts, 1)[..., None]).astype(np.float32), self.counts)
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
+            ) -> jax.Array:
         layer = handle.index
         experts = self.experts_of(layer)
         sums, counts = handle(_expert_sums, y, idx, self.valid, experts, backend=self.backend)
@@ -112,7 +140,9 @@ class _Calibrating:
         return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
 
-def run_prompts(engine, placement, prompts, *, max_tokens_per_prompt: int, max_tokens: int | None = None):
+def run_prompts(engine: _Engine, placement: _Calibrating, prompts: Iterable[Sequence[int]], *,
+                max_tokens_per_prompt: int, max_tokens: int | None = None
+                ) -> tuple[layered.LayeredSteps, list[int], list[int]]:
     """Run each prompt (cut to max_tokens_per_prompt; stop once max_tokens are run) alone through `engine`'s
     layer-by-layer steps with `placement` (which sees the valid-token mask as `placement.valid`) -> (steps, the
     token ids run, each prompt's length)."""
@@ -136,7 +166,7 @@ def run_prompts(engine, placement, prompts, *, max_tokens_per_prompt: int, max_t
     return steps, tokens, lengths
 
 
-def calibrate(engine, prompts, *, max_tokens: int = 512) -> DefaultVectors:
+def calibrate(engine: _Engine, prompts: Iterable[Sequence[int]], *, max_tokens: int = 512) -> DefaultVectors:
     """Default vectors from running `prompts` (lists of token ids, each cut to `max_tokens`) through `engine`
     (any placement: its experts are read layer by layer from wherever they live)."""
     cfg = engine.config

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -17,6 +18,7 @@ from moejax.offload.predict.router import DefaultVectors, _Calibrating, run_prom
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
+    from moejax.offload.layered import Layer
 
 _f32 = jnp.float32
 
@@ -60,7 +62,7 @@ class Traces:
             return cls(f["residual"], f["router_logits"], f["tokens"], f["starts"], f["moe_layers"].tolist())
 
 
-def _router_logits(graphdef, state, y):
+def _router_logits(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array) -> jax.Array:
     return nnx.merge(graphdef, state).mlp.router_logits(y.reshape(-1, y.shape[-1]).astype(_f32))
 
 
@@ -70,11 +72,11 @@ class _Recording(_Calibrating):
 
     name = "recording"
 
-    def __init__(self, *args) -> None:
+    def __init__(self, *args: Any) -> None:  # _Calibrating's
         super().__init__(*args)
         self.rows: dict[int, list] = {}
 
-    def moe(self, handle, x, y, idx, weights):
+    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         keep = np.asarray(self.valid) > 0
         logits = np.asarray(handle(_router_logits, y), np.float32)[keep]
         residual = np.asarray(x.reshape(-1, x.shape[-1]), np.float32)[keep]
