@@ -1,14 +1,14 @@
 """The decode steps' token loop: up to `iterations` runs of a body that ends rows, stopping once none is left.
 
-How often the loop checks whether any row is left is a measured trade-off on a GPU (bench/README.md, fifth check,
-an H200): XLA evaluates a while loop's condition on the device and its GPU runtime reads the predicate back before
-each iteration, so a loop whose exit depends on the tokens makes the host wait on every token and leaves the device
-idle while the next iteration is launched; a fixed trip count avoids that wait but runs the iterations after every
-row has ended. The continuous scheduler's decode call makes at most a few tokens (decode_steps, 8 by default), so
-the fixed count wins there (3,272 against 3,000 output tokens/s on the embedded model); static batching's one call
-runs to the batch's longest request, so wasted iterations dominate (2,380 against 3,052) and it checks every token.
-On a CPU a check costs nothing: every token, both. MOEJAX_TOKEN_LOOP_CHECK=N (read when a step is traced) makes
-every loop check every N iterations (rounded down to a divisor of its count), for such comparisons."""
+How often the loop checks whether any row is left was measured on an H200 (bench/README.md, fifth check). There, a
+program with any loop in it returns from its dispatch only when the device has finished (launch.dispatch_probe), and
+an exit that depends on the tokens also has XLA:GPU read the loop's predicate back on the host before every
+iteration. A fixed trip count skips those reads but runs the iterations left after every row has ended. The
+continuous scheduler's decode call makes at most a few tokens (decode_steps, 8 by default), and the fixed count won
+there (3,272 against 3,000 output tokens/s on the embedded model); static batching's one call runs to the batch's
+longest request, where the wasted iterations lost (2,380 against 3,052), so it checks every token. On a CPU a check
+costs nothing: every token, both. MOEJAX_TOKEN_LOOP_CHECK=N (read when a step is traced) makes every loop check
+every N iterations (rounded down to a divisor of its count), for such comparisons."""
 from __future__ import annotations
 
 import os
@@ -36,8 +36,8 @@ def token_loop(go_on: Callable[[State], jax.Array], body: Callable[[State], Stat
     """Run body on state while go_on(state), at most `iterations` times (go_on must turn false after that many):
     go_on is checked before the first iteration and then every check_every(iterations, few) iterations. A body must
     leave a state on which further iterations change no result once go_on is false. Checked never (every == iterations),
-    the loop runs all its iterations: no conditional either, since XLA:GPU reads a conditional's predicate on the
-    host as it does a loop's."""
+    the loop runs all its iterations, with no conditional around it either (XLA:GPU reads a conditional's predicate
+    on the host too)."""
     if iterations < 1:
         return state
     every = check_every(iterations, few)
