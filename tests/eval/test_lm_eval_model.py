@@ -85,6 +85,7 @@ def test_is_greedy_true_for_some(reference):
         assert any(flags) and not all(flags)
 
 
+@pytest.mark.slow  # a CLI run end to end (about 20 s); the evaluator's answers are checked in the fast tier
 def test_cli_runs_the_model(tmp_path, monkeypatch):
     """`python -m moejax.eval` is lm-eval's CLI with --model moejax registered: it writes lm-eval's results file."""
     from moejax.eval.__main__ import main

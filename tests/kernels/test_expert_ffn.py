@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fast_tier
 from moejax.kernels import EXPERT_BACKENDS, expert_ffn
 from moejax.kernels.platform import on_gpu
 
@@ -57,7 +58,7 @@ def make(E, k, N, D, I, skew, seed, bias):
     return x, idx.astype(np.int32), w, wgu, wd, bgu, bd
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", fast_tier(BACKENDS, lambda b: b != "pallas_interpret"))  # interpreted: slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_float32_paths_match_float64_reference(backend, problem):

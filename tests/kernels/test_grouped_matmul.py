@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import fast_tier
 from moejax.kernels import GROUPED_MATMUL_BACKENDS, combine, dispatch, expert_ffn, gather_rows, grouped_matmul
 from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
@@ -52,7 +53,7 @@ def make(G, M, K, N, shape, seed, dtype=np.float32):
     return x, w, sizes
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", fast_tier(BACKENDS, lambda b: b != "pallas_interpret"))  # interpreted: slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_float32_matches_float64(backend, problem):

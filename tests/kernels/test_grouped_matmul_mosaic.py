@@ -24,6 +24,7 @@ from test_grouped_matmul import lowered_for_gpu, make, reference
 gpu = pytest.mark.skipif(not on_gpu(), reason="Mosaic GPU kernels run on an NVIDIA Hopper GPU only")
 
 
+@pytest.mark.slow  # 25 generated layouts (about 20 s)
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 7), st.integers(1, 90), st.sampled_from([8, 16, 64]), st.integers(0, 2**31 - 1),
        st.sampled_from(["random", "one_group_has_all", "some_empty", "sum_below_m"]))

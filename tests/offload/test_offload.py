@@ -208,6 +208,7 @@ def test_saturation_profile_and_explain():
         profile_saturation(moejax.load("tiny-qwen3-moe", placement="cached"))
 
 
+@pytest.mark.slow  # calibration and a second cached engine (about 20 s); one layer ahead is in the fast tier
 def test_router_predictor_two_moe_layers_ahead(tmp_path, resident_runs):
     name = "gpt_oss"  # three MoE layers: layer 0 predicts layer 2 through layer 1's predicted routing
     ref_logits, ref_tokens = resident_runs(name)

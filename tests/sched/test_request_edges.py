@@ -47,6 +47,7 @@ def assert_same(got, want, where="body") -> None:
         assert got == want, where
 
 
+@pytest.mark.slow  # both batchings compiled (about 20 s); test_continuous compares them in the fast tier
 def test_loglikelihood_requests_under_continuous_batching_equal_static(tiny, tmp_path):
     """Echo with logprobs and max_tokens 0 (prompts of 2 and 3 KV blocks) beside a request that generates (whose
     one block is all the pool is sized for): continuous batching serves them, with the default pool and with a

@@ -452,6 +452,8 @@ def text_completion_line(cid, prompt, max_tokens, **extra):
                        "body": {"prompt": prompt, "max_tokens": max_tokens, **extra}})
 
 
+# a tokenizer's whole serve run (about 20 s); tests/sched/test_openai_models.py serves text prompts in the fast tier
+@pytest.mark.slow
 def test_text_requests_with_a_tokenizer(qwen3, tmp_path):
     tok = qwen3.tokenizer
     prompt = "the cat sat on"
@@ -719,6 +721,8 @@ def test_garbage_lines_one_result_each_in_order(tiny, lines):
     check_garbage(tiny, lines)
 
 
+# 10 generated files of garbage through serve (about 25 s); tests/sched/test_requests.py checks each bad field fast
+@pytest.mark.slow
 @settings(GARBAGE, max_examples=10)
 @given(lines=garbage_lines([json.dumps(x) for x in FORMAT_EXAMPLES]))
 def test_garbage_in_the_openai_and_sglang_formats(qwen3, lines):
