@@ -47,6 +47,7 @@ def _close(a: float, b: float, rel: float = 0.0) -> bool:
     return abs(a - b) <= max(TOLERANCE, rel * abs(b))
 
 
+@pytest.mark.slow  # lm-eval's evaluator over four tasks (about 30 s)
 def test_every_answer_equals_hf(moejax_run, reference):
     name, ours = moejax_run
     hf = reference["models"][name]

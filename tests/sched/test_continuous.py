@@ -62,6 +62,7 @@ def test_shared_prefix_blocks_are_read_not_recomputed(tiny):
     assert sched.stats.chunk_steps < len(prompts) * 2  # a prompt fills several rows of one step
 
 
+@pytest.mark.slow  # three scheduler runs (about 28 s)
 def test_sampling_does_not_depend_on_batch_or_preemption(tiny):
     """Sampled tokens are Engine.generate's (key of row i, token t: fold_in(fold_in(key(seed), i), t)) whether a
     sequence runs alone or is admitted mid-run into a crowded pool, preempted and resumed."""

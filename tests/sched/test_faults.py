@@ -73,6 +73,7 @@ def engine(qwen3_engine):
     return qwen3_engine
 
 
+@pytest.mark.slow  # two serve runs (about 16 s); the other faults are fast
 def test_a_full_disk_stops_the_run_and_a_rerun_completes_it(engine, tmp_path):
     lines = [json.dumps({"custom_id": f"c{i}", "url": "/v1/completions",
                          "body": {"prompt": [5 + i, 6, 7], "max_tokens": 4, "logprobs": 20}}) for i in range(12)]

@@ -243,6 +243,7 @@ def test_the_planner_counts_a_row_per_choice():
     assert [len(b.requests) for b in pack_completion_batches(reqs, max_batch_tokens=256)] == [2, 2]
 
 
+@pytest.mark.slow  # two serve runs (about 19 s)
 def test_choices_continue_a_prefix_cached_by_an_earlier_batch(engine, tmp_path):
     shared = list(range(5, 40))  # two full 16-token blocks
     requests = [("/v1/completions", {"prompt": shared + [40 + i], "max_tokens": 3, "n": 2, "temperature": 0.8,

@@ -58,6 +58,7 @@ def test_a_micro_run_lowers_the_held_out_loss(reference):
     assert last["tokens_seen"] == MICRO.steps * MICRO.batch * MICRO.seq_len
 
 
+@pytest.mark.slow  # three training runs (about 14 s)
 def test_sigterm_saves_and_resume_reaches_the_uninterrupted_parameters(reference, tmp_path):
     run = Run(str(tmp_path / "run"), MICRO, log=lambda *a: None)
     journal = os.path.join(run.out, "metrics.jsonl")
@@ -126,6 +127,7 @@ def test_export_loads_into_moejax_with_the_training_logits(reference, exported):
     assert f"{MICRO.steps} steps" in card and "perplexity" in card and "| 1 |" in card  # both layers' load
 
 
+@pytest.mark.slow  # the quality bench end to end (about 10 s)
 def test_quality_bench_measures_what_the_logits_say(reference, exported, tmp_path):
     from launch.bench import main
     texts = tmp_path / "texts"
