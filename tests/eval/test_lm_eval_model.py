@@ -66,6 +66,7 @@ def test_every_answer_equals_hf(moejax_run, reference):
                     assert _close(m[0], t[0]) and m[1] == t[1], f"{where}: {m} vs hf {t}"
 
 
+@pytest.mark.slow  # shares test_every_answer_equals_hf's evaluator run (about 30 s)
 def test_metrics_equal_hf(moejax_run, reference):
     name, ours = moejax_run
     for task in TASKS:

@@ -89,6 +89,7 @@ def test_stop_tokens_end_sequences_and_free_their_rows(tiny):
     assert sched.stats.decode_rows_useful < sched.stats.decode_rows_computed
 
 
+@pytest.mark.slow  # a cached engine compiled (about 19 s); tests/offload checks cached decoding fast
 def test_offloaded_placement_decodes_under_the_scheduler(tiny):
     cached = moejax.load(TINY, dtype="float32", placement="cached", cache_slots=6)
     prompts = prompts_of([9, 20], seed=5)
