@@ -48,6 +48,7 @@ def test_block_pool_shares_published_blocks_and_accounts_for_every_block():
         pool.release([got[0]])
 
 
+@pytest.mark.slow  # four scheduler runs (about 19 s)
 def test_shared_prefix_blocks_are_read_not_recomputed(tiny):
     """Three prompts share a 40-token prefix (two full blocks): the first computes and publishes them, the others
     wait for them and read them (the scheduler refuses any write into a published block), with Engine.generate's
@@ -137,6 +138,7 @@ def _comparable(row: dict) -> dict:
     return {"custom_id": row["custom_id"], **body}
 
 
+@pytest.mark.slow  # a serve run with a failing step (about 15 s); test_serve's failing batch is fast
 def test_a_failing_step_fails_only_its_sequences(tiny, tmp_path, monkeypatch):
     """A decode step that raises fails the requests in flight (500, retried by a rerun); the scheduler starts a
     fresh pool and serves the rest."""

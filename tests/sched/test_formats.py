@@ -68,6 +68,7 @@ def check_logprobs(engine, logprobs: dict, ids: list[int], start: int, top_n: in
     assert len(text) == sum(map(len, logprobs["tokens"]))
 
 
+@pytest.mark.slow  # about 17 s; tests/sched/test_openai_models.py serves echo and logprobs fast
 def test_completions_choices_logprobs_and_echo_match_the_engine(engine, tmp_path):
     prompt = [5, 6, 7, 8]
     rows, summary = serve(engine, tmp_path, [
