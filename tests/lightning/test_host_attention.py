@@ -5,10 +5,6 @@ oracles: the same tokens as the resident model's `generate` and as transformers'
 relative of the full forward without a cache, and each layer's attention output and cache equal to the unsplit
 module's. In process on one device (host and accelerator the same), and in a worker with 2 simulated devices where
 the weights sit on cpu:1 and the cache and attention on cpu:0 (the host)."""
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -21,8 +17,8 @@ from host_decode import FAMILIES, run_family
 from moejax.lightning import host_kv
 from moejax.lightning.host_attention import HostAttention
 from moejax.models.attention import AttentionCore
+from workers import run_workers
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
 HOST = "SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device)"
 WORKERS = (FAMILIES[0::2], FAMILIES[1::2])  # two processes side by side, a GQA and an MLA family in each
@@ -45,20 +41,10 @@ def test_host_decode_on_one_device_matches_the_resident_model(name):
 
 @pytest.fixture(scope="module")
 def two_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    runs = [subprocess.Popen([sys.executable, os.path.join(HERE, "lightning_worker.py"), *names], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for names in WORKERS]
     out: dict = {"families": {}}
-    try:
-        for run in runs:
-            stdout, stderr = run.communicate(timeout=900)
-            assert run.returncode == 0, stderr[-3000:]
-            result = json.loads(stdout.strip().splitlines()[-1])
-            out["families"].update(result.pop("families"))
-            out.update(result)
-    finally:
-        for run in runs:
-            run.kill()
+    for result in run_workers("lightning_worker.py", WORKERS, devices=2, timeout=900):
+        out["families"].update(result.pop("families"))
+        out.update(result)
     return out
 
 

@@ -13,6 +13,7 @@ import pytest
 import moejax
 from moejax.costs import layout_comm
 from moejax.sharding import Layout
+from workers import run_workers
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -26,21 +27,11 @@ WORKERS = (["models:qwen3_moe", "skewed", "async_ep", "two_channel:qwen3_moe"],
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    runs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sharding_worker.py"), *parts], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for parts in WORKERS]
     out: dict = {"models": {}, "two_channel": {}}
-    try:
-        for run in runs:
-            stdout, stderr = run.communicate(timeout=1500)
-            assert run.returncode == 0, stderr[-3000:]
-            result = json.loads(stdout.strip().splitlines()[-1])
-            for per_family in ("models", "two_channel"):
-                out[per_family].update(result.pop(per_family))
-            out.update(result)
-    finally:
-        for run in runs:
-            run.kill()
+    for result in run_workers("sharding_worker.py", WORKERS, devices=8, timeout=1500):
+        for per_family in ("models", "two_channel"):
+            out[per_family].update(result.pop(per_family))
+        out.update(result)
     return out
 
 
