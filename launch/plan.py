@@ -127,14 +127,14 @@ def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
     from moejax.plan.plots import theta_plot
     from moejax.plan.theta import layer_time_curve, theta_eq1
     devices = 1 if args.mode == "streamed" else args.devices
-    plan = theta_eq1(cfg, profile, mode=args.mode, devices=devices)
+    theta = theta_eq1(cfg, profile, mode=args.mode, devices=devices)
     plots = []
     if args.plot:
-        flops = list(np.geomspace(plan.theta_flops / 100, plan.theta_flops * 100, 60))
-        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, plan, flops))]
-        plots.append(theta_plot(curve, plan.theta_flops, os.path.join(args.plot, "theta.png"),
-                                f"{args.model}, {args.mode} on {profile.name}: Θ = {plan.theta_flops:.3g} FLOPs"))
-    return plan.as_dict(), plan.describe(), plots
+        flops = list(np.geomspace(theta.theta_flops / 100, theta.theta_flops * 100, 60))
+        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, theta, flops))]
+        plots.append(theta_plot(curve, theta.theta_flops, os.path.join(args.plot, "theta.png"),
+                                f"{args.model}, {args.mode} on {profile.name}: Θ = {theta.theta_flops:.3g} FLOPs"))
+    return theta.as_dict(), theta.describe(), plots
 
 
 def run_layout(cfg, profile, args) -> tuple[dict, str, list]:

@@ -26,7 +26,7 @@ def materializer(abstract: MoEModel, shapes: dict, placement: Placement, *, chec
     flat = dict(nnx.to_flat_state(nnx.state(abstract)))
     # a checkpoint is checked against the model from its metadata now, at load; its tensors are read on first use
     read = None if checkpoint is None else checkpoint_reader(checkpoint, abstract.cfg, shapes,
-                                                       ignore_layers_from=ignore_layers_from)
+                                                             ignore_layers_from=ignore_layers_from)
 
     def materialize() -> tuple[nnx.State, Any]:
         store = placement.new_store()

@@ -89,7 +89,7 @@ class Scorer:
         reserved = 0.0 if self.kv_cache == "off" else self.prefix_cache_mb * 2**20
         sizing = score_batch_size(engine, self.max_batch_tokens, longest=longest, reserved_bytes=reserved)
         schedule = schedule_batches(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=self.kv_cache,
-                         cache_blocks=cache_blocks(engine, self.prefix_cache_mb), score_batch=sizing)
+                                    cache_blocks=cache_blocks(engine, self.prefix_cache_mb), score_batch=sizing)
         # The batch runner's packing (prefix-cache table, blocks stored only while a later batch reads them), as
         # explain uses it; the step is this module's.
         packer = Runner(engine, schedule, requests, None)

@@ -91,8 +91,8 @@ def device_budget_bytes(device_memory_gb: float | None) -> int | None:
 
 
 def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, moe_layers: int, top_k: int,
-                budget_bytes: int | None, placement: str = "auto", window: int | None = None,
-                cache_slots: int | None = None) -> MemoryBudget:
+                  budget_bytes: int | None, placement: str = "auto", window: int | None = None,
+                  cache_slots: int | None = None) -> MemoryBudget:
     if placement not in PLACEMENTS:
         raise MemoryBudgetError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
     all_experts = expert_bytes * experts_per_layer * moe_layers
@@ -114,11 +114,11 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
     fits = f"budget {size(budget_bytes)} - reserve {size(reserve)} - resident weights {size(resident)}"
     if free < 0:
         raise MemoryBudgetError(f"cannot fit: the weights that always stay on the device ({size(resident)}) plus the "
-                              f"reserve ({size(reserve)}) exceed the budget of {size(budget_bytes)}")
+                                f"reserve ({size(reserve)}) exceed the budget of {size(budget_bytes)}")
     if placement == "resident" or (placement == "auto" and all_experts <= free):
         if all_experts > free:
             raise MemoryBudgetError(f"placement 'resident': all routed experts need {size(all_experts)} but {fits} "
-                                  f"leaves {size(free)}; use placement 'streamed' or 'cached'")
+                                    f"leaves {size(free)}; use placement 'streamed' or 'cached'")
         return MemoryBudget("resident", **base, reason=f"the whole model fits: experts {size(all_experts)} <= "
                                                       f"{size(free)} free ({fits})")
     layer_bytes = expert_bytes * experts_per_layer
@@ -126,11 +126,11 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
     if placement == "streamed" or (placement == "auto" and max_window >= 1):
         if window is not None and window > max_window:
             raise MemoryBudgetError(f"streamed window {window} needs {window + 1} layers of experts = "
-                                  f"{size((window + 1) * layer_bytes)} but {fits} leaves {size(free)} "
-                                  f"(window {max(max_window, 0)} at most)")
+                                    f"{size((window + 1) * layer_bytes)} but {fits} leaves {size(free)} "
+                                    f"(window {max(max_window, 0)} at most)")
         if max_window < 1:
             raise MemoryBudgetError(f"streamed placement needs 2 layers of experts ({size(2 * layer_bytes)}) on the "
-                                  f"device but {fits} leaves {size(free)}; use placement 'cached' or a larger budget")
+                                    f"device but {fits} leaves {size(free)}; use placement 'cached' or a larger budget")
         return _streamed(base, window or min(DEFAULT_WINDOW, max_window),
                          f"experts {size(all_experts)} > {size(free)} free ({fits}); window {max_window} at most")
     pass_experts = _pass_experts(experts_per_layer, top_k)
@@ -138,8 +138,8 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
     slots = _every_expert_at_most(base, cache_slots) or max_slots
     if slots < top_k or slots > max_slots:
         raise MemoryBudgetError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
-                              f"{size(expert_bytes)} but {fits} leaves {size(free)} (at most {max_slots} "
-                              f"slots; at least top-k = {top_k} needed)")
+                                f"{size(expert_bytes)} but {fits} leaves {size(free)} (at most {max_slots} "
+                                f"slots; at least top-k = {top_k} needed)")
     return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
                    if placement == "auto" else f"asked for; at most {max_slots} slots fit", asked=cache_slots)
 

@@ -34,9 +34,9 @@ def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, w
     E = cfg.num_experts or 1
     try:
         budget = budget_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
-                           moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
-                           budget_bytes=None if spread else device_budget_bytes(settings.device_memory_gb),
-                           placement=placement, window=settings.window, cache_slots=settings.cache_slots)
+                               moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
+                               budget_bytes=None if spread else device_budget_bytes(settings.device_memory_gb),
+                               placement=placement, window=settings.window, cache_slots=settings.cache_slots)
     except MemoryBudgetError as e:
         raise _error(str(e)) from None
     if spread:

@@ -138,7 +138,7 @@ def _chunks(res: _Resources, times: TaskTimes, t: int, i: int, release: float, r
 
 
 def simulate_schedule(cfg: ModelConfig, profile: Profile | None, schedule: DepScheduleLike,
-                  layers: int | Sequence[bool] | None = None) -> Simulation:
+                      layers: int | Sequence[bool] | None = None) -> Simulation:
     """Simulate one pass of a `moejax.plan.findep.DepSchedule` (its task times, r1, r2 and order) over cfg's layers
     (layers: None for all of them, an int for the first that many, or the MoE flags themselves). `profile` must be
     the one the schedule was made with (the task times come from the schedule). The schedule's predicted_s covers

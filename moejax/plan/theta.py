@@ -99,18 +99,18 @@ def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", dev
     tokens = (1 + epsilon) * t_comm * rate * cfg.num_layers / per_token  # per device
     theta_flops = tokens * per_token * devices
     return ThetaEstimate(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens * devices))),
-                     source=f"Eq. 1 from profile {profile.name} ({profile.source})", mode=mode, devices=devices,
-                     t_comm_s=t_comm, channels_s=channels, compute_flops_per_s=rate,
-                     layer_expert_bytes=layer_expert_bytes(cfg, profile.dtype_bytes), epsilon=epsilon)
+                         source=f"Eq. 1 from profile {profile.name} ({profile.source})", mode=mode, devices=devices,
+                         t_comm_s=t_comm, channels_s=channels, compute_flops_per_s=rate,
+                         layer_expert_bytes=layer_expert_bytes(cfg, profile.dtype_bytes), epsilon=epsilon)
 
 
-def layer_time_curve(cfg: ModelConfig, profile: Profile, plan: ThetaEstimate, batch_flops: Iterable[float]
+def layer_time_curve(cfg: ModelConfig, profile: Profile, theta: ThetaEstimate, batch_flops: Iterable[float]
                      ) -> list[tuple[float, float]]:
     """(compute-only, overlapped) seconds per MoE layer for whole-batch FLOPs values: what the Θ plot draws."""
     out = []
     for f in batch_flops:
-        compute = f / plan.devices / cfg.num_layers / plan.compute_flops_per_s
-        out.append((compute, max(compute, plan.t_comm_s)))
+        compute = f / theta.devices / cfg.num_layers / theta.compute_flops_per_s
+        out.append((compute, max(compute, theta.t_comm_s)))
     return out
 
 

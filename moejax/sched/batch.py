@@ -45,8 +45,8 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
     sizing = score_batch_size(engine, options.max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
     schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
-                     kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg,
-                     score_batch=sizing)
+                                kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg,
+                                score_batch=sizing)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
         options = dataclasses.replace(options, batching="static")
     kv_pool = None
@@ -103,7 +103,7 @@ def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, option
     the run summary."""
     with output_lock.hold(output, error_file):
         entries, store, todo, schedule, runner = _prepare(engine, lines, output, options, settings=settings,
-                                                      seed_nonce=seed_nonce, progress=progress)
+                                                          seed_nonce=seed_nonce, progress=progress)
         bad = 0
         with store:
             for e in entries:

@@ -156,8 +156,8 @@ def batch_hashes(batch: ScoreBatch | CompletionBatch) -> set[bytes]:
 
 
 def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
-              kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0,
-              config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> BatchSchedule:
+                     kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0,
+                     config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> BatchSchedule:
     """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
     own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
     of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring

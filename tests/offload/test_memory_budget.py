@@ -12,7 +12,7 @@ TOTAL = 3 * GiB + EXPERT * E * L
 
 def plan(budget_gb, **kw):
     return budget_memory(total_bytes=TOTAL, expert_bytes=EXPERT, experts_per_layer=E, moe_layers=L, top_k=K,
-                       budget_bytes=None if budget_gb is None else int(budget_gb * GiB), **kw)
+                         budget_bytes=None if budget_gb is None else int(budget_gb * GiB), **kw)
 
 
 def test_a_model_that_fits_stays_resident():
