@@ -112,19 +112,22 @@ def main() -> None:
     def fresh(which: int):  # zeros of the run's pool (0) or carry (1): every pass starts from the same kind of input
         return jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype, device=s.sharding), like[which])
     method = recorder.methods["paged_decode"]
-    plain = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels), static_argnames=("steps",))
-    bound = functools.partial(plain, engine.params)
+
+    def undonated():  # the step jitted anew without donate_argnums, traced under the token loop's setting of the time
+        step = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels),
+                       static_argnames=("steps",))
+        return functools.partial(step, engine.params)
 
     def twice(m, on_device: bool) -> dict:  # the first pass compiles what this variant's inputs need
         _timed(m, fresh(0), fresh(1), calls, on_device)
         return _timed(m, fresh(0), fresh(1), calls, on_device)
     rows: dict = {"as run": twice(method, False), "inputs on device": twice(method, True),
-                  "no donation": twice(bound, False)}
+                  "no donation": twice(undonated(), False)}
     os.environ[token_loop.CHECK_VARIABLE] = "1"  # read when the new jit traces: the early exit checked every token
-    checked = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels),
-                      static_argnames=("steps",))
-    rows["no donation, exit checked every token"] = twice(functools.partial(checked, engine.params), False)
-    del os.environ[token_loop.CHECK_VARIABLE]
+    try:
+        rows["no donation, exit checked every token"] = twice(undonated(), False)
+    finally:
+        del os.environ[token_loop.CHECK_VARIABLE]
     try:
         with jax.transfer_guard_device_to_host("disallow"):
             method(fresh(0), fresh(1), *step_overhead._as_run(calls[0]), **calls[0].kwargs)
