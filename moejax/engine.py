@@ -352,8 +352,11 @@ class Engine:
         return cast("list[tuple[np.ndarray, np.ndarray, np.ndarray]]", out)  # every sequence's is filled
 
     # -- packed scoring and the prefix pool ----------------------------------------------------------------
-    def init_pool(self, num_blocks: int) -> list[Layer]:
-        """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer)."""
+    def init_pool(self, num_blocks: int, *, decode: bool = False) -> list[Layer]:
+        """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer). decode: the
+        continuous-batching pool, which a placement may keep elsewhere (lightning: in host memory)."""
+        if decode and hasattr(self.steps, "init_pool"):
+            return self.steps.init_pool(num_blocks)
         model = nnx.merge(self._graphdef, self.abstract_params)
         return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
 

@@ -7,11 +7,13 @@ import os
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
+from moejax.lightning.at_load import kv_fits_device, lightning_budget
 from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
 from moejax.offload.memory_budget import OFFLOADED, MemoryBudget, MemoryBudgetError, device_budget_bytes
@@ -93,10 +95,18 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     shapes = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: MoEModel(cfg, dt))))}
     engine_plan, decisions = plan_choices(cfg, engine_plan)
     settings = engine_plan.placement
-    memory_budget = budget_for(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
+    if settings.placement == "lightning":
+        memory_budget, text = lightning_budget(cfg, shapes, settings, engine_plan.workload, dt,
+                                               lambda: _profile(engine_plan))
+        decisions.append(text)
+    else:
+        memory_budget = budget_for(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
     if settings.placement == "auto" and memory_budget.offloads and engine_plan.layout is None:
         memory_budget, text = choose_offload(cfg, shapes, settings, memory_budget, engine_plan)
         decisions.append(text)
+    if settings.placement == "auto" and engine_plan.layout is None:
+        memory_budget, changed = auto_lightning(cfg, shapes, settings, memory_budget, engine_plan, dt)
+        decisions += [changed] if changed else []
     layout = layout_of(engine_plan.layout, cfg)
     if layout and not memory_budget.offloads:
         try:
@@ -175,6 +185,20 @@ def plan_choices(cfg: ModelConfig, plan: EnginePlan) -> tuple[EnginePlan, list[s
         return plan, []
     plan, text = plan_layout(cfg, plan, _profile(plan), len(jax.devices()))
     return plan, [text]
+
+
+def auto_lightning(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, memory_budget: MemoryBudget,
+                   plan: EnginePlan, dtype: DTypeLike) -> tuple[MemoryBudget, str | None]:
+    """placement auto: lightning when the planned batch's KV cache does not fit beside the chosen placement's weights
+    (the policy search then decides its settings) -> (memory budget, decision or None: nothing changed)."""
+    why = kv_fits_device(cfg, memory_budget, plan.workload, dtype)
+    if why is None:
+        return memory_budget, None
+    try:
+        budget, text = lightning_budget(cfg, shapes, settings, plan.workload, dtype, lambda: _profile(plan))
+    except ValueError as e:
+        return memory_budget, f"placement auto: {memory_budget.placement}, though {why}: lightning cannot run ({e})"
+    return budget, f"placement auto: lightning, because {why}; {text}"
 
 
 def choose_offload(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, memory_budget: MemoryBudget,

@@ -24,6 +24,7 @@ from flax import nnx
 
 from moejax.kernels.backends import Kernels
 from moejax.kv_pool import Layer, PagedCache, slots_of
+from moejax.models.attention import Positions
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray
 from moejax.step_inputs import ChunkRows, PagedDecodeRows
@@ -44,20 +45,32 @@ def _pool_blocks(pool: list[Layer]) -> int:
 def chunk_begin(model: MoEModel, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
                 ) -> tuple[dict, None]:
     """fresh (static): every row starts at position 0, so attention reads only this call's keys."""
+    x, at, slots = chunk_inputs(model, rows, num_blocks=_pool_blocks(pool))
+    return dict(x=x, at=at, cache=_paged(pool, rows.table, slots)), None
+
+
+def chunk_inputs(model: MoEModel, rows: ChunkRows, *, num_blocks: int) -> tuple[jax.Array, Positions, jax.Array]:
+    """-> (the chunk's hidden states, Positions, the pool slots [B, T] its tokens write) for a pool of num_blocks."""
     T = rows.tokens.shape[1]
     positions = rows.start[:, None] + jnp.arange(T, dtype=jnp.int32)
     valid = jnp.arange(T, dtype=jnp.int32)[None, :] < rows.n[:, None]
-    slots = slots_of(rows.table, positions, valid, _pool_blocks(pool))
+    slots = slots_of(rows.table, positions, valid, num_blocks)
     x, at = model.embed_inputs(rows.tokens, positions)
-    return dict(x=x, at=at, cache=_paged(pool, rows.table, slots)), None
+    return x, at, slots
 
 
 def chunk_end(model: MoEModel, x: jax.Array, caches: list[PagedCache], context: None, pool: list[Layer],
               carry: jax.Array, rows: ChunkRows, *, fresh: bool) -> tuple[list[Layer], jax.Array, jax.Array]:
     """-> (pool, carry, the token after each row's last real token, sampled as token count[b] of its sequence).
     carry[slot[b]] takes row b's token (slot[b] = S: it does not; a prompt's rows but its last)."""
+    carry, tok = chunk_tokens(model, x, carry, rows)
+    return [c.pool for c in caches], carry, tok
+
+
+def chunk_tokens(model: MoEModel, x: jax.Array, carry: jax.Array, rows: ChunkRows) -> tuple[jax.Array, jax.Array]:
+    """chunk_end without the pool: -> (carry, the token after each row's last real token)."""
     tok = rows.sampling.next_tokens(model.head(x, jnp.maximum(rows.n - 1, 0)))
-    return [c.pool for c in caches], carry.at[rows.slot].set(tok, mode="drop"), tok
+    return carry.at[rows.slot].set(tok, mode="drop"), tok
 
 
 def chunk(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list[Layer], carry: jax.Array,
@@ -98,21 +111,33 @@ def decode_finish(carry: jax.Array, slot: StepArray, out: jax.Array) -> jax.Arra
 
 def token_begin(model: MoEModel, pool: list[Layer], loop: DecodeLoop, rows: PagedDecodeRows) -> dict:
     """Row b's input loop.last at position start[b] + i (written only while the row is live)."""
-    positions = (rows.start + loop.i)[:, None]
-    slots = slots_of(rows.table, positions, loop.live[:, None], _pool_blocks(pool))
-    x, at = model.embed_inputs(loop.last[:, None], positions)
+    x, at, slots = token_inputs(model, loop, rows, num_blocks=_pool_blocks(pool))
     return dict(x=x, at=at, cache=_paged(pool, rows.table, slots))
+
+
+def token_inputs(model: MoEModel, loop: DecodeLoop, rows: PagedDecodeRows, *, num_blocks: int
+                 ) -> tuple[jax.Array, Positions, jax.Array]:
+    """-> (the step's hidden states, Positions, the pool slots [B, 1] its tokens write) for a pool of num_blocks."""
+    positions = (rows.start + loop.i)[:, None]
+    slots = slots_of(rows.table, positions, loop.live[:, None], num_blocks)
+    x, at = model.embed_inputs(loop.last[:, None], positions)
+    return x, at, slots
 
 
 def token_end(model: MoEModel, x: jax.Array, caches: list[PagedCache], loop: DecodeLoop, rows: PagedDecodeRows
               ) -> tuple[list[Layer], DecodeLoop]:
     """-> (pool, the loop's next state): this token sampled as token count[b] + i of row b's sequence."""
+    return [c.pool for c in caches], next_loop(model, x, loop, rows)
+
+
+def next_loop(model: MoEModel, x: jax.Array, loop: DecodeLoop, rows: PagedDecodeRows) -> DecodeLoop:
+    """token_end without the pool: this token sampled, the loop's next state."""
     i, out, live, last = loop
     tok = rows.sampling.next_tokens(model.head(x, jnp.zeros((x.shape[0],), jnp.int32)), i)
     tok = jnp.where(live, tok, last)
     out = out.at[:, i].set(jnp.where(live, tok, -1))
     live = live & ~is_stop(tok, rows.stops) & (i + 1 < rows.budget)
-    return [c.pool for c in caches], DecodeLoop(i + 1, out, live, tok)
+    return DecodeLoop(i + 1, out, live, tok)
 
 
 def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list[Layer], carry: jax.Array,

@@ -9,8 +9,8 @@ from typing import Any, overload
 
 import jax
 
-PLACEMENTS = ("auto", "resident", "streamed", "cached")
-OFFLOADED = ("streamed", "cached")  # the experts live in host memory
+PLACEMENTS = ("auto", "resident", "streamed", "cached", "lightning")
+OFFLOADED = ("streamed", "cached", "lightning")  # the experts live in host memory (lightning: a share of them)
 RESERVE_FRACTION = 0.1  # of the budget, for activations, KV cache and XLA workspace
 DEFAULT_WINDOW = 2  # layers in flight beyond the computing one: more only costs memory once copies are hidden
 MIN_PASS_EXPERTS = 16  # experts stacked per pass of the cached FFN (at least top-k)
@@ -41,6 +41,7 @@ class MemoryBudget:
     cache_slots: int | None = None  # cached
     pass_experts: int | None = None  # cached: experts stacked per FFN pass (a transient copy)
     reason: str = ""
+    lightning: Any = None  # lightning: its moejax.lightning.policy.LightningPlan
 
     @property
     def layer_expert_bytes(self) -> int:
@@ -54,6 +55,9 @@ class MemoryBudget:
         if self.placement == "cached":
             assert self.cache_slots is not None and self.pass_experts is not None  # a cached budget has its slots
             return (self.cache_slots + self.pass_experts) * self.expert_bytes
+        if self.placement == "lightning":
+            return lightning_expert_bytes(self.lightning.r_w, self.expert_bytes, self.experts_per_layer,
+                                          self.moe_layers)
         return self.moe_layers * self.layer_expert_bytes
 
     @property
@@ -72,6 +76,9 @@ class MemoryBudget:
             what = f"window {self.window}: {self.window + 1} layers of experts on the device"
         elif self.placement == "cached":
             what = f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"
+        elif self.placement == "lightning":
+            what = (f"r_w = {self.lightning.r_w:.2f} of the experts resident, the rest paged: two layers' pages and "
+                    "the layer computing, assembled")
         else:
             what = "all routed experts on the device"
         return (f"memory budget: {self.placement} ({what}); budget {budget}, reserve {size(self.reserve_bytes)}; "
@@ -92,7 +99,8 @@ def device_budget_bytes(device_memory_gb: float | None) -> int | None:
 
 def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, moe_layers: int, top_k: int,
                   budget_bytes: int | None, placement: str = "auto", window: int | None = None,
-                  cache_slots: int | None = None) -> MemoryBudget:
+                  cache_slots: int | None = None, lightning: Any = None) -> MemoryBudget:
+    """lightning: the LightningPlan of placement 'lightning' (moejax.lightning.policy)."""
     if placement not in PLACEMENTS:
         raise MemoryBudgetError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
     all_experts = expert_bytes * experts_per_layer * moe_layers
@@ -100,8 +108,10 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
     reserve = 0 if budget_bytes is None else int(RESERVE_FRACTION * budget_bytes)
     base: dict[str, Any] = dict(budget_bytes=budget_bytes, resident_bytes=resident, expert_bytes=expert_bytes,
                 experts_per_layer=experts_per_layer, moe_layers=moe_layers, reserve_bytes=reserve)
-    if moe_layers == 0 and placement in ("streamed", "cached"):
+    if moe_layers == 0 and placement in OFFLOADED:
         raise MemoryBudgetError(f"placement {placement!r}: the model has no MoE layers to offload")
+    if placement == "lightning":
+        return _lightning(base, lightning, budget_bytes, reserve, resident)
     if budget_bytes is None:
         if placement in ("auto", "resident"):
             return MemoryBudget("resident", **base, reason="no device memory cap")
@@ -142,6 +152,27 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
                                 f"slots; at least top-k = {top_k} needed)")
     return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
                    if placement == "auto" else f"asked for; at most {max_slots} slots fit", asked=cache_slots)
+
+
+def lightning_expert_bytes(r_w: float, expert_bytes: int, experts_per_layer: int, moe_layers: int) -> int:
+    """Expert bytes on the device under lightning: the resident share of every layer, the pages of two layers (the
+    double buffer) and one layer assembled whole for its FFN."""
+    keep = int(round(r_w * experts_per_layer))
+    paged = experts_per_layer - keep
+    return expert_bytes * (keep * moe_layers + 2 * paged + (experts_per_layer if paged else 0))
+
+
+def _lightning(base: dict[str, Any], plan: Any, budget_bytes: int | None, reserve: int, resident: int
+               ) -> MemoryBudget:
+    if plan is None:
+        raise MemoryBudgetError("placement 'lightning' needs its policy (moejax.lightning.policy.resolve_plan)")
+    budget = MemoryBudget("lightning", **base, lightning=plan, reason=f"policy {plan.describe()}")
+    if budget_bytes is not None and budget.device_bytes > budget_bytes - reserve:
+        raise MemoryBudgetError(
+            f"placement 'lightning' with r_w = {plan.r_w:.2f}: resident weights {size(resident)} + experts "
+            f"{size(budget.expert_device_bytes)} = {size(budget.device_bytes)} exceed the budget {size(budget_bytes)} "
+            f"less the reserve {size(reserve)}; give a smaller resident_share")
+    return budget
 
 
 def _pass_experts(experts_per_layer: int, top_k: int) -> int:

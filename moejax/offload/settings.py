@@ -13,6 +13,8 @@ from moejax.offload.predict import PREDICTORS
 
 STREAMS = ("python", "jit")
 STREAMED, CACHED = ("placement", "streamed"), ("placement", "cached")  # what an option `applies` to
+LIGHTNING = ("placement", "lightning")
+WHERE = ("host", "device")
 
 
 def _error(message: str) -> ValueError:
@@ -27,7 +29,9 @@ class PlacementSettings:
         "auto", choices=PLACEMENTS,
         help="where routed experts live: auto (resident when the model fits --device-memory-gb, else streamed, else "
              "cached), resident, streamed (layers copied ahead from host memory; prefill batches are packed to the "
-             "profiled saturation threshold), cached (an expert cache; for decode and small batches)")
+             "profiled saturation threshold), cached (an expert cache; for decode and small batches), lightning "
+             "(MoE-Lightning's CGOPipe: the KV cache in host memory with decode attention on the host CPU, the "
+             "experts paged in with a resident share; for generation batches whose KV does not fit the device)")
     device_memory_gb: float | None = option(
         None, type=float, above=0, help="device memory moejax may use (default: the device's; no cap on CPU)")
     window: int | None = option(None, type=int, minimum=1,
@@ -64,8 +68,37 @@ class PlacementSettings:
         False, fingerprint=True,
         help="--speculative: predictions chain from the predicted routing, not the true router's", applies=CACHED)
 
+    batch_size: int | None = option(
+        None, type=int, minimum=1, applies=LIGHTNING,
+        help="lightning: rows decoded together, N (default: the policy search's)")
+    micro_batch: int | None = option(
+        None, type=int, minimum=1, applies=LIGHTNING,
+        help="lightning: rows per micro-batch of the pipeline, mu (default: the policy search's)")
+    resident_share: float | None = option(
+        None, type=float, minimum=0, applies=LIGHTNING,
+        help="lightning: share of each layer's experts kept on the device, r_w in [0, 1]; the rest is paged in "
+             "(default: the policy search's)")
+    kv_device_share: float | None = option(
+        None, type=float, minimum=0, applies=LIGHTNING,
+        help="lightning: share of the KV cache on the device, r_c in [0, 1]: the first r_c of the layers keep "
+             "theirs there and attend there (default: the policy search's)")
+    attention_on: str | None = option(
+        None, type=str, choices=WHERE, applies=LIGHTNING,
+        help="lightning: where decode attention runs, host (A_g = 0, CGOPipe) or device (A_g = 1: needs "
+             "--kv-device-share 1) (default: the policy search's)")
+    ffn_on: str | None = option(
+        None, type=str, choices=WHERE, applies=LIGHTNING,
+        help="lightning: where the MoE FFN runs (F_g); only device runs in moejax (default: device)")
+    host_memory_gb: float | None = option(
+        None, type=float, above=0, applies=LIGHTNING,
+        help="lightning: host memory the KV cache may use (default: this machine's)")
+
     def __post_init__(self) -> None:
         options.check(self, prefix="moejax.load: ")
+        for name in ("resident_share", "kv_device_share"):
+            value = getattr(self, name)
+            if value is not None and value > 1:
+                raise _error(f"{name} must be in [0, 1], got {value}")
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
         self._check_predictor()

@@ -20,11 +20,11 @@ def _error(message: str) -> ValueError:
     return ValueError(f"moejax.load: {message}")
 
 
-def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False
-               ) -> MemoryBudget:
+def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False,
+               lightning: object = None) -> MemoryBudget:
     """Abstract parameter shapes + placement settings -> MemoryBudget (ValueError naming the setting or the numbers).
     with_layout: a layout spreads the weights over devices (placement auto: planned per device once it is
-    resolved)."""
+    resolved). lightning: placement lightning's LightningPlan (moejax.lightning.policy.resolve_plan)."""
     placement = settings.placement
     spread = with_layout and placement == "auto"
     nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
@@ -36,7 +36,8 @@ def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, w
         budget = budget_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
                                moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
                                budget_bytes=None if spread else device_budget_bytes(settings.device_memory_gb),
-                               placement=placement, window=settings.window, cache_slots=settings.cache_slots)
+                               placement=placement, window=settings.window, cache_slots=settings.cache_slots,
+                               lightning=lightning)
     except MemoryBudgetError as e:
         raise _error(str(e)) from None
     if spread:

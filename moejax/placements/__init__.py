@@ -8,6 +8,7 @@ from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
 from moejax.placements.dep import DEP
 from moejax.placements.gathered import Gathered
+from moejax.placements.lightning import Lightning
 from moejax.placements.resident import Resident
 from moejax.placements.streamed import Streamed, StreamedInJit
 
@@ -16,10 +17,10 @@ if TYPE_CHECKING:
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
-__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Placement", "Resident", "Streamed",
+__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Lightning", "Placement", "Resident", "Streamed",
            "StreamedInJit", "placement_for"]
 
-PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Resident)
+PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Lightning, Resident)
 
 
 def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None

@@ -179,7 +179,7 @@ class Scheduler:
         self._results: list[_Seq] = []
         self.on_finish, self._delivering = on_finish, False
         if self.pool is None:
-            self.pool = self.engine.init_pool(self.num_blocks)
+            self.pool = self.engine.init_pool(self.num_blocks, decode=True)
         self._slots = list(range(self.max_rows))[::-1]
         self.carry = jax.device_put(np.full((self.max_rows,), -1, np.int32))
         for s in list(self.waiting):
@@ -315,7 +315,7 @@ class Scheduler:
             s.ahead = 0
         self.running, self._inflight = [], []
         self.blocks = BlockPool(self.num_blocks)  # the pool may be gone (donated into the failed call)
-        self.pool = self.engine.init_pool(self.num_blocks)
+        self.pool = self.engine.init_pool(self.num_blocks, decode=True)
         self._slots = list(range(self.max_rows))[::-1]
         self.carry = jax.device_put(np.full((self.max_rows,), -1, np.int32))
 

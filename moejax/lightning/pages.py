@@ -1,0 +1,164 @@
+"""Paged expert weights with a resident share (MoE-Lightning §4.1 "Weights Paging", App. A.1): of each MoE layer's
+E routed experts, the first round(r_w E) stay on the device for good; the others live in pinned host memory cut
+into `pages` pages of consecutive experts, which CGOPipe moves one per micro-batch (W_PINTOG) while the previous
+layer computes, so a page never waits behind a whole layer. At most two layers' pages are on the device at once (the
+double buffer of A.1: the layer computing and the next), plus the layer being computed assembled whole.
+
+A layer's experts are assembled in their own order (resident first, then the pages, which cover the rest in order),
+so the router's expert ids index them unchanged."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.models.moe import is_routed_expert
+from moejax.offload import layered
+from moejax.offload.stats import OffloadStats
+
+Experts = dict[str, jax.Array]
+
+
+def page_ranges(experts: int, resident: int, pages: int) -> list[tuple[int, int]]:
+    """[start, end) expert ranges of the non-resident experts [resident, experts) in at most `pages` pages of sizes
+    differing by at most one (no empty page)."""
+    if not 0 <= resident <= experts or pages < 1:
+        raise ValueError(f"page_ranges: need 0 <= resident ({resident}) <= experts ({experts}) and pages >= 1 "
+                         f"({pages})")
+    cuts = np.array_split(np.arange(resident, experts), min(pages, experts - resident) or 1)
+    return [(int(c[0]), int(c[-1]) + 1) for c in cuts if len(c)]
+
+
+def resident_experts(experts: int, share: float) -> int:
+    """How many of a layer's experts a resident share r_w keeps on the device."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the resident share of the experts (r_w) must be in [0, 1], got {share}")
+    return int(round(share * experts))
+
+
+class PagedStore:
+    """What `moejax.load` fills: per MoE layer, the resident experts on the device and the pages in pinned host
+    memory ({name: array} each)."""
+
+    def __init__(self, share: float, pages: int, device: jax.Device | None = None) -> None:
+        self.share, self.pages = float(share), int(pages)
+        self.device = device or jax.devices()[0]
+        resident_experts(1, share)  # checks the share
+        self.resident: dict[int, Experts] = {}
+        self.paged: dict[int, list[Experts]] = {}
+        self.num_experts: dict[int, int] = {}
+
+    def add(self, path: tuple, array: Any) -> None:
+        if not is_routed_expert(path):
+            raise ValueError(f"PagedStore: {path} is not a routed expert array")
+        layer, name, E = path[1], path[3], array.shape[0]
+        keep = resident_experts(E, self.share)
+        self.num_experts[layer] = E
+        device = jax.sharding.SingleDeviceSharding(self.device)
+        host = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
+        if keep:
+            self.resident.setdefault(layer, {})[name] = jax.device_put(array[:keep], device)
+        pages = self.paged.setdefault(layer, [{} for _ in page_ranges(E, keep, self.pages)])
+        for page, (a, b) in zip(pages, page_ranges(E, keep, self.pages)):
+            page[name] = jax.device_put(array[a:b], host)
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.num_experts)
+
+    def page_bytes(self, layer: int, page: int) -> int:
+        return sum(a.nbytes for a in self.paged[layer][page].values())
+
+    def device_bytes(self) -> int:
+        return sum(a.nbytes for layer in self.resident.values() for a in layer.values())
+
+    def host_bytes(self) -> int:
+        return sum(a.nbytes for pages in self.paged.values() for page in pages for a in page.values())
+
+
+class PagedExperts:
+    """The pipeline's weight runtime: `fetch_page` starts a page's copy (W_PINTOG), `experts` assembles a layer
+    (waiting only for its own pages), `release` drops it. `moe` and `begin_pass` serve LayeredSteps' own loop (the
+    steps that run unpipelined: scoring, logits), one layer's pages ahead."""
+
+    name = "lightning"
+
+    def __init__(self, store: PagedStore, backend: str) -> None:
+        self.store, self.backend = store, backend
+        self.stats = OffloadStats()
+        self._pages: dict[int, dict[int, Experts]] = {}  # layer -> page -> arrays on the device or on their way
+        self._assembled: dict[int, Experts] = {}
+
+    @property
+    def layers(self) -> list[int]:
+        return self.store.layers
+
+    def next_layer(self, after: int) -> int | None:
+        """The first MoE layer after layer index `after`, wrapping to the next pass's first (None: no MoE layer)."""
+        layers = self.layers
+        return next((i for i in layers if i > after), layers[0] if layers else None)
+
+    def fetch_page(self, layer: int | None, page: int) -> bool:
+        """Start copying page `page` of `layer` to the device unless it is there, on its way or absent; -> started."""
+        if layer is None or page >= len(self.store.paged.get(layer, ())) or page in self._pages.get(layer, {}):
+            return False
+        device = jax.sharding.SingleDeviceSharding(self.store.device)
+        self._pages.setdefault(layer, {})[page] = {n: jax.device_put(a, device)
+                                                   for n, a in self.store.paged[layer][page].items()}
+        s = self.stats[layer]
+        s.prefetches += 1
+        s.bytes_h2d += self.store.page_bytes(layer, page)
+        return True
+
+    def experts(self, layer: int) -> Experts:
+        """The layer's routed experts, assembled on the device (pages not started yet are fetched now: misses)."""
+        done = self._assembled.get(layer)
+        if done is not None:
+            return done
+        s = self.stats[layer]
+        pages = self.store.paged.get(layer, [])
+        for p in range(len(pages)):
+            if self.fetch_page(layer, p):
+                s.misses += 1
+                s.prefetches -= 1  # fetched on demand, not ahead
+            else:
+                s.hits += 1
+        arrived = self._pages.get(layer, {})
+        start = time.perf_counter()
+        paged = [arrived[p] for p in range(len(pages))]
+        jax.block_until_ready(paged)  # waits only for this layer's pages; later copies keep running
+        s.wait_s += time.perf_counter() - start
+        resident = self.store.resident.get(layer)
+        parts = ([resident] if resident else []) + paged
+        names = parts[0].keys()
+        assembled = parts[0] if len(parts) == 1 else {n: jnp.concatenate([p[n] for p in parts]) for n in names}
+        self._assembled[layer] = assembled
+        return assembled
+
+    def release(self, layer: int) -> None:
+        self._assembled.pop(layer, None)
+        self._pages.pop(layer, None)
+
+    # -- LayeredSteps' loop (unpipelined steps) --------------------------------------------------------------------
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+        first = self.next_layer(-1)
+        for p in range(self.store.pages):
+            self.fetch_page(first, p)
+
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+        experts = self.experts(handle.index)
+        for p in range(self.store.pages):
+            self.fetch_page(self.next_layer(handle.index), p)
+        out = layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
+        self.release(handle.index)
+        return out
+
+    def describe(self) -> str:
+        E = max(self.store.num_experts.values(), default=0)
+        keep = resident_experts(E, self.store.share)
+        pages = len(page_ranges(E, keep, self.store.pages)) if E > keep else 0
+        return (f"lightning: {keep} of {E} experts per layer resident (r_w = {self.store.share:.2f}), the other "
+                f"{E - keep} paged in {pages} pages per layer from pinned host memory")
