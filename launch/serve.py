@@ -67,6 +67,7 @@ def parse_args(argv=None):
     options.add_arguments(p, ModelOptions, ("dtype", "num_layers", "kernels"))
     options.add_arguments(p, ServingOptions)
     options.add_arguments(p, EnginePlan)
+    options.add_arguments(p, Workload)
     g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
     options.add_arguments(g, PlacementSettings, ("placement",))
     g.add_argument("--theta", default="profile", choices=["profile", "eq1"],
@@ -76,10 +77,12 @@ def parse_args(argv=None):
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
     options.add_arguments(g, Processes)
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
-    p.add_argument("--explain", action="store_true", help="print the plan (batches, shapes, cache policy) and exit")
+    p.add_argument("--explain", action="store_true",
+                   help="print the plan (batches, shapes, cache policy) and exit; placement lightning also runs one "
+                        "decode call to set the measured per-layer time beside the predicted")
     p.add_argument("--plot", default=None, metavar="DIR",
-                   help="with --explain: draw the plans into DIR (a DEP layout's pipeline as a Gantt chart, Θ against "
-                        "batch FLOPs; matplotlib, the plots extra)")
+                   help="with --explain: draw the plans into DIR (a DEP layout's pipeline or lightning's measured "
+                        "decode as a Gantt chart, Θ against batch FLOPs; matplotlib, the plots extra)")
     p.add_argument("--allow-invalid-lines", action="store_true",
                    help="exit 0 when the only failed lines were invalid input (each still gets its 400 line)")
     return p.parse_args(argv)
@@ -170,12 +173,33 @@ def set_saturation(engine, args) -> None:
         profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
 
 
-def plan_plots(engine, args) -> list[str]:
-    """--explain --plot DIR: the engine's plans drawn (on its hardware profile); lines saying what was written."""
+def lightning_explain(engine, args):
+    """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
+    its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
+    import jax
+
+    from moejax.lightning.probe import explain_engine
+    try:
+        profile, why = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile), ""
+    except ValueError as e:
+        profile, why = None, str(e)
+    lines, probe = explain_engine(engine, profile, why)
+    print("\n".join(lines))
+    return probe
+
+
+def plan_plots(engine, args, probe=None) -> list[str]:
+    """--explain --plot DIR: the engine's plans drawn (on its hardware profile; lightning: the probed decode call's
+    measured pipeline); lines saying what was written."""
     import jax
     import numpy as np
 
     from moejax.plan import plots
+    if probe is not None:
+        path = plots.gantt({f"{probe.rows} rows, {probe.context} tokens of context, {probe.tokens} decode steps":
+                            (probe.seconds, probe.gantt_events())}, os.path.join(args.plot, "lightning-gantt.png"),
+                           "lightning decode, measured (moejax.lightning.trace)")
+        return [f"plot: {path}"]
     try:
         profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
     except ValueError as e:
@@ -290,8 +314,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
                 print(explain_lines(engine, lines, serving))
             except PoolTooLarge as e:
                 sys.exit(f"--kv-pool-mb {args.kv_pool_mb}: {e}")
+            probe = lightning_explain(engine, args) if engine.placement.name == "lightning" else None
             if args.plot:
-                for line in plan_plots(engine, args):
+                for line in plan_plots(engine, args, probe):
                     print(line)
         return 0
     # Requests without a seed draw theirs from this; every process must draw the same.
@@ -325,7 +350,8 @@ def load(args, serving: ServingOptions):
     --max-batch-tokens."""
     model = options.from_args(ModelOptions, args)
     plan = options.from_args(EnginePlan, args, placement=options.from_args(PlacementSettings, args),
-                             workload=Workload(tokens=serving.max_batch_tokens or DEFAULT_TOKENS))
+                             workload=Workload(tokens=serving.max_batch_tokens or DEFAULT_TOKENS, seq_len=args.seq_len,
+                                               gen_len=args.gen_len))
     return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels, plan=plan)
 
 

@@ -56,7 +56,8 @@ def generate(engine: Engine, completions: Sequence[Completion], decode: Callable
     def on_fail(g: GenRequest, message: str) -> None:
         failed.append(f"generate_until request {g.tag}: {message}")
 
-    Scheduler(engine, blocks, decode_text=decode).run(items, on_finish, on_fail)
+    Scheduler(engine, blocks, decode_text=decode, **engine.placement.scheduler_defaults()).run(items, on_finish,
+                                                                                              on_fail)
     if failed:
         raise RuntimeError("; ".join(failed[:5]) + (f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""))
     return out

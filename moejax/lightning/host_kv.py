@@ -21,8 +21,10 @@ HostKV = list[dict[str, jax.Array]]  # per layer, {name: [B, L, ...]} on the hos
 
 
 def host_device() -> jax.Device:
-    """The device whose memory is the host's: the first CPU device of this process."""
-    return jax.devices("cpu")[0]
+    """The device whose memory is the host's: the first CPU device of this process, or, where the accelerator is a
+    CPU too (tests simulating several devices), the last one (the first holds the weights)."""
+    cpus = jax.devices("cpu")
+    return cpus[-1] if jax.default_backend() == "cpu" else cpus[0]
 
 
 def allocate(model: MoEModel, batch: int, max_len: int, host: jax.Device | None = None) -> HostKV:

@@ -101,17 +101,18 @@ class PagedExperts:
         layers = self.layers
         return next((i for i in layers if i > after), layers[0] if layers else None)
 
-    def fetch_page(self, layer: int | None, page: int) -> bool:
-        """Start copying page `page` of `layer` to the device unless it is there, on its way or absent; -> started."""
+    def fetch_page(self, layer: int | None, page: int) -> Experts | None:
+        """Start copying page `page` of `layer` to the device unless it is there, on its way or absent; -> the
+        page's arrays on their way, or None when nothing started."""
         if layer is None or page >= len(self.store.paged.get(layer, ())) or page in self._pages.get(layer, {}):
-            return False
+            return None
         device = jax.sharding.SingleDeviceSharding(self.store.device)
-        self._pages.setdefault(layer, {})[page] = {n: jax.device_put(a, device)
-                                                   for n, a in self.store.paged[layer][page].items()}
+        arrays = self._pages.setdefault(layer, {})[page] = {n: jax.device_put(a, device)
+                                                            for n, a in self.store.paged[layer][page].items()}
         s = self.stats[layer]
         s.prefetches += 1
         s.bytes_h2d += self.store.page_bytes(layer, page)
-        return True
+        return arrays
 
     def experts(self, layer: int) -> Experts:
         """The layer's routed experts, assembled on the device (pages not started yet are fetched now: misses)."""
@@ -121,7 +122,7 @@ class PagedExperts:
         s = self.stats[layer]
         pages = self.store.paged.get(layer, [])
         for p in range(len(pages)):
-            if self.fetch_page(layer, p):
+            if self.fetch_page(layer, p) is not None:
                 s.misses += 1
                 s.prefetches -= 1  # fetched on demand, not ahead
             else:

@@ -33,6 +33,7 @@ from moejax.lightning.balance import balance
 from moejax.lightning.host_kv import host_device
 from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
+from moejax.lightning.trace import Timeline
 from moejax.models.attention import AttentionCore
 from moejax.models.moe import MoEBlock
 from moejax.offload import layered
@@ -82,6 +83,7 @@ class LightningSteps(LayeredSteps):
         self.device = next(iter(jax.tree.leaves(params)[0].devices()))
         self.stats = PipelineStats()
         self.log: list[Task] = []  # the tasks run, in order, while settings.record
+        self.timeline: Timeline | None = None  # set (moejax.lightning.trace) to time every task
         model = nnx.merge(graphdef, params)
         self._abstract = model
         self.cores: list[AttentionCore] = [jax.device_put(layer.attn.core, self.host) for layer in model.layers]
@@ -171,12 +173,17 @@ class LightningSteps(LayeredSteps):
         paged = isinstance(caches[0], PagedCache)
         if not paged or not groups or len(groups) == 1:
             groups = [np.arange(x.shape[0])]  # per-row caches run as one micro-batch
-        run = _Pass(self, x, at, caches, read_cache, groups)
+        run, s = _Pass(self, x, at, caches, read_cache, groups), self.stats
         self.experts.begin_pass(self)
         for task in cgopipe_order(len(self.layers), len(groups)):
-            if run.do(task) and self.settings.record:
+            out = run.do(task)
+            if out is None:
+                continue
+            if self.settings.record:
                 self.log.append(task)
-        s = self.stats
+            if self.timeline is not None:
+                self.timeline.record(task, out)
+            s.tasks[task.op] = s.tasks.get(task.op, 0) + 1
         s.passes += 1
         s.micro_batches += len(groups)
         s.pass_s += time.perf_counter() - t0
@@ -219,8 +226,9 @@ class _Pass:
             return self.kv[layer]
         return PagedCache(self.kv[layer], self.table[where][j], self.slots[where][j])
 
-    def do(self, task: Task) -> bool:
-        """Run one task; -> whether it did anything (a layer without host attention skips the transfers)."""
+    def do(self, task: Task) -> Any:
+        """Run one task -> what it made (its arrays, for the timeline), or None when it had nothing to do (a layer
+        without host attention skips the transfers; a page already on its way)."""
         st, (op, i, j) = self.steps, task
         if op == PAGE:
             return st.experts.fetch_page(st.experts.next_layer(i - 1), j)
@@ -231,35 +239,35 @@ class _Pass:
                 self.o[i, j], cache = layer(layer_parts.local_attention, self.x[j], self.at[j],
                                             self.view(i, j, st.device), backend=backend)
                 self.kv[i] = cache.pool if isinstance(cache, PagedCache) else cache
-            elif self.read:
+                return self.o[i, j], self.kv[i]
+            if self.read:
                 self.q[i, j], self.new[i, j] = layer(layer_parts.pre_attention, self.x[j], self.at[j])
-            else:
-                self.o[i, j], self.new[i, j] = layer(layer_parts.own_attention, self.x[j], self.at[j],
-                                                     backend=backend)
-            return True
+                return self.q[i, j], self.new[i, j]
+            self.o[i, j], self.new[i, j] = layer(layer_parts.own_attention, self.x[j], self.at[j], backend=backend)
+            return self.o[i, j], self.new[i, j]
         if op == OFFLOAD:
             if not host:
-                return False
+                return None
             q = self.q.pop((i, j), None)
-            self.q[i, j], self.new[i, j] = jax.device_put((q, self.new[i, j]), st.host)
-            st.stats.bytes_d2h += _nbytes((q, self.new[i, j]))
-            return True
+            self.q[i, j], self.new[i, j] = moved = jax.device_put((q, self.new[i, j]), st.host)
+            st.stats.bytes_d2h += _nbytes(moved)
+            return moved
         if op == ATTN:
             if not host:
-                return False
+                return None
             paged = (self.table[st.host][j], self.slots[st.host][j]) if self.paged else None
             o, self.kv[i] = layer_parts.host_attend(self.kv[i], self.q.pop((i, j)), self.new.pop((i, j)),
                                                     self.host_positions[j], paged, st.cores[i],
                                                     backend=st.settings.host_backend, store_only=not self.read)
             if o is not None:
                 self.o[i, j] = o
-            return True
+            return o, self.kv[i]
         if op == LOAD:
             if not host or not self.read:
-                return False
+                return None
             self.o[i, j] = jax.device_put(self.o[i, j], st.device)
             st.stats.bytes_h2d += self.o[i, j].nbytes
-            return True
+            return self.o[i, j]
         assert op == POST
         o = self.o.pop((i, j))
         if isinstance(st._abstract.layers[i].mlp, MoEBlock):
@@ -269,7 +277,7 @@ class _Pass:
                 st.experts.release(i)
         else:
             self.x[j] = layer(layer_parts.post_dense, self.x[j], o)
-        return True
+        return self.x[j]
 
     def output(self) -> jax.Array:
         if self.single:

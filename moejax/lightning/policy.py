@@ -50,6 +50,7 @@ def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int,
                  profile: Callable[[], Profile]) -> LightningPlan:
     """given: the options by FIELDS name (None: not given). Fields not given come from the policy search for
     `prompt_len` and `gen_len` on `profile()`; MemoryBudgetError for what cannot run."""
+    given = {**given, "ffn_on": given.get("ffn_on") or "device"}  # the only place moejax runs the FFN: no search
     missing = [f for f in FIELDS if given.get(f) is None]
     searched = None
     if missing:

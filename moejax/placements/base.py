@@ -115,6 +115,15 @@ class Placement:
         """A line for Engine.explain() after the memory budget's (None: nothing to add)."""
         return None
 
+    def decode_pool_room(self, config: ModelConfig) -> tuple[float, str] | None:
+        """The bytes the continuous-batching pool may take when it does not live in device memory (lightning: host
+        memory), with where that number comes from; None: the device budget decides (moejax.sched.pool_size)."""
+        return None
+
+    def scheduler_defaults(self) -> dict:
+        """Keywords of the continuous-batching Scheduler this placement sets unless the run gives them."""
+        return {}
+
     def predicted_pipeline(self, config: ModelConfig, profile: Profile, max_batch_tokens: int) -> Simulation | None:
         """The predicted timeline of a pipelined placement's step on `profile` (what `--explain --plot` draws as a
         Gantt chart), or None: nothing pipelined to draw."""

@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING
 
 from moejax.lightning.pages import PagedExperts, PagedStore
 from moejax.lightning.pipeline import LightningSettings, LightningSteps, PipelineStats
+from moejax.lightning.policy import host_memory_bytes
+from moejax.offload.memory_budget import size
 from moejax.placements.base import LayerByLayer, Store
+from moejax.plan.lightning import CPU_USABLE
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -30,6 +33,15 @@ class Lightning(LayerByLayer):
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return budget.placement == cls.name and layout_setup is None
 
+    def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *,
+                 host_memory_gb: float | None = None) -> None:
+        super().__init__(budget, layout_setup)
+        self.host_memory_gb = host_memory_gb
+
+    @classmethod
+    def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Lightning:
+        return cls(budget, layout_setup, host_memory_gb=settings.host_memory_gb)
+
     @property
     def plan(self) -> LightningPlan:
         return self.memory_budget.lightning
@@ -45,6 +57,25 @@ class Lightning(LayerByLayer):
         assert params is not None  # a layer loop is built with the weights (Engine.steps)
         settings = LightningSettings(self.plan.mu, self.plan.device_kv_layers(config.num_layers), HOST_BACKEND)
         return LightningSteps(graphdef, params, kernels, self.layer_runtime(store, kernels, config), settings)
+
+    def decode_pool_room(self, config: ModelConfig) -> tuple[float, str]:
+        """The pool's bytes over every layer: the host's usable memory for its 1 - r_c share of the layers, and the
+        device's free bytes for the r_c share, whichever bounds first."""
+        plan, L = self.plan, config.num_layers
+        on_device = plan.device_kv_layers(L)
+        host = CPU_USABLE * host_memory_bytes(self.host_memory_gb)
+        room = [(host * L / (L - on_device), f"{CPU_USABLE:.0%} of {size(host / CPU_USABLE)} host memory for the KV "
+                                             f"of {L - on_device} of {L} layers")] if on_device < L else []
+        budget = self.memory_budget
+        if on_device and budget.budget_bytes is not None:
+            free = max(budget.budget_bytes - budget.reserve_bytes - budget.device_bytes, 0)
+            room.append((free * L / on_device, f"{size(free)} the device budget leaves for the KV of {on_device} of "
+                                               f"{L} layers (r_c = {plan.r_c:.2f})"))
+        return min(room) if room else (float("inf"), "no limit known")
+
+    def scheduler_defaults(self) -> dict:
+        # the decode batch N in one call: its micro-batches are the pipeline's
+        return {"max_rows": self.plan.N, "decode_calls": 1}
 
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert isinstance(steps, LightningSteps)

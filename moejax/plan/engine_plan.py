@@ -15,9 +15,10 @@ from moejax.sharding.layout import Layout
 class Workload:
     """The step `auto` plans for: `tokens` per forward step in sequences of `seq_len` (serve: --max-batch-tokens)."""
     tokens: int = option(8192, minimum=1, flag=False, help="tokens of the step auto plans for (load: plan_tokens)")
-    seq_len: int = option(1024, minimum=1, flag=False, help="its sequence length (load: plan_seq_len)")
-    gen_len: int = option(128, minimum=2, flag=False,
-                          help="tokens generated per sequence, for lightning's policy (load: plan_gen_len)")
+    seq_len: int = option(1024, minimum=1, help="prompt tokens of the sequences auto and lightning's policy search "
+                                                 "plan for (load: plan_seq_len)")
+    gen_len: int = option(128, minimum=2, help="tokens generated per sequence, for lightning's policy search and "
+                                               "placement auto's KV check (load: plan_gen_len)")
 
     def __post_init__(self) -> None:
         options.check(self, prefix="moejax.load: plan_")

@@ -333,8 +333,8 @@ def _note(A_g: int, F_g: int, r_w: float, r_c: float, N: int) -> tuple[bool, str
     if F_g == 0:
         return False, "the MoE FFN on the CPU (F_g = 0) has no executor in moejax"
     if A_g == 0:
-        return False, ("attention on the CPU (A_g = 0) needs CGOPipe, which moejax does not have yet (the CGOPipe "
-                       "issue); until then, the 'moejax streamed' alternative is what moejax can run")
+        return True, (f"placement 'lightning' (CGOPipe: the KV cache on the host, attention there, r_w = {r_w:.2f} "
+                      f"of the experts resident, the rest paged) with batch {N}")
     if r_c < 1 - 1e-6:
         return False, (f"GPU attention over a KV cache {1 - r_c:.0%} on the host (FlexGen's S4 swapping) has no "
                        "executor in moejax")
@@ -424,6 +424,20 @@ def search_policy(cfg: ModelConfig, profile: Profile, *, prompt_len: int, gen_le
             listed[key] = p
     first, *others = listed.values()
     return dataclasses.replace(best, label=first.label, alternatives=tuple(others))
+
+
+def predict_policy(cfg: ModelConfig, profile: Profile, *, N: int, mu: int, A_g: int, F_g: int, r_w: float,
+                   r_c: float, prompt_len: int, gen_len: int, gpus: int = 1, label: str = "given") -> LightningPolicy:
+    """The performance model's predictions for a policy chosen elsewhere (the options), without searching."""
+    if min(N, mu, prompt_len) < 1 or gen_len < 2:
+        raise ValueError(f"predict_policy: N, mu, prompt_len >= 1 and gen_len >= 2 needed, got {N}, {mu}, "
+                         f"{prompt_len}, {gen_len}")
+    m = ModelShape.from_config(cfg, profile.dtype_bytes, "")
+    hw = Hardware.from_profile(profile, gpus)
+    caps = (GPU_USABLE * hw.m_g, CPU_USABLE * hw.m_c)
+    found = (0.0, mu, N / mu, r_w, r_c)  # type: ignore[assignment]  (nb need not be whole here)
+    policy = _policy(m, hw, prompt_len, gen_len, caps, (label, A_g, F_g, (0, 1), 0), found, 0.0, m.name)
+    return dataclasses.replace(policy, N=N)
 
 
 def policy_roofline(cfg: ModelConfig, profile: Profile, policy: LightningPolicy) -> RooflineData:

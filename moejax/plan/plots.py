@@ -22,16 +22,18 @@ def _pyplot() -> ModuleType:  # matplotlib.pyplot
 
 
 def gantt(schedules: dict, path: str, title: str = "") -> str:
-    """schedules: name (e.g. ASAS) -> (makespan, [(resource, label, start, end)]) from moejax.plan.dep_sim; one
-    panel per schedule, one row per resource. Writes a PNG; returns its path."""
+    """schedules: name (e.g. ASAS) -> (makespan, [(resource, label, start, end)]) from moejax.plan.dep_sim or a
+    lightning probe (moejax.lightning.probe); one panel per schedule, one row per resource. Writes a PNG; returns its
+    path."""
     plt = _pyplot()
     fig, axes = plt.subplots(len(schedules), 1, figsize=(12, 2.2 * len(schedules)), squeeze=False)
     colors = {"attn": "tab:blue", "shared": "tab:cyan", "a2e": "tab:orange", "experts": "tab:green",
-              "e2a": "tab:red", "combine": "tab:gray"}
+              "e2a": "tab:red", "combine": "tab:gray", "preattn": "tab:cyan", "postattn": "tab:green",
+              "cpuattn": "tab:blue", "offloadqkv": "tab:orange", "loadh": "tab:red", "w_pintog": "tab:gray"}
+    order = ["AG", "A2E", "EG", "E2A", "device", "host", "link h2d", "link d2h"]
     end_all = max(makespan for makespan, _ in schedules.values())
     for ax, (name, (makespan, events)) in zip(axes[:, 0], schedules.items()):
-        resources = sorted({e[0] for e in events}, key=lambda r: ["AG", "A2E", "EG", "E2A"].index(r)
-                           if r in ("AG", "A2E", "EG", "E2A") else 9)
+        resources = sorted({e[0] for e in events}, key=lambda r: order.index(r) if r in order else 9)
         for resource, label, start, end in events:
             kind = label.split("(")[0].split()[0].lower()
             ax.barh(resources.index(resource), (end - start) * 1e3, left=start * 1e3, height=0.6,

@@ -149,18 +149,19 @@ _DecodeCall = tuple[list[_Seq], int, np.ndarray, jax.Array]
 class Scheduler:
     def __init__(self, engine: Engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
                  row_tokens: int = 64, decode_steps: int = 8, mixed: bool = False,
-                 decode_text: Callable | None = None) -> None:
+                 decode_text: Callable | None = None, decode_calls: int = 3) -> None:
         """chunk_tokens: a chunk step's budget (rows x row_tokens); row_tokens: its row length. mixed: while
         sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
         running their own decode steps. decode_text(tokens) -> str: for stop strings (a sequence with stop strings
-        needs it)."""
+        needs it). decode_calls: the most calls a decode step's rows are split into by length (_groups; a
+        pipelined placement splits them itself and takes one)."""
         if min(max_rows, chunk_tokens, row_tokens, decode_steps) < 1:
             raise ValueError(f"max_rows, chunk_tokens, row_tokens and decode_steps must be >= 1; got {max_rows}, "
                              f"{chunk_tokens}, {row_tokens}, {decode_steps}")
         self.engine, self.num_blocks = engine, int(num_blocks)
         self.max_rows, self.chunk_tokens, self.decode_steps = max_rows, chunk_tokens, decode_steps
         self.row_tokens = min(row_tokens, chunk_tokens)
-        self.decode_text, self.mixed = decode_text, mixed
+        self.decode_text, self.mixed, self.decode_calls = decode_text, mixed, decode_calls
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
         self.pool: list[Layer] | None = None
@@ -483,7 +484,7 @@ class Scheduler:
         with times.phase("decode", "prepare"):
             want = self._grow(decoding, K)
             seqs = [s for s in decoding if s in want]
-            groups = self._groups(seqs) if seqs else []
+            groups = self._groups(seqs, self.decode_calls) if seqs else []
         t0, calls = time.perf_counter(), []
         for group in groups:
             with times.phase("decode", "prepare"):

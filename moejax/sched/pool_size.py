@@ -42,7 +42,15 @@ def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: floa
     device = budget.budget_bytes if budget is not None and budget.budget_bytes else device_budget_bytes(None)
     weights = budget.device_bytes if budget is not None else engine.param_bytes()
     each = [-(-(p + m) // BLOCK) for p, m in sequences]
-    if kv_pool_mb is not None:
+    elsewhere = engine.placement.decode_pool_room(engine.config)
+    if elsewhere is not None:  # the pool is not (all) in device memory: lightning's host KV cache
+        room, where = elsewhere
+        budget, source = (kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}") if kv_pool_mb is not None else \
+            (room, where)
+        if kv_pool_mb is not None and min(budget, sum(each) * block_bytes) > room:
+            raise PoolTooLarge(f"--kv-pool-mb {kv_pool_mb:g}: more than the {size(room)} ({where}) this placement's "
+                               "KV pool may take; give at most that")
+    elif kv_pool_mb is not None:
         budget, source = kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}"
         room = None if device is None else max(device - weights, 0)
         # what is allocated: the given size, capped at the run's use (below)

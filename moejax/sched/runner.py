@@ -323,7 +323,7 @@ class Runner:
                 failed.add(i)
                 self._fail_requests([self._index[reqs[i].line]], message)
 
-        options = self.options.scheduler_keywords()
+        options = {**self.engine.placement.scheduler_defaults(), **self.options.scheduler_keywords()}
         if self.engine.saturation is not None:  # streamed experts: chunk steps of at least Θ tokens hide the copies
             options.setdefault("chunk_tokens", max(512, bucket(self.engine.saturation.theta_tokens, 16)))
         sched = Scheduler(self.engine, self.kv_blocks, decode_text=self.bodies.decode, **options)

@@ -28,7 +28,8 @@ def test_lightning_json_on_s1(capsys):
                 "--gen-len", "128")
     for key in ("N", "mu", "A_g", "F_g", "r_w", "r_c", "predicted_tokens_per_s", "solve_ms"):
         assert key in out, key
-    assert (out["A_g"], out["F_g"]) == (0, 1) and out["executable"] is False  # CPU attention: not yet in moejax
+    assert (out["A_g"], out["F_g"]) == (0, 1) and out["executable"] is True  # CPU attention: placement lightning
+    assert "placement 'lightning'" in out["note"]
 
 
 def test_theta_json_and_a_what_if_override(capsys):
