@@ -104,6 +104,7 @@ def explain_engine(engine: Engine, profile: Profile | None, why_not: str = "") -
     decode context (prompt + half the generation), against the HRM's per-layer time for the policy run, on `profile`
     (None: no prediction, `why_not` says why)."""
     plan = engine.memory_budget.lightning
+    assert engine.plan is not None  # moejax.load gives every engine its plan
     workload = engine.plan.workload
     probe = probe_decode(engine, plan.N, workload.seq_len + workload.gen_len // 2)
     predicted = None  # the executed policy's prediction (options may have changed the search's choice)

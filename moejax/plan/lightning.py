@@ -435,8 +435,9 @@ def predict_policy(cfg: ModelConfig, profile: Profile, *, N: int, mu: int, A_g: 
     m = ModelShape.from_config(cfg, profile.dtype_bytes, "")
     hw = Hardware.from_profile(profile, gpus)
     caps = (GPU_USABLE * hw.m_g, CPU_USABLE * hw.m_c)
-    found = (0.0, mu, N / mu, r_w, r_c)  # type: ignore[assignment]  (nb need not be whole here)
-    policy = _policy(m, hw, prompt_len, gen_len, caps, (label, A_g, F_g, (0, 1), 0), found, 0.0, m.name)
+    found = (0.0, mu, N / mu, r_w, r_c)  # nb need not be whole here
+    policy = _policy(m, hw, prompt_len, gen_len, caps, (label, A_g, F_g, (0, 1), 0), found, 0.0,  # type: ignore[arg-type]
+                     m.name)
     return dataclasses.replace(policy, N=N)
 
 

@@ -44,11 +44,11 @@ def pool_size(engine: Engine, sequences: list[tuple[int, int]], kv_pool_mb: floa
     each = [-(-(p + m) // BLOCK) for p, m in sequences]
     elsewhere = engine.placement.decode_pool_room(engine.config)
     if elsewhere is not None:  # the pool is not (all) in device memory: lightning's host KV cache
-        room, where = elsewhere
+        limit, where = elsewhere
         budget, source = (kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}") if kv_pool_mb is not None else \
-            (room, where)
-        if kv_pool_mb is not None and min(budget, sum(each) * block_bytes) > room:
-            raise PoolTooLarge(f"--kv-pool-mb {kv_pool_mb:g}: more than the {size(room)} ({where}) this placement's "
+            (limit, where)
+        if kv_pool_mb is not None and min(budget, sum(each) * block_bytes) > limit:
+            raise PoolTooLarge(f"--kv-pool-mb {kv_pool_mb:g}: more than the {size(limit)} ({where}) this placement's "
                                "KV pool may take; give at most that")
     elif kv_pool_mb is not None:
         budget, source = kv_pool_mb * 2**20, f"--kv-pool-mb {kv_pool_mb:g}"
