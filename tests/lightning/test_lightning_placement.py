@@ -1,0 +1,125 @@
+"""placement='lightning' in process, on one device (the host's tasks and the device's share it): generations equal
+the resident single-device float32 model's (greedy and sampled, static generate and the continuous scheduler) and
+transformers' greedy tokens; the tasks run in Alg. 1's order; stats, --explain's lines and the pool's sizing; the
+options' checks and placement auto's choice. Every family, with the cache on a second device, is in
+test_lightning_families.py."""
+import pytest
+
+import moejax
+from conftest import fixture_dir, reference
+from lightning_generate import NEW_TOKENS, scheduled
+from moejax.lightning.probe import explain_lines, probe_decode
+from moejax.lightning.schedule import PAGE, cgopipe_order
+from moejax.plan.lightning import predict_policy
+from moejax.plan.resolve import load_profile
+from moejax.sched.pool_size import pool_size
+
+NAME = "qwen3_moe"
+POLICY = dict(batch_size=4, micro_batch=2, resident_share=0.5, kv_device_share=0.0, attention_on="host")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    ref = reference(NAME)
+    return [ref[f"prompt_{i}"].tolist() for i in range(3)], [ref[f"greedy_{i}"][:NEW_TOKENS].tolist()
+                                                              for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def resident():
+    return moejax.load(fixture_dir(NAME), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def lightning():
+    return moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", **POLICY)
+
+
+def test_greedy_generations_equal_transformers(lightning, prompts):
+    texts, transformers = prompts  # the resident model's tokens too (tests/test_engine.py)
+    assert scheduled(lightning, texts) == transformers
+    stats = lightning.stats()
+    assert stats["placement"] == "lightning"
+    pipeline = stats["pipeline"]
+    assert pipeline["passes"] > 0 and pipeline["bytes_d2h"] > 0 and pipeline["bytes_h2d"] > 0
+    assert pipeline["tasks"]["CPUATTN"] == pipeline["tasks"]["OFFLOADQKV"] > 0
+    assert stats["total"]["bytes_h2d"] > 0  # pages moved: half of each layer's experts is paged (r_w = 0.5)
+    lightning.reset_stats()
+    assert lightning.stats()["pipeline"]["passes"] == 0
+
+
+@pytest.mark.slow
+def test_sampled_and_static_generations_equal_the_resident_models(resident, lightning, prompts):
+    texts, transformers = prompts
+    assert scheduled(lightning, texts, temperature=0.9) == scheduled(resident, texts, temperature=0.9)
+    assert lightning.generate(texts, NEW_TOKENS) == resident.generate(texts, NEW_TOKENS) == transformers
+
+
+def test_tasks_run_in_alg1_order_and_the_probe_times_them(lightning):
+    steps = lightning.steps
+    steps.settings.record, steps.log = True, []
+    try:
+        probe = probe_decode(lightning, rows=4, context=20, tokens=1)
+    finally:
+        steps.settings.record = False
+    layers, micro_batches = len(steps.layers), 2  # 4 rows in micro-batches of 2
+    order = cgopipe_order(layers, micro_batches)
+    assert len(steps.log) % 3 == 0  # three calls (two warm-ups, one traced) of one pass each
+    one_pass = steps.log[len(steps.log) // 3 * 2:]
+    assert [t for t in one_pass if t.op != PAGE] == [t for t in order if t.op != PAGE]
+    it = iter(order)
+    assert all(t in it for t in one_pass)  # a subsequence: the pages that moved, at Alg. 1's places
+    assert {t.op for t in one_pass} >= {"PREATTN", "OFFLOADQKV", "CPUATTN", "LOADH", "W_PINTOG", "POSTATTN"}
+    assert probe.tokens_per_s > 0 and len(probe.events) == len(one_pass)
+    assert set(probe.busy_s) == {"device", "host", "link h2d", "link d2h"}
+    assert all(0 <= e.start <= e.end for e in probe.events)
+    predicted = predict_policy(lightning.config, load_profile("l4"), N=4, mu=2, A_g=0, F_g=1, r_w=0.5, r_c=0.0,
+                               prompt_len=16, gen_len=8)
+    text = "\n".join(explain_lines(probe, predicted))
+    assert "ms per layer per step" in text and "measured / predicted" in text and "L4" in text
+    assert "no hardware profile" in "\n".join(explain_lines(probe, None))
+
+
+def test_explain_and_the_pool_in_host_memory(lightning):
+    text = lightning.explain()
+    assert "placement lightning: N=4 mu=2 (2 micro-batches) A_g=0" in text
+    assert "KV cache of 3 of 3 layers on the host" in text and "4 of 8 experts per layer resident" in text
+    size = pool_size(lightning, [(10, 6)] * 3)
+    assert "host memory" in size.source and size.blocks == 3
+    assert lightning.placement.scheduler_defaults() == {"max_rows": 4, "decode_calls": 1}
+    pool = lightning.init_pool(2, decode=True)
+    assert all(a.devices() == {lightning.steps.host} for layer in pool for a in layer.values())
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(host_memory_gb=1e-6), "needs .* of host memory, over the limit of .* host_memory_gb sets it"),
+    (dict(ffn_on="host"), "the MoE FFN on the host .* has no executor"),
+    (dict(attention_on="device", kv_device_share=0.5), "kv_device_share 0.5 < 1 would swap the KV cache"),
+    (dict(micro_batch=8), "micro_batch 8 exceeds batch_size 4"),
+    (dict(resident_share=1.5), "resident_share must be in \\[0, 1\\], got 1.5"),
+    (dict(device_memory_gb=1e-4), "exceed the budget"),
+])
+def test_bad_policies_are_refused_at_load(options, message):
+    with pytest.raises(ValueError, match=message):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", **{**POLICY, **options})
+
+
+def test_options_need_placement_lightning_and_a_profile_to_search():
+    with pytest.raises(ValueError, match="batch_size"):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="streamed", batch_size=4)
+    with pytest.raises(ValueError, match="micro_batch not given and the policy search cannot give them"):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning",
+                    **{k: v for k, v in POLICY.items() if k != "micro_batch"})
+
+
+def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):
+    kv = resident.kv_bytes_per_token() * 8 * (1024 + 128)  # the default plan: 8 rows of 1024 + 128 tokens
+    gb = (resident.param_bytes() + kv / 2) / 0.9 / 2**30  # the weights fit, the KV only half
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="auto", device_memory_gb=gb, profile="l4")
+    assert engine.placement.name == "lightning"
+    assert any("placement auto: lightning, because the KV cache of 8 rows x 1152 tokens" in d
+               for d in engine.decisions)
+    assert engine.memory_budget.lightning.source.startswith("batch_size, micro_batch")  # from the search
+    fits = moejax.load(fixture_dir(NAME), dtype="float32", placement="auto", device_memory_gb=gb * 4, profile="l4")
+    assert fits.placement.name == "resident"
+
