@@ -137,11 +137,13 @@ class PagedExperts:
         names = parts[0].keys()
         assembled = parts[0] if len(parts) == 1 else {n: jnp.concatenate([p[n] for p in parts]) for n in names}
         self._assembled[layer] = assembled
+        self._pages.pop(layer, None)  # the assembled copy holds what is needed: the pages are freed once it is made
         return assembled
 
     def release(self, layer: int) -> None:
+        """The layer's FFN is dispatched for every micro-batch: drop its assembled experts (pages of its next pass,
+        fetched since, stay)."""
         self._assembled.pop(layer, None)
-        self._pages.pop(layer, None)
 
     # -- LayeredSteps' loop (unpipelined steps) --------------------------------------------------------------------
     def begin_pass(self, steps: layered.LayeredSteps) -> None:

@@ -91,6 +91,7 @@ class Stats:
     preemptions: int = 0
     shared_tokens: int = 0  # prompt tokens taken from shared blocks
     peak_blocks: int = 0
+    peak_rows: int = 0  # the most sequences one decode step carried
     run_s: float = 0.0  # wall time of the whole run
     chunk_s: float = 0.0  # wall time of chunk steps, dispatch to result (host work in between included)
     decode_s: float = 0.0  # the same for decode steps
@@ -484,6 +485,7 @@ class Scheduler:
         with times.phase("decode", "prepare"):
             want = self._grow(decoding, K)
             seqs = [s for s in decoding if s in want]
+            self.stats.peak_rows = max(self.stats.peak_rows, len(seqs))
             groups = self._groups(seqs, self.decode_calls) if seqs else []
         t0, calls = time.perf_counter(), []
         for group in groups:
