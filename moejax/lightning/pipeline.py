@@ -33,7 +33,7 @@ from moejax.lightning.balance import balance
 from moejax.lightning.host_kv import host_device
 from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
-from moejax.lightning.trace import Timeline
+from moejax.lightning.trace import Timeline, busy
 from moejax.models.attention import AttentionCore
 from moejax.models.moe import MoEBlock
 from moejax.offload import layered
@@ -48,8 +48,10 @@ KVLayer = dict[str, jax.Array]
 
 @dataclasses.dataclass
 class PipelineStats:
-    """Counters since load or reset: passes and their wall time, tasks run, bytes each way across the link (pages
-    are counted per layer in PagedExperts.stats), and the time the host thread waited inside a pass."""
+    """Counters since load or reset: passes (one per decode step or chunk) and the wall time of dispatching them,
+    tasks run, bytes each way across the link (pages are counted per layer in PagedExperts.stats), the time the host
+    thread waited for a decode step's result (its early-exit check), and, while traced (LightningSteps.trace), the
+    time each resource was busy."""
     passes: int = 0
     micro_batches: int = 0
     pass_s: float = 0.0
@@ -57,9 +59,14 @@ class PipelineStats:
     bytes_d2h: int = 0  # OFFLOADQKV: queries and new KV to the host
     bytes_h2d: int = 0  # LOADH: attention outputs back
     wait_s: float = 0.0
+    traced_passes: int = 0
+    busy_s: dict = dataclasses.field(default_factory=dict)  # resource -> seconds, over the traced passes
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.traced_passes:
+            out["busy_s_per_step"] = {r: b / self.traced_passes for r, b in self.busy_s.items()}
+        return out
 
 
 @dataclasses.dataclass
@@ -95,6 +102,17 @@ class LightningSteps(LayeredSteps):
         self._chunk_tokens = phase(paged_steps.chunk_tokens)
         self._embed = phase(lambda model, tokens, positions: model.embed_inputs(tokens, positions))
         self._first = phase(_first_tokens)
+
+    def trace(self, on: bool = True) -> None:
+        """Time every task from now on (moejax.lightning.trace; a polling thread, which costs host CPU) and add each
+        resource's busy time to the stats; off: stop, counting what ran."""
+        if on and self.timeline is None:
+            self.timeline, self._traced_from = Timeline().start(), self.stats.passes
+        elif not on and self.timeline is not None:
+            timeline, self.timeline = self.timeline, None
+            for resource, seconds in busy(timeline.stop()).items():
+                self.stats.busy_s[resource] = self.stats.busy_s.get(resource, 0.0) + seconds
+            self.stats.traced_passes += self.stats.passes - self._traced_from
 
     # -- where the KV lives -----------------------------------------------------------------------------------------
     def kv_device(self, layer: int) -> jax.Device:
@@ -148,7 +166,10 @@ class LightningSteps(LayeredSteps):
         loop = self._paged_start(carry, rows, steps)
         start = np.asarray(rows.start)
         for i in range(steps):  # the resident loop's condition, checked on the host
-            if not bool(np.any(np.asarray(loop.live))):
+            t0 = time.perf_counter()
+            live = bool(np.any(np.asarray(loop.live)))
+            self.stats.wait_s += time.perf_counter() - t0
+            if not live:
                 break
             x, at, slots = self._token_inputs(state, loop, rows, num_blocks=_pool_blocks(pool))
             x, pool = self._paged_pass(x, at, pool, rows.table, slots, True, start + i + 1)

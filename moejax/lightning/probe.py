@@ -72,6 +72,7 @@ def probe_decode(engine: Engine, rows: int, context: int, tokens: int = 2) -> Pr
     for _ in range(2):  # the first call compiles; the second meets arrays the first returned (a few more compile)
         pool, carry, out = engine.paged_decode(pool, carry, inputs, steps=tokens)
         jax.block_until_ready(out)
+    steps.trace(False)  # a trace in progress ends here (its counts kept); this call gets its own
     steps.timeline = timeline = Timeline().start()
     try:
         start = time.perf_counter()

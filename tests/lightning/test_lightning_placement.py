@@ -37,11 +37,16 @@ def lightning():
 
 def test_greedy_generations_equal_transformers(lightning, prompts):
     texts, transformers = prompts  # the resident model's tokens too (tests/test_engine.py)
+    lightning.steps.trace(True)  # every task timed: the tokens are the same
     assert scheduled(lightning, texts) == transformers
+    lightning.steps.trace(False)
     stats = lightning.stats()
     assert stats["placement"] == "lightning"
     pipeline = stats["pipeline"]
-    assert pipeline["passes"] > 0 and pipeline["bytes_d2h"] > 0 and pipeline["bytes_h2d"] > 0
+    assert pipeline["passes"] == pipeline["traced_passes"] > 0 and pipeline["wait_s"] > 0
+    assert set(pipeline["busy_s_per_step"]) == {"device", "host", "link h2d", "link d2h"}
+    assert all(b > 0 for b in pipeline["busy_s"].values())
+    assert pipeline["bytes_d2h"] > 0 and pipeline["bytes_h2d"] > 0
     assert pipeline["tasks"]["CPUATTN"] == pipeline["tasks"]["OFFLOADQKV"] > 0
     assert stats["total"]["bytes_h2d"] > 0  # pages moved: half of each layer's experts is paged (r_w = 0.5)
     lightning.reset_stats()
