@@ -88,7 +88,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, PlacementSettings, Processes)  # those with flags here
+OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, Workload, PlacementSettings, Processes)  # with flags here
 
 
 def options_table() -> str:

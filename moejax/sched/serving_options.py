@@ -38,7 +38,8 @@ class ServingOptions:
     kv_pool_mb: float | None = option(
         None, type=float, above=0,
         help="continuous batching's KV pool in MiB (default: the device budget less the weights and 5% for "
-             "activations; 1024 where the device reports none, as on CPU); --explain shows it")
+             "activations; 1024 where the device reports none, as on CPU; placement lightning: 80% of host "
+             "memory); --explain shows it")
     # The continuous scheduler's knobs (moejax.sched.continuous.Scheduler; None: its default). Benchmarks and tests
     # set them; they have no flags.
     max_rows: int | None = option(None, type=int, minimum=1, flag=False,
