@@ -132,11 +132,12 @@ class LightningSteps(LayeredSteps):
 
     # -- the Engine's steps ---------------------------------------------------------------------------------------
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
-                   prior: Sequence[kv_pool.Layer] | None = None, groups: list[np.ndarray] | None = None
-                   ) -> tuple[jax.Array, list[Cache]]:
+                   prior: Sequence[kv_pool.Layer] | None = None) -> tuple[jax.Array, list[Cache]]:
+        """Static decode (Engine.generate) through the pipeline; steps without a cache (logits, scoring) through
+        LayeredSteps' loop with the paged experts."""
         if cache is None or prior is not None or at.tree is not None:
             return super().run_layers(x, at, cache, read_cache, prior)
-        return self._pipeline(x, at, list(cache), read_cache, groups)
+        return self._pipeline(x, at, list(cache), read_cache, None)
 
     def prefill(self, state: nnx.State, pool: list[kv_pool.Layer] | None, rows: PrefillRows, *, cache_len: int
                 ) -> tuple[list[KVLayer], jax.Array, list[kv_pool.Layer] | None]:
@@ -157,7 +158,9 @@ class LightningSteps(LayeredSteps):
               ) -> tuple[list[kv_pool.Layer], jax.Array, jax.Array]:
         x, at, slots = self._chunk_inputs(state, rows, num_blocks=_pool_blocks(pool))
         lengths = np.asarray(rows.start) + np.asarray(rows.n)
-        x, pool = self._paged_pass(x, at, pool, rows.table, slots, not fresh, lengths)
+        # Rows of one sequence must store their keys in order before the later ones attend: a chunk that reads the
+        # cache runs as one micro-batch (a fresh one holds one row per sequence; MoE-Lightning pipelines decode only)
+        x, pool = self._paged_pass(x, at, pool, rows.table, slots, not fresh, lengths, split=fresh)
         carry, tok = self._chunk_tokens(state, x, carry, rows)
         return pool, carry, tok
 
@@ -177,11 +180,11 @@ class LightningSteps(LayeredSteps):
         return pool, self._paged_finish(carry, rows.slot, loop.out), loop.out
 
     def _paged_pass(self, x: jax.Array, at: Positions, pool: list[kv_pool.Layer], table: Any, slots: jax.Array,
-                    read_cache: bool, lengths: np.ndarray) -> tuple[jax.Array, list[kv_pool.Layer]]:
-        """One pass over the layers with the pool, its rows in micro-batches of balanced context (Alg. 2's greedy)
-        -> (hidden states, pool)."""
+                    read_cache: bool, lengths: np.ndarray, split: bool = True) -> tuple[jax.Array, list[kv_pool.Layer]]:
+        """One pass over the layers with the pool, its rows in micro-batches of balanced context (Alg. 2's greedy;
+        split False: one) -> (hidden states, pool)."""
         B = x.shape[0]
-        count = -(-B // self.settings.micro_batch)
+        count = -(-B // self.settings.micro_batch) if split else 1
         groups = balance([(int(n), 0) for n in lengths], count, -(-B // count), None).micro_batches
         caches: list[Cache] = [PagedCache(layer, table, slots) for layer in pool]
         x, caches = self._pipeline(x, at, caches, read_cache, [np.sort(g) for g in groups])
