@@ -28,8 +28,9 @@ class PlacementSettings:
     placement: str = option(
         "auto", choices=PLACEMENTS,
         help="where routed experts live: auto (resident when the model fits --device-memory-gb, else streamed, else "
-             "cached; lightning when the planned batch's KV cache does not fit beside the weights), resident, streamed (layers copied ahead from host memory; prefill batches are packed to the "
-             "profiled saturation threshold), cached (an expert cache; for decode and small batches), lightning "
+             "cached; lightning when the planned batch's KV cache does not fit beside the weights), resident, "
+             "streamed (layers copied ahead from host memory; prefill batches are packed to the profiled saturation "
+             "threshold), cached (an expert cache; for decode and small batches), lightning "
              "(MoE-Lightning's CGOPipe: the KV cache in host memory with decode attention on the host CPU, the "
              "experts paged in with a resident share; for generation batches whose KV does not fit the device)")
     device_memory_gb: float | None = option(
