@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from moejax.kv_pool import BLOCK
@@ -33,6 +34,8 @@ class Probe:
     seconds: float  # the traced call's wall time
     busy_s: dict  # per resource, over the call
     events: tuple[Event, ...]
+    host_kv_bytes: int = 0  # KV bytes the host's attention read over the call (each step reads each row's context)
+    host_read_gb_per_s: float = 0.0  # a plain jitted sum over the host pool: what a streaming read reaches there
 
     @property
     def layer_s(self) -> float:
@@ -43,10 +46,18 @@ class Probe:
     def tokens_per_s(self) -> float:
         return self.rows * self.tokens / self.seconds
 
+    @property
+    def host_attention_gb_per_s(self) -> float:
+        """KV bytes read over the host's busy time (its tasks: attention and the stores of the new KV)."""
+        host = self.busy_s.get("host", 0.0)
+        return self.host_kv_bytes / host / 1e9 if host else 0.0
+
     def as_dict(self) -> dict:
         return dict(rows=self.rows, context=self.context, tokens=self.tokens, layers=self.layers, seconds=self.seconds,
                     layer_s=self.layer_s, tokens_per_s=self.tokens_per_s, busy_s=self.busy_s,
-                    busy_share={r: b / self.seconds for r, b in self.busy_s.items()})
+                    busy_share={r: b / self.seconds for r, b in self.busy_s.items()}, host_kv_bytes=self.host_kv_bytes,
+                    host_attention_gb_per_s=self.host_attention_gb_per_s,
+                    host_read_gb_per_s=self.host_read_gb_per_s)
 
     def gantt_events(self) -> list[tuple[str, str, float, float]]:
         """(resource, label, start, end) for moejax.plan.plots.gantt."""
@@ -82,7 +93,26 @@ def probe_decode(engine: Engine, rows: int, context: int, tokens: int = 2) -> Pr
     finally:
         steps.timeline = None
         events = timeline.stop()
-    return Probe(rows, context, tokens, len(steps.layers), seconds, busy(events), tuple(events))
+    host_layers = [layer for i, layer in enumerate(pool) if i >= steps.settings.device_kv_layers]
+    per_token = sum(a.nbytes // (a.shape[0] * a.shape[1]) for layer in host_layers for a in layer.values())
+    read = rows * per_token * sum(context + i + 1 for i in range(tokens))  # step i reads context + i + 1 keys
+    return Probe(rows, context, tokens, len(steps.layers), seconds, busy(events), tuple(events), read,
+                 _streaming_read_gb_per_s(host_layers))
+
+
+def _streaming_read_gb_per_s(pool: list[dict[str, jax.Array]], repeats: int = 5) -> float:
+    """GB/s of a jitted sum over the host's KV pool (the median of `repeats` after one to compile)."""
+    arrays = [a for layer in pool for a in layer.values()]
+    if not arrays:
+        return 0.0
+    total = jax.jit(lambda xs: [jnp.sum(a, dtype=jnp.float32) for a in xs])
+    jax.block_until_ready(total(arrays))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(total(arrays))
+        times.append(time.perf_counter() - start)
+    return sum(a.nbytes for a in arrays) / float(np.median(times)) / 1e9
 
 
 def explain_lines(probe: Probe, predicted: LightningPolicy | None, why_not: str = "") -> list[str]:
@@ -90,6 +120,9 @@ def explain_lines(probe: Probe, predicted: LightningPolicy | None, why_not: str 
     share = ", ".join(f"{r} {b / probe.seconds:.0%}" for r, b in sorted(probe.busy_s.items()))
     lines = [f"lightning decode measured here: {probe.rows} rows at {probe.context} tokens of context, {probe.tokens} "
              f"tokens: {probe.layer_s * 1e3:.2f} ms per layer per step, {probe.tokens_per_s:.1f} tok/s; busy: {share}"]
+    if probe.host_kv_bytes:
+        lines.append(f"  host attention read the KV at {probe.host_attention_gb_per_s:.2f} GB/s of its busy time; a "
+                     f"streaming read of the host pool reaches {probe.host_read_gb_per_s:.2f} GB/s")
     if predicted is None:
         lines.append(f"  predicted: none ({why_not or 'no hardware profile'})")
     else:

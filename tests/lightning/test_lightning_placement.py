@@ -87,10 +87,14 @@ def test_tasks_run_in_alg1_order_and_the_probe_times_them(lightning):
     assert probe.tokens_per_s > 0 and len(probe.events) == len(one_pass)
     assert set(probe.busy_s) == {"device", "host", "link h2d", "link d2h"}
     assert all(0 <= e.start <= e.end for e in probe.events)
+    per_token = 3 * 2 * 2 * 16 * 4  # 3 layers of k and v, 2 kv heads of 16 dims, float32
+    assert probe.host_kv_bytes == 4 * 21 * per_token  # one step of 4 rows reads 20 + 1 keys each
+    assert probe.host_attention_gb_per_s > 0 and probe.host_read_gb_per_s > 0
     predicted = predict_policy(lightning.config, load_profile("l4"), N=4, mu=2, A_g=0, F_g=1, r_w=0.5, r_c=0.0,
                                prompt_len=16, gen_len=8)
     text = "\n".join(explain_lines(probe, predicted))
     assert "ms per layer per step" in text and "measured / predicted" in text and "L4" in text
+    assert "a streaming read of the host pool reaches" in text
     assert "no hardware profile" in "\n".join(explain_lines(probe, None))
 
 
