@@ -3,16 +3,21 @@ columns, each step gathering its blocks into [B, Hkv, keys, D] and taking both p
 hands to its YNNPACK fusions (the logits with the keys as the left operand, M = keys; the values with the
 probabilities on the left).
 
-What XLA:CPU does with the other forms, measured with moejax.lightning.host_attention_bench (B=16, 2 cores):
-- A temporary of 32 MiB or more is a fresh mmap per call: writing it page-faults at ~2 GB/s. Gathering the whole
-  cache at once (the reference path) or any [B, S, ...] product pays that, so a step holds ~STEP_BYTES of KV.
-- Elementwise multiply + reduce over the head dim, and dots with (B, Hkv) as batch over [B, S, Hkv, D] (the xla
-  backend), run at a third to a tenth of these dots' speed.
-- XLA:CPU gathers 16-bit floats through float32 (convert in, round out) at ~1 GB/s: they are gathered as uint16.
-  The bitcast sits behind an optimization barrier on the loop step, or XLA hoists it out of the loop as a copy of
-  the whole pool.
-- A bf16 dot whose left operand has a transposed layout is upcast to float32 (values copied at float32): the
-  probabilities pass a barrier flattened, so their layout is the plain one.
+Why this form (JAX 0.10.2, XLA:CPU on 2 Sapphire Rapids cores, B=16, hd=128, Hkv=8, G=4; medians of 7):
+- A temporary of 32 MiB or more is a fresh mmap per call (glibc's threshold): writing it page-faults, ~2 GB/s
+  against ~15 GB/s below it. Gathering the whole cache at once (the reference backend) or any [B, S, ...] product
+  pays that, so a step gathers ~STEP_BYTES of KV (at context 2048, steps of 2.4 to 9.4 MiB ran within 10% of each
+  other for GQA and MLA, float32 and bfloat16; 1 MiB and 16-32 MiB steps ran slower).
+- Over a contiguous [16, 1024, 8, 128] float32 cache, the logits as a dot with the keys on the left took 6.5 ms;
+  elementwise multiply + sum over D 34 ms, a dot with (B, Hkv) batch dims over [B, S, Hkv, D] (as the xla
+  backend's einsums) 45 ms, a dot with the query on the left 32 ms.
+- XLA:CPU gathers 16-bit floats through float32 (convert in, round out), a tenth of the speed of the same gather
+  as uint16: they are gathered as uint16. The bitcast sits behind an optimization barrier on the loop step, or
+  XLA hoists it out of the loop as a copy of the whole pool.
+- A bf16 dot whose left operand has a transposed layout is upcast to float32 (the values gathered at float32):
+  the probabilities pass a barrier flattened, so their layout is the plain one.
+- The softmax runs over the logits transposed (keys minor): with the 4 queries of a kv head minor, its exp took
+  several times longer.
 
 Arguments as `paged.paged_attention`'s (normalised: q_offset int32 [B], scale a float, window None or an int).
 """
