@@ -1,15 +1,20 @@
 """A micro-benchmark of decode attention on the host (not a test): one step's attention for a batch against the bytes
-of KV cache it reads, as GB/s (MoE-Lightning §6.2 compares its CPU attention with the KV transfer it replaces). It
-times the same jitted host stage as moejax.lightning.host_attention (store the new KV, then AttentionCore.attend)."""
+of KV cache it reads, as GB/s (MoE-Lightning §6.2 compares its CPU attention with the KV transfer it replaces).
+`measure` times the same jitted host stage as moejax.lightning.host_attention (store the new KV, then
+AttentionCore.attend) over a contiguous cache; `measure_paged` times moejax.kernels.attention.paged_attention over a
+block pool (continuous batching's decode); `python -m moejax.lightning.host_attention_bench` prints the paged table."""
 from __future__ import annotations
 
+import argparse
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.kernels.attention.paged import paged_attention
 from moejax.lightning.host_attention import HOST_BACKENDS, attend_on_host
 from moejax.lightning.host_kv import host_device
 from moejax.models.attention import AttentionCore
@@ -66,3 +71,97 @@ def _median_seconds(step: Callable, cache: dict, repeats: int) -> tuple[float, d
 @jax.jit
 def _read_all(cache: dict) -> list[jax.Array]:
     return [jnp.sum(a, dtype=jnp.float32) for a in cache.values()]
+
+
+PAGED_BACKENDS = ("xla", "reference", "cpu")  # the paged attention kernels that run on a CPU
+
+
+def measure_paged(kind: str = "gqa", *, batch: int = 16, context: int = 1024, heads: int = 32, kv_heads: int = 8,
+                  head_dim: int = 128, rank: int = 512, rope_dim: int = 64, dtype: str = "float32",
+                  block_size: int = 16, repeats: int = 5, backend: str = "cpu", host: jax.Device | None = None) -> dict:
+    """Median seconds of one decode step's paged attention (one query per row at position context - 1) for `batch`
+    rows of `context` tokens, each row's blocks scattered through a pool of exactly their blocks; the pool's bytes
+    / seconds, and beside it the GB/s of a plain sum over the same pools, timed alternately with the attention (the
+    host's cores are shared: both see the same load). kind and shapes as `measure`'s; MLA's pools are the latent
+    [N, P, 1, rank] (the value and the first key part) and the roped key [N, P, 1, rope_dim]."""
+    if backend not in PAGED_BACKENDS:
+        raise ValueError(f"measure_paged: backend {backend!r} does not run on the host; use one of {PAGED_BACKENDS}")
+    if kind not in ("gqa", "mla") or min(batch, context, repeats, block_size) < 1:
+        raise ValueError(f"measure_paged: kind must be 'gqa' or 'mla' and batch, context, block_size, repeats >= 1; "
+                         f"got {kind!r}, {batch}, {context}, {block_size}, {repeats}")
+    host = host or host_device()
+    rng = np.random.default_rng(0)
+    columns = -(-context // block_size)
+    blocks = batch * columns
+
+    def arr(*shape: int) -> jax.Array:
+        return jax.device_put(jnp.asarray(rng.standard_normal(shape, np.float32), dtype), host)
+
+    if kind == "gqa":
+        pools = {"k": arr(blocks, block_size, kv_heads, head_dim), "v": arr(blocks, block_size, kv_heads, head_dim)}
+        q, width = arr(batch, 1, heads, head_dim), head_dim
+    else:
+        pools = {"latent": arr(blocks, block_size, 1, rank), "k_rope": arr(blocks, block_size, 1, rope_dim)}
+        q, width = arr(batch, 1, heads, rank + rope_dim), rank + rope_dim
+    table = jax.device_put(jnp.asarray(rng.permutation(blocks).reshape(batch, columns), jnp.int32), host)
+    offsets = jax.device_put(jnp.full((batch,), context - 1, jnp.int32), host)
+    attend = jax.jit(functools.partial(_paged_step, kind=kind, scale=1.0 / width ** 0.5, backend=backend))
+    read = jax.jit(_read_all)
+    times = _alternate([lambda: attend(pools, q, table, offsets), lambda: read(pools)], repeats)
+    nbytes = sum(a.nbytes for a in pools.values())
+    return dict(kind=kind, backend=backend, batch=batch, context=context, block_size=block_size, dtype=dtype,
+                device=str(host), cache_bytes=nbytes, seconds=times[0], gb_per_s=nbytes / times[0] / 1e9,
+                read_gb_per_s=nbytes / times[1] / 1e9, jax=jax.__version__)
+
+
+def _paged_step(pools: dict[str, jax.Array], q: jax.Array, table: jax.Array, offsets: jax.Array, *, kind: str,
+                scale: float, backend: str) -> jax.Array:
+    parts: tuple[jax.Array, ...]
+    if kind == "mla":
+        parts, v = (pools["latent"], pools["k_rope"]), pools["latent"]
+    else:
+        parts, v = (pools["k"],), pools["v"]
+    return paged_attention(q, parts, v, table, offsets, scale=scale, backend=backend)
+
+
+def _alternate(calls: Sequence[Callable[[], object]], repeats: int) -> list[float]:
+    """Each call once to compile, then `repeats` rounds of all of them in turn -> each one's median seconds."""
+    for call in calls:
+        jax.block_until_ready(call())
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, seen in zip(calls, times):
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            seen.append(time.perf_counter() - start)
+    return [float(np.median(t)) for t in times]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The paged table: GB/s of each backend and of the streaming read, per kind, dtype and context."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--kinds", default="gqa,mla")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--contexts", default="256,1024,2048")
+    ap.add_argument("--backends", default=",".join(PAGED_BACKENDS))
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    backends = args.backends.split(",")
+    print(f"batch {args.batch}, median of {args.repeats}, GB/s of pool bytes (read: a plain sum over the pools, timed "
+          f"alternately with each backend; its median over the backends' runs); jax {jax.__version__}, "
+          f"{host_device()}")
+    print("| kind | dtype | context | MB | " + " | ".join(backends) + " | read |")
+    print("|---" * (5 + len(backends)) + "|")
+    for kind in args.kinds.split(","):
+        for dtype in args.dtypes.split(","):
+            for context in map(int, args.contexts.split(",")):
+                rows = [measure_paged(kind, batch=args.batch, context=context, dtype=dtype, repeats=args.repeats,
+                                      backend=b) for b in backends]
+                read = float(np.median([r["read_gb_per_s"] for r in rows]))
+                print(f"| {kind} | {dtype} | {context} | {rows[0]['cache_bytes'] / 1e6:.0f} | "
+                      + " | ".join(f"{r['gb_per_s']:.2f}" for r in rows) + f" | {read:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,8 @@
 Pools hold random blocks; the tables are a random permutation of block ids, with the entries past a row's last
 block naming arbitrary blocks (never visible). float32, tolerance 1e-5 (as test_attention_kernels.py).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,7 +50,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", ["xla", "pallas_interpret"] + (["pallas"] if on_gpu() else []))  # compiled: GPU
+@pytest.mark.parametrize("backend", ["xla", "cpu", "pallas_interpret"] +
+                         (["pallas"] if on_gpu() else []))  # compiled: GPU
 @pytest.mark.parametrize("case", list(CASES))
 def test_paged_matches_dense_reference(case, backend):
     shape, kw = CASES[case]
@@ -57,7 +60,7 @@ def test_paged_matches_dense_reference(case, backend):
     kw = dict(kw)
     if kw.pop("sinks", False):
         kw["sinks"] = jnp.asarray(rng.standard_normal(q.shape[2]), jnp.float32)
-    out = paged_attention(q, parts, v, table, offsets, backend=backend, **kw)
+    out = jax.jit(functools.partial(paged_attention, backend=backend, **kw))(q, parts, v, table, offsets)
     k_dense = jnp.concatenate([gather_blocks(p, table) for p in parts], axis=-1)
     ref = attention(q, k_dense, gather_blocks(v, table), q_offset=offsets, backend="reference", **kw)
     assert out.shape == ref.shape and out.dtype == q.dtype
@@ -102,6 +105,59 @@ def test_xla_reads_only_the_blocks_each_row_sees(case, columns):
     assert len(unseen) > 0 and np.isfinite(np.asarray(out)).all()
     err = np.linalg.norm(np.asarray(out) - np.asarray(ref)) / np.linalg.norm(np.asarray(ref))
     assert err <= 1e-5, err
+
+
+DECODE_CASES = {
+    # B=3, NB=5, Hq=6 over Hkv=2; rows of lengths 1, 41 and 76; a window that hides row 2's first blocks; sinks
+    "gqa_odd_window_sinks": (dict(B=3, T=1, Hkv=2, G=3, widths=(8,), Dv=8, offsets=(0, 40, 75)),
+                             dict(sliding_window=20, sinks=True)),
+    # MLA absorbed decode: keys latent (32) || rope (8) from two pools, value = the latent pool itself
+    "mla_two_parts_sinks": (dict(B=3, T=1, Hkv=1, G=4, widths=(32, 8), Dv=32, offsets=(0, 33, 70), mla=True),
+                            dict(sinks=True, scale=0.3)),
+    # a few queries per row (speculative decode), rows apart
+    "gqa_three_queries": (dict(B=3, T=3, Hkv=2, G=3, widths=(8,), Dv=8, offsets=(0, 29, 61)), dict()),
+    # bfloat16 pools (gathered as uint16 inside the loop)
+    "gqa_bf16": (dict(B=3, T=1, Hkv=2, G=3, widths=(8,), Dv=8, offsets=(0, 40, 75), dtype=jnp.bfloat16),
+                 dict(sinks=True)),
+}
+
+
+@pytest.mark.parametrize("columns", [None, 2])  # the default (one step at these sizes); a loop of 3 steps, the last cut
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_cpu_backend_decode_reads_only_visible_blocks(case, columns):
+    """The "cpu" backend against dense attention over each row's gathered keys, with every pool block no row's
+    queries can see set to NaN (a read of one would poison its row through 0 x NaN)."""
+    from moejax.kernels.attention import paged_cpu
+    shape, kw = DECODE_CASES[case]
+    shape = dict(shape)
+    dtype = shape.pop("dtype", jnp.float32)
+    rng = np.random.default_rng(sorted(DECODE_CASES).index(case))
+    q, parts, v, table, offsets = make(rng, **shape)
+    mla = shape.get("mla", False)
+    q, parts = q.astype(dtype), tuple(p.astype(dtype) for p in parts)
+    v = parts[0] if mla else v.astype(dtype)
+    kw = dict(kw)
+    sinks = jnp.asarray(rng.standard_normal(q.shape[2]), jnp.float32) if kw.pop("sinks", False) else None
+    window, scale = kw.get("sliding_window"), kw.get("scale", 1 / np.sqrt(q.shape[-1]))
+    up = lambda a: a.astype(jnp.float32)  # noqa: E731
+
+    @jax.jit
+    def dense(q, parts, v, table, offsets, sinks):
+        k = jnp.concatenate([gather_blocks(up(p), table) for p in parts], axis=-1)
+        return attention(up(q), k, gather_blocks(up(v), table), q_offset=offsets, sinks=sinks, backend="reference",
+                         **kw)
+    ref = dense(q, parts, v, table, offsets, sinks)
+    seen = {int(table[b, c]) for b, cols in enumerate(_visible_columns(shape["offsets"], shape["T"], window,
+                                                                       table.shape[1])) for c in cols}
+    unseen = np.array([i for i in range(v.shape[0]) if i not in seen])
+    poison = lambda a: a.at[unseen].set(jnp.nan)  # noqa: E731
+    parts_p = tuple(poison(p) for p in parts)
+    run = jax.jit(functools.partial(paged_cpu.attention, window=window, scale=float(scale), columns=columns))
+    out = run(q, parts_p, parts_p[0] if mla else poison(v), table, offsets, sinks)
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert len(unseen) > 0 and np.isfinite(np.asarray(up(out))).all()
+    err = np.linalg.norm(np.asarray(up(out)) - np.asarray(ref)) / np.linalg.norm(np.asarray(ref))
+    assert err <= (1e-5 if dtype == jnp.float32 else 1e-2), err
 
 
 @pytest.mark.parametrize("B,T,Hq,Hkv,widths,Dv,NB,extra", [

@@ -21,7 +21,7 @@ from jax.typing import ArrayLike
 
 from moejax.kernels.platform import resolve
 
-BACKENDS = ("reference", "xla", "pallas", "pallas_interpret")
+BACKENDS = ("reference", "xla", "cpu", "pallas", "pallas_interpret")
 
 
 def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, block_table: jax.Array,
@@ -36,6 +36,10 @@ def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Arra
     if backend == "xla":
         from moejax.kernels.attention import paged_xla
         return paged_xla.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
+                                   scale=scale)
+    if backend == "cpu":
+        from moejax.kernels.attention import paged_cpu
+        return paged_cpu.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
                                    scale=scale)
     if backend == "reference":
         from moejax.kernels.attention import attention

@@ -1,0 +1,24 @@
+"""moejax.lightning.host_attention_bench.measure_paged on tiny shapes: it runs each host backend over a block pool and
+reports the pool's bytes and both rates; bad arguments are refused by name."""
+import pytest
+
+from moejax.lightning.host_attention_bench import measure_paged
+
+TINY = dict(batch=2, context=40, heads=4, kv_heads=2, head_dim=8, rank=16, rope_dim=8, block_size=16, repeats=1)
+
+
+@pytest.mark.parametrize("kind,backend", [("gqa", "cpu"), ("mla", "cpu"), ("gqa", "xla")])
+def test_measure_paged_times_the_pool(kind, backend):
+    row = measure_paged(kind, backend=backend, dtype="bfloat16", **TINY)
+    blocks = 2 * 3  # 40 tokens in blocks of 16: 3 per row
+    per_key = 2 * 2 * 8 if kind == "gqa" else 16 + 8  # k and v over 2 heads of 8; latent and rope
+    assert row["cache_bytes"] == blocks * 16 * per_key * 2  # bfloat16
+    assert row["seconds"] > 0 and row["gb_per_s"] > 0 and row["read_gb_per_s"] > 0
+    assert (row["kind"], row["backend"], row["context"]) == (kind, backend, 40)
+
+
+def test_measure_paged_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="backend 'pallas' does not run on the host"):
+        measure_paged(backend="pallas", **TINY)
+    with pytest.raises(ValueError, match="kind must be"):
+        measure_paged("dense", **TINY)
