@@ -54,7 +54,9 @@ def host_attend(kv: dict[str, jax.Array], q: jax.Array | None, new: dict[str, ja
     the pool, read and written through paged = (block tables, slots)."""
     cache: Cache = kv if paged is None else PagedCache(kv, *paged)
     cache = store_kv(cache, positions, new)
-    out = None if store_only else core.attend(q, cache, positions[:, 0], backend)  # type: ignore[arg-type]
+    # `backend` is a paged kernel's (the pool's); per-row caches (Engine.generate) take the dense op's XLA form
+    out = None if store_only else core.attend(q, cache, positions[:, 0],  # type: ignore[arg-type]
+                                              backend if paged is not None else "xla")
     return out, cache.pool if isinstance(cache, PagedCache) else cache
 
 

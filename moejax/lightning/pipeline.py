@@ -75,7 +75,7 @@ class LightningSettings:
     (the first `device_kv_layers`: the r_c share), the host's attention kernel, and whether to record the tasks."""
     micro_batch: int
     device_kv_layers: int = 0
-    host_backend: str = "xla"
+    host_backend: str = "cpu"
     record: bool = False
 
 
