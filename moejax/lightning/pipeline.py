@@ -254,8 +254,11 @@ class _Pass:
         """Run one task -> what it made (its arrays, for the timeline), or None when it had nothing to do (a layer
         without host attention skips the transfers; a page already on its way)."""
         st, (op, i, j) = self.steps, task
-        if op == PAGE:
-            return st.experts.fetch_page(st.experts.next_layer(i - 1), j)
+        if op == PAGE:  # page j; a pass with fewer micro-batches than pages moves the rest with its last
+            last = j == len(self.groups) - 1
+            moved = [st.experts.fetch_page(st.experts.next_layer(i - 1), p)
+                     for p in range(j, st.experts.store.pages if last else j + 1)]
+            return [m for m in moved if m is not None] or None
         layer, host = st.layers[i], self.on_host[i]
         backend = st._attention_backend
         if op == PRE:

@@ -50,6 +50,7 @@ def test_greedy_generations_equal_transformers(lightning, prompts):
     assert pipeline["bytes_d2h"] > 0 and pipeline["bytes_h2d"] > 0
     assert pipeline["tasks"]["CPUATTN"] == pipeline["tasks"]["OFFLOADQKV"] > 0
     assert stats["total"]["bytes_h2d"] > 0  # pages moved: half of each layer's experts is paged (r_w = 0.5)
+    assert stats["total"]["misses"] == 0 and stats["total"]["hits"] > 0  # every page moved ahead of its layer
     lightning.reset_stats()
     assert lightning.stats()["pipeline"]["passes"] == 0
 
@@ -64,6 +65,7 @@ def test_sampled_chunked_static_and_scoring_equal_the_resident_models(resident, 
     one_row = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", **{**POLICY, "micro_batch": 1})
     cut = [texts[1][:8], texts[0][:4], texts[2][:2]]
     assert scheduled(one_row, cut, row_tokens=4, chunk_tokens=16) == scheduled(resident, cut)
+    assert one_row.stats()["total"]["misses"] == 0  # a one-micro-batch pass moves all 4 pages ahead, not 1
     assert lightning.generate(texts, NEW_TOKENS) == resident.generate(texts, NEW_TOKENS) == transformers
     ids = np.array([t[:3] for t in texts], np.int32)  # no cache: LayeredSteps' loop with the paged experts
     np.testing.assert_allclose(lightning.logits(ids), resident.logits(ids), rtol=1e-5, atol=1e-5)
