@@ -33,6 +33,7 @@ def check_family(name: str, r: dict, accelerator: str) -> None:
     assert r["core_devices"] in ([], ["cpu:0"]), name  # GPT-OSS's sinks were copied to the host
 
 
+@pytest.mark.slow  # the fast tier runs host attention through placement lightning (test_lightning_placement.py)
 @pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v3"])
 def test_host_decode_on_one_device_matches_the_resident_model(name):
     host = jax.devices("cpu")[0]
