@@ -33,11 +33,7 @@ def measure(kind: str = "gqa", *, batch: int = 16, context: int = 1024, heads: i
         raise ValueError(f"measure: kind must be 'gqa' or 'mla' and batch, context, repeats >= 1; got {kind!r}, "
                          f"{batch}, {context}, {repeats}")
     host = host or host_device()
-    rng = np.random.default_rng(0)
-
-    def arr(*shape: int) -> jax.Array:
-        return jax.device_put(jnp.asarray(rng.standard_normal(shape, np.float32), dtype), host)
-
+    arr = _random_arrays(host, dtype, np.random.default_rng(0))
     if kind == "gqa":
         cache = {"k": arr(batch, context, kv_heads, head_dim), "v": arr(batch, context, kv_heads, head_dim)}
         q, width = arr(batch, 1, heads, head_dim), head_dim
@@ -54,6 +50,11 @@ def measure(kind: str = "gqa", *, batch: int = 16, context: int = 1024, heads: i
     return dict(kind=kind, backend=backend, batch=batch, context=context, dtype=dtype, device=str(host),
                 cache_bytes=nbytes, seconds=seconds, gb_per_s=nbytes / seconds / 1e9, read_gb_per_s=nbytes / read / 1e9,
                 jax=jax.__version__)
+
+
+def _random_arrays(host: jax.Device, dtype: str, rng: np.random.Generator) -> Callable[..., jax.Array]:
+    """arr(*shape): standard normal values from `rng`, as `dtype`, on `host`."""
+    return lambda *shape: jax.device_put(jnp.asarray(rng.standard_normal(shape, np.float32), dtype), host)
 
 
 def _median_seconds(step: Callable, cache: dict, repeats: int) -> tuple[float, dict]:
@@ -93,9 +94,7 @@ def measure_paged(kind: str = "gqa", *, batch: int = 16, context: int = 1024, he
     rng = np.random.default_rng(0)
     columns = -(-context // block_size)
     blocks = batch * columns
-
-    def arr(*shape: int) -> jax.Array:
-        return jax.device_put(jnp.asarray(rng.standard_normal(shape, np.float32), dtype), host)
+    arr = _random_arrays(host, dtype, rng)
 
     if kind == "gqa":
         pools = {"k": arr(blocks, block_size, kv_heads, head_dim), "v": arr(blocks, block_size, kv_heads, head_dim)}

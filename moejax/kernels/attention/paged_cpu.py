@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from moejax.kernels.attention.paged_xla import visible_columns
 from moejax.kernels.attention.xla import finish
 from moejax.kernels.precision import for_operands
 
@@ -60,11 +61,9 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
     q_parts = jnp.split(q_x, [sum(widths[:i + 1]) for i in range(len(widths) - 1)], axis=-1)
     q_pos = q_offset[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
 
-    # Each row's visible columns [first, last]: its last query's block; its first query's window start. A step's
-    # columns outside them read the nearest visible block again (masked), never the table's padding.
-    last = jnp.clip((q_offset + T - 1) // P, 0, NB - 1)
-    first = jnp.zeros_like(last) if window is None else jnp.clip((q_offset - window + 1) // P, 0, None)
-    first = jnp.minimum(first, last)
+    # A step's columns outside a row's visible ones read the nearest visible block again (masked), never the
+    # table's padding.
+    first, last = visible_columns(q_offset, T, P, NB, window)
 
     def step(c: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         m, l, acc = carry

@@ -26,6 +26,14 @@ def blocks_per_step(block_size: int) -> int:
     return max(1, KEYS_PER_STEP // block_size)
 
 
+def visible_columns(q_offset: jax.Array, T: int, P: int, NB: int, window: int | None) -> tuple[jax.Array, jax.Array]:
+    """Each row's visible table columns [first, last] for T queries from q_offset [B] over blocks of P tokens: its
+    last query's block; its first query's window start."""
+    last = jnp.clip((q_offset + T - 1) // P, 0, NB - 1)
+    first = jnp.zeros_like(last) if window is None else jnp.clip((q_offset - window + 1) // P, 0, None)
+    return jnp.minimum(first, last), last
+
+
 def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, block_table: jax.Array,
               q_offset: jax.Array, sinks: jax.Array | None, *, window: int | None, scale: float,
               columns: int | None = None) -> jax.Array:
@@ -40,10 +48,7 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
     q_split = jnp.split(q.reshape(B, T, Hkv, G, D), [sum(widths[:i + 1]) for i in range(len(widths) - 1)], axis=-1)
     q_pos = q_offset[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
 
-    # Each row's visible columns [first, last]: its last query's block; its first query's window start.
-    last = jnp.clip((q_offset + T - 1) // P, 0, NB - 1)
-    first = jnp.zeros_like(last) if window is None else jnp.clip((q_offset - window + 1) // P, 0, None)
-    first = jnp.minimum(first, last)
+    first, last = visible_columns(q_offset, T, P, NB, window)
 
     def step(c: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         m, l, acc = carry
