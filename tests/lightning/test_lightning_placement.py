@@ -3,6 +3,8 @@ the resident single-device float32 model's (greedy and sampled, static generate 
 transformers' greedy tokens; the tasks run in Alg. 1's order; stats, --explain's lines and the pool's sizing; the
 options' checks and placement auto's choice. Every family, with the cache on a second device, is in
 test_lightning_families.py."""
+import os
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,8 @@ from moejax.plan.resolve import load_profile
 from moejax.sched.pool_size import pool_size
 
 NAME = "qwen3_moe"
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                        "requests.jsonl")
 POLICY = dict(batch_size=4, micro_batch=2, resident_share=0.5, kv_device_share=0.0, attention_on="host")
 
 
@@ -143,3 +147,17 @@ def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):
     fits = moejax.load(fixture_dir(NAME), dtype="float32", placement="auto", device_memory_gb=gb * 4, profile="l4")
     assert fits.placement.name == "resident"
 
+
+
+@pytest.mark.slow  # a serve run with a probe: the probe itself is the fast test above
+def test_serve_explain_probes_and_plots_lightning(tmp_path, capsys):
+    from launch import serve as serve_cli
+    pytest.importorskip("matplotlib")
+    serve_cli.main(["--model", fixture_dir(NAME), "--dtype", "float32", "--input", EXAMPLES, "--explain",
+                    "--placement", "lightning", "--batch-size", "4", "--micro-batch", "2", "--resident-share", "0.5",
+                    "--kv-device-share", "0", "--attention-on", "host", "--seq-len", "16", "--gen-len", "8",
+                    "--profile", "l4", "--plot", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "placement lightning: N=4 mu=2" in out
+    assert "lightning decode measured here: 4 rows at 20 tokens of context" in out and "measured / predicted" in out
+    assert (tmp_path / "lightning-gantt.png").stat().st_size > 0
