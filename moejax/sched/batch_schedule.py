@@ -12,7 +12,7 @@ from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
-from moejax.sched.prefix_cache import block_hashes
+from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.requests import CompletionRequest, ScoreRequest
 
 if TYPE_CHECKING:
@@ -83,13 +83,15 @@ def row_length(largest: int) -> int:
 
 
 def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_flops: float = 0.0,
-                       flops_of: Callable[[list[ScoreSeq]], float] | None = None, max_tokens: int | None = None
-                       ) -> list[ScoreBatch]:
+                       flops_of: Callable[[list[ScoreSeq], PrefixCache | None], float] | None = None,
+                       max_tokens: int | None = None, cache: PrefixCache | None = None) -> list[ScoreBatch]:
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
     Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
-    until the FLOPs of what it holds (`flops_of(tree)`, Eq. 2) reach the floor, nothing is left to add or twice the
-    rows would pass `max_tokens` (what memory allows)."""
+    until the FLOPs of what it holds (`flops_of(tree, cache)`, Eq. 2) reach the floor, nothing is left to add or twice
+    the rows would pass `max_tokens` (what memory allows). `cache`: the cross-batch prefix cache, replayed here as
+    the batches are made (each batch stores its contexts' blocks), so a batch's FLOPs do not count as new the
+    context blocks earlier batches left there."""
     pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
     batches = []
     while pending:
@@ -111,23 +113,52 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
             if not (min_flops and left and nrows < most and room):
                 break
             assert flops_of is not None  # a FLOPs floor comes with its counter
-            if sum(flops_of(t) for _, t in pending) - sum(flops_of(t) for _, t in left) >= min_flops:
+            if sum(flops_of(t, cache) for _, t in pending) - sum(flops_of(t, cache) for _, t in left) >= min_flops:
                 break
             nrows = min(2 * nrows, most)
         batches.append(ScoreBatch([r for r in rows if r]))
+        if cache is not None:
+            _store_contexts(cache, batches[-1])
         pending = left
     return batches
 
 
-def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq]], float]:
-    """-> flops_of(tree): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the tokens it does
-    not share with the one before it (sorted), after the shared part."""
+def _store_contexts(cache: PrefixCache, batch: ScoreBatch) -> None:
+    """What running `batch` does to the prefix cache, as packing.pack_row does it row by row: read each context's
+    cached blocks, then store its other full blocks. Every block is stored, as under kv_cache "on"; "auto" keeps
+    only blocks a later batch reads (in a pool no larger), so this counts no more cache hits than it will find."""
+    cache.begin_batch()
+    for row in batch.rows:
+        contexts = {s.tokens[: s.context_len] for s in row}
+        hashes = [block_hashes(ctx) for ctx in contexts]
+        for h in hashes:
+            cache.match(h)
+        for h in hashes:
+            for block in h:
+                if block not in cache:
+                    cache.allocate(block)
+    cache.begin_batch()  # what this batch stored is readable by the next
+
+
+def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq], PrefixCache | None], float]:
+    """-> flops_of(tree, cache=None): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the
+    tokens it does not share with the one before it (sorted), after the shared part. With the cross-batch prefix
+    `cache` (what earlier batches stored), a sequence's leading context blocks found there are context, not new
+    tokens (their KV is read; attention to them still costs), up to its last context token, which is read and so
+    recomputed (packing.pack_row). The cache is counted per sequence, by its own context's blocks."""
     from moejax.costs import true_prefill_flops
 
-    def flops_of(tree: list[ScoreSeq]) -> float:
-        ordered = sorted(s.tokens for s in tree)
-        return sum(true_prefill_flops(cfg, len(b) - _lcp(a, b), _lcp(a, b))
-                   for a, b in zip([()] + ordered[:-1], ordered))
+    def flops_of(tree: list[ScoreSeq], cache: PrefixCache | None = None) -> float:
+        total = 0.0
+        prev: tuple[int, ...] = ()
+        for s in sorted(tree, key=lambda s: s.tokens):
+            done = _lcp(prev, s.tokens)
+            if cache is not None:
+                hits = cache.readable(block_hashes(s.tokens[: s.context_len]))
+                done = max(done, min(hits * BLOCK, s.context_len - 1))
+            total += true_prefill_flops(cfg, len(s.tokens) - done, done)
+            prev = s.tokens
+        return total
     return flops_of
 
 
@@ -161,7 +192,8 @@ def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequ
     """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
     own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
     of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring
-    batches (Θ; needs the model's `config` to count FLOPs)."""
+    batches (Θ; needs the model's `config` to count FLOPs), in which context tokens that the prefix cache will
+    supply (kv_cache not off) count as attended context, not as new tokens."""
     if kv_cache not in KV_MODES:
         raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
     sized = score_batch or ScoreBatchSize(max_batch_tokens, None, max_batch_tokens, "")
@@ -170,8 +202,10 @@ def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequ
     if min_batch_flops:
         assert config is not None, "schedule_batches: a FLOPs floor needs the model's config"
         flops_of = tree_flops(config)
+    # The FLOPs floor counts context the prefix cache will supply as context (replayed as the batches are made)
+    replay = PrefixCache(cache_blocks) if flops_of is not None and kv_cache != "off" else None
     batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops, flops_of,
-                                       sized.cap)
+                                       sized.cap, replay)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]

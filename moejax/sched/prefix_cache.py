@@ -63,6 +63,16 @@ class PrefixCache:
             found.append(slot)
         return found
 
+    def readable(self, hashes: Sequence[bytes]) -> int:
+        """How many leading hashes `match` would find, without marking them used (for planning)."""
+        n = 0
+        for h in hashes:
+            slot = self._slots.get(h)
+            if slot is None or slot in self._fresh:
+                break
+            n += 1
+        return n
+
     def begin_batch(self) -> None:
         self._fresh.clear()
 
