@@ -88,7 +88,8 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
     Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
-    until the FLOPs of what it holds (`flops_of(tree)`, Eq. 2) reach the floor, nothing is left to add or twice the
+    until the FLOPs of what it holds (`flops_of(tree)`, Eq. 2, in Θ's unit: `tree_flops`) reach the floor, nothing
+    is left to add or twice the
     rows would pass `max_tokens` (what memory allows)."""
     pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
     batches = []
@@ -121,7 +122,9 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
 
 def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq]], float]:
     """-> flops_of(tree): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the tokens it does
-    not share with the one before it (sorted), after the shared part."""
+    not share with the one before it (sorted), after the shared part. True FLOPs, attention included
+    (moejax.costs.true_prefill_flops): the unit Θ is in, Eq. 1 and Eq. 3 alike, so a batch admitted at Θ holds the
+    compute Θ stands for."""
     from moejax.costs import true_prefill_flops
 
     def flops_of(tree: list[ScoreSeq]) -> float:
