@@ -98,7 +98,12 @@ def prefill_flops(cfg: ModelConfig, batch: int, seq: int, *, all_logits: bool = 
 def true_prefill_flops(cfg: ModelConfig, new_tokens: int, context: int = 0) -> float:
     """MoE-Prefill Eq. 2: the FLOPs of computing `new_tokens` of one sequence after `context` tokens whose KV is
     already there (a cached prefix): the decoder layers' matmuls for the new tokens only, and attention of the new
-    tokens to the context and to each other (causal, windows as the layers have them). Embedding and head excluded."""
+    tokens to the context and to each other (causal, windows as the layers have them). Embedding and head excluded.
+
+    This is THE batch FLOPs of MoE-Prefill's Θ (Eq. 1, 3) and of its admission (§7.4): Θ (moejax.plan.theta,
+    moejax.offload.saturation) and the FLOPs a scheduled batch holds (moejax.sched.batch_schedule.tree_flops) are
+    both counted here. Attention is in: a layer's whole compute, attention and experts, runs while the next layer's
+    experts are copied, and it grows with the context, so a long-context batch hides a copy with fewer tokens."""
     d_qk, d_v = (cfg.q_head_dim, cfg.v_head_dim) if cfg.attention == "mla" else (cfg.head_dim, cfg.head_dim)
     total = context + new_tokens
     pairs = sum(causal_pairs(total, _window(cfg, layer)) - causal_pairs(context, _window(cfg, layer))
@@ -139,7 +144,9 @@ def active_param_count(cfg: ModelConfig) -> int:
 
 
 def layer_flops_per_token(cfg: ModelConfig) -> float:
-    """Matmul FLOPs per token through the decoder layers (embedding and head excluded; attention scores too)."""
+    """Matmul FLOPs per token through the decoder layers (embedding and head excluded; attention scores too): the
+    FLOPs of a token with no context to attend to. Not Θ's unit (that is `true_prefill_flops`); Θ / this is the most
+    tokens a batch needs to reach Θ (rows with context need fewer)."""
     return 2.0 * (active_param_count(cfg) - 2 * cfg.vocab_size * cfg.hidden_size)
 
 

@@ -2,7 +2,13 @@
 twice on a reference batch of F_ref FLOPs — compute only (each layer's experts already on the device) and with
 streaming — and Θ = (1+ε)·(max_l T_l / T_0)·F_ref, with T_0 the compute-only time of the first MoE layer and T_l
 the wall time of layer l while streaming. Batches of at least Θ FLOPs compute long enough to hide the copies;
-the batch runner packs prefill batches to that size."""
+the batch runner packs prefill batches to that size.
+
+FLOPs are true FLOPs, matmuls and attention (moejax.costs.true_prefill_flops), as the admission counts a batch
+(moejax.sched.batch_schedule.tree_flops): T_0 times the first MoE layer's whole compute on the reference row, its
+attention included, so F_ref is that row's true FLOPs, and Θ / F_ref reference rows of compute is what hides the
+copies. (With matmul-only FLOPs here and true FLOPs in the admission, Θ came out short by the reference row's
+attention, and batches were admitted with less compute than hides the copies.)"""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +18,10 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from moejax.costs import layer_flops_per_token
+from moejax.costs import layer_flops_per_token, true_prefill_flops
 
 if TYPE_CHECKING:
+    from moejax.config import ModelConfig
     from moejax.engine import Engine
     from moejax.offload.layered import Layer, LayeredSteps
     from moejax.offload.streamed import Streamed
@@ -25,9 +32,10 @@ EPSILON = 0.1
 
 @dataclasses.dataclass(frozen=True)
 class Saturation:
-    theta_flops: float
+    theta_flops: float  # whole-forward true FLOPs of a batch (module docstring)
     ref_tokens: int
-    ref_flops: float
+    ref_flops: float  # true FLOPs of the reference row of ref_tokens tokens
+    token_flops: float  # FLOPs of one token with no context (moejax.costs.layer_flops_per_token)
     t0_s: float  # compute-only time of the first MoE layer
     compute_s: dict  # MoE layer -> compute-only seconds
     streamed_s: dict  # MoE layer -> wall seconds while streaming
@@ -39,7 +47,8 @@ class Saturation:
 
     @property
     def theta_tokens(self) -> int:
-        return int(np.ceil(self.theta_flops / (self.ref_flops / self.ref_tokens)))
+        """Θ in tokens of no context, as Eq. 1's: the most a batch needs (rows with context reach Θ with fewer)."""
+        return int(np.ceil(self.theta_flops / self.token_flops))
 
     def describe(self) -> str:
         worst = max(self.streamed_s, key=self.streamed_s.__getitem__)
@@ -106,10 +115,19 @@ def profile_saturation(engine: Engine, *, tokens: int = 512, epsilon: float = EP
     finally:
         steps.placement = streamed
         engine.reset_stats()
-    compute, streaming = watches[True].times, watches[False].times
-    t0 = compute[steps.moe_layers[0]]
-    ref_flops = layer_flops_per_token(engine.config) * tokens
-    theta = (1 + epsilon) * max(streaming.values()) / t0 * ref_flops
-    saturation = Saturation(theta, tokens, ref_flops, t0, compute, streaming, epsilon)
+    saturation = saturation_from_times(engine.config, tokens, watches[True].times, watches[False].times, epsilon)
     engine.use_theta(saturation)
     return saturation
+
+
+def saturation_from_times(cfg: ModelConfig, tokens: int, compute_s: dict, streamed_s: dict,
+                          epsilon: float = EPSILON) -> Saturation:
+    """Eq. 3 from the timings of one row of `tokens` tokens: per MoE layer (in order) its compute-only seconds and
+    its wall seconds while streaming. F_ref is the row's true FLOPs (module docstring)."""
+    if not compute_s or sorted(compute_s) != sorted(streamed_s):
+        raise ValueError(f"saturation: compute-only and streamed timings must cover the same MoE layers, got "
+                         f"{sorted(compute_s)} and {sorted(streamed_s)}")
+    t0 = compute_s[min(compute_s)]
+    ref_flops = true_prefill_flops(cfg, tokens)
+    theta = (1 + epsilon) * max(streamed_s.values()) / t0 * ref_flops
+    return Saturation(theta, tokens, ref_flops, layer_flops_per_token(cfg), t0, compute_s, streamed_s, epsilon)

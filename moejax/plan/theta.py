@@ -8,8 +8,13 @@ Channels (MoE-Prefill §6.2-6.3), per MoE layer, per device:
   async_ep     experts resident, split over P devices; each gathers the others' shards: all_gather((P-1)/P · layer)
   two_channel  AsyncEP from the host: each device copies its 1/P shard from the host while gathering the next
                layer's shards from the others; the channels run at once, the slower one counts
-Batch FLOPs are whole-forward FLOPs (moejax.costs.layer_flops_per_token), as Eq. 3's F_ref is: a batch of F FLOPs
-spends F / L of them in each of L layers. P is the profile's peak, as in Eq. 1: the datasheet's, or the best rate
+Batch FLOPs are whole-forward true FLOPs, matmuls and attention (moejax.costs.true_prefill_flops), the unit in which
+Eq. 3's F_ref and the scheduler's admission (moejax.sched.batch_schedule.tree_flops) count a batch too: a batch of
+F FLOPs spends F / L of them in each of L layers. Attention counts because the copy of the next layer's experts runs
+during a whole layer (issued at this layer's MoE, waited for at the next one's, after its attention) and Eq. 1 takes
+every FLOP at the one rate P; Θ = (1+ε)·T_comm·P·L·devices needs no per-token FLOPs. `theta_tokens` is Θ in tokens
+of no context (Θ / moejax.costs.layer_flops_per_token): the most tokens any batch needs, since rows with context
+attend more per token and reach Θ with fewer. P is the profile's peak, as in Eq. 1: the datasheet's, or the best rate
 `launch.profile_devices` measured. (A measured profile's slower small GEMMs are not used: on a CPU they mostly measure
 dispatch, which Eq. 3's reference batch folds in differently; taking the peak keeps Eq. 1 the paper's.)"""
 from __future__ import annotations
@@ -44,8 +49,8 @@ class Theta(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ThetaEstimate:
-    theta_flops: float  # whole-forward FLOPs of a batch (all devices together)
-    theta_tokens: int
+    theta_flops: float  # whole-forward true FLOPs of a batch, all devices together (moejax.costs.true_prefill_flops)
+    theta_tokens: int  # Θ in tokens of no context: the most a batch needs (module docstring)
     source: str
     mode: str
     devices: int
@@ -94,11 +99,10 @@ def theta_eq1(cfg: ModelConfig, profile: Profile, *, mode: str = "streamed", dev
     """Θ by Eq. 1 from the profile (module docstring)."""
     channels = channel_times(cfg, profile, mode, devices)
     t_comm = max(channels.values())
-    per_token = layer_flops_per_token(cfg)  # whole forward, one token
     rate = profile.device.flops
-    tokens = (1 + epsilon) * t_comm * rate * cfg.num_layers / per_token  # per device
-    theta_flops = tokens * per_token * devices
-    return ThetaEstimate(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens * devices))),
+    theta_flops = (1 + epsilon) * t_comm * rate * cfg.num_layers * devices  # any FLOPs at rate P: true FLOPs
+    tokens = theta_flops / layer_flops_per_token(cfg)  # tokens of no context (module docstring)
+    return ThetaEstimate(theta_flops=theta_flops, theta_tokens=max(1, int(round(tokens))),
                          source=f"Eq. 1 from profile {profile.name} ({profile.source})", mode=mode, devices=devices,
                          t_comm_s=t_comm, channels_s=channels, compute_flops_per_s=rate,
                          layer_expert_bytes=layer_expert_bytes(cfg, profile.dtype_bytes), epsilon=epsilon)

@@ -38,7 +38,8 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
                         seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
     todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
             if not isinstance(e, BadLine) and not store.done(e.line)]
-    # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies
+    # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies;
+    # Θ and the batches are both counted in true FLOPs, attention included (moejax.costs.true_prefill_flops)
     saturation = engine.saturation  # made at load (moejax.plan.theta), or measured since
     floor = saturation.theta_flops if saturation is not None else 0.0
     cache_blocks = prefix_cache_blocks(engine, options.prefix_cache_mb)

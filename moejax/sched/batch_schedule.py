@@ -88,10 +88,10 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
     """Longest first; each batch fills its rows by placing the next tree into the row with the fewest tokens
     (MoE-Lightning, Alg. 2); trees that no longer fit wait for the next batch. With a FLOPs floor (MoE-Prefill's
     Θ: streamed experts are hidden only behind that much compute), a batch doubles its rows past the token budget
-    until the FLOPs of what it holds (`flops_of(tree, cache)`, Eq. 2) reach the floor, nothing is left to add or twice
-    the rows would pass `max_tokens` (what memory allows). `cache`: the cross-batch prefix cache, replayed here as
-    the batches are made (each batch stores its contexts' blocks), so a batch's FLOPs do not count as new the
-    context blocks earlier batches left there."""
+    until the FLOPs of what it holds (`flops_of(tree, cache)`, Eq. 2, in Θ's unit: `tree_flops`) reach the floor,
+    nothing is left to add or twice the rows would pass `max_tokens` (what memory allows). `cache`: the cross-batch
+    prefix cache, replayed here as the batches are made (each batch stores its contexts' blocks), so a batch's FLOPs
+    do not count as new the context blocks earlier batches left there."""
     pending = sorted(((tree_size(t), t) for t in trees), key=lambda x: -x[0])
     batches = []
     while pending:
@@ -145,7 +145,9 @@ def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq], PrefixCache | None
     tokens it does not share with the one before it (sorted), after the shared part. With the cross-batch prefix
     `cache` (what earlier batches stored), a sequence's leading context blocks found there are context, not new
     tokens (their KV is read; attention to them still costs), up to its last context token, which is read and so
-    recomputed (packing.pack_row). The cache is counted per sequence, by its own context's blocks."""
+    recomputed (packing.pack_row). The cache is counted per sequence, by its own context's blocks. True FLOPs,
+    attention included (moejax.costs.true_prefill_flops): the unit Θ is in, Eq. 1 and Eq. 3 alike, so a batch
+    admitted at Θ holds the compute Θ stands for."""
     from moejax.costs import true_prefill_flops
 
     def flops_of(tree: list[ScoreSeq], cache: PrefixCache | None = None) -> float:

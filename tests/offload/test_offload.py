@@ -8,6 +8,7 @@ import pytest
 
 import moejax
 from conftest import FIXTURE_NAMES, fast_tier, fixture_dir
+from moejax.costs import true_prefill_flops
 from moejax.offload import ExpertCache
 from moejax.offload.predict import DefaultVectors, calibrate
 from moejax.offload.streamed import Streamed
@@ -199,6 +200,8 @@ def test_saturation_profile_and_explain():
     engine = moejax.load("tiny-qwen3-moe", dtype="float32", placement="streamed", window=1)
     sat = profile_saturation(engine, tokens=64)
     assert sat.theta_flops == pytest.approx((1 + sat.epsilon) * max(sat.streamed_s.values()) / sat.t0_s * sat.ref_flops)
+    # F_ref in Θ's unit, the one the scheduler admits batches in: true FLOPs, the reference row's attention included
+    assert sat.ref_flops == pytest.approx(true_prefill_flops(engine.config, 64))
     assert sat.t0_s == sat.compute_s[engine.layered_steps.moe_layers[0]]
     assert sorted(sat.streamed_s) == engine.layered_steps.moe_layers
     assert engine.stats()["total"]["bytes_h2d"] == 0  # the profile's own transfers are not counted
