@@ -71,8 +71,11 @@ def parse_args(argv=None):
     g = p.add_argument_group("expert offloading (one device; see moejax.offload)")
     options.add_arguments(g, PlacementSettings, ("placement",))
     g.add_argument("--theta", default="profile", choices=["profile", "eq1"],
-                   help="streamed: the saturation threshold Θ prefill batches are filled to: profile (measure it, "
-                        "MoE-Prefill Eq. 3) or eq1 (from the hardware profile, Eq. 1; no profiling pass)")
+                   help="placements that copy experts during a forward: the saturation threshold Θ prefill batches "
+                        "are filled to: profile (measure it, MoE-Prefill Eq. 3; placement streamed, and AsyncEP "
+                        "from the host) or eq1 (from the hardware profile, Eq. 1; no profiling pass). Resident "
+                        "experts=async_ep (its all-gather) always takes Eq. 1; without a hardware profile it gets no "
+                        "Θ (a note says so) unless eq1 was asked for, which then exits")
     options.add_arguments(g, PlacementSettings, PlacementSettings.names()[1:])
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
     options.add_arguments(g, Processes)
@@ -164,13 +167,24 @@ def check_kernels(args) -> str | None:
 
 
 def set_saturation(engine, args) -> None:
-    """Θ of a placement that copies experts during a forward: measured on the engine (Eq. 3), or the one load made
-    by Eq. 1 from the hardware profile (AsyncEP's two channels under experts=async_ep), which needs a profile."""
-    if args.theta == "profile":
+    """Θ of a placement that copies experts during a forward (its theta_mode): under --theta profile measured on the
+    engine (Eq. 3) where its layer loop can be timed (profiles_theta: streamed, AsyncEP from the host); otherwise the
+    one load made by Eq. 1 from the hardware profile (resident experts=async_ep: its all-gather), which needs a
+    profile: without one --theta eq1 raises ValueError, and the default (profile) notes on stderr that no Θ
+    applies."""
+    if engine.placement.theta_mode is None:  # nothing copied during a forward: no Θ
+        return
+    if args.theta == "profile" and engine.placement.profiles_theta:
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens or 512))
     elif engine.saturation is None:  # load found no profile: say why
         import jax
-        profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
+        try:
+            profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
+        except ValueError as e:
+            if args.theta == "eq1":
+                raise
+            print(f"note: placement {engine.placement.name} under layout {engine.layout} takes Θ from Eq. 1, which "
+                  f"needs a hardware profile: {e}; prefill batches follow the token budget alone", file=sys.stderr)
 
 
 def lightning_explain(engine, args):
@@ -301,7 +315,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
         engine = load(args, serving)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
-    if engine.placement.profiles_theta:  # Θ: prefill batches are filled to it
+    if engine.placement.theta_mode is not None:  # Θ: prefill batches are filled to it
         try:
             set_saturation(engine, args)
         except ValueError as e:

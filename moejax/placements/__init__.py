@@ -9,7 +9,7 @@ from moejax.placements.cached import Cached
 from moejax.placements.dep import DEP
 from moejax.placements.gathered import Gathered
 from moejax.placements.lightning import Lightning
-from moejax.placements.resident import Resident
+from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit
 
 if TYPE_CHECKING:
@@ -17,10 +17,11 @@ if TYPE_CHECKING:
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
-__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Lightning", "Placement", "Resident", "Streamed",
-           "StreamedInJit", "placement_for"]
+__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Lightning", "Placement", "Resident",
+           "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]
 
-PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Lightning, Resident)
+PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Lightning, ResidentAsyncEP,
+                                           Resident)
 
 
 def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None

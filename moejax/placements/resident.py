@@ -17,3 +17,17 @@ class Resident(Placement):
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return budget.placement == cls.name and (layout_setup is None or not layout_setup.disaggregated)
+
+
+class ResidentAsyncEP(Resident):
+    """Resident under layout experts=async_ep (MoE-Prefill §6.2): the experts stay split over the devices and each MoE
+    layer all-gathers the other devices' shards during the forward, which only a batch whose compute covers the gather
+    hides: Θ by Eq. 1 in that device-to-device channel (not measured: Eq. 3's profiling times a layer loop, and these
+    are whole-model jits)."""
+
+    theta_mode = "async_ep"
+
+    @classmethod
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return super().applies(budget, settings, layout_setup) and layout_setup is not None \
+            and layout_setup.layout.experts == "async_ep"

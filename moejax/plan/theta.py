@@ -122,9 +122,10 @@ def theta_at_load(cfg: ModelConfig, mode: str | None, devices: int, find_profile
                   ) -> ThetaEstimate | None:
     """Θ a freshly loaded engine fills its prefill batches to: Eq. 1 in the placement's channel `mode` (None: its
     experts are not copied during a forward, so no Θ) on the hardware profile `find_profile()` returns; None when
-    no profile is known (it raises ValueError; batches then follow the token budget alone). A measured Θ (Eq. 3,
-    moejax.offload.saturation) may replace it later."""
-    if mode is None:
+    no profile is known (it raises ValueError; batches then follow the token budget alone). On one device async_ep
+    gathers nothing (None) and two_channel is a plain host stream. A measured Θ (Eq. 3, moejax.offload.saturation)
+    may replace it later."""
+    if mode is None or (mode == "async_ep" and devices < 2):
         return None
     try:
         profile = find_profile()

@@ -1,9 +1,10 @@
 """How many tokens one scoring batch holds. `--max-batch-tokens`, when given, wins. Otherwise, on a GPU: enough to
 keep the device busy, bounded by the memory the memory budget leaves; elsewhere (CPUs) DEFAULT_TOKENS, as before.
 
-The GPU's size is the FLOPs floor of the engine's placement, in tokens: a streamed engine's Θ (profiled, or Eq. 1 on
-the hardware profile), else Θ by Eq. 1 on the profile (moejax.plan.theta), the batch whose compute covers copying a
-layer's experts from the host. A resident engine copies nothing, but a batch that could hide that copy is one that
+The GPU's size is the FLOPs floor of the engine's placement, in tokens: an offloading engine's Θ (profiled, or Eq. 1
+on the hardware profile), else Θ by Eq. 1 on the profile (moejax.plan.theta), the batch whose compute covers copying a
+layer's experts from the host (resident experts=async_ep too: its own Θ, of the all-gather, is a floor the batches
+are filled to, not the size). A resident engine copies nothing, but a batch that could hide that copy is one that
 fills the device: on the first H200 run (2026-11-26) resident prefill of the qwen3-30b-a3b 4-layer slice ran at 0.79
 of its 131K-token rate with 16K tokens per call and at 0.97 with 65K (0.95 Θ as profiled there).
 
@@ -73,7 +74,9 @@ def score_batch_size(engine: Engine, asked: int | None, *, longest: int, reserve
     if platform != "gpu":
         return ScoreBatchSize(DEFAULT_TOKENS, None, DEFAULT_TOKENS, f"the default on {platform}")
     cfg = engine.config
-    if engine.saturation is not None:
+    if engine.saturation is not None and engine.memory_budget.offloads:
+        # Θ of host copies; resident AsyncEP's (its all-gather) is often far below a full device: batch.py still
+        # fills batches to it, the budget is a full device's below
         theta = engine.saturation
         floor = f"Θ of the streamed experts, {theta.source}"
         tokens = theta.theta_tokens

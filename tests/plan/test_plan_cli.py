@@ -79,3 +79,33 @@ def test_serve_explains_theta_by_eq1_with_its_plot(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         serve.main(args)
     assert "--theta eq1: no hardware profile for" in str(e.value) and "launch.profile_devices" in str(e.value)
+
+
+def _serve_on_two_devices(tmp_path, *flags):
+    """launch.serve --explain of 40 short scoring lines under resident experts=async_ep, in a process with 2
+    simulated CPU devices -> the finished process."""
+    import subprocess
+    import sys
+    inp = tmp_path / "score.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/score",
+                                       "body": {"prompt_token_ids": [i + 1] * 24, "candidate_token_ids": [[9], [10]]}})
+                           + "\n" for i in range(40)))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "launch.serve", "--input", str(inp), "--model", "tiny-qwen3-moe",
+                           "--layout", "attn=dp,experts=async_ep", "--max-batch-tokens", "32", "--explain", *flags],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_serve_fills_resident_asyncep_batches_to_eq1(tmp_path):
+    """Issue 33: resident experts=async_ep takes Θ by Eq. 1 in its all-gather channel under the default --theta
+    (profile: not measurable on whole-model jits), --explain prints it and the scoring batches fill to it (40 short
+    sequences in one batch, past the 32-token budget); without a hardware profile serve says it applies no Θ."""
+    run = _serve_on_two_devices(tmp_path, "--profile", "h100")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "saturation threshold (Eq. 1 from profile h100 (datasheet))" in run.stdout
+    assert "(async_ep; one MoE layer's experts" in run.stdout and "\n1 batches:" in run.stdout
+    bare = _serve_on_two_devices(tmp_path)
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    assert "saturation threshold" not in bare.stdout and "\n1 batches:" not in bare.stdout
+    assert "takes Θ from Eq. 1, which needs a hardware profile: no hardware profile for 2 x" in bare.stderr

@@ -119,3 +119,40 @@ def test_an_unprofiled_streamed_engine_falls_back_to_eq1():
     unprofiled = moejax.load("tiny-qwen3-moe", placement="streamed", window=1)
     # no profile for this CPU: the budget alone
     assert "1 batches:" not in explain_lines(unprofiled, lines, ServingOptions(max_batch_tokens=32))
+
+
+def _resident_on(spec: str, devices: int):
+    """The placement moejax.load picks for a resident budget under layout `spec` on `devices` devices. Only the
+    resolved layout decides the placement and its Θ, so the LayoutSetup has no mesh or experts runner (this process
+    has one CPU device; moejax.load under a real 8-device mesh runs in tests/sharding)."""
+    from moejax.offload.memory_budget import MemoryBudget
+    from moejax.offload.settings import PlacementSettings
+    from moejax.placements import placement_for
+    from moejax.sharding import Layout
+    from moejax.sharding.setup import LayoutSetup
+    layout = Layout.parse(spec).resolve(MIXTRAL.num_experts, devices, expert_width=MIXTRAL.moe_intermediate_size,
+                                        heads=MIXTRAL.num_heads)
+    setup = LayoutSetup(layout, None, None, MIXTRAL.num_kv_heads, first_moe=0)  # type: ignore[arg-type]
+    budget = MemoryBudget("resident", None, 0, 0, 0, 0, 0)
+    return placement_for(budget, PlacementSettings(placement="resident"), setup)
+
+
+def test_resident_asyncep_fills_batches_to_eq1_of_its_all_gather():
+    """Issue 33: resident experts=async_ep all-gathers each later MoE layer's expert shards during the forward, so
+    its Θ is Eq. 1 in that device-to-device channel (as placement streamed's is in its host channel); resident
+    layouts that copy no weights during a forward, and async_ep on one device (nothing to gather), have none."""
+    h100 = load_profile("h100")
+    placement = _resident_on("attn=dp,experts=async_ep", 8)
+    theta = placement.theta(MIXTRAL, lambda: h100)
+    assert theta is not None, f"{type(placement).__name__} under experts=async_ep has no Θ"
+    expected = theta_eq1(MIXTRAL, h100, mode="async_ep", devices=8)
+    assert (theta.mode, theta.devices) == ("async_ep", 8)
+    assert theta.channels_s == {"all_gather": pytest.approx(h100.all_gather.time(7 / 8 * layer_expert_bytes(MIXTRAL,
+                                                                                                             2)))}
+    assert theta.theta_flops == pytest.approx(expected.theta_flops) and theta.theta_tokens == expected.theta_tokens
+    assert "(async_ep;" in theta.describe()  # what --explain prints
+    for spec, devices in (("attn=dp,experts=ep", 8), ("attn=dp,experts=tp", 8), ("attn=dp,experts=replicated", 8),
+                          ("attn=tp,experts=async_ep", 8), ("attn=dp,experts=async_ep", 1)):
+        other = _resident_on(spec, devices)
+        expect_theta = spec.endswith("async_ep") and devices > 1
+        assert (other.theta(MIXTRAL, lambda: h100) is not None) == expect_theta, (spec, devices)
