@@ -35,7 +35,6 @@ from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
 from moejax.lightning.trace import Timeline, busy
 from moejax.models.attention import AttentionCore
-from moejax.models.moe import MoEBlock
 from moejax.offload import layered
 from moejax.offload.layered import LayeredSteps, _phase
 
@@ -92,7 +91,7 @@ class LightningSteps(LayeredSteps):
         self.log: list[Task] = []  # the tasks run, in order, while settings.record
         self.timeline: Timeline | None = None  # set (moejax.lightning.trace) to time every task
         model = nnx.merge(graphdef, params)
-        self._abstract = model
+        self._model = model  # for its caches' shapes
         self.cores: list[AttentionCore] = [jax.device_put(layer.attn.core, self.host) for layer in model.layers]
         self._attention_backend = kernels.attention
         phase = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
@@ -121,12 +120,11 @@ class LightningSteps(LayeredSteps):
     def init_pool(self, num_blocks: int) -> list[KVLayer]:
         """The continuous-batching pool, zeroed: each layer's on the host, the first device_kv_layers' on the
         device."""
-        shapes = jax.eval_shape(lambda: self._abstract.init_cache(num_blocks, kv_pool.BLOCK))
-        return [{n: jnp.zeros(a.shape, a.dtype, device=self.kv_device(i)) for n, a in layer.items()}
-                for i, layer in enumerate(shapes)]
+        return self._zeroed(num_blocks, kv_pool.BLOCK)
 
-    def _new_caches(self, batch: int, length: int) -> list[KVLayer]:
-        shapes = jax.eval_shape(lambda: self._abstract.init_cache(batch, length))
+    def _zeroed(self, batch: int, length: int) -> list[KVLayer]:
+        """Per layer, init_cache(batch, length) zeroed where the layer keeps its KV (kv_device)."""
+        shapes = jax.eval_shape(lambda: self._model.init_cache(batch, length))
         return [{n: jnp.zeros(a.shape, a.dtype, device=self.kv_device(i)) for n, a in layer.items()}
                 for i, layer in enumerate(shapes)]
 
@@ -146,7 +144,7 @@ class LightningSteps(LayeredSteps):
             raise ValueError("lightning: a prefix pool in a static prefill is not supported; the batch runner runs "
                              "lightning under continuous batching, where shared prompt blocks are reused")
         x, at = self._embed(state, rows.tokens, rows.positions)
-        x, out = self._pipeline(x, at, list(self._new_caches(rows.tokens.shape[0], cache_len)), False, None)
+        x, out = self._pipeline(x, at, list(self._zeroed(rows.tokens.shape[0], cache_len)), False, None)
         first = self._first(state, x, rows)
         caches = cast("list[KVLayer]", out)  # per-row caches in, per-row caches out
         if rows.expand is not None:
@@ -297,7 +295,7 @@ class _Pass:
             return self.o[i, j]
         assert op == POST
         o = self.o.pop((i, j))
-        if isinstance(st._abstract.layers[i].mlp, MoEBlock):
+        if i in st.moe_layers:
             x, y, idx, weights = layer(layer_parts.post_route, self.x[j], o)
             self.x[j] = layered.run_moe(layer, x, y, idx, weights, st.experts.experts(i), st.experts.backend)
             if j == len(self.groups) - 1:
