@@ -84,10 +84,10 @@ def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int,
 
 
 def _runnable(policy: LightningPolicy) -> LightningPolicy:
-    """The search's best policy that the lightning placement runs (F_g = 1; A_g = 0, or A_g = 1 with the whole
+    """The search's best policy that moejax runs (its `executable`: F_g = 1; A_g = 0, or A_g = 1 with the whole
     cache on the device); the best overall when it runs."""
     for p in (policy, *policy.alternatives):
-        if p.F_g and (not p.A_g or p.r_c >= 1 - 1e-6):
+        if p.executable:
             return p
     raise MemoryBudgetError(f"placement 'lightning': no policy the search found runs here: {policy.note}")
 
