@@ -23,9 +23,7 @@ import jax
 import numpy as np
 
 import moejax
-from moejax.lightning.probe import explain_lines, probe_decode
-from moejax.plan.lightning import predict_policy
-from moejax.plan.resolve import profile_for
+from moejax.lightning.probe import explain_engine
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
 from launch.bench_results import no_file
@@ -129,7 +127,7 @@ def lightning(args, env, partial=no_file) -> dict:
         first_tokens = first_tokens if first_tokens is not None else tokens
         row["same_tokens_as_first"] = tokens == first_tokens
         if name == "lightning":
-            row.update(_probe(engine, args, N))
+            row.update(_probe(engine, args))
         record["runs"].append(row)
         print(f"  {name:9s}: {row['tokens_per_s']:8.1f} tok/s, peak batch {row['peak_rows']:3d} rows, "
               f"same tokens {row['same_tokens_as_first']} ({row['kv_pool']})", flush=True)
@@ -142,17 +140,10 @@ def lightning(args, env, partial=no_file) -> dict:
     return record
 
 
-def _probe(engine, args, N: int) -> dict:
-    probe = probe_decode(engine, N, args.prompt_len + args.new_tokens // 2)
-    try:
-        profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
-        plan = engine.memory_budget.lightning
-        predicted = predict_policy(engine.config, profile, N=plan.N, mu=plan.mu, A_g=plan.A_g, F_g=plan.F_g,
-                                   r_w=plan.r_w, r_c=plan.r_c, prompt_len=args.prompt_len, gen_len=args.new_tokens)
-        why = ""
-    except ValueError as e:
-        predicted, why = None, str(e)
-    lines = explain_lines(probe, predicted, why)
+def _probe(engine, args) -> dict:
+    """The probed decode at the policy's N (the engine was loaded with this run's prompt and generation lengths as
+    its plan's), against the HRM's prediction where a hardware profile exists."""
+    lines, probe, predicted = explain_engine(engine, args.profile)
     print("\n".join("    " + line for line in lines))
     out = dict(probe=probe.as_dict(), probe_text=lines)
     if predicted is not None:

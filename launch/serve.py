@@ -190,14 +190,8 @@ def set_saturation(engine, args) -> None:
 def lightning_explain(engine, args):
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
-    import jax
-
     from moejax.lightning.probe import explain_engine
-    try:
-        profile, why = profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile), ""
-    except ValueError as e:
-        profile, why = None, str(e)
-    lines, probe = explain_engine(engine, profile, why)
+    lines, probe, _ = explain_engine(engine, args.profile)
     print("\n".join(lines))
     return probe
 

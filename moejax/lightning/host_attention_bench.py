@@ -46,7 +46,7 @@ def measure(kind: str = "gqa", *, batch: int = 16, context: int = 1024, heads: i
     nbytes = sum(a.nbytes for a in cache.values())
     attend = lambda c: attend_on_host(c, q, new, positions, core, backend=backend)  # noqa: E731
     seconds, cache = _median_seconds(attend, cache, repeats)
-    read, _ = _median_seconds(lambda c: (_read_all(c), c), cache, repeats)  # the host's streaming read, for scale
+    read, _ = _median_seconds(lambda c: (read_all(c), c), cache, repeats)  # the host's streaming read, for scale
     return dict(kind=kind, backend=backend, batch=batch, context=context, dtype=dtype, device=str(host),
                 cache_bytes=nbytes, seconds=seconds, gb_per_s=nbytes / seconds / 1e9, read_gb_per_s=nbytes / read / 1e9,
                 jax=jax.__version__)
@@ -70,7 +70,8 @@ def _median_seconds(step: Callable, cache: dict, repeats: int) -> tuple[float, d
 
 
 @jax.jit
-def _read_all(cache: dict) -> list[jax.Array]:
+def read_all(cache: dict) -> list[jax.Array]:
+    """A float32 sum of each array: a streaming read of all of them (what the host's memory reaches)."""
     return [jnp.sum(a, dtype=jnp.float32) for a in cache.values()]
 
 
@@ -105,8 +106,7 @@ def measure_paged(kind: str = "gqa", *, batch: int = 16, context: int = 1024, he
     table = jax.device_put(jnp.asarray(rng.permutation(blocks).reshape(batch, columns), jnp.int32), host)
     offsets = jax.device_put(jnp.full((batch,), context - 1, jnp.int32), host)
     attend = jax.jit(functools.partial(_paged_step, kind=kind, scale=1.0 / width ** 0.5, backend=backend))
-    read = jax.jit(_read_all)
-    times = _alternate([lambda: attend(pools, q, table, offsets), lambda: read(pools)], repeats)
+    times = median_seconds_each([lambda: attend(pools, q, table, offsets), lambda: read_all(pools)], repeats)
     nbytes = sum(a.nbytes for a in pools.values())
     return dict(kind=kind, backend=backend, batch=batch, context=context, block_size=block_size, dtype=dtype,
                 device=str(host), cache_bytes=nbytes, seconds=times[0], gb_per_s=nbytes / times[0] / 1e9,
@@ -123,7 +123,7 @@ def _paged_step(pools: dict[str, jax.Array], q: jax.Array, table: jax.Array, off
     return paged_attention(q, parts, v, table, offsets, scale=scale, backend=backend)
 
 
-def _alternate(calls: Sequence[Callable[[], object]], repeats: int) -> list[float]:
+def median_seconds_each(calls: Sequence[Callable[[], object]], repeats: int) -> list[float]:
     """Each call once to compile, then `repeats` rounds of all of them in turn -> each one's median seconds."""
     for call in calls:
         jax.block_until_ready(call())

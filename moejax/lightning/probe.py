@@ -9,19 +9,19 @@ import time
 from typing import TYPE_CHECKING
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from moejax.kv_pool import BLOCK
+from moejax.lightning.host_attention_bench import median_seconds_each, read_all
 from moejax.lightning.pipeline import LightningSteps
 from moejax.lightning.trace import Event, Timeline, busy
 from moejax.plan.lightning import predict_policy
+from moejax.plan.resolve import profile_for
 from moejax.sampling import Sampling
 from moejax.step_inputs import PagedDecodeRows
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
-    from moejax.plan.hardware import Profile
     from moejax.plan.lightning import LightningPolicy
 
 
@@ -101,18 +101,12 @@ def probe_decode(engine: Engine, rows: int, context: int, tokens: int = 2) -> Pr
 
 
 def _streaming_read_gb_per_s(pool: list[dict[str, jax.Array]], repeats: int = 5) -> float:
-    """GB/s of a jitted sum over the host's KV pool (the median of `repeats` after one to compile)."""
-    arrays = [a for layer in pool for a in layer.values()]
+    """GB/s of a streaming read of the host's KV pool (host_attention_bench.read_all; the median of `repeats`)."""
+    arrays = {f"{i}/{n}": a for i, layer in enumerate(pool) for n, a in layer.items()}
     if not arrays:
         return 0.0
-    total = jax.jit(lambda xs: [jnp.sum(a, dtype=jnp.float32) for a in xs])
-    jax.block_until_ready(total(arrays))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(total(arrays))
-        times.append(time.perf_counter() - start)
-    return sum(a.nbytes for a in arrays) / float(np.median(times)) / 1e9
+    seconds = median_seconds_each([lambda: read_all(arrays)], repeats)[0]
+    return sum(a.nbytes for a in arrays.values()) / seconds / 1e9
 
 
 def explain_lines(probe: Probe, predicted: LightningPolicy | None, why_not: str = "") -> list[str]:
@@ -133,16 +127,21 @@ def explain_lines(probe: Probe, predicted: LightningPolicy | None, why_not: str 
     return lines
 
 
-def explain_engine(engine: Engine, profile: Profile | None, why_not: str = "") -> tuple[list[str], Probe]:
+def explain_engine(engine: Engine, profile: str | None = None
+                   ) -> tuple[list[str], Probe, LightningPolicy | None]:
     """--explain's lines for a lightning engine: its policy's decode probed at N rows and the workload's average
-    decode context (prompt + half the generation), against the HRM's per-layer time for the policy run, on `profile`
-    (None: no prediction, `why_not` says why)."""
+    decode context (prompt + half the generation), against the HRM's per-layer time for the policy run on the
+    hardware profile (`profile`: a name or file, else the devices' own; none found: no prediction, the lines say
+    why) -> (lines, the probe, the prediction or None)."""
     plan = engine.memory_budget.lightning
     assert engine.plan is not None  # moejax.load gives every engine its plan
     workload = engine.plan.workload
     probe = probe_decode(engine, plan.N, workload.seq_len + workload.gen_len // 2)
-    predicted = None  # the executed policy's prediction (options may have changed the search's choice)
-    if profile is not None:
-        predicted = predict_policy(engine.config, profile, N=plan.N, mu=plan.mu, A_g=plan.A_g, F_g=plan.F_g,
-                                   r_w=plan.r_w, r_c=plan.r_c, prompt_len=workload.seq_len, gen_len=workload.gen_len)
-    return explain_lines(probe, predicted, why_not), probe
+    try:
+        hardware = profile_for(jax.devices()[0].device_kind, len(jax.devices()), profile)
+    except ValueError as e:
+        return explain_lines(probe, None, str(e)), probe, None
+    # the executed policy's prediction (options may have changed the search's choice)
+    predicted = predict_policy(engine.config, hardware, N=plan.N, mu=plan.mu, A_g=plan.A_g, F_g=plan.F_g,
+                               r_w=plan.r_w, r_c=plan.r_c, prompt_len=workload.seq_len, gen_len=workload.gen_len)
+    return explain_lines(probe, predicted), probe, predicted
