@@ -55,12 +55,9 @@ class PrefixCache:
         """Slots of the longest run of leading hashes whose KV is in the pool (marked as recently used). Blocks
         the current batch will store are not there yet."""
         found = []
-        for h in hashes:
-            slot = self._slots.get(h)
-            if slot is None or slot in self._fresh:
-                break
+        for h in hashes[: self.readable(hashes)]:
             self._slots.move_to_end(h)
-            found.append(slot)
+            found.append(self._slots[h])
         return found
 
     def readable(self, hashes: Sequence[bytes]) -> int:
