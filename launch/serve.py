@@ -309,11 +309,10 @@ def _main(args, held: contextlib.ExitStack) -> int:
         engine = load(args, serving)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
-    if engine.placement.theta_mode is not None:  # Θ: prefill batches are filled to it
-        try:
-            set_saturation(engine, args)
-        except ValueError as e:
-            sys.exit(f"--theta {args.theta}: {e}")
+    try:  # Θ, for placements that copy experts during a forward: prefill batches are filled to it
+        set_saturation(engine, args)
+    except ValueError as e:
+        sys.exit(f"--theta {args.theta}: {e}")
     writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:
         if writer:
