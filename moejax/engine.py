@@ -375,9 +375,7 @@ class Engine:
         return self.steps.paged_decode(self.params, pool, carry, rows, steps=steps)
 
     def kv_bytes_per_token(self) -> int:
-        model = nnx.merge(self._graphdef, self.abstract_params)
-        shapes = jax.eval_shape(lambda: model.init_cache(1, 1))
-        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+        return nnx.merge(self._graphdef, self.abstract_params).kv_bytes_per_token()
 
     def score_packed(self, batch: dict[str, np.ndarray], pool: list[Layer] | None = None,
                      span: Sequence[int | None] = (0, None)) -> tuple[jax.Array, list[Layer] | None]:

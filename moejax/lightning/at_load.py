@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import jax
-import numpy as np
 from flax import nnx
 from jax.typing import DTypeLike
 
@@ -22,10 +20,8 @@ from moejax.plan.hardware import Profile
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: DTypeLike) -> int:
-    """KV cache bytes of one token over every layer."""
-    model = nnx.eval_shape(lambda: MoEModel(cfg, dtype))
-    shapes = jax.eval_shape(lambda: model.init_cache(1, 1))
-    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    """KV cache bytes of one token over every layer, before the engine exists (MoEModel.kv_bytes_per_token)."""
+    return nnx.eval_shape(lambda: MoEModel(cfg, dtype)).kv_bytes_per_token()
 
 
 def lightning_budget(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, workload: Workload,

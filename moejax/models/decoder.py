@@ -67,6 +67,11 @@ class MoEModel(nnx.Module):
         dtype = self.embed.dtype
         return [layer.attn.init_cache(batch, length, dtype) for layer in self.layers]
 
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token over every layer (from shapes only: the model may be abstract)."""
+        shapes = jax.eval_shape(lambda: self.init_cache(1, 1))
+        return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+
     def __call__(self, tokens: StepArray, positions: StepArray, cache: Sequence[Cache] | None = None, *,
                  read_cache: bool = True, kernels: Kernels = Kernels(), gather_idx: StepArray | None = None,
                  tree: TreeMask | None = None, prior: Sequence[dict[str, jax.Array]] | None = None
