@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import jax
 
 from moejax.sched import output_lock
-from moejax.sched.batch_size import DEFAULT_TOKENS, score_batch_size
+from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, score_batch_size
 from moejax.sched.explain import describe
 from moejax.sched.batch_schedule import BatchSchedule, schedule_batches
-from moejax.sched.pool_size import pool_size
+from moejax.sched.pool_size import PoolSize, pool_size
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.requests import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
@@ -38,16 +38,27 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
                         seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
     todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
             if not isinstance(e, BadLine) and not store.done(e.line)]
+    schedule, options, kv_pool, sizing = plan_requests(engine, todo, options)
+    runner = Runner(engine, schedule, todo, store, options=options, kv_pool=kv_pool, batch_size=sizing,
+                    progress=progress(len(todo)) if progress is not None else None)
+    return entries, store, todo, schedule, runner
+
+
+def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptions, *, kv_cache: str | None = None
+                  ) -> tuple[BatchSchedule, ServingOptions, PoolSize | None, ScoreBatchSize]:
+    """How `todo` runs on `engine`: its batch schedule (kv_cache: the cache mode it is planned for, default the
+    options'), the options as they apply (continuous batching falls back to static where the placement has none),
+    the continuous scheduler's KV pool, the scoring batches' size."""
     # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies;
     # Θ and the batches are both counted in true FLOPs, attention included (moejax.costs.true_prefill_flops)
-    saturation = engine.saturation  # made at load (moejax.plan.theta), or measured since
+    cfg, saturation = engine.config, engine.saturation  # Θ: made at load (moejax.plan.theta), or measured since
     floor = saturation.theta_flops if saturation is not None else 0.0
     cache_blocks = prefix_cache_blocks(engine, options.prefix_cache_mb)
     sizing = score_batch_size(engine, options.max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
     schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
-                                kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor, config=cfg,
-                                score_batch=sizing)
+                                kv_cache=kv_cache or options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor,
+                                config=cfg, score_batch=sizing)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
         options = dataclasses.replace(options, batching="static")
     kv_pool = None
@@ -56,9 +67,7 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
         kv_pool = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in todo
                                      if isinstance(r, CompletionRequest) and r.max_tokens
                                      for _ in range(r.n)], options.kv_pool_mb)
-    runner = Runner(engine, schedule, todo, store, options=options, kv_pool=kv_pool, batch_size=sizing,
-                    progress=progress(len(todo)) if progress is not None else None)
-    return entries, store, todo, schedule, runner
+    return schedule, options, kv_pool, sizing
 
 
 def longest_score_sequence(requests: Sequence[Request]) -> int:

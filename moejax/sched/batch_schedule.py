@@ -12,7 +12,7 @@ from moejax.buckets import bucket, fine_bucket
 from moejax.kv_pool import BLOCK
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
-from moejax.sched.prefix_cache import PrefixCache, block_hashes
+from moejax.sched.prefix_cache import BlockHolder, PrefixCache, block_hashes
 from moejax.sched.requests import CompletionRequest, ScoreRequest
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def _store_contexts(cache: PrefixCache, batch: ScoreBatch) -> None:
     cache.begin_batch()  # what this batch stored is readable by the next
 
 
-def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq], PrefixCache | None], float]:
+def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq], BlockHolder | None], float]:
     """-> flops_of(tree, cache=None): MoE-Prefill Eq. 2 summed over a prefix tree's sequences, each computing the
     tokens it does not share with the one before it (sorted), after the shared part. With the cross-batch prefix
     `cache` (what earlier batches stored), a sequence's leading context blocks found there are context, not new
@@ -150,7 +150,7 @@ def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq], PrefixCache | None
     admitted at Θ holds the compute Θ stands for."""
     from moejax.costs import true_prefill_flops
 
-    def flops_of(tree: list[ScoreSeq], cache: PrefixCache | None = None) -> float:
+    def flops_of(tree: list[ScoreSeq], cache: BlockHolder | None = None) -> float:
         total = 0.0
         prev: tuple[int, ...] = ()
         for s in sorted(tree, key=lambda s: s.tokens):

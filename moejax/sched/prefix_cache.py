@@ -7,12 +7,19 @@ import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from moejax.kv_pool import BLOCK
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
+
+
+class BlockHolder(Protocol):
+    """What holds prefix blocks: a PrefixCache, or a frontend's mirror of a replica's (moejax.sched.frontend)."""
+    def readable(self, hashes: Sequence[bytes]) -> int:
+        """How many of the leading `hashes` it holds."""
+        ...
 
 
 def cache_blocks(engine: Engine, megabytes: float) -> int:
@@ -38,12 +45,34 @@ def _chain(tokens: tuple[int, ...]) -> tuple[bytes, ...]:
 
 
 class PrefixCache:
-    def __init__(self, capacity_blocks: int):
+    def __init__(self, capacity_blocks: int, *, record: bool = False):
+        """record: keep the table's lifecycle events (`take_events`) for a frontend that mirrors it
+        (moejax.sched.frontend): ("stored", hash), ("evicted", hash), ("cleared",)."""
         self.capacity = int(capacity_blocks)
+        self._events: list[tuple] | None = [] if record else None
         self._slots: OrderedDict[bytes, int] = OrderedDict()  # hash -> pool slot, least recently used first
         self._free = list(range(self.capacity - 1, -1, -1))
         self._fresh: set[int] = set()  # slots written by the batch being planned: never evicted inside it
         self.evictions = 0
+
+    def hashes(self) -> set[bytes]:
+        return set(self._slots)
+
+    def take_events(self) -> list[tuple]:
+        """The events since the last call (record=True), oldest first."""
+        out, self._events = self._events or [], [] if self._events is not None else None
+        return out
+
+    def clear(self) -> None:
+        """Forget every block (their KV is gone: a failed batch took the pool with it)."""
+        self._slots.clear()
+        self._free = list(range(self.capacity - 1, -1, -1))
+        self._fresh.clear()
+        self._note("cleared")
+
+    def _note(self, *event) -> None:
+        if self._events is not None:
+            self._events.append(tuple(event))
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -86,6 +115,8 @@ class PrefixCache:
                 return None
             slot = self._slots.pop(victim)
             self.evictions += 1
+            self._note("evicted", victim)
         self._slots[h] = slot
+        self._note("stored", h)
         self._fresh.add(slot)
         return slot

@@ -80,11 +80,16 @@ class _Launched:
 class Runner:
     def __init__(self, engine: Engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *,
                  progress: Progress | None = None, options: ServingOptions = ServingOptions(),
-                 kv_pool: PoolSize | None = None, batch_size: ScoreBatchSize | None = None) -> None:
+                 kv_pool: PoolSize | None = None, batch_size: ScoreBatchSize | None = None,
+                 cache: PrefixCache | None = None, pool: list[Layer] | None = None,
+                 keep: frozenset[bytes] = frozenset()) -> None:
         """options.batching: "continuous" serves every completion through one scheduler (options' scheduler knobs)
         over a paged KV pool of kv_pool.blocks blocks (moejax.sched.continuous; explain shows how it was sized);
         "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
-        batch_size: how the schedule's scoring batches were sized (explain shows it)."""
+        batch_size: how the schedule's scoring batches were sized (explain shows it). cache, pool: a prefix cache
+        and its device pool that outlive this runner (an engine replica serving a run in shares,
+        moejax.sched.replica_session), used instead of the schedule's own; keep: blocks to store because a later
+        share will read them (the schedule knows only its own batches)."""
         self.engine, self.schedule, self.requests, self.store = engine, schedule, requests, store
         self.progress = progress
         self.options, self.batching = options, options.batching
@@ -93,8 +98,10 @@ class Runner:
         self.scheduler_stats: dict | None = None  # the continuous scheduler's counters, once it ran
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
-        self.cache = PrefixCache(schedule.pool_blocks) if schedule.kv_cache else None
-        self.pool: list[Layer] | None = None
+        if cache is None and schedule.kv_cache:
+            cache = PrefixCache(schedule.pool_blocks)
+        self.cache, self.pool, self.keep = cache, pool, keep
+        self.pool_blocks = cache.capacity if cache is not None else 0
         self.future = Counter(h for u in schedule.uses for h in u)
         # (request, sibling, candidate) -> summed logprob
         self._acc: defaultdict[tuple[int, int, int], float] = defaultdict(float)
@@ -108,7 +115,7 @@ class Runner:
 
     # -- packing (shared with explain) ----------------------------------------------------------------------
     def _want_store(self, h: bytes) -> bool:
-        return self.schedule.store_all or self.future[h] > 0
+        return self.schedule.store_all or self.future[h] > 0 or h in self.keep
 
     # -> score: (rows, (arrays, tags, span)) as packing.assemble gives them; completions: per request, (the prefix
     # blocks it reads, the (block, position) it stores). Any: which one is the batch's kind, not a type
@@ -124,7 +131,7 @@ class Runner:
             self.cache.begin_batch()
         if batch.kind == "score":
             rows = [packing.pack_row(r, self.cache, self._want_store) for r in batch.rows]
-            return rows, packing.assemble(rows, self.schedule.pool_blocks, self.engine.row_multiple)
+            return rows, packing.assemble(rows, self.pool_blocks, self.engine.row_multiple)
         prior, stores = [], []
         for r in batch.requests:
             keep = []
@@ -145,8 +152,8 @@ class Runner:
     # -- execution ------------------------------------------------------------------------------------------
     def run(self) -> Metrics:
         start = time.perf_counter()
-        if self.schedule.pool_blocks:
-            self.pool = self.engine.init_pool(self.schedule.pool_blocks)
+        if self.pool_blocks and self.pool is None:
+            self.pool = self.engine.init_pool(self.pool_blocks)
         continuous = []
         if self.batching == "continuous":  # completions do not read the scoring prefix cache: keep nothing for them
             for k, batch in enumerate(self.schedule.batches):
@@ -385,8 +392,8 @@ class Runner:
             idx = [self._index[r.line] for r in batch.requests]
         self._fail_requests(idx, f"batch failed: {message}")
         if self.cache is not None:  # the pool may be gone (donated into the failed call): start it afresh
-            self.cache = PrefixCache(self.schedule.pool_blocks)
-            self.pool = self.engine.init_pool(self.schedule.pool_blocks) if self.schedule.pool_blocks else None
+            self.cache.clear()
+            self.pool = self.engine.init_pool(self.pool_blocks) if self.pool_blocks else None
 
     def _fail_requests(self, idx: Iterable[int], message: str) -> None:
         for i in idx:
