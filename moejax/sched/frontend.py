@@ -146,6 +146,8 @@ class Frontend:
             m.work = max(0.0, m.work - cost)
             m.pending.subtract(job.stores)
             m.pending += Counter()  # drops the hashes no longer promised
+        if not any(owner == e for owner, _, _ in self._owed.values()):
+            m.work = 0.0  # idle: exactly, whatever rounding the float sums of the costs left (ties need idle == 0)
 
     def lost(self, e: int) -> list[Job]:
         """Replica e died: it takes no more work, its tables are gone -> its jobs in flight, to route again."""
