@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -34,22 +33,21 @@ import sys
 import tempfile
 import time
 
-import moejax
 from launch.serve_options import ModelOptions, Processes
 from moejax import options
 from moejax.kernels.backends import Kernels
-from moejax.offload.saturation import profile_saturation
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
 from moejax.sched import output_lock
-from moejax.sched.batch import engine_settings, explain_lines, serve_lines
+from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.pool_size import PoolTooLarge
+from moejax.sched.replicas import ReplicaPlan
+from launch.serve_engine import load, run_settings, set_saturation
 from moejax.sched.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
-from moejax.presets import resolve_embedded
 from moejax.sharding import multihost
 
 
@@ -79,6 +77,8 @@ def parse_args(argv=None):
     options.add_arguments(g, PlacementSettings, PlacementSettings.names()[1:])
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
     options.add_arguments(g, Processes)
+    g = p.add_argument_group("engine replicas behind MoE-Prefill's prefix-aware frontend (Ray; moejax.sched.replicas)")
+    options.add_arguments(g, ReplicaPlan)
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true",
                    help="print the plan (batches, shapes, cache policy) and exit; placement lightning also runs one "
@@ -91,7 +91,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, Workload, PlacementSettings, Processes)  # with flags here
+# the option classes with flags here
+OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, Workload, PlacementSettings, Processes, ReplicaPlan)
 
 
 def options_table() -> str:
@@ -166,27 +167,6 @@ def check_kernels(args) -> str | None:
     return None if why is None else f"--kernels {args.kernels}: {why}"
 
 
-def set_saturation(engine, args) -> None:
-    """Θ of a placement that copies experts during a forward (its theta_mode): under --theta profile measured on the
-    engine (Eq. 3) where its layer loop can be timed (profiles_theta: streamed, AsyncEP from the host); otherwise the
-    one load made by Eq. 1 from the hardware profile (resident experts=async_ep: its all-gather), which needs a
-    profile: without one --theta eq1 raises ValueError, and the default (profile) notes on stderr that no Θ
-    applies."""
-    if engine.placement.theta_mode is None:  # nothing copied during a forward: no Θ
-        return
-    if args.theta == "profile" and engine.placement.profiles_theta:
-        profile_saturation(engine, tokens=min(512, args.max_batch_tokens or 512))
-    elif engine.saturation is None:  # load found no profile: say why
-        import jax
-        try:
-            profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
-        except ValueError as e:
-            if args.theta == "eq1":
-                raise
-            print(f"note: placement {engine.placement.name} under layout {engine.layout} takes Θ from Eq. 1, which "
-                  f"needs a hardware profile: {e}; prefill batches follow the token budget alone", file=sys.stderr)
-
-
 def lightning_explain(engine, args):
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
@@ -231,39 +211,6 @@ def plan_plots(engine, args, probe=None) -> list[str]:
     return out or ["no plots: the plans to draw are a DEP layout's pipeline and a streamed placement's Θ"]
 
 
-def run_settings(args, engine) -> dict:
-    """What decides this run's results (the journal records it; a resume must match): the model's identity (its
-    files' names, sizes and config, not just the path), dtype, kernels, layers, layout, the placement, and under
-    --speculative the options that decide which experts run (moejax.options' fingerprint marks; a directory by its
-    identity)."""
-    settings = {**engine_settings(engine), "model": model_identity(args.model)}
-    if engine.memory_budget is not None:
-        settings["placement"] = engine.memory_budget.placement
-    if args.speculative:  # runs predicted experts: the predictor decides the results
-        paths = options.paths(PlacementSettings)
-        settings.update({name: model_identity(value) if name in paths and value else value
-                         for name, value in options.settings(options.from_args(PlacementSettings, args),
-                                                             fingerprint=True).items()})
-    return settings
-
-
-def model_identity(model: str) -> str:
-    """A preset's name; for a directory, its real path (an embedded model: its name) and a hash of its JSON files
-    and weight file sizes."""
-    path = resolve_embedded(model)
-    if not os.path.isdir(path):
-        return model
-    digest = hashlib.blake2b(digest_size=8)
-    for name in sorted(os.listdir(path)):
-        full = os.path.join(path, name)
-        if name.endswith(".json"):
-            with open(full, "rb") as f:
-                digest.update(name.encode() + b"\0" + f.read())
-        elif name.endswith((".safetensors", ".npz")):
-            digest.update(f"{name}\0{os.path.getsize(full)}".encode())
-    return f"{model if path != model else os.path.realpath(path)}@{digest.hexdigest()}"
-
-
 def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
     """1 when the output has a failed line: a failed batch, or an invalid line (also one a resumed run
     kept) unless --allow-invalid-lines; else 0."""
@@ -293,6 +240,12 @@ def _main(args, held: contextlib.ExitStack) -> int:
         lines = read_lines(args.input)
     except OSError as e:
         sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
+    replicas = options.from_args(ReplicaPlan, args)
+    if replicas.replicas > 1 or replicas.ray:
+        if multi:
+            sys.exit("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
+                     "several processes; give one")
+        return _serve_replicas(args, lines, replicas, held)
     # several processes run static batches: the scheduler's host loop runs in one process
     serving = options.from_args(ServingOptions, args, **({"batching": "static"} if multi else {}))
     if multi:
@@ -352,14 +305,27 @@ def _main(args, held: contextlib.ExitStack) -> int:
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def load(args, serving: ServingOptions):
-    """The model with the flags' plan: placement, layout and profile, its auto choices made for batches of
-    --max-batch-tokens."""
-    model = options.from_args(ModelOptions, args)
-    plan = options.from_args(EnginePlan, args, placement=options.from_args(PlacementSettings, args),
-                             workload=Workload(tokens=serving.max_batch_tokens or DEFAULT_TOKENS, seq_len=args.seq_len,
-                                               gen_len=args.gen_len))
-    return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels, plan=plan)
+def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack) -> int:
+    """The run over engine replicas (launch.serve_replicas): the same output, journal, lock, summary and exit
+    status as one engine's; --explain explains one engine (loaded here) as every replica would run it."""
+    from launch.serve_replicas import format_summary, serve_replicas
+    serving = options.from_args(ServingOptions, args)
+    if args.explain:  # one engine, loaded here, as every replica would run it, and the frontend's routing
+        from moejax.sched.frontend_plan import routing_lines
+        engine = load(args, serving)
+        set_saturation(engine, args)
+        print(engine.explain())
+        print(explain_lines(engine, lines, serving))
+        print(routing_lines(engine, lines, replicas.replicas, replicas.routing, serving.max_batch_tokens,
+                            serving.kv_cache))
+        return 0
+    lock_outputs(args, None, held)
+    summary = serve_replicas(args, lines, serving, replicas)
+    print(format_summary(summary), file=sys.stderr)
+    if args.metrics:
+        with open(args.metrics, "w") as f:
+            json.dump(summary, f, indent=1)
+    return exit_status(summary, args.allow_invalid_lines)
 
 
 def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.typing import DTypeLike
+from tokenizers import Tokenizer
 
 from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
@@ -83,12 +84,8 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     if compilation_cache:
         enable_compilation_cache(compilation_cache if isinstance(compilation_cache, str) else None)
     name, path = model, resolve_embedded(model)
+    hf_config = _hf_config(path)
     is_dir = os.path.isdir(path)
-    if not is_dir and path not in PRESETS:
-        missing = f" (its files are missing from {os.path.dirname(__file__)}/assets)" if path in EMBEDDED else ""
-        raise ValueError(f"moejax.load: {path!r} is neither a checkpoint directory nor a preset{missing} "
-                         f"(presets: {', '.join(presets())})")
-    hf_config = read_config(path) if is_dir else preset_config(path)
     dtype = _dtype(dtype, hf_config, path)
     cfg, full_layers = _model_config(hf_config, path if is_dir else None, num_layers)
     dt = DTYPES[dtype]
@@ -118,13 +115,35 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
     materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),
                                ignore_layers_from=cfg.num_layers if skips_layers else None)
-    tokenizer = load_tokenizer(path) if is_dir else None
-    chat = ChatTemplate.from_dir(path) if tokenizer is not None else None
+    tokenizer, chat = _text_side(path)
     saturation = placement.theta(cfg, lambda: _profile(engine_plan))
     graphdef, abstract_state = nnx.split(abstract)
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, placement=placement, dtype=dt,
                   kernels=kernel_choice, name=name, chat_template=chat, plan=engine_plan, decisions=decisions,
                   saturation=saturation)
+
+
+def read_model(model: str, num_layers: int | None = None) -> tuple[ModelConfig, Tokenizer | None, ChatTemplate | None]:
+    """What parsing requests for `model` needs, without its weights or any device: its config (first `num_layers`
+    layers), tokenizer and chat template (None for presets). A frontend routing to engine replicas uses it."""
+    path = resolve_embedded(model)
+    cfg, _ = _model_config(_hf_config(path), path if os.path.isdir(path) else None, num_layers)
+    return (cfg, *_text_side(path))
+
+
+def _hf_config(path: str) -> dict:
+    if os.path.isdir(path):
+        return read_config(path)
+    if path not in PRESETS:
+        missing = f" (its files are missing from {os.path.dirname(__file__)}/assets)" if path in EMBEDDED else ""
+        raise ValueError(f"moejax.load: {path!r} is neither a checkpoint directory nor a preset{missing} "
+                         f"(presets: {', '.join(presets())})")
+    return preset_config(path)
+
+
+def _text_side(path: str) -> tuple[Tokenizer | None, ChatTemplate | None]:
+    tokenizer = load_tokenizer(path) if os.path.isdir(path) else None
+    return tokenizer, ChatTemplate.from_dir(path) if tokenizer is not None else None
 
 
 def _plan_of(plan: EnginePlan | None, options: dict) -> EnginePlan:

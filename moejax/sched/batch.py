@@ -44,11 +44,10 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
     return entries, store, todo, schedule, runner
 
 
-def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptions, *, kv_cache: str | None = None
+def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptions
                   ) -> tuple[BatchSchedule, ServingOptions, PoolSize | None, ScoreBatchSize]:
-    """How `todo` runs on `engine`: its batch schedule (kv_cache: the cache mode it is planned for, default the
-    options'), the options as they apply (continuous batching falls back to static where the placement has none),
-    the continuous scheduler's KV pool, the scoring batches' size."""
+    """How `todo` runs on `engine`: its batch schedule, the options as they apply (continuous batching falls back
+    to static where the placement has none), the continuous scheduler's KV pool, the scoring batches' size."""
     # streamed experts: scoring batches are filled to at least Θ FLOPs (MoE-Prefill §7.4), which hides the copies;
     # Θ and the batches are both counted in true FLOPs, attention included (moejax.costs.true_prefill_flops)
     cfg, saturation = engine.config, engine.saturation  # Θ: made at load (moejax.plan.theta), or measured since
@@ -57,7 +56,7 @@ def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptio
     sizing = score_batch_size(engine, options.max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
     schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
-                                kv_cache=kv_cache or options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor,
+                                kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor,
                                 config=cfg, score_batch=sizing)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
         options = dataclasses.replace(options, batching="static")

@@ -50,7 +50,7 @@ class ReplicaMirror:
 
     @property
     def saturated(self) -> bool:
-        return self.work >= self.theta
+        return self.work > 0 and self.work >= self.theta  # (Θ 0: one job per round, never none)
 
     def holds(self, h: bytes) -> bool:
         return h in self.committed or h in self.pending
@@ -141,8 +141,11 @@ class Frontend:
         m = self.mirrors[e]
         m.apply(events)
         for key in keys:
-            owner, cost, job = self._owed.pop(key)
-            assert owner == e, f"job {key} was routed to replica {owner}, reported by {e}"
+            owner, cost, job = self._owed.get(key, (None, 0.0, None))
+            if owner != e or job is None:
+                raise ValueError(f"replica {e} reported job {key} done, which is not in flight there (owner: "
+                                 f"{owner})")
+            del self._owed[key]
             m.work = max(0.0, m.work - cost)
             m.pending.subtract(job.stores)
             m.pending += Counter()  # drops the hashes no longer promised

@@ -142,6 +142,10 @@ class ResultStore:
                 f"that made them to resume, or remove {self.output_path} and {self.output_path}.partial, or write "
                 "to another output")
 
+    def texts(self) -> dict[int, str]:
+        """line -> its result as written (JSON text), for the lines that have one."""
+        return dict(self._results)
+
     def done(self, line: int) -> bool:
         return line in self._results
 

@@ -224,7 +224,8 @@ def test_resume_refuses_results_made_with_other_settings(engine, tmp_path):
 
 
 def test_settings_name_the_model_files_dtype_and_kernels(tmp_path):
-    from launch.serve import model_identity, parse_args, run_settings
+    from launch.serve import parse_args
+    from launch.serve_engine import model_identity, run_settings
     copy = tmp_path / "m"
     shutil.copytree(QWEN3, copy)
     args = parse_args(["--input", "x", "--model", str(copy)])

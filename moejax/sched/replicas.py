@@ -1,0 +1,376 @@
+"""Engine replicas as Ray actors behind MoE-Prefill's prefix-aware frontend (`launch.serve --replicas N`).
+
+The driver (this process) parses the input, keeps the one journal and output (moejax.sched.results: written once,
+in input order, resumable), and routes the requests in scheduling rounds (moejax.sched.frontend); each replica is a
+Ray actor holding one Engine on its own devices (`devices_per_replica` GPUs, or as many simulated CPU devices) and
+serving its shares with one prefix cache across them (moejax.sched.replica_session). A share's results come back
+with its cache's events (the frontend's mirror) and its counters.
+
+Failures: a replica that cannot start is reported with its error and the run goes on without it (none started:
+ReplicasFailed); a replica that dies mid-run has its requests in flight routed again to the others, and the run
+completes. Ray is the optional extra `moejax[ray]`, imported only here, only when replicas are asked for.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from moejax import options
+from moejax.costs import true_prefill_flops
+from moejax.options import option
+from moejax.sched.batch import with_seed
+from moejax.sched.batch_size import DEFAULT_TOKENS
+from moejax.sched.frontend import ROUTINGS, Frontend, Job
+from moejax.sched.frontend_jobs import request_job
+from moejax.sched.prefix_cache import block_hashes
+from moejax.sched.requests import BadLine, Request, ScoreRequest, parse_lines
+from moejax.sched.results import ResultStore, error_line, request_id
+from moejax.sched.serving_options import ServingOptions
+
+if TYPE_CHECKING:
+    from moejax.engine import Engine
+
+
+class ReplicasFailed(RuntimeError):
+    """No replica could serve (none started, or every one died): the message says why for each."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaPlan:
+    """Engine replicas behind the frontend (launch.serve's flags). None of these changes a result: every replica
+    computes each request as one engine would, so the journal does not record them and a run resumes under any."""
+    replicas: int = option(1, minimum=1,
+                           help="engine replicas, each a Ray actor with its own devices; requests are routed to them "
+                                "by MoE-Prefill's frontend (--routing); 1: one engine in this process, no Ray")
+    devices_per_replica: int = option(1, minimum=1,
+                                      help="devices of each replica (GPUs; on a CPU-only cluster, simulated CPU "
+                                           "devices): each may run a --layout or an offloaded --placement")
+    ray: str | None = option(None, type=str,
+                             help="address of an existing Ray cluster to start the replicas on (default: a local Ray "
+                                  "instance, started and stopped by the run); needs the ray extra, moejax[ray]")
+    routing: str = option("prefix", choices=ROUTINGS,
+                          help="how requests go to replicas: prefix (the longest cached or promised prefix, ties to "
+                               "the least true-FLOPs load, in rounds filled to each replica's Θ), or the baselines "
+                               "round_robin and random (same rounds)")
+    start_timeout_s: float = option(900.0, above=0,
+                                    help="a replica not loaded by then (or that Ray cannot place) counts as failed "
+                                         "to start; the run goes on without it")
+
+    def __post_init__(self):
+        options.check(self)
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ReplicasFailed("engine replicas run as Ray actors, and Ray is not installed: "
+                             "pip install 'moejax[ray]'") from None
+    return ray
+
+
+class ReplicaWorker:
+    """One replica (a Ray actor once wrapped by ray.remote): loads its engine with make_engine() on its devices."""
+
+    def __init__(self, make_engine: Callable[[], Engine], options: ServingOptions, devices: int, gpu: bool):
+        if not gpu:  # simulated CPU devices: set before this process first asks JAX for a device
+            os.environ["JAX_PLATFORMS"] = "cpu"
+            flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count")]
+            os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+        import jax
+
+        from moejax.sched.batch import engine_settings
+        self.engine = make_engine()
+        self.options = options
+        self.session: Any = None
+        device = jax.devices()[0]
+        if len(jax.devices()) != devices:
+            raise RuntimeError(f"replica asked for {devices} devices and JAX sees {len(jax.devices())}")
+        sat = self.engine.saturation
+        budget = self.engine.memory_budget
+        self.info = {"settings": engine_settings(self.engine),
+                     "placement": budget.placement if budget is not None else None,
+                     "theta_flops": sat.theta_flops if sat is not None else None,
+                     "device": f"{device.platform}:{device.device_kind}", "devices": len(jax.devices()),
+                     "host": os.uname().nodename, "pid": os.getpid()}
+
+    def describe(self) -> dict:
+        return self.info
+
+    def begin(self, settings: dict) -> None:
+        from moejax.sched.replica_session import ReplicaSession
+        self.session = ReplicaSession(self.engine, self.options, settings)
+
+    def serve(self, requests: list, ids: dict, keep: frozenset):
+        return self.session.serve(requests, ids, keep)
+
+    def table(self) -> set:
+        return self.session.table()
+
+
+@dataclasses.dataclass
+class ReplicaStats:
+    """One replica's counters over the run (the summary's per-replica balance)."""
+    index: int
+    device: str = ""
+    theta_flops: float | None = None  # the Θ its rounds were filled to (None: the fallback below)
+    round_flops: float = 0.0  # what a round fills it to: Θ, or one batch of the token budget without one
+    state: str = "starting"  # serving, failed to start, lost
+    error: str | None = None
+    shares: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    computed_tokens: int = 0
+    generated_tokens: int = 0
+    busy_s: float = 0.0
+    routed_flops: float = 0.0  # Eq. 2 FLOPs routed to it (its load as the frontend counted it)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["tokens_per_s"] = (self.prompt_tokens + self.generated_tokens) / self.busy_s if self.busy_s else None
+        d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return d
+
+
+class ReplicaRun:
+    """A set of replica actors and the frontend routing to them, for one run (start, serve, stop)."""
+
+    def __init__(self, make_engine: Callable[[], Engine], options: ServingOptions, plan: ReplicaPlan, *,
+                 model: str, num_layers: int | None = None, log_to_driver: bool = True):
+        """make_engine: a picklable callable that loads the engine a replica serves (every replica the same);
+        model/num_layers: what the driver reads the tokenizer and config from (moejax.loading.read_model)."""
+        self.ray = import_ray()
+        self.make_engine, self.options, self.plan = make_engine, options, plan
+        self.model, self.num_layers = model, num_layers
+        self._started_ray = False
+        self._log_to_driver = log_to_driver
+        self.handles: list = []
+        self.stats: list[ReplicaStats] = []
+        self.frontend: Frontend | None = None
+        self.rerouted = 0
+        self._metrics: list[dict] = []  # each finished share's counters
+        self.served_by: dict[int, int] = {}  # input line -> the replica whose result was written
+
+    # -- start --------------------------------------------------------------------------------------------
+    def start(self, faults: Sequence[Callable[[], Engine] | None] = ()) -> list[dict]:
+        """Start the actors and wait for their engines -> each started replica's description. faults: per replica,
+        another make_engine to use instead (tests: a replica that cannot start)."""
+        ray, plan = self.ray, self.plan
+        if not ray.is_initialized():
+            # Ray runs its workers at niceness 15 by default: a replica is the run's main work, not a background job
+            os.environ.setdefault("RAY_worker_niceness", "0")
+            ray.init(address=plan.ray, include_dashboard=False, log_to_driver=self._log_to_driver,
+                     **({} if plan.ray else {"num_cpus": max(plan.replicas, 2)}))
+            self._started_ray = True
+        gpus = ray.cluster_resources().get("GPU", 0)
+        gpu = gpus > 0
+        need = plan.replicas * plan.devices_per_replica
+        if gpu and gpus < need:
+            raise ReplicasFailed(f"{plan.replicas} replicas of {plan.devices_per_replica} GPUs need {need} GPUs; the "
+                                 f"Ray cluster has {gpus:g}")
+        actor = ray.remote(ReplicaWorker)
+        resources = {"num_gpus": plan.devices_per_replica, "num_cpus": 1} if gpu else {"num_cpus": 1}
+        faults = list(faults) + [None] * plan.replicas
+        self.handles = [actor.options(max_restarts=0, max_task_retries=0, **resources).remote(
+            faults[i] or self.make_engine, self.options, plan.devices_per_replica, gpu) for i in range(plan.replicas)]
+        self.stats = [ReplicaStats(i) for i in range(plan.replicas)]
+        waiting = {h.describe.remote(): i for i, h in enumerate(self.handles)}
+        ready, late = ray.wait(list(waiting), num_returns=len(waiting), timeout=plan.start_timeout_s)
+        infos: dict[int, dict] = {}
+        for ref in ready:
+            i = waiting[ref]
+            try:
+                infos[i] = ray.get(ref)
+            except Exception as e:  # its engine did not load (or the actor died): go on without it
+                self._failed(i, _cause(e))
+        for ref in late:
+            self._failed(waiting[ref], f"not started within {plan.start_timeout_s:g} s (loading, or Ray could not "
+                                       "place it: see `ray status`)")
+        if not infos:
+            raise ReplicasFailed("no replica started: "
+                                 + "; ".join(f"replica {s.index}: {s.error}" for s in self.stats))
+        for i, info in infos.items():
+            self.stats[i].device, self.stats[i].state = f"{info['device']} x{info['devices']}", "serving"
+        return [infos[i] for i in sorted(infos)]
+
+    def _failed(self, i: int, error: str) -> None:
+        self.stats[i].state, self.stats[i].error = "failed to start", error
+        print(f"replica {i} could not start: {error}", file=sys.stderr)
+        self.ray.kill(self.handles[i], no_restart=True)
+
+    def settings(self, infos: list[dict]) -> tuple[dict, str | None]:
+        """The engine settings every started replica has (they decide results, so they must agree) and its
+        placement."""
+        first = infos[0]
+        for info in infos[1:]:
+            if (info["settings"], info["placement"]) != (first["settings"], first["placement"]):
+                raise ReplicasFailed(f"replicas loaded with different settings, which change results: "
+                                     f"{first['settings']} ({first['placement']}) and {info['settings']} "
+                                     f"({info['placement']})")
+        return first["settings"], first["placement"]
+
+    # -- serve --------------------------------------------------------------------------------------------
+    def serve(self, lines: Sequence[str], store_path: str | None, run_settings: dict, infos: list[dict], *,
+              seed_nonce: int | None = None, error_file: str | None = None,
+              on_round: Callable[[ReplicaRun], None] | None = None,
+              progress: Callable[[int | None], None] | None = None) -> dict:
+        """Serve `lines` into `store_path` (None: stdout) -> the run summary. run_settings: what decides the results
+        (the journal's header; a resume must match). on_round(self): called after each round is dispatched."""
+        from moejax.loading import read_model
+        cfg, tokenizer, chat = read_model(self.model, self.num_layers)
+        entries = parse_lines(lines, tokenizer=tokenizer, vocab_size=cfg.vocab_size,
+                              max_context=cfg.max_position_embeddings, chat=chat)
+        store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
+                            {e.line: request_id(e.line, lines[e.line - 1]) for e in entries},
+                            settings=run_settings,
+                            seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
+        start = time.perf_counter()
+        with store:
+            bad = 0
+            for e in entries:
+                if isinstance(e, BadLine) and not store.done(e.line):
+                    store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line],
+                                                   param=e.param))
+                    bad += 1
+            todo: list[Request] = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
+                                   if not isinstance(e, BadLine) and not store.done(e.line)]
+            stored = self._stored_blocks(todo)
+            jobs = [request_job(k, r, cfg, stored) for k, r in enumerate(todo)]
+            fallback = true_prefill_flops(cfg, self.options.max_batch_tokens or DEFAULT_TOKENS)
+            started = {s.index for s in self.stats if s.state == "serving"}
+            self.ray.get([self.handles[i].begin.remote(run_settings) for i in sorted(started)])
+            for info, s in zip(infos, [s for s in self.stats if s.index in started]):
+                s.theta_flops = info["theta_flops"]
+                s.round_flops = info["theta_flops"] or fallback
+            self.frontend = Frontend([s.round_flops for s in self.stats], self.plan.routing)
+            for s in self.stats:
+                if s.index not in started:
+                    self.frontend.lost(s.index)
+            failed = self._route(todo, jobs, stored, store, on_round, progress)
+            store.finish(error_file)
+        return self._summary(entries, store, bad, failed, time.perf_counter() - start)
+
+    def _stored_blocks(self, todo: Sequence[Request]) -> Callable[[bytes], bool]:
+        """Which blocks a replica's prefix cache keeps: every block (--kv-cache on), none (off), or (auto) the
+        blocks more than one request of the run reads, which a later share may find."""
+        mode = self.options.kv_cache
+        if mode != "auto":
+            return (lambda h: True) if mode == "on" else (lambda h: False)
+        counts: Counter[bytes] = Counter()
+        for r in todo:
+            contexts = r.contexts if isinstance(r, ScoreRequest) else (r.prompt,)
+            counts.update({h for ctx in contexts for h in block_hashes(ctx)})
+        recurring = {h for h, n in counts.items() if n > 1}
+        return recurring.__contains__
+
+    def _route(self, todo: list[Request], jobs: list[Job], stored: Callable[[bytes], bool], store: ResultStore,
+               on_round, progress) -> int:
+        """Rounds until every request has its result -> how many failed as a whole share."""
+        ray, frontend = self.ray, self.frontend
+        assert frontend is not None
+        queue: deque[Job] = deque(jobs)
+        inflight: dict[Any, tuple[int, list[Job]]] = {}
+        failed = 0
+        while queue or inflight:
+            # A round opens once every replica is idle (App. A: rounds over all GPUs). Rounds that opened each
+            # replica as it finished would hand it the head of the queue whatever its prefix, which scatters
+            # prefixes as random routing does; rounds filled to Θ take about as long on every replica.
+            if queue and not inflight:
+                for e, share in frontend.round(queue).items():
+                    reqs = [todo[j.key] for j in share]
+                    keep = frozenset(h for j in share for h in j.stores)
+                    ref = self.handles[e].serve.remote(reqs, {r.line: store.ids[r.line] for r in reqs}, keep)
+                    inflight[ref] = (e, share)
+                if on_round is not None:
+                    on_round(self)
+            if not inflight:
+                if not frontend.alive():
+                    raise ReplicasFailed(f"every replica died; {len(queue)} requests have no result (the journal "
+                                         "keeps the others: rerun to resume)")
+                continue
+            (ref,), _ = ray.wait(list(inflight), num_returns=1)
+            e, share = inflight.pop(ref)
+            try:
+                done = ray.get(ref)
+            except ray.exceptions.RayActorError as err:  # the replica died: its share goes to the others
+                back = frontend.lost(e)
+                queue.extendleft(reversed(back))
+                self.rerouted += len(back)
+                self.stats[e].state, self.stats[e].error = "lost", _cause(err)
+                print(f"replica {e} died ({_cause(err)}); {len(back)} requests routed again to the others",
+                      file=sys.stderr)
+                continue
+            except Exception as err:  # the share raised as a whole: its requests fail (500), a rerun retries them
+                message = f"replica {e}: {_cause(err)}"
+                for r in (todo[j.key] for j in share):
+                    store.write(r.line, error_line(r.line, r.custom_id, message, code="internal_error", status=500,
+                                                   rid=store.ids[r.line]))
+                failed += len(share)
+                frontend.finished(e, [j.key for j in share])
+                continue
+            for line, text in sorted(done.results.items()):
+                store.write(line, json.loads(text))
+                self.served_by[line] = e
+            frontend.finished(e, [j.key for j in share], done.events)
+            self._count(e, share, done)
+            if progress is not None:
+                progress(len(share))
+        return failed
+
+    def _count(self, e: int, share: list[Job], done) -> None:
+        s, m = self.stats[e], done.metrics
+        s.shares += 1
+        s.requests += len(share)
+        s.busy_s += done.busy_s
+        for field in ("prompt_tokens", "cached_prompt_tokens", "computed_tokens", "generated_tokens"):
+            setattr(s, field, getattr(s, field) + m[field])
+        s.routed_flops = self.frontend.mirrors[e].routed_flops if self.frontend is not None else 0.0
+        self._metrics.append(m)
+
+    def _summary(self, entries, store: ResultStore, bad: int, failed: int, wall: float) -> dict:
+        shares = self._metrics
+        total = {k: sum(m.get(k, 0) for m in shares) for k in ("requests_ok", "requests_failed", "prompt_tokens",
+                                                                  "cached_prompt_tokens", "computed_tokens",
+                                                                  "padded_tokens", "generated_tokens", "batches")}
+        serving = [s for s in self.stats if s.shares]
+        loads = [s.routed_flops for s in serving]
+        total["requests_failed"] += failed
+        return {"lines": len(entries), "replicas": [s.as_dict() for s in self.stats], "routing": self.plan.routing,
+                "rerouted": self.rerouted, **total, "requests_batch_failed": total["requests_failed"],
+                "requests_invalid": sum(isinstance(e, BadLine) for e in entries), "requests_resumed": store.resumed,
+                "invalid_written": bad, "wall_s": wall,
+                "tokens_per_s": (total["prompt_tokens"] + total["generated_tokens"]) / wall if wall else None,
+                "prefix_cache_hit_rate": (total["cached_prompt_tokens"] / total["prompt_tokens"]
+                                          if total["prompt_tokens"] else 0.0),
+                "flops_balance": max(loads) / (sum(loads) / len(loads)) if loads and sum(loads) else None}
+
+    def tables(self) -> dict[int, set[bytes]]:
+        """Each serving replica's own prefix-cache table now (to compare with the frontend's mirrors)."""
+        live = [s.index for s in self.stats if s.state == "serving"]
+        return dict(zip(live, self.ray.get([self.handles[i].table.remote() for i in live])))
+
+    def stop(self) -> None:
+        for h in self.handles:
+            try:
+                self.ray.kill(h, no_restart=True)
+            except Exception:  # already gone
+                pass
+        if self._started_ray:
+            self.ray.shutdown()
+
+
+def _cause(e: BaseException) -> str:
+    """The first line of what went wrong in a replica (Ray wraps the replica's own exception)."""
+    cause = getattr(e, "cause", None) or e
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1] if text else ''}".rstrip(": ")
+

@@ -1,0 +1,173 @@
+"""Engine replicas on a local Ray instance behind MoE-Prefill's frontend (moejax.sched.replicas): the result file
+equals one engine's (float32, greedy; `created` is wall time, so it is left out of the comparison: two runs of one
+engine differ there too), the frontend's mirrored block tables equal the replicas' own, requests sharing a prefix
+go to one replica, a replica killed mid-run or one that cannot start loses nothing, and a run resumes a journal
+one engine started (replica settings do not change results, so they are not in its fingerprint)."""
+import json
+import os
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import moejax  # noqa: E402
+from moejax.sched.batch import serve_lines  # noqa: E402
+from moejax.sched.replicas import ReplicaPlan, ReplicaRun, ReplicasFailed  # noqa: E402
+from moejax.sched.serving_options import ServingOptions  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+QWEN3 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "qwen3_moe")
+FORMATS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "examples", "formats.jsonl")
+NONCE = 11
+OPTIONS = ServingOptions(max_batch_tokens=256)
+PREFIXES = ["The clever fox reads a map of the old city and the river, then walks along the quiet bridge past the "
+            "market where", "Seven blue clouds drift over the tiny engine while every robot sings a long song about "
+            "the sea and the"]
+
+
+def workload() -> list[str]:
+    """Scoring requests that share two long prefixes (several blocks each), interleaved, then greedy completions
+    and the formats example (chat, SGLang and vLLM scoring, echo, n=2 sampled with a seed)."""
+    lines = []
+    for k in range(8):
+        prefix = PREFIXES[k % 2]
+        lines.append(json.dumps({"custom_id": f"score-{k}", "method": "POST", "url": "/v1/score",
+                                 "body": {"prompt": f"{prefix} number {k} says", "candidates": [" yes", " no"]}}))
+    for k in range(3):
+        lines.append(json.dumps({"custom_id": f"greedy-{k}", "method": "POST", "url": "/v1/completions",
+                                 "body": {"prompt": f"{PREFIXES[k % 2]} {k}", "max_tokens": 5, "temperature": 0}}))
+    with open(FORMATS) as f:
+        lines += f.read().splitlines()
+    return lines
+
+
+def make_engine():
+    return moejax.load(QWEN3, dtype="float32")
+
+
+def bad_engine():
+    return moejax.load(QWEN3, dtype="float32", placement="no-such-placement")
+
+
+def without_created(path) -> list[str]:
+    out = []
+    with open(path) as f:
+        for text in f:
+            result = json.loads(text)
+            result["response"]["body"].pop("created", None)
+            out.append(json.dumps(result))
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_engine(tmp_path_factory):
+    """The reference: the workload through one engine in this process."""
+    path = str(tmp_path_factory.mktemp("one") / "out.jsonl")
+    engine = make_engine()
+    serve_lines(engine, workload(), path, OPTIONS, seed_nonce=NONCE, settings=settings_of(engine))
+    return path
+
+
+def settings_of(engine) -> dict:
+    from moejax.sched.batch import engine_settings
+    return {**engine_settings(engine), "placement": engine.memory_budget.placement}
+
+
+def run_replicas(path, replicas: int, routing: str = "prefix", *, on_round=None, faults=()):
+    run = ReplicaRun(make_engine, OPTIONS, ReplicaPlan(replicas=replicas, routing=routing), model=QWEN3)
+    try:
+        infos = run.start(faults)
+        base, placement = run.settings(infos)
+        summary = run.serve(workload(), path, {**base, "placement": placement}, infos, seed_nonce=NONCE,
+                            on_round=on_round)
+        tables = run.tables()
+    finally:
+        run.stop()
+    return run, summary, tables
+
+
+def served_by(run, lines: list[str]) -> dict[str, int]:
+    """custom_id -> the replica that served it."""
+    ids = {n: json.loads(text)["custom_id"] for n, text in enumerate(lines, start=1)}
+    return {ids[line]: e for line, e in run.served_by.items()}
+
+
+def test_two_replicas_write_one_engines_file_and_mirror_their_tables(local_ray, one_engine, tmp_path):
+    path = str(tmp_path / "out.jsonl")
+    run, summary, tables = run_replicas(path, 2)
+    assert without_created(path) == without_created(one_engine)
+    assert summary["requests_ok"] == len(workload()) and summary["requests_failed"] == 0
+    # the mirrors: what the frontend learnt from the events equals what each replica's cache holds
+    assert tables and any(tables.values())
+    for e, table in tables.items():
+        assert run.frontend.mirrors[e].committed == table
+        assert not run.frontend.mirrors[e].pending and run.frontend.mirrors[e].work == 0
+    # same prefix -> same replica (scoring requests; the prefixes are several blocks long)
+    owner = served_by(run, workload())
+    for p in range(2):
+        assert len({owner[f"score-{k}"] for k in range(p, 8, 2)}) == 1
+    assert summary["cached_prompt_tokens"] > 0
+    assert [r["state"] for r in summary["replicas"]] == ["serving", "serving"]
+
+
+def test_three_replicas_round_robin_write_the_same_file(local_ray, one_engine, tmp_path):
+    path = str(tmp_path / "out.jsonl")
+    run, summary, _ = run_replicas(path, 3, "round_robin")
+    assert without_created(path) == without_created(one_engine)
+    assert len(set(run.served_by.values())) == 3  # round robin used all three
+
+
+def test_a_replica_killed_mid_run_loses_nothing(local_ray, one_engine, tmp_path):
+    path = str(tmp_path / "out.jsonl")
+    killed = []
+
+    def kill_one(run):
+        busy = [e for e in run.frontend.alive() if run.frontend.in_flight(e)]
+        if not killed and len(busy) > 1:
+            killed.append(busy[-1])
+            ray.kill(run.handles[busy[-1]], no_restart=True)
+
+    run, summary, _ = run_replicas(path, 2, on_round=kill_one)
+    assert killed
+    assert without_created(path) == without_created(one_engine)
+    assert summary["replicas"][killed[0]]["state"] == "lost" and summary["rerouted"] > 0
+    assert summary["requests_failed"] == 0
+
+
+def test_a_replica_that_cannot_start_is_reported_and_the_others_serve(local_ray, one_engine, tmp_path, capfd):
+    path = str(tmp_path / "out.jsonl")
+    run, summary, _ = run_replicas(path, 2, faults=[bad_engine])
+    assert without_created(path) == without_created(one_engine)
+    failed = summary["replicas"][0]
+    assert failed["state"] == "failed to start" and "no-such-placement" in failed["error"]
+    assert "replica 0 could not start" in capfd.readouterr().err
+    with pytest.raises(ReplicasFailed, match="no replica started: replica 0: .*no-such-placement"):
+        run_replicas(str(tmp_path / "none.jsonl"), 1, faults=[bad_engine])
+
+
+def test_replicas_resume_a_journal_one_engine_started(local_ray, one_engine, tmp_path):
+    """The journal an interrupted one-engine run leaves (its header and five results) is resumed by replicas."""
+    from moejax.sched.results import ResultStore, request_id
+    path = str(tmp_path / "out.jsonl")
+    lines = workload()
+    with open(one_engine) as f:
+        done = [json.loads(text) for text in f.read().splitlines()]
+    store = ResultStore(path, {n: json.loads(t)["custom_id"] for n, t in enumerate(lines, start=1)},
+                        {n: request_id(n, t) for n, t in enumerate(lines, start=1)},
+                        settings=settings_of(make_engine()), seed_nonce=NONCE)
+    with store:
+        for n in (1, 4, 9, 10, 12):
+            store.write(n, done[n - 1])
+    assert os.path.exists(path + ".partial") and not os.path.exists(path)
+    run, summary, _ = run_replicas(path, 2)
+    assert summary["requests_resumed"] == 5 and summary["requests_ok"] == len(lines) - 5
+    assert without_created(path) == without_created(one_engine)
