@@ -28,6 +28,9 @@ eval: an lm-eval multiple-choice task (shared contexts) through --model moejax v
 the ratio (launch/bench_eval.py).
 lightning: generation with placement lightning (MoE-Lightning's CGOPipe) against streamed and cached at one device
 budget: tokens/s, the largest batch each reached, the busy share of each resource (launch/bench_lightning.py).
+frontend: MoE-Prefill's frontend routing shared-prefix scoring over 2-64 replicas (prefix-aware, round robin,
+random), simulated from a hardware profile, no devices: prefix-cache hit rate against one engine, FLOPs balance,
+predicted throughput (launch/bench_frontend.py).
 """
 from __future__ import annotations
 
@@ -44,8 +47,8 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_eval, bench_generate, bench_kernels, bench_layouts, bench_lightning, bench_offload,
-                    bench_peers, bench_plans, bench_predictors, bench_quality, bench_serve)
+from launch import (bench_eval, bench_frontend, bench_generate, bench_kernels, bench_layouts, bench_lightning,
+                    bench_offload, bench_peers, bench_plans, bench_predictors, bench_quality, bench_serve)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -192,6 +195,7 @@ def main(argv=None):
     bench_plans.add_parser(sub).set_defaults(run=bench_plans.plans)
     bench_eval.add_parser(sub).set_defaults(run=bench_eval.eval_bench)
     bench_lightning.add_parser(sub).set_defaults(run=bench_lightning.lightning)
+    bench_frontend.add_parser(sub).set_defaults(run=bench_frontend.frontend)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
