@@ -21,8 +21,9 @@ against its own cache, job by job in queue order: the FLOPs it computes are each
 is (blocks an earlier job of the share stored are readable: in-share sharing, one prefix pass for the share), then
 the job's blocks are stored (LRU); the cache's events reach the frontend (Frontend.finished) when the share ends.
 --rounds sync (default): a round opens every replica once all are idle (App. A: the round fills each to Θ, so they
-end close together). --rounds async: a round opens whichever replicas finished; with a deep queue that is one
-replica at a time and every routing must give it the queue's head: the routings then differ only in the first round.
+end close together). --rounds async: a round opens whichever replicas finished; with a deep queue that is mostly one
+replica, which every routing must give the queue's head: the routings then differ little (the first round, and
+replicas that happen to finish together).
 
 Hit rate: cached prompt tokens / prompt tokens; a job's cached tokens are its leading context blocks the replica's
 cache holds when the job runs (including blocks stored by earlier jobs of the same share), at most all but the
