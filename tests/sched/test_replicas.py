@@ -1,8 +1,9 @@
 """Engine replicas on a local Ray instance behind MoE-Prefill's frontend (moejax.sched.replicas): the result file
-equals one engine's (float32, greedy; `created` is wall time, so it is left out of the comparison: two runs of one
-engine differ there too), the frontend's mirrored block tables equal the replicas' own, requests sharing a prefix
+is one engine's (float32, greedy; see assert_same_results for what "the same" takes), the frontend's mirrored
+block tables equal the replicas' own, requests sharing a prefix
 go to one replica, a replica killed mid-run or one that cannot start loses nothing, and a run resumes a journal
 one engine started (replica settings do not change results, so they are not in its fingerprint)."""
+import functools
 import json
 import os
 
@@ -42,22 +43,53 @@ def workload() -> list[str]:
     return lines
 
 
-def make_engine():
-    return moejax.load(QWEN3, dtype="float32")
+# partials of moejax.load: Ray pickles them by reference to moejax, which a replica's process imports (a function
+# of this test module would not be importable there)
+make_engine = functools.partial(moejax.load, QWEN3, dtype="float32")
+bad_engine = functools.partial(moejax.load, QWEN3, dtype="float32", placement="no-such-placement")
 
 
-def bad_engine():
-    return moejax.load(QWEN3, dtype="float32", placement="no-such-placement")
-
-
-def without_created(path) -> list[str]:
+def results(path) -> list[dict]:
+    """The result lines, less what is not a result: `created` (wall time) and how many prompt tokens came from a
+    prefix cache (which cache holds what depends on the batches; one engine's own count changes with its
+    --max-batch-tokens)."""
     out = []
     with open(path) as f:
         for text in f:
             result = json.loads(text)
-            result["response"]["body"].pop("created", None)
-            out.append(json.dumps(result))
+            body = result["response"]["body"]
+            body.pop("created", None)
+            usage = body.get("usage", {})
+            usage.pop("cached_prompt_tokens", None)
+            usage.pop("prompt_tokens_details", None)
+            out.append(result)
     return out
+
+
+def assert_same_results(path, reference) -> None:
+    """Every line as one engine wrote it: ids, custom ids, fingerprints, token ids, texts, finish reasons and
+    counts exactly; log-probabilities to float32 round-off (1e-5 relative), since a request's float32 scores move
+    in the last bits with the batch it shares (on one engine too: the same request scored alone or beside another
+    differs at 1e-7)."""
+    got, want = results(path), results(reference)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        _same(g, w, g.get("custom_id"))
+
+
+def _same(g, w, where) -> None:
+    if isinstance(w, float) and isinstance(g, float):
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-6), where
+    elif isinstance(w, dict):
+        assert isinstance(g, dict) and g.keys() == w.keys(), where
+        for k in w:
+            _same(g[k], w[k], f"{where}.{k}")
+    elif isinstance(w, list):
+        assert isinstance(g, list) and len(g) == len(w), where
+        for a, b in zip(g, w):
+            _same(a, b, where)
+    else:
+        assert g == w, where
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +136,7 @@ def served_by(run, lines: list[str]) -> dict[str, int]:
 def test_two_replicas_write_one_engines_file_and_mirror_their_tables(local_ray, one_engine, tmp_path):
     path = str(tmp_path / "out.jsonl")
     run, summary, tables = run_replicas(path, 2)
-    assert without_created(path) == without_created(one_engine)
+    assert_same_results(path, one_engine)
     assert summary["requests_ok"] == len(workload()) and summary["requests_failed"] == 0
     # the mirrors: what the frontend learnt from the events equals what each replica's cache holds
     assert tables and any(tables.values())
@@ -122,7 +154,7 @@ def test_two_replicas_write_one_engines_file_and_mirror_their_tables(local_ray, 
 def test_three_replicas_round_robin_write_the_same_file(local_ray, one_engine, tmp_path):
     path = str(tmp_path / "out.jsonl")
     run, summary, _ = run_replicas(path, 3, "round_robin")
-    assert without_created(path) == without_created(one_engine)
+    assert_same_results(path, one_engine)
     assert len(set(run.served_by.values())) == 3  # round robin used all three
 
 
@@ -138,7 +170,7 @@ def test_a_replica_killed_mid_run_loses_nothing(local_ray, one_engine, tmp_path)
 
     run, summary, _ = run_replicas(path, 2, on_round=kill_one)
     assert killed
-    assert without_created(path) == without_created(one_engine)
+    assert_same_results(path, one_engine)
     assert summary["replicas"][killed[0]]["state"] == "lost" and summary["rerouted"] > 0
     assert summary["requests_failed"] == 0
 
@@ -146,7 +178,7 @@ def test_a_replica_killed_mid_run_loses_nothing(local_ray, one_engine, tmp_path)
 def test_a_replica_that_cannot_start_is_reported_and_the_others_serve(local_ray, one_engine, tmp_path, capfd):
     path = str(tmp_path / "out.jsonl")
     run, summary, _ = run_replicas(path, 2, faults=[bad_engine])
-    assert without_created(path) == without_created(one_engine)
+    assert_same_results(path, one_engine)
     failed = summary["replicas"][0]
     assert failed["state"] == "failed to start" and "no-such-placement" in failed["error"]
     assert "replica 0 could not start" in capfd.readouterr().err
@@ -170,4 +202,4 @@ def test_replicas_resume_a_journal_one_engine_started(local_ray, one_engine, tmp
     assert os.path.exists(path + ".partial") and not os.path.exists(path)
     run, summary, _ = run_replicas(path, 2)
     assert summary["requests_resumed"] == 5 and summary["requests_ok"] == len(lines) - 5
-    assert without_created(path) == without_created(one_engine)
+    assert_same_results(path, one_engine)
