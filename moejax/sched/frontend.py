@@ -79,14 +79,15 @@ class ReplicaMirror:
 
 
 class Frontend:
-    def __init__(self, thetas: Sequence[float], routing: str = "prefix", *, seed: int = 0):
+    def __init__(self, thetas: Sequence[float], routing: str = "prefix", *, seed: int = 0, even_end: bool = True):
         """thetas: each replica's Θ in true FLOPs (a round fills it to that). routing: prefix (MoE-Prefill),
-        round_robin or random."""
+        round_robin or random. even_end: a round with less work queued than its replicas' Θ add up to fills each
+        to an even part of it (see _fill); False: to Θ, as App. A."""
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
         if not thetas:
             raise ValueError("a frontend needs at least one replica")
-        self.routing = routing
+        self.routing, self.even_end = routing, even_end
         self.mirrors = [ReplicaMirror(t) for t in thetas]
         self._rng = random.Random(seed)
         self._next = 0  # round_robin's turn
@@ -98,15 +99,39 @@ class Frontend:
         in queue order."""
         allowed = set(range(len(self.mirrors)) if open_ is None else open_)
         ready = [e for e in sorted(allowed) if self.mirrors[e].alive and not self.mirrors[e].saturated]
+        fill = self._fill(queue, ready)
+        opened = list(ready)
         out: dict[int, list[Job]] = {}
         while queue and ready:
             job = queue.popleft()
             e = self.pick(job, ready)
             self.assign(e, job)
             out.setdefault(e, []).append(job)
-            if self.mirrors[e].saturated:
+            if self.mirrors[e].work >= fill[e]:
                 ready.remove(e)
+            if not ready and queue and any(fill[e] < self.mirrors[e].theta for e in opened):
+                # the even parts were an estimate and the queue is not empty: the rest still fits under Θ, and a
+                # round of its own would leave the replicas waiting on a few stragglers
+                fill = {e: self.mirrors[e].theta for e in opened}
+                ready = [e for e in opened if not self.mirrors[e].saturated]
         return out
+
+    def _fill(self, queue: deque[Job], ready: Sequence[int]) -> dict[int, float]:
+        """What this round fills each ready replica to: its Θ, unless the queue holds less work than those Θ add
+        up to (a run's last round): then an even part of it, so the run ends with every replica about as busy,
+        not with the first ones at Θ and the last ones short. The queue's work is counted as if it all ran on one
+        replica holding nothing yet (its requests sharing their prefixes: a lower bound of what N replicas do)."""
+        fill = {e: self.mirrors[e].theta for e in ready}
+        if not self.even_end:
+            return fill
+        room = sum(fill.values())
+        left, together = 0.0, ReplicaMirror(0.0)  # the queue's work with its own sharing, as on one replica
+        for job in queue:
+            left += job.cost(together)
+            together.pending.update(job.stores)
+            if left >= room:
+                return fill  # the queue outlasts this round
+        return {e: min(theta, left / len(ready)) for e, theta in fill.items()}
 
     def pick(self, job: Job, ready: Sequence[int]) -> int:
         """F1 among the unsaturated replicas: the longest held prefix, ties (and no match) to the smallest W."""

@@ -3,6 +3,7 @@ pending tables) and of the load (W, true FLOPs); rounds that route each job to t
 longest held prefix, mark replicas saturated at Θ and spill a popular prefix to the next-best replica; requests as
 jobs with Eq. 2 costs. Pure bookkeeping: synthetic jobs with made-up block hashes, real requests over the tiny
 preset's config; no model, no device."""
+import functools
 import hashlib
 import random
 from collections import Counter, deque
@@ -20,6 +21,10 @@ from moejax.sched.requests import Candidate, CompletionRequest, ScoreRequest
 
 TINY = ModelConfig.from_hf(preset_config("tiny-qwen3-moe"))
 BIG = 1e18  # a Θ no test's queue reaches: one round takes the whole queue
+
+# App. A's rounds as the paper writes them: every round fills replicas to Θ (no even split of a run's last round,
+# which test_a_short_queue_is_split_evenly checks)
+AppA = functools.partial(Frontend, even_end=False)
 
 
 def h(name: str) -> bytes:
@@ -60,7 +65,7 @@ def stored(*jobs: Job) -> list[tuple]:
 def test_prefix_routing_keeps_a_shared_prefix_on_one_replica_within_a_round():
     """The first job promises the prefix (pending table); the rest find it there and follow, each paying only its
     own block, although another replica is idle."""
-    f = Frontend([BIG] * 3)
+    f = AppA([BIG] * 3)
     out = f.round(deque(shared(k) for k in range(6)))
     assert keys(out) == {0: list(range(6))}
     assert f.mirrors[0].pending[PREFIX[0]] == f.mirrors[0].pending[PREFIX[1]] == 6
@@ -69,7 +74,7 @@ def test_prefix_routing_keeps_a_shared_prefix_on_one_replica_within_a_round():
 
 
 def test_round_robin_spreads_a_shared_prefix():
-    f = Frontend([BIG] * 3, "round_robin")
+    f = AppA([BIG] * 3, "round_robin")
     out = f.round(deque(shared(k) for k in range(6)))
     assert keys(out) == {0: [0, 3], 1: [1, 4], 2: [2, 5]}
     assert [m.work for m in f.mirrors] == [40, 40, 40]  # three prefix passes where prefix routing needs one
@@ -80,7 +85,7 @@ def test_committed_prefix_attracts_the_next_rounds_jobs():
     done with its cache's stored events, the prefix is committed there and nothing is pending or owed; round 2's
     jobs with the same prefix go to replica 1 (without the table the tie of idle replicas would pick 0) and pay only
     their own block."""
-    f = Frontend([BIG] * 3)
+    f = AppA([BIG] * 3)
     other = job(100, (h("x0"),))
     first = [shared(k) for k in range(3)]
     assert keys(f.round(deque([other, *first]))) == {0: [100], 1: [0, 1, 2]}
@@ -103,7 +108,7 @@ def test_popular_prefix_spills_to_the_next_best_unsaturated_replica():
     longest match among the rest (2 and 3: one block), the less loaded of them (3), and the jobs after it follow it
     there (two blocks now, one pending); then 2; then the tie of 1 and 4 (no match, W = 0) goes to the lower index.
     The round ends when every replica is saturated; the rest stays queued."""
-    f = Frontend([100.0] * 5)
+    f = AppA([100.0] * 5)
     f.mirrors[0].apply([("stored", PREFIX[0]), ("stored", PREFIX[1])])
     for e in (2, 3):
         f.mirrors[e].apply([("stored", PREFIX[0])])
@@ -301,7 +306,7 @@ def test_mirror_applying_the_caches_events_equals_the_cache():
 def test_finished_returns_w_to_exactly_zero_and_empties_pending(costs, order):
     """W decays by the costs it grew by; once every job is reported the replica is exactly idle, whatever the
     float sums of the costs did (an idle replica that is not at 0 loses ties it should win)."""
-    f = Frontend([BIG, BIG])
+    f = AppA([BIG, BIG])
     jobs = [Job(k, (h(f"b{k}"),), (h(f"b{k}"), PREFIX[0]), lambda holder, c=c: c) for k, c in enumerate(costs)]
     for j in jobs:
         f.assign(0, j)
@@ -314,7 +319,7 @@ def test_finished_returns_w_to_exactly_zero_and_empties_pending(costs, order):
 
 
 def test_finished_decays_only_the_reported_jobs():
-    f = Frontend([BIG])
+    f = AppA([BIG])
     jobs = [shared(k) for k in range(4)]
     f.round(deque(jobs))  # costs 30, 10, 10, 10
     f.finished(0, [0, 2], stored(jobs[0], jobs[2]))
@@ -327,7 +332,7 @@ def test_finished_decays_only_the_reported_jobs():
 
 
 def test_lost_replica_returns_its_jobs_in_flight_and_takes_no_more():
-    f = Frontend([BIG] * 3)
+    f = AppA([BIG] * 3)
     mine = [shared(k) for k in (9, 2, 5)]
     out = f.round(deque([flat(50, 1.0), *mine, flat(60, 1.0)]))
     assert keys(out) == {0: [50], 1: [9, 2, 5], 2: [60]}
@@ -350,7 +355,7 @@ def test_lost_replica_returns_its_jobs_in_flight_and_takes_no_more():
 
 
 def test_unknown_cache_event_is_an_error():
-    f = Frontend([BIG])
+    f = AppA([BIG])
     with pytest.raises(ValueError, match=r"unknown prefix-cache event \('moved'"):
         f.finished(0, [], [("stored", h("a")), ("moved", h("a"))])
 
@@ -367,9 +372,24 @@ def test_bad_frontend_arguments_are_errors_that_name_the_problem():
 
 def test_random_routing_is_reproducible_by_seed_and_uses_every_replica():
     def routed(seed: int) -> dict[int, list[int]]:
-        return keys(Frontend([BIG] * 4, "random", seed=seed).round(deque(shared(k) for k in range(200))))
+        return keys(AppA([BIG] * 4, "random", seed=seed).round(deque(shared(k) for k in range(200))))
 
     first = routed(3)
     assert first == routed(3)
     assert sorted(first) == [0, 1, 2, 3]  # the shared prefix does not hold it to one replica
     assert routed(4) != first
+
+
+def test_a_short_queue_is_split_evenly():
+    """A round with less work queued than its replicas' Θ add up to (a run's last) fills each to an even part, so
+    the run ends balanced: the busiest replica within one job of the mean, where App. A leaves it at Θ and the
+    others short."""
+    jobs = [Job(k, (bytes([k]) * 16,), (), lambda holder: 10.0) for k in range(40)]  # 400 FLOPs in all
+    even = Frontend([1000.0] * 4)
+    loads = [sum(10.0 for _ in share) for share in even.round(deque(jobs)).values()]
+    assert len(loads) == 4 and max(loads) - min(loads) <= 10.0
+    plain = AppA([1000.0] * 4)
+    assert [len(s) for s in plain.round(deque(jobs)).values()] == [10, 10, 10, 10]  # (no prefix: least W)
+    heavy = [Job(k, (b"p" * 16,), (b"p" * 16,), lambda holder: 10.0) for k in range(40)]  # one shared prefix
+    assert list(AppA([1000.0] * 4).round(deque(heavy))) == [0]  # App. A keeps it on one replica
+    assert len(Frontend([1000.0] * 4).round(deque(heavy))) == 4  # the even end spreads the last round
