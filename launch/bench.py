@@ -30,7 +30,8 @@ lightning: generation with placement lightning (MoE-Lightning's CGOPipe) against
 budget: tokens/s, the largest batch each reached, the busy share of each resource (launch/bench_lightning.py).
 frontend: MoE-Prefill's frontend routing shared-prefix scoring over 2-64 replicas (prefix-aware, round robin,
 random), simulated from a hardware profile, no devices: prefix-cache hit rate against one engine, FLOPs balance,
-predicted throughput (launch/bench_frontend.py).
+predicted throughput (launch/bench_frontend.py); --real: 2 engine replicas on this machine (Ray) under each routing
+against one engine (launch/bench_frontend_real.py).
 """
 from __future__ import annotations
 
@@ -199,6 +200,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
+    if args.command == "frontend" and not args.out:  # the simulation and the real run are different records
+        args.out = os.path.join("bench", "results", "frontend-real.json" if args.real else "frontend-sim.json")
     env = environment()
     out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
     results = ResultsFile(out)

@@ -325,11 +325,23 @@ def add_parser(sub):
                    help="share of the KV pool's room (memory - weights) each replica's prefix cache gets")
     p.add_argument("--rounds", default="sync", choices=["sync", "async"], help="see the module docstring")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench/results/frontend-sim.json", help="JSON file")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default bench/results/frontend-sim.json, with --real frontend-real.json)")
+    g = p.add_argument_group("--real: 2 engine replicas on this machine (Ray) under each routing, and one engine")
+    g.add_argument("--real", action="store_true", help="run replicas for real instead of the simulation")
+    g.add_argument("--real-model", default="pycode-moe")
+    g.add_argument("--real-prefixes", type=_positive, default=6)
+    g.add_argument("--real-prefix-len", type=_positive, default=96)
+    g.add_argument("--real-suffix-len", type=_positive, default=8)
+    g.add_argument("--real-requests", type=_positive, default=96)
+    g.add_argument("--real-batch-tokens", type=_positive, default=512)
     return p
 
 
 def frontend(args, env, partial=no_file) -> dict:
+    if args.real:
+        from launch.bench_frontend_real import real_run
+        return real_run(args, env, partial)
     workloads = []
     for name in args.workloads.split(","):
         if name not in WORKLOADS:

@@ -70,7 +70,7 @@ class PrefixCache:
         self._fresh.clear()
         self._note("cleared")
 
-    def _note(self, *event) -> None:
+    def _note(self, *event: bytes | str) -> None:
         if self._events is not None:
             self._events.append(tuple(event))
 

@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from moejax.compiles import counting
+from moejax.kv_pool import Layer
 from moejax.sched.batch import plan_requests
 from moejax.sched.prefix_cache import PrefixCache
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
@@ -29,6 +31,7 @@ class ShareDone:
     events: list[tuple]
     metrics: dict
     busy_s: float
+    compile_s: float  # of busy_s, tracing, lowering and compiling programs this engine had not compiled before
 
 
 class ReplicaSession:
@@ -38,7 +41,7 @@ class ReplicaSession:
         self.engine, self.options, self.settings = engine, options, settings
         blocks = 0 if options.kv_cache == "off" else prefix_cache_blocks(engine, options.prefix_cache_mb)
         self.cache = PrefixCache(blocks, record=True) if blocks else None
-        self.pool = None
+        self.pool: list[Layer] | None = None  # the cache's device pool, made by the first share's runner
 
     def serve(self, requests: Sequence[Request], ids: dict[int, str], keep: frozenset[bytes] = frozenset()
               ) -> ShareDone:
@@ -51,13 +54,13 @@ class ReplicaSession:
         schedule, options, kv_pool, sizing = plan_requests(self.engine, requests, self.options)
         runner = Runner(self.engine, schedule, list(requests), store, options=options, kv_pool=kv_pool,
                         batch_size=sizing, cache=self.cache, pool=self.pool, keep=keep)
-        metrics = runner.run()
+        with counting() as compiles:
+            metrics = runner.run()
         self.pool = runner.pool  # (a failed batch cleared the cache in place and made a new pool)
         events = self.cache.take_events() if self.cache is not None else []
         summary = metrics.summary(None)
         summary["scheduler"] = runner.scheduler_stats
-        return ShareDone(store.texts(), events,
-                         summary, time.perf_counter() - start)
+        return ShareDone(store.texts(), events, summary, time.perf_counter() - start, sum(compiles.seconds.values()))
 
     def table(self) -> set[bytes]:
         """The prefix blocks this replica's cache holds now (what the frontend's mirror should equal)."""

@@ -36,6 +36,7 @@ from moejax.sched.serving_options import ServingOptions
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
+    from moejax.sched.replica_session import ShareDone
 
 
 class ReplicasFailed(RuntimeError):
@@ -63,11 +64,11 @@ class ReplicaPlan:
                                     help="a replica not loaded by then (or that Ray cannot place) counts as failed "
                                          "to start; the run goes on without it")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self)
 
 
-def import_ray():
+def import_ray() -> Any:
     try:
         import ray
     except ImportError:
@@ -109,10 +110,10 @@ class ReplicaWorker:
         from moejax.sched.replica_session import ReplicaSession
         self.session = ReplicaSession(self.engine, self.options, settings)
 
-    def serve(self, requests: list, ids: dict, keep: frozenset):
+    def serve(self, requests: list[Request], ids: dict[int, str], keep: frozenset[bytes]) -> ShareDone:
         return self.session.serve(requests, ids, keep)
 
-    def table(self) -> set:
+    def table(self) -> set[bytes]:
         return self.session.table()
 
 
@@ -132,11 +133,14 @@ class ReplicaStats:
     computed_tokens: int = 0
     generated_tokens: int = 0
     busy_s: float = 0.0
+    compile_s: float = 0.0  # of busy_s, compiling programs (new batch shapes)
     routed_flops: float = 0.0  # Eq. 2 FLOPs routed to it (its load as the frontend counted it)
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["tokens_per_s"] = (self.prompt_tokens + self.generated_tokens) / self.busy_s if self.busy_s else None
+        run_s = self.busy_s - self.compile_s
+        d["tokens_per_s_compiled"] = (self.prompt_tokens + self.generated_tokens) / run_s if run_s > 0 else None
         d["prefix_cache_hit_rate"] = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         return d
 
@@ -246,6 +250,8 @@ class ReplicaRun:
             stored = self._stored_blocks(todo)
             jobs = [request_job(k, r, cfg, stored) for k, r in enumerate(todo)]
             fallback = true_prefill_flops(cfg, self.options.max_batch_tokens or DEFAULT_TOKENS)
+            self._metrics, self.served_by, self.rerouted = [], {}, 0  # this run's counters (a fresh cache each)
+            self.stats = [ReplicaStats(s.index, s.device, state=s.state, error=s.error) for s in self.stats]
             started = {s.index for s in self.stats if s.state == "serving"}
             self.ray.get([self.handles[i].begin.remote(run_settings) for i in sorted(started)])
             for info, s in zip(infos, [s for s in self.stats if s.index in started]):
@@ -273,7 +279,7 @@ class ReplicaRun:
         return recurring.__contains__
 
     def _route(self, todo: list[Request], jobs: list[Job], stored: Callable[[bytes], bool], store: ResultStore,
-               on_round, progress) -> int:
+               on_round: Callable[[ReplicaRun], None] | None, progress: Callable[[int | None], None] | None) -> int:
         """Rounds until every request has its result -> how many failed as a whole share."""
         ray, frontend = self.ray, self.frontend
         assert frontend is not None
@@ -326,17 +332,19 @@ class ReplicaRun:
                 progress(len(share))
         return failed
 
-    def _count(self, e: int, share: list[Job], done) -> None:
+    def _count(self, e: int, share: list[Job], done: ShareDone) -> None:
         s, m = self.stats[e], done.metrics
         s.shares += 1
         s.requests += len(share)
         s.busy_s += done.busy_s
+        s.compile_s += done.compile_s
         for field in ("prompt_tokens", "cached_prompt_tokens", "computed_tokens", "generated_tokens"):
             setattr(s, field, getattr(s, field) + m[field])
         s.routed_flops = self.frontend.mirrors[e].routed_flops if self.frontend is not None else 0.0
         self._metrics.append(m)
 
-    def _summary(self, entries, store: ResultStore, bad: int, failed: int, wall: float) -> dict:
+    def _summary(self, entries: list[Request | BadLine], store: ResultStore, bad: int, failed: int, wall: float
+                 ) -> dict:
         shares = self._metrics
         total = {k: sum(m.get(k, 0) for m in shares) for k in ("requests_ok", "requests_failed", "prompt_tokens",
                                                                   "cached_prompt_tokens", "computed_tokens",

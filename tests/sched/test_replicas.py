@@ -6,6 +6,8 @@ one engine started (replica settings do not change results, so they are not in i
 import functools
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -203,3 +205,19 @@ def test_replicas_resume_a_journal_one_engine_started(local_ray, one_engine, tmp
     run, summary, _ = run_replicas(path, 2)
     assert summary["requests_resumed"] == 5 and summary["requests_ok"] == len(lines) - 5
     assert_same_results(path, one_engine)
+
+
+def test_launch_serve_replicas_from_the_command_line(tmp_path):
+    """`launch.serve --replicas 2` as a user runs it (its own local Ray): every line served, the summary and
+    --metrics show each replica's share."""
+    out, metrics = tmp_path / "out.jsonl", tmp_path / "metrics.json"
+    done = subprocess.run([sys.executable, "-m", "launch.serve", "--model", QWEN3, "--dtype", "float32", "--input",
+                           FORMATS, "--output", str(out), "--replicas", "2", "--metrics", str(metrics)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(out.read_text().splitlines()) == 6
+    summary = json.loads(metrics.read_text())
+    assert [r["state"] for r in summary["replicas"]] == ["serving", "serving"]
+    assert sum(r["requests"] for r in summary["replicas"]) == 6 == summary["requests_ok"]
+    assert "on 2 replicas (prefix routing): 6 ok" in done.stderr
+    assert "#   replica 0 [serving]" in done.stderr and "#   replica 1 [serving]" in done.stderr
