@@ -221,3 +221,27 @@ def test_launch_serve_replicas_from_the_command_line(tmp_path):
     assert sum(r["requests"] for r in summary["replicas"]) == 6 == summary["requests_ok"]
     assert "on 2 replicas (prefix routing): 6 ok" in done.stderr
     assert "#   replica 0 [serving]" in done.stderr and "#   replica 1 [serving]" in done.stderr
+
+
+def test_replicas_of_two_devices_each_run_a_layout(local_ray, one_engine, tmp_path):
+    """--devices-per-replica 2 with an expert-parallel layout: each replica's engine spans its own two (simulated)
+    devices, and the results are one engine's (the fingerprint names the layout, so it is the one field that
+    differs)."""
+    path = str(tmp_path / "out.jsonl")
+    make = functools.partial(moejax.load, QWEN3, dtype="float32", layout="attn=dp,experts=ep")
+    run = ReplicaRun(make, OPTIONS, ReplicaPlan(replicas=2, devices_per_replica=2), model=QWEN3)
+    try:
+        infos = run.start()
+        base, placement = run.settings(infos)
+        run.serve(workload(), path, {**base, "placement": placement}, infos, seed_nonce=NONCE)
+    finally:
+        run.stop()
+    assert [i["devices"] for i in infos] == [2, 2] and "ep" in base["layout"]
+    got, want = tmp_path / "got.jsonl", tmp_path / "want.jsonl"
+    for source, target in ((path, got), (one_engine, want)):
+        with open(source) as f, open(target, "w") as out:
+            for text in f:
+                result = json.loads(text)
+                result["response"]["body"].pop("system_fingerprint", None)
+                out.write(json.dumps(result) + "\n")
+    assert_same_results(str(got), str(want))
