@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from launch.serve_engine import load, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
 from moejax import options
 from moejax.kernels.backends import Kernels
@@ -45,7 +46,6 @@ from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.pool_size import PoolTooLarge
 from moejax.sched.replicas import ReplicaPlan
-from launch.serve_engine import load, run_settings, set_saturation
 from moejax.sched.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
 from moejax.sharding import multihost

@@ -79,15 +79,19 @@ class ReplicaMirror:
 
 
 class Frontend:
-    def __init__(self, thetas: Sequence[float], routing: str = "prefix", *, seed: int = 0, even_end: bool = True):
-        """thetas: each replica's Θ in true FLOPs (a round fills it to that). routing: prefix (MoE-Prefill),
-        round_robin or random. even_end: a round with less work queued than its replicas' Θ add up to fills each
-        to an even part of it (see _fill); False: to Θ, as App. A."""
+    def __init__(self, thetas: Sequence[float], routing: str = "prefix", *, seed: int = 0, even_end: bool = True,
+                 depth: int = 1):
+        """thetas: each replica's Θ in true FLOPs (a round adds that much to a replica). routing: prefix
+        (MoE-Prefill), round_robin or random. even_end: a round with less work queued than it would add fills the
+        replicas to an even level instead (see _fill); False: to Θ, as App. A. depth: Θs a replica may hold routed
+        and unfinished (2: one share running and the next queued behind it, so it never waits for a round)."""
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
         if not thetas:
             raise ValueError("a frontend needs at least one replica")
-        self.routing, self.even_end = routing, even_end
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1; got {depth}")
+        self.routing, self.even_end, self.depth = routing, even_end, depth
         self.mirrors = [ReplicaMirror(t) for t in thetas]
         self._rng = random.Random(seed)
         self._next = 0  # round_robin's turn
@@ -95,11 +99,12 @@ class Frontend:
 
     def round(self, queue: deque[Job], open_: Iterable[int] | None = None) -> dict[int, list[Job]]:
         """One scheduling round (App. A): jobs taken from the front of `queue` onto the unsaturated replicas among
-        `open_` (default: every live one) until each is saturated or the queue is empty -> replica -> its jobs,
-        in queue order."""
+        `open_` (default: every live one) until each is saturated (its Θ added, at most depth Θ held) or the queue
+        is empty -> replica -> its jobs, in queue order."""
         allowed = set(range(len(self.mirrors)) if open_ is None else open_)
-        ready = [e for e in sorted(allowed) if self.mirrors[e].alive and not self.mirrors[e].saturated]
-        fill = self._fill(queue, ready)
+        full = {e: self._full(e) for e in sorted(allowed) if self.mirrors[e].alive}
+        fill = self._fill(queue, full)
+        ready = [e for e in fill if self.mirrors[e].work < fill[e] or self.mirrors[e].work == 0]
         opened = list(ready)
         out: dict[int, list[Job]] = {}
         while queue and ready:
@@ -109,29 +114,34 @@ class Frontend:
             out.setdefault(e, []).append(job)
             if self.mirrors[e].work >= fill[e]:
                 ready.remove(e)
-            if not ready and queue and any(fill[e] < self.mirrors[e].theta for e in opened):
-                # the even parts were an estimate and the queue is not empty: the rest still fits under Θ, and a
+            if not ready and queue and any(fill[e] < full[e] for e in opened):
+                # the even level was an estimate and the queue is not empty: the rest still fits this round, and a
                 # round of its own would leave the replicas waiting on a few stragglers
-                fill = {e: self.mirrors[e].theta for e in opened}
-                ready = [e for e in opened if not self.mirrors[e].saturated]
+                fill = {e: full[e] for e in opened}
+                ready = [e for e in opened if self.mirrors[e].work < fill[e]]
         return out
 
-    def _fill(self, queue: deque[Job], ready: Sequence[int]) -> dict[int, float]:
-        """What this round fills each ready replica to: its Θ, unless the queue holds less work than those Θ add
-        up to (a run's last round): then an even part of it, so the run ends with every replica about as busy,
-        not with the first ones at Θ and the last ones short. The queue's work is counted as if it all ran on one
-        replica holding nothing yet (its requests sharing their prefixes: a lower bound of what N replicas do)."""
-        fill = {e: self.mirrors[e].theta for e in ready}
-        if not self.even_end:
-            return fill
-        room = sum(fill.values())
+    def _full(self, e: int) -> float:
+        """What a round fills replica e to: its Θ more, at most depth Θ routed and unfinished."""
+        m = self.mirrors[e]
+        return min(m.work + m.theta, self.depth * m.theta)
+
+    def _fill(self, queue: deque[Job], full: dict[int, float]) -> dict[int, float]:
+        """What this round fills each replica to: `full`, unless the queue holds less work than that adds (a run's
+        last round): then every replica to one even level, so the run ends with them about as busy, not with the
+        first ones full and the last ones short. The queue's work is counted as if it all ran on one replica
+        holding nothing yet (its requests sharing their prefixes: a lower bound of what N replicas do)."""
+        if not self.even_end or not full:
+            return full
+        room = sum(full[e] - self.mirrors[e].work for e in full)
         left, together = 0.0, ReplicaMirror(0.0)  # the queue's work with its own sharing, as on one replica
         for job in queue:
             left += job.cost(together)
             together.pending.update(job.stores)
             if left >= room:
-                return fill  # the queue outlasts this round
-        return {e: min(theta, left / len(ready)) for e, theta in fill.items()}
+                return full  # the queue outlasts this round
+        level = (left + sum(self.mirrors[e].work for e in full)) / len(full)
+        return {e: min(target, level) for e, target in full.items()}
 
     def pick(self, job: Job, ready: Sequence[int]) -> int:
         """F1 among the unsaturated replicas: the longest held prefix, ties (and no match) to the smallest W."""

@@ -56,11 +56,14 @@ class PrefixCache:
         self.evictions = 0
 
     def hashes(self) -> set[bytes]:
+        """The blocks it holds (what a frontend's mirror of it should hold)."""
         return set(self._slots)
 
     def take_events(self) -> list[tuple]:
         """The events since the last call (record=True), oldest first."""
-        out, self._events = self._events or [], [] if self._events is not None else None
+        if self._events is None:
+            return []
+        out, self._events = self._events, []
         return out
 
     def clear(self) -> None:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from moejax.sched.replica_session import ShareDone
 
 
+SHARES_AHEAD = 2  # shares routed to a replica and not finished: the one it runs and the next, queued behind it
+
+
 class ReplicasFailed(RuntimeError):
     """No replica could serve (none started, or every one died): the message says why for each."""
 
@@ -225,8 +228,7 @@ class ReplicaRun:
     # -- serve --------------------------------------------------------------------------------------------
     def serve(self, lines: Sequence[str], store_path: str | None, run_settings: dict, infos: list[dict], *,
               seed_nonce: int | None = None, error_file: str | None = None,
-              on_round: Callable[[ReplicaRun], None] | None = None,
-              progress: Callable[[int | None], None] | None = None) -> dict:
+              on_round: Callable[[ReplicaRun], None] | None = None) -> dict:
         """Serve `lines` into `store_path` (None: stdout) -> the run summary. run_settings: what decides the results
         (the journal's header; a resume must match). on_round(self): called after each round is dispatched."""
         from moejax.loading import read_model
@@ -257,11 +259,11 @@ class ReplicaRun:
             for info, s in zip(infos, [s for s in self.stats if s.index in started]):
                 s.theta_flops = info["theta_flops"]
                 s.round_flops = info["theta_flops"] or fallback
-            self.frontend = Frontend([s.round_flops for s in self.stats], self.plan.routing)
+            self.frontend = Frontend([s.round_flops for s in self.stats], self.plan.routing, depth=SHARES_AHEAD)
             for s in self.stats:
                 if s.index not in started:
                     self.frontend.lost(s.index)
-            failed = self._route(todo, jobs, stored, store, on_round, progress)
+            failed = self._route(todo, jobs, store, on_round)
             store.finish(error_file)
         return self._summary(entries, store, bad, failed, time.perf_counter() - start)
 
@@ -278,8 +280,8 @@ class ReplicaRun:
         recurring = {h for h, n in counts.items() if n > 1}
         return recurring.__contains__
 
-    def _route(self, todo: list[Request], jobs: list[Job], stored: Callable[[bytes], bool], store: ResultStore,
-               on_round: Callable[[ReplicaRun], None] | None, progress: Callable[[int | None], None] | None) -> int:
+    def _route(self, todo: list[Request], jobs: list[Job], store: ResultStore,
+               on_round: Callable[[ReplicaRun], None] | None) -> int:
         """Rounds until every request has its result -> how many failed as a whole share."""
         ray, frontend = self.ray, self.frontend
         assert frontend is not None
@@ -287,10 +289,12 @@ class ReplicaRun:
         inflight: dict[Any, tuple[int, list[Job]]] = {}
         failed = 0
         while queue or inflight:
-            # A round opens once every replica is idle (App. A: rounds over all GPUs). Rounds that opened each
-            # replica as it finished would hand it the head of the queue whatever its prefix, which scatters
-            # prefixes as random routing does; rounds filled to Θ take about as long on every replica.
-            if queue and not inflight:
+            # A round opens over every replica at once (App. A), when each has at most one share left in flight:
+            # the next share waits in the actor's queue behind the running one, so no replica idles for a round,
+            # and a round never opens for one replica alone (it would hand that one the head of the queue
+            # whatever its prefix, scattering prefixes as random routing does).
+            busy = Counter(owner for owner, _ in inflight.values())
+            if queue and all(busy[e] < SHARES_AHEAD for e in frontend.alive()):
                 for e, share in frontend.round(queue).items():
                     reqs = [todo[j.key] for j in share]
                     keep = frozenset(h for j in share for h in j.stores)
@@ -307,7 +311,9 @@ class ReplicaRun:
             e, share = inflight.pop(ref)
             try:
                 done = ray.get(ref)
-            except ray.exceptions.RayActorError as err:  # the replica died: its share goes to the others
+            except ray.exceptions.RayActorError as err:  # the replica died: its shares go to the others
+                if not frontend.mirrors[e].alive:
+                    continue  # its other share, routed again with the first
                 back = frontend.lost(e)
                 queue.extendleft(reversed(back))
                 self.rerouted += len(back)
@@ -328,8 +334,6 @@ class ReplicaRun:
                 self.served_by[line] = e
             frontend.finished(e, [j.key for j in share], done.events)
             self._count(e, share, done)
-            if progress is not None:
-                progress(len(share))
         return failed
 
     def _count(self, e: int, share: list[Job], done: ShareDone) -> None:
@@ -359,6 +363,8 @@ class ReplicaRun:
                 "tokens_per_s": (total["prompt_tokens"] + total["generated_tokens"]) / wall if wall else None,
                 "prefix_cache_hit_rate": (total["cached_prompt_tokens"] / total["prompt_tokens"]
                                           if total["prompt_tokens"] else 0.0),
+                "shared_prefill_saving": (1 - total["computed_tokens"] / total["prompt_tokens"]
+                                          if total["prompt_tokens"] else 0.0),
                 "flops_balance": max(loads) / (sum(loads) / len(loads)) if loads and sum(loads) else None}
 
     def tables(self) -> dict[int, set[bytes]]:
@@ -377,7 +383,8 @@ class ReplicaRun:
 
 
 def _cause(e: BaseException) -> str:
-    """The first line of what went wrong in a replica (Ray wraps the replica's own exception)."""
+    """What went wrong in a replica, in one line: the exception's type and the last line of its text (Ray wraps the
+    replica's own exception with a traceback)."""
     cause = getattr(e, "cause", None) or e
     text = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {text[-1] if text else ''}".rstrip(": ")

@@ -393,3 +393,19 @@ def test_a_short_queue_is_split_evenly():
     heavy = [Job(k, (b"p" * 16,), (b"p" * 16,), lambda holder: 10.0) for k in range(40)]  # one shared prefix
     assert list(AppA([1000.0] * 4).round(deque(heavy))) == [0]  # App. A keeps it on one replica
     assert len(Frontend([1000.0] * 4).round(deque(heavy))) == 4  # the even end spreads the last round
+
+
+def test_depth_two_queues_a_second_share_behind_the_running_one():
+    """depth=2 (the replica driver's): a round adds about Θ to each replica; a second round right after adds
+    another Θ (the share queued behind the running one); a third adds nothing until one finishes, and then only
+    that replica's Θ more."""
+    jobs = deque(Job(k, (bytes([k % 250]) * 16,), (), lambda holder: 10.0) for k in range(100))
+    f = Frontend([30.0, 30.0], depth=2)
+    first, second, third = f.round(jobs), f.round(jobs), f.round(jobs)
+    assert [len(first[e]) for e in (0, 1)] == [3, 3] and [len(second[e]) for e in (0, 1)] == [3, 3]
+    assert third == {} and [m.work for m in f.mirrors] == [60.0, 60.0]
+    f.finished(0, [j.key for j in first[0]])
+    fourth = f.round(jobs)
+    assert list(fourth) == [0] and len(fourth[0]) == 3 and f.mirrors[0].work == 60.0
+    with pytest.raises(ValueError, match="depth must be at least 1"):
+        Frontend([1.0], depth=0)
