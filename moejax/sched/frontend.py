@@ -91,6 +91,8 @@ class Frontend:
             raise ValueError("a frontend needs at least one replica")
         if depth < 1:
             raise ValueError(f"depth must be at least 1; got {depth}")
+        if min(thetas) <= 0:
+            raise ValueError(f"each replica's Θ must be above 0 FLOPs; got {list(thetas)}")
         self.routing, self.even_end, self.depth = routing, even_end, depth
         self.mirrors = [ReplicaMirror(t) for t in thetas]
         self._rng = random.Random(seed)
@@ -104,7 +106,7 @@ class Frontend:
         allowed = set(range(len(self.mirrors)) if open_ is None else open_)
         full = {e: self._full(e) for e in sorted(allowed) if self.mirrors[e].alive}
         fill = self._fill(queue, full)
-        ready = [e for e in fill if self.mirrors[e].work < fill[e] or self.mirrors[e].work == 0]
+        ready = [e for e in fill if self.mirrors[e].work < fill[e]]
         opened = list(ready)
         out: dict[int, list[Job]] = {}
         while queue and ready:
@@ -128,20 +130,23 @@ class Frontend:
 
     def _fill(self, queue: deque[Job], full: dict[int, float]) -> dict[int, float]:
         """What this round fills each replica to: `full`, unless the queue holds less work than that adds (a run's
-        last round): then every replica to one even level, so the run ends with them about as busy, not with the
-        first ones full and the last ones short. The queue's work is counted as if it all ran on one replica
+        last round): then the replicas' totals over the run to one even level, so the run ends with them about as
+        busy, not with the first ones full and the last ones short (a replica that an earlier round filled past
+        Θ by a large request gets that much less). The queue's work is counted as if it all ran on one replica
         holding nothing yet (its requests sharing their prefixes: a lower bound of what N replicas do)."""
         if not self.even_end or not full:
             return full
         room = sum(full[e] - self.mirrors[e].work for e in full)
-        left, together = 0.0, ReplicaMirror(0.0)  # the queue's work with its own sharing, as on one replica
+        left, together = 0.0, ReplicaMirror(1.0)  # the queue's work with its own sharing, as on one replica
         for job in queue:
             left += job.cost(together)
             together.pending.update(job.stores)
             if left >= room:
                 return full  # the queue outlasts this round
-        level = (left + sum(self.mirrors[e].work for e in full)) / len(full)
-        return {e: min(target, level) for e, target in full.items()}
+        mirrors = self.mirrors
+        level = (left + sum(mirrors[e].routed_flops for e in full)) / len(full)
+        return {e: min(target, mirrors[e].work + max(0.0, level - mirrors[e].routed_flops))
+                for e, target in full.items()}
 
     def pick(self, job: Job, ready: Sequence[int]) -> int:
         """F1 among the unsaturated replicas: the longest held prefix, ties (and no match) to the smallest W."""

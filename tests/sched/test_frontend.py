@@ -409,3 +409,15 @@ def test_depth_two_queues_a_second_share_behind_the_running_one():
     assert list(fourth) == [0] and len(fourth[0]) == 3 and f.mirrors[0].work == 60.0
     with pytest.raises(ValueError, match="depth must be at least 1"):
         Frontend([1.0], depth=0)
+
+
+def test_the_last_round_evens_the_run_totals():
+    """The even level of a run's last round counts what earlier rounds routed: a replica an earlier round filled
+    60 FLOPs further gets that much less now (totals 70 and 70, not 60 + 40 and 40)."""
+    f = Frontend([100.0, 100.0])
+    f.mirrors[0].routed_flops = 60.0  # as a first round that gave replica 0 one large request more, long finished
+    out = f.round(deque(Job(k, (bytes([k]) * 16,), (), lambda holder: 10.0) for k in range(8)))
+    assert [len(out.get(e, [])) for e in (0, 1)] == [1, 7]
+    assert [m.routed_flops for m in f.mirrors] == [70.0, 70.0]
+    with pytest.raises(ValueError, match="Θ must be above 0"):
+        Frontend([100.0, 0.0])
