@@ -23,3 +23,14 @@ def test_explain_plans_the_routing_over_replicas(tmp_path, capsys):
     counts = sorted(int(line.split(": ")[1].split(" requests")[0]) for line in per_replica)
     assert sum(counts) == 8
     assert "sharing saves" in out and not (tmp_path / "in.jsonl.partial").exists()
+
+
+def test_ray_is_imported_only_when_replicas_are_asked_for():
+    """Ray is an optional extra: the runner's modules import without it (a subprocess, so nothing else imported
+    it first)."""
+    import subprocess
+    import sys
+    code = ("import sys; import launch.serve, launch.serve_replicas, moejax.sched.replicas; "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -245,3 +245,16 @@ def test_replicas_of_two_devices_each_run_a_layout(local_ray, one_engine, tmp_pa
                 result["response"]["body"].pop("system_fingerprint", None)
                 out.write(json.dumps(result) + "\n")
     assert_same_results(str(got), str(want))
+
+
+def test_launch_serve_on_an_existing_ray_cluster(local_ray, tmp_path):
+    """--ray ADDRESS: the replicas go to that cluster (here the local instance this module started), which the
+    run leaves running."""
+    out = tmp_path / "out.jsonl"
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-m", "launch.serve", "--model", QWEN3, "--dtype", "float32", "--input",
+                           FORMATS, "--output", str(out), "--ray", address, "--replicas", "2"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(out.read_text().splitlines()) == 6 and "on 2 replicas" in done.stderr
+    assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 3
