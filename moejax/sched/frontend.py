@@ -8,7 +8,9 @@ FIFO queue: each request goes to an unsaturated replica (W < Θ), the one whose 
 the longest run of its leading blocks, ties and no match at all to the least loaded; W grows by the request's
 Eq. 2 cost there and the replica is marked saturated once W ≥ Θ. A popular prefix that saturates its replica
 spills to the next-best one by the same rule. W decays by the same costs when the replica reports the requests
-done, so enqueue and decay never drift apart.
+done, so enqueue and decay never drift apart. Two additions to App. A: a run's last round, with less work queued
+than it would add, fills every replica's total to one even level (`even_end`), and `depth` lets a replica hold a
+second Θ routed behind the share it runs (the replica driver's 2: it never waits for a round).
 
 Pure bookkeeping, no devices: `launch.serve --replicas` drives Ray actors with it (moejax.sched.replicas) and
 `launch.bench frontend` simulates many replicas with it. Baselines (`routing`): round_robin and random pick among
@@ -50,7 +52,7 @@ class ReplicaMirror:
 
     @property
     def saturated(self) -> bool:
-        return self.work > 0 and self.work >= self.theta  # (Θ 0: one job per round, never none)
+        return self.work >= self.theta
 
     def holds(self, h: bytes) -> bool:
         return h in self.committed or h in self.pending
