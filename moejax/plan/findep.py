@@ -600,8 +600,14 @@ def pppipe_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int
 
 def default_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
                  memory_bytes: float | None = None) -> DepSchedule:
-    """What `layout=attn=dp,experts=dep` runs without a plan (moejax.sharding.layout): half the devices each
-    (the expert group the larger half), r1 = r2 = 1, ASAS; predicted under the same model."""
-    A = devices // 2
-    return solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, attn_devices=A,
-                     expert_devices=devices - A, r1=1, r2=1, order="asas", memory_bytes=memory_bytes)
+    """What `layout=attn=dp,experts=dep` runs without a plan (moejax.sharding.layout.dep_default_split): half the
+    devices each (the expert group the larger half), or the nearest split whose expert group the experts divide
+    over (its `searched` says so), r1 = r2 = 1, ASAS; predicted under the same model."""
+    from moejax.sharding.layout import dep_default_split
+    try:
+        A, B, moved = dep_default_split(cfg.num_experts, devices)
+    except ValueError as e:
+        raise ValueError(f"DEP schedule: {e}") from None
+    plan = solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, attn_devices=A,
+                     expert_devices=B, r1=1, r2=1, order="asas", memory_bytes=memory_bytes)
+    return dataclasses.replace(plan, searched=f"{plan.searched}; {moved}") if moved else plan

@@ -104,7 +104,7 @@ class Layout:
             if n < 2:
                 raise ValueError(f"layout: experts=dep needs 2 or more devices (an attention and an expert group), "
                                  f"{n} given")
-            a, b = n // 2, n - n // 2
+            a, b, _ = dep_default_split(num_experts, n)
         elif a is None or b is None:
             n = n or available
             given = a if b is None else b
@@ -154,3 +154,19 @@ class Layout:
             out += (f",attn_devices={self.attn_devices},expert_devices={self.expert_devices},r1={self.r1},"
                     f"r2={self.r2},order={self.order}")
         return out + (f",exchange={self.exchange}" if self.experts in ("ep", "dep") else "")
+
+
+def dep_default_split(num_experts: int, devices: int) -> tuple[int, int, str | None]:
+    """DEP's split without a plan: half the devices each, the expert group the larger half, when the experts divide
+    evenly over that half; otherwise the expert group nearest to it that they divide over (ties: the larger one)
+    -> (attention devices, expert devices, why it moved from half and half, or None)."""
+    half = devices - devices // 2
+    sizes = [b for b in range(1, devices) if num_experts % b == 0]
+    if not sizes:
+        raise ValueError(f"layout: experts=dep: no split of {devices} devices leaves an expert group the "
+                         f"{num_experts} experts divide evenly over")
+    b = min(sizes, key=lambda size: (abs(size - half), -size))
+    if b == half:
+        return devices - b, b, None
+    return devices - b, b, (f"half and half ({devices // 2} + {half}) does not divide the {num_experts} experts "
+                            f"over the expert group; the nearest split that does: {devices - b} + {b}")

@@ -354,3 +354,21 @@ def test_solver_wall_time_is_reported():
     start = time.perf_counter()
     plan = findep.solve_dep(cfg, prof, devices=4, tokens=8 * 256, seq_len=256)
     assert 0 < plan.solve_ms <= (time.perf_counter() - start) * 1e3
+
+
+def test_the_default_takes_the_nearest_split_the_experts_divide_over(capsys):
+    """Issue 34 item 4: Mixtral's 8 experts do not divide over 6 of 12 devices; the default (the executor's and the
+    plan's baseline) takes 4 + 8, the nearest expert group they divide over (ties: the larger), says so, and the
+    plan CLI prints the plan instead of exiting on it."""
+    from launch.plan import main
+    cfg, prof = _preset("mixtral-8x7b"), load_profile("h100")
+    default = findep.default_plan(cfg, prof, devices=12, tokens=16384, seq_len=4096)
+    assert (default.attn_devices, default.expert_devices) == (4, 8)
+    assert "half and half (6 + 6) does not divide the 8 experts" in default.searched
+    layout = Layout.parse("attn=dp,experts=dep").resolve(cfg.num_experts, 12)
+    assert (layout.attn_devices, layout.expert_devices) == (4, 8)
+    assert main(["dep", "--model", "mixtral-8x7b", "--profile", "h100", "--devices", "12", "--tokens", "16384"]) == 0
+    out = capsys.readouterr().out
+    assert "default: DEP schedule" in out and "the nearest split that does: 4 + 8" in out
+    even = findep.default_plan(cfg, prof, devices=8, tokens=16384, seq_len=4096)  # 4 + 4: half and half divides
+    assert (even.attn_devices, even.expert_devices) == (4, 4) and "half and half" not in even.searched
