@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.buckets import bucket
-from moejax.offload.expert_cache import ExpertCache
+from moejax.offload.expert_cache import ExpertCache, prefetch_priority
 from moejax.offload import layered
 from moejax.offload.host_store import HostStore
 from moejax.offload.predict.protocol import Arrays, Predictor
@@ -107,9 +107,9 @@ class Cached:
             part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
                           backend=self.backend)
             out = part if out is None else out + part
-        for target, (p_idx, p_weights) in predicted.items():  # after this layer's work is issued: copies overlap it
-            if target != layer:
-                self._prefetch(target, p_idx, p_weights)
+        ahead = {target: p for target, p in predicted.items() if target != layer}
+        if ahead:  # after this layer's work is issued: the copies overlap it
+            self._prefetch_ahead(layer, ahead)
         return handle(layered.finish, x, y, out)
 
     def _request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array]]:
@@ -132,18 +132,38 @@ class Cached:
         return arrays
 
     def _prefetch(self, layer: int, p_idx: Arrays, p_weights: Arrays) -> None:
-        """Load the predicted experts, the highest predicted weight (summed over rows, as a share of the rows)
-        first: what fits is what matters most; the shares are the cache's priority scores."""
+        """Load the experts predicted for this very layer, the highest predicted weight first."""
+        self._issue([(share, layer, expert) for expert, share in self._shares(layer, p_idx, p_weights).items()])
+
+    def _prefetch_ahead(self, now: int, predicted: dict[int, tuple[Arrays, Arrays]]) -> None:
+        """Load the experts predicted for the MoE layers ahead in one queue, ordered across those layers by fMoE's
+        prefetch priority (§4.5): predicted weight / MoE layers ahead, so a likely expert two layers on can go
+        before an unlikely one of the next layer; what fits is what matters most. The cache's scores stay the
+        weights (eviction priority)."""
+        moe = self._steps.moe_layers
+        shares = {(target, expert): share for target, (p_idx, p_weights) in predicted.items()
+                  for expert, share in self._shares(target, p_idx, p_weights).items()}
+        self._issue([(float(prefetch_priority(np.array([share]), moe.index(target), moe.index(now))[0]), target,
+                      expert) for (target, expert), share in shares.items()], shares)
+
+    def _shares(self, layer: int, p_idx: Arrays, p_weights: Arrays) -> dict[int, float]:
+        """Each predicted expert's weight, summed over the rows, as a share of the rows."""
         ids, w = np.asarray(p_idx).reshape(-1), np.asarray(p_weights, np.float64).reshape(-1)
         keep = ids >= 0
         share = np.bincount(ids[keep], weights=w[keep], minlength=self.store.num_experts(layer)) / p_idx.shape[0]
-        chosen = np.unique(ids[keep])
-        order = chosen[np.argsort(-share[chosen], kind="stable")]
-        loads, _ = self.cache.prefetch([(layer, int(e)) for e in order],
-                                       {(layer, int(e)): float(share[e]) for e in order})
-        for (_, expert), slot in loads:
+        return {int(e): float(share[e]) for e in np.unique(ids[keep])}
+
+    def _issue(self, queue: list[tuple[float, int, int]], scores: dict[tuple[int, int], float] | None = None
+               ) -> None:
+        """Prefetch (priority, layer, expert) entries, the highest priority first (ties: the order given); the
+        cache's priority scores are the experts' shares (scores; default the priorities)."""
+        order = sorted(range(len(queue)), key=lambda i: -queue[i][0])
+        keys = [(queue[i][1], queue[i][2]) for i in order]
+        loads, _ = self.cache.prefetch(keys, scores if scores is not None else
+                                       {(layer, expert): priority for priority, layer, expert in queue})
+        for (layer, expert), slot in loads:
             self._load(layer, expert, slot)
-        self.stats[layer].prefetches += len(loads)
+            self.stats[layer].prefetches += 1
 
     def _load(self, layer: int, expert: int, slot: int) -> dict[str, jax.Array]:
         """Start copying one expert into a slot (async) and count its bytes."""

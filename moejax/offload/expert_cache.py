@@ -24,6 +24,8 @@ import heapq
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 POLICIES = ("lru", "lfu", "priority")
 Key = tuple[int, int]  # (layer, expert)
 
@@ -149,3 +151,8 @@ class ExpertCache:
         if self.policy == "priority":
             return (self._uses.get(key, 0) + 1) * self._scores.get(key, 0.0), recency
         return (recency,)
+
+
+def prefetch_priority(p: np.ndarray, layer_position: int, now_position: int) -> np.ndarray:
+    """fMoE §4.5: p / (l - l_now), positions counted in MoE layers (l > l_now; the layer itself counts as 1)."""
+    return np.asarray(p, np.float64) / max(layer_position - now_position, 1)

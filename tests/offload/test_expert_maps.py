@@ -112,3 +112,36 @@ def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path):
     with pytest.raises(ValueError, match="prefetches only"):
         moejax.load(fixture_dir(name), placement="cached", predictor="expert_map", maps=str(tmp_path / "maps"),
                     speculative=True)
+
+
+def test_prefetch_priority_orders_the_copies_across_the_layers_ahead(tmp_path):
+    """fMoE §4.5 (issue 34 item 6): at the first MoE layer, a distance-2 store predicts the next two MoE layers; the
+    cached placement queues their experts together by p / (MoE layers ahead), so the likely expert two layers on
+    goes before the unlikely one of the next layer. Before, each layer's set was queued whole, nearest layer first
+    (and the predictor re-sorted one layer's set by p / a constant, which changed nothing): this test failed."""
+    name = "gpt_oss"  # three MoE layers
+    resident = moejax.load(fixture_dir(name), dtype="float32")
+    cfg = resident.config
+    E, D = cfg.num_experts, cfg.hidden_size
+    maps = np.full((3, E), 0.2 / (E - 2))
+    maps[1, [0, 1]] = [0.5, 0.3]  # the next MoE layer: 0.5 and 0.3 the most likely
+    maps[2, :] = 0.08 / (E - 1)
+    maps[2, 5] = 0.92  # two MoE layers on: expert 5 at 0.92, priority 0.46, above the next layer's 0.3
+    maps[0] = maps[1]
+    store = ExpertMapStore.empty(4, 2, 3, E, D)
+    store.add(np.ones(D), maps)
+    store.save(str(tmp_path / "maps"))
+    engine = moejax.load(fixture_dir(name), dtype="float32", placement="cached", cache_slots=3 * E,
+                         predictor="expert_map", maps=str(tmp_path / "maps"))
+    placement, moe = engine.layered_steps.placement, engine.layered_steps.moe_layers
+    assert len(moe) == 3
+    issued: list[list[tuple[int, int]]] = []
+    prefetch = placement.cache.prefetch  # the real cache, its queues recorded
+    placement.cache.prefetch = lambda keys, scores=None: (issued.append(list(keys)), prefetch(keys, scores))[1]
+    ids = np.random.default_rng(5).integers(0, cfg.vocab_size, (1, 9))
+    out, ref = engine.logits(ids), resident.logits(ids)
+    assert float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))) <= 1e-5
+    ahead = [key for keys in issued for key in keys if key[0] in (moe[1], moe[2])][:4]  # the first MoE layer's
+    priority = {(moe[1], e): maps[1, e] for e in range(E)} | {(moe[2], e): maps[2, e] / 2 for e in range(E)}
+    assert ahead == sorted(ahead, key=lambda key: -priority[key]), ahead
+    assert ahead.index((moe[2], 5)) < ahead.index((moe[1], 1))  # 0.92 / 2 before 0.3 / 1

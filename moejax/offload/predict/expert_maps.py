@@ -8,8 +8,9 @@ request's tokens) keyed by the request's semantic embedding (the mean of its inp
   probabilities sum to at least δ, and at least k of them.
 - Store (§4.4): capacity C; a new map replaces the stored map most redundant with it once the store is full,
   redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map.
-- Priorities (§4.5): prefetch priority p / (l - l_now); eviction priority from the map probabilities (the cache's
-  "priority" policy takes them as scores).
+- Priorities (§4.5): prefetch priority p / (l - l_now), which orders the cached placement's copies across the layers
+  ahead (moejax.offload.cached); eviction priority from the map probabilities (the cache's "priority" policy takes
+  them as scores).
 
 `ExpertMapPredictor` runs this in the cached placement: it predicts one set per forward pass (all rows share
 it), so it prefetches only; speculative execution needs per-token predictions and refuses it."""
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.offload.expert_cache import prefetch_priority  # noqa: F401 (§4.5's priority, applied by the cache's user)
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.protocol import Arrays, Prediction
 
@@ -43,11 +45,6 @@ def select_experts(p: np.ndarray, score: float, k: int) -> np.ndarray:
     covered = np.cumsum(p[order])
     n = int(np.searchsorted(covered, delta - 1e-12) + 1)  # first prefix reaching delta
     return order[:min(max(n, k), len(p))]
-
-
-def prefetch_priority(p: np.ndarray, layer_position: int, now_position: int) -> np.ndarray:
-    """§4.5: p / (l - l_now), positions counted in MoE layers (l > l_now)."""
-    return np.asarray(p, np.float64) / max(layer_position - now_position, 1)
 
 
 @dataclasses.dataclass
@@ -161,10 +158,10 @@ class ExpertMapPredictor:
         self._observed.append(np.asarray(self._steps.layers[layer](_router_probs, y)).mean(axis=0))
         sets = predict_sets(self.store, self._embedding, np.stack(self._observed), j,
                             int(np.asarray(idx).shape[-1]))
-        out = {}
-        for target, (ids, p) in sets.items():
-            order = np.argsort(-prefetch_priority(p, target, j if target > j else -1), kind="stable")
-            out[moe[target]] = (ids[order][None].astype(np.int32), p[order][None].astype(np.float32))
+        # each set most probable first; the cached placement orders the copies across the layers ahead by §4.5's
+        # prefetch priority (moejax.offload.cached._prefetch_ahead)
+        out = {moe[target]: (ids[None].astype(np.int32), p[None].astype(np.float32))
+               for target, (ids, p) in sets.items()}
         if self.update and j == len(moe) - 1:  # the pass is done: its map joins the store (§4.4)
             self.store.add(self._embedding, np.stack(self._observed))
         return out
