@@ -5,9 +5,8 @@ import pytest
 
 import moejax
 from conftest import fixture_dir
-from moejax.offload.expert_cache import ExpertCache
-from moejax.offload.predict.expert_maps import (ExpertMapStore, build_store, predict_sets, prefetch_priority,
-                                                select_experts)
+from moejax.offload.expert_cache import ExpertCache, prefetch_priority
+from moejax.offload.predict.expert_maps import ExpertMapStore, build_store, predict_sets, select_experts
 from moejax.offload.predict.traces import Traces
 
 

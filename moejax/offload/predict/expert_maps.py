@@ -8,8 +8,8 @@ request's tokens) keyed by the request's semantic embedding (the mean of its inp
   probabilities sum to at least δ, and at least k of them.
 - Store (§4.4): capacity C; a new map replaces the stored map most redundant with it once the store is full,
   redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map.
-- Priorities (§4.5): prefetch priority p / (l - l_now), which orders the cached placement's copies across the layers
-  ahead (moejax.offload.cached); eviction priority from the map probabilities (the cache's "priority" policy takes
+- Priorities (§4.5): prefetch priority p / (l - l_now) (moejax.offload.expert_cache.prefetch_priority), which orders
+  the cached placement's copies across the layers ahead (moejax.offload.cached); eviction priority from the map probabilities (the cache's "priority" policy takes
   them as scores).
 
 `ExpertMapPredictor` runs this in the cached placement: it predicts one set per forward pass (all rows share
@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.offload.expert_cache import prefetch_priority  # noqa: F401 (§4.5's priority, applied by the cache's user)
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.protocol import Arrays, Prediction
 
