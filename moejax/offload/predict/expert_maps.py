@@ -9,8 +9,8 @@ request's tokens) keyed by the request's semantic embedding (the mean of its inp
 - Store (§4.4): capacity C; a new map replaces the stored map most redundant with it once the store is full,
   redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map.
 - Priorities (§4.5): prefetch priority p / (l - l_now) (moejax.offload.expert_cache.prefetch_priority), which orders
-  the cached placement's copies across the layers ahead (moejax.offload.cached); eviction priority from the map probabilities (the cache's "priority" policy takes
-  them as scores).
+  the cached placement's copies across the layers ahead (moejax.offload.cached); eviction priority from the map
+  probabilities (the cache's "priority" policy takes them as scores).
 
 `ExpertMapPredictor` runs this in the cached placement: it predicts one set per forward pass (all rows share
 it), so it prefetches only; speculative execution needs per-token predictions and refuses it."""
