@@ -259,7 +259,9 @@ class ReplicaRun:
             for info, s in zip(infos, [s for s in self.stats if s.index in started]):
                 s.theta_flops = info["theta_flops"]
                 s.round_flops = info["theta_flops"] or fallback
-            self.frontend = Frontend([s.round_flops for s in self.stats], self.plan.routing, depth=SHARES_AHEAD)
+            # (a replica that did not start gets the fallback too: it is marked lost at once)
+            self.frontend = Frontend([s.round_flops or fallback for s in self.stats], self.plan.routing,
+                                     depth=SHARES_AHEAD)
             for s in self.stats:
                 if s.index not in started:
                     self.frontend.lost(s.index)
