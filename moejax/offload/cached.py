@@ -18,6 +18,7 @@ two); when a step needs more distinct experts than `pass_experts`, it runs in pa
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -141,8 +142,9 @@ class Cached:
         before an unlikely one of the next layer; what fits is what matters most. The cache's scores stay the
         weights (eviction priority)."""
         moe = self._steps.moe_layers
-        shares = {(target, expert): share for target, (p_idx, p_weights) in predicted.items()
-                  for expert, share in self._shares(target, p_idx, p_weights).items()}
+        shares: dict[Sequence[int], float] = {
+            (target, expert): share for target, (p_idx, p_weights) in predicted.items()
+            for expert, share in self._shares(target, p_idx, p_weights).items()}
         self._issue([(float(prefetch_priority(np.array([share]), moe.index(target), moe.index(now))[0]), target,
                       expert) for (target, expert), share in shares.items()], shares)
 
@@ -153,14 +155,15 @@ class Cached:
         share = np.bincount(ids[keep], weights=w[keep], minlength=self.store.num_experts(layer)) / p_idx.shape[0]
         return {int(e): float(share[e]) for e in np.unique(ids[keep])}
 
-    def _issue(self, queue: list[tuple[float, int, int]], scores: dict[tuple[int, int], float] | None = None
+    def _issue(self, queue: list[tuple[float, int, int]], scores: dict[Sequence[int], float] | None = None
                ) -> None:
         """Prefetch (priority, layer, expert) entries, the highest priority first (ties: the order given); the
         cache's priority scores are the experts' shares (scores; default the priorities)."""
         order = sorted(range(len(queue)), key=lambda i: -queue[i][0])
         keys = [(queue[i][1], queue[i][2]) for i in order]
-        loads, _ = self.cache.prefetch(keys, scores if scores is not None else
-                                       {(layer, expert): priority for priority, layer, expert in queue})
+        if scores is None:
+            scores = {(layer, expert): priority for priority, layer, expert in queue}
+        loads, _ = self.cache.prefetch(keys, scores)
         for (layer, expert), slot in loads:
             self._load(layer, expert, slot)
             self.stats[layer].prefetches += 1
