@@ -20,6 +20,7 @@ import numpy as np
 
 import moejax
 from moejax.compiles import counting
+from moejax.loading import read_model
 from moejax.sched.batch import engine_settings, serve_lines
 from moejax.sched.replicas import ReplicaPlan, ReplicaRun
 from moejax.sched.serving_options import ServingOptions
@@ -45,7 +46,7 @@ def score_lines(prefixes: int, prefix_len: int, suffix_len: int, requests: int, 
 def real_run(args, env: dict, partial) -> dict:
     make_engine = functools.partial(moejax.load, args.real_model, dtype="float32")
     options = ServingOptions(max_batch_tokens=args.real_batch_tokens)
-    vocab = moejax.load(args.real_model, dtype="float32").config.vocab_size
+    vocab = read_model(args.real_model)[0].vocab_size  # (the config alone: no weights loaded for it)
     shape = (args.real_prefixes, args.real_prefix_len, args.real_suffix_len, args.real_requests, vocab)
     lines, warm = score_lines(*shape, seed=args.seed), score_lines(*shape, seed=args.seed + 1)
     record = {**env, "kind": "frontend-real", "note": NOTE, "model": args.real_model, "replicas": 2,

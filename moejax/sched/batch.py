@@ -32,16 +32,34 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
-    store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
-                        {e.line: request_id(e.line, lines[e.line - 1]) for e in entries},
-                        settings=engine_settings(engine) if settings is None else settings,
-                        seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
-    todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
-            if not isinstance(e, BadLine) and not store.done(e.line)]
+    store, todo = open_results(entries, lines, store_path, engine_settings(engine) if settings is None else settings,
+                               seed_nonce)
     schedule, options, kv_pool, sizing = plan_requests(engine, todo, options)
     runner = Runner(engine, schedule, todo, store, options=options, kv_pool=kv_pool, batch_size=sizing,
                     progress=progress(len(todo)) if progress is not None else None)
     return entries, store, todo, schedule, runner
+
+
+def open_results(entries: Sequence[Request | BadLine], lines: Sequence[str], store_path: str | None, settings: dict,
+                 seed_nonce: int | None) -> tuple[ResultStore, list[Request]]:
+    """The run's ResultStore for parsed `entries` (resuming what `store_path` holds) and the requests it still
+    lacks, each with its seed (seed_nonce None: a random one)."""
+    store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
+                        {e.line: request_id(e.line, lines[e.line - 1]) for e in entries}, settings=settings,
+                        seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
+    todo = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
+            if not isinstance(e, BadLine) and not store.done(e.line)]
+    return store, todo
+
+
+def write_invalid(store: ResultStore, entries: Sequence[Request | BadLine]) -> int:
+    """Write the 400 line of each invalid entry the store does not hold yet -> how many it wrote."""
+    bad = 0
+    for e in entries:
+        if isinstance(e, BadLine) and not store.done(e.line):
+            store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line], param=e.param))
+            bad += 1
+    return bad
 
 
 def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptions
@@ -113,13 +131,8 @@ def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, option
     with output_lock.hold(output, error_file):
         entries, store, todo, schedule, runner = _prepare(engine, lines, output, options, settings=settings,
                                                           seed_nonce=seed_nonce, progress=progress)
-        bad = 0
         with store:
-            for e in entries:
-                if isinstance(e, BadLine) and not store.done(e.line):
-                    store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line],
-                                                   param=e.param))
-                    bad += 1
+            bad = write_invalid(store, entries)
             metrics = runner.run()
             if runner.progress is not None:
                 runner.progress(None, metrics)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import sys
 import time
 from collections import Counter, deque
@@ -25,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 from moejax import options
 from moejax.costs import true_prefill_flops
 from moejax.options import option
-from moejax.sched.batch import with_seed
+from moejax.sched.batch import open_results, write_invalid
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.frontend import ROUTINGS, Frontend, Job
 from moejax.sched.frontend_jobs import request_job
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.requests import BadLine, Request, ScoreRequest, parse_lines
-from moejax.sched.results import ResultStore, error_line, request_id
+from moejax.sched.results import ResultStore, error_line
 from moejax.sched.serving_options import ServingOptions
 
 if TYPE_CHECKING:
@@ -235,20 +234,10 @@ class ReplicaRun:
         cfg, tokenizer, chat = read_model(self.model, self.num_layers)
         entries = parse_lines(lines, tokenizer=tokenizer, vocab_size=cfg.vocab_size,
                               max_context=cfg.max_position_embeddings, chat=chat)
-        store = ResultStore(store_path, {e.line: e.custom_id for e in entries},
-                            {e.line: request_id(e.line, lines[e.line - 1]) for e in entries},
-                            settings=run_settings,
-                            seed_nonce=secrets.randbits(63) if seed_nonce is None else seed_nonce)
+        store, todo = open_results(entries, lines, store_path, run_settings, seed_nonce)
         start = time.perf_counter()
         with store:
-            bad = 0
-            for e in entries:
-                if isinstance(e, BadLine) and not store.done(e.line):
-                    store.write(e.line, error_line(e.line, e.custom_id, e.message, rid=store.ids[e.line],
-                                                   param=e.param))
-                    bad += 1
-            todo: list[Request] = [with_seed(e, store.seed_nonce, store.ids[e.line]) for e in entries
-                                   if not isinstance(e, BadLine) and not store.done(e.line)]
+            bad = write_invalid(store, entries)
             stored = self._stored_blocks(todo)
             jobs = [request_job(k, r, cfg, stored) for k, r in enumerate(todo)]
             fallback = true_prefill_flops(cfg, self.options.max_batch_tokens or DEFAULT_TOKENS)
