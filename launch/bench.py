@@ -32,6 +32,8 @@ frontend: MoE-Prefill's frontend routing shared-prefix scoring over 2-64 replica
 random), simulated from a hardware profile, no devices: prefix-cache hit rate against one engine, FLOPs balance,
 predicted throughput (launch/bench_frontend.py); --real: 2 engine replicas on this machine (Ray) under each routing
 against one engine (launch/bench_frontend_real.py).
+router-free: router-free speculative decoding with the true router skipped against run for misprediction counts:
+time per output token at batch 1 and a larger batch (launch/bench_router_free.py).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
 from launch import (bench_eval, bench_frontend, bench_generate, bench_kernels, bench_layouts, bench_lightning,
-                    bench_offload, bench_peers, bench_plans, bench_predictors, bench_quality, bench_serve)
+                    bench_offload, bench_peers, bench_plans, bench_predictors, bench_quality, bench_router_free,
+                    bench_serve)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -197,6 +200,7 @@ def main(argv=None):
     bench_eval.add_parser(sub).set_defaults(run=bench_eval.eval_bench)
     bench_lightning.add_parser(sub).set_defaults(run=bench_lightning.lightning)
     bench_frontend.add_parser(sub).set_defaults(run=bench_frontend.frontend)
+    bench_router_free.add_parser(sub).set_defaults(run=bench_router_free.router_free)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -212,10 +212,10 @@ def _counters(stats: dict, tokens: int, top_k: int) -> dict:
     out = dict(per_token={f: total[f] / tokens for f in fields}, hit_rate=rate(total),
                layer_hit_rates={layer: rate(s) for layer, s in stats["layers"].items()},
                totals=total, layers=stats["layers"])
-    if total["speculated_tokens"]:
-        out["mispredicted_fraction"] = total["mispredicted_tokens"] / total["speculated_tokens"]
+    if total["checked_tokens"]:  # speculated tokens checked against the true router
+        out["mispredicted_fraction"] = total["mispredicted_tokens"] / total["checked_tokens"]
         # top-k choices: the fraction of predicted (token, expert) pairs the true router did not make
-        choices = total["speculated_tokens"] * top_k
+        choices = total["checked_tokens"] * top_k
         out["mispredicted_choice_fraction"] = total["mispredicted_choices"] / choices if choices else None
     return out
 

@@ -217,7 +217,7 @@ def _speculative(args, engine, texts, nets, vectors, best_answers, window_qualit
         out.append(dict(predictor=name, distance=1, perplexity=q["perplexity"], perplexity_exact=exact["perplexity"],
                         relative_perplexity_cost=q["perplexity"] / exact["perplexity"] - 1,
                         top1_accuracy=q["top1_accuracy"], top1_accuracy_exact=exact["top1_accuracy"],
-                        mispredicted_token_share=stats["mispredicted_tokens"] / max(stats["speculated_tokens"], 1),
+                        mispredicted_token_share=stats["mispredicted_tokens"] / max(stats["checked_tokens"], 1),
                         multiple_choice=len(answers),
                         multiple_choice_changed=int(sum(a != b for a, b in zip(answers, exact_answers)))))
         log(f"  speculative {name:16s}: perplexity {q['perplexity']:.2f} ({out[-1]['relative_perplexity_cost']:+.1%}), "

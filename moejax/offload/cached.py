@@ -11,7 +11,8 @@ copies overlap the compute.
   (stats: mispredicted_tokens, mispredicted_choices).
 - router_free (speculative only; Speculating Experts §6.4): where a layer runs predicted experts, the predictor
   also builds its next prediction from them, not from the true router's, so routing decisions chain from
-  prediction to prediction. The true router still runs inside the attention step, for the statistics only.
+  prediction to prediction, and the layer's attention step skips the router (moejax.offload.layered.attend).
+  With count_mispredictions the router runs anyway, only to count (a router and a host sync per MoE layer).
 
 The experts of one step are stacked into one [m, ...] array for the expert FFN (m rounded up to a power of
 two); when a step needs more distinct experts than `pass_experts`, it runs in passes of that many and sums."""
@@ -57,14 +58,19 @@ class Cached:
 
     def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
                  predictor: Predictor | None = None, speculative: bool = False, router_free: bool = False,
-                 pass_experts: int | None = None) -> None:
+                 pass_experts: int | None = None, count_mispredictions: bool = False) -> None:
         if not store.per_expert:
             raise ValueError("cached placement needs a per_expert HostStore")
         if speculative and predictor is None:
             raise ValueError("cached placement: speculative=True needs a predictor")
         if router_free and not speculative:
             raise ValueError("cached placement: router_free=True needs speculative=True")
+        if count_mispredictions and not router_free:
+            raise ValueError("cached placement: count_mispredictions=True applies to router_free=True (speculative "
+                             "mode without it runs the router and counts anyway)")
         self.router_free = router_free
+        # speculative mode runs the true router, and so counts, unless router-free skips it
+        self.counts_mispredictions = speculative and (count_mispredictions or not router_free)
         self.store, self.backend, self.predictor, self.speculative = store, backend, predictor, speculative
         self.cache = ExpertCache(cache_slots, eviction)
         self.pass_experts = min(pass_experts or cache_slots, cache_slots)
@@ -78,11 +84,19 @@ class Cached:
         if self.predictor is not None:
             self.predictor.begin_pass(steps)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def needs_router(self, layer: int) -> bool:
+        """Whether `layer`'s attention step must run the true router (LayeredSteps): not where router-free
+        speculation already planned the layer's experts, unless mispredictions are counted."""
+        return not (self.router_free and layer in self._planned and not self.counts_mispredictions)
+
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        """idx, weights: the true router's choices, None where needs_router(layer) said it could be skipped."""
         layer = handle.index
         s = self.stats[layer]
         source = self._planned.get(layer) if self.router_free else None
         src_idx, src_weights = (idx, weights) if source is None else source
+        assert src_idx is not None and src_weights is not None  # no router only where a plan exists
         predicted = {} if self.predictor is None else \
             self.predictor.predict(self._steps.passes, layer, x, y, src_idx, src_weights)
         if layer in predicted:  # a prediction for this very layer (the oracle): load it as a prefetch first
@@ -91,11 +105,14 @@ class Cached:
             self._planned.update(predicted)
         if self.speculative and layer in self._planned:
             run_idx, run_weights = self._planned.pop(layer)
-            s.speculated_tokens += idx.shape[0]
-            tokens, choices = np.asarray(_mispredicted(run_idx, idx))
-            s.mispredicted_tokens += int(tokens)
-            s.mispredicted_choices += int(choices)
+            s.speculated_tokens += run_idx.shape[0]
+            if idx is not None and self.counts_mispredictions:
+                tokens, choices = np.asarray(_mispredicted(run_idx, idx))
+                s.checked_tokens += run_idx.shape[0]
+                s.mispredicted_tokens += int(tokens)
+                s.mispredicted_choices += int(choices)
         else:
+            assert idx is not None and weights is not None  # unplanned layers run the router
             run_idx, run_weights = idx, weights
         needed = np.unique(np.asarray(run_idx))
         out = None
@@ -176,6 +193,9 @@ class Cached:
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()
-        mode = ("speculative, router-free" if self.router_free else "speculative") if self.speculative else "exact"
+        mode = "exact"
+        if self.speculative:
+            mode = "speculative" + (", router-free" if self.router_free else "") + \
+                ("" if self.counts_mispredictions else ", mispredictions not counted")
         return (f"cached: {self.cache.num_slots} expert slots, eviction {self.cache.policy}, predictor {pred} "
                 f"({mode}), up to {self.pass_experts} experts per pass")

@@ -45,11 +45,23 @@ class Layer:
             jitted = self._mine[fn] = self._shared[key]
         return jitted(self.state, *args, **static)
 
+    def ran(self, fn: Callable) -> bool:
+        """Whether this layer has run `fn` (e.g. attend_route: its router)."""
+        return fn in self._mine
+
 
 def whole_layer(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
                 prior: kv_pool.Layer | None, *, kernels: Kernels, read_cache: bool) -> tuple[jax.Array, Cache]:
     """The decoder layer on x at Positions `at`, with its cache and prior keys (None: none)."""
     return nnx.merge(graphdef, state)(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
+
+
+def attend(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
+           prior: kv_pool.Layer | None, *, kernels: Kernels, read_cache: bool
+           ) -> tuple[jax.Array, jax.Array, Cache]:
+    """-> (residual after attention, normalized MoE input, cache): attend_route without the router, for a layer
+    whose placement runs experts it already chose (router-free speculation)."""
+    return nnx.merge(graphdef, state).attend(x, at, cache, prior, read_cache=read_cache, kernels=kernels)
 
 
 def attend_route(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
@@ -86,7 +98,8 @@ def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args
 
 class LayeredSteps:
     """logits / score / prefill / decode with the signatures of the Engine's jitted steps; `placement` runs the
-    routed experts of every MoE layer (`placement.moe(layer: Layer, x, y, idx, weights) -> x`)."""
+    routed experts of every MoE layer (`placement.moe(layer: Layer, x, y, idx, weights) -> x`). A placement with
+    `needs_router(layer index) -> bool` may skip a layer's router: its `moe` then gets idx = weights = None."""
 
     # placement: a layer runtime (moejax.offload.streamed.Streamed, cached.Cached, sharding.gathered's, a profiling
     # or recording wrapper, or DEP's Disaggregated, whose steps drive the layers themselves): no shared base or
@@ -118,12 +131,16 @@ class LayeredSteps:
                    prior: Sequence[kv_pool.Layer] | None = None) -> tuple[jax.Array, list[Cache]]:
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
         self.placement.begin_pass(self)
+        needs_router: Callable[[int], bool] = getattr(self.placement, "needs_router", lambda layer: True)
         new = []
         for i, layer in enumerate(self.layers):
             args = (x, at, None if cache is None else cache[i], None if prior is None else prior[i])
-            if i in self.moe_layers:
+            if i in self.moe_layers and needs_router(i):
                 x, y, c, idx, weights = layer(attend_route, *args, kernels=self.kernels, read_cache=read_cache)
                 x = self.placement.moe(layer, x, y, idx, weights)
+            elif i in self.moe_layers:
+                x, y, c = layer(attend, *args, kernels=self.kernels, read_cache=read_cache)
+                x = self.placement.moe(layer, x, y, None, None)
             else:
                 x, c = layer(whole_layer, *args, kernels=self.kernels, read_cache=read_cache)
             new.append(c)

@@ -67,7 +67,11 @@ class PlacementSettings:
              "metrics count mispredicted tokens)", applies=CACHED)
     router_free: bool = option(
         False, fingerprint=True,
-        help="--speculative: predictions chain from the predicted routing, not the true router's", applies=CACHED)
+        help="--speculative: predictions chain from the predicted routing, not the true router's, and the true "
+             "router is skipped where a prediction stands in for it", applies=CACHED)
+    count_mispredictions: bool = option(
+        False, help="--router-free: run the true router anyway, only to count mispredicted tokens in the stats "
+                    "(costs a router and a host sync per MoE layer)", applies=CACHED)
 
     batch_size: int | None = option(
         None, type=int, minimum=1, applies=LIGHTNING,
@@ -129,6 +133,9 @@ class PlacementSettings:
                          "holds its own)")
         if self.router_free and not self.speculative:
             raise _error("router_free=True applies to speculative=True (it chains predictions in speculative mode)")
+        if self.count_mispredictions and not self.router_free:
+            raise _error("count_mispredictions=True applies to router_free=True (speculative mode without it runs "
+                         "the router, and counts, anyway)")
         if self.speculative and predictor is None:
             raise _error("speculative=True needs a predictor")
 

@@ -13,7 +13,8 @@ class LayerStats:
     bytes_h2d: int = 0  # host -> device bytes moved
     wait_s: float = 0.0  # time the step waited on transfers of this layer
     speculated_tokens: int = 0  # speculative execution: tokens run with predicted experts
-    mispredicted_tokens: int = 0  # ... whose predicted expert set differs from the true router's
+    checked_tokens: int = 0  # ... checked against the true router (router-free: only with count_mispredictions)
+    mispredicted_tokens: int = 0  # ... of those, whose predicted expert set differs from the true router's
     mispredicted_choices: int = 0  # predicted (token, expert) choices the true router did not make (of k per token)
 
 

@@ -23,8 +23,8 @@ class Cached(LayerByLayer):
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
                  predictor: Predictor | None) -> None:
-        """settings: the PlacementSettings (eviction, speculative, router_free); predictor: the object built from
-        them at load (predictor_of), or None."""
+        """settings: the PlacementSettings (eviction, speculative, router_free, count_mispredictions); predictor:
+        the object built from them at load (predictor_of), or None."""
         super().__init__(budget, layout_setup)
         self.settings, self.predictor = settings, predictor
 
@@ -44,4 +44,5 @@ class Cached(LayerByLayer):
         assert self.memory_budget.cache_slots is not None  # a cached budget has its slots
         return CachedRuntime(store, self.memory_budget.cache_slots, s.eviction or "lru", kernels.experts,
                              predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
-                             pass_experts=self.memory_budget.pass_experts)
+                             pass_experts=self.memory_budget.pass_experts,
+                             count_mispredictions=s.count_mispredictions)

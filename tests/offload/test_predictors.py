@@ -251,6 +251,34 @@ def test_router_free_chains_each_prediction_from_the_previous_one(resident, dist
         moejax.load(fixture_dir(NAME), placement="cached", predictor="oracle", router_free=True)
 
 
+def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident, distilled):
+    """§6.4: a router-free layer whose experts were predicted attends without the router (LayeredSteps' attend);
+    count_mispredictions runs it anyway, only to count, and the logits do not change."""
+    from moejax.offload import layered
+    net, _ = distilled
+    cfg = resident.config
+    ids = np.random.default_rng(7).integers(0, cfg.vocab_size, (2, 9))
+    logits = {}
+    for count in (False, True):
+        engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                             predictor=EstimatorPredictor(net), speculative=True, router_free=True,
+                             count_mispredictions=count)
+        logits[count] = engine.logits(ids)
+        steps = engine.layered_steps
+        first, *later = [steps.layers[i] for i in steps.moe_layers]
+        assert first.ran(layered.attend_route) and not first.ran(layered.attend)  # nothing predicted for it yet
+        assert later and all(layer.ran(layered.attend_route) == count != layer.ran(layered.attend)
+                             for layer in later)
+        total = engine.stats()["total"]
+        assert total["speculated_tokens"] > 0 and total["speculated_tokens"] % len(later) == 0  # padded rows too
+        assert total["checked_tokens"] == (total["speculated_tokens"] if count else 0)
+        assert ("mispredictions not counted" in engine.explain()) != count
+    assert _rel(logits[False], logits[True]) < TOL
+    with pytest.raises(ValueError, match="count_mispredictions=True applies to router_free=True"):
+        moejax.load(fixture_dir(NAME), placement="cached", predictor="oracle", speculative=True,
+                    count_mispredictions=True)
+
+
 def test_best_answers_pick_the_candidate_with_the_highest_log_probability(resident):
     from moejax.offload.predict.speculation_cost import best_answers
     from moejax.sched.requests import Candidate, ScoreRequest
