@@ -14,6 +14,10 @@ copies overlap the compute.
   prediction to prediction, and the layer's attention step skips the router (moejax.offload.layered.attend).
   With count_mispredictions the router runs anyway, only to count (a router and a host sync per MoE layer).
 
+Prefetches wait in a queue and at most `prefetch_depth` of their copies are on their way at once; a miss is
+copied before anything still queued (fMoE §4.6: a miss pauses prefetching), and the queue resumes after it, so
+a miss waits behind at most prefetch_depth copies instead of every prefetch issued.
+
 The experts of one step are stacked into one [m, ...] array for the expert FFN (m rounded up to a power of
 two); when a step needs more distinct experts than `pass_experts`, it runs in passes of that many and sums."""
 from __future__ import annotations
@@ -32,6 +36,10 @@ from moejax.offload import layered
 from moejax.offload.host_store import HostStore
 from moejax.offload.predict.protocol import Arrays, Predictor
 from moejax.offload.stats import OffloadStats
+
+# Prefetch copies on their way at once: two keep a copy engine busy between layers while a miss waits behind at
+# most two (fMoE starts a miss ahead of all queued prefetches; moejax cannot reorder copies already issued).
+PREFETCH_DEPTH = 2
 
 
 def routed_subset(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, weights: jax.Array,
@@ -58,7 +66,8 @@ class Cached:
 
     def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
                  predictor: Predictor | None = None, speculative: bool = False, router_free: bool = False,
-                 pass_experts: int | None = None, count_mispredictions: bool = False) -> None:
+                 pass_experts: int | None = None, count_mispredictions: bool = False,
+                 prefetch_depth: int = PREFETCH_DEPTH) -> None:
         if not store.per_expert:
             raise ValueError("cached placement needs a per_expert HostStore")
         if speculative and predictor is None:
@@ -77,6 +86,12 @@ class Cached:
         self.stats = OffloadStats()
         self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
         self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
+        if prefetch_depth < 1:
+            raise ValueError(f"cached placement: prefetch_depth must be >= 1, got {prefetch_depth}")
+        self.prefetch_depth = prefetch_depth
+        # slot -> (layer, expert) a prefetch placed there whose copy has not started, in the order to start them
+        self._queued: dict[int, tuple[int, int]] = {}
+        self._copying: list[dict[str, jax.Array]] = []  # prefetch copies started and maybe not done
 
     def begin_pass(self, steps: layered.LayeredSteps) -> None:
         self._planned.clear()
@@ -94,6 +109,7 @@ class Cached:
         """idx, weights: the true router's choices, None where needs_router(layer) said it could be skipped."""
         layer = handle.index
         s = self.stats[layer]
+        self._start_queued()  # copies finished while the previous layer computed: room for queued ones
         source = self._planned.get(layer) if self.router_free else None
         src_idx, src_weights = (idx, weights) if source is None else source
         assert src_idx is not None and src_weights is not None  # no router only where a plan exists
@@ -133,10 +149,12 @@ class Cached:
     def _request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array]]:
         s = self.stats[layer]
         hits, loads, _ = self.cache.request([(layer, int(e)) for e in chunk])
-        loaded = []
-        for (_, expert), slot in loads:
-            loaded.append(self._load(layer, expert, slot))
-        s.hits, s.misses = s.hits + len(hits), s.misses + len(loads)
+        # misses start first, ahead of the prefetches still queued; a hit whose prefetch is still queued is a miss
+        late = [slot for _, slot in hits if slot in self._queued]
+        loaded = [self._load(layer, expert, slot) for (_, expert), slot in loads]
+        loaded += [self._load(*self._queued[slot], slot) for slot in late]
+        s.hits, s.misses = s.hits + len(hits) - len(late), s.misses + len(loads) + len(late)
+        self._start_queued()  # the queue resumes behind the misses
         start = time.perf_counter()
         jax.block_until_ready(loaded + [self._slots[slot] for _, slot in hits])  # prefetches may still be on the way
         s.wait_s += time.perf_counter() - start
@@ -174,19 +192,32 @@ class Cached:
 
     def _issue(self, queue: list[tuple[float, int, int]], scores: dict[Sequence[int], float] | None = None
                ) -> None:
-        """Prefetch (priority, layer, expert) entries, the highest priority first (ties: the order given); the
-        cache's priority scores are the experts' shares (scores; default the priorities)."""
+        """Prefetch (priority, layer, expert) entries: the cache places them, the highest priority first (ties: the
+        order given), and their copies join the queue in that order; the cache's priority scores are the experts'
+        shares (scores; default the priorities)."""
         order = sorted(range(len(queue)), key=lambda i: -queue[i][0])
         keys = [(queue[i][1], queue[i][2]) for i in order]
         if scores is None:
             scores = {(layer, expert): priority for priority, layer, expert in queue}
         loads, _ = self.cache.prefetch(keys, scores)
-        for (layer, expert), slot in loads:
-            self._load(layer, expert, slot)
+        for key, slot in loads:
+            self._slots[slot] = None  # the slot's former expert is evicted; the new one is not copied yet
+            self._queued.pop(slot, None)
+            self._queued[slot] = key
+        self._start_queued()
+
+    def _start_queued(self) -> None:
+        """Start queued prefetch copies, in queue order, while fewer than prefetch_depth are on their way."""
+        self._copying = [arrays for arrays in self._copying if not all(a.is_ready() for a in arrays.values())]
+        while self._queued and len(self._copying) < self.prefetch_depth:
+            slot, (layer, expert) = next(iter(self._queued.items()))
+            self._copying.append(self._load(layer, expert, slot))
             self.stats[layer].prefetches += 1
 
     def _load(self, layer: int, expert: int, slot: int) -> dict[str, jax.Array]:
-        """Start copying one expert into a slot (async) and count its bytes."""
+        """Start copying one expert into a slot (async) and count its bytes; a prefetch queued for the slot is
+        started or dropped by this (the slot now holds this expert)."""
+        self._queued.pop(slot, None)
         arrays = self._slots[slot] = self.store.fetch_expert(layer, expert)
         self.stats[layer].bytes_h2d += self.store.expert_bytes(layer)
         return arrays
@@ -198,4 +229,5 @@ class Cached:
             mode = "speculative" + (", router-free" if self.router_free else "") + \
                 ("" if self.counts_mispredictions else ", mispredictions not counted")
         return (f"cached: {self.cache.num_slots} expert slots, eviction {self.cache.policy}, predictor {pred} "
-                f"({mode}), up to {self.pass_experts} experts per pass")
+                f"({mode}), up to {self.pass_experts} experts per pass, {self.prefetch_depth} prefetch copies in "
+                f"flight at most")

@@ -61,6 +61,9 @@ class PlacementSettings:
         None, type=int, minimum=1, fingerprint=True,
         help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)",
         applies=CACHED)
+    prefetch_depth: int | None = option(
+        None, type=int, minimum=1, applies=CACHED,
+        help="cached: prefetch copies on their way at once; the rest wait in a queue that a miss jumps (default 2)")
     speculative: bool = option(
         False, fingerprint=True,
         help="cached: run the predicted experts instead of loading the true router's misses (changes outputs; the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moejax.offload.cached import Cached as CachedRuntime
+from moejax.offload.cached import PREFETCH_DEPTH, Cached as CachedRuntime
 from moejax.offload.host_store import HostStore
 from moejax.offload.setup import predictor_of
 from moejax.placements.base import LayerByLayer, Store
@@ -45,4 +45,5 @@ class Cached(LayerByLayer):
         return CachedRuntime(store, self.memory_budget.cache_slots, s.eviction or "lru", kernels.experts,
                              predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
                              pass_experts=self.memory_budget.pass_experts,
-                             count_mispredictions=s.count_mispredictions)
+                             count_mispredictions=s.count_mispredictions,
+                             prefetch_depth=s.prefetch_depth or PREFETCH_DEPTH)
