@@ -54,6 +54,11 @@ def routed_subset(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: j
                       stacked, backend)
 
 
+def _ready(array: jax.Array) -> bool:
+    """Whether a copy has landed, without waiting (jax.Array's type does not declare ArrayImpl.is_ready)."""
+    return bool(array.is_ready())  # type: ignore[attr-defined]
+
+
 @jax.jit
 def _mispredicted(predicted: jax.Array, true: jax.Array) -> jax.Array:
     """-> [tokens whose predicted expert set differs, predicted (token, expert) choices the router did not make]."""
@@ -208,7 +213,7 @@ class Cached:
 
     def _start_queued(self) -> None:
         """Start queued prefetch copies, in queue order, while fewer than prefetch_depth are on their way."""
-        self._copying = [arrays for arrays in self._copying if not all(a.is_ready() for a in arrays.values())]
+        self._copying = [arrays for arrays in self._copying if not all(_ready(a) for a in arrays.values())]
         while self._queued and len(self._copying) < self.prefetch_depth:
             slot, (layer, expert) = next(iter(self._queued.items()))
             self._copying.append(self._load(layer, expert, slot))

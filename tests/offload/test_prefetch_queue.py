@@ -85,5 +85,5 @@ def test_a_miss_is_copied_before_the_prefetches_still_queued(reference):
 
 
 def test_prefetch_depth_must_be_positive():
-    with pytest.raises(ValueError, match="prefetch_depth must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="prefetch_depth must be an int >= 1, got 0"):
         moejax.load(fixture_dir(NAME), placement="cached", prefetch_depth=0)
