@@ -34,6 +34,9 @@ predicted throughput (launch/bench_frontend.py); --real: 2 engine replicas on th
 against one engine (launch/bench_frontend_real.py).
 router-free: router-free speculative decoding with the true router skipped against run for misprediction counts:
 time per output token at batch 1 and a larger batch (launch/bench_router_free.py).
+dep-online: FinDEP's online phase: the solver's time per step shape, cache hits and the schedule chosen per shape (on
+presets, no devices), and DEP with r1/r2/order re-solved per step under continuous batching on the devices present
+(launch/bench_dep_online.py).
 """
 from __future__ import annotations
 
@@ -50,9 +53,9 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_eval, bench_frontend, bench_generate, bench_kernels, bench_layouts, bench_lightning,
-                    bench_offload, bench_peers, bench_plans, bench_predictors, bench_quality, bench_router_free,
-                    bench_serve)
+from launch import (bench_dep_online, bench_eval, bench_frontend, bench_generate, bench_kernels, bench_layouts,
+                    bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors, bench_quality,
+                    bench_router_free, bench_serve)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -201,6 +204,7 @@ def main(argv=None):
     bench_lightning.add_parser(sub).set_defaults(run=bench_lightning.lightning)
     bench_frontend.add_parser(sub).set_defaults(run=bench_frontend.frontend)
     bench_router_free.add_parser(sub).set_defaults(run=bench_router_free.router_free)
+    bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

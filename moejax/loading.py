@@ -116,6 +116,7 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),
                                ignore_layers_from=cfg.num_layers if skips_layers else None)
     tokenizer, chat = _text_side(path)
+    placement.at_load(cfg, lambda: _profile(engine_plan))
     saturation = placement.theta(cfg, lambda: _profile(engine_plan))
     graphdef, abstract_state = nnx.split(abstract)
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, placement=placement, dtype=dt,

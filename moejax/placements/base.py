@@ -99,6 +99,10 @@ class Placement:
         which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
         return WholeModelSteps(graphdef, kernels)
 
+    def at_load(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> None:
+        """At load, the hardware profile for choices the placement makes while it runs (`find_profile()` resolves
+        it, only if called): none here; DEP's online FinDEP solver plans each step shape on it."""
+
     def theta(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> ThetaEstimate | None:
         """Θ at load: Eq. 1 in this placement's channel (moejax.plan.theta), None without copies to hide."""
         return theta_at_load(config, self.theta_mode, self.devices, find_profile)

@@ -2,17 +2,20 @@
 experts on another, activations exchanged per token chunk (moejax.sharding.dep)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from moejax.models.moe import is_routed_expert
 from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.dep_sim import simulate_schedule
 from moejax.plan.findep import solve_dep
+from moejax.plan.findep_online import OnlineDep
 from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
+    from moejax.offload.layered import LayeredSteps
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.plan.dep_sim import Simulation
@@ -22,7 +25,15 @@ if TYPE_CHECKING:
 
 class DEP(LayerByLayer):
     name = "dep"
-    continuous_batching = False  # a step's rows (and so its caches) split into micro-batches: no shared pool yet
+    # continuous batching: a paged step's rows split into micro-batches, each reading and writing the shared pool
+    # through its own rows' block tables (moejax.sharding.dep.DisaggregatedSteps)
+
+    online: OnlineDep | None = None  # r1, r2 or order left auto: FinDEP's online phase, per step shape
+
+    def at_load(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> None:
+        lay = self.layout
+        if lay is not None and lay.online:
+            self.online = OnlineDep(config, lay, find_profile)
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
@@ -40,7 +51,7 @@ class DEP(LayerByLayer):
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> Disaggregated:
         assert self.layout is not None
-        return Disaggregated(store, self.layout, config, kernels.experts)
+        return Disaggregated(store, self.layout, config, kernels.experts, online=self.online)
 
     def predicted_pipeline(self, config: ModelConfig, profile: Profile, max_batch_tokens: int) -> Simulation:
         """FinDEP's schedule of this layout's r1, r2 and order for a step of `max_batch_tokens` tokens (sequences of
@@ -55,3 +66,12 @@ class DEP(LayerByLayer):
 
     def steps_class(self) -> type[DisaggregatedSteps]:
         return DisaggregatedSteps  # drives its layers its own way
+
+    def stats(self, steps: LayeredSteps | None) -> dict:
+        """The transfer counters; with online FinDEP also its log (per step shape: schedule, solve time, hits)."""
+        out = super().stats(steps)
+        return out if self.online is None else {**out, "online": self.online.as_dict()}
+
+    def describe(self, steps: LayeredSteps | None) -> str:
+        text = super().describe(steps)
+        return text if self.online is None else f"{text}\n{self.online.describe()}"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from moejax.config import ModelConfig
 from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.findep_online import ONLINE_FIELDS
 from moejax.plan.layouts import choose_layout, dep_option
 from moejax.plan.hardware import Profile
 from moejax.sharding.layout import Layout
@@ -45,7 +46,10 @@ def plan_layout(cfg: ModelConfig, plan: EnginePlan, profile: Profile, devices: i
         changes = what_would_change(lambda p: choose_layout(cfg, p, devices, w.tokens, w.seq_len).best.spec,
                                     profile, choice.best.spec)
         text = choice.describe() + "\n  what would change it: " + "; ".join(changes)
-        return dataclasses.replace(plan, layout=Layout.parse(_spec(choice.best.spec))), text
+        chosen = Layout.parse(_spec(choice.best.spec))
+        if chosen.experts == "dep":  # nothing was pinned: every step's shape gets its own (r1, r2, order)
+            chosen = dataclasses.replace(chosen, online=ONLINE_FIELDS)
+        return dataclasses.replace(plan, layout=chosen), text
     fixed = plan.layout  # a DEP layout with auto fields
     assert isinstance(fixed, Layout)  # EnginePlan parsed it
     option, dep = dep_option(cfg, profile, devices, w.tokens, w.seq_len, fixed)
@@ -55,7 +59,8 @@ def plan_layout(cfg: ModelConfig, plan: EnginePlan, profile: Profile, devices: i
                                 option.spec)
     text = (f"DEP {', '.join(fixed.auto_fields)}=auto: " + dep.describe() + "\n  what would change it: " +
             "; ".join(changes))
-    return dataclasses.replace(plan, layout=Layout.parse(_spec(option.spec))), text
+    online = tuple(f for f in fixed.auto_fields if f in ONLINE_FIELDS)  # re-solved per step shape
+    return dataclasses.replace(plan, layout=dataclasses.replace(Layout.parse(_spec(option.spec)), online=online)), text
 
 
 def _spec(resolved: str) -> str:

@@ -611,3 +611,21 @@ def default_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: in
     plan = solve_dep(cfg, profile, devices=devices, tokens=tokens, seq_len=seq_len, attn_devices=A,
                      expert_devices=B, r1=1, r2=1, order="asas", memory_bytes=memory_bytes)
     return dataclasses.replace(plan, searched=f"{plan.searched}; {moved}") if moved else plan
+
+
+def solve_step(cfg: ModelConfig, profile: Profile, *, attn_devices: int, expert_devices: int, rows: int,
+               tokens_per_row: int, r1_choices: Sequence[int] | None = None, r2: int | None = None,
+               order: str | None = None, memory_bytes: float | None = None) -> DepChoice:
+    """FinDEP's online phase (§4) for one step shape: the best (r1, r2, order) for `rows` sequences of
+    `tokens_per_row` tokens on a fixed split (A, B), Algorithm 1 on that split only. r1_choices: the micro-batch
+    counts the executor can run for this shape (None: any up to the rows per attention device); r2 or order given:
+    held fixed. ValueError naming the problem when nothing can run."""
+    orders = _check_inputs(attn_devices + expert_devices, None, r2, order)
+    work = dep_workload(cfg, profile, tokens=rows * tokens_per_row, seq_len=tokens_per_row,
+                        memory_bytes=memory_bytes)
+    coef = _fit_splits(cfg, profile, work, [(attn_devices, expert_devices)])[(attn_devices, expert_devices)]
+    if r1_choices is None:
+        return fastest(search_split(coef, work, r2=r2, orders=orders).values())
+    if not r1_choices or min(r1_choices) < 1:
+        raise ValueError(f"DEP step schedule: r1_choices must be a non-empty list of ints >= 1, got {r1_choices}")
+    return fastest(c for r in r1_choices for c in search_split(coef, work, r1=r, r2=r2, orders=orders).values())

@@ -28,6 +28,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered
 from moejax.sharding.experts import AXIS, sharded_routed
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.models.attention import Cache, Positions
+    from moejax.plan.findep_online import OnlineDep
     from moejax.step_inputs import DecodeRows
 
 
@@ -81,8 +83,10 @@ class Disaggregated:
     """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters."""
     name = "dep"
 
-    def __init__(self, store: ExpertGroup, layout: Layout, cfg: ModelConfig, backend: str) -> None:
+    def __init__(self, store: ExpertGroup, layout: Layout, cfg: ModelConfig, backend: str, *,
+                 online: OnlineDep | None = None) -> None:
         self.store, self.layout = store, layout
+        self.online = online  # FinDEP's online phase: r1, r2, order per step shape (None: the layout's, always)
         self.has_shared = bool(cfg.shared_expert_size)  # MoEBlock.shared exists
         self.stats = TransferStats()
         self.attn_rows = NamedSharding(store.attn_mesh, P(AXIS))
@@ -109,7 +113,9 @@ class Disaggregated:
                 f"{lay.devices - 1} (EP inside, exchange {lay.exchange}); r1={lay.r1} micro-batches, r2={lay.r2} "
                 f"token chunks per expert step, order {lay.order}; per token and MoE layer A->E sends its hidden "
                 "state and routing, E->A its routed output (chunks padded to a multiple of "
-                f"lcm(A, B) = {math.lcm(lay.attn_devices, lay.expert_devices)} rows)")
+                f"lcm(A, B) = {math.lcm(lay.attn_devices, lay.expert_devices)} rows)"
+                + (f"; {', '.join(lay.online)} as above for the load's planned workload, re-solved for each step "
+                   "shape (online FinDEP)" if self.online else ""))
 
 
 # -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
@@ -157,6 +163,35 @@ class MicroBatched(list):
     """Per-micro-batch caches, kept split between the decode steps (so no step copies the whole KV cache)."""
 
 
+class SharedPool:
+    """A paged step's KV pool (moejax.kv_pool: one per layer, shared by every row) as its micro-batches use it: each
+    reads and writes it through its own rows' block tables and slots, in turn, so that micro-batch m + 1 of a layer
+    reads what micro-batch m wrote there (a prompt cut into consecutive rows of one chunk step reads its earlier
+    rows' keys; the micro-batches keep the rows' order)."""
+
+    def __init__(self, caches: Sequence[PagedCache]) -> None:
+        self.layers = [c.pool for c in caches]
+        self.table, self.slots = caches[0].table, caches[0].slots  # the same rows for every layer
+
+    def caches(self) -> list[PagedCache]:
+        """The step's caches after every micro-batch wrote: the whole rows' view of each layer's pool."""
+        return [PagedCache(pool, self.table, self.slots) for pool in self.layers]
+
+
+class PoolRows:
+    """One micro-batch's view of a SharedPool: `rows[i]` is layer i's cache for its rows (the pool as written so
+    far); `wrote(i, cache)` passes what this micro-batch wrote on to the next."""
+
+    def __init__(self, shared: SharedPool, table: jax.Array, slots: jax.Array) -> None:
+        self.shared, self.table, self.slots = shared, table, slots
+
+    def __getitem__(self, layer: int) -> PagedCache:
+        return PagedCache(self.shared.layers[layer], self.table, self.slots)
+
+    def wrote(self, layer: int, cache: PagedCache) -> None:
+        self.shared.layers[layer] = cache.pool
+
+
 class DisaggregatedSteps(layered.LayeredSteps):
     """The Engine's steps under DEP: begin and end on the attention group, the layers as FinDEP's pipeline."""
 
@@ -169,23 +204,37 @@ class DisaggregatedSteps(layered.LayeredSteps):
         # The last pass's dispatch order: ("attn" | "shared" | "combine", layer, micro-batch) and
         # ("experts", layer, micro-batch, chunk), for --explain and tests.
         self.schedule: list[tuple] = []
+        self.layout = placement.layout  # the last step's: the load's, or as online FinDEP solved its shape
+
+    def step_layout(self, rows: int, tokens_per_row: int) -> Layout:
+        """The layout a step of this shape runs: the load's, or with (r1, r2, order) from online FinDEP."""
+        online = self.placement.online
+        return self.placement.layout if online is None else online.layout_for(rows, tokens_per_row)
 
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
                    prior: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, list[Cache]]:
-        sizes = self.placement.layout.micro_batches(x.shape[0])
+        self.layout = lay = self.step_layout(x.shape[0], x.shape[1])
+        sizes = lay.micro_batches(x.shape[0])
         split_cache = isinstance(cache, MicroBatched)
-        inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache else cache)
+        paged = [c for c in cache if isinstance(c, PagedCache)] if cache else []  # a paged step's: every layer's
+        pool = SharedPool(paged) if paged else None
+        inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache or pool else cache)
         parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
         if isinstance(cache, MicroBatched):  # split_cache, spelled out for the type checker
             for part, c in zip(parts, cache):
                 part["cache"] = c
-        parts = self._pipeline(parts, read_cache)
+        if pool is not None:  # the pool whole, the rows' tables and slots split
+            for part, (table, slots) in zip(parts, self._split_jit((pool.table, pool.slots), sizes=sizes)):
+                part["cache"] = PoolRows(pool, table, slots)
+        parts = self._pipeline(parts, read_cache, lay)
         self.passes += 1
-        new = [p["cache"] for p in parts]
         x = self._concat_jit([p["x"] for p in parts])
+        if pool is not None:
+            return x, list(pool.caches())
+        new = [p["cache"] for p in parts]
         return x, (MicroBatched(new) if split_cache else self._concat_jit(new))
 
-    def _pipeline(self, parts: list[dict[str, Any]], read_cache: bool) -> list[dict[str, Any]]:
+    def _pipeline(self, parts: list[dict[str, Any]], read_cache: bool, lay: Layout) -> list[dict[str, Any]]:
         """Every layer for every micro-batch, dispatched in FinDEP's order; parts[i]["cache"] becomes the list of
         the micro-batch's new per-layer caches (or keys).
 
@@ -193,14 +242,21 @@ class DisaggregatedSteps(layered.LayeredSteps):
         the other combines of layer t: the attention group runs its work in dispatch order, so combining every
         micro-batch first would make layer t+1's first attention wait for layer t's last expert chunk to come
         back. Interleaved, attention of micro-batch m at layer t+1 overlaps the expert group's work on micro-batch
-        m+1 at layer t (FinDEP §4 offsets consecutive layers the same way)."""
-        lay, has_shared = self.placement.layout, self.placement.has_shared
+        m+1 at layer t (FinDEP §4 offsets consecutive layers the same way).
+
+        A paged step's micro-batches (PoolRows) pass each layer's pool on in micro-batch order."""
+        has_shared = self.placement.has_shared
         old = [p["cache"] for p in parts]
         for p in parts:
             p["cache"] = []
         self.schedule = []
         log = self.schedule.append
         pending: list = [None] * len(parts)  # per micro-batch: its last MoE layer, waiting to be combined
+
+        def keep(m: int, i: int, c: Cache) -> None:
+            parts[m]["cache"].append(c)
+            if isinstance(old[m], PoolRows):
+                old[m].wrote(i, c)
 
         def combine(m: int) -> None:
             if pending[m] is not None:
@@ -215,12 +271,12 @@ class DisaggregatedSteps(layered.LayeredSteps):
                 a = (p["x"], p["at"], None if c is None else c[i], None if p["prior"] is None else p["prior"][i])
                 if i not in self.moe_layers:
                     p["x"], c = layer(layered.whole_layer, *a, kernels=self.kernels, read_cache=read_cache)
-                    p["cache"].append(c)
+                    keep(m, i, c)
                     continue
                 chunks = lay.token_chunks(a[0].shape[0] * a[0].shape[1])
                 x, y, c, sends = layer(attend_chunks, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
                 log(("attn", i, m))
-                p["cache"].append(c)
+                keep(m, i, c)
                 shared = None
                 if lay.order == "pppipe" and has_shared:  # PPPipe: the shared expert is part of attention
                     shared = layer(shared_expert, y)
@@ -243,7 +299,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
 
     def decode(self, state: nnx.State, cache: Sequence[Cache], rows: DecodeRows, **static: Any
                ) -> tuple[jax.Array, jax.Array]:
-        sizes = self.placement.layout.micro_batches(rows.first.shape[0])
+        sizes = self.step_layout(rows.first.shape[0], 1).micro_batches(rows.first.shape[0])  # run_layers' split
         parts = MicroBatched(self._split_jit(cache, sizes=sizes))
         return super().decode(state, parts, rows, **static)
 

@@ -6,7 +6,8 @@ reduce-scatter of outputs; dep: the same, inside the expert group); for dep (Fin
 expert_devices=B (the first A devices run attention, the next B the routed experts; default: half each, or
 whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass, pppipe}
 (pppipe: MegaScale-Infer's ping-pong pipeline, FinDEP's baseline: the shared expert runs with attention, before
-the sends, and r2 = 1). Each DEP field may be "auto": moejax.load asks FinDEP's solver (moejax.plan)."""
+the sends, and r2 = 1). Each DEP field may be "auto": moejax.load asks FinDEP's solver (moejax.plan); r1, r2 and
+order left auto are also re-solved for each step's shape while the engine runs (`online`; moejax.plan.findep_online)."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,11 +37,14 @@ class Layout:
     r1: int = 1
     r2: int = 1
     order: str = "asas"
+    # DEP fields (of r1, r2, order) that FinDEP re-solves per step shape (they were "auto"); the values above are
+    # the load's solution, for the planned workload
+    online: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, spec: str) -> "Layout":
         """"attn=dp,experts=ep,devices=8" -> Layout (ValueError naming the bad key or value)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"online"}  # online: set by the planner, from auto
         values: dict = {}
         for part in filter(None, (p.strip() for p in str(spec).split(","))):
             key, sep, value = part.partition("=")
@@ -134,7 +138,7 @@ class Layout:
         if self.experts != "dep":
             return self.devices
         assert self.attn_devices is not None  # resolved: DEP's groups are set with its devices
-        return self.attn_devices * self.r1
+        return self.attn_devices * (1 if "r1" in self.online else self.r1)  # online: r1 fits each step's rows
 
     def micro_batches(self, rows: int) -> tuple[int, ...]:
         """DEP: rows of each of the (up to) r1 micro-batches of a batch."""
