@@ -45,7 +45,8 @@ def add_parser(sub):
     p.add_argument("--repeats", type=int, default=20, help="fresh solves per shape, for the median")
     p.add_argument("--model", default="pycode-moe", help="embedded model or preset run in part 2")
     p.add_argument("--profile", default="h100", help="profile the engine's solver plans on (part 2)")
-    p.add_argument("--requests", type=int, default=12, help="generation requests in part 2")
+    p.add_argument("--requests", type=int, default=40, help="generation requests in part 2")
+    p.add_argument("--max-rows", type=int, default=64, help="the scheduler's most rows per step (part 2)")
     p.add_argument("--max-tokens", type=int, default=24, help="most tokens generated per request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file (default bench/results/dep-online-<device>.json)")
@@ -114,7 +115,7 @@ def engine_run(args) -> dict:
     blocks = sum(-(-(len(p) + m) // BLOCK) for p, m in zip(prompts, budgets))
     out: dict = {}
     failed: dict = {}
-    sched = Scheduler(engine, blocks, max_rows=16, chunk_tokens=256, row_tokens=64, decode_steps=4)
+    sched = Scheduler(engine, blocks, max_rows=args.max_rows, chunk_tokens=256, row_tokens=64, decode_steps=4)
     start = time.perf_counter()
     sched.run(requests, lambda r, tokens, cached: out.__setitem__(r.tag, tokens),
               lambda r, message: failed.__setitem__(r.tag, message))
@@ -140,7 +141,8 @@ def dep_online(args, environment: dict, partial=no_file) -> dict:
     record = dict(**environment, benchmark="dep-online",
                   config=dict(solver_models=args.solver_models, devices=args.devices, plan_tokens=args.plan_tokens,
                               plan_seq=args.plan_seq, repeats=args.repeats, model=args.model, profile=args.profile,
-                              requests=args.requests, max_tokens=args.max_tokens, seed=args.seed),
+                              requests=args.requests, max_rows=args.max_rows, max_tokens=args.max_tokens,
+                              seed=args.seed),
                   solver=[])
     print("online FinDEP solves per step shape (h100 datasheet):", flush=True)
     for name in args.solver_models.split(","):
