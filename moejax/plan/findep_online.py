@@ -9,7 +9,8 @@ The shape is the step as the executor runs it, padding included: rows (a bucket,
 equal multiples of A (the executor's micro-batches then shard evenly over the attention group). The cost model is
 the solver's: a decode step (one token per row) is modelled as sequences of one token, so the attention's reads of
 the earlier context are not counted. Solutions are kept for the engine's life (the step shapes are few: rows and
-lengths come in buckets); `as_dict` / `describe` report per shape the schedule, the solve time and the hits."""
+lengths come in buckets; Engine.reset_stats leaves them and their hit counts); `as_dict` / `describe` report per
+shape the schedule, the solve time and the hits (Engine.stats()["online"], --explain)."""
 from __future__ import annotations
 
 import dataclasses
