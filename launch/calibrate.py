@@ -3,9 +3,12 @@
 
 Runs the prompts of a requests file (the launch.serve format; bad lines are skipped with a count) through the
 model, averages each expert's output over the tokens routed to it, and saves the vectors with orbax; serve with
-`--placement cached --predictor router --default-vectors DIR`. With --maps: one map per prompt (its mean gate
-distribution per MoE layer, keyed by its mean input embedding) into a store of --capacity maps, deduplicated as
-fMoE §4.4 says; serve with `--placement cached --predictor expert_map --maps DIR`.
+`--placement cached --predictor router --default-vectors DIR`. With --maps: each completion request is generated
+(greedy, its max_tokens, at most --max-decode) and every inference iteration becomes one map, as fMoE's store
+keeps them (§4.1): the prefill (the prompt's mean gate distribution per MoE layer, keyed by its mean input
+embedding) and each decode iteration (the fed token's gate distributions, keyed by its embedding); score contexts
+are one prefill each. The store holds --capacity maps, deduplicated as §4.4 says; serve with
+`--placement cached --predictor expert_map --maps DIR`.
 
   python -m launch.calibrate --model /ckpt/Qwen3-30B-A3B --input sample.jsonl --out vectors/qwen3-30b \\
       --placement streamed --device-memory-gb 40
@@ -27,13 +30,22 @@ from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 
 def request_prompts(engine, lines) -> tuple[list[list[int]], int]:
     """Token ids of every prompt in requests lines (a score request's contexts each), and how many lines were bad."""
+    prompts, skipped = request_generations(engine, lines)
+    return [p for p, _ in prompts], skipped
+
+
+def request_generations(engine, lines) -> tuple[list[tuple[list[int], int]], int]:
+    """(token ids, tokens to generate) of every prompt in requests lines: a completion's max_tokens, 0 for each
+    context of a score request; and how many lines were bad."""
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
-    prompts = []
+    prompts: list[tuple[list[int], int]] = []
     for e in entries:
-        if not isinstance(e, BadLine):
-            prompts += [list(e.prompt)] if isinstance(e, CompletionRequest) else [list(c) for c in e.contexts]
+        if isinstance(e, CompletionRequest):
+            prompts.append((list(e.prompt), e.max_tokens))
+        elif not isinstance(e, BadLine):
+            prompts += [(list(c), 0) for c in e.contexts]
     return prompts, sum(isinstance(e, BadLine) for e in entries)
 
 
@@ -53,6 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--maps", action="store_true", help="build expert maps (fMoE) instead of default vectors")
     p.add_argument("--capacity", type=int, default=1024, help="--maps: maps the store keeps")
     p.add_argument("--distance", type=int, default=1, help="--maps: prefetch distance in MoE layers")
+    p.add_argument("--max-decode", type=int, default=64,
+                   help="--maps: decode iterations recorded per completion at most (its max_tokens otherwise)")
     args = p.parse_args(argv)
     if os.path.exists(args.out):
         sys.exit(f"--out: {args.out!r} already exists")
@@ -65,11 +79,12 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except (ValueError, OSError) as e:
         sys.exit(f"launch.calibrate: {e}")
-    prompts, skipped = request_prompts(engine, lines)
-    if not prompts:
+    generations, skipped = request_generations(engine, lines)
+    if not generations:
         sys.exit(f"launch.calibrate: no usable prompt in {args.input!r} ({skipped} bad lines)")
     if args.maps:
-        return _write_maps(engine, prompts[: args.max_prompts], args, skipped)
+        return _write_maps(engine, generations[: args.max_prompts], args, skipped)
+    prompts = [p for p, _ in generations]
     vectors = calibrate(engine, prompts[: args.max_prompts], max_tokens=args.max_tokens)
     path = vectors.save(args.out)
     cfg = engine.config
@@ -79,18 +94,37 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write_maps(engine, prompts, args, skipped: int) -> int:
+def iteration_sequences(engine, generations: list[tuple[list[int], int]], max_prompt: int, max_decode: int
+                        ) -> tuple[list[list[int]], list[int]]:
+    """Each prompt (cut to max_prompt tokens) followed by the tokens its decode iterations feed: greedy generation
+    of min(its tokens to generate, max_decode, the context's room) tokens, all but the last (which no iteration
+    feeds) -> (sequences, prompt lengths)."""
+    cfg = engine.config
+    prompts = [p[:max_prompt] for p, _ in generations]
+    new = [min(n, max_decode, cfg.max_position_embeddings - len(p)) for p, (_, n) in zip(prompts, generations)]
+    fed: list[list[int]] = [[] for _ in prompts]
+    for n in sorted(set(new) - {0, 1}):  # one batch per length; a single new token feeds no decode iteration
+        rows = [r for r, m in enumerate(new) if m == n]
+        for r, tokens in zip(rows, engine.generate([prompts[r] for r in rows], n)):
+            fed[r] = tokens[:-1]
+    return [p + f for p, f in zip(prompts, fed)], [len(p) for p in prompts]
+
+
+def _write_maps(engine, generations, args, skipped: int) -> int:
     from flax import nnx
 
     from moejax.offload.predict.expert_maps import build_store
     from moejax.offload.predict.traces import record
-    if args.capacity < 1 or args.distance < 1:
-        sys.exit("--capacity and --distance must be >= 1")
-    traces, _ = record(engine, prompts, max_tokens_per_prompt=args.max_tokens, max_tokens=2 ** 62)
+    if args.capacity < 1 or args.distance < 1 or args.max_decode < 0:
+        sys.exit("--capacity and --distance must be >= 1, --max-decode >= 0")
+    sequences, prefill = iteration_sequences(engine, generations, args.max_tokens, args.max_decode)
+    traces, _ = record(engine, sequences, max_tokens_per_prompt=max(map(len, sequences)), max_tokens=2 ** 62)
     embed = np.asarray(nnx.merge(engine.graphdef, engine.params).embed[...], np.float32)
-    store = build_store(traces, embed, capacity=args.capacity, distance=args.distance)
+    store = build_store(traces, embed, capacity=args.capacity, distance=args.distance, prefill_lengths=prefill)
     path = store.save(args.out)
-    print(f"wrote {path}: {len(store)} expert maps from {traces.num_prompts} prompts ({len(traces.tokens)} tokens), "
+    decodes = len(traces.tokens) - sum(prefill)
+    print(f"wrote {path}: {len(store)} expert maps ({store.nbytes / 2**20:.2f} MiB; capacity {args.capacity}) from "
+          f"{traces.num_prompts + decodes} iterations ({traces.num_prompts} prefills, {decodes} decodes), "
           f"{skipped} bad lines skipped", file=sys.stderr)
     return 0
 

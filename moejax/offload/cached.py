@@ -34,7 +34,7 @@ from moejax.buckets import bucket
 from moejax.offload.expert_cache import ExpertCache, prefetch_priority
 from moejax.offload import layered
 from moejax.offload.host_store import HostStore
-from moejax.offload.predict.protocol import Arrays, Predictor
+from moejax.offload.predict.protocol import Arrays, Predictor, resolved
 from moejax.offload.stats import OffloadStats
 
 # Prefetch copies on their way at once: two keep a copy engine busy between layers while a miss waits behind at
@@ -121,9 +121,9 @@ class Cached:
         predicted = {} if self.predictor is None else \
             self.predictor.predict(self._steps.passes, layer, x, y, src_idx, src_weights)
         if layer in predicted:  # a prediction for this very layer (the oracle): load it as a prefetch first
-            self._prefetch(layer, *predicted[layer])
+            self._prefetch(layer, *resolved(predicted[layer]))
         if self.speculative:
-            self._planned.update(predicted)
+            self._planned.update({target: resolved(p) for target, p in predicted.items()})
         if self.speculative and layer in self._planned:
             run_idx, run_weights = self._planned.pop(layer)
             s.speculated_tokens += run_idx.shape[0]
@@ -146,8 +146,9 @@ class Cached:
             part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
                           backend=self.backend)
             out = part if out is None else out + part
-        ahead = {target: p for target, p in predicted.items() if target != layer}
-        if ahead:  # after this layer's work is issued: the copies overlap it
+        # after this layer's work is issued: the copies overlap it, and so does a predictor still matching (Pending)
+        ahead = {target: resolved(p) for target, p in predicted.items() if target != layer}
+        if ahead:
             self._prefetch_ahead(layer, ahead)
         return handle(layered.finish, x, y, out)
 

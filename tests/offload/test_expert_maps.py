@@ -66,48 +66,69 @@ def test_a_full_store_replaces_its_most_redundant_map_and_round_trips(tmp_path):
     store.add(store.embeddings[2] * 3.0, before[2] * 0.5 + 0.5 / 8)  # nearly map 2 again
     assert len(store) == 4
     assert not np.allclose(store.maps[2], before[2]) and np.allclose(store.maps[[0, 1, 3]], before[[0, 1, 3]])
+    fresh = ExpertMapStore(store.capacity, store.distance, store.embeddings, store.maps)  # its norms from scratch
+    np.testing.assert_allclose(store.prefix_norms2, fresh.prefix_norms2)  # kept up to date by add
     back = ExpertMapStore.load(store.save(str(tmp_path / "maps")))
     assert (back.capacity, back.distance) == (4, 1)
     np.testing.assert_array_equal(back.maps, store.maps)
     np.testing.assert_array_equal(back.embeddings, store.embeddings)
 
 
-def test_build_store_keeps_one_mean_map_per_prompt():
+def test_build_store_keeps_one_map_per_iteration():
+    """Issue 34 item 8: a prompt's prefill is one map (its mean gate distribution, keyed by its mean embedding), and
+    each decode iteration after it one more (its token's own); before, one mean map per prompt (this failed)."""
     rng = np.random.default_rng(4)
     logits = rng.standard_normal((7, 2, 4)).astype(np.float32)
     traces = Traces(np.zeros((7, 2, 3), np.float32), logits, np.array([0, 1, 2, 0, 1, 3, 3]),
                     np.array([0, 3, 7]), [0, 1])
     embed = rng.standard_normal((5, 3)).astype(np.float32)
-    store = build_store(traces, embed, capacity=8)
     p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    np.testing.assert_allclose(store.maps[1], p[3:].mean(0), rtol=1e-6)
-    e = embed[[0, 1, 3, 3]].mean(0)
-    np.testing.assert_allclose(store.embeddings[1], e / np.linalg.norm(e), rtol=1e-6)
+    unit = lambda v: v / np.linalg.norm(v)  # noqa: E731
+    store = build_store(traces, embed, capacity=8, prefill_lengths=[2, 2])  # 1 + 1 and 1 + 2 iterations
+    assert len(store) == 5 and store.nbytes == store.maps.nbytes + store.embeddings.nbytes
+    np.testing.assert_allclose(store.maps[0], p[:2].mean(0), rtol=1e-6)  # prompt 0's prefill
+    np.testing.assert_allclose(store.maps[1], p[2], rtol=1e-6)  # its decode iteration
+    np.testing.assert_allclose(store.maps[2], p[3:5].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(store.maps[4], p[6], rtol=1e-6)
+    np.testing.assert_allclose(store.embeddings[2], unit(embed[[0, 1]].mean(0)), rtol=1e-6)
+    np.testing.assert_allclose(store.embeddings[3], unit(embed[3]), rtol=1e-6)
+    whole = build_store(traces, embed, capacity=8)  # prefill-only traces: one prefill iteration per prompt
+    np.testing.assert_allclose(whole.maps[1], p[3:].mean(0), rtol=1e-6)
+    with pytest.raises(ValueError, match="prefill_lengths"):
+        build_store(traces, embed, prefill_lengths=[4, 1])
 
 
-def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path):
+def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path, capsys):
     import json
 
     from launch.calibrate import main
     name = "gpt_oss"
     lines = [json.dumps({"custom_id": f"c{i}", "url": "/v1/completions",
-                         "body": {"prompt_token_ids": list(range(5 + i, 30 + 2 * i)), "max_tokens": 2}})
+                         "body": {"prompt_token_ids": list(range(5 + i, 30 + 2 * i)), "max_tokens": 3}})
              for i in range(6)]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     assert main(["--model", fixture_dir(name), "--dtype", "float32", "--input", str(tmp_path / "in.jsonl"),
-                 "--out", str(tmp_path / "maps"), "--maps", "--capacity", "4"]) == 0
-    assert len(ExpertMapStore.load(str(tmp_path / "maps"))) == 4
+                 "--out", str(tmp_path / "all"), "--maps", "--capacity", "100"]) == 0
+    everything = ExpertMapStore.load(str(tmp_path / "all"))
+    assert len(everything) == 6 * 3  # per prompt: its prefill and the 2 decode iterations that fed a token
+    assert "18 iterations (6 prefills, 12 decodes)" in capsys.readouterr().err
+    small = ExpertMapStore.empty(4, 1, *everything.maps.shape[1:], everything.embeddings.shape[1])
+    for e, m in zip(everything.embeddings, everything.maps):
+        small.add(e, m)
+    small.save(str(tmp_path / "maps"))
     resident = moejax.load(fixture_dir(name), dtype="float32")
     ids = np.random.default_rng(5).integers(0, resident.config.vocab_size, (2, 11))
     ref = resident.logits(ids)
     engine = moejax.load(fixture_dir(name), dtype="float32", placement="cached", cache_slots=6, eviction="priority",
                          predictor="expert_map", maps=str(tmp_path / "maps"))
-    before = ExpertMapStore.load(str(tmp_path / "maps")).maps
+    before = small.maps
     out = engine.logits(ids)
     assert float(np.max(np.abs(out - ref)) / np.max(np.abs(ref))) <= 1e-6
     assert engine.stats()["total"]["prefetches"] > 0
-    served = engine.layered_steps.placement.predictor.store  # the pass's map replaced its most redundant one
-    assert len(served) == 4 and (served.maps != before).any(axis=(1, 2)).sum() == 1
+    predictor = engine.layered_steps.placement.predictor
+    predictor.drain()
+    served = predictor.store  # each row's map replaced the stored map most redundant with it
+    assert len(served) == 4 and 1 <= (served.maps != before).any(axis=(1, 2)).sum() <= 2
     with pytest.raises(ValueError, match="prefetches only"):
         moejax.load(fixture_dir(name), placement="cached", predictor="expert_map", maps=str(tmp_path / "maps"),
                     speculative=True)

@@ -1,5 +1,6 @@
-"""fMoE's expert maps (§4): a store of per-request maps (each MoE layer's mean gate distribution over the
-request's tokens) keyed by the request's semantic embedding (the mean of its input embeddings).
+"""fMoE's expert maps (§4): a store of per-iteration maps (each MoE layer's gate distribution in one inference
+iteration of one request: the mean over the prompt's tokens for its prefill, the one token's for a decode
+iteration) keyed by the iteration's semantic embedding (the mean of its input embeddings).
 
 - Search (§4.2): the first d MoE layers by semantic search (cosine of embeddings), layer l + d by trajectory
   search (cosine of the gate distributions observed at layers 0..l, flattened, against the same layers of each
@@ -12,12 +13,15 @@ request's tokens) keyed by the request's semantic embedding (the mean of its inp
   the cached placement's copies across the layers ahead (moejax.offload.cached); eviction priority from the map
   probabilities (the cache's "priority" policy takes them as scores).
 
-`ExpertMapPredictor` runs this in the cached placement: it predicts one set per forward pass (all rows share
-it), so it prefetches only; speculative execution needs per-token predictions and refuses it."""
+`ExpertMapPredictor` runs this in the cached placement, each row (request) of a batch matched on its own, on a
+matcher thread beside the layer loop (publish/subscribe, §4.3); the placement prefetches the union of the rows'
+sets. It prefetches only; speculative execution needs per-token predictions and refuses it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
-from moejax.offload.predict.protocol import Arrays, Prediction
+from moejax.offload.predict.protocol import Arrays, Pending, Prediction
 
 if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
@@ -34,6 +38,10 @@ if TYPE_CHECKING:
 
 def _unit(v: np.ndarray) -> np.ndarray:
     return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+
+
+def _prefix_norms2(maps: np.ndarray) -> np.ndarray:
+    return np.cumsum((maps.astype(np.float64) ** 2).sum(axis=2), axis=1)
 
 
 def select_experts(p: np.ndarray, score: float, k: int) -> np.ndarray:
@@ -52,6 +60,8 @@ class ExpertMapStore:
     distance: int
     embeddings: np.ndarray  # [n, D] unit semantic embeddings
     maps: np.ndarray  # [n, M, E] gate distributions per MoE layer
+    # [n, M]: each map's squared norm over its layers 0..m (trajectory cosines of a growing prefix), kept by add
+    _prefix2: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, capacity: int, distance: int, moe_layers: int, experts: int, hidden: int) -> "ExpertMapStore":
@@ -62,6 +72,18 @@ class ExpertMapStore:
 
     def __len__(self) -> int:
         return len(self.maps)
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the store's arrays hold (fMoE §4.4 sizes a 50K-map store at ~200 MB)."""
+        return int(self.embeddings.nbytes + self.maps.nbytes)
+
+    @property
+    def prefix_norms2(self) -> np.ndarray:
+        """[n, M] float64: the squared norm of each map's layers 0..m."""
+        if self._prefix2 is None:
+            self._prefix2 = _prefix_norms2(self.maps)
+        return self._prefix2
 
     def semantic(self, embedding: np.ndarray) -> tuple[int, float]:
         scores = self.embeddings @ _unit(np.asarray(embedding, np.float32))
@@ -79,8 +101,10 @@ class ExpertMapStore:
     def add(self, embedding: np.ndarray, gate_map: np.ndarray) -> None:
         """Store a map; when full, it replaces the stored map most redundant with it (§4.4)."""
         e, g = _unit(np.asarray(embedding, np.float32))[None], np.asarray(gate_map, np.float32)[None]
+        prefix = self.prefix_norms2
         if len(self) < self.capacity:
             self.embeddings, self.maps = np.concatenate([self.embeddings, e]), np.concatenate([self.maps, g])
+            self._prefix2 = np.concatenate([prefix, _prefix_norms2(g)])
             return
         L = self.maps.shape[1]
         sem = self.embeddings @ e[0]
@@ -88,6 +112,7 @@ class ExpertMapStore:
         redundancy = (self.distance / L) * sem + ((L - self.distance) / L) * traj
         victim = int(np.argmax(redundancy))
         self.embeddings[victim], self.maps[victim] = e[0], g[0]
+        prefix[victim] = _prefix_norms2(g)[0]
 
     def save(self, path: str) -> str:
         return save_arrays(path, dict(embeddings=self.embeddings, maps=self.maps,
@@ -106,13 +131,28 @@ def gate_probabilities(logits: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def build_store(traces: Traces, embed_table: np.ndarray, *, capacity: int = 1024, distance: int = 1) -> ExpertMapStore:
-    """One map per traced prompt: its mean gate distribution per MoE layer, keyed by its mean input embedding."""
+def build_store(traces: Traces, embed_table: np.ndarray, *, capacity: int = 1024, distance: int = 1,
+                prefill_lengths: Sequence[int] | None = None) -> ExpertMapStore:
+    """One map per inference iteration, as the predictor stores them while serving (§4.1, §4.4). Traced sequence
+    r is prompt r (its first prefill_lengths[r] tokens; default all of them) followed by the tokens its decode
+    iterations fed (each one token: in a causal model, a traced token's gate distributions are those of the
+    decode iteration that fed it). The prefill iteration's map is the mean gate distribution over the prompt,
+    keyed by the prompt's mean input embedding; a decode iteration's is its token's own, keyed by that token's
+    embedding."""
     M, E = traces.router_logits.shape[1:]
+    lengths = np.diff(traces.starts)
+    prefill = lengths if prefill_lengths is None else np.asarray(prefill_lengths)
+    if len(prefill) != traces.num_prompts or (prefill < 1).any() or (prefill > lengths).any():
+        raise ValueError(f"build_store: prefill_lengths must give 1..length tokens for each of the "
+                         f"{traces.num_prompts} traced sequences; got {list(prefill)} for lengths {list(lengths)}")
     store = ExpertMapStore.empty(capacity, distance, M, E, embed_table.shape[1])
     for r in range(traces.num_prompts):
-        rows = slice(traces.starts[r], traces.starts[r + 1])
-        store.add(embed_table[traces.tokens[rows]].mean(axis=0), gate_probabilities(traces.router_logits[rows]).mean(0))
+        start, stop = int(traces.starts[r]), int(traces.starts[r + 1])
+        split = start + int(prefill[r])
+        store.add(embed_table[traces.tokens[start:split]].mean(axis=0),
+                  gate_probabilities(traces.router_logits[start:split]).mean(0))
+        for t in range(split, stop):
+            store.add(embed_table[traces.tokens[t]], gate_probabilities(traces.router_logits[t]))
     return store
 
 
@@ -134,39 +174,141 @@ def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndar
     return out
 
 
-def _router_probs(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array) -> jax.Array:
+def _row_gates(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, *, rows: int) -> jax.Array:
+    """Each row's (request's) mean gate distribution [rows, E] over its tokens."""
     mlp = nnx.merge(graphdef, state).mlp
-    return jax.nn.softmax(mlp.router_logits(y.reshape(-1, y.shape[-1]).astype(jnp.float32)), axis=-1)
+    p = jax.nn.softmax(mlp.router_logits(y.reshape(-1, y.shape[-1]).astype(jnp.float32)), axis=-1)
+    return p.reshape(rows, -1, p.shape[-1]).mean(axis=1)
+
+
+@jax.jit
+def _row_embeddings(inputs: jax.Array) -> jax.Array:
+    """Each row's semantic embedding [B, D]: the mean of its input embeddings [B, T, D]."""
+    return inputs.astype(jnp.float32).mean(axis=1)
+
+
+def _padded(sets: list[np.ndarray], p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row expert ids (most probable first) -> (ids [B, K] padded with -1, their map probabilities [B, K])."""
+    width = max(len(s) for s in sets)
+    ids, probs = np.full((len(sets), width), -1, np.int32), np.zeros((len(sets), width), np.float32)
+    for b, s in enumerate(sets):
+        ids[b, :len(s)], probs[b, :len(s)] = s, p[b, s]
+    return ids, probs
+
+
+class _PassMatcher:
+    """One forward pass's matching, run on the matcher thread: per-row semantic search, then per MoE layer the
+    rows' trajectories against every stored map. The cosine over layers 0..j is kept as running dot products
+    [B, C] and the maps' prefix norms, so each layer costs one [B, E] x [E, C] product, not a search over
+    (j + 1)·E columns."""
+
+    def __init__(self, store: ExpertMapStore, embeddings: np.ndarray):
+        self.store = store
+        self.embeddings = np.asarray(embeddings, np.float32)
+        B, C = len(self.embeddings), len(store)
+        self.dots, self.norm2 = np.zeros((B, C)), np.zeros(B)
+        self.prefix2 = store.prefix_norms2  # [C, M]
+        self.observed: list[np.ndarray] = []
+
+    def semantic(self, k: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """The first d MoE layers from each row's most similar stored embedding (§4.2)."""
+        scores = _unit(self.embeddings) @ self.store.embeddings.T  # [B, C]
+        best = np.argmax(scores, axis=1)
+        score = scores[np.arange(len(best)), best]
+        return {t: self._select(best, score, t, k) for t in range(min(self.store.distance, self.store.maps.shape[1]))}
+
+    def layer(self, j: int, gates: np.ndarray, k: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """MoE layer j's observed gate distributions [B, E] -> each row's sets for layer j + d (§4.2-4.3)."""
+        g = np.asarray(gates, np.float64)
+        self.observed.append(g)
+        self.dots += g @ self.store.maps[:, j].astype(np.float64).T
+        self.norm2 += (g ** 2).sum(axis=1)
+        scores = self.dots / np.maximum(np.sqrt(self.norm2[:, None] * self.prefix2[None, :, j]), 1e-12)
+        target = j + self.store.distance
+        if target >= self.store.maps.shape[1]:
+            return {}
+        best = np.argmax(scores, axis=1)
+        return {target: self._select(best, scores[np.arange(len(best)), best], target, k)}
+
+    def _select(self, best: np.ndarray, score: np.ndarray, target: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        p = self.store.maps[best, target]  # [B, E]: each row's matched map at the target layer
+        return _padded([select_experts(p[b], float(score[b]), k) for b in range(len(best))], p)
+
+    def iteration_maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings [B', D], maps [B', M, E]) of the pass's distinct rows: the iterations to store (§4.4);
+        identical rows (a batch's padding) are stored once."""
+        maps = np.stack(self.observed, axis=1).astype(np.float32)
+        _, first = np.unique(np.concatenate([self.embeddings, maps.reshape(len(maps), -1)], axis=1), axis=0,
+                             return_index=True)
+        keep = np.sort(first)
+        return self.embeddings[keep], maps[keep]
 
 
 class ExpertMapPredictor:
+    """fMoE's matcher beside the layer loop (§4.3, "asynchronous expert map matching"): the loop publishes each
+    pass's input embeddings and each MoE layer's gate distributions as device arrays (dispatched, never read on
+    the loop's thread); one matcher thread reads them once they are computed, matches every row (request) of the
+    batch on its own, and answers with per-row sets. `predict` returns `Pending` results; the cached placement
+    reads the ones for the layers ahead after the layer's own work is dispatched, so the search runs while that
+    layer computes, and the loop never blocks on the device for it."""
+
     def __init__(self, store: ExpertMapStore, *, update: bool = True):
         self.store, self.distance, self.update = store, store.distance, update
         if len(store) == 0:
             raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`)")
+        self._matcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-map-matcher")  # FIFO: in order
+        self._futures: list[Future] = []
+        self._pass: _PassMatcher | None = None  # the pass being matched (the matcher thread's)
 
     def begin_pass(self, steps: LayeredSteps) -> None:
+        self.drain()  # the previous pass is matched (and stored) long since: this surfaces its errors, if any
         self._steps = steps
-        x = np.asarray(steps.inputs, np.float32)
-        self._embedding = x.reshape(-1, x.shape[-1]).mean(axis=0)
-        self._observed: list[np.ndarray] = []
+        self._rows = steps.inputs.shape[0]
+        self._submit(self._begin, _row_embeddings(steps.inputs))  # dispatched; read on the matcher thread
+
+    def _submit(self, fn: Callable, *args: Any) -> Future:
+        future = self._matcher.submit(fn, *args)
+        self._futures.append(future)
+        return future
+
+    def _begin(self, embeddings: jax.Array) -> None:
+        self._pass = _PassMatcher(self.store, np.asarray(embeddings))
 
     def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
-        j = moe.index(layer)
-        self._observed.append(np.asarray(self._steps.layers[layer](_router_probs, y)).mean(axis=0))
-        sets = predict_sets(self.store, self._embedding, np.stack(self._observed), j,
-                            int(np.asarray(idx).shape[-1]))
-        # each set most probable first; the cached placement orders the copies across the layers ahead by §4.5's
-        # prefetch priority (moejax.offload.cached._prefetch_ahead)
-        out = {moe[target]: (ids[None].astype(np.int32), p[None].astype(np.float32))
-               for target, (ids, p) in sets.items()}
-        if self.update and j == len(moe) - 1:  # the pass is done: its map joins the store (§4.4)
-            self.store.add(self._embedding, np.stack(self._observed))
+        j, k = moe.index(layer), int(idx.shape[-1])
+        out: Prediction = {}
+        if j == 0:  # first, so the first layer's own prefetch waits for the input embeddings only
+            semantic = self._submit(self._first_layers, k)
+            out |= {moe[t]: Pending(semantic, t) for t in range(min(self.distance, len(moe)))}
+        gates = self._steps.layers[layer](_row_gates, y, rows=self._rows)  # dispatched; read on the matcher thread
+        future = self._submit(self._match, j, gates, k, j == len(moe) - 1)
+        if j + self.distance < len(moe):
+            out[moe[j + self.distance]] = Pending(future, j + self.distance)
         return out
 
+    def _first_layers(self, k: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        assert self._pass is not None
+        return self._pass.semantic(k)
+
+    def _match(self, j: int, gates: jax.Array, k: int, last: bool) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        assert self._pass is not None
+        out = self._pass.layer(j, np.asarray(gates), k)
+        if last and self.update:  # the pass is done: its iterations' maps join the store (§4.4)
+            for embedding, gate_map in zip(*self._pass.iteration_maps()):
+                self.store.add(embedding, gate_map)
+        return out
+
+    def drain(self) -> None:
+        """Wait for the matcher to finish what was published (re-raising its errors): the store is then settled."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
     def describe(self) -> str:
-        return f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, distance {self.distance})"
+        return (f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, "
+                f"{self.store.nbytes / 2**20:.1f} MiB, distance {self.distance}; matched per request, "
+                f"asynchronously)")
 
 
 def replay_predictions(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, k: int

@@ -2,6 +2,8 @@
 (moejax.offload.cached) calls it once per forward pass and once per MoE layer."""
 from __future__ import annotations
 
+import dataclasses
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
@@ -11,8 +13,25 @@ if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
 
 Arrays = jax.Array | np.ndarray  # on the device, or replayed from recorded traces (moejax.offload.predict.replay)
-# {target layer: (predicted expert ids [N, k], predicted weights [N, k])}, as jax or numpy arrays
-Prediction = dict[int, tuple[Any, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A prediction still being made on another thread (the expert-map matcher): result() waits for it."""
+    future: Future
+    target: int  # the key of its (ids, weights) in the future's result
+
+    def result(self) -> tuple[Any, Any]:
+        return self.future.result()[self.target]
+
+
+# {target layer: (predicted expert ids [N, k], predicted weights [N, k])}, as jax or numpy arrays, or Pending
+Prediction = dict[int, "tuple[Any, Any] | Pending"]
+
+
+def resolved(value: tuple[Any, Any] | Pending) -> tuple[Any, Any]:
+    """A prediction's (ids, weights), waiting for it if it is Pending."""
+    return value.result() if isinstance(value, Pending) else value
 
 
 class Predictor(Protocol):

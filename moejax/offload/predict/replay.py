@@ -9,7 +9,7 @@ import numpy as np
 
 from moejax.offload.layered import LayeredSteps
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
-from moejax.offload.predict.protocol import Predictor
+from moejax.offload.predict.protocol import Predictor, resolved
 from moejax.offload.predict.traces import Traces
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ def predictions(steps: LayeredSteps, predictor: Predictor, traces: Traces,
             x = traces.residual[s:s + chunk, m]
             y = steps.layers[layer](mlp_norm, x)
             idx, weights = (a[s:s + chunk] for a in truth[m])
-            for target, (p_idx, p_weights) in predictor.predict(0, layer, x, y, idx, weights).items():
+            for target, prediction in predictor.predict(0, layer, x, y, idx, weights).items():
+                p_idx, p_weights = resolved(prediction)
                 found.setdefault(target, []).append((np.asarray(p_idx), np.asarray(p_weights)))
     return {t: (np.concatenate([i for i, _ in parts]), np.concatenate([w for _, w in parts]))
             for t, parts in found.items()}
