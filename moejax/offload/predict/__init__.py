@@ -5,8 +5,9 @@
   norm_{l+1}(r_l + Σ_e g_e·d_{l,e}), chained d layers ahead, with default vectors d from `calibrate`.
 - `estimator` / `hybrid` (§6.3): a distilled network from the quasi-hidden state to layer l+d's router logits, at
   every layer (Est-PF) or where the router predictor measured poorly (Hybrid-PF); `launch.distill` trains it.
-- `expert_map` (fMoE §4): per-request gate distributions found by semantic then trajectory search, a
-  similarity-aware number of experts per layer; `launch.calibrate --maps` builds the store.
+- `expert_map` (fMoE §4): per-iteration gate distributions found for each request by semantic then trajectory
+  search on a matcher thread, a similarity-aware number of experts per layer; `launch.calibrate --maps` builds
+  the store.
 - `previous_hidden` (§3.3's baseline): layer l's router input fed to layer l+d's router.
 - `oracle`: the true router of the layer itself (distance 0); the reference a speculative run must match.
 
