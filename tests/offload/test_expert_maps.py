@@ -74,6 +74,21 @@ def test_a_full_store_replaces_its_most_redundant_map_and_round_trips(tmp_path):
     np.testing.assert_array_equal(back.embeddings, store.embeddings)
 
 
+def test_a_batch_of_new_iterations_replaces_distinct_maps():
+    """§4.4's batched update: two new iterations both nearest stored map 2 replace map 2 and another one, so both
+    are kept (one after the other, the second would replace the first)."""
+    store = _store(n=4, capacity=4, seed=6)
+    before = store.maps.copy()
+    near = [before[2] * 0.5 + 0.5 / 8, before[2] * 0.6 + 0.4 / 8]
+    store.add_batch(np.stack([store.embeddings[2] * 2.0, store.embeddings[2] * 3.0]), np.stack(near))
+    assert len(store) == 4 and (store.maps != before).any(axis=(1, 2)).sum() == 2
+    assert not np.allclose(store.maps[2], before[2])
+    for m in near:
+        assert np.isclose(store.maps, m).all(axis=(1, 2)).any()
+    fresh = ExpertMapStore(store.capacity, store.distance, store.embeddings, store.maps)
+    np.testing.assert_allclose(store.prefix_norms2, fresh.prefix_norms2)
+
+
 def test_build_store_keeps_one_map_per_iteration():
     """Issue 34 item 8: a prompt's prefill is one map (its mean gate distribution, keyed by its mean embedding), and
     each decode iteration after it one more (its token's own); before, one mean map per prompt (this failed)."""

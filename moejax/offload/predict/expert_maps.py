@@ -100,19 +100,33 @@ class ExpertMapStore:
 
     def add(self, embedding: np.ndarray, gate_map: np.ndarray) -> None:
         """Store a map; when full, it replaces the stored map most redundant with it (§4.4)."""
-        e, g = _unit(np.asarray(embedding, np.float32))[None], np.asarray(gate_map, np.float32)[None]
-        prefix = self.prefix_norms2
-        if len(self) < self.capacity:
-            self.embeddings, self.maps = np.concatenate([self.embeddings, e]), np.concatenate([self.maps, g])
-            self._prefix2 = np.concatenate([prefix, _prefix_norms2(g)])
-            return
-        L = self.maps.shape[1]
-        sem = self.embeddings @ e[0]
-        traj = _unit(self.maps.reshape(len(self), -1)) @ _unit(g.reshape(-1))
-        redundancy = (self.distance / L) * sem + ((L - self.distance) / L) * traj
-        victim = int(np.argmax(redundancy))
-        self.embeddings[victim], self.maps[victim] = e[0], g[0]
-        prefix[victim] = _prefix_norms2(g)[0]
+        self.add_batch(np.asarray(embedding)[None], np.asarray(gate_map)[None])
+
+    def add_batch(self, embeddings: np.ndarray, gate_maps: np.ndarray) -> None:
+        """Store new iterations' maps [b, M, E] (embeddings [b, D]); once full, §4.4's update: the redundancy
+        RDY [b, C] of the new iterations against the stored ones, each new one replacing its most redundant
+        stored map that no earlier one of the batch replaced."""
+        e = _unit(np.asarray(embeddings, np.float32))
+        g = np.asarray(gate_maps, np.float32)
+        room = min(max(self.capacity - len(self), 0), len(g))
+        if room:
+            self._prefix2 = np.concatenate([self.prefix_norms2, _prefix_norms2(g[:room])])
+            self.embeddings = np.concatenate([self.embeddings, e[:room]])
+            self.maps = np.concatenate([self.maps, g[:room]])
+        for start in range(room, len(g), self.capacity):  # at most C at once: each replaces a different map
+            self._replace(e[start:start + self.capacity], g[start:start + self.capacity])
+
+    def _replace(self, e: np.ndarray, g: np.ndarray) -> None:
+        prefix, L = self.prefix_norms2, self.maps.shape[1]
+        flat = g.reshape(len(g), -1).astype(np.float64)
+        norms = np.sqrt((flat ** 2).sum(axis=1)[:, None] * prefix[None, :, -1])
+        traj = flat @ self.maps.reshape(len(self), -1).astype(np.float64).T / np.maximum(norms, 1e-12)
+        redundancy = (self.distance / L) * (e @ self.embeddings.T) + ((L - self.distance) / L) * traj
+        for x in range(len(g)):
+            victim = int(np.argmax(redundancy[x]))
+            redundancy[:, victim] = -np.inf
+            self.embeddings[victim], self.maps[victim] = e[x], g[x]
+            prefix[victim] = _prefix_norms2(g[x:x + 1])[0]
 
     def save(self, path: str) -> str:
         return save_arrays(path, dict(embeddings=self.embeddings, maps=self.maps,
@@ -261,7 +275,15 @@ class ExpertMapPredictor:
         self._pass: _PassMatcher | None = None  # the pass being matched (the matcher thread's)
 
     def begin_pass(self, steps: LayeredSteps) -> None:
-        self.drain()  # the previous pass is matched (and stored) long since: this surfaces its errors, if any
+        # what the matcher finished: its errors surface here; what it has not (storing the last pass's maps) goes
+        # on: the thread takes its work in order, so this pass is matched against the updated store all the same
+        pending = []
+        for future in self._futures:
+            if future.done():
+                future.result()  # re-raises the matcher's error
+            else:
+                pending.append(future)
+        self._futures = pending
         self._steps = steps
         self._rows = steps.inputs.shape[0]
         self._submit(self._begin, _row_embeddings(steps.inputs))  # dispatched; read on the matcher thread
@@ -295,8 +317,7 @@ class ExpertMapPredictor:
         assert self._pass is not None
         out = self._pass.layer(j, np.asarray(gates), k)
         if last and self.update:  # the pass is done: its iterations' maps join the store (§4.4)
-            for embedding, gate_map in zip(*self._pass.iteration_maps()):
-                self.store.add(embedding, gate_map)
+            self.store.add_batch(*self._pass.iteration_maps())
         return out
 
     def drain(self) -> None:
