@@ -121,3 +121,19 @@ def test_each_request_is_matched_on_its_own_and_the_union_is_prefetched(resident
             assert set(rows[r][rows[r] >= 0].tolist()) == tops[r][t]
         union = tops[0][t] | tops[1][t]
         assert {e for (l, e) in issued if l == layer} == union
+
+
+def test_decoding_stores_one_map_per_iteration_of_each_request(resident, tmp_path):
+    """Item 8 while serving: generating 4 tokens for 2 prompts runs a prefill and 3 decode iterations, each row of
+    each storing its own map (2 x 4 with the one given); the tokens stay the resident model's."""
+    cfg = resident.config
+    store = ExpertMapStore.empty(100, 1, 3, cfg.num_experts, cfg.hidden_size)
+    store.add(np.ones(cfg.hidden_size), np.full((3, cfg.num_experts), 1.0 / cfg.num_experts))
+    store.save(str(tmp_path / "maps"))
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor="expert_map", maps=str(tmp_path / "maps"))
+    prompts = [list(range(3, 12)), list(range(40, 47))]
+    assert engine.generate(prompts, 4) == resident.generate(prompts, 4)
+    predictor = engine.layered_steps.placement.predictor
+    predictor.drain()
+    assert len(predictor.store) == 1 + 2 * 4

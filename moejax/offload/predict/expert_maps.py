@@ -328,7 +328,7 @@ class ExpertMapPredictor:
 
     def describe(self) -> str:
         return (f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, "
-                f"{self.store.nbytes / 2**20:.1f} MiB, distance {self.distance}; matched per request, "
+                f"{self.store.nbytes / 2**20:.2f} MiB, distance {self.distance}; matched per request, "
                 f"asynchronously)")
 
 
