@@ -146,11 +146,12 @@ class Cached:
             part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
                           backend=self.backend)
             out = part if out is None else out + part
+        x = handle(layered.finish, x, y, out)
         # after this layer's work is issued: the copies overlap it, and so does a predictor still matching (Pending)
         ahead = {target: resolved(p) for target, p in predicted.items() if target != layer}
         if ahead:
             self._prefetch_ahead(layer, ahead)
-        return handle(layered.finish, x, y, out)
+        return x
 
     def _request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array]]:
         s = self.stats[layer]
