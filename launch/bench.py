@@ -37,6 +37,8 @@ time per output token at batch 1 and a larger batch (launch/bench_router_free.py
 dep-online: FinDEP's online phase: the solver's time per step shape, cache hits and the schedule chosen per shape (on
 presets, no devices), and DEP with r1/r2/order re-solved per step under continuous batching on the devices present
 (launch/bench_dep_online.py).
+dep-a2e: DEP's A2E straight to the experts' owners against regrouped by an all-to-all inside the expert group,
+end to end on the devices present, with the logits against one device (launch/bench_dep.py).
 """
 from __future__ import annotations
 
@@ -53,9 +55,9 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_dep_online, bench_eval, bench_frontend, bench_generate, bench_kernels, bench_layouts,
-                    bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors, bench_quality,
-                    bench_router_free, bench_serve)
+from launch import (bench_dep, bench_dep_online, bench_eval, bench_frontend, bench_generate, bench_kernels,
+                    bench_layouts, bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors,
+                    bench_quality, bench_router_free, bench_serve)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -205,6 +207,7 @@ def main(argv=None):
     bench_frontend.add_parser(sub).set_defaults(run=bench_frontend.frontend)
     bench_router_free.add_parser(sub).set_defaults(run=bench_router_free.router_free)
     bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)
+    bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from moejax.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered
-from moejax.sharding.experts import AXIS, sharded_routed
+from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
 
@@ -79,28 +79,52 @@ class TransferStats:
         return {"total": total | (extra or {}), "layers": layers}
 
 
+A2E_ROUTES = ("straight", "regroup")
+A2E_DEFAULT = "straight"  # measured faster: bench/results/dep-a2e-*.json (`python -m launch.bench dep-a2e`)
+
+
 class Disaggregated:
-    """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters."""
+    """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters.
+
+    `a2e` says how a chunk reaches the experts' owners:
+    - straight (FinDEP's A2E): each attention device sends its rows, with their routing, straight to every expert
+      device; each runs the choices that fall on its own experts (the rest weigh 0) and sends its weighted partial
+      outputs straight back, where the attention device adds the B partials of its rows. Shapes are static and
+      dropless, so the buffer for one owner must hold all of a sender's rows: the bytes equal a broadcast.
+    - regroup: the rows land on the expert group split by rows, an all-to-all (or all-gather, `exchange`) inside
+      the group routes them to their owners and back (EP inside the group), and the outputs return split by rows."""
     name = "dep"
 
     def __init__(self, store: ExpertGroup, layout: Layout, cfg: ModelConfig, backend: str, *,
-                 online: OnlineDep | None = None) -> None:
-        self.store, self.layout = store, layout
+                 online: OnlineDep | None = None, a2e: str = A2E_DEFAULT) -> None:
+        if a2e not in A2E_ROUTES:
+            raise ValueError(f"DEP: a2e must be one of {', '.join(A2E_ROUTES)}, got {a2e!r}")
+        self.store, self.layout, self.a2e = store, layout, a2e
         self.online = online  # FinDEP's online phase: r1, r2, order per step shape (None: the layout's, always)
         self.has_shared = bool(cfg.shared_expert_size)  # MoEBlock.shared exists
         self.stats = TransferStats()
         self.attn_rows = NamedSharding(store.attn_mesh, P(AXIS))
         self.expert_rows = NamedSharding(store.expert_mesh, P(AXIS))
+        self.expert_all = NamedSharding(store.expert_mesh, P())
+        self.attn_partials = NamedSharding(store.attn_mesh, P(None, AXIS))  # [B, N, D]: rows split, all B partials
         inner = Layout(attn="dp", experts="ep", devices=layout.expert_devices, exchange=layout.exchange)
-        self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh,
-                                                  local_expert_ffn(cfg, backend)))
+        local = local_expert_ffn(cfg, backend)
+        self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh, local))
+        self._owned = jax.jit(functools.partial(owned_experts, store.expert_mesh, local))
 
     def run(self, layer: int, y2: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
-        """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited)."""
-        sent = jax.device_put((y2, idx, weights), self.expert_rows)
-        out = self._experts(*sent, self.store.fetch(layer))
-        back = jax.device_put(out, self.attn_rows)
-        self.stats.a2e_bytes[layer] += sum(a.nbytes for a in sent)
+        """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited).
+        -> the routed output [N, D] (regroup) or its B partial outputs [B, N, D] (straight), split by rows over the
+        attention group; `combine` adds the partials (add_partials)."""
+        if self.a2e == "straight":
+            sent = jax.device_put((y2, idx, weights), self.expert_all)
+            back = jax.device_put(self._owned(*sent, self.store.fetch(layer)), self.attn_partials)
+            copies = self.layout.expert_devices or 1
+        else:
+            sent = jax.device_put((y2, idx, weights), self.expert_rows)
+            back = jax.device_put(self._experts(*sent, self.store.fetch(layer)), self.attn_rows)
+            copies = 1
+        self.stats.a2e_bytes[layer] += copies * sum(a.nbytes for a in sent)
         self.stats.e2a_bytes[layer] += back.nbytes
         self.stats.chunks[layer] += 1
         return back
@@ -109,13 +133,37 @@ class Disaggregated:
         lay = self.layout
         assert lay.devices is not None and lay.attn_devices is not None and lay.expert_devices is not None, \
             "resolve the layout first"
+        route = ("A->E sends its hidden state and routing straight to every expert device (each runs the choices "
+                 "on its experts), E->A each expert device's weighted partial output, added on the attention device"
+                 if self.a2e == "straight" else
+                 f"A->E sends its hidden state and routing split by rows, EP inside the expert group (exchange "
+                 f"{lay.exchange}) routes them to their owners, E->A its routed output")
         return (f"dep: attention group devices 0..{lay.attn_devices - 1}, expert group devices {lay.attn_devices}.."
-                f"{lay.devices - 1} (EP inside, exchange {lay.exchange}); r1={lay.r1} micro-batches, r2={lay.r2} "
-                f"token chunks per expert step, order {lay.order}; per token and MoE layer A->E sends its hidden "
-                "state and routing, E->A its routed output (chunks padded to a multiple of "
+                f"{lay.devices - 1}; r1={lay.r1} micro-batches, r2={lay.r2} token chunks per expert step, order "
+                f"{lay.order}; per token and MoE layer {route} (a2e={self.a2e}; chunks padded to a multiple of "
                 f"lcm(A, B) = {math.lcm(lay.attn_devices, lay.expert_devices)} rows)"
                 + (f"; {', '.join(lay.online)} as above for the load's planned workload, re-solved for each step "
                    "shape (online FinDEP)" if self.online else ""))
+
+
+def owned_experts(mesh: Mesh, local_ffn: Callable, x2: jax.Array, idx: jax.Array, weights: jax.Array,
+                  experts: dict[str, jax.Array]) -> jax.Array:
+    """Straight A2E's expert program: x2 [N, D], idx / weights [N, k] whole on every expert device -> [B, N, D],
+    expert device b's weighted output of the choices on its own experts (0 for the others)."""
+    names = sorted(experts)
+
+    def body(x: jax.Array, i: jax.Array, w: jax.Array, *ws: jax.Array) -> jax.Array:
+        mine, local = owned_choices(i, ws[0].shape[0])
+        return local_ffn(x, jnp.where(mine, local, 0), jnp.where(mine, w, 0), dict(zip(names, ws)))[None]
+    run = jax.shard_map(body, mesh=mesh, in_specs=(P(),) * 3 + (P(AXIS),) * len(names), out_specs=P(AXIS),
+                        check_vma=False)
+    return run(x2, idx, weights, *(experts[k] for k in names))
+
+
+def add_partials(out: jax.Array) -> jax.Array:
+    """A chunk's routed output as Disaggregated.run returns it -> [N, D]: straight A2E's [B, N, D] partial outputs
+    added in float32 (as the one-device FFN adds its k choices), regroup's [N, D] as it is."""
+    return out.astype(jnp.float32).sum(0).astype(out.dtype) if out.ndim == 3 else out
 
 
 # -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
@@ -145,7 +193,7 @@ def combine(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, shared: jax.
             outs: Sequence[jax.Array], *, chunks: Sequence[tuple[int, int]], split: Callable[[jax.Array], jax.Array]
             ) -> jax.Array:
     """The layer's output: residual + routed (chunks unpadded, in order) + shared, split by rows over the group."""
-    routed = jnp.concatenate([o[:real] for o, (real, _) in zip(outs, chunks)])
+    routed = jnp.concatenate([add_partials(o)[:real] for o, (real, _) in zip(outs, chunks)])
     y = routed if shared is None else routed + shared
     return split(x + y.reshape(x.shape))
 

@@ -117,8 +117,8 @@ def _tp_body(local_ffn: ExpertFFN, names: Sequence[str], split_tokens: bool) -> 
     return body
 
 
-def _mine(idx: jax.Array, per_device: int) -> tuple[jax.Array, jax.Array]:
-    """Which choices fall on this device's experts, and their local expert ids."""
+def owned_choices(idx: jax.Array, per_device: int) -> tuple[jax.Array, jax.Array]:
+    """Which choices fall on this device's experts, and their local expert ids (inside a shard_map over AXIS)."""
     me = jax.lax.axis_index(AXIS)
     return idx // per_device == me, idx % per_device
 
@@ -128,7 +128,7 @@ def _gather_body(local_ffn: ExpertFFN, names: Sequence[str], n_dev: int) -> Body
         experts = dict(zip(names, ws))
         per_device = ws[0].shape[0]
         x_all, idx_all, w_all = (jax.lax.all_gather(a, AXIS, tiled=True) for a in (x, idx, weights))
-        mine, local = _mine(idx_all, per_device)
+        mine, local = owned_choices(idx_all, per_device)
         partial = local_ffn(x_all, jnp.where(mine, local, 0), jnp.where(mine, w_all, 0.0), experts)
         return jax.lax.psum_scatter(partial.astype(_f32), AXIS, scatter_dimension=0, tiled=True).astype(x.dtype)
     return body
