@@ -2,15 +2,21 @@
 as JSON that `moejax.plan.datasheets.load_profile(path)` reads.
 
   python -m launch.profile_devices [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
+                                  [--dep] [--dep-model M]
+  python -m launch.profile ...   (the same command)
 
 --out defaults to ~/.cache/moejax/profiles/<device tag>.json ($XDG_CACHE_HOME respected), where loading a model
 looks for a measured profile (moejax.plan.paths.default_profile_path). --model (a preset, an embedded model or a
 checkpoint directory) measures at that model's shapes; without it, generic ones. --quick: fewer and smaller sizes
-(seconds on a CPU). Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
+(seconds on a CPU). --dep also micro-benchmarks DEP's four tasks (attention, expert FFN, A2E, E2A) for every split
+of the devices present into an attention and an expert group, at a few token counts, on --dep-model (default
+--model, else tiny-qwen3-moe), and keeps their least-squares α-β (FinDEP Eq. 7-11, moejax.measure_dep) in the
+profile, where FinDEP's solver uses them. Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -32,6 +38,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grouped-backend", default="auto", choices=GROUPED_BACKENDS,
                    help="grouped GEMM: a moejax grouped_matmul backend (auto: what the engine runs) or a batched "
                         "einsum over experts; ragged_dot is refused on a GPU (XLA runs it as a dense masked product)")
+    p.add_argument("--dep", action="store_true",
+                   help="also measure DEP's tasks per (attention, expert) group split and keep their α-β fits")
+    p.add_argument("--dep-model", default=None, help="the model DEP's tasks run (default --model, else "
+                                                     "tiny-qwen3-moe)")
     return p
 
 
@@ -109,6 +119,34 @@ def report(measurement) -> str:
     return "\n".join(lines)
 
 
+def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
+    """The profile with DEP's task fits for every split of the devices present (none on one device)."""
+    import dataclasses
+
+    import jax
+
+    from moejax.measure_dep import measure_dep
+    if jax.device_count() < 2:
+        log("--dep: one device, no split into an attention and an expert group: nothing measured")
+        return profile
+    fits = measure_dep(model, dtype=dtype, sequences=(1, 2) if quick else (1, 2, 4),
+                       seq_lens=(16, 64) if quick else (32, 128), repeats=2 if quick else 3, log=log)
+    splits = ", ".join(f"{f.attn_devices}+{f.expert_devices}" for f in fits)
+    note = f"DEP task fits measured on {model} for splits {splits}"
+    return dataclasses.replace(profile, dep=fits, notes=(profile.notes + "; " if profile.notes else "") + note)
+
+
+def dep_report(fit) -> str:
+    """One split's fits, and how far they are from the points they were fitted to."""
+    from moejax.plan.findep_costs import predict_point
+    errors = [abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points if p[-1] > 0]
+    return (f"  dep A={fit.attn_devices} B={fit.expert_devices}: attention {fit.alpha_a * 1e6:.1f} us + "
+            f"{fit.beta_gm:.3g} s/mkn + {fit.beta_attn:.3g} s/attn-unit; shared {fit.alpha_s * 1e6:.1f} us + "
+            f"{fit.beta_s:.3g} s/mkn; experts {fit.alpha_e * 1e6:.1f} us + {fit.beta_e:.3g} s/mkn; A2E/E2A "
+            f"{fit.alpha_c * 1e6:.1f} us + {fit.beta_c:.3g} s/B; median error {statistics.median(errors):.0%}, "
+            f"worst {max(errors):.0%} over {len(errors)} points")
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     started = time.perf_counter()
@@ -132,9 +170,15 @@ def main(argv=None) -> int:
     measurement = measure_profile(shapes, sweep_for(jax.default_backend(), args.quick), dtype=args.dtype,
                                   grouped_backend=args.grouped_backend,
                                   log=lambda msg: print(f"[{time.perf_counter() - started:6.1f} s] {msg}", flush=True))
-    write_profile(measurement.profile, out)
+    profile = measurement.profile
+    if args.dep:
+        profile = with_dep_fits(profile, args.dep_model or args.model or "tiny-qwen3-moe", args.dtype, args.quick,
+                                lambda msg: print(f"[{time.perf_counter() - started:6.1f} s] {msg}", flush=True))
+    write_profile(profile, out)
     print(report(measurement))
-    print(measurement.profile.describe())
+    for fit in profile.dep:
+        print(dep_report(fit))
+    print(profile.describe())
     print(f"wrote {out} in {time.perf_counter() - started:.1f} s (measuring {measurement.seconds:.1f} s)")
     return 0
 

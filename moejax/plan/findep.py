@@ -12,9 +12,10 @@ m_a = sequences per micro-batch per attention device, m_e = rows per expert per 
    t_a(m_a) attention (projections + router + causal attention pairs, costs.py's conventions, GQA or MLA),
    t_s(m_a) shared expert (gate, up, down as moejax runs it: one MLP of the summed width, + Qwen2's gate),
    t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs), t_a2e(m_e) = t_e2a(m_e) the
-   transfer of z = m_e E M / B elements per expert device (Eq. 4; in bytes with profile.dtype_bytes) over
-   `profile.link_between(A + B)`, its busiest port carrying z B / min(A, B) (moejax's executor sends each token
-   once and exchanges its k copies by an all-to-all inside the expert group, which is not timed apart here).
+   transfer of z = m_e E M / k elements per expert device (Eq. 4 has m_e E M / B; bytes: profile.dtype_bytes) over
+   `profile.link_between(A + B)`, its busiest port carrying z max(1, B / A) (moejax's executor sends a chunk
+   straight to every expert device, dropless with static shapes, so z is the whole chunk; findep_costs' docstring).
+   A profile measured with `launch.profile --dep` replaces 1.-2. for the splits it measured (findep_costs 3.).
    Dense layers: t_d(m_a), attention + dense MLP, attention-group time.
 2. α-β coefficients (Eq. 7-11), fitted by least squares on sampled sizes (`fit_coefficients`): t_gm per task on
    the summed GEMMs of that task (x = m k n, the paper's unit), t_attn (y = pairs x heads x (d_qk + d_v)), the

@@ -1,15 +1,24 @@
 """FinDEP's time models and their α-β coefficients (sections 1 and 2 of moejax.plan.findep's docstring): each DEP
 task's seconds on a profile's roofline (Eq. 1-4), and straight lines fitted to them by least squares on sampled
-sizes (Eq. 7-11). Pure functions of a ModelConfig and a Profile."""
+sizes (Eq. 7-11); or, where the profile holds them (`launch.profile --dep`), α-β fitted to micro-benchmarks of the
+tasks themselves on the devices (`fit_dep_tasks`, `measured_coefficients`). Pure functions of a ModelConfig and a
+Profile.
+
+A2E and E2A follow the executor's default route (moejax.sharding.dep, a2e="straight"): each attention device sends
+its rows of a chunk, with their routing, straight to every expert device (dropless with static shapes: a sender's
+buffer for one owner must hold all its rows, so every expert device receives the whole chunk), and each expert
+device sends back its weighted partial outputs of the whole chunk."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs
 from moejax.plan.dep_sim import TaskTimes
-from moejax.plan.hardware import Profile
+from moejax.plan.hardware import DepTaskFits, Profile
 
 R2_MAX = 64  # token chunks per micro-batch searched (each re-reads the local experts' weights and pays the latencies)
 _FIT_POINTS = 12
@@ -108,21 +117,29 @@ def experts_seconds(cfg: ModelConfig, profile: Profile, m_e: float, expert_devic
     return out
 
 
+def chunk_rows(cfg: ModelConfig, m_e: float) -> float:
+    """Rows (tokens) of a chunk with m_e rows per expert: m_e E / k."""
+    return m_e * cfg.num_experts / cfg.num_experts_per_tok
+
+
 def transfer_bytes_per_device(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
-    """z of Eq. 4 in bytes: the rows of one chunk an expert device receives, m_e E M / B elements."""
-    return m_e * cfg.num_experts * cfg.hidden_size * profile.dtype_bytes / expert_devices
+    """z of Eq. 4 in bytes as the straight route moves it: every expert device receives the whole chunk's hidden
+    states (m_e E / k rows of M elements; the paper's m_e E M / B once per owner, but a static dropless buffer must
+    hold every row a sender has) and sends back as many partial outputs. The routing (k ids and weights per row)
+    is left out, as in Eq. 4."""
+    return chunk_rows(cfg, m_e) * cfg.hidden_size * profile.dtype_bytes
 
 
 def transfer_seconds(cfg: ModelConfig, profile: Profile, m_e: float, attn_devices: int, expert_devices: int) -> float:
-    """t_a2e = t_e2a (Eq. 4): one chunk between the groups; A senders and B receivers share the chunk's bytes, so
-    the busiest port moves z B / min(A, B)."""
+    """t_a2e = t_e2a (Eq. 4): one chunk between the groups. Each expert device receives z; each attention device
+    sends its 1/A of the chunk to all B, B z / A: the busiest port moves z max(1, B / A)."""
     z = transfer_bytes_per_device(cfg, profile, m_e, expert_devices)
     return _transfer_seconds_of_bytes(profile, z, attn_devices, expert_devices)
 
 
 def _transfer_seconds_of_bytes(profile: Profile, z: float, attn_devices: int, expert_devices: int) -> float:
     link = profile.link_between(attn_devices + expert_devices)
-    return link.time(z * expert_devices / min(attn_devices, expert_devices))
+    return link.time(z * max(1.0, expert_devices / attn_devices))
 
 
 # -- 2. α-β fits (Eq. 7-11) ----------------------------------------------------------------------------------------
@@ -184,6 +201,7 @@ class DepCoefficients:
     alpha_d: float = 0.0
     beta_d: float = 0.0
     fits: tuple[LineFit, ...] = ()
+    source: str = "roofline"  # or "measured": from the profile's DEP task fits of this split
 
     def task_times(self, m_a: float, m_e: float) -> TaskTimes:
         c = self.alpha_c + self.beta_c * m_e
@@ -242,10 +260,14 @@ def _fit_attention_group(cfg: ModelConfig, profile: Profile, seq_len: int, max_m
 
 def fit_coefficients(cfg: ModelConfig, profile: Profile, *, attn_devices: int, expert_devices: int, seq_len: int,
                      max_m_a: int = 64, _ag: _AttentionFits | None = None) -> DepCoefficients:
-    """α-β of every task for (A, B, S), fitted on the roofline at sampled sizes: m_a in [1, max_m_a], m_e over the
+    """α-β of every task for (A, B, S): the profile's measured DEP task fits of the split where it has them
+    (measured_coefficients), else fitted on the roofline at sampled sizes: m_a in [1, max_m_a], m_e over the
     range the planner meets (one sequence per attention device cut into R2_MAX chunks, up to a whole micro-batch
     of max_m_a). `_ag`: the attention group's fits, when already made (they do not depend on A or B)."""
     A, B, E, k = attn_devices, expert_devices, cfg.num_experts, cfg.num_experts_per_tok
+    measured = profile.dep_fits(A, B)
+    if measured is not None:
+        return measured_coefficients(cfg, profile, measured, seq_len)
     ag = _ag or _fit_attention_group(cfg, profile, seq_len, max_m_a)
     m_e_hi = A * max_m_a * seq_len * k / E
     m_e_grid = _geometric(min(1.0, m_e_hi), m_e_hi)
@@ -264,3 +286,112 @@ def fit_coefficients(cfg: ModelConfig, profile: Profile, *, attn_devices: int, e
         alpha_c=comm.alpha, beta_c=comm.beta * z_per_row,
         alpha_d=ag.gemm_d.alpha + ag.attn_d.alpha, beta_d=ag.gemm_d.beta * ag.x_d + ag.attn_d.beta * ag.y_d,
         fits=(ag.gemm_a, ag.attn, ag.gemm_s, ag.gemm_d, ag.attn_d, experts, comm))
+
+
+# -- 3. α-β of the tasks measured on the devices (`launch.profile --dep`, moejax.measure_dep) ----------------------
+
+ROUTING_BYTES = 8  # per row and choice: an int32 expert id and a float32 weight
+
+
+def attention_work(cfg: ModelConfig, tokens: float, sequences: float, seq_len: int) -> tuple[float, float]:
+    """(x, y) of Eq. 10-11 for one attention device's MoE-layer attention segment: the projections' and router's
+    m k n over `tokens`, and the causal attention work of `sequences` sequences of seq_len."""
+    return tokens * sum(k * n for k, n in _moe_gemms(cfg)), sequences * _attention_work(cfg, seq_len, True)
+
+
+def shared_work(cfg: ModelConfig, tokens: float) -> float:
+    return tokens * sum(k * n for k, n in _shared_gemms(cfg))
+
+
+def expert_row_work(cfg: ModelConfig) -> float:
+    """m k n of one row through one expert (the fused gate-up and the down GEMM)."""
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    return D * 2 * I + I * D
+
+
+def expert_device_rows(cfg: ModelConfig, chunk_rows_: float) -> float:
+    """Rows one expert device runs for a chunk under the straight route: every row's k choices, those on other
+    devices' experts at weight 0 (static shapes: the grouped GEMMs see them all)."""
+    return chunk_rows_ * cfg.num_experts_per_tok
+
+
+def a2e_bytes(cfg: ModelConfig, chunk_rows_: float, dtype_bytes: int) -> float:
+    """Bytes one expert device receives for a chunk (straight route): hidden states and routing of every row."""
+    return chunk_rows_ * (cfg.hidden_size * dtype_bytes + cfg.num_experts_per_tok * ROUTING_BYTES)
+
+
+def e2a_bytes(cfg: ModelConfig, chunk_rows_: float, dtype_bytes: int) -> float:
+    """Bytes one expert device sends back for a chunk (straight route): its partial output of every row."""
+    return chunk_rows_ * cfg.hidden_size * dtype_bytes
+
+
+def fit_affine(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> tuple[float, ...]:
+    """Least squares of y = c0 + c1 x1 + c2 x2 + ... in relative error (as fit_line), every coefficient >= 0: a
+    term whose coefficient comes out negative is dropped and the others refitted. ValueError on no points."""
+    X = np.array([[1.0, *map(float, x)] for x in xs])
+    y = np.array([float(v) for v in ys])
+    if not len(y):
+        raise ValueError("fit_affine: no measured points")
+    w = 1.0 / np.maximum(y, 1e-30)
+    active = list(range(X.shape[1]))
+    coef = np.zeros(X.shape[1])
+    while active:
+        sol = np.linalg.lstsq(X[:, active] * w[:, None], y * w, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return tuple(float(c) for c in coef)
+
+
+Point = tuple  # (task, work units..., seconds), DepTaskFits.points
+
+
+def fit_dep_tasks(points: Sequence[Point], *, attn_devices: int, expert_devices: int, model: str = "",
+                  a2e: str = "straight") -> DepTaskFits:
+    """DepTaskFits of one split from measured points: ("attention", x, y, s), ("shared", x_s, s), ("experts", w, s),
+    ("a2e", z, s), ("e2a", z, s) (units in DepTaskFits). A2E and E2A share one line (Eq. 9: reverse processes of
+    one structure). A task without points (no shared expert) gets 0, 0."""
+    def of(*tasks: str) -> tuple[list, list]:
+        rows = [p for p in points if p[0] in tasks]
+        return [p[1:-1] for p in rows], [p[-1] for p in rows]
+
+    def fit(*tasks: str, terms: int) -> tuple[float, ...]:
+        xs, ys = of(*tasks)
+        return fit_affine(xs, ys) if ys else (0.0,) * (terms + 1)
+    alpha_a, beta_gm, beta_attn = fit("attention", terms=2)
+    alpha_s, beta_s = fit("shared", terms=1)
+    alpha_e, beta_e = fit("experts", terms=1)
+    alpha_c, beta_c = fit("a2e", "e2a", terms=1)
+    return DepTaskFits(attn_devices, expert_devices, alpha_a, beta_gm, beta_attn, alpha_s, beta_s, alpha_e, beta_e,
+                       alpha_c, beta_c, model=model, a2e=a2e, points=tuple(tuple(p) for p in points))
+
+
+def predict_point(fits: DepTaskFits, point: Point) -> float:
+    """The fitted seconds at a measured point's work units."""
+    task, *units, _ = point
+    if task == "attention":
+        return fits.alpha_a + fits.beta_gm * units[0] + fits.beta_attn * units[1]
+    alpha, beta = {"shared": (fits.alpha_s, fits.beta_s), "experts": (fits.alpha_e, fits.beta_e),
+                   "a2e": (fits.alpha_c, fits.beta_c), "e2a": (fits.alpha_c, fits.beta_c)}[task]
+    return alpha + beta * units[0]
+
+
+def measured_coefficients(cfg: ModelConfig, profile: Profile, fits: DepTaskFits, seq_len: int) -> DepCoefficients:
+    """DepCoefficients of the split from its measured fits at sequence length S (Eq. 10-11 with the measured
+    β_gm, β_attn): t_a per sequence per attention device, t_e and t_c per m_e (a chunk of m_e E / k rows)."""
+    S, b = seq_len, profile.dtype_bytes
+    x1, y1 = attention_work(cfg, S, 1, S)
+    has_dense = not all(cfg.moe_layers)
+    rows = chunk_rows(cfg, 1.0)  # per unit of m_e
+    z = (a2e_bytes(cfg, rows, b) + e2a_bytes(cfg, rows, b)) / 2  # one t_c for both ways: their mean
+    return DepCoefficients(
+        attn_devices=fits.attn_devices, expert_devices=fits.expert_devices, seq_len=S,
+        alpha_a=fits.alpha_a, beta_a=fits.beta_gm * x1 + fits.beta_attn * y1,
+        alpha_s=fits.alpha_s if cfg.shared_expert_size else 0.0, beta_s=fits.beta_s * shared_work(cfg, S),
+        alpha_e=fits.alpha_e, beta_e=fits.beta_e * expert_device_rows(cfg, rows) * expert_row_work(cfg),
+        alpha_c=fits.alpha_c, beta_c=fits.beta_c * z,
+        alpha_d=fits.alpha_a if has_dense else 0.0,
+        beta_d=(fits.beta_gm * S * sum(k * n for k, n in _dense_gemms(cfg)) + fits.beta_attn *
+                _attention_work(cfg, S, False)) if has_dense else 0.0,
+        source="measured")

@@ -76,6 +76,36 @@ class Processor:
 
 
 @dataclasses.dataclass(frozen=True)
+class DepTaskFits:
+    """FinDEP's α-β (Eq. 7-11) of DEP's four tasks for one split of the devices (A attention, B expert devices),
+    fitted by least squares on micro-benchmarks of the tasks themselves (`python -m launch.profile --dep`,
+    moejax.measure_dep), in work units that carry over to other shapes of the same model family:
+    attention t_a = alpha_a + beta_gm x + beta_attn y (x: the projections' and router's m k n, y: causal pairs x
+    heads x (d_qk + d_v)); shared expert t_s = alpha_s + beta_s x_s (its GEMMs' m k n); routed experts on one
+    expert device t_e = alpha_e + beta_e w (w: rows that device runs x the m k n of one row through an expert);
+    A2E and E2A one line t_c = alpha_c + beta_c z (z: bytes one expert device receives, A2E, or sends, E2A).
+    `points`: the measurements, (task, work units..., seconds), for checks; `model`: the shapes measured."""
+    attn_devices: int
+    expert_devices: int
+    alpha_a: float
+    beta_gm: float
+    beta_attn: float
+    alpha_s: float
+    beta_s: float
+    alpha_e: float
+    beta_e: float
+    alpha_c: float
+    beta_c: float
+    model: str = ""
+    a2e: str = ""  # the route measured (moejax.sharding.dep.A2E_ROUTES)
+    points: tuple = ()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DepTaskFits":
+        return cls(**{**d, "points": tuple(tuple(p) for p in d.get("points", ()))})
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     """A machine as the planners see it: `gpus` devices like `device`, a `host`, the links between them and the
     α-β fits of the collectives among the devices."""
@@ -93,6 +123,12 @@ class Profile:
     gpus_per_node: int = 8
     dtype_bytes: int = 2
     notes: str = ""
+    dep: tuple[DepTaskFits, ...] = ()  # measured DEP task fits per (A, B) split (`launch.profile --dep`)
+
+    def dep_fits(self, attn_devices: int, expert_devices: int) -> DepTaskFits | None:
+        """The measured fits of the split (A, B), None where it was not measured."""
+        return next((f for f in self.dep if (f.attn_devices, f.expert_devices) == (attn_devices, expert_devices)),
+                    None)
 
     def with_overrides(self, overrides: dict[str, str | float]) -> "Profile":
         """FIELD=VALUE what-ifs, dotted into nested fields: {"h2d.bandwidth": 100e9, "device.flops": 5e14}.
@@ -116,7 +152,8 @@ class Profile:
         def proc(p: dict) -> Processor:
             return Processor(**{**p, **{k: curve(p[k]) for k in ("matmul", "grouped", "attention") if k in p}})
         links: dict[str, Any] = {k: Link(**d[k]) for k in LINKS}  # with `rest`: the JSON's other fields
-        rest = {k: v for k, v in d.items() if k not in links and k not in ("device", "host")}
+        rest = {k: v for k, v in d.items() if k not in links and k not in ("device", "host", "dep")}
+        rest["dep"] = tuple(DepTaskFits.from_dict(f) for f in d.get("dep", ()))
         return cls(device=proc(d["device"]), host=proc(d["host"]), **links, **rest)
 
     def save(self, path: str) -> None:
