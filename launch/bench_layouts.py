@@ -196,8 +196,11 @@ def measured_dep(engine, run_forward) -> dict:
     inner: dict = {}
     for layer, shapes in chunks:
         if shapes not in program:
-            args = [jax.ShapeDtypeStruct(shape, dtype, sharding=placement.expert_rows) for shape, dtype in shapes]
-            text = placement._experts.lower(*args, placement.store.fetch(layer)).compile().as_text()
+            straight = placement.a2e == "straight"  # the chunk whole on every expert device, no collectives inside
+            into, program_of = ((placement.expert_all, placement._owned) if straight else
+                                (placement.expert_rows, placement._experts))
+            args = [jax.ShapeDtypeStruct(shape, dtype, sharding=into) for shape, dtype in shapes]
+            text = program_of.lower(*args, placement.store.fetch(layer)).compile().as_text()
             program[shapes] = hlo_comm.bytes_by_kind(hlo_comm.collectives(text))
         for kind, v in program[shapes].items():
             inner[kind] = inner.get(kind, 0.0) + v

@@ -11,7 +11,8 @@ m_a = sequences per micro-batch per attention device, m_e = rows per expert per 
    profile's roofline (`Processor.op_time`):
    t_a(m_a) attention (projections + router + causal attention pairs, costs.py's conventions, GQA or MLA),
    t_s(m_a) shared expert (gate, up, down as moejax runs it: one MLP of the summed width, + Qwen2's gate),
-   t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs), t_a2e(m_e) = t_e2a(m_e) the
+   t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs over the m_e E rows the straight
+   route hands it: every choice of the chunk, the other devices' at weight 0), t_a2e(m_e) = t_e2a(m_e) the
    transfer of z = m_e E M / k elements per expert device (Eq. 4 has m_e E M / B; bytes: profile.dtype_bytes) over
    `profile.link_between(A + B)`, its busiest port carrying z max(1, B / A) (moejax's executor sends a chunk
    straight to every expert device, dropless with static shapes, so z is the whole chunk; findep_costs' docstring).

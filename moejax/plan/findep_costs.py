@@ -106,14 +106,16 @@ def dense_seconds(cfg: ModelConfig, profile: Profile, m_a: float, seq_len: int) 
 
 
 def experts_seconds(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
-    """t_e (Eq. 3): one expert device's E/B experts on m_e rows each: the fused gate-up and the down grouped GEMMs,
-    reading every local expert's weights once per chunk."""
+    """t_e (Eq. 3): one expert device's E/B experts over the rows it runs, through the fused gate-up and the down
+    grouped GEMMs, reading every local expert's weights once per chunk. The straight route hands every expert device
+    the whole chunk: it runs every row's k choices, m_e E rows, the other devices' at weight 0 (static shapes; the
+    paper's m_e E / B rows would need ragged buffers)."""
     D, I, b = cfg.hidden_size, cfg.moe_intermediate_size, profile.dtype_bytes
     local = cfg.num_experts / expert_devices
+    rows = m_e * cfg.num_experts
     out = 0.0
     for k, n in ((D, 2 * I), (I, D)):
-        flops = 2 * local * m_e * k * n
-        out += profile.device.op_time(flops, local * (k * n + m_e * (k + n)) * b, "grouped", m_e)
+        out += profile.device.op_time(2 * rows * k * n, (local * k * n + rows * (k + n)) * b, "grouped", rows / local)
     return out
 
 
