@@ -247,19 +247,24 @@ def layout_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, dtype_by
 
 
 def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) -> LayoutComm:
-    """DEP, the executor's default straight A2E (moejax.sharding.dep): per attention device, A->E its share of each
-    padded token chunk (hidden state, expert ids, weights) to every one of the B expert devices; per expert device,
-    E->A its weighted partial outputs of the whole chunk; nothing inside the expert group. Table 1 has no DEP row:
-    `ideal_*` is the useful A->E + E->A traffic (hidden states there and back, no padding)."""
+    """DEP: per attention device, A->E its share of each padded token chunk (hidden state, expert ids, weights);
+    per expert device, E->A its share of the outputs, plus EP inside the expert group on each chunk. Table 1
+    has no DEP row: `ideal_*` is the useful A->E + E->A traffic (hidden states there and back, no padding)."""
     A, B, D, k = layout.attn_devices, layout.expert_devices, cfg.hidden_size, cfg.num_experts_per_tok
     assert A is not None and B is not None  # resolved: layout_comm checked
     padded_rows = -(-batch // layout.row_multiple) * layout.row_multiple  # the executor pads to a multiple of A·r1
     chunks = [c for rows in layout.micro_batches(padded_rows) for c in layout.token_chunks(rows * seq)]
     padded = sum(p for _, p in chunks)
+    inner = Layout(attn="dp", experts="ep", devices=B, exchange=layout.exchange)
+    inside: dict[tuple, float] = {}
+    for _, p in chunks:
+        for t in _expert_transfers(cfg, inner, p, p // B, b)[0]:
+            inside[(t.kind, t.what)] = inside.get((t.kind, t.what), 0.0) + t.bytes_sent
     experts: tuple[Transfer, ...] = (
-        Transfer("device_put", "A->E hidden states and routing (padded chunks) to every expert device, per attention "
-                 "device", padded * (D * b + k * (_I32 + _F32)) * B / A),
-        Transfer("device_put", "E->A partial outputs of the whole padded chunks, per expert device", padded * D * b))
+        Transfer("device_put", "A->E hidden states and routing (padded chunks), per attention device",
+                 padded * (D * b + k * (_I32 + _F32)) / A),
+        Transfer("device_put", "E->A routed outputs (padded chunks), per expert device", padded * D * b / B))
+    experts += tuple(Transfer(kind, f"{what}, inside the expert group", v) for (kind, what), v in inside.items())
     return LayoutComm(str(layout), A + B, cfg.num_layers, sum(cfg.moe_layers), (), experts, experts, 0.0,
                       batch * seq * D * b * (1 / A + 1 / B))
 

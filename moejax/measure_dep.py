@@ -4,7 +4,7 @@ import it.
 
 Per split (A attention, B expert devices; A + B the devices present, the experts dividing over B) an engine of the
 model runs DEP with that split (r1 = r2 = 1) and one forward per token count, which gives the first MoE layer's
-real inputs; then each task runs alone, waited for, median of `repeats` after a warm-up (compilation):
+real inputs; then each task runs alone, waited for, the fastest of `repeats` after a warm-up (compilation):
 attention (the attention group's attention + router + the chunk's cut, moejax.sharding.dep.attend_chunks), the
 shared expert, A2E (the chunk's `device_put` onto the expert group, as the executor's route sends it), the routed
 experts (the expert group's program) and E2A (the outputs' `device_put` back). Token counts: `sequences` per
@@ -12,7 +12,6 @@ attention device x `seq_lens`; two sequence lengths at least, so that the attent
 (linear in tokens) from its attention work (quadratic in the length)."""
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,13 +25,15 @@ from moejax.plan.hardware import DepTaskFits
 
 
 def _seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    out = jax.block_until_ready(fn())  # warm-up: compiles
+    """The fastest of `repeats` calls after a warm-up (which compiles): other processes on the machine (simulated
+    devices share its cores) only ever add time."""
+    out = jax.block_until_ready(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+    return min(times), out
 
 
 def dep_splits(num_experts: int, devices: int) -> list[tuple[int, int]]:
@@ -88,7 +89,8 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
                 home = placement.attn_partials if placement.a2e == "straight" else placement.attn_rows
                 t_out, _ = _seconds(lambda: jax.device_put(out, home), repeats)
                 points += [("experts", expert_device_rows(cfg, rows) * expert_row_work(cfg), t_e),
-                           ("a2e", a2e_bytes(cfg, rows, b), t_in), ("e2a", e2a_bytes(cfg, rows, b), t_out)]
+                           ("a2e", a2e_bytes(cfg, rows, b, B, placement.a2e), t_in),
+                           ("e2a", e2a_bytes(cfg, rows, b, B, placement.a2e), t_out)]
                 log(f"A={A} B={B} {A * m} x {S} tokens: attention {t_a * 1e3:.2f} ms, experts {t_e * 1e3:.2f} ms, "
                     f"A2E {t_in * 1e3:.2f} ms, E2A {t_out * 1e3:.2f} ms")
     finally:

@@ -11,11 +11,12 @@ m_a = sequences per micro-batch per attention device, m_e = rows per expert per 
    profile's roofline (`Processor.op_time`):
    t_a(m_a) attention (projections + router + causal attention pairs, costs.py's conventions, GQA or MLA),
    t_s(m_a) shared expert (gate, up, down as moejax runs it: one MLP of the summed width, + Qwen2's gate),
-   t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs over the m_e E rows the straight
-   route hands it: every choice of the chunk, the other devices' at weight 0), t_a2e(m_e) = t_e2a(m_e) the
-   transfer of z = m_e E M / k elements per expert device (Eq. 4 has m_e E M / B; bytes: profile.dtype_bytes) over
-   `profile.link_between(A + B)`, its busiest port carrying z max(1, B / A) (moejax's executor sends a chunk
-   straight to every expert device, dropless with static shapes, so z is the whole chunk; findep_costs' docstring).
+   t_e(m_e) the E/B routed experts of one expert device (moejax's two grouped GEMMs over the m_e E rows it runs:
+   every (token, choice) row of the chunk, the others' at weight 0, static shapes; under the executor's default
+   A2E route, regroup, also the all-to-alls inside the expert group), t_a2e(m_e) = t_e2a(m_e) the transfer of the
+   hidden states an expert device receives (regroup: its 1/B of the chunk's tokens, once each; straight: the whole
+   chunk; Eq. 4 counts m_e E M / B, each token k times) over `profile.link_between(A + B)`, on its busiest port
+   (findep_costs' docstring has the routes).
    A profile measured with `launch.profile --dep` replaces 1.-2. for the splits it measured (findep_costs 3.).
    Dense layers: t_d(m_a), attention + dense MLP, attention-group time.
 2. α-β coefficients (Eq. 7-11), fitted by least squares on sampled sizes (`fit_coefficients`): t_gm per task on

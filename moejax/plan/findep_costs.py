@@ -4,10 +4,17 @@ sizes (Eq. 7-11); or, where the profile holds them (`launch.profile --dep`), α-
 tasks themselves on the devices (`fit_dep_tasks`, `measured_coefficients`). Pure functions of a ModelConfig and a
 Profile.
 
-A2E and E2A follow the executor's default route (moejax.sharding.dep, a2e="straight"): each attention device sends
-its rows of a chunk, with their routing, straight to every expert device (dropless with static shapes: a sender's
-buffer for one owner must hold all its rows, so every expert device receives the whole chunk), and each expert
-device sends back its weighted partial outputs of the whole chunk."""
+The models follow the executor's A2E route (moejax.sharding.dep.Disaggregated.a2e; A2E_DEFAULT unless told):
+- regroup (the default, measured faster on 8 simulated CPU devices: bench/results/dep-a2e-cpu.json): a chunk lands
+  on the expert group split by rows (each token once), an all-to-all inside the group routes every (token, choice)
+  row to its expert's device in dropless buffers, a second one brings the outputs back, and the outputs return
+  split by rows. The two all-to-alls run inside the expert group's program: they are part of t_e.
+- straight (FinDEP's A2E): each attention device sends its rows, with their routing, to every expert device (a
+  static dropless buffer for one owner must hold all of a sender's rows: every expert device receives the whole
+  chunk) and each expert device sends back its weighted partial outputs of the whole chunk.
+Under both an expert device runs every (token, choice) row of the chunk through its grouped GEMMs, the rows of
+other devices' experts (or the buffers' padding) at weight 0: static shapes, where the paper's m_e E / B rows would
+need ragged buffers."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +27,9 @@ from moejax.costs import causal_pairs
 from moejax.plan.dep_sim import TaskTimes
 from moejax.plan.hardware import DepTaskFits, Profile
 
+A2E_ROUTES = ("regroup", "straight")
+A2E_DEFAULT = "regroup"  # measured: `python -m launch.bench dep-a2e` (bench/results/dep-a2e-cpu.json)
+ROUTING_BYTES = 8  # per row and choice: an int32 expert id and a float32 weight (or row flag)
 R2_MAX = 64  # token chunks per micro-batch searched (each re-reads the local experts' weights and pays the latencies)
 _FIT_POINTS = 12
 
@@ -105,18 +115,30 @@ def dense_seconds(cfg: ModelConfig, profile: Profile, m_a: float, seq_len: int) 
         cfg, profile, m_a, seq_len, moe=False)
 
 
-def experts_seconds(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
-    """t_e (Eq. 3): one expert device's E/B experts over the rows it runs, through the fused gate-up and the down
-    grouped GEMMs, reading every local expert's weights once per chunk. The straight route hands every expert device
-    the whole chunk: it runs every row's k choices, m_e E rows, the other devices' at weight 0 (static shapes; the
-    paper's m_e E / B rows would need ragged buffers)."""
+def experts_seconds(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int,
+                    route: str = A2E_DEFAULT) -> float:
+    """t_e (Eq. 3): one expert device's E/B experts over the rows it runs, m_e E (every (token, choice) row of the
+    chunk; module docstring), through the fused gate-up and the down grouped GEMMs, reading every local expert's
+    weights once per chunk; under regroup also the expert group's two all-to-alls (`regroup_all_to_all_seconds`)."""
     D, I, b = cfg.hidden_size, cfg.moe_intermediate_size, profile.dtype_bytes
     local = cfg.num_experts / expert_devices
     rows = m_e * cfg.num_experts
     out = 0.0
     for k, n in ((D, 2 * I), (I, D)):
         out += profile.device.op_time(2 * rows * k * n, (local * k * n + rows * (k + n)) * b, "grouped", rows / local)
-    return out
+    return out + (regroup_all_to_all_seconds(cfg, profile, m_e, expert_devices) if route == "regroup" else 0.0)
+
+
+def regroup_all_to_all_seconds(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
+    """The regroup route's exchange inside the expert group (moejax.sharding.experts, exchange=all_to_all): each
+    device's n = rows / B tokens as dropless buffers of B x n k rows, (B-1)/B of them sent there (hidden state, local
+    expert id, row flag) and back (outputs)."""
+    B = expert_devices
+    if B < 2:
+        return 0.0
+    sent_rows = (B - 1) / B * B * chunk_rows(cfg, m_e) / B * cfg.num_experts_per_tok
+    there = sent_rows * (cfg.hidden_size * profile.dtype_bytes + ROUTING_BYTES)
+    return profile.all_to_all.time(there) + profile.all_to_all.time(sent_rows * cfg.hidden_size * profile.dtype_bytes)
 
 
 def chunk_rows(cfg: ModelConfig, m_e: float) -> float:
@@ -124,24 +146,30 @@ def chunk_rows(cfg: ModelConfig, m_e: float) -> float:
     return m_e * cfg.num_experts / cfg.num_experts_per_tok
 
 
-def transfer_bytes_per_device(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int) -> float:
-    """z of Eq. 4 in bytes as the straight route moves it: every expert device receives the whole chunk's hidden
-    states (m_e E / k rows of M elements; the paper's m_e E M / B once per owner, but a static dropless buffer must
-    hold every row a sender has) and sends back as many partial outputs. The routing (k ids and weights per row)
-    is left out, as in Eq. 4."""
-    return chunk_rows(cfg, m_e) * cfg.hidden_size * profile.dtype_bytes
+def transfer_bytes_per_device(cfg: ModelConfig, profile: Profile, m_e: float, expert_devices: int,
+                              route: str = A2E_DEFAULT) -> float:
+    """z of Eq. 4 in bytes, the hidden states one expert device receives for a chunk (Eq. 4's m_e E M / B elements
+    counts each token k times): regroup its 1/B of the chunk's rows, once each; straight the whole chunk (module
+    docstring). As many go back. The routing (k ids and weights per row) is left out, as in Eq. 4."""
+    rows = chunk_rows(cfg, m_e)
+    return rows * cfg.hidden_size * profile.dtype_bytes / (expert_devices if route == "regroup" else 1)
 
 
-def transfer_seconds(cfg: ModelConfig, profile: Profile, m_e: float, attn_devices: int, expert_devices: int) -> float:
-    """t_a2e = t_e2a (Eq. 4): one chunk between the groups. Each expert device receives z; each attention device
-    sends its 1/A of the chunk to all B, B z / A: the busiest port moves z max(1, B / A)."""
-    z = transfer_bytes_per_device(cfg, profile, m_e, expert_devices)
-    return _transfer_seconds_of_bytes(profile, z, attn_devices, expert_devices)
+def transfer_seconds(cfg: ModelConfig, profile: Profile, m_e: float, attn_devices: int, expert_devices: int,
+                     route: str = A2E_DEFAULT) -> float:
+    """t_a2e = t_e2a (Eq. 4): one chunk between the groups over its busiest port (`_transfer_seconds_of_bytes`)."""
+    z = transfer_bytes_per_device(cfg, profile, m_e, expert_devices, route)
+    return _transfer_seconds_of_bytes(profile, z, attn_devices, expert_devices, route)
 
 
-def _transfer_seconds_of_bytes(profile: Profile, z: float, attn_devices: int, expert_devices: int) -> float:
+def _transfer_seconds_of_bytes(profile: Profile, z: float, attn_devices: int, expert_devices: int,
+                               route: str = A2E_DEFAULT) -> float:
+    """z bytes per expert device. regroup: A senders and B receivers share the chunk's z B bytes, so the busiest port
+    moves z B / min(A, B); straight: each attention device sends its 1/A of the chunk to all B, z B / A, each
+    expert device receives z: the busiest moves z max(1, B / A)."""
     link = profile.link_between(attn_devices + expert_devices)
-    return link.time(z * max(1.0, expert_devices / attn_devices))
+    A, B = attn_devices, expert_devices
+    return link.time(z * (B / min(A, B) if route == "regroup" else max(1.0, B / A)))
 
 
 # -- 2. α-β fits (Eq. 7-11) ----------------------------------------------------------------------------------------
@@ -292,9 +320,6 @@ def fit_coefficients(cfg: ModelConfig, profile: Profile, *, attn_devices: int, e
 
 # -- 3. α-β of the tasks measured on the devices (`launch.profile --dep`, moejax.measure_dep) ----------------------
 
-ROUTING_BYTES = 8  # per row and choice: an int32 expert id and a float32 weight
-
-
 def attention_work(cfg: ModelConfig, tokens: float, sequences: float, seq_len: int) -> tuple[float, float]:
     """(x, y) of Eq. 10-11 for one attention device's MoE-layer attention segment: the projections' and router's
     m k n over `tokens`, and the causal attention work of `sequences` sequences of seq_len."""
@@ -312,19 +337,24 @@ def expert_row_work(cfg: ModelConfig) -> float:
 
 
 def expert_device_rows(cfg: ModelConfig, chunk_rows_: float) -> float:
-    """Rows one expert device runs for a chunk under the straight route: every row's k choices, those on other
-    devices' experts at weight 0 (static shapes: the grouped GEMMs see them all)."""
+    """Rows one expert device runs for a chunk: every row's k choices (module docstring)."""
     return chunk_rows_ * cfg.num_experts_per_tok
 
 
-def a2e_bytes(cfg: ModelConfig, chunk_rows_: float, dtype_bytes: int) -> float:
-    """Bytes one expert device receives for a chunk (straight route): hidden states and routing of every row."""
-    return chunk_rows_ * (cfg.hidden_size * dtype_bytes + cfg.num_experts_per_tok * ROUTING_BYTES)
+def a2e_bytes(cfg: ModelConfig, chunk_rows_: float, dtype_bytes: int, expert_devices: int,
+              route: str = A2E_DEFAULT) -> float:
+    """Bytes one expert device receives for a chunk: hidden states and routing of its 1/B of the rows (regroup) or
+    of every row (straight)."""
+    share = 1 / expert_devices if route == "regroup" else 1.0
+    return share * chunk_rows_ * (cfg.hidden_size * dtype_bytes + cfg.num_experts_per_tok * ROUTING_BYTES)
 
 
-def e2a_bytes(cfg: ModelConfig, chunk_rows_: float, dtype_bytes: int) -> float:
-    """Bytes one expert device sends back for a chunk (straight route): its partial output of every row."""
-    return chunk_rows_ * cfg.hidden_size * dtype_bytes
+def e2a_bytes(cfg: ModelConfig, chunk_rows_: float, dtype_bytes: int, expert_devices: int,
+              route: str = A2E_DEFAULT) -> float:
+    """Bytes one expert device sends back for a chunk: the outputs of its 1/B of the rows (regroup) or its partial
+    output of every row (straight)."""
+    share = 1 / expert_devices if route == "regroup" else 1.0
+    return share * chunk_rows_ * cfg.hidden_size * dtype_bytes
 
 
 def fit_affine(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> tuple[float, ...]:
@@ -350,7 +380,7 @@ Point = tuple  # (task, work units..., seconds), DepTaskFits.points
 
 
 def fit_dep_tasks(points: Sequence[Point], *, attn_devices: int, expert_devices: int, model: str = "",
-                  a2e: str = "straight") -> DepTaskFits:
+                  a2e: str = A2E_DEFAULT) -> DepTaskFits:
     """DepTaskFits of one split from measured points: ("attention", x, y, s), ("shared", x_s, s), ("experts", w, s),
     ("a2e", z, s), ("e2a", z, s) (units in DepTaskFits). A2E and E2A share one line (Eq. 9: reverse processes of
     one structure). A task without points (no shared expert) gets 0, 0."""
@@ -386,7 +416,8 @@ def measured_coefficients(cfg: ModelConfig, profile: Profile, fits: DepTaskFits,
     x1, y1 = attention_work(cfg, S, 1, S)
     has_dense = not all(cfg.moe_layers)
     rows = chunk_rows(cfg, 1.0)  # per unit of m_e
-    z = (a2e_bytes(cfg, rows, b) + e2a_bytes(cfg, rows, b)) / 2  # one t_c for both ways: their mean
+    B, route = fits.expert_devices, fits.a2e or A2E_DEFAULT
+    z = (a2e_bytes(cfg, rows, b, B, route) + e2a_bytes(cfg, rows, b, B, route)) / 2  # one t_c both ways: the mean
     return DepCoefficients(
         attn_devices=fits.attn_devices, expert_devices=fits.expert_devices, seq_len=S,
         alpha_a=fits.alpha_a, beta_a=fits.beta_gm * x1 + fits.beta_attn * y1,

@@ -31,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from moejax.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered
+from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
 from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
@@ -79,14 +80,11 @@ class TransferStats:
         return {"total": total | (extra or {}), "layers": layers}
 
 
-A2E_ROUTES = ("straight", "regroup")
-A2E_DEFAULT = "straight"  # measured faster: bench/results/dep-a2e-*.json (`python -m launch.bench dep-a2e`)
-
-
 class Disaggregated:
     """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters.
 
-    `a2e` says how a chunk reaches the experts' owners:
+    `a2e` says how a chunk reaches the experts' owners (A2E_DEFAULT, regroup, measured faster on 8 simulated CPU
+    devices by `python -m launch.bench dep-a2e`; FinDEP's time model follows the route, moejax.plan.findep_costs):
     - straight (FinDEP's A2E): each attention device sends its rows, with their routing, straight to every expert
       device; each runs the choices that fall on its own experts (the rest weigh 0) and sends its weighted partial
       outputs straight back, where the attention device adds the B partials of its rows. Shapes are static and

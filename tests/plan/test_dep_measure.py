@@ -1,6 +1,7 @@
-"""DEP's A2E straight to the experts' owners (moejax.sharding.dep) and FinDEP's α-β fitted to micro-benchmarks of
-the DEP tasks (moejax.measure_dep, moejax.plan.findep_costs): the straight route gives the one-device float32 logits
-and moves what the time model says; the fits reproduce the points they were fitted to; the solver plans with them."""
+"""DEP's two A2E routes (moejax.sharding.dep: regroup, the default, and straight to the experts' owners) and FinDEP's
+α-β fitted to micro-benchmarks of the DEP tasks (moejax.measure_dep, moejax.plan.findep_costs): both routes give the
+one-device float32 logits and move what the time model says; the fits reproduce the points they were fitted to; the
+solver plans with them."""
 import dataclasses
 import os
 
@@ -10,8 +11,8 @@ from moejax.config import ModelConfig
 from moejax.models.checkpoint import read_config
 from moejax.plan.datasheets import load_profile
 from moejax.plan.findep import solve_dep
-from moejax.plan.findep_costs import (a2e_bytes, attention_work, e2a_bytes, fit_affine, fit_dep_tasks, predict_point,
-                                      transfer_bytes_per_device)
+from moejax.plan.findep_costs import (A2E_DEFAULT, a2e_bytes, attention_work, e2a_bytes, experts_seconds, fit_affine,
+                                      fit_dep_tasks, predict_point, transfer_bytes_per_device, transfer_seconds)
 from moejax.plan.hardware import DepTaskFits, Profile
 from workers import run_workers
 
@@ -25,34 +26,34 @@ def worker():
 
 
 @pytest.mark.slow
-def test_straight_route_equals_one_device_and_moves_what_the_model_says(worker):
+def test_both_routes_equal_one_device_and_move_what_the_model_says(worker):
     """attn_devices=3, expert_devices=4, r1=2, r2=2 on deepseek_v2_lite (D=32, k=2; 4 rows of 16 tokens padded to 6
-    rows: 4 chunks of 24 rows per MoE layer, 2 MoE layers). Straight is the default; both routes give the one-device
-    logits; straight sends every chunk to each of the 4 expert devices and gets 4 partial outputs back."""
+    rows: 4 chunks of 24 rows per MoE layer, 2 MoE layers). Regroup is the default; both routes give the one-device
+    logits; straight sends every chunk to each of the 4 expert devices and gets 4 partial outputs back, regroup
+    sends each row once. The counters hold every device's bytes: 4 x the model's per expert device."""
     routes = worker["routes"]
-    assert routes["default"] == "straight"
+    assert routes["default"] == A2E_DEFAULT == "regroup"
+    chunks, rows = 8, 24
     for route in ("straight", "regroup"):
         assert routes[route]["rel"] <= 1e-5, route
-    chunks, rows = 8, 24
-    straight = routes["straight"]["stats"]
-    assert straight["a2e_bytes"] == 4 * chunks * a2e_bytes(CFG, rows, 4)
-    assert straight["e2a_bytes"] == 4 * chunks * e2a_bytes(CFG, rows, 4)
-    assert routes["regroup"]["stats"]["a2e_bytes"] == chunks * a2e_bytes(CFG, rows, 4)
+        assert routes[route]["stats"]["a2e_bytes"] == 4 * chunks * a2e_bytes(CFG, rows, 4, 4, route), route
+        assert routes[route]["stats"]["e2a_bytes"] == 4 * chunks * e2a_bytes(CFG, rows, 4, 4, route), route
 
 
 @pytest.mark.slow
 def test_fits_of_measured_tasks_reproduce_the_points(worker):
     fit = DepTaskFits.from_dict(worker["fit"])
-    assert (fit.attn_devices, fit.expert_devices, fit.a2e) == (4, 4, "straight")
+    assert (fit.attn_devices, fit.expert_devices, fit.a2e) == (4, 4, "regroup")
     tasks = [p[0] for p in fit.points]
     assert tasks.count("attention") == tasks.count("experts") == tasks.count("shared") == 4  # 2 x 2 token counts
     assert tasks.count("a2e") == tasks.count("e2a") == 4
     refit = fit_dep_tasks(fit.points, attn_devices=4, expert_devices=4)
     assert refit.alpha_a == pytest.approx(fit.alpha_a) and refit.beta_e == pytest.approx(fit.beta_e)
-    # timings on shared, simulated devices are noisy: per line, half its points or more within 50%
-    for tasks in (("attention",), ("shared",), ("experts",), ("a2e", "e2a")):
-        errors = sorted(abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points if p[0] in tasks)
-        assert errors[len(errors) // 2 - 1] <= 0.5, (tasks, errors)
+    # Timings of a millisecond or so on simulated devices that share 2 cores with other processes carry noise of
+    # tens of percent (the fit's arithmetic is checked exactly on known lines below): half the points or more
+    # within 50% of their lines.
+    errors = sorted(abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points)
+    assert errors[len(errors) // 2 - 1] <= 0.5, errors
     assert fit.alpha_a + fit.beta_gm + fit.beta_attn > 0 and fit.alpha_e + fit.beta_e > 0
 
 
@@ -94,10 +95,15 @@ def test_solver_reads_the_profiles_measured_fits_and_falls_back_without_them():
     assert roofline.source == "roofline" and roofline.alpha_e != coef.alpha_e
 
 
-def test_transfer_model_follows_the_straight_route():
-    """Every expert device receives the whole chunk: z is the chunk's hidden states, whatever B."""
+def test_time_model_follows_the_route():
+    """Straight: every expert device receives the whole chunk, whatever B; regroup: its 1/B, once per token, and
+    the all-to-alls inside the expert group count in t_e (none with one expert device)."""
     h100 = load_profile("h100")
     m_e = 10.0
     rows = m_e * CFG.num_experts / CFG.num_experts_per_tok
     for b in (1, 2, 4):
-        assert transfer_bytes_per_device(CFG, h100, m_e, b) == rows * CFG.hidden_size * h100.dtype_bytes
+        assert transfer_bytes_per_device(CFG, h100, m_e, b, "straight") == rows * CFG.hidden_size * h100.dtype_bytes
+        assert transfer_bytes_per_device(CFG, h100, m_e, b, "regroup") == rows * CFG.hidden_size * 2 / b
+    assert experts_seconds(CFG, h100, m_e, 1, "regroup") == experts_seconds(CFG, h100, m_e, 1, "straight")
+    assert experts_seconds(CFG, h100, m_e, 4, "regroup") > experts_seconds(CFG, h100, m_e, 4, "straight")
+    assert transfer_seconds(CFG, h100, m_e, 4, 4) == transfer_seconds(CFG, h100, m_e, 4, 4, "regroup")
