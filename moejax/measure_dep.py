@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -22,6 +22,9 @@ import numpy as np
 from moejax.plan.findep_costs import (a2e_bytes, attention_work, e2a_bytes, expert_device_rows, expert_row_work,
                                       fit_dep_tasks, shared_work)
 from moejax.plan.hardware import DepTaskFits
+
+if TYPE_CHECKING:
+    from moejax.sharding.layout import Layout
 
 
 def _seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -58,9 +61,9 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
     captured: dict = {}
     pipeline = steps._pipeline
 
-    def grab(parts: list[dict], read_cache: bool) -> list[dict]:  # the layers' inputs of one forward
+    def grab(parts: list[dict], read_cache: bool, lay: Layout) -> list[dict]:  # the layers' inputs of one forward
         captured.update(parts[0], read_cache=read_cache)
-        return pipeline(parts, read_cache)
+        return pipeline(parts, read_cache, lay)
     steps._pipeline = grab  # type: ignore[method-assign]  # this engine's only: deleted below
     points: list[tuple] = []
     try:
