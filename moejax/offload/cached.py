@@ -14,6 +14,11 @@ copies overlap the compute.
   prediction to prediction, and the layer's attention step skips the router (moejax.offload.layered.attend).
   With count_mispredictions the router runs anyway, only to count (a router and a host sync per MoE layer).
 
+With prefill="stream" (Speculating Experts' setting: prefill loads, decode predicts), a pass of more than one
+token per row copies every expert of each MoE layer in, the next layer's on their way while this one computes,
+runs the true router's experts, and leaves the cache alone; the cache and the predictor serve the decode passes
+(one token per row). The predictor still sees the prefill's routing (its state, e.g. expert maps, follows it).
+
 Prefetches wait in a queue and at most `prefetch_depth` of their copies are on their way at once; a miss is
 copied before anything still queued (fMoE §4.6: a miss pauses prefetching), and the queue resumes after it, so
 a miss waits behind at most prefetch_depth copies instead of every prefetch issued.
@@ -72,7 +77,7 @@ class Cached:
     def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
                  predictor: Predictor | None = None, speculative: bool = False, router_free: bool = False,
                  pass_experts: int | None = None, count_mispredictions: bool = False,
-                 prefetch_depth: int = PREFETCH_DEPTH) -> None:
+                 prefetch_depth: int = PREFETCH_DEPTH, prefill: str = "cache") -> None:
         if not store.per_expert:
             raise ValueError("cached placement needs a per_expert HostStore")
         if speculative and predictor is None:
@@ -91,6 +96,11 @@ class Cached:
         self.stats = OffloadStats()
         self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
         self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
+        if prefill not in ("cache", "stream"):
+            raise ValueError(f"cached placement: prefill must be 'cache' or 'stream', got {prefill!r}")
+        self.prefill = prefill
+        self._streaming = False  # this pass streams whole layers (a prefill pass with prefill="stream")
+        self._ahead: dict[int, list[dict[str, jax.Array]]] = {}  # streaming: a layer's experts, copies started
         if prefetch_depth < 1:
             raise ValueError(f"cached placement: prefetch_depth must be >= 1, got {prefetch_depth}")
         self.prefetch_depth = prefetch_depth
@@ -101,17 +111,23 @@ class Cached:
     def begin_pass(self, steps: layered.LayeredSteps) -> None:
         self._planned.clear()
         self._steps = steps
+        self._streaming = self.prefill == "stream" and steps.inputs.shape[1] > 1  # [rows, tokens, D]: a prefill
+        if self._streaming and steps.moe_layers and steps.moe_layers[0] not in self._ahead:
+            self._ahead[steps.moe_layers[0]] = self._fetch_layer(steps.moe_layers[0])  # beside the layers before
         if self.predictor is not None:
             self.predictor.begin_pass(steps)
 
     def needs_router(self, layer: int) -> bool:
         """Whether `layer`'s attention step must run the true router (LayeredSteps): not where router-free
         speculation already planned the layer's experts, unless mispredictions are counted."""
-        return not (self.router_free and layer in self._planned and not self.counts_mispredictions)
+        return self._streaming or not (self.router_free and layer in self._planned and not self.counts_mispredictions)
 
     def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
             weights: jax.Array | None) -> jax.Array:
         """idx, weights: the true router's choices, None where needs_router(layer) said it could be skipped."""
+        if self._streaming:
+            assert idx is not None and weights is not None  # a streamed pass runs every router
+            return self._streamed_moe(handle, x, y, idx, weights)
         layer = handle.index
         s = self.stats[layer]
         self._start_queued()  # copies finished while the previous layer computed: room for queued ones
@@ -152,6 +168,38 @@ class Cached:
         if ahead:
             self._prefetch_ahead(layer, ahead)
         return x
+
+    def _streamed_moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
+                      ) -> jax.Array:
+        """A prefill pass with prefill="stream": every expert of the layer (copied during the previous MoE layer,
+        else now), the true router's choices, the next MoE layer's experts started once this layer's work is
+        issued; the cache is not touched. The predictor is told the routing (its state) and its guesses unused."""
+        layer = handle.index
+        s = self.stats[layer]
+        if self.predictor is not None:
+            self.predictor.predict(self._steps.passes, layer, x, y, idx, weights)
+        experts = self._ahead.pop(layer, None) or self._fetch_layer(layer)
+        start = time.perf_counter()
+        jax.block_until_ready(experts)
+        s.wait_s += time.perf_counter() - start
+        n = len(experts)
+        experts = experts + [experts[-1]] * (bucket(n) - n)
+        out = handle(routed_subset, y, idx, weights, jnp.arange(self.store.num_experts(layer), dtype=jnp.int32),
+                     experts, backend=self.backend)
+        x = handle(layered.finish, x, y, out)
+        moe = self._steps.moe_layers
+        position = moe.index(layer)
+        if position + 1 < len(moe):  # after this layer's work is issued: the copies overlap it
+            self._ahead[moe[position + 1]] = self._fetch_layer(moe[position + 1])
+        return x
+
+    def _fetch_layer(self, layer: int) -> list[dict[str, jax.Array]]:
+        """Start copying every expert of `layer` (async), outside the cache's slots; counted as streamed."""
+        s = self.stats[layer]
+        experts = [self.store.fetch_expert(layer, e) for e in range(self.store.num_experts(layer))]
+        s.streamed_experts += len(experts)
+        s.bytes_h2d += len(experts) * self.store.expert_bytes(layer)
+        return experts
 
     def _request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array]]:
         s = self.stats[layer]
@@ -235,6 +283,7 @@ class Cached:
         if self.speculative:
             mode = "speculative" + (", router-free" if self.router_free else "") + \
                 ("" if self.counts_mispredictions else ", mispredictions not counted")
+        stream = "; prefill passes stream every expert, one layer ahead" if self.prefill == "stream" else ""
         return (f"cached: {self.cache.num_slots} expert slots, eviction {self.cache.policy}, predictor {pred} "
                 f"({mode}), up to {self.pass_experts} experts per pass, {self.prefetch_depth} prefetch copies in "
-                f"flight at most")
+                f"flight at most{stream}")

@@ -13,6 +13,8 @@ PLACEMENTS = ("auto", "resident", "streamed", "cached", "lightning")
 OFFLOADED = ("streamed", "cached", "lightning")  # the experts live in host memory (lightning: a share of them)
 RESERVE_FRACTION = 0.1  # of the budget, for activations, KV cache and XLA workspace
 DEFAULT_WINDOW = 2  # layers in flight beyond the computing one: more only costs memory once copies are hidden
+# a streamed prefill pass holds the layer computing, the next on its way and the layer's stack for the FFN
+PREFILL_STREAM_LAYERS = 3
 MIN_PASS_EXPERTS = 16  # experts stacked per pass of the cached FFN (at least top-k)
 
 
@@ -40,6 +42,7 @@ class MemoryBudget:
     window: int | None = None  # streamed
     cache_slots: int | None = None  # cached
     pass_experts: int | None = None  # cached: experts stacked per FFN pass (a transient copy)
+    prefill_stream: bool = False  # cached: prefill passes stream whole layers (PREFILL_STREAM_LAYERS at once)
     reason: str = ""
     lightning: Any = None  # lightning: its moejax.lightning.policy.LightningPlan
 
@@ -54,11 +57,18 @@ class MemoryBudget:
             return (self.window + 1) * self.layer_expert_bytes
         if self.placement == "cached":
             assert self.cache_slots is not None and self.pass_experts is not None  # a cached budget has its slots
-            return (self.cache_slots + self.pass_experts) * self.expert_bytes
+            return (self.cache_slots + self.transient_experts) * self.expert_bytes
         if self.placement == "lightning":
             return lightning_expert_bytes(self.lightning.r_w, self.expert_bytes, self.experts_per_layer,
                                           self.moe_layers)
         return self.moe_layers * self.layer_expert_bytes
+
+    @property
+    def transient_experts(self) -> int:
+        """cached: experts held beside the slots for one step: a pass's stack, or a streamed prefill's layers."""
+        assert self.pass_experts is not None  # a cached budget's
+        stream = PREFILL_STREAM_LAYERS * self.experts_per_layer if self.prefill_stream else 0
+        return max(self.pass_experts, stream)
 
     @property
     def device_bytes(self) -> int:
@@ -76,6 +86,9 @@ class MemoryBudget:
             what = f"window {self.window}: {self.window + 1} layers of experts on the device"
         elif self.placement == "cached":
             what = f"{self.cache_slots} expert slots + {self.pass_experts} per FFN pass"
+            if self.prefill_stream:
+                what += (f"; prefill streams whole layers: {PREFILL_STREAM_LAYERS} layers' experts beside the slots "
+                         "(the layer, the next one on its way, the layer stacked)")
         elif self.placement == "lightning":
             what = (f"r_w = {self.lightning.r_w:.2f} of the experts resident, the rest paged: two layers' pages and "
                     "the layer computing, assembled")
@@ -99,8 +112,10 @@ def device_budget_bytes(device_memory_gb: float | None) -> int | None:
 
 def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int, moe_layers: int, top_k: int,
                   budget_bytes: int | None, placement: str = "auto", window: int | None = None,
-                  cache_slots: int | None = None, lightning: Any = None) -> MemoryBudget:
-    """lightning: the LightningPlan of placement 'lightning' (moejax.lightning.policy)."""
+                  cache_slots: int | None = None, lightning: Any = None, prefill_stream: bool = False
+                  ) -> MemoryBudget:
+    """lightning: the LightningPlan of placement 'lightning' (moejax.lightning.policy); prefill_stream: a cached
+    placement's prefill passes stream whole layers (PREFILL_STREAM_LAYERS of them beside the slots)."""
     if placement not in PLACEMENTS:
         raise MemoryBudgetError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
     all_experts = expert_bytes * experts_per_layer * moe_layers
@@ -119,7 +134,7 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
             return _streamed(base, window or DEFAULT_WINDOW, "no device memory cap; window as asked or default")
         slots = _every_expert_at_most(base, cache_slots or 2 * experts_per_layer)
         return _cached(base, slots, top_k, "no device memory cap; slots as asked or two layers' worth",
-                       asked=cache_slots)
+                       asked=cache_slots, prefill_stream=prefill_stream)
     free = budget_bytes - reserve - resident
     fits = f"budget {size(budget_bytes)} - reserve {size(reserve)} - resident weights {size(resident)}"
     if free < 0:
@@ -144,14 +159,17 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
         return _streamed(base, window or min(DEFAULT_WINDOW, max_window),
                          f"experts {size(all_experts)} > {size(free)} free ({fits}); window {max_window} at most")
     pass_experts = _pass_experts(experts_per_layer, top_k)
-    max_slots = min(free // expert_bytes - pass_experts, experts_per_layer * moe_layers)
+    transient = max(pass_experts, PREFILL_STREAM_LAYERS * experts_per_layer if prefill_stream else 0)
+    max_slots = min(free // expert_bytes - transient, experts_per_layer * moe_layers)
     slots = _every_expert_at_most(base, cache_slots) or max_slots
     if slots < top_k or slots > max_slots:
-        raise MemoryBudgetError(f"cached placement with {slots} slots needs ({slots} + {pass_experts} per pass) x "
+        per = "for a streamed prefill" if transient > pass_experts else "per pass"
+        raise MemoryBudgetError(f"cached placement with {slots} slots needs ({slots} + {transient} {per}) x "
                                 f"{size(expert_bytes)} but {fits} leaves {size(free)} (at most {max_slots} "
                                 f"slots; at least top-k = {top_k} needed)")
     return _cached(base, slots, top_k, f"a layer of experts does not fit twice in {size(free)} free ({fits})"
-                   if placement == "auto" else f"asked for; at most {max_slots} slots fit", asked=cache_slots)
+                   if placement == "auto" else f"asked for; at most {max_slots} slots fit", asked=cache_slots,
+                   prefill_stream=prefill_stream)
 
 
 def lightning_expert_bytes(r_w: float, expert_bytes: int, experts_per_layer: int, moe_layers: int) -> int:
@@ -199,10 +217,12 @@ def _every_expert_at_most(base: dict[str, Any], slots: int | None) -> int | None
     return slots and min(slots, base["experts_per_layer"] * base["moe_layers"])
 
 
-def _cached(base: dict[str, Any], slots: int, top_k: int, reason: str, asked: int | None = None) -> MemoryBudget:
+def _cached(base: dict[str, Any], slots: int, top_k: int, reason: str, asked: int | None = None,
+            prefill_stream: bool = False) -> MemoryBudget:
     if slots < top_k:
         raise MemoryBudgetError(f"cached placement needs at least top-k = {top_k} slots, got {slots}")
     if asked and asked > slots == base["experts_per_layer"] * base["moe_layers"]:
         reason += f"; {asked} slots asked, but the model has {slots} routed experts: every one has a slot"
     pass_experts = min(int(slots), _pass_experts(base["experts_per_layer"], top_k))
-    return MemoryBudget("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason)
+    return MemoryBudget("cached", **base, cache_slots=int(slots), pass_experts=pass_experts, reason=reason,
+                        prefill_stream=prefill_stream)

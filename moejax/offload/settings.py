@@ -12,6 +12,7 @@ from moejax.offload.memory_budget import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 
 STREAMS = ("python", "jit")
+PREFILL_EXPERTS = ("cache", "stream")
 STREAMED, CACHED = ("placement", "streamed"), ("placement", "cached")  # what an option `applies` to
 LIGHTNING = ("placement", "lightning")
 WHERE = ("host", "device")
@@ -64,6 +65,11 @@ class PlacementSettings:
     prefetch_depth: int | None = option(
         None, type=int, minimum=1, applies=CACHED,
         help="cached: prefetch copies on their way at once; the rest wait in a queue that a miss jumps (default 2)")
+    prefill_experts: str | None = option(
+        None, type=str, choices=PREFILL_EXPERTS, applies=CACHED, fingerprint=True,
+        help="cached: how prefill passes get their experts: cache (through the expert cache, as decode does; default) "
+             "or stream (every expert of each MoE layer copied in, one layer ahead, the true router's experts run; "
+             "the cache and the predictor serve decode: Speculating Experts' setting)")
     speculative: bool = option(
         False, fingerprint=True,
         help="cached: run the predicted experts instead of loading the true router's misses (changes outputs; the "

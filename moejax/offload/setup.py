@@ -37,7 +37,7 @@ def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, w
                                moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
                                budget_bytes=None if spread else device_budget_bytes(settings.device_memory_gb),
                                placement=placement, window=settings.window, cache_slots=settings.cache_slots,
-                               lightning=lightning)
+                               lightning=lightning, prefill_stream=settings.prefill_experts == "stream")
     except MemoryBudgetError as e:
         raise _error(str(e)) from None
     if spread:

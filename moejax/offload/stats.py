@@ -11,6 +11,7 @@ class LayerStats:
     misses: int = 0  # loaded on demand, with the step waiting for them
     prefetches: int = 0  # loads started ahead of use
     bytes_h2d: int = 0  # host -> device bytes moved
+    streamed_experts: int = 0  # cached, prefill="stream": experts copied in whole layers for prefill passes
     wait_s: float = 0.0  # time the step waited on transfers of this layer
     speculated_tokens: int = 0  # speculative execution: tokens run with predicted experts
     checked_tokens: int = 0  # ... checked against the true router (router-free: only with count_mispredictions)

@@ -46,4 +46,4 @@ class Cached(LayerByLayer):
                              predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
                              pass_experts=self.memory_budget.pass_experts,
                              count_mispredictions=s.count_mispredictions,
-                             prefetch_depth=s.prefetch_depth or PREFETCH_DEPTH)
+                             prefetch_depth=s.prefetch_depth or PREFETCH_DEPTH, prefill=s.prefill_experts or "cache")

@@ -70,3 +70,12 @@ def test_load_plans_from_abstract_shapes_without_allocating():
     assert cached.placement == "cached" and cached.cache_slots > 1000
     with pytest.raises(ValueError, match=r"moejax.load: cannot fit: the weights that always stay on the device"):
         moejax.load("qwen3-30b-a3b", device_memory_gb=2)
+
+
+def test_a_streamed_prefill_keeps_three_layers_of_experts_beside_the_slots():
+    cache, stream = plan(10, placement="cached"), plan(10, placement="cached", prefill_stream=True)
+    assert stream.cache_slots == cache.cache_slots + cache.pass_experts - 3 * E  # the slots give way
+    assert stream.device_bytes <= 10 * GiB * (1 - RESERVE_FRACTION)
+    assert "prefill streams whole layers" in stream.describe()
+    with pytest.raises(MemoryBudgetError, match=r"\+ 384 for a streamed prefill"):
+        plan(10, placement="cached", prefill_stream=True, cache_slots=cache.cache_slots)
