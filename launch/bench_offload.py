@@ -12,12 +12,14 @@
   prefill through `engine.generate(rows, 1)` (KV cache, head on the last position only), since the full logits
   of the larger batches (tokens x vocab x 4 bytes) outgrow the device and their copy back would dominate;
   --call picks either.
-- decode: batch-1 greedy decode with the cached placement: on demand (no predictor), exact prefetch and
-  speculative execution with the router predictor (default vectors calibrated on the resident engine), and the
-  resident model. Time per output token is the slope between two lengths; counters are `engine.stats()` of the
-  decode loop alone, per output token (see DECODE_METHOD). The analytic bound of what overlapping copies with
-  compute can save is min(compute, copy) / (compute + copy), with compute the resident TPOT and copy the
-  on-demand bytes per token over the h2d peak.
+- decode: batch-1 greedy decode with the cached placement in each of --modes (launch/offload_modes.py): on
+  demand (no predictor: LRU-only with --eviction lru), exact prefetch and speculative execution with the router
+  predictor, prefetch with the distilled estimator, with fMoE's expert maps (T+S+δ) and its ablations
+  (expert_map-T+S, expert_map-T), all calibrated on the resident engine, and the resident model. Time to first
+  token is the median of generate(prompt, 1); time per output token is the slope between two lengths; counters
+  are `engine.stats()` of the decode loop alone, per output token (see DECODE_METHOD). The analytic bound of what
+  overlapping copies with compute can save is min(compute, copy) / (compute + copy), with compute the resident
+  TPOT and copy the on-demand bytes per token over the h2d peak.
 
 Each timed case runs once to warm up (compilation), then --repeats timed runs; medians are reported. Nothing is
 asserted: the record states targets next to the measurements.
@@ -25,7 +27,6 @@ asserted: the record states targets next to the measurements.
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
 import time
 
@@ -36,15 +37,16 @@ import moejax
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
 from moejax.kernels.platform import on_gpu
-from moejax.offload.predict import calibrate
 from moejax.offload.saturation import profile_saturation
 from moejax.placements import Cached
+from launch import offload_modes
 from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)
-DECODE_METHOD = ("TPOT = (median s of generate(prompt, 1 + n_long) - median s of generate(prompt, 1 + n_short)) "
+DECODE_METHOD = ("TTFT = median s of generate(prompt, 1). TPOT = (median s of generate(prompt, 1 + n_long) - "
+                 "median s of generate(prompt, 1 + n_short)) "
                  "/ (n_long - n_short), n_short = new_tokens // 2, n_long = new_tokens: both runs include the "
                  "prefill and the decode loop's setup, which cancel. Cached modes: counters of one more "
                  "generate(prompt, 1 + n_long) reset when its decode loop starts (a wrapper around "
@@ -72,6 +74,16 @@ def add_parser(sub):
     p.add_argument("--cache-slots", type=int, default=None,
                    help="cached decode: expert slots (default half the experts of all layers, at least 2 top-k)")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu", "priority"])
+    p.add_argument("--sections", default="prefill,decode", help="what to measure besides h2d: prefill, decode")
+    p.add_argument("--modes", default=offload_modes.DEFAULT_MODES,
+                   help=f"cached decode modes (on-demand always runs): {', '.join(offload_modes.MODES)}")
+    p.add_argument("--prompts", default="random", choices=["random", "stdlib"],
+                   help="decode and calibration prompts: random ids, or stdlib text (held-out split for the decode "
+                        "prompt, train split for calibration; needs the model's tokenizer)")
+    p.add_argument("--calibration-prompts", type=int, default=None, help="default 8 (quick 2); one map each")
+    p.add_argument("--calibration-tokens", type=int, default=None, help="tokens each (default 256, quick 64)")
+    p.add_argument("--distill-steps", type=int, default=300, help="estimator mode: distillation steps")
+    p.add_argument("--capacity", type=int, default=1024, help="expert_map modes: store capacity")
     p.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; quick 8)")
     p.add_argument("--prompt-len", type=int, default=64, help="decode prompt tokens")
     p.add_argument("--temperature", type=float, default=0.0, help="decode sampling temperature (0: greedy)")
@@ -244,6 +256,8 @@ def _decode_loop(engine, prompt, n: int, temperature: float, seed: int) -> dict:
 def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
     short, long = 1 + args.new_tokens // 2, 1 + args.new_tokens
     out, times = {}, {}
+    ttft, ttft_timing = _median(lambda: engine.generate([prompt], 1, temperature=args.temperature, seed=args.seed),
+                                args.repeats)
     for n in (short, long):
         run = lambda: out.__setitem__(n, engine.generate([prompt], n, temperature=args.temperature,  # noqa: E731
                                                          seed=args.seed)[0])
@@ -251,8 +265,8 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
         times[n] = dict(seconds_median=sec, **timing)
     tpot = (times[long]["seconds_median"] - times[short]["seconds_median"]) / (long - short)
     tokens = out[long]
-    row = dict(mode=name, tpot_s=tpot, lengths={n: times[n] for n in (short, long)}, tokens=tokens,
-               distinct_tokens=len(set(tokens)))
+    row = dict(mode=name, ttft_s=ttft, tpot_s=tpot, ttft_timing=ttft_timing,
+               lengths={n: times[n] for n in (short, long)}, tokens=tokens, distinct_tokens=len(set(tokens)))
     if reference is not None:
         row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference)) / len(reference)
     if isinstance(engine.placement, Cached):
@@ -267,8 +281,8 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
         + (f"  mispredicted tokens {s['mispredicted_fraction']:.3f}, choices "
            f"{s['mispredicted_choice_fraction']:.3f}" if "mispredicted_fraction" in s else ""))
     match = f"  same tokens {row['tokens_equal_resident']:.2f}" if "tokens_equal_resident" in row else ""
-    print(f"  {name:12s} TPOT {tpot * 1e3:8.3f} ms{extra}{match}  ({row['distinct_tokens']} distinct tokens)",
-          flush=True)
+    print(f"  {name:14s} TTFT {ttft * 1e3:8.3f} ms  TPOT {tpot * 1e3:8.3f} ms{extra}{match}  "
+          f"({row['distinct_tokens']} distinct tokens)", flush=True)
     return row
 
 
@@ -278,28 +292,32 @@ def decode(args, peak_gb_per_s: float, resident, save) -> dict:
     moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
     k = cfg.num_experts_per_tok
     slots = args.cache_slots or max(2 * k, cfg.num_experts * moe_layers // 2)
+    modes = offload_modes.parse_modes(args.modes)
     rng = np.random.default_rng(args.seed + 1)
-    prompt = rng.integers(0, cfg.vocab_size, args.prompt_len).tolist()
-    n_cal, len_cal = (2, 64) if args.quick else (8, 256)
-    cal_prompts = rng.integers(0, cfg.vocab_size, (n_cal, len_cal)).tolist()
+    if args.prompts == "stdlib":
+        prompt = offload_modes.stdlib_prompts(resident, "held_out", 1, args.prompt_len, rng)[0]
+    else:
+        prompt = rng.integers(0, cfg.vocab_size, args.prompt_len).tolist()
+    n_cal = args.calibration_prompts or (2 if args.quick else 8)
+    len_cal = args.calibration_tokens or (64 if args.quick else 256)
+    cal_prompts, source = offload_modes.calibration_prompts(resident, args.prompts, n_cal, len_cal, args.seed + 3)
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}"
-    print(f"decode: batch 1 {how}, prompt {args.prompt_len} tokens, {args.new_tokens} new; cached placement, {slots} "
-          f"slots of {cfg.num_experts} x {moe_layers} experts, eviction {args.eviction}", flush=True)
+    print(f"decode: batch 1 {how}, prompt {args.prompt_len} tokens ({args.prompts}), {args.new_tokens} new; cached "
+          f"placement, {slots} slots of {cfg.num_experts} x {moe_layers} experts, eviction {args.eviction}; modes "
+          f"{', '.join(modes)}", flush=True)
     rows = [_decode_case("resident", resident, prompt, args)]
     save(dict(rows=rows), "decode resident")
     reference = rows[0]["tokens"]
-    t0 = time.perf_counter()
-    vectors = calibrate(resident, cal_prompts)
-    calibrate_s = time.perf_counter() - t0
-    modes = [("on-demand", {}), ("prefetch", dict(predictor="router", prefetch_distance=1)),
-             ("speculative", dict(predictor="router", prefetch_distance=1, speculative=True))]
     with tempfile.TemporaryDirectory(prefix="moejax-bench-vectors-") as tmp:
-        path = vectors.save(os.path.join(tmp, "vectors"))
-        for name, options in modes:
-            if "predictor" in options:
-                options = dict(options, default_vectors=path)
+        calibration = offload_modes.build(resident, cal_prompts, modes, tmp, distill_steps=args.distill_steps,
+                                          capacity=args.capacity, log=lambda msg: print(f"  {msg}", flush=True))
+        print(f"  calibration: {calibration.record}", flush=True)
+        for name in modes:
+            options = offload_modes.engine_options(name, calibration)
             engine = _load(args, placement="cached", cache_slots=slots, eviction=args.eviction, **options)
             rows.append(_decode_case(name, engine, prompt, args, reference))
+            if name.startswith("expert_map"):
+                rows[-1]["store"] = offload_modes.store_size(engine.layered_steps.placement.predictor.store)
             save(dict(rows=rows), f"decode {name}")
             del engine
             gc.collect()
@@ -312,19 +330,19 @@ def decode(args, peak_gb_per_s: float, resident, save) -> dict:
                             "on-demand bytes_h2d per token / h2d peak; reached = (1 - TPOT_mode / "
                             "TPOT_on-demand) / bound")
     ondemand = by["on-demand"]["tpot_s"]
-    for name in ("prefetch", "speculative"):
+    for name in modes[1:]:
         saved = 1 - by[name]["tpot_s"] / ondemand
         analytic[f"saved_{name}"] = saved
         analytic[f"reached_{name}"] = saved / bound if bound else None
     print(f"  bound: compute {compute * 1e3:.3f} ms, copy {copy * 1e3:.3f} ms -> overlap saves at most "
-          f"{_fmt(bound)} of on-demand time; prefetch saved {analytic['saved_prefetch']:.3f} (reached "
-          f"{_fmt(analytic['reached_prefetch'])}), speculative saved {analytic['saved_speculative']:.3f} (reached "
-          f"{_fmt(analytic['reached_speculative'])})", flush=True)
+          f"{_fmt(bound)} of on-demand time; " + ", ".join(
+              f"{name} saved {analytic[f'saved_{name}']:.3f} (reached {_fmt(analytic[f'reached_{name}'])})"
+              for name in modes[1:]), flush=True)
     return dict(batch=1, prompt_len=args.prompt_len, new_tokens=args.new_tokens, temperature=args.temperature,
-                method=DECODE_METHOD,
-                cache_slots=slots, eviction=args.eviction, prefetch_distance=1,
-                calibration=dict(prompts=n_cal, tokens_each=len_cal, source="random ids through the resident engine",
-                                 seconds=calibrate_s),
+                method=DECODE_METHOD, modes=modes, mode_note=offload_modes.__doc__,
+                cache_slots=slots, eviction=args.eviction, prefetch_distance=1, prompts=args.prompts,
+                calibration=dict(calibration.record, tokens_each=len_cal, source=f"{source} through the resident "
+                                 "engine", expert_maps_update=False),
                 analytic=analytic, rows=rows)
 
 
@@ -355,8 +373,13 @@ def offload(args, env, partial=no_file) -> dict:
             partial(dict(record, wall_s=time.perf_counter() - t0), last)
         return save
     partial(record, "h2d")
-    record["prefill"] = prefill(args, peak["gb_per_s"], resident, saver("prefill"))
-    record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
+    sections = {x.strip() for x in args.sections.split(",") if x.strip()}
+    if sections - {"prefill", "decode"}:
+        raise ValueError(f"--sections: unknown {', '.join(sorted(sections - {'prefill', 'decode'}))} (prefill, decode)")
+    if "prefill" in sections:
+        record["prefill"] = prefill(args, peak["gb_per_s"], resident, saver("prefill"))
+    if "decode" in sections:
+        record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
     if not gpu:
         print(f"(note: {NOTE})")
     return dict(record, wall_s=time.perf_counter() - t0)

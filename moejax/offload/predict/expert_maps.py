@@ -170,20 +170,22 @@ def build_store(traces: Traces, embed_table: np.ndarray, *, capacity: int = 1024
     return store
 
 
-def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndarray, position: int, k: int
-                 ) -> dict[int, tuple]:
+def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndarray, position: int, k: int, *,
+                 semantic: bool = True, adaptive: bool = True) -> dict[int, tuple]:
     """What the predictor prefetches when MoE layer `position` (0-based among MoE layers) has run, with gate
-    distributions `observed` [position + 1, E]: {target position: (expert ids, their map probabilities)}."""
+    distributions `observed` [position + 1, E]: {target position: (expert ids, their map probabilities)}.
+    fMoE §6.5's ablations: semantic=False is Map (T), no prediction for the first d layers; adaptive=False
+    drops δ (§4.3), exactly the map's k most probable experts."""
     M, d = store.maps.shape[1], store.distance
     out = {}
-    if position == 0:  # the first d layers cannot be reached by a trajectory at distance d: semantic search
+    if position == 0 and semantic:  # the first d layers cannot be reached by a trajectory at distance d
         i, score = store.semantic(embedding)
         for target in range(min(d, M)):
-            ids = select_experts(store.maps[i, target], score, k)
+            ids = select_experts(store.maps[i, target], score if adaptive else 1.0, k)  # score 1: δ = 0, top-k
             out[target] = (ids, store.maps[i, target, ids])
     if position + d < M:
         i, score = store.trajectory(observed[:position + 1])
-        ids = select_experts(store.maps[i, position + d], score, k)
+        ids = select_experts(store.maps[i, position + d], score if adaptive else 1.0, k)
         out[position + d] = (ids, store.maps[i, position + d, ids])
     return out
 
@@ -216,8 +218,8 @@ class _PassMatcher:
     [B, C] and the maps' prefix norms, so each layer costs one [B, E] x [E, C] product, not a search over
     (j + 1)·E columns."""
 
-    def __init__(self, store: ExpertMapStore, embeddings: np.ndarray):
-        self.store = store
+    def __init__(self, store: ExpertMapStore, embeddings: np.ndarray, adaptive: bool = True):
+        self.store, self.adaptive = store, adaptive  # adaptive=False: δ off, each row's k most probable (§6.5)
         self.embeddings = np.asarray(embeddings, np.float32)
         B, C = len(self.embeddings), len(store)
         self.dots, self.norm2 = np.zeros((B, C)), np.zeros(B)
@@ -246,6 +248,7 @@ class _PassMatcher:
 
     def _select(self, best: np.ndarray, score: np.ndarray, target: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.store.maps[best, target]  # [B, E]: each row's matched map at the target layer
+        score = score if self.adaptive else np.ones_like(score)  # score 1: δ = 0, top-k
         return _padded([select_experts(p[b], float(score[b]), k) for b in range(len(best))], p)
 
     def iteration_maps(self) -> tuple[np.ndarray, np.ndarray]:
@@ -266,8 +269,10 @@ class ExpertMapPredictor:
     reads the ones for the layers ahead after the layer's own work is dispatched, so the search runs while that
     layer computes, and the loop never blocks on the device for it."""
 
-    def __init__(self, store: ExpertMapStore, *, update: bool = True):
+    def __init__(self, store: ExpertMapStore, *, update: bool = True, semantic: bool = True, adaptive: bool = True):
+        """semantic / adaptive: fMoE §6.5's ablations (predict_sets); both on is fMoE, Map (T+S+δ)."""
         self.store, self.distance, self.update = store, store.distance, update
+        self.semantic, self.adaptive = semantic, adaptive
         if len(store) == 0:
             raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`)")
         self._matcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-map-matcher")  # FIFO: in order
@@ -294,13 +299,13 @@ class ExpertMapPredictor:
         return future
 
     def _begin(self, embeddings: jax.Array) -> None:
-        self._pass = _PassMatcher(self.store, np.asarray(embeddings))
+        self._pass = _PassMatcher(self.store, np.asarray(embeddings), self.adaptive)
 
     def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j, k = moe.index(layer), int(idx.shape[-1])
         out: Prediction = {}
-        if j == 0:  # first, so the first layer's own prefetch waits for the input embeddings only
+        if j == 0 and self.semantic:  # first, so the first layer's own prefetch waits for the input embeddings only
             semantic = self._submit(self._first_layers, k)
             out |= {moe[t]: Pending(semantic, t) for t in range(min(self.distance, len(moe)))}
         gates = self._steps.layers[layer](_row_gates, y, rows=self._rows)  # dispatched; read on the matcher thread
@@ -328,12 +333,17 @@ class ExpertMapPredictor:
 
     def describe(self) -> str:
         return (f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, "
-                f"{self.store.nbytes / 2**20:.2f} MiB, distance {self.distance}; matched per request, "
-                f"asynchronously)")
+                f"{self.store.nbytes / 2**20:.2f} MiB, distance {self.distance}, "
+                f"{ablation_name(self.semantic, self.adaptive)}; matched per request, asynchronously)")
 
 
-def replay_predictions(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, k: int
-                       ) -> tuple[dict[int, tuple], float]:
+def ablation_name(semantic: bool, adaptive: bool) -> str:
+    """fMoE §6.5's names: "T", "T+S", "T+S+δ" (and "T+δ")."""
+    return "T" + ("+S" if semantic else "") + ("+δ" if adaptive else "")
+
+
+def replay_predictions(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, k: int, *,
+                       semantic: bool = True, adaptive: bool = True) -> tuple[dict[int, tuple], float]:
     """The predictor's sets for every traced token as batch-1 decode iterations (semantic embedding: the
     token's prompt's mean input embedding; trajectory: the token's own gate distributions), the store left
     unchanged. -> ({target layer: (ids [N, E] padded with -1, map probabilities [N, E])} like
@@ -348,7 +358,9 @@ def replay_predictions(store: ExpertMapStore, traces: Traces, embed_table: np.nd
     sizes = []
     for n in range(N):
         for j in range(M):
-            for target, (chosen, p) in predict_sets(store, embeddings[prompt_of[n]], probs[n, :j + 1], j, k).items():
+            sets = predict_sets(store, embeddings[prompt_of[n]], probs[n, :j + 1], j, k, semantic=semantic,
+                                adaptive=adaptive)
+            for target, (chosen, p) in sets.items():
                 ids[target][n, :len(chosen)], weights[target][n, :len(chosen)] = chosen, p
                 sizes.append(len(chosen))
     out = {traces.moe_layers[t]: (ids[t], weights[t]) for t in range(M) if (ids[t] >= 0).any()}
