@@ -50,9 +50,9 @@ def stdlib_prompts(engine, split: str, count: int, tokens: int, rng: np.random.G
     texts = stdlib_texts(split)
     prompts: list[list[int]] = []
     for i in rng.permutation(len(texts)):
-        window = text_prompts(engine, [texts[i]], tokens)[0]
-        if len(window) == tokens:
-            prompts.append(window)
+        windows = text_prompts(engine, [texts[i]], tokens)  # an empty file has none
+        if windows and len(windows[0]) == tokens:
+            prompts.append(windows[0])
         if len(prompts) == count:
             return prompts
     raise ValueError(f"stdlib {split}: only {len(prompts)} files hold {tokens} tokens, {count} wanted")
