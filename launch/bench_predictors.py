@@ -7,12 +7,18 @@
   slot counts, without prefetch and with each distance-1 predictor prefetching: hit rate and bytes moved;
 - speculative: held-out perplexity and top-1 when each distance-1 predictor's experts are executed instead of
   the router's, against exact execution, and how many multiple-choice answers (--input score requests) change
-  (expert maps prefetch only: one set per pass cannot be executed per token).
+  (expert maps prefetch only: one set per pass cannot be executed per token);
+- analyses (Speculating Experts Fig. 3 and 5, moejax.offload.predict.analyses): the cosine drift of the
+  previous-hidden and quasi-hidden states to the true router input per layer distance, and the rank alignment
+  of their predicted expert scores with the true router's (Spearman, hit rate by rank);
+- expert_map_ablation (fMoE §6.5-6.6, launch/map_ablation.py): Map (T) / (T+S) / (T+S+δ) and the store capacity.
 
 Without --estimator / --maps, default vectors, one estimator and one expert-map store per distance are built
 from --train-text / --train-stdlib (and the output says so).
 
   python -m launch.bench predictors --model pycode-moe --stdlib held_out --train-stdlib train --plot recall.png
+
+--plot draws recall, drift and rank alignment side by side (launch/predictor_plots.py).
 """
 from __future__ import annotations
 
@@ -44,7 +50,10 @@ def add_parser(sub):
     p.add_argument("--cache-tokens", type=int, default=2048, help="tokens of the cache replay")
     p.add_argument("--speculative-windows", type=int, default=8, help="held-out windows of 512 for perplexity")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--plot", default=None, help="PNG of recall per layer per predictor (needs matplotlib)")
+    p.add_argument("--capacities", default="1,4,16,64,256,1024",
+                   help="expert-map store capacities of the ablation (capped at the maps built)")
+    p.add_argument("--plot", default=None, help="PNG of recall per layer per predictor, cosine drift and rank "
+                                                "alignment (needs matplotlib)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/predictors-<device>.json)")
     return p
 
@@ -106,7 +115,11 @@ def predictors(args, env: dict) -> dict:
 
     from moejax.offload.predict.cache_replay import replay_cache
     from moejax.offload.predict.expert_maps import replay_predictions
+    from moejax.offload.predict.analyses import drift_and_alignment
     from moejax.offload.predict.speculation_cost import best_answers, window_quality
+
+    from launch.map_ablation import map_ablation
+    from launch.predictor_plots import plot
     from moejax.offload.predict.traces import record
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     engine = moejax.load(args.model, dtype=args.dtype)
@@ -165,15 +178,27 @@ def predictors(args, env: dict) -> dict:
             log(f"  cache {policy:8s} {slots:4d} slots: " + " ".join(
                 f"{c['prefetch']}={c['hit_rate']:.3f}" for c in cache[-len(runs):]))
 
+    analyses = drift_and_alignment(steps, traces, vectors, truth, max(distances, default=0))
+    for row in analyses["cosine_drift"]:
+        log(f"  drift {row['representation']:16s} d={row['distance']}: cosine {row['mean']:.3f}")
+    for row in analyses["rank_alignment"]:
+        log(f"  alignment {row['representation']:12s} d={row['distance']}: Spearman {row['spearman']:.3f}, hit rate "
+            f"by rank " + " ".join(f"{h:.3f}" for h in row["hit_rate_by_rank"]))
+    ablation = None
+    if 1 in stores:
+        ablation = map_ablation(stores[1], traces, embed, steps, truth, slot_counts=slot_counts, cache_tokens=n,
+                                expert_bytes=expert_bytes,
+                                capacities=[int(c) for c in args.capacities.split(",")], log=log)
     speculative = _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log)
     result = dict(env, bench="predictors", model=args.model, dtype=str(engine.dtype),
                   text=args.text or f"stdlib:{args.stdlib}", held_out_tokens=int(len(traces.tokens)),
                   estimators=built, distances=distances, recall=recall, cache=cache, speculative=speculative,
+                  analyses=analyses, expert_map_ablation=ablation,
                   targets=dict(estimator_recall_above_router_at_its_worst_layer=True,
                                hybrid_at_least_the_better_of_router_and_estimator=True,
                                speculative_relative_perplexity_cost_at_most=0.05))
     if args.plot:
-        _plot(recall, args.plot)
+        plot(recall, analyses, args.plot)
         result["plot"] = args.plot
     return result
 
@@ -223,26 +248,3 @@ def _speculative(args, engine, texts, nets, vectors, best_answers, window_qualit
         log(f"  speculative {name:16s}: perplexity {q['perplexity']:.2f} ({out[-1]['relative_perplexity_cost']:+.1%}), "
             f"top-1 {q['top1_accuracy']:.3f}, {out[-1]['multiple_choice_changed']} answers changed")
     return out
-
-
-def _plot(recall: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install -e '.[plots]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [r for r in recall if r["distance"] == 1]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        layers = [int(t) for t in r["per_layer"]]
-        ax.plot(layers, list(r["per_layer"].values()), marker="o", label=f"{r['predictor']} ({r['overall']:.2f})")
-    ax.set_xticks(sorted({int(t) for r in rows for t in r["per_layer"]}))
-    ax.set_xlabel("target MoE layer")
-    ax.set_ylabel("recall of the true top-k (distance 1)")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

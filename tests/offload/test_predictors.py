@@ -225,6 +225,14 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     assert {c["prefetch"] for c in out["cache"]} == {"none", "oracle", "previous_hidden", "router", "estimator",
                                                      "hybrid", "expert_map"}
     assert os.path.getsize(tmp_path / "recall.png") > 0 and "expert maps built from" in out["estimators"]
+    drift = {(r["representation"], r["distance"]): r["mean"] for r in out["analyses"]["cosine_drift"]}
+    assert set(drift) == {("true", 0), ("previous_hidden", 1), ("quasi_hidden", 1)}
+    assert drift[("true", 0)] == pytest.approx(1.0, abs=1e-6)
+    assert all(len(r["hit_rate_by_rank"]) == 2 for r in out["analyses"]["rank_alignment"])  # top-2 model
+    ablation = out["expert_map_ablation"]
+    assert [v["variant"] for v in ablation["variants"]] == ["T", "T+S", "T+S+δ"]
+    assert all(len(v["cache"]) == 4 and 0 < v["recall"] <= 1 for v in ablation["variants"])
+    assert [s["maps"] for s in ablation["store_sizes"]] == sorted(s["maps"] for s in ablation["store_sizes"])
 
 
 def test_router_free_chains_each_prediction_from_the_previous_one(resident, distilled):
