@@ -1,0 +1,36 @@
+"""launch.bench offload's cached-decode modes (issue 34 item 11): TTFT and TPOT of the expert-map predictor and its
+ablations against the router, the estimator and LRU-only caching, end to end on a fixture model."""
+import json
+
+import pytest
+
+from conftest import fixture_dir
+from launch import bench
+from launch.offload_modes import parse_modes
+
+
+def test_modes_parse_with_the_baseline_first_and_unknown_ones_named():
+    assert parse_modes("expert_map,on-demand,expert_map-T") == ["on-demand", "expert_map", "expert_map-T"]
+    with pytest.raises(ValueError, match="unknown oracle"):
+        parse_modes("prefetch,oracle")
+
+
+@pytest.mark.slow  # a whole benchmark end to end (about a minute alone)
+def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
+    out = tmp_path / "offload.json"
+    modes = "on-demand,prefetch,estimator,expert_map,expert_map-T+S,expert_map-T"
+    bench.main(["offload", "--model", fixture_dir("qwen3_moe"), "--quick", "--sections", "decode", "--modes", modes,
+                "--distill-steps", "4", "--calibration-prompts", "3", "--out", str(out)])
+    run = json.loads(out.read_text())["runs"][-1]
+    assert {"device", "versions", "command"} <= set(run) and run["prefill"] is None
+    rows = {r["mode"]: r for r in run["decode"]["rows"]}
+    assert list(rows) == ["resident"] + modes.split(",")
+    for name, row in rows.items():
+        assert row["ttft_s"] > 0 and "tpot_s" in row
+        if name != "resident":
+            assert 0 <= row["stats"]["hit_rate"] <= 1 and row["tokens_equal_resident"] == 1.0  # prefetch is exact
+    assert rows["on-demand"]["stats"]["totals"]["prefetches"] == 0
+    assert all(rows[m]["stats"]["totals"]["prefetches"] > 0 for m in modes.split(",")[1:])
+    assert all(rows[m]["store"]["maps"] == 3 for m in modes.split(",") if m.startswith("expert_map"))
+    assert "expert_map (3 maps" in rows["expert_map-T"]["placement"] and "T)" in rows["expert_map-T"]["placement"]
+    assert run["decode"]["calibration"]["distill_steps"] == 4
