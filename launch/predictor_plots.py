@@ -57,6 +57,7 @@ def _alignment(ax, alignment: list[dict]) -> None:
         ranks = list(range(1, len(r["hit_rate_by_rank"]) + 1))
         ax.plot(ranks, r["hit_rate_by_rank"], marker="o",
                 label=f"d={r['distance']} (Spearman {r['spearman']:.2f})")
+    ax.set_xticks(range(1, 1 + max((len(r["hit_rate_by_rank"]) for r in alignment), default=1)))
     ax.set_xlabel("rank of the true expert (by routing weight)")
     ax.set_ylabel("hit rate in the predicted top-k (quasi_hidden)")
     ax.set_ylim(0, 1.02)
