@@ -91,6 +91,8 @@ def add_parser(sub):
     p.add_argument("--repeats", type=int, default=None, help="timed calls per case (GPU 5, CPU 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smallest sizes: a smoke run")
+    p.add_argument("--plot", default=None, help="PNG of each decode mode's TTFT, TPOT and hit rate (needs "
+                                                "matplotlib)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/offload-<device>.json)")
     return p
 
@@ -380,6 +382,10 @@ def offload(args, env, partial=no_file) -> dict:
         record["prefill"] = prefill(args, peak["gb_per_s"], resident, saver("prefill"))
     if "decode" in sections:
         record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
+        if args.plot:
+            from launch import expert_map_plots
+            expert_map_plots.decode(record["decode"], args.plot)
+            record["plot"] = args.plot
     if not gpu:
         print(f"(note: {NOTE})")
     return dict(record, wall_s=time.perf_counter() - t0)

@@ -54,6 +54,8 @@ def add_parser(sub):
                    help="expert-map store capacities of the ablation (capped at the maps built)")
     p.add_argument("--plot", default=None, help="PNG of recall per layer per predictor, cosine drift and rank "
                                                 "alignment (needs matplotlib)")
+    p.add_argument("--maps-plot", default=None, help="PNG of the expert-map ablation and store capacity (needs "
+                                                     "matplotlib)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/predictors-<device>.json)")
     return p
 
@@ -200,6 +202,10 @@ def predictors(args, env: dict) -> dict:
     if args.plot:
         plot(recall, analyses, args.plot)
         result["plot"] = args.plot
+    if args.maps_plot and ablation is not None:
+        from launch import expert_map_plots
+        expert_map_plots.ablation(ablation, args.maps_plot)
+        result["maps_plot"] = args.maps_plot
     return result
 
 

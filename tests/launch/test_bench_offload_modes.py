@@ -20,7 +20,8 @@ def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     out = tmp_path / "offload.json"
     modes = "on-demand,prefetch,estimator,expert_map,expert_map-T+S,expert_map-T"
     bench.main(["offload", "--model", fixture_dir("qwen3_moe"), "--quick", "--sections", "decode", "--modes", modes,
-                "--distill-steps", "4", "--calibration-prompts", "3", "--out", str(out)])
+                "--distill-steps", "4", "--calibration-prompts", "3", "--out", str(out),
+                "--plot", str(tmp_path / "modes.png")])
     run = json.loads(out.read_text())["runs"][-1]
     assert {"device", "versions", "command"} <= set(run) and run["prefill"] is None
     rows = {r["mode"]: r for r in run["decode"]["rows"]}
@@ -34,3 +35,4 @@ def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     assert all(rows[m]["store"]["maps"] == 3 for m in modes.split(",") if m.startswith("expert_map"))
     assert "expert_map (3 maps" in rows["expert_map-T"]["placement"] and "T)" in rows["expert_map-T"]["placement"]
     assert run["decode"]["calibration"]["distill_steps"] == 4
+    assert (tmp_path / "modes.png").stat().st_size > 0

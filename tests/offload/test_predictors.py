@@ -207,7 +207,8 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     args = parser.parse_args(["predictors", "--model", fixture_dir("qwen3_moe"), "--dtype", "float32", "--text",
                               str(docs), "--train-text", str(docs), "--tokens", "256", "--train-tokens", "512",
                               "--distill-steps", "10", "--window", "64", "--cache-tokens", "32", "--slots", "4,16",
-                              "--speculative-windows", "1", "--plot", str(tmp_path / "recall.png")])
+                              "--speculative-windows", "1", "--plot", str(tmp_path / "recall.png"),
+                              "--maps-plot", str(tmp_path / "maps.png")])
     out = bench_predictors.predictors(args, {})
     names = {(r["predictor"], r["distance"]) for r in out["recall"]}
     assert names == {("oracle", 0)} | {(n, 1) for n in ("previous_hidden", "router", "estimator", "hybrid",
@@ -233,6 +234,7 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     assert [v["variant"] for v in ablation["variants"]] == ["T", "T+S", "T+S+δ"]
     assert all(len(v["cache"]) == 4 and 0 < v["recall"] <= 1 for v in ablation["variants"])
     assert [s["maps"] for s in ablation["store_sizes"]] == sorted(s["maps"] for s in ablation["store_sizes"])
+    assert os.path.getsize(tmp_path / "maps.png") > 0
 
 
 def test_router_free_chains_each_prediction_from_the_previous_one(resident, distilled):
