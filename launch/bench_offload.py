@@ -45,7 +45,8 @@ from launch.bench_util import time_calls, timed_call
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)
-DECODE_METHOD = ("TTFT = median s of generate(prompt, 1). TPOT = (median s of generate(prompt, 1 + n_long) - "
+DECODE_METHOD = ("TTFT = median s of generate(prompt, 1), the expert cache as the previous call left it. "
+                 "TPOT = (median s of generate(prompt, 1 + n_long) - "
                  "median s of generate(prompt, 1 + n_short)) "
                  "/ (n_long - n_short), n_short = new_tokens // 2, n_long = new_tokens: both runs include the "
                  "prefill and the decode loop's setup, which cancel. Cached modes: counters of one more "
