@@ -24,6 +24,11 @@ Conventions (shared by cost models, planners and benchmarks):
   (uniform routing, model dtype, no routing metadata). Expert ids (int32), routing weights, row flags and
   partial sums (float32) count 4 bytes whatever the model dtype. XLA:CPU widens 16-bit collectives to float32.
   DEP's transfers between its groups are `device_put`s between meshes (kind "device_put"), per sending device.
+- Pipeline (attn=pp,experts=pp, moejax.sharding.pipeline): its sends happen at stage boundaries, not in every
+  layer; `attention` holds them as a mean per layer (the step's collective-permutes / the layers), `experts` is
+  empty. Table 1's PP+PP row ("2 Send/Recv", its formula lost from the seed's text) is reconstructed as the
+  useful traffic: each of the P-1 boundaries carries the N tokens' hidden states once (a send and a receive),
+  per device and layer (P-1)/P * N*D*b / L.
 """
 from __future__ import annotations
 
@@ -221,6 +226,8 @@ def layout_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, dtype_by
         raise ValueError(f"layout_comm: layout {layout} has no device count; resolve it first")
     if layout.experts == "dep":
         return _dep_comm(cfg, layout, batch, seq, dtype_bytes)
+    if layout.attn == "pp":
+        return _pipeline_comm(cfg, layout, batch, seq, dtype_bytes)
     if layout.attn == "dp" and batch % P:
         # the hidden states are split by batch rows: with uneven rows the partitioner reshards around every norm
         raise ValueError(f"layout_comm: attn=dp needs the batch ({batch}) to be a multiple of the {P} devices")
@@ -267,6 +274,21 @@ def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) ->
     experts += tuple(Transfer(kind, f"{what}, inside the expert group", v) for (kind, what), v in inside.items())
     return LayoutComm(str(layout), A + B, cfg.num_layers, sum(cfg.moe_layers), (), experts, experts, 0.0,
                       batch * seq * D * b * (1 / A + 1 / B))
+
+
+def _pipeline_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) -> LayoutComm:
+    """Pipeline: one collective-permute of a micro-batch's hidden states after each of the M+P-1 ticks but the last
+    (moejax.sharding.pipeline's schedule; every device's operand counts, the last stage's too, as the HLO has it)."""
+    S, M, D, L = layout.devices, layout.microbatches, cfg.hidden_size, cfg.num_layers
+    assert S is not None and M is not None  # resolved: layout_comm checked
+    if batch % M:
+        raise ValueError(f"layout_comm: attn=pp needs the batch ({batch}) to be a multiple of its {M} micro-batches")
+    sends = M + S - 2 if S > 1 else 0
+    per_layer = sends * (batch // M) * seq * D * b / L
+    attention = (Transfer("collective-permute", f"stage boundaries: {sends} sends of a micro-batch's hidden states, "
+                          "mean per layer", per_layer),) if sends else ()
+    return LayoutComm(str(layout), S, L, sum(cfg.moe_layers), attention, (), (),
+                      (S - 1) / S * batch * seq * D * b / L, 0.0)
 
 
 def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int

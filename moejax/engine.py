@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from moejax.plan.engine_plan import EnginePlan
     from moejax.plan.theta import Theta
     from moejax.sharding.layout import Layout
+    from moejax.sharding.pipeline import PipelineSteps
     from moejax.whole_model_steps import WholeModelSteps
 
 MIN_SEQ_BUCKET = 16
@@ -63,8 +64,8 @@ class Engine:
         self.plan = plan
         self.decisions = list(decisions)
         self.saturation = saturation
-        # layer-by-layer placements build their loop with the weights (first use of `steps`)
-        self._steps = None if placement.layer_by_layer else placement.make_steps(graphdef, kernels, config)
+        # layer-by-layer placements build their loop with the weights (first use of `steps`), as the pipeline its stages
+        self._steps = None if placement.steps_need_weights else placement.make_steps(graphdef, kernels, config)
 
     # -- weights ---------------------------------------------------------------------------------
     @property
@@ -93,7 +94,7 @@ class Engine:
         return self.placement.layer_by_layer
 
     @property
-    def steps(self) -> WholeModelSteps | LayeredSteps:
+    def steps(self) -> WholeModelSteps | LayeredSteps | PipelineSteps:
         """The steps a forward runs: whole-model jits, or the placement's layer loop (built with the weights)."""
         if self._steps is None:
             params = self.params
@@ -193,7 +194,9 @@ class Engine:
         lines = [head + f"; measured: the {len(found)} collectives of the compiled full-logits step"]
         for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
                                             ("experts", comm.moe_layers, comm.experts, comm.ideal_experts)):
-            measured = hlo_comm.bytes_by_kind(found, in_shard_map=part == "experts")
+            # the pipeline's stage program is one shard_map: its sends count as attention's (moejax.costs)
+            inside = (part == "experts") if lay.attn != "pp" else (None if part == "attention" else False)
+            measured = hlo_comm.bytes_by_kind(found, in_shard_map=inside)
             lines.append(f"  {part} (x{per}): analytic {analytic(transfers)}; Table 1 {size(ideal)}; "
                          f"measured {kinds(measured, max(per, 1))}")
         if comm.first_experts != comm.experts:

@@ -9,6 +9,7 @@ from moejax.placements.cached import Cached
 from moejax.placements.dep import DEP
 from moejax.placements.gathered import Gathered
 from moejax.placements.lightning import Lightning
+from moejax.placements.pipeline import Pipeline
 from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit
 
@@ -17,11 +18,11 @@ if TYPE_CHECKING:
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
-__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Lightning", "Placement", "Resident",
+__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Lightning", "Pipeline", "Placement", "Resident",
            "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]
 
-PLACEMENTS: tuple[type[Placement], ...] = (DEP, Gathered, StreamedInJit, Streamed, Cached, Lightning, ResidentAsyncEP,
-                                           Resident)
+PLACEMENTS: tuple[type[Placement], ...] = (DEP, Pipeline, Gathered, StreamedInJit, Streamed, Cached, Lightning,
+                                           ResidentAsyncEP, Resident)
 
 
 def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None

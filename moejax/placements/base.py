@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from moejax.plan.hardware import Profile
     from moejax.plan.theta import ThetaEstimate
     from moejax.sharding.layout import Layout
+    from moejax.sharding.pipeline import PipelineSteps
     from moejax.sharding.setup import LayoutSetup
 
 # What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
@@ -45,6 +46,7 @@ class Placement:
     theta_mode: ClassVar[str | None] = None  # moejax.plan.theta.MODES: Θ applies to this placement
     profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
+    steps_need_weights: ClassVar[bool] = False  # make_steps takes the weights (the Engine builds them on first use)
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget
@@ -94,7 +96,7 @@ class Placement:
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
-                   store: Store = None) -> WholeModelSteps | LayeredSteps:
+                   store: Store = None) -> WholeModelSteps | LayeredSteps | PipelineSteps:
         """The steps a forward runs (logits, score, prefill, decode, chunk, paged_decode): here the whole-model jits,
         which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
         return WholeModelSteps(graphdef, kernels)
@@ -139,6 +141,7 @@ class LayerByLayer(Placement):
     supplies each MoE layer's experts to the loop, and counters and description come from it."""
 
     layer_by_layer = True
+    steps_need_weights = True
 
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
                    store: Store = None) -> LayeredSteps:

@@ -1,13 +1,17 @@
 """Layout specs: how attention and routed experts are spread over devices, e.g. "attn=dp,experts=ep".
 
-Keys: attn in {dp, tp}; experts in {replicated, tp, ep, async_ep, dep}; devices=N (default: all);
+Keys: attn in {dp, tp, pp}; experts in {replicated, tp, ep, async_ep, dep, pp}; devices=N (default: all);
 exchange in {all_to_all, gather} (ep: tokens to experts by two all-to-alls, or by an all-gather of tokens and a
 reduce-scatter of outputs; dep: the same, inside the expert group); for dep (FinDEP): attn_devices=A and
 expert_devices=B (the first A devices run attention, the next B the routed experts; default: half each, or
 whatever `devices` leaves), r1 micro-batches, r2 token chunks per expert step, order in {asas, aass, pppipe}
 (pppipe: MegaScale-Infer's ping-pong pipeline, FinDEP's baseline: the shared expert runs with attention, before
 the sends, and r2 = 1). Each DEP field may be "auto": moejax.load asks FinDEP's solver (moejax.plan); r1, r2 and
-order left auto are also re-solved for each step's shape while the engine runs (`online`; moejax.plan.findep_online)."""
+order left auto are also re-solved for each step's shape while the engine runs (`online`; moejax.plan.findep_online).
+attn=pp,experts=pp (MoE-Prefill Table 1's PP+PP): pipeline parallelism, the decoder layers split contiguously over
+the devices (stages; the first stages take one more layer when they do not divide) and each batch's rows over
+microbatches=M micro-batches (default: one per stage) that flow through the stages GPipe-style
+(moejax.sharding.pipeline); prefill-only: full logits and token log-probabilities."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,15 +19,16 @@ import math
 
 import numpy as np
 
-ATTN = ("dp", "tp")
-EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep")
+ATTN = ("dp", "tp", "pp")
+EXPERTS = ("replicated", "tp", "ep", "async_ep", "dep", "pp")
 EXCHANGES = ("all_to_all", "gather")
 ORDERS = ("asas", "aass", "pppipe")
-IMPLEMENTED = {(a, e) for a in ATTN for e in ("replicated", "tp", "ep", "async_ep")} | {("dp", "dep")}
-_INTS = ("devices", "attn_devices", "expert_devices", "r1", "r2")
+IMPLEMENTED = ({(a, e) for a in ("dp", "tp") for e in ("replicated", "tp", "ep", "async_ep")}
+               | {("dp", "dep"), ("pp", "pp")})
+_INTS = ("devices", "attn_devices", "expert_devices", "r1", "r2", "microbatches")
 AUTO = ("attn_devices", "expert_devices", "r1", "r2", "order")  # experts=dep: "auto" asks FinDEP's solver
 _ONLY_FOR = {"exchange": ("ep", "dep"), "attn_devices": ("dep",), "expert_devices": ("dep",), "r1": ("dep",),
-             "r2": ("dep",), "order": ("dep",)}
+             "r2": ("dep",), "order": ("dep",), "microbatches": ("pp",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Layout:
     # DEP fields (of r1, r2, order) that FinDEP re-solves per step shape (they were "auto"); the values above are
     # the load's solution, for the planned workload
     online: tuple[str, ...] = ()
+    microbatches: int | None = None  # pp: how many micro-batches a step's rows split into (resolve: the stages)
 
     @classmethod
     def parse(cls, spec: str) -> "Layout":
@@ -77,8 +83,10 @@ class Layout:
         """DEP fields left to the planner ("auto")."""
         return tuple(k for k in AUTO if getattr(self, k) == "auto")
 
-    def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0) -> "Layout":
-        """Check against the model and the devices present; fill in `devices`."""
+    def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0, layers: int = 0
+                ) -> "Layout":
+        """Check against the model and the devices present; fill in `devices` (pp: and `microbatches`). A count
+        of 0 (expert_width, heads, layers) is not checked."""
         if self.auto_fields:
             raise ValueError(f"layout: {', '.join(self.auto_fields)}=auto must be planned before the layout is "
                              "resolved")
@@ -90,6 +98,11 @@ class Layout:
         if (self.attn, self.experts) not in IMPLEMENTED:
             raise ValueError(f"layout: attn={self.attn},experts={self.experts} is not implemented yet (have: "
                              f"{', '.join(f'attn={a},experts={e}' for a, e in sorted(IMPLEMENTED))})")
+        if self.attn == "pp":
+            if layers and layers < n:
+                raise ValueError(f"layout: attn=pp,experts=pp splits the {layers} decoder layers over {n} stages "
+                                 f"(devices): each stage needs a layer, so devices must be <= {layers}")
+            return dataclasses.replace(self, devices=n, microbatches=self.microbatches or n)
         if self.experts in ("ep", "async_ep") and num_experts % n:
             raise ValueError(f"layout: experts={self.experts} needs the {num_experts} experts to divide evenly over "
                              f"{n} devices")
@@ -132,7 +145,10 @@ class Layout:
     @property
     def row_multiple(self) -> int:
         """Batches are padded to a multiple of this many rows: the devices that split them (attn=dp; DEP: its
-        attention devices, for each of its r1 micro-batches); 1 under attn=tp or before `resolve`."""
+        attention devices, for each of its r1 micro-batches; pp: its micro-batches); 1 under attn=tp or before
+        `resolve`."""
+        if self.attn == "pp":
+            return self.microbatches or 1
         if self.attn != "dp" or not self.devices:
             return 1
         if self.experts != "dep":
@@ -157,6 +173,8 @@ class Layout:
         if self.experts == "dep":
             out += (f",attn_devices={self.attn_devices},expert_devices={self.expert_devices},r1={self.r1},"
                     f"r2={self.r2},order={self.order}")
+        if self.attn == "pp":
+            out += f",microbatches={self.microbatches}"
         return out + (f",exchange={self.exchange}" if self.experts in ("ep", "dep") else "")
 
 

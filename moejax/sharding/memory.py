@@ -3,7 +3,8 @@
 Routed experts: whole on every device (replicated), 1/P each (ep, tp), 1/P plus the first MoE layer whole plus
 one gathered layer whole (async_ep: the layer being computed; XLA may hold more at once), or 1/B on each of
 DEP's expert devices. Attention arrays split by heads under attn=tp count 1/P; everything else is whole on every
-device (on DEP's attention devices only)."""
+device (on DEP's attention devices only). Pipeline (attn=pp): each device holds its stage's decoder layers, padded
+as moejax.sharding.pipeline stacks them, and the embedding, final norm and head."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +14,7 @@ import numpy as np
 from moejax.models.moe import is_routed_expert
 from moejax.offload.memory_budget import RESERVE_FRACTION, size
 from moejax.sharding.layout import Layout
+from moejax.sharding.stages import stage_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,9 @@ def device_weights(shapes: dict, layout: Layout, first_moe: int | None, head_spl
     """shapes: flat parameter path -> abstract array; head_split: attention array names split by heads (attn=tp)."""
     P = layout.devices
     assert P is not None, "device_weights: resolve the layout first"
+    if layout.attn == "pp":
+        outside, per_stage, experts = stage_bytes(shapes, P)
+        return DeviceWeights(str(layout), outside + per_stage - experts, experts)
     rest = experts = first = 0
     per_layer: dict[int, int] = {}
     for path, a in shapes.items():

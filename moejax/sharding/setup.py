@@ -104,7 +104,7 @@ def layout_of(spec: Layout | str | None, cfg: ModelConfig) -> LayoutSetup | None
     try:
         layout = spec if isinstance(spec, Layout) else Layout.parse(spec)
         layout = layout.resolve(cfg.num_experts or 1, len(jax.devices()), expert_width=cfg.moe_intermediate_size or 0,
-                                heads=cfg.num_heads)
+                                heads=cfg.num_heads, layers=cfg.num_layers)
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
     if layout.experts == "dep":
@@ -115,6 +115,10 @@ def layout_of(spec: Layout | str | None, cfg: ModelConfig) -> LayoutSetup | None
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     assert layout.devices is not None  # resolved
     mesh = make_mesh(layout.devices)
+    if layout.attn == "pp":  # each stage runs its layers' experts locally (moejax.sharding.pipeline)
+        if jax.process_count() > 1:
+            raise ValueError("moejax.load: attn=pp,experts=pp runs in one process")
+        return LayoutSetup(layout, mesh, None, cfg.num_kv_heads or 0)
     first_moe = next((i for i, moe in enumerate(cfg.moe_layers) if moe), None)
     return LayoutSetup(layout, mesh, ShardedExperts(layout, mesh), cfg.num_kv_heads or 0,
                        first_moe=first_moe)

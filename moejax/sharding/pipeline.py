@@ -1,0 +1,206 @@
+"""Pipeline parallelism for prefill (layout attn=pp,experts=pp, MoE-Prefill Table 1's PP+PP): the decoder layers
+split contiguously over P devices (stages, moejax.sharding.stages), a step's rows split into M micro-batches that
+flow through the stages GPipe-style, all in one jit: a shard_map over the stage axis in which each device runs its
+own layers (`lax.switch` on its stage index) and hands its micro-batch's hidden states to the next stage with a
+`ppermute` (a collective-permute in the compiled HLO, which moejax.sharding.hlo_comm counts).
+
+Schedule: tick t = 0 .. M+P-2; at tick t stage s runs micro-batch t-s when 0 <= t-s < M (else it idles: the
+pipeline's fill and drain bubbles), then every stage passes its output on (ticks 0 .. M+P-3, one
+collective-permute each). Stage 0 embeds its micro-batch, the last stage keeps its outputs and runs the head.
+The embedding, final norm and head are on every device (replicated, small next to the layers); each stage's
+layers are stacked by kind (moejax.sharding.stages) into arrays sharded over the stages, so a device holds its
+stage's layers only. The outputs come back from the last stage's device.
+
+Prefill-only: full logits and token log-probabilities (Engine.logits, Engine.token_logprobs). Packed-tree
+scoring, generation (prefill into a KV cache, decode) and the paged steps are refused with a clear error: each
+stage would keep its layers' caches, which this does not implement."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import steps
+from moejax.kernels.backends import Kernels
+from moejax.models.decoder import MoEModel
+from moejax.sharding.experts import AXIS
+from moejax.sharding.layout import Layout
+from moejax.sharding.stages import slots, stage_layers
+
+PREFILL_ONLY = ("layout attn=pp,experts=pp runs prefill-only scoring (Engine.logits, Engine.token_logprobs); {what} "
+                "would keep each stage's KV cache on its device, which the pipeline does not implement")
+
+
+class StageStore:
+    """The decoder layers' tensors, kept on the host as loading gives them until PipelineSteps stacks them by stage
+    (the params hold 0-d stand-ins for them)."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[tuple, np.ndarray] = {}
+
+    def add(self, path: tuple, array: Any) -> jax.Array:
+        self.arrays[path] = np.asarray(array)
+        return jnp.zeros((), self.arrays[path].dtype)
+
+
+class _Layer:
+    """How one decoder layer is rebuilt inside the stage program: its graphdef, its state's tree structure, and
+    where its arrays sit in the stacked weights (kind index, slot on its stage)."""
+
+    def __init__(self, graphdef: nnx.GraphDef, treedef: Any, kind: int, slot: int) -> None:
+        self.graphdef, self.treedef, self.kind, self.slot = graphdef, treedef, kind, slot
+
+
+class PipelineSteps:
+    """`logits` and `logprobs` with the signatures of the Engine's jitted steps (moejax.whole_model_steps); the
+    others raise. Each step has `.lower(params, *args, **static)` for the compiled HLO (Engine.explain)."""
+
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, store: StageStore,
+                 layout: Layout, mesh: Mesh) -> None:
+        assert layout.devices is not None and layout.microbatches is not None  # resolved
+        self.layout, self.mesh, self.kernels, self.graphdef = layout, mesh, kernels, graphdef
+        model = steps.model_of(graphdef, params)
+        self.stages = stage_layers(len(model.layers), layout.devices)
+        splits = [nnx.split(layer) for layer in model.layers]
+        layer_arrays, kinds = [], []
+        for i, (_, standin) in enumerate(splits):
+            arrays = [store.arrays.pop(("layers", i, *path)) for path, _ in nnx.to_flat_state(standin)]
+            treedef = jax.tree.structure(standin)
+            layer_arrays.append(arrays)
+            kinds.append((treedef, tuple((a.shape, a.dtype.name) for a in arrays)))
+        counts, where = slots(kinds, layout.devices)
+        kind_list = list(counts)
+        self.layers = [_Layer(g, kinds[i][0], kind_list.index(where[i][0]), where[i][1])
+                       for i, (g, _) in enumerate(splits)]
+        self.weights = [self._stack(kind, counts[kind], [i for i in range(len(kinds)) if kinds[i] == kind],
+                                    layer_arrays) for kind in kind_list]
+        self.logits = _Step(self, steps.logits_end)
+        self.logprobs = _Step(self, steps.logprobs_end)
+
+    def _stack(self, kind: tuple, n: int, members: list[int], layer_arrays: list[list[np.ndarray]]
+               ) -> list[jax.Array]:
+        """One kind's arrays, [stages, n slots, *shape] each, sharded by stage: each device's block built from its
+        own stage's layers (zeros in unused slots)."""
+        sharding = NamedSharding(self.mesh, P(AXIS))
+        stages = self.layout.devices
+        assert stages is not None  # resolved
+
+        def blocks(leaf: int, shape: tuple, dtype: str) -> Callable[[Any], np.ndarray]:
+            def block(index: Any) -> np.ndarray:  # index: this device's slices of the stacked array
+                stage = index[0].start or 0
+                arr = np.zeros((1, n, *shape), dtype)
+                for i in members:
+                    if i in self.stages[stage]:
+                        arr[0, self.layers[i].slot] = layer_arrays[i][leaf]
+                return arr
+            return block
+        out: list[jax.Array] = []
+        for leaf, (shape, dtype) in enumerate(kind[1]):
+            out.append(jax.make_array_from_callback((stages, n, *shape), sharding, blocks(leaf, shape, dtype)))
+        return out
+
+    def program(self, end: Callable, static: dict) -> Any:
+        """The jitted step (params, weights, *args) -> per-stage outputs stacked [stages, ...] (the last stage's
+        are the step's)."""
+        layout = self.layout
+        S, M = layout.devices, layout.microbatches
+        assert S is not None and M is not None  # resolved
+
+        def run_stage(stage: int, weights: list, x: jax.Array, at: Any) -> jax.Array:
+            for i in self.stages[stage]:
+                spec = self.layers[i]
+                leaves = [a[0, spec.slot] for a in weights[spec.kind]]
+                layer = nnx.merge(spec.graphdef, jax.tree.unflatten(spec.treedef, leaves))
+                x, _ = layer(x, at, None, None, read_cache=True, kernels=self.kernels)
+            return x
+
+        def per_device(params: nnx.State, weights: list, tokens: jax.Array, *args: Any) -> Any:
+            model: MoEModel = steps.model_of(self.graphdef, params)
+            stage = jax.lax.axis_index(AXIS)
+            B, T = tokens.shape
+            rows = B // M
+            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (rows, T))
+            branches = [functools.partial(run_stage, s, weights) for s in range(S)] + [lambda x, at: x]
+            held = jnp.zeros((rows, T, model.cfg.hidden_size), model.embed.dtype)
+            at = None
+            finished = []
+            for t in range(M + S - 1):
+                if t < M:  # stage 0 starts micro-batch t
+                    x, at = model.embed_inputs(tokens[t * rows:(t + 1) * rows], positions)
+                    held = jnp.where(stage == 0, x, held)
+                busy = (t - stage >= 0) & (t - stage < M)
+                held = jax.lax.switch(jnp.where(busy, stage, S), branches, held, at)
+                if t >= S - 1:  # the last stage finished micro-batch t - (S-1)
+                    finished.append(held)
+                if S > 1 and t < M + S - 2:
+                    held = jax.lax.ppermute(held, AXIS, [(s, s + 1) for s in range(S - 1)])
+            x = jnp.concatenate(finished, axis=0)
+
+            def head() -> Any:
+                return end(model, x, [], None, tokens, *args, **static)
+            shapes = jax.eval_shape(head)
+            out = jax.lax.cond(stage == S - 1, head,
+                               lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+            return jax.tree.map(lambda a: a[None], out)
+
+        def step(params: nnx.State, weights: list, tokens: jax.Array, *args: Any) -> Any:
+            B = tokens.shape[0]
+            if B % M:
+                raise ValueError(f"pipeline: the batch's {B} rows do not split into {M} micro-batches (pad rows to "
+                                 "a multiple of Layout.row_multiple)")
+            return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(AXIS), P()) + (P(),) * len(args),
+                                 out_specs=P(AXIS), check_vma=False)(params, weights, tokens, *args)
+        return jax.jit(step)
+
+    def last_stage(self, out: Any) -> Any:
+        """The last stage's block of each stacked output, as an array on that stage's device."""
+        last = self.mesh.devices.flat[-1]
+
+        def take(a: jax.Array) -> jax.Array:
+            (shard,) = [s for s in a.addressable_shards if s.device == last]
+            return shard.data[0]
+        return jax.tree.map(take, out)
+
+    # -- the steps a pipeline does not run -------------------------------------------------------------------------
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(PREFILL_ONLY.format(what="packed-tree scoring (prefix KV pool)"))
+
+    def prefill(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(PREFILL_ONLY.format(what="generation's prefill"))
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(PREFILL_ONLY.format(what="decode"))
+
+    def chunk(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(PREFILL_ONLY.format(what="continuous batching's chunked prefill"))
+
+    def paged_decode(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(PREFILL_ONLY.format(what="continuous batching's decode"))
+
+
+class _Step:
+    """One pipelined step: called as the Engine's jitted steps are (params, *args, **static); `lower` gives the
+    jit's Lowered for the same arguments."""
+
+    def __init__(self, pipeline: PipelineSteps, end: Callable) -> None:
+        self.pipeline, self.end = pipeline, end
+        self._jits: dict[tuple, Any] = {}
+
+    def _jit(self, static: dict) -> Any:  # a jax.jit
+        key = tuple(sorted(static.items()))
+        if key not in self._jits:
+            self._jits[key] = self.pipeline.program(self.end, static)
+        return self._jits[key]
+
+    def __call__(self, params: nnx.State, *args: Any, **static: Any) -> Any:
+        return self.pipeline.last_stage(self._jit(static)(params, self.pipeline.weights, *args))
+
+    def lower(self, params: nnx.State, *args: Any, **static: Any) -> Any:
+        return self._jit(static).lower(params, self.pipeline.weights, *args)
