@@ -8,6 +8,9 @@ ratio to the one-device model; and the bytes each device sends per layer, analyt
 implemented, and MoE-Prefill Table 1's figure) next to measured:
 - single-program layouts: the collectives of the compiled full-logits step (moejax.sharding.hlo_comm), those
   inside the routed experts' shard_map programs per MoE layer, the rest per layer ("attention");
+- pipeline (attn=pp,experts=pp): the collective-permutes of the compiled full-logits step (its stage program is
+  one shard_map), per layer as "attention"; it runs prefill-only scoring, so its timed call is always
+  `engine.logits` (the row's `call` says so);
 - dep: `engine.stats()` of one forward (A->E and E->A bytes between the groups, padding included), per MoE layer
   and per sending device, plus the collectives of the expert group's compiled program (EP inside the group);
 - async_ep with placement=streamed: the collectives of one MoE layer's compiled program (it all-gathers the next
@@ -68,7 +71,7 @@ class Case:
         lay = self.layout
         if lay.experts == "dep":
             return f"dep {lay.attn_devices}+{lay.expert_devices} r1={lay.r1} r2={lay.r2} {lay.order}"
-        name = f"{lay.attn}/{lay.experts}"
+        name = f"{lay.attn}/{lay.experts}" + (f" M={lay.microbatches}" if lay.attn == "pp" else "")
         if lay.experts == "ep":
             name += " a2a" if lay.exchange == "all_to_all" else " gather"
         if self.streamed:
@@ -105,7 +108,8 @@ def _largest_divisor(n: int, at_most: int, at_least: int = 1) -> int | None:
 
 def default_specs(cfg: ModelConfig, n: int) -> list[str]:
     """Every layout that fits `n` devices: attn=tp on the most devices that divide the heads; DEP with half the
-    devices (or the nearest that divides the experts) as its expert group."""
+    devices (or the nearest that divides the experts) as its expert group; the pipeline over all n (when the model
+    has n layers or more)."""
     E, width = cfg.num_experts, cfg.moe_intermediate_size or 0
     specs = ["attn=dp,experts=replicated"]
     specs += ["attn=dp,experts=tp"] if width and width % n == 0 else []
@@ -122,6 +126,8 @@ def default_specs(cfg: ModelConfig, n: int) -> list[str]:
         specs += [f"{groups},r1=1,r2=1,order=asas", f"{groups},r1=2,r2=2,order=asas", f"{groups},r1=2,r2=2,order=aass"]
     if E % n == 0:
         specs.append("attn=dp,experts=async_ep,placement=streamed,window=1")
+    if cfg.num_layers >= n:
+        specs.append("attn=pp,experts=pp")
     return specs
 
 
@@ -139,7 +145,7 @@ def parse_case(spec: str, cfg: ModelConfig, n: int) -> Case:
             layout_parts.append(part)
     layout = Layout.parse(",".join(layout_parts)).resolve(cfg.num_experts or 1, n,
                                                           expert_width=cfg.moe_intermediate_size or 0,
-                                                          heads=cfg.num_heads)
+                                                          heads=cfg.num_heads, layers=cfg.num_layers)
     if load and not (layout.experts == "async_ep" and load.get("placement") == "streamed"):
         raise ValueError(f"layout {spec!r}: placement/window combine with a layout only as experts=async_ep, "
                          "placement=streamed")
@@ -166,9 +172,13 @@ def _per(by_kind: dict, times: int) -> dict:
 
 def measured_hlo(engine, B: int, T: int) -> dict:
     """The compiled full-logits step's collectives: inside the expert programs per MoE layer, the rest per layer
-    (means over the step)."""
+    (means over the step); the pipeline's, all inside its stage program, per layer."""
     text = engine.steps.logits.lower(engine.params, jax.ShapeDtypeStruct((B, T), jnp.int32)).compile().as_text()
     found = hlo_comm.collectives(text)
+    if engine.layout is not None and engine.layout.attn == "pp":
+        return dict(source="collectives of the compiled full-logits step (the pipeline's stage program)",
+                    collectives=len(found), experts={},
+                    attention=_per(hlo_comm.bytes_by_kind(found), engine.config.num_layers))
     return dict(source="collectives of the compiled full-logits step", collectives=len(found),
                 attention=_per(hlo_comm.bytes_by_kind(found, in_shard_map=False), engine.config.num_layers),
                 experts=_per(hlo_comm.bytes_by_kind(found, in_shard_map=True), sum(engine.config.moe_layers)))
@@ -297,7 +307,8 @@ def check_args(args) -> tuple[ModelConfig, list[Case], dict]:
 def _run_case(case: Case, args, ids, figures: dict, baseline_tps: float | None) -> dict:
     engine = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
                          compilation_cache=False, layout=case.layout if case.spec else None, **case.load)
-    run = timed_call(engine, args.call, ids)
+    call = "logits" if case.layout.attn == "pp" else args.call  # the pipeline is prefill-only scoring
+    run = timed_call(engine, call, ids)
     first, runs, other = time_calls(run, args.repeats)
     median = float(np.median(runs))
     tps = ids.size / median
@@ -310,7 +321,7 @@ def _run_case(case: Case, args, ids, figures: dict, baseline_tps: float | None) 
         measured = measured_hlo(engine, B, T)
     del engine
     gc.collect()
-    return dict(spec=case.spec, label=case.label, layout=str(case.layout), load=case.load,
+    return dict(spec=case.spec, label=case.label, layout=str(case.layout), load=case.load, call=call,
                 devices=case.layout.devices, tokens_per_s=tps,
                 ratio_to_one_device=None if baseline_tps is None else tps / baseline_tps,
                 seconds_median=median, seconds_min=min(runs), seconds=runs, first_call_s=first,

@@ -16,6 +16,8 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=tp", "attn=dp,experts=ep",
            "attn=dp,experts=ep,exchange=gather", "attn=dp,experts=ep,devices=4", "attn=dp,experts=async_ep",
            "attn=tp,experts=tp,devices=4", "attn=tp,experts=ep,devices=4"]  # the fixtures have 4 heads
+# Pipelines (Table 1's PP+PP): 3 layers over 2 stages, 2 micro-batches; over 3 stages, 4 micro-batches
+PIPELINES = ["attn=pp,experts=pp,devices=2", "attn=pp,experts=pp,devices=3,microbatches=4"]
 # Every layout on qwen3_moe and deepseek_v2_lite (shared experts, a dense first layer, MLA); on gpt_oss those its
 # biases change (expert biases gathered, be_down under tp, o_bias after the attn=tp all-reduce). deepseek's attn=tp
 # runs 7 tokens, which the expert program pads to a multiple of the devices (attn=dp splits batch rows: its batch
@@ -23,7 +25,8 @@ LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=tp", "attn=dp,experts=
 CASES = [("qwen3_moe", spec, (8, 16)) for spec in LAYOUTS] + \
     [("deepseek_v2_lite", spec, (1, 7) if spec.startswith("attn=tp") else (8, 16)) for spec in LAYOUTS] + \
     [("gpt_oss", spec, (8, 16)) for spec in ("attn=dp,experts=tp", "attn=dp,experts=async_ep",
-                                             "attn=tp,experts=tp,devices=4")]
+                                             "attn=tp,experts=tp,devices=4")] + \
+    [("qwen3_moe", PIPELINES[0], (8, 16)), ("gpt_oss", PIPELINES[1], (8, 16))]
 EXPLAIN = ("qwen3_moe", "attn=tp,experts=tp,devices=4")  # attention and experts both modelled
 
 

@@ -32,10 +32,11 @@ class EnginePlan:
     placement: PlacementSettings = PlacementSettings()
     layout: Layout | str | None = option(  # a Layout (fields may be "auto"), "auto", or None: one device
         None, type=str, checked=False,
-        help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp; experts replicated|tp|ep|"
-             "async_ep|dep; devices=N; exchange=all_to_all|gather; dep: attn_devices, expert_devices, r1, r2, order "
-             "asas|aass|pppipe, each may be auto (FinDEP's solver); see moejax.sharding), or auto: the layout the "
-             "planner predicts fastest (--explain says why)")
+        help="spread the model over devices, e.g. attn=dp,experts=ep (keys: attn dp|tp|pp; experts replicated|tp|ep|"
+             "async_ep|dep|pp; devices=N; exchange=all_to_all|gather; dep: attn_devices, expert_devices, r1, r2, order "
+             "asas|aass|pppipe, each may be auto (FinDEP's solver); attn=pp,experts=pp: pipeline stages, prefill-only "
+             "scoring, microbatches=M; see moejax.sharding), or auto: the layout the planner predicts fastest "
+             "(--explain says why)")
     profile: str | None = option(  # None: the devices' own (moejax.plan.resolve)
         None, type=str,
         help="hardware profile that auto choices and --theta eq1 consult: h100, h200, a100, l4, t4 or a JSON from "

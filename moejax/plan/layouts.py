@@ -121,10 +121,11 @@ def predict_layout(cfg: ModelConfig, profile: Profile, layout: Layout, tokens: i
 
 
 def candidates(cfg: ModelConfig, devices: int) -> list[Layout]:
-    """Every implemented non-DEP layout that resolves for the model on `devices` devices."""
+    """Every implemented layout that resolves for the model on `devices` devices, but DEP (FinDEP's solver plans
+    it) and the pipeline (prefill-only, and its bubbles are not in this model)."""
     out = []
     for attn, experts in sorted(IMPLEMENTED):
-        if experts == "dep" or attn not in ATTN:
+        if experts in ("dep", "pp") or attn not in ATTN:
             continue
         try:
             out.append(Layout(attn=attn, experts=experts).resolve(cfg.num_experts or 1, devices,
