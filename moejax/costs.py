@@ -291,6 +291,37 @@ def _pipeline_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: in
                       (S - 1) / S * batch * seq * D * b / L, 0.0)
 
 
+# MoE-Prefill Table 1's rows: (attention, experts) strategies
+TABLE_1 = (("dp", "replicated"), ("dp", "tp"), ("dp", "ep"), ("tp", "tp"), ("tp", "ep"), ("pp", "pp"), ("sp", "tp"),
+           ("sp", "ep"), ("dp", "async_ep"))
+
+
+def table_1(cfg: ModelConfig, attn: str, experts: str, devices: int, batch: int, seq: int, dtype_bytes: int
+            ) -> tuple[float, float]:
+    """MoE-Prefill Table 1's per-device, per-layer forward bytes (attention, experts) for one of its rows (TABLE_1,
+    "dp", "replicated" for its DP+DP), P = `devices`. The implemented rows are layout_comm's `ideal_*`. SP, which
+    no layout implements (so nothing is checked against HLO), splits each sequence's tokens over the devices:
+    attention all-gathers the other devices' keys and values ((P-1)/P of N tokens' k and v: GQA 2*Hkv*hd per
+    token, MLA its latent and rope key), then the experts move tokens as under DP (SP+TP: an all-gather of the
+    tokens and a reduce-scatter of the outputs, Table 1's "2 All-Gather + 1 Reduce-Scatter" with the attention's;
+    SP+EP: the two all-to-alls, "1 All-Gather + 2 All-to-All")."""
+    if (attn, experts) not in TABLE_1:
+        raise ValueError(f"table_1: attn={attn},experts={experts} is not one of Table 1's rows "
+                         f"({', '.join(f'{a}+{e}' for a, e in TABLE_1)})")
+    if attn != "sp":
+        comm = layout_comm(cfg, Layout(attn=attn, experts=experts, devices=devices,
+                                       microbatches=devices if attn == "pp" else None), batch, seq, dtype_bytes)
+        return comm.ideal_attention, comm.ideal_experts
+    P, N, b, D = devices, batch * seq, dtype_bytes, cfg.hidden_size
+    ring = (P - 1) / P
+    if cfg.attention == "mla":
+        kv = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    else:
+        kv = 2 * cfg.num_kv_heads * cfg.head_dim
+    experts_bytes = 2 * ring * N * D * b if experts == "tp" else _ideal_ep(ring, N, P, cfg.num_experts_per_tok, D, b)
+    return ring * N * kv * b, experts_bytes
+
+
 def _expert_transfers(cfg: ModelConfig, layout: Layout, N: int, n: int, b: int
                       ) -> tuple[tuple[Transfer, ...], float]:
     """(what moejax.sharding.experts moves per MoE layer, Table 1's figure)."""

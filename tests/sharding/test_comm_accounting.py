@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from moejax.config import ModelConfig
-from moejax.costs import layout_comm
+from moejax.costs import TABLE_1, layout_comm, table_1
 from moejax.offload.memory_budget import size
 from moejax.sharding import hlo_comm
 from moejax.sharding.layout import Layout
@@ -146,6 +146,29 @@ def test_table_1_figures():
     assert ideal("attn=dp,experts=async_ep") == approx((0, 7 / 8 * W))  # one all-gather of weights
     assert ideal("attn=tp,experts=tp,devices=4", 4) == approx((2 * 3 / 4 * N * D * b,) * 2)  # two all-reduces
     assert ideal("attn=tp,experts=ep,devices=4", 4) == approx((2 * 3 / 4 * N * D * b, 2 * 3 / 4 * N / 4 * k * D * b))
+
+
+def test_table_1_rows_with_pipeline_and_sequence_parallelism():
+    """Every row of Table 1: the implemented ones are layout_comm's ideal figures; PP+PP sends the hidden states
+    over each of the P-1 stage boundaries once (per device, per layer); SP all-gathers the other devices' keys and
+    values (MLA: its latent and rope key) and then moves tokens to the experts as DP does."""
+    cfg, mla = config("qwen3_moe"), config("deepseek_v2_lite")
+    D, b, B, T, P = cfg.hidden_size, 2, 8, 64, 4
+    N = B * T
+    rows = {(a, e): table_1(cfg, a, e, P, B, T, b) for a, e in TABLE_1}
+    assert len(rows) == 9
+    for attn, experts in TABLE_1:
+        if attn not in ("sp", "pp"):
+            comm = layout_comm(cfg, resolved(f"attn={attn},experts={experts},devices={P}", cfg), B, T, b)
+            assert rows[attn, experts] == (comm.ideal_attention, comm.ideal_experts)
+    assert rows["pp", "pp"] == approx((3 / 4 * N * D * b / cfg.num_layers, 0.0))
+    kv = 3 / 4 * N * 2 * cfg.num_kv_heads * cfg.head_dim * b
+    assert rows["sp", "tp"] == approx((kv, rows["dp", "tp"][1]))
+    assert rows["sp", "ep"] == approx((kv, rows["dp", "ep"][1]))
+    latent = 3 / 4 * N * (mla.kv_lora_rank + mla.qk_rope_head_dim) * b
+    assert table_1(mla, "sp", "ep", P, B, T, b)[0] == approx(latent)
+    with pytest.raises(ValueError, match="attn=sp,experts=replicated is not one of Table 1's rows"):
+        table_1(cfg, "sp", "replicated", P, B, T, b)
 
 
 def test_all_to_all_padding_overhead_is_visible():
