@@ -134,9 +134,10 @@ class Engine:
         """The memory budget, the placement and (when profiled) the saturation threshold, as text. For a
         layer-by-layer placement this builds it, which loads the weights. With a layout, also the communication
         per device per layer for a forward over `comm_shape` = (batch, seq) tokens (default: one row of 128
-        tokens per device): the analytic figures (moejax.costs.layout_comm, as implemented and MoE-Prefill
-        Table 1's) next to the collectives of the compiled full-logits step, which this compiles (loading the
-        weights first if they are not yet: the compiled step depends on how they are placed)."""
+        tokens per device; the pipeline: per micro-batch): the analytic figures (moejax.costs.layout_comm, as
+        implemented and MoE-Prefill Table 1's) next to the collectives of the compiled full-logits step, which
+        this compiles (loading the weights first if they are not yet: the compiled step depends on how they are
+        placed)."""
         from moejax.offload.memory_budget import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
@@ -161,7 +162,7 @@ class Engine:
         from moejax.sharding import hlo_comm
         lay = self.layout
         assert lay is not None and lay.devices is not None  # explain() asks with a layout, resolved at load
-        default_batch = lay.attn_devices if lay.experts == "dep" else lay.devices
+        default_batch = {"dep": lay.attn_devices, "pp": lay.microbatches}.get(lay.experts, lay.devices)
         assert default_batch is not None  # DEP's groups are resolved with the layout
         B, T = shape or (default_batch, min(128, self.config.max_position_embeddings))
         comm = layout_comm(self.config, lay, B, T, self.dtype.itemsize)
