@@ -37,6 +37,7 @@ def case(name: str, spec: str) -> dict:
         out["logprobs_rel"] = max(rel(np.concatenate([np.ravel(x) for x in g[:2]]),
                                       np.concatenate([np.ravel(x) for x in w[:2]])) for g, w in zip(got, want))
         out["same_top_ids"] = all(np.array_equal(g[2], w[2]) for g, w in zip(got, want))
+        out["explain"] = engine.explain((4, 16))
     steps = engine.steps
     stages = engine.layout.devices
     mesh = list(engine.placement.layout_setup.mesh.devices.flat)

@@ -5,6 +5,7 @@ and layer kinds spread unevenly; generation is refused; the split and the commun
 of the compiled step against moejax.costs.layout_comm: tests/sharding/test_comm_accounting.py."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -114,8 +115,12 @@ def test_pipelined_logits_equal_one_device(results):
         assert got["blocks_on_their_stage"], case  # each stage's layers on its own device
         assert got["layer_params_in_state"] == 1, case  # the params hold 0-d stand-ins for the layers
     even = cases["qwen3_moe_nonorm|attn=pp,experts=pp,devices=4"]
-    assert even["layout"].endswith("microbatches=4") and even["slots"] == [[4, 1]]
+    # one layer per stage, MoE and dense layers alternating: each stage holds a slot of each kind, one of them padding
+    assert even["layout"].endswith("microbatches=4") and even["slots"] == [[4, 1], [4, 1]]
     assert even["logprobs_rel"] < TOL and even["same_top_ids"]
+    attention = next(line for line in even["explain"].splitlines() if line.strip().startswith("attention (x4)"))
+    analytic = re.search(r"analytic collective-permute ([\d.]+ \w+)", attention).group(1)
+    assert re.search(r"measured collective-permute ([\d.]+ \w+)", attention).group(1) == analytic, attention
     # 3 layers over 2 stages (2 + 1): the MoE kind and the dense middle layer's, one slot each on each stage
     assert cases["qwen3_moe|attn=pp,experts=pp,devices=2"]["slots"] == [[2, 1], [2, 1]]
 
