@@ -34,7 +34,8 @@ def measure(engine, shape):
     text = engine.steps.logits.lower(engine.params, jnp.zeros(shape, jnp.int32)).compile().as_text()
     found = hlo_comm.collectives(text)
     return dict(experts=hlo_comm.bytes_by_kind(found, in_shard_map=True),
-                other=hlo_comm.bytes_by_kind(found, in_shard_map=False), in_loop=sum(c.in_loop for c in found))
+                other=hlo_comm.bytes_by_kind(found, in_shard_map=False), in_loop=sum(c.in_loop for c in found),
+                unknown_runs=sum(c.runs is None for c in found))
 
 
 def main():

@@ -7,8 +7,10 @@ of O = P*result bytes (P-1)/P*O; all-reduce of S bytes 2(P-1)/P*S; all-to-all of
 
 Async forms count once, at their `-start` (GPU: `all-gather-start`, `all-reduce-start`, sugared `all-to-all-start`
 ...); `-done` halves are skipped. An async collective printed as `async-start(..., calls=%c)` is counted where its
-collective appears, inside %c. Each instruction counts once however often it runs: a collective inside a while
-loop's body (or anything it calls) is flagged `in_loop`, since it runs once per iteration."""
+collective appears, inside %c. A collective inside a while loop's body (or anything it calls) is flagged
+`in_loop`: it runs once per iteration. Where XLA knows the loop's trip count (`known_trip_count` in its
+backend_config; nested loops multiply) `runs` says how often, and totals count it that many times; otherwise
+`runs` is None and totals refuse it. Any other instruction counts once however often it runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +25,8 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*(?:\(.*\)\s*->.
 _ARRAY = re.compile(r"(?P<dtype>pred|token|[a-z]+\d+[a-z0-9]*)\[(?P<dims>[^\]]*)\](?:\{[^}]*\})?")
 _CALLS = re.compile(r"\b(?:body|condition|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
 _LOOP = re.compile(r"\b(?:body|condition)=%?([\w.\-]+)")
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_TRIPS = re.compile(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)')
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 
 
@@ -35,7 +39,8 @@ class Collective:
     bytes_sent: float  # per device, ring convention (module docstring)
     op_name: str  # metadata op_name ("" when absent): where JAX traced it, e.g. ".../shard_map/all_to_all"
     computation: str
-    in_loop: bool  # inside a while loop: runs once per iteration, counted once here
+    in_loop: bool  # inside a while loop: runs once per iteration
+    runs: int | None = 1  # executions per run of the module: known trip counts multiplied (None: a loop's is unknown)
 
     @property
     def in_shard_map(self) -> bool:
@@ -154,17 +159,22 @@ def collectives(hlo_text: str) -> list[Collective]:
     found: list[Collective] = []
     calls: dict[str, set[str]] = {}
     loops: list[str] = []
-    computation = ""
+    trips: dict[str, int | None] = {}  # a while body -> its known trip count (None: unknown); conditions: None
+    entry, computation = None, ""
     for line in hlo_text.splitlines():
         head = _COMPUTATION.match(line)
         if head:
             computation = head.group("name")
+            entry = computation if line.startswith("ENTRY") else entry
             continue
         called = _CALLS.findall(line) + [c.strip().lstrip("%") for b in _BRANCHES.findall(line) for c in b.split(",")]
         if called:
             calls.setdefault(computation, set()).update(called)
         if " while(" in line:
             loops += _LOOP.findall(line)
+            n = _TRIPS.search(line)
+            trips.update({c: None for c in _LOOP.findall(line)})
+            trips.update({c: int(n.group(1)) if n else None for c in _BODY.findall(line)})
         m = _INSTR.match(line)
         if not m:
             continue
@@ -176,7 +186,33 @@ def collectives(hlo_text: str) -> list[Collective]:
         found.append(Collective(kind, m.group("name"), tuple(arrays), group, bytes_sent(kind, size, group),
                                 op_name.group(1) if op_name else "", computation, False))
     looped = _reachable(loops, calls)
-    return [dataclasses.replace(c, in_loop=c.computation in looped) for c in found]
+    runs = _runs(entry, calls, trips) if entry is not None else {}
+    return [dataclasses.replace(c, in_loop=c.computation in looped,
+                                runs=runs.get(c.computation, 1) if c.computation in looped else 1) for c in found]
+
+
+def _runs(entry: str, calls: dict, trips: dict) -> dict[str, int | None]:
+    """How often each computation reachable from `entry` runs per run of the module: a loop body's trip count times
+    its caller's (summed over the computations that call it), None where some loop's count is unknown."""
+    callers: dict[str, set[str]] = {}
+    for caller, called in calls.items():
+        for c in called:
+            callers.setdefault(c, set()).add(caller)
+    memo: dict[str, int | None] = {entry: 1}
+    reachable = _reachable([entry], calls)
+
+    def runs(c: str, seen: frozenset = frozenset()) -> int | None:
+        if c not in memo:
+            total: int | None = 0
+            for caller in callers.get(c, ()):
+                if caller not in reachable or caller in seen:
+                    continue
+                r = runs(caller, seen | {c})
+                factor = trips[c] if c in trips else 1
+                total = None if total is None or r is None or factor is None else total + r * factor
+            memo[c] = total
+        return memo[c]
+    return {c: runs(c) for c in reachable}
 
 
 def _reachable(roots: list, calls: dict) -> set:
@@ -191,13 +227,15 @@ def _reachable(roots: list, calls: dict) -> set:
 
 
 def bytes_by_kind(found: list[Collective], *, in_shard_map: bool | None = None) -> dict[str, float]:
-    """Total bytes sent per device by kind (kinds with none left out); optionally only those inside (True) or
-    outside (False) shard_map programs. Refuses collectives in loops, whose count depends on the trip count."""
-    looped = [c.name for c in found if c.in_loop]
-    if looped:
-        raise ValueError(f"collectives inside while loops run once per iteration: {looped[:5]}")
+    """Total bytes sent per device by kind (kinds with none left out), each collective as often as it runs;
+    optionally only those inside (True) or outside (False) shard_map programs. Refuses collectives in loops whose
+    trip count XLA does not know."""
+    unknown = [c.name for c in found if c.runs is None]
+    if unknown:
+        raise ValueError(f"collectives inside while loops of unknown trip count run once per iteration: {unknown[:5]}")
     out: dict[str, float] = {}
     for c in found:
         if in_shard_map is None or c.in_shard_map == in_shard_map:
-            out[c.kind] = out.get(c.kind, 0.0) + c.bytes_sent
+            assert c.runs is not None  # refused above
+            out[c.kind] = out.get(c.kind, 0.0) + c.bytes_sent * c.runs
     return out

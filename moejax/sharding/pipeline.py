@@ -7,6 +7,8 @@ own layers (`lax.switch` on its stage index) and hands its micro-batch's hidden 
 Schedule: tick t = 0 .. M+P-2; at tick t stage s runs micro-batch t-s when 0 <= t-s < M (else it idles: the
 pipeline's fill and drain bubbles), then every stage passes its output on (ticks 0 .. M+P-3, one
 collective-permute each). Stage 0 embeds its micro-batch, the last stage keeps its outputs and runs the head.
+The ticks that send are one loop (`fori_loop`: each stage's layers compile once, whatever M; XLA knows its trip
+count, which moejax.sharding.hlo_comm multiplies), the last tick follows it.
 The embedding, final norm and head are on every device (replicated, small next to the layers); each stage's
 layers are stacked by kind (moejax.sharding.stages) into arrays sharded over the stages, so a device holds its
 stage's layers only. The outputs come back from the last stage's device.
@@ -127,21 +129,32 @@ class PipelineSteps:
             B, T = tokens.shape
             rows = B // M
             positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (rows, T))
+            by_micro = tokens.reshape(M, rows, T)
+            _, at = model.embed_inputs(by_micro[0], positions)  # the same positions in every micro-batch
             branches = [functools.partial(run_stage, s, weights) for s in range(S)] + [lambda x, at: x]
-            held = jnp.zeros((rows, T, model.cfg.hidden_size), model.embed.dtype)
-            at = None
-            finished = []
-            for t in range(M + S - 1):
-                if t < M:  # stage 0 starts micro-batch t
-                    x, at = model.embed_inputs(tokens[t * rows:(t + 1) * rows], positions)
-                    held = jnp.where(stage == 0, x, held)
-                busy = (t - stage >= 0) & (t - stage < M)
+
+            def tick(t: Any, held: jax.Array, finished: jax.Array) -> tuple[jax.Array, jax.Array]:
+                x, _ = model.embed_inputs(by_micro[jnp.minimum(t, M - 1)], positions)
+                held = jnp.where((stage == 0) & (t < M), x, held)  # stage 0 starts micro-batch t
+                busy = (t >= stage) & (t - stage < M)
                 held = jax.lax.switch(jnp.where(busy, stage, S), branches, held, at)
-                if t >= S - 1:  # the last stage finished micro-batch t - (S-1)
-                    finished.append(held)
-                if S > 1 and t < M + S - 2:
+                done = t - (S - 1)  # the last stage finished this micro-batch
+                finished = jnp.where((stage == S - 1) & (done >= 0),
+                                     jax.lax.dynamic_update_index_in_dim(finished, held, jnp.maximum(done, 0), 0),
+                                     finished)
+                return held, finished
+
+            def tick_and_send(t: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+                held, finished = tick(t, *carry)
+                if S > 1:
                     held = jax.lax.ppermute(held, AXIS, [(s, s + 1) for s in range(S - 1)])
-            x = jnp.concatenate(finished, axis=0)
+                return held, finished
+            D = model.cfg.hidden_size
+            carry = (jnp.zeros((rows, T, D), model.embed.dtype), jnp.zeros((M, rows, T, D), model.embed.dtype))
+            # one program for every tick but the last (a loop: each stage's layers compile once), which sends nothing
+            carry = jax.lax.fori_loop(0, M + S - 2, tick_and_send, carry)
+            _, finished = tick(M + S - 2, *carry)
+            x = finished.reshape(B, T, D)
 
             def head() -> Any:
                 return end(model, x, [], None, tokens, *args, **static)

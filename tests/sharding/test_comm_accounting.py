@@ -123,6 +123,32 @@ ENTRY %main (p: f32[4]) -> f32[4] {
         hlo_comm.bytes_by_kind(found)
 
 
+def test_collectives_in_loops_of_known_trip_count_count_that_often():
+    """A collective-permute in a loop of 3 iterations, and an all-reduce in a loop of 2 nested in a loop of 5 (as
+    XLA prints `known_trip_count`); the loops' conditions run one more time, but hold no collectives here."""
+    text = """HloModule m, num_partitions=2
+%inner (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %ar = f32[4]{0} all-reduce(%x), replica_groups={{0,1}}, to_apply=%add
+}
+%cond (t: (s32[], f32[4])) -> pred[] {
+  %lt = pred[] compare(%a, %b), direction=LT
+}
+%outer (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %w2 = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%inner, backend_config={"known_trip_count":{"n":"2"}}
+}
+%body (t: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %cp = f32[8]{0} collective-permute(%y), channel_id=1, source_target_pairs={{0,1}}
+}
+ENTRY %main (p: f32[4]) -> f32[4] {
+  %w = (s32[], f32[8]{0}) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %w1 = (s32[], f32[4]{0}) while(%u), condition=%cond, body=%outer, backend_config={"known_trip_count":{"n":"5"}}
+}
+"""
+    found = hlo_comm.collectives(text)
+    assert [(c.kind, c.in_loop, c.runs) for c in found] == [("all-reduce", True, 10), ("collective-permute", True, 3)]
+    assert hlo_comm.bytes_by_kind(found) == {"all-reduce": 10 * 2 * 1 / 2 * 16, "collective-permute": 3 * 32}
+
+
 def test_unreadable_replica_groups_are_an_error():
     with pytest.raises(ValueError, match="replica_groups"):
         one("  %ar = f32[4]{0} all-reduce(%x), to_apply=%add")
@@ -220,11 +246,13 @@ def test_hlo_bytes_equal_the_analytic_figures(measured):
         cfg = config(name)
         B, T = map(int, shape.split("x"))
         comm = layout_comm(cfg, resolved(spec, cfg), B, T, 4)
-        assert got["in_loop"] == 0, case  # every collective of the full-logits step runs once
-        if spec.startswith("attn=pp"):
+        assert got["unknown_runs"] == 0, case  # every collective of the full-logits step runs a known number of times
+        if spec.startswith("attn=pp"):  # the ticks but the last are a loop: one collective-permute, M+P-2 runs
+            assert got["in_loop"] == 1, case
             assert got["other"] == {} and got["experts"] == approx(comm.step_by_kind("attention")), case
             assert set(got["experts"]) == {"collective-permute"} and comm.step_by_kind("experts") == {}, case
             continue
+        assert got["in_loop"] == 0, case
         assert got["experts"] == approx(comm.step_by_kind("experts")), case
         assert got["other"] == approx(comm.step_by_kind("attention")), case
 
