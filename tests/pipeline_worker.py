@@ -11,6 +11,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import moejax  # noqa: E402
+from moejax.sched.packing import ScoreSeq, assemble, pack_row  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 # 4 layers over 4 stages, micro-batches 4 (even); 3 layers over 2 stages, the dense middle layer with the first
@@ -38,6 +39,16 @@ def case(name: str, spec: str) -> dict:
                                       np.concatenate([np.ravel(x) for x in w[:2]])) for g, w in zip(got, want))
         out["same_top_ids"] = all(np.array_equal(g[2], w[2]) for g, w in zip(got, want))
         out["explain"] = engine.explain((4, 16))
+    if name == "gpt_oss":  # packed-tree scoring (sliding windows too) without a prefix pool; with one it is refused
+        arrays, _, span = assemble(score_rows(), 0, engine.row_multiple)
+        got, pool = engine.score_packed(arrays, None, span)
+        out["score_rel"] = rel(got, ref.score_packed(arrays, None, span)[0])
+        out["score_pool"] = pool
+        try:
+            engine.score_packed(arrays, engine.init_pool(4), span)
+            out["score_with_pool"] = "ran"
+        except ValueError as e:
+            out["score_with_pool"] = str(e)
     steps = engine.steps
     stages = engine.layout.devices
     mesh = list(engine.placement.layout_setup.mesh.devices.flat)
@@ -55,6 +66,17 @@ def case(name: str, spec: str) -> dict:
     except ValueError as e:
         out["generate"] = str(e)
     return out
+
+
+def score_rows():
+    """Three packed rows, each a shared context of 12 tokens and three 2-token candidates read at both positions."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for r in range(3):
+        ctx = tuple(rng.integers(1, 100, 12).tolist())
+        rows.append(pack_row([ScoreSeq(ctx + (a, b), 12, r, ((11, a, (r, i, 0)), (12, b, (r, i, 1))))
+                              for i, (a, b) in enumerate(rng.integers(1, 100, (3, 2)).tolist())]))
+    return rows
 
 
 def too_few_layers() -> str:

@@ -13,9 +13,10 @@ The embedding, final norm and head are on every device (replicated, small next t
 layers are stacked by kind (moejax.sharding.stages) into arrays sharded over the stages, so a device holds its
 stage's layers only. The outputs come back from the last stage's device.
 
-Prefill-only: full logits and token log-probabilities (Engine.logits, Engine.token_logprobs). Packed-tree
-scoring, generation (prefill into a KV cache, decode) and the paged steps are refused with a clear error: each
-stage would keep its layers' caches, which this does not implement."""
+Prefill-only: full logits, token log-probabilities and packed-tree scoring without a prefix KV pool
+(Engine.logits, Engine.token_logprobs, Engine.score_packed with pool=None: what launch.serve's scoring runs with
+--prefix-cache-mb 0). Scoring with a prefix pool, generation (prefill into a KV cache, decode) and the paged steps
+are refused with a clear error: each stage would keep its layers' caches, which this does not implement."""
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,9 @@ from moejax.sharding.experts import AXIS
 from moejax.sharding.layout import Layout
 from moejax.sharding.stages import slots, stage_layers
 
-PREFILL_ONLY = ("layout attn=pp,experts=pp runs prefill-only scoring (Engine.logits, Engine.token_logprobs); {what} "
-                "would keep each stage's KV cache on its device, which the pipeline does not implement")
+PREFILL_ONLY = ("layout attn=pp,experts=pp runs prefill-only scoring (Engine.logits, Engine.token_logprobs, "
+                "packed-tree scoring without a prefix cache: serve with --prefix-cache-mb 0); {what} would keep each "
+                "stage's KV cache on its device, which the pipeline does not implement")
 
 
 class StageStore:
@@ -61,8 +63,9 @@ class _Layer:
 
 
 class PipelineSteps:
-    """`logits` and `logprobs` with the signatures of the Engine's jitted steps (moejax.whole_model_steps); the
-    others raise. Each step has `.lower(params, *args, **static)` for the compiled HLO (Engine.explain)."""
+    """`logits`, `logprobs` and `score` (without a prefix pool) with the signatures of the Engine's jitted steps
+    (moejax.whole_model_steps); the others raise. Each step has `.lower(params, rows, **static)` for the compiled
+    HLO (Engine.explain)."""
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, store: StageStore,
                  layout: Layout, mesh: Mesh) -> None:
@@ -83,8 +86,9 @@ class PipelineSteps:
                        for i, (g, _) in enumerate(splits)]
         self.weights = [self._stack(kind, counts[kind], [i for i in range(len(kinds)) if kinds[i] == kind],
                                     layer_arrays) for kind in kind_list]
-        self.logits = _Step(self, steps.logits_end)
-        self.logprobs = _Step(self, steps.logprobs_end)
+        self.logits = _Step(self, _logits)
+        self.logprobs = _Step(self, _logprobs)
+        self._score = _Step(self, _score)
 
     def _stack(self, kind: tuple, n: int, members: list[int], layer_arrays: list[list[np.ndarray]]
                ) -> list[jax.Array]:
@@ -108,9 +112,11 @@ class PipelineSteps:
             out.append(jax.make_array_from_callback((stages, n, *shape), sharding, blocks(leaf, shape, dtype)))
         return out
 
-    def program(self, end: Callable, static: dict) -> Any:
-        """The jitted step (params, weights, *args) -> per-stage outputs stacked [stages, ...] (the last stage's
-        are the step's)."""
+    def program(self, begin: Callable, end: Callable) -> Any:
+        """The jitted step (params, weights, rows) -> per-stage outputs stacked [stages, ...] (the last stage's are
+        the step's). rows: a pytree of [B, ...] arrays, split into micro-batches of B/M rows; begin(model, a
+        micro-batch's rows) -> (hidden states, Positions); end(model, last hidden states [B, T, D], rows) -> the
+        step's outputs."""
         layout = self.layout
         S, M = layout.devices, layout.microbatches
         assert S is not None and M is not None  # resolved
@@ -123,18 +129,15 @@ class PipelineSteps:
                 x, _ = layer(x, at, None, None, read_cache=True, kernels=self.kernels)
             return x
 
-        def per_device(params: nnx.State, weights: list, tokens: jax.Array, *args: Any) -> Any:
+        def per_device(params: nnx.State, weights: list, rows: Any) -> Any:
             model: MoEModel = steps.model_of(self.graphdef, params)
             stage = jax.lax.axis_index(AXIS)
-            B, T = tokens.shape
-            rows = B // M
-            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (rows, T))
-            by_micro = tokens.reshape(M, rows, T)
-            _, at = model.embed_inputs(by_micro[0], positions)  # the same positions in every micro-batch
+            micro = jax.tree.map(lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:]), rows)
             branches = [functools.partial(run_stage, s, weights) for s in range(S)] + [lambda x, at: x]
 
             def tick(t: Any, held: jax.Array, finished: jax.Array) -> tuple[jax.Array, jax.Array]:
-                x, _ = model.embed_inputs(by_micro[jnp.minimum(t, M - 1)], positions)
+                m = jnp.clip(t - stage, 0, M - 1)  # the micro-batch this stage runs at tick t (stage 0: t)
+                x, at = begin(model, jax.tree.map(lambda a: a[m], micro))
                 held = jnp.where((stage == 0) & (t < M), x, held)  # stage 0 starts micro-batch t
                 busy = (t >= stage) & (t - stage < M)
                 held = jax.lax.switch(jnp.where(busy, stage, S), branches, held, at)
@@ -149,27 +152,27 @@ class PipelineSteps:
                 if S > 1:
                     held = jax.lax.ppermute(held, AXIS, [(s, s + 1) for s in range(S - 1)])
                 return held, finished
-            D = model.cfg.hidden_size
-            carry = (jnp.zeros((rows, T, D), model.embed.dtype), jnp.zeros((M, rows, T, D), model.embed.dtype))
+            shape = jax.eval_shape(lambda: begin(model, jax.tree.map(lambda a: a[0], micro))[0])
+            carry = (jnp.zeros(shape.shape, shape.dtype), jnp.zeros((M, *shape.shape), shape.dtype))
             # one program for every tick but the last (a loop: each stage's layers compile once), which sends nothing
             carry = jax.lax.fori_loop(0, M + S - 2, tick_and_send, carry)
             _, finished = tick(M + S - 2, *carry)
-            x = finished.reshape(B, T, D)
+            x = finished.reshape(-1, *shape.shape[1:])
 
             def head() -> Any:
-                return end(model, x, [], None, tokens, *args, **static)
+                return end(model, x, rows)
             shapes = jax.eval_shape(head)
             out = jax.lax.cond(stage == S - 1, head,
                                lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
             return jax.tree.map(lambda a: a[None], out)
 
-        def step(params: nnx.State, weights: list, tokens: jax.Array, *args: Any) -> Any:
-            B = tokens.shape[0]
+        def step(params: nnx.State, weights: list, rows: Any) -> Any:
+            B = jax.tree.leaves(rows)[0].shape[0]
             if B % M:
                 raise ValueError(f"pipeline: the batch's {B} rows do not split into {M} micro-batches (pad rows to "
                                  "a multiple of Layout.row_multiple)")
-            return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(AXIS), P()) + (P(),) * len(args),
-                                 out_specs=P(AXIS), check_vma=False)(params, weights, tokens, *args)
+            return jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(AXIS),
+                                 check_vma=False)(params, weights, rows)
         return jax.jit(step)
 
     def last_stage(self, out: Any) -> Any:
@@ -182,8 +185,16 @@ class PipelineSteps:
         return jax.tree.map(take, out)
 
     # -- the steps a pipeline does not run -------------------------------------------------------------------------
-    def score(self, *args: Any, **kwargs: Any) -> Any:
-        raise ValueError(PREFILL_ONLY.format(what="packed-tree scoring (prefix KV pool)"))
+    def score(self, params: nnx.State, pool: Any, batch: dict, *, span: tuple = (0, None)) -> tuple[jax.Array, None]:
+        """moejax.steps.score without a prefix KV pool -> (target log-probabilities [B, G], None)."""
+        if pool is not None or "prior_ids" in batch or "store_ids" in batch:
+            raise ValueError(PREFILL_ONLY.format(what="packed-tree scoring with a prefix KV pool (prefix cache)"))
+        return self._score(params, batch, span=span), None
+
+    @property
+    def score_step(self) -> _Step:
+        """The packed-tree scoring step (`score`'s), for its compiled HLO."""
+        return self._score
 
     def prefill(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError(PREFILL_ONLY.format(what="generation's prefill"))
@@ -198,22 +209,41 @@ class PipelineSteps:
         raise ValueError(PREFILL_ONLY.format(what="continuous batching's decode"))
 
 
-class _Step:
-    """One pipelined step: called as the Engine's jitted steps are (params, *args, **static); `lower` gives the
-    jit's Lowered for the same arguments."""
+# begin(model, rows, **static) -> (hidden states, Positions) of a micro-batch; end(model, x, rows, **static) -> outputs
+def _logits_begin(model: MoEModel, tokens: jax.Array, **_: Any) -> tuple[jax.Array, Any]:
+    inputs, _ = steps.logits_begin(model, tokens)
+    return inputs["x"], inputs["at"]
 
-    def __init__(self, pipeline: PipelineSteps, end: Callable) -> None:
-        self.pipeline, self.end = pipeline, end
+
+def _score_begin(model: MoEModel, batch: dict, *, span: tuple) -> tuple[jax.Array, Any]:
+    inputs, _ = steps.score_begin(model, [], batch, span=span)
+    return inputs["x"], inputs["at"]
+
+
+_logits = (_logits_begin, lambda model, x, tokens: steps.logits_end(model, x, [], None, tokens))
+_logprobs = (_logits_begin, lambda model, x, tokens, *, k: steps.logprobs_end(model, x, [], None, tokens, k=k))
+_score = (_score_begin, lambda model, x, batch, *, span: steps.score_end(model, x, [], None, [], batch, span=span)[0])
+
+
+class _Step:
+    """One pipelined step: called as the Engine's jitted steps are (params, rows, **static); `lower` gives the
+    jit's Lowered for the same arguments. begin_end: (begin, end) as PipelineSteps.program takes them, with the
+    static keywords."""
+
+    def __init__(self, pipeline: PipelineSteps, begin_end: tuple[Callable, Callable]) -> None:
+        self.pipeline, self.begin_end = pipeline, begin_end
         self._jits: dict[tuple, Any] = {}
 
     def _jit(self, static: dict) -> Any:  # a jax.jit
         key = tuple(sorted(static.items()))
         if key not in self._jits:
-            self._jits[key] = self.pipeline.program(self.end, static)
+            begin, end = self.begin_end
+            self._jits[key] = self.pipeline.program(functools.partial(begin, **static),
+                                                    functools.partial(end, **static))
         return self._jits[key]
 
-    def __call__(self, params: nnx.State, *args: Any, **static: Any) -> Any:
-        return self.pipeline.last_stage(self._jit(static)(params, self.pipeline.weights, *args))
+    def __call__(self, params: nnx.State, rows: Any, **static: Any) -> Any:
+        return self.pipeline.last_stage(self._jit(static)(params, self.pipeline.weights, rows))
 
-    def lower(self, params: nnx.State, *args: Any, **static: Any) -> Any:
-        return self._jit(static).lower(params, self.pipeline.weights, *args)
+    def lower(self, params: nnx.State, rows: Any, **static: Any) -> Any:
+        return self._jit(static).lower(params, self.pipeline.weights, rows)

@@ -1,11 +1,14 @@
 """Pipeline parallelism for prefill (layout attn=pp,experts=pp, MoE-Prefill Table 1's PP+PP): layers split over the
-stages, micro-batches through them in one jit. Logits and token log-probabilities equal the one-device float32
-model (1e-5 relative) on 2, 3 and 4 stages in a process with 8 simulated CPU devices, with even and uneven splits
-and layer kinds spread unevenly; generation is refused; the split and the communication figures. The collectives
-of the compiled step against moejax.costs.layout_comm: tests/sharding/test_comm_accounting.py."""
+stages, micro-batches through them in one jit. Logits, token log-probabilities and packed-tree scoring equal the
+one-device float32 model (1e-5 relative) on 2, 3 and 4 stages in a process with 8 simulated CPU devices, with even
+and uneven splits and layer kinds spread unevenly; generation and a prefix pool are refused; the split and the
+communication figures. The collectives of the compiled step against moejax.costs.layout_comm:
+tests/sharding/test_comm_accounting.py."""
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -121,6 +124,9 @@ def test_pipelined_logits_equal_one_device(results):
     attention = next(line for line in even["explain"].splitlines() if line.strip().startswith("attention (x4)"))
     analytic = re.search(r"analytic collective-permute ([\d.]+ \w+)", attention).group(1)
     assert re.search(r"measured collective-permute ([\d.]+ \w+)", attention).group(1) == analytic, attention
+    scored = cases["gpt_oss|attn=pp,experts=pp,devices=3,microbatches=2"]
+    assert scored["score_rel"] < TOL and scored["score_pool"] is None
+    assert "with a prefix KV pool" in scored["score_with_pool"] and "--prefix-cache-mb 0" in scored["score_with_pool"]
     # 3 layers over 2 stages (2 + 1): the MoE kind and the dense middle layer's, one slot each on each stage
     assert cases["qwen3_moe|attn=pp,experts=pp,devices=2"]["slots"] == [[2, 1], [2, 1]]
 
@@ -130,3 +136,27 @@ def test_generation_and_too_few_layers_are_refused(results):
     for case, got in results["cases"].items():
         assert "prefill-only scoring" in got["generate"], case
     assert "splits the 3 decoder layers over 4 stages" in results["too_few_layers"]
+
+
+@pytest.mark.slow
+def test_serve_scores_with_a_pipeline_as_on_one_device(tmp_path):
+    """launch.serve's scoring requests on 3 stages (no prefix cache) give the one-device log-probabilities."""
+    lines = [json.dumps({"custom_id": f"s{i}", "url": "/v1/score",
+                         "body": {"prompt_token_ids": prompt, "candidate_token_ids": [[8], [9, 10]]}})
+             for i, prompt in enumerate([[5, 6, 7], [15, 16, 17, 18, 19]])]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    outs = {}
+    for tag, extra in (("one", []), ("pp", ["--layout", "attn=pp,experts=pp,devices=3", "--prefix-cache-mb", "0"])):
+        model = os.path.join(HERE, "fixtures", "gpt_oss")
+        run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", model, "--dtype", "float32",
+                              "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / f"{tag}.jsonl"),
+                              *extra], cwd=os.path.dirname(HERE), env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outs[tag] = {json.loads(line)["custom_id"]: json.loads(line)["response"]["body"]["results"][0]["candidates"]
+                     for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()}
+    assert sorted(outs["pp"]) == ["s0", "s1"]
+    for key, want in outs["one"].items():
+        for got, expected in zip(outs["pp"][key], want):
+            assert got["logprob"] == pytest.approx(expected["logprob"], rel=1e-5, abs=1e-5), key
