@@ -210,8 +210,8 @@ class PipelineSteps:
 
 
 # begin(model, rows, **static) -> (hidden states, Positions) of a micro-batch; end(model, x, rows, **static) -> outputs
-def _logits_begin(model: MoEModel, tokens: jax.Array, **_: Any) -> tuple[jax.Array, Any]:
-    inputs, _ = steps.logits_begin(model, tokens)
+def _logits_begin(model: MoEModel, tokens: jax.Array, **static: Any) -> tuple[jax.Array, Any]:
+    inputs, _ = steps.logits_begin(model, tokens)  # static: logprobs' k, not needed here
     return inputs["x"], inputs["at"]
 
 
