@@ -21,11 +21,12 @@ D = TypeVar("D", bound="DataclassInstance")
 
 def option(default: T, help: str, *, type: type | None = None, choices: Iterable[object] | None = None,
            minimum: float | None = None, above: float | None = None, flag: bool = True, path: bool = False,
-           fingerprint: bool = False, checked: bool = True, applies: tuple[str, str] | None = None) -> T:
+           fingerprint: bool | str = False, checked: bool = True, applies: tuple[str, str] | None = None) -> T:
     """A dataclass field that is an option. type: int, float, str or bool (default: the default's type; give it
     when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it;
     flag: launch.serve has a flag for it (`--` and the name, `_` as `-`); path: a file or directory (the journal
-    records its identity); fingerprint: it decides results (the journal records it); checked: False when the
+    records its identity); fingerprint: it decides results (the journal records it; "given": only when not None, so
+    that adding it leaves the fingerprints of journals written before unchanged); checked: False when the
     class checks the value itself (it takes more than the choices); applies: (another option, the value of it this
     one applies to): given (not None or False), this option needs that one to have that value or "auto"."""
     kind = type if type is not None else _type_of(default)
@@ -155,7 +156,10 @@ def from_args(cls: type[D], args: argparse.Namespace, **overrides: Any) -> D:
 
 def settings(instance: DataclassInstance, *, fingerprint: bool = False) -> dict:
     """{name: value} of the options of `instance` (with fingerprint=True, only those that decide results)."""
-    return {f.name: getattr(instance, f.name) for f in fields(instance) if _about(f)["fingerprint"] or not fingerprint}
+    if not fingerprint:
+        return {f.name: getattr(instance, f.name) for f in fields(instance)}
+    return {f.name: getattr(instance, f.name) for f in fields(instance) if _about(f)["fingerprint"] is True or
+            (_about(f)["fingerprint"] == "given" and getattr(instance, f.name) is not None)}
 
 
 def paths(cls: DataclassInstance | type[DataclassInstance]) -> set[str]:

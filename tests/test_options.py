@@ -127,3 +127,13 @@ def test_the_journal_fingerprint_of_unchanged_settings_is_unchanged(argv, placem
     args = serve_cli.parse_args(["--model", "tiny-qwen3-moe", "--input", "x", *argv])
     settings = serve_cli.run_settings(args, _stub_engine(placement))
     assert fingerprint(settings) == expected, json.dumps(settings)
+
+
+def test_an_option_fingerprinted_when_given_changes_the_fingerprint_only_when_given():
+    base = ["--model", "tiny-qwen3-moe", "--input", "x", "--placement", "cached", "--predictor", "oracle",
+            "--speculative"]
+    prints = {extra: fingerprint(serve_cli.run_settings(serve_cli.parse_args(base + list(extra)),
+                                                        _stub_engine("cached")))
+              for extra in ((), ("--prefill-experts", "cache"), ("--prefill-experts", "stream"))}
+    assert len(set(prints.values())) == 3  # not given, cache, stream: each its own results
+    assert prints[()] == "fp_32cbd3acb34d"  # as before the option existed (the table above)

@@ -66,7 +66,7 @@ class PlacementSettings:
         None, type=int, minimum=1, applies=CACHED,
         help="cached: prefetch copies on their way at once; the rest wait in a queue that a miss jumps (default 2)")
     prefill_experts: str | None = option(
-        None, type=str, choices=PREFILL_EXPERTS, applies=CACHED, fingerprint=True,
+        None, type=str, choices=PREFILL_EXPERTS, applies=CACHED, fingerprint="given",
         help="cached: how prefill passes get their experts: cache (through the expert cache, as decode does; default) "
              "or stream (every expert of each MoE layer copied in, one layer ahead, the true router's experts run; "
              "the cache and the predictor serve decode: Speculating Experts' setting)")
