@@ -151,17 +151,7 @@ class Cached:
         else:
             assert idx is not None and weights is not None  # unplanned layers run the router
             run_idx, run_weights = idx, weights
-        needed = np.unique(np.asarray(run_idx))
-        out = None
-        for start in range(0, len(needed), self.pass_experts):
-            chunk = needed[start: start + self.pass_experts]
-            experts = self._request(layer, chunk)
-            local_of = np.full((self.store.num_experts(layer),), -1, np.int32)
-            local_of[chunk] = np.arange(len(chunk), dtype=np.int32)
-            experts += [experts[-1]] * (bucket(len(experts)) - len(experts))  # fewer distinct shapes to compile
-            part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
-                          backend=self.backend)
-            out = part if out is None else out + part
+        out = self._routed_out(handle, y, run_idx, run_weights)
         x = handle(layered.finish, x, y, out)
         # after this layer's work is issued: the copies overlap it, and so does a predictor still matching (Pending)
         ahead = {target: resolved(p) for target, p in predicted.items() if target != layer}
@@ -202,17 +192,7 @@ class Cached:
         return experts
 
     def _request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array]]:
-        s = self.stats[layer]
-        hits, loads, _ = self.cache.request([(layer, int(e)) for e in chunk])
-        # misses start first, ahead of the prefetches still queued; a hit whose prefetch is still queued is a miss
-        late = [slot for _, slot in hits if slot in self._queued]
-        loaded = [self._load(layer, expert, slot) for (_, expert), slot in loads]
-        loaded += [self._load(*self._queued[slot], slot) for slot in late]
-        s.hits, s.misses = s.hits + len(hits) - len(late), s.misses + len(loads) + len(late)
-        self._start_queued()  # the queue resumes behind the misses
-        start = time.perf_counter()
-        jax.block_until_ready(loaded + [self._slots[slot] for _, slot in hits])  # prefetches may still be on the way
-        s.wait_s += time.perf_counter() - start
+        self._wait(layer, self._start_request(layer, chunk))
         return [self._held((layer, int(e))) for e in chunk]
 
     def _held(self, key: tuple[int, int]) -> dict[str, jax.Array]:
@@ -276,6 +256,43 @@ class Cached:
         arrays = self._slots[slot] = self.store.fetch_expert(layer, expert)
         self.stats[layer].bytes_h2d += self.store.expert_bytes(layer)
         return arrays
+
+    # hooks of moejax.offload.cached_ep (one cache per device): the routed output, a request split at its wait
+    def _routed_out(self, handle: layered.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
+                    ) -> jax.Array:
+        """The routed output [N, D] of the choices run_idx / run_weights, their experts requested from the cache
+        in passes of pass_experts."""
+        layer = handle.index
+        needed = np.unique(np.asarray(run_idx))
+        out = None
+        for start in range(0, len(needed), self.pass_experts):
+            chunk = needed[start: start + self.pass_experts]
+            experts = self._request(layer, chunk)
+            local_of = np.full((self.store.num_experts(layer),), -1, np.int32)
+            local_of[chunk] = np.arange(len(chunk), dtype=np.int32)
+            experts += [experts[-1]] * (bucket(len(experts)) - len(experts))  # fewer distinct shapes to compile
+            part = handle(routed_subset, y, run_idx, run_weights, jnp.asarray(local_of), experts,
+                          backend=self.backend)
+            out = part if out is None else out + part
+        assert out is not None  # every token has choices
+        return out
+
+    def _start_request(self, layer: int, chunk: np.ndarray) -> list[dict[str, jax.Array] | None]:
+        """Request a chunk's experts from the cache and start the copies of its misses -> the arrays to wait for."""
+        s = self.stats[layer]
+        hits, loads, _ = self.cache.request([(layer, int(e)) for e in chunk])
+        # misses start first, ahead of the prefetches still queued; a hit whose prefetch is still queued is a miss
+        late = [slot for _, slot in hits if slot in self._queued]
+        loaded = [self._load(layer, expert, slot) for (_, expert), slot in loads]
+        loaded += [self._load(*self._queued[slot], slot) for slot in late]
+        s.hits, s.misses = s.hits + len(hits) - len(late), s.misses + len(loads) + len(late)
+        self._start_queued()  # the queue resumes behind the misses
+        return loaded + [self._slots[slot] for _, slot in hits]  # prefetches may still be on the way
+
+    def _wait(self, layer: int, arrays: list[dict[str, jax.Array] | None]) -> None:
+        start = time.perf_counter()
+        jax.block_until_ready(arrays)
+        self.stats[layer].wait_s += time.perf_counter() - start
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()
