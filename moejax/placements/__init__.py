@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
+from moejax.placements.cached_ep import CachedEP
 from moejax.placements.dep import DEP
 from moejax.placements.gathered import Gathered
 from moejax.placements.lightning import Lightning
@@ -18,11 +19,11 @@ if TYPE_CHECKING:
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
-__all__ = ["PLACEMENTS", "Cached", "DEP", "Gathered", "LayerByLayer", "Lightning", "Pipeline", "Placement", "Resident",
-           "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]
+__all__ = ["PLACEMENTS", "Cached", "CachedEP", "DEP", "Gathered", "LayerByLayer", "Lightning", "Pipeline",
+           "Placement", "Resident", "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]
 
-PLACEMENTS: tuple[type[Placement], ...] = (DEP, Pipeline, Gathered, StreamedInJit, Streamed, Cached, Lightning,
-                                           ResidentAsyncEP, Resident)
+PLACEMENTS: tuple[type[Placement], ...] = (DEP, Pipeline, Gathered, StreamedInJit, Streamed, Cached, CachedEP,
+                                           Lightning, ResidentAsyncEP, Resident)
 
 
 def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None
@@ -36,4 +37,4 @@ def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setu
     in_jit = " (stream=jit)" if settings.streams_in_jit else ""
     raise ValueError(f"moejax.load: layout {layout_setup.layout} and placement {budget.placement!r}{in_jit} do "
                      "not combine; with a layout, experts are offloaded only as experts=async_ep with "
-                     "placement='streamed' (stream='python')")
+                     "placement='streamed' (stream='python'), or as attn=dp,experts=ep with placement='cached'")

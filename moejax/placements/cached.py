@@ -2,7 +2,7 @@
 memory by demand and by a predictor's prefetches (moejax.offload.cached)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from moejax.offload.cached import PREFETCH_DEPTH, Cached as CachedRuntime
 from moejax.offload.host_store import HostStore
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 class Cached(LayerByLayer):
     name = "cached"
+    runtime: ClassVar[type[CachedRuntime]] = CachedRuntime  # what layer_runtime builds (CachedEP: one per device)
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
                  predictor: Predictor | None) -> None:
@@ -42,8 +43,8 @@ class Cached(LayerByLayer):
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedRuntime:
         s = self.settings
         assert self.memory_budget.cache_slots is not None  # a cached budget has its slots
-        return CachedRuntime(store, self.memory_budget.cache_slots, s.eviction or "lru", kernels.experts,
-                             predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
-                             pass_experts=self.memory_budget.pass_experts,
-                             count_mispredictions=s.count_mispredictions,
-                             prefetch_depth=s.prefetch_depth or PREFETCH_DEPTH, prefill=s.prefill_experts or "cache")
+        return self.runtime(store, self.memory_budget.cache_slots, s.eviction or "lru", kernels.experts,
+                            predictor=self.predictor, speculative=s.speculative, router_free=s.router_free,
+                            pass_experts=self.memory_budget.pass_experts,
+                            count_mispredictions=s.count_mispredictions,
+                            prefetch_depth=s.prefetch_depth or PREFETCH_DEPTH, prefill=s.prefill_experts or "cache")

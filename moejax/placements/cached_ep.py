@@ -1,0 +1,27 @@
+"""Cached experts over several devices (fMoE §5, layout experts=ep with placement 'cached'): expert e of every MoE
+layer on device e % D, each device with its own cache of cache_slots slots (moejax.offload.cached_ep)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from moejax.offload.cached_ep import CachedEP as CachedEPRuntime, RoundRobinStore
+from moejax.placements.cached import Cached
+
+if TYPE_CHECKING:
+    from moejax.offload.memory_budget import MemoryBudget
+    from moejax.offload.settings import PlacementSettings
+    from moejax.sharding.setup import LayoutSetup
+
+
+class CachedEP(Cached):
+    name = "ep+cached"
+    runtime = CachedEPRuntime
+
+    @classmethod
+    def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
+        return (budget.placement == "cached" and layout_setup is not None and layout_setup.layout.attn == "dp"
+                and layout_setup.layout.experts == "ep")
+
+    def new_store(self) -> RoundRobinStore:  # type: ignore[override]
+        assert self.layout_setup is not None  # applies only with a layout
+        return RoundRobinStore(self.layout_setup.mesh)
