@@ -141,7 +141,7 @@ class CachedEP(Cached):
         self._spread = NamedSharding(self.mesh, P(AXIS))
         self._blanks: dict[tuple, jax.Array] = {}
 
-    @property  # type: ignore[override]
+    @property
     def stats(self) -> OffloadStats:
         return self._stats
 
@@ -194,9 +194,9 @@ class CachedEP(Cached):
         none holds zeros (no choice reaches them)."""
         sample = next(experts[0] for experts in held if experts)
         m = bucket(max(len(experts) for experts in held))
-        positions = []
+        positions: list[dict[str, jax.Array]] = []
         for j in range(m):
-            arrays = {}
+            arrays: dict[str, jax.Array] = {}
             for name, first in sample.items():
                 blocks = [experts[min(j, len(experts) - 1)][name] if experts else self._blank(d, first)
                           for d, experts in enumerate(held)]

@@ -1,0 +1,58 @@
+"""The cached placement over several devices (fMoE §5: experts round robin over a node's devices), layout
+attn=dp,experts=ep with placement 'cached', on 8 simulated devices (tests/cached_ep_worker.py) against the one-device
+float32 resident model; and the combinations it refuses."""
+import pytest
+
+import moejax
+from workers import run_workers
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    [out] = run_workers("cached_ep_worker.py", [["exact", "evicting", "predicted", "errors"]], devices=8, timeout=900)
+    return out
+
+
+@pytest.mark.parametrize("case", ["exact", "evicting", "predicted"])
+def test_cached_over_devices_equals_one_device(results, case):
+    r = results[case]
+    assert r["placement"] == "ep+cached"
+    assert r["rel"] <= TOL and r["same_tokens"], r["rel"]
+    assert "expert slots on each of" in r["describe"]
+
+
+@pytest.mark.parametrize("case", ["exact", "evicting", "predicted"])
+def test_each_device_caches_only_its_round_robin_share_of_the_experts(results, case):
+    r = results[case]
+    devices = r["devices"]
+    assert len(r["held"]) == devices and all(r["held"]), "every device caches some experts"
+    for d, experts in enumerate(r["held"]):
+        assert len(experts) <= 2  # cache_slots=2 on each device
+        for h in experts:
+            assert h["expert"] % devices == d, (d, h)
+            assert h["on"] == [d], (d, h)  # a miss or prefetch is copied to the expert's owner only
+            assert h["equal"], (d, h)  # and holds that expert's weights
+
+
+def test_misses_evictions_and_prefetches_are_counted_on_every_device(results):
+    # 8 devices x 1 expert of each of the 2 MoE layers: every expert fits its device's 2 slots, nothing evicted
+    assert results["exact"]["stats"]["misses"] == 16 and results["exact"]["stats"]["evictions"] == 0
+    assert results["evicting"]["stats"]["evictions"] > 0  # 4 devices x 2 experts x 2 layers in 2 slots each
+    assert results["predicted"]["stats"]["prefetches"] > 0
+    for case in ("exact", "evicting"):
+        assert results[case]["misses_after_reset"] > 0  # a reset reaches the devices' counters
+
+
+def test_experts_that_do_not_divide_over_the_devices_are_refused(results):
+    assert "needs the 8 experts to divide evenly over 3 devices" in results["errors"]["uneven"]
+
+
+def test_cached_combines_only_with_data_parallel_expert_parallel_layouts():
+    with pytest.raises(ValueError, match="or as attn=dp,experts=ep with placement='cached'"):
+        moejax.load("tiny-qwen3-moe", layout="attn=tp,experts=ep", placement="cached")
+    engine = moejax.load("tiny-qwen3-moe", layout="attn=dp,experts=ep", placement="cached",
+                         prefill_experts="stream")
+    with pytest.raises(ValueError, match="prefill='stream' is not supported"):
+        engine.logits([[1, 2, 3]])
