@@ -42,6 +42,8 @@ class RoundRobinStore:
     per_expert = True
 
     def __init__(self, mesh: Mesh, limit_bytes: int | None = -1) -> None:
+        if jax.process_count() > 1:  # each share is put in its device's host memory from this process
+            raise ValueError("cached placement over several devices (experts=ep) runs in one process")
         self.mesh = mesh
         self.shares = [HostStore(device, per_expert=True, limit_bytes=None) for device in mesh.devices.flat]
         self.limit_bytes = pinned_host_limit_bytes() if limit_bytes == -1 else limit_bytes

@@ -44,9 +44,10 @@ def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, w
         budget = dataclasses.replace(budget, reason="a layout spreads the weights over devices")  # planned per device
         # by moejax.sharding.setup once the layout is resolved
     elif with_layout:
-        budget = dataclasses.replace(budget, reason=budget.reason + "; budgeted as one device: under experts=async_ep "
-                                     "each device holds the current and next layer's experts whole and window layers "
-                                     "of its 1/devices shards")
+        per_device = ("under experts=ep each device has its own cache of that many slots" if placement == "cached"
+                      else "under experts=async_ep each device holds the current and next layer's experts whole and "
+                      "window layers of its 1/devices shards")
+        budget = dataclasses.replace(budget, reason=budget.reason + "; budgeted as one device: " + per_device)
     return budget
 
 

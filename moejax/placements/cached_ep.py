@@ -2,6 +2,7 @@
 layer on device e % D, each device with its own cache of cache_slots slots (moejax.offload.cached_ep)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from moejax.offload.cached_ep import CachedEP as CachedEPRuntime, RoundRobinStore
@@ -21,6 +22,14 @@ class CachedEP(Cached):
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
         return (budget.placement == "cached" and layout_setup is not None and layout_setup.layout.attn == "dp"
                 and layout_setup.layout.experts == "ep")
+
+    @classmethod
+    def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
+        assert layout_setup is not None  # applies only with a layout
+        # its MoE step gathers the tokens and reduce-scatters the outputs whatever the spec's exchange: say so (the
+        # layout's communication in explain() follows it)
+        layout = dataclasses.replace(layout_setup.layout, exchange="gather")
+        return super().build(budget, settings, dataclasses.replace(layout_setup, layout=layout))
 
     def new_store(self) -> RoundRobinStore:  # type: ignore[override]
         assert self.layout_setup is not None  # applies only with a layout

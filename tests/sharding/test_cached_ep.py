@@ -20,7 +20,8 @@ def test_cached_over_devices_equals_one_device(results, case):
     r = results[case]
     assert r["placement"] == "ep+cached"
     assert r["rel"] <= TOL and r["same_tokens"], r["rel"]
-    assert "expert slots on each of" in r["describe"]
+    assert "expert slots on each of" in r["describe"] and "each device has its own cache" in r["describe"]
+    assert "exchange=gather" in r["describe"]  # what its step does, whatever the spec said
 
 
 @pytest.mark.parametrize("case", ["exact", "evicting", "predicted"])
