@@ -66,6 +66,8 @@ def errors():
 PARTS = {"exact": lambda: run("qwen3_moe", "attn=dp,experts=ep", cache_slots=2),
          "evicting": lambda: run("qwen3_moe", "attn=dp,experts=ep,devices=4", cache_slots=2),
          "predicted": lambda: run("gpt_oss", "attn=dp,experts=ep,devices=4", cache_slots=2, predictor="oracle"),
+         "speculative": lambda: run("qwen3_moe", "attn=dp,experts=ep", cache_slots=2, predictor="oracle",
+                                    speculative=True, eviction="priority"),
          "errors": errors}
 
 if __name__ == "__main__":  # arguments: parts to run

@@ -7,15 +7,16 @@ import moejax
 from workers import run_workers
 
 TOL = 1e-5
+CASES = ["exact", "evicting", "predicted", "speculative"]  # the oracle's speculation runs the true experts
 
 
 @pytest.fixture(scope="module")
 def results():
-    [out] = run_workers("cached_ep_worker.py", [["exact", "evicting", "predicted", "errors"]], devices=8, timeout=900)
+    [out] = run_workers("cached_ep_worker.py", [[*CASES, "errors"]], devices=8, timeout=900)
     return out
 
 
-@pytest.mark.parametrize("case", ["exact", "evicting", "predicted"])
+@pytest.mark.parametrize("case", CASES)
 def test_cached_over_devices_equals_one_device(results, case):
     r = results[case]
     assert r["placement"] == "ep+cached"
@@ -24,7 +25,7 @@ def test_cached_over_devices_equals_one_device(results, case):
     assert "exchange=gather" in r["describe"]  # what its step does, whatever the spec said
 
 
-@pytest.mark.parametrize("case", ["exact", "evicting", "predicted"])
+@pytest.mark.parametrize("case", CASES)
 def test_each_device_caches_only_its_round_robin_share_of_the_experts(results, case):
     r = results[case]
     devices = r["devices"]
@@ -42,6 +43,7 @@ def test_misses_evictions_and_prefetches_are_counted_on_every_device(results):
     assert results["exact"]["stats"]["misses"] == 16 and results["exact"]["stats"]["evictions"] == 0
     assert results["evicting"]["stats"]["evictions"] > 0  # 4 devices x 2 experts x 2 layers in 2 slots each
     assert results["predicted"]["stats"]["prefetches"] > 0
+    assert results["speculative"]["stats"]["speculated_tokens"] > 0
     for case in ("exact", "evicting"):
         assert results[case]["misses_after_reset"] > 0  # a reset reaches the devices' counters
 
