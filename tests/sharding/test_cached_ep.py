@@ -1,11 +1,17 @@
 """The cached placement over several devices (fMoE §5: experts round robin over a node's devices), layout
 attn=dp,experts=ep with placement 'cached', on 8 simulated devices (tests/cached_ep_worker.py) against the one-device
 float32 resident model; and the combinations it refuses."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 import moejax
 from workers import run_workers
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = 1e-5
 CASES = ["exact", "evicting", "predicted", "speculative"]  # the oracle's speculation runs the true experts
 
@@ -59,3 +65,20 @@ def test_cached_combines_only_with_data_parallel_expert_parallel_layouts():
                          prefill_experts="stream")
     with pytest.raises(ValueError, match="prefill='stream' is not supported"):
         engine.logits([[1, 2, 3]])
+
+
+@pytest.mark.slow
+def test_serve_with_layout_and_cached_gives_the_one_device_tokens(tmp_path):
+    line = {"custom_id": "c", "url": "/v1/completions", "body": {"prompt_token_ids": [1, 2, 3, 4], "max_tokens": 5}}
+    (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    tokens = {}
+    for tag, extra in (("one", []), ("ep", ["--layout", "attn=dp,experts=ep", "--placement", "cached",
+                                            "--cache-slots", "2"])):
+        run = subprocess.run([sys.executable, "-m", "launch.serve", "--model", os.path.join(ROOT, "tests", "fixtures",
+                              "gpt_oss"), "--dtype", "float32", "--input", str(tmp_path / "in.jsonl"), "--output",
+                              str(tmp_path / f"{tag}.jsonl"), *extra], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        tokens[tag] = json.loads((tmp_path / f"{tag}.jsonl").read_text())["response"]["body"]["choices"][0]["token_ids"]
+    assert tokens["ep"] == tokens["one"]
