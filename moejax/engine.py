@@ -252,9 +252,12 @@ class Engine:
         if not self._rows_span_processes:
             return jnp.asarray(padded)
         from moejax.sharding.mesh import make_mesh
-        from moejax.sharding.multihost import shard_rows
+        from moejax.sharding.multihost import group_rows, shard_rows
         assert self.layout is not None and self.layout.devices is not None  # _rows_span_processes: a resolved layout
-        return shard_rows(padded, make_mesh(self.layout.devices))  # (DEP refuses several processes at load)
+        if self.layout.experts == "dep":  # the rows go to the attention group, which may leave out processes
+            assert self.layout.attn_devices is not None  # resolved
+            return group_rows(padded, make_mesh(self.layout.attn_devices))
+        return shard_rows(padded, make_mesh(self.layout.devices))
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:

@@ -9,9 +9,14 @@ meshes, and JAX's asynchronous dispatch lets both groups and the copies run at o
 micro-batches (rows) and each expert step into r2 token chunks; the order of the attention group's work in a layer
 is ASAS (attention i, shared expert i, attention i+1, ...) or AASS (every attention, then every shared expert),
 the dispatch order each device then executes in; PPPipe (FinDEP's baseline, MegaScale-Infer's ping-pong pipeline)
-runs the shared expert with attention, before the micro-batch is sent, and sends it whole (r2 = 1). One process
-only: jax moves arrays between device sets of one process (a cross-host transfer between disjoint device sets is not
-supported on GPUs)."""
+runs the shared expert with attention, before the micro-batch is sent, and sends it whole (r2 = 1).
+
+Several processes (jax.distributed, moejax.sharding.multihost): every process runs this same driver; a process
+without devices in a group dispatches that group's jits too and gets arrays without local data, and the transfers
+are cross-process `device_put`s (JAX copies between the processes' devices: natively where the backend can, e.g.
+NVLink or the network on GPUs, otherwise through the socket transfers that `multihost.initialize(transfer_address=)`
+starts, as on CPU). Such a copy keeps every shard's shape and does not mix local and remote shards, so each group
+is whole processes and both have as many devices (`check_group_processes`); in one process the groups may differ."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,6 +37,7 @@ from moejax.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered
 from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
+from moejax.sharding import multihost
 from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
 from moejax.sharding.layout import Layout
 from moejax.sharding.mesh import make_mesh
@@ -55,7 +61,13 @@ class ExpertGroup:
 
     def add(self, path: tuple, array: jax.Array | np.ndarray) -> jax.Array:
         """('layers', i, 'mlp', name) -> placed on the expert group; returns the stand-in for the parameters."""
-        self._layers[int(path[1])][path[3]] = jax.device_put(array, NamedSharding(self.expert_mesh, P(AXIS)))
+        sharding = NamedSharding(self.expert_mesh, P(AXIS))
+        if jax.process_count() > 1:  # each process places the parts its devices hold (none outside the group)
+            host = np.asarray(array)
+            placed = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
+        else:
+            placed = jax.device_put(array, sharding)
+        self._layers[int(path[1])][path[3]] = placed
         return jax.device_put(jnp.zeros((), array.dtype), NamedSharding(self.attn_mesh, P()))
 
     def fetch(self, layer: int) -> dict:
@@ -107,7 +119,9 @@ class Disaggregated:
         self.attn_partials = NamedSharding(store.attn_mesh, P(None, AXIS))  # [B, N, D]: rows split, all B partials
         inner = Layout(attn="dp", experts="ep", devices=layout.expert_devices, exchange=layout.exchange)
         local = local_expert_ffn(cfg, backend)
-        self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh, local))
+        # Both ends of a transfer split rows over their group: a copy between processes needs the same split.
+        self._experts = jax.jit(functools.partial(sharded_routed, inner, store.expert_mesh, local),
+                                out_shardings=self.expert_rows)
         self._owned = jax.jit(functools.partial(owned_experts, store.expert_mesh, local))
 
     def run(self, layer: int, y2: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
@@ -167,16 +181,17 @@ def add_partials(out: jax.Array) -> jax.Array:
 # -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
 def attend_chunks(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
                   prior: dict[str, jax.Array] | None, *, kernels: Kernels, read_cache: bool,
-                  chunks: Sequence[tuple[int, int]]
+                  chunks: Sequence[tuple[int, int]], split: Callable[[jax.Array], jax.Array]
                   ) -> tuple[jax.Array, jax.Array, Cache, list[tuple[jax.Array, ...]]]:
-    """Attention + router, then the MoE input cut into token chunks [(y2, idx, weights)] padded as `chunks` says."""
+    """Attention + router, then the MoE input cut into token chunks [(y2, idx, weights)] padded as `chunks` says,
+    each split by rows over the group (what a transfer to the expert group starts from)."""
     x, y, cache, idx, weights = layered.attend_route(graphdef, state, x, at, cache, prior, kernels=kernels,
                                                      read_cache=read_cache)
     y2 = y.reshape(-1, y.shape[-1])
     out, start = [], 0
     for real, padded in chunks:
         pad = ((0, padded - real), (0, 0))
-        out.append(tuple(jnp.pad(a[start:start + real], pad) for a in (y2, idx, weights)))
+        out.append(tuple(split(jnp.pad(a[start:start + real], pad)) for a in (y2, idx, weights)))
         start += real
     return x, y, cache, out
 
@@ -247,6 +262,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         self._concat_jit = jax.jit(_concat)
         split = functools.partial(jax.lax.with_sharding_constraint, shardings=placement.attn_rows)
         self._combine = functools.partial(combine, split=split)
+        self._attend = functools.partial(attend_chunks, split=split)
         # The last pass's dispatch order: ("attn" | "shared" | "combine", layer, micro-batch) and
         # ("experts", layer, micro-batch, chunk), for --explain and tests.
         self.schedule: list[tuple] = []
@@ -320,7 +336,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
                     keep(m, i, c)
                     continue
                 chunks = lay.token_chunks(a[0].shape[0] * a[0].shape[1])
-                x, y, c, sends = layer(attend_chunks, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
+                x, y, c, sends = layer(self._attend, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
                 log(("attn", i, m))
                 keep(m, i, c)
                 shared = None
@@ -343,11 +359,45 @@ class DisaggregatedSteps(layered.LayeredSteps):
             combine(m)
         return parts
 
+    def host(self, x: jax.Array) -> np.ndarray:
+        """A value the decode loop reads: on the attention group, which may leave out this process."""
+        return multihost.to_host(x) if jax.process_count() > 1 else np.asarray(x)
+
     def decode(self, state: nnx.State, cache: Sequence[Cache], rows: DecodeRows, **static: Any
                ) -> tuple[jax.Array, jax.Array]:
         sizes = self.step_layout(rows.first.shape[0], 1).micro_batches(rows.first.shape[0])  # run_layers' split
         parts = MicroBatched(self._split_jit(cache, sizes=sizes))
         return super().decode(state, parts, rows, **static)
+
+
+def check_group_processes(layout: Layout) -> None:
+    """DEP over several processes: each process's devices in one group at most, groups of equal size, and a way to
+    copy between processes (ValueError naming the numbers and the option to change)."""
+    a, b = layout.attn_devices, layout.expert_devices
+    assert a is not None and b is not None, "resolve the layout first"
+    devices, processes = jax.devices(), jax.process_count()
+    local = sorted({sum(d.process_index == p for d in devices) for p in range(processes)})
+    where = (f"{processes} processes of {local[0]} devices each" if len(local) == 1
+             else f"{processes} processes of {'/'.join(map(str, local))} devices")
+    fix = (f" (e.g. attn_devices={processes // 2 * local[0]},expert_devices={processes // 2 * local[0]})"
+           if len(local) == 1 and processes % 2 == 0 else "")
+    owners = [sorted({d.process_index for d in group}) for group in (devices[:a], devices[a:a + b])]
+    shared = sorted(set(owners[0]) & set(owners[1]))
+    if shared:
+        raise ValueError(
+            f"experts=dep over {where} runs each group on whole processes, but the attention group "
+            f"(attn_devices={a}: devices 0..{a - 1}, processes {owners[0]}) and the expert group (expert_devices={b}: "
+            f"devices {a}..{a + b - 1}, processes {owners[1]}) share process(es) {shared}: make attn_devices and "
+            f"expert_devices multiples of the devices per process{fix}")
+    if a != b:
+        raise ValueError(
+            f"experts=dep over {where} needs attn_devices = expert_devices, got {a} and {b}: a copy between "
+            f"processes keeps every shard's shape, so both groups split a token chunk over as many devices{fix}")
+    if not multihost.transfers_between_processes():
+        raise ValueError(
+            f"experts=dep over {where} copies activations between the processes with jax.device_put, which the "
+            f"{devices[0].platform} backend does only through JAX's socket transfers: pass transfer_address="
+            "'HOST:PORT' (this process's address and a free port) to moejax.sharding.multihost.initialize")
 
 
 def group_meshes(layout: Layout) -> tuple[Mesh, Mesh]:

@@ -2,7 +2,9 @@
 process holds into one global array split by rows, and bring a global result back to numpy on every process.
 
 Every process runs the same program on the same inputs (the batch runner reads the same file everywhere), so the
-collectives line up; only process 0 should write results (`is_main`)."""
+collectives line up; only process 0 should write results (`is_main`). A program may also run on the devices of some
+processes only (DEP's attention and expert groups, moejax.sharding.dep): the others dispatch it too and get arrays
+without local data, which `to_host` brings to every process."""
 from __future__ import annotations
 
 import functools
@@ -17,13 +19,19 @@ from jax.sharding import PartitionSpec as P
 
 
 def initialize(coordinator: str, num_processes: int, process_id: int, *, init_timeout_s: int = 300,
-               heartbeat_timeout_s: int = 100, shutdown_timeout_s: int = 300) -> None:
+               heartbeat_timeout_s: int = 100, shutdown_timeout_s: int = 300, transfer_address: str | None = None
+               ) -> None:
     """Join `num_processes` processes through the coordinator "HOST:PORT" (process 0 serves it). Call before any
     other JAX work. Nothing waits forever: the JAX runtime ends the process (SIGABRT, a "Terminating process because
     the JAX distributed service detected fatal errors" line on stderr) when the others have not all joined within
     `init_timeout_s` (DEADLINE_EXCEEDED ... RegisterTask), when a peer stops sending heartbeats for
     `heartbeat_timeout_s` (killed, hung), or when a peer that exits (an exception) waits `shutdown_timeout_s` at
-    the shutdown barrier for the others. No Python exception comes out of those."""
+    the shutdown barrier for the others. No Python exception comes out of those.
+
+    `transfer_address` "HOST:PORT" (HOST: this machine's address that the others reach; a fixed port, its own per
+    process): where this process serves JAX's socket transfers, which carry `jax.device_put` between devices of
+    different processes on backends that cannot copy between processes themselves (CPU). experts=dep with its
+    groups in different processes needs it there (moejax.sharding.dep)."""
     host, sep, port = str(coordinator).rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"multihost: coordinator must be HOST:PORT, got {coordinator!r}")
@@ -31,6 +39,13 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, init_ti
         raise ValueError(f"multihost: num_processes must be an int >= 1, got {num_processes!r}")
     if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
         raise ValueError(f"multihost: process_id must be in [0, {num_processes}), got {process_id!r}")
+    if transfer_address is not None:
+        t_host, t_sep, t_port = str(transfer_address).rpartition(":")
+        if not t_sep or not t_host or not t_port.isdigit() or int(t_port) == 0:
+            # port 0 would bind a port the peers are never told (their transfers wait forever)
+            raise ValueError(f"multihost: transfer_address must be HOST:PORT with a fixed port, got "
+                             f"{transfer_address!r}")
+        jax.config.update("jax_cross_host_transfer_socket_address", str(transfer_address))
     # Collectives between CPU devices of different processes need gloo (jax 0.10's default; set so that a version
     # with another default still works). The option configures only the CPU client: harmless on GPU machines.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -66,6 +81,25 @@ def same_everywhere(data: bytes) -> bool:
     return bool((multihost_utils.process_allgather(digest) == digest).all())
 
 
+def transfers_between_processes() -> bool:
+    """Whether `jax.device_put` can copy between devices of different processes here: the backend does it itself
+    (NVLink / network on GPUs that support it), or `initialize(transfer_address=...)` started JAX's socket
+    transfers."""
+    return bool(getattr(jax.devices()[0].client, "supports_cross_host_transfers", False)
+                or jax.config.values.get("jax_cross_host_transfer_socket_address"))
+
+
+def group_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:
+    """A host batch [B, ...] with B a multiple of the mesh's devices, the same in every process, as one array split
+    by rows over a 1-D `mesh` that may leave out some processes (a DEP group): each process places the rows of its
+    own devices in the mesh, if any."""
+    batch = np.asarray(batch)
+    if batch.shape[0] % mesh.size:
+        raise ValueError(f"multihost: {batch.shape[0]} rows do not split over the {mesh.size} devices of the mesh")
+    sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
+    return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index], dtype=batch.dtype)
+
+
 def shard_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     """A host batch [B, ...], the same in every process, as one global array split by rows over the 1-D `mesh`.
     Rows are padded with zeros to a multiple of the mesh's devices (a global array splits only evenly); each
@@ -93,7 +127,10 @@ def to_host(x: jax.Array) -> np.ndarray:
     split by rows over its own devices (one all-gather between processes), and copies those shards to host memory.
     On 2 processes x 4 CPU devices (gloo) that took 4 / 14 / 78 ms for 0.1 / 8 / 32 MiB of logits, against 10 /
     25 / 211 ms for process_allgather, which replicates the value on every device (and needs that much memory on
-    each); process_allgather remains the fallback for shapes and shardings that do not split so."""
+    each); process_allgather remains the fallback for shapes and shardings that do not split so. An array on the
+    devices of some processes only comes from them (`_from_owners`)."""
+    if len({d.process_index for d in x.sharding.device_set}) < jax.process_count():  # the same on every process
+        return _from_owners(x)
     if x.is_fully_addressable:
         return np.asarray(x)
     mesh = _per_process_mesh(x.sharding)
@@ -102,6 +139,26 @@ def to_host(x: jax.Array) -> np.ndarray:
     y = _copy_to(NamedSharding(mesh, P("local")))(x)
     shards = sorted(y.addressable_shards, key=lambda s: s.index[0].start or 0)
     return np.concatenate([np.asarray(s.data) for s in shards])
+
+
+def _from_owners(x: jax.Array) -> np.ndarray:
+    """The value of an array whose devices leave out some processes, on every process (a collective: every process
+    calls it). Each part of the value has one owner, its first device in the sharding's map (the same on every
+    process); each process fills in the parts its devices own, and one all-gather between processes brings every
+    process's parts to all of them."""
+    owners: dict[tuple, tuple[jax.Device, tuple]] = {}
+    for device, index in x.sharding.devices_indices_map(x.shape).items():
+        owners.setdefault(tuple((s.start, s.stop, s.step) for s in index), (device, index))
+    local = np.zeros(x.shape, x.dtype)
+    mine = {shard.device: shard for shard in x.addressable_shards}
+    for device, index in owners.values():
+        if device in mine:
+            local[index] = np.asarray(mine[device].data)
+    every = multihost_utils.process_allgather(local)  # [processes, *shape]
+    out = np.empty(x.shape, x.dtype)
+    for device, index in owners.values():
+        out[index] = every[device.process_index][index]
+    return out
 
 
 def _per_process_mesh(sharding: jax.sharding.Sharding) -> Mesh | None:

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import is_routed_expert
-from moejax.sharding.dep import ExpertGroup, group_meshes
+from moejax.sharding.dep import ExpertGroup, check_group_processes, group_meshes
 from moejax.sharding.experts import AXIS, TP_SPECS, ShardedExperts, tp_columns
 from moejax.sharding.layout import Layout
 from moejax.sharding.memory import check_fits, device_weights
@@ -81,8 +81,8 @@ class LayoutSetup:
             spec = self.heads.get(name, P()) if name is not None else P()
         sharding = NamedSharding(self.mesh, spec)
         if jax.process_count() > 1:  # device_put would first check that every process holds the same array
-            host = np.asarray(array)
-            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+            host = np.asarray(array)  # (the dtype given: a DEP group may have no devices in this process)
+            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
         return jax.device_put(array, sharding)
 
     @property
@@ -109,8 +109,10 @@ def layout_of(spec: Layout | str | None, cfg: ModelConfig) -> LayoutSetup | None
         raise ValueError(f"moejax.load: {e}") from None
     if layout.experts == "dep":
         if jax.process_count() > 1:
-            raise ValueError("moejax.load: experts=dep runs in one process (its groups exchange activations with "
-                             "device_put, which does not cross processes)")
+            try:
+                check_group_processes(layout)
+            except ValueError as e:
+                raise ValueError(f"moejax.load: layout {str(spec)!r}: {e}") from None
         attn_mesh, expert_mesh = group_meshes(layout)
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     assert layout.devices is not None  # resolved

@@ -48,24 +48,26 @@ def report(finished: list[Finished]) -> str:
     return "\n".join(f.summary() + "\n  stderr tail: " + f.stderr[-1500:].replace("\n", "\n    ") for f in finished)
 
 
-def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=240, serve=None) -> list[Finished]:
-    """Start tests/multihost_worker.py (or `python -m launch.serve *serve`, with "{i}" the process index) as the
-    given processes of `num_processes` and wait for all of them; past `deadline_s` kill every one still running
-    and fail with what each printed."""
+def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=240, serve=None,
+                worker="multihost_worker.py") -> list[Finished]:
+    """Start tests/<worker> (or `python -m launch.serve *serve`, with "{i}" the process index) as the given
+    processes of `num_processes` and wait for all of them; past `deadline_s` kill every one still running and fail
+    with what each printed. Each process's stdout: tmp_path / "worker{i}.stdout"."""
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    procs, logs, timed_out = [], [], False
+    procs, logs, outs, timed_out = [], [], [], False
     try:
         for i in processes:
             logs.append(open(tmp_path / f"worker{i}.stderr", "w+"))  # a file, not a pipe: no buffer to fill up
+            outs.append(open(tmp_path / f"worker{i}.stdout", "w"))
             program = ["-m", "launch.serve", *(a.replace("{i}", str(i)) for a in serve)] if serve else \
-                [os.path.join(HERE, "multihost_worker.py"), "--out", str(tmp_path / f"logits{i}.npz"), *args]
+                [os.path.join(HERE, worker), "--out", str(tmp_path / f"logits{i}.npz"), *args]
             procs.append(subprocess.Popen(
                 [sys.executable, *program, "--coordinator", f"127.0.0.1:{port}", "--num-processes",
-                 str(num_processes), "--process-id", str(i)], stdout=subprocess.DEVNULL, stderr=logs[-1], env=env,
-                cwd=os.path.dirname(HERE)))
+                 str(num_processes), "--process-id", str(i)], stdout=outs[-1], stderr=logs[-1],
+                env=env, cwd=os.path.dirname(HERE)))
         end = time.monotonic() + deadline_s
         for p in procs:
             p.wait(timeout=max(0.0, end - time.monotonic()))
@@ -78,6 +80,8 @@ def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=2
             if killed[-1]:
                 p.kill()
             p.wait()
+        for out in outs:
+            out.close()
     finished = []
     for i, p, log, k in zip(processes, procs, logs, killed):
         log.seek(0)
