@@ -3,8 +3,10 @@ transfers on (multihost.initialize(transfer_address=...)), loads the fixture wit
 group on process 0's devices, the expert group on process 1's), computes the logits of fixed random batches and
 greedy generations, and saves them with np.savez, with "topology" = [processes, devices] and the groups' device
 processes. Every process saves its own file: each must hold the whole value (multihost.to_host).
-`--layout SPEC` alone: load once and print the error, if any (the checks at load)."""
+`--layouts SPEC...`: only load each and print their errors (the checks at load), one JSON line.
+"""
 import argparse
+import json
 import os
 import sys
 
@@ -38,7 +40,7 @@ def main() -> None:
     p.add_argument("--num-processes", type=int, required=True)
     p.add_argument("--process-id", type=int, required=True)
     p.add_argument("--transfer-ports", default=None, help="one free port per process, comma-separated")
-    p.add_argument("--layout", default=None, help="only load this layout and print the error")
+    p.add_argument("--layouts", nargs="+", default=None, help="only load these layouts: print each one's error")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     transfer = None
@@ -47,12 +49,15 @@ def main() -> None:
     multihost.initialize(args.coordinator, args.num_processes, args.process_id, init_timeout_s=60,
                          heartbeat_timeout_s=30, shutdown_timeout_s=30, transfer_address=transfer)
     path = os.path.join(FIXTURES, FIXTURE)
-    if args.layout is not None:
-        try:
-            moejax.load(path, dtype="float32", layout=args.layout)
-            print("loaded", flush=True)
-        except ValueError as e:
-            print(f"ValueError: {e}", flush=True)
+    if args.layouts is not None:
+        errors = {}
+        for layout in args.layouts:
+            try:
+                moejax.load(path, dtype="float32", layout=layout)
+                errors[layout] = None
+            except ValueError as e:
+                errors[layout] = str(e)
+        print(json.dumps(errors), flush=True)
         return
     out = {"topology": np.array([jax.process_count(), jax.device_count()])}
     for layout in LAYOUTS:

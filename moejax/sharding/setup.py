@@ -112,7 +112,7 @@ def layout_of(spec: Layout | str | None, cfg: ModelConfig) -> LayoutSetup | None
             try:
                 check_group_processes(layout)
             except ValueError as e:
-                raise ValueError(f"moejax.load: layout {str(spec)!r}: {e}") from None
+                raise ValueError(f"moejax.load: layout {layout}: {e}") from None
         attn_mesh, expert_mesh = group_meshes(layout)
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     assert layout.devices is not None  # resolved
