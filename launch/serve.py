@@ -232,6 +232,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
         sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
+    if args.transfer_address is not None and multi is None:
+        sys.exit("--transfer-address applies to a run over several processes (--coordinator ...); drop it or give "
+                 "those")
     problem = (check_numbers(args) or check_output_is_not_input(args) or check_writable("--output", args.output)
                or check_writable("--error-file", args.error_file))
     if problem:
@@ -250,7 +253,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
     serving = options.from_args(ServingOptions, args, **({"batching": "static"} if multi else {}))
     if multi:
         try:  # before anything touches a JAX device
-            multihost.initialize(*multi)
+            multihost.initialize(*multi, transfer_address=args.transfer_address)
         except (ValueError, RuntimeError) as e:
             sys.exit(f"--coordinator {args.coordinator}: {e}")
         _check_processes_agree(args, lines)

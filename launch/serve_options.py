@@ -37,6 +37,11 @@ class Processes:
         None, type=int, minimum=0,
         help="this process's index, 0..N-1; every process runs the same batches, only process 0 writes --output and "
              "--metrics")
+    transfer_address: str | None = option(
+        None, type=str,
+        help="HOST:PORT (this host's address, a fixed free port) where this process serves JAX's socket transfers: "
+             "--layout experts=dep with its groups in different processes copies activations between them so on "
+             "backends that cannot themselves (CPU)")
 
     def __post_init__(self):
         options.check(self)

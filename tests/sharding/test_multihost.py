@@ -180,6 +180,7 @@ def test_serve_over_two_processes_gives_the_one_process_output(tmp_path):
     (["--num-processes", "2", "--process-id", "0"], "go together; missing --coordinator"),
     (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "0"],
      "writes its results to --output"),
+    (["--transfer-address", "127.0.0.1:1234"], "--transfer-address applies to a run over several processes"),
 ])
 def test_serve_multiprocess_flags_are_checked_before_joining(argv, message):
     from launch.serve import main
