@@ -147,7 +147,7 @@ class LayeredSteps:
         self.passes += 1
         return x, new
 
-    def host(self, x: jax.Array) -> np.ndarray:
+    def host_value(self, x: jax.Array) -> np.ndarray:
         """A value the loops below read on the host (DEP's steps read it from the devices of other processes)."""
         return np.asarray(x)
 
@@ -180,7 +180,7 @@ class LayeredSteps:
         loop = self._decode_start(rows, steps)
         limit = int(np.max(np.asarray(rows.max_new)))
         for t in range(1, limit):  # the resident loop's condition, checked on the host
-            if bool(np.all(self.host(loop.done))):
+            if bool(np.all(self.host_value(loop.done))):
                 break
             x, cache = self.run_layers(**begin(state, loop, rows), cache=cache)
             loop = end(state, x, loop, rows)
@@ -196,7 +196,7 @@ class LayeredSteps:
         begin, end = self._token
         loop = self._paged_start(carry, rows, steps)
         for _ in range(steps):  # the resident loop's condition, checked on the host
-            if not bool(np.any(self.host(loop.live))):
+            if not bool(np.any(self.host_value(loop.live))):
                 break
             x, caches = self.run_layers(**begin(state, pool, loop, rows))
             pool, loop = end(state, x, caches, loop, rows)

@@ -359,7 +359,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
             combine(m)
         return parts
 
-    def host(self, x: jax.Array) -> np.ndarray:
+    def host_value(self, x: jax.Array) -> np.ndarray:
         """A value the decode loop reads: on the attention group, which may leave out this process."""
         return multihost.to_host(x) if jax.process_count() > 1 else np.asarray(x)
 

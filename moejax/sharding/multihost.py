@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import numpy as np
@@ -129,7 +130,8 @@ def to_host(x: jax.Array) -> np.ndarray:
     25 / 211 ms for process_allgather, which replicates the value on every device (and needs that much memory on
     each); process_allgather remains the fallback for shapes and shardings that do not split so. An array on the
     devices of some processes only comes from them (`_from_owners`)."""
-    if len({d.process_index for d in x.sharding.device_set}) < jax.process_count():  # the same on every process
+    devices: Iterable[Any] = x.sharding.device_set
+    if len({d.process_index for d in devices}) < jax.process_count():  # the same answer on every process
         return _from_owners(x)
     if x.is_fully_addressable:
         return np.asarray(x)
