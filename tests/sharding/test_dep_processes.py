@@ -3,8 +3,9 @@
 between them by cross-process device_put (JAX's socket transfers, multihost.initialize(transfer_address=)). The
 logits (4 rows, and 3 padded to the 4 attention devices) must equal the one-process, one-device float32 model's
 within a relative max error of 1e-5, on both processes, for the default split and for r1=2, r2=2, order=aass, and
-the greedy generations must be the same. Layouts whose groups do not divide the processes, or that cannot copy
-between them, are refused at load with the numbers."""
+the greedy generations must be the same; so must launch.serve's output (completions and scores) with the groups
+in two processes. Layouts whose groups do not divide the processes, or that cannot copy between them, are refused
+at load with the numbers."""
 import json
 import os
 import socket
@@ -71,3 +72,34 @@ def test_dep_groups_that_do_not_divide_the_processes_are_refused(tmp_path):
         assert "e.g. attn_devices=4,expert_devices=4" in shared, shared
         assert "needs attn_devices = expert_devices, got 4 and 2" in unequal, unequal
         assert "pass transfer_address='HOST:PORT'" in no_transfers and "cpu backend" in no_transfers, no_transfers
+
+
+@pytest.mark.slow
+def test_serve_with_dep_groups_in_two_processes_gives_the_one_process_output(tmp_path):
+    lines = []
+    for i in range(4):
+        lines.append({"custom_id": f"c{i}", "url": "/v1/completions",
+                      "body": {"prompt_token_ids": [1 + i, 2, 3, 4 + i], "max_tokens": 4}})
+        lines.append({"custom_id": f"s{i}", "url": "/v1/score",
+                      "body": {"prompt_token_ids": [5, 6 + i, 7], "candidate_token_ids": [[8], [9, 10]]}})
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    common = ["--model", os.path.join(HERE, "fixtures", worker.FIXTURE), "--dtype", "float32", "--input",
+              str(tmp_path / "in.jsonl")]
+    ports = free_ports(2)
+    finished = run_workers(tmp_path, serve=[*common, "--output", str(tmp_path / "out{i}.jsonl"), "--layout",
+                                            "attn=dp,experts=dep"],
+                           per_process=lambda i: ["--transfer-address", f"127.0.0.1:{ports[i]}"])
+    assert all(f.returncode == 0 for f in finished), report(finished)
+    assert not (tmp_path / "out1.jsonl").exists(), "only process 0 writes results"
+    from launch.serve import main
+    assert main([*common, "--output", str(tmp_path / "one.jsonl")]) == 0  # one process: this one, one device
+    got, want = ([json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+                 for name in ("out0.jsonl", "one.jsonl"))
+    assert [r["custom_id"] for r in got] == [r["custom_id"] for r in want] and not any(r.get("error") for r in got)
+    for g, w in zip(got, want):
+        g, w = g["response"]["body"], w["response"]["body"]
+        if "choices" in w:
+            assert g["choices"][0]["token_ids"] == w["choices"][0]["token_ids"]
+        else:
+            for a, b in zip(g["results"][0]["candidates"], w["results"][0]["candidates"]):
+                assert a["logprob"] == pytest.approx(b["logprob"], rel=1e-5, abs=1e-5)

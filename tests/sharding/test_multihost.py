@@ -49,10 +49,11 @@ def report(finished: list[Finished]) -> str:
 
 
 def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=240, serve=None,
-                worker="multihost_worker.py") -> list[Finished]:
+                worker="multihost_worker.py", per_process=lambda i: []) -> list[Finished]:
     """Start tests/<worker> (or `python -m launch.serve *serve`, with "{i}" the process index) as the given
-    processes of `num_processes` and wait for all of them; past `deadline_s` kill every one still running and fail
-    with what each printed. Each process's stdout: tmp_path / "worker{i}.stdout"."""
+    processes of `num_processes`, process i with the arguments per_process(i) too, and wait for all of them; past
+    `deadline_s` kill every one still running and fail with what each printed. Each process's stdout:
+    tmp_path / "worker{i}.stdout"."""
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -66,7 +67,7 @@ def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=2
                 [os.path.join(HERE, worker), "--out", str(tmp_path / f"logits{i}.npz"), *args]
             procs.append(subprocess.Popen(
                 [sys.executable, *program, "--coordinator", f"127.0.0.1:{port}", "--num-processes",
-                 str(num_processes), "--process-id", str(i)], stdout=outs[-1], stderr=logs[-1],
+                 str(num_processes), "--process-id", str(i), *per_process(i)], stdout=outs[-1], stderr=logs[-1],
                 env=env, cwd=os.path.dirname(HERE)))
         end = time.monotonic() + deadline_s
         for p in procs:
