@@ -15,7 +15,7 @@ import pytest
 
 import dep_procs_worker as worker  # tests/ is on sys.path under pytest
 import moejax
-from test_multihost import HERE, TOL, rel, report, run_workers
+from test_multihost import HERE, TOL, assert_same_results, rel, report, run_workers
 
 
 def free_ports(n: int) -> list[int]:
@@ -93,13 +93,4 @@ def test_serve_with_dep_groups_in_two_processes_gives_the_one_process_output(tmp
     assert not (tmp_path / "out1.jsonl").exists(), "only process 0 writes results"
     from launch.serve import main
     assert main([*common, "--output", str(tmp_path / "one.jsonl")]) == 0  # one process: this one, one device
-    got, want = ([json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
-                 for name in ("out0.jsonl", "one.jsonl"))
-    assert [r["custom_id"] for r in got] == [r["custom_id"] for r in want] and not any(r.get("error") for r in got)
-    for g, w in zip(got, want):
-        g, w = g["response"]["body"], w["response"]["body"]
-        if "choices" in w:
-            assert g["choices"][0]["token_ids"] == w["choices"][0]["token_ids"]
-        else:
-            for a, b in zip(g["results"][0]["candidates"], w["results"][0]["candidates"]):
-                assert a["logprob"] == pytest.approx(b["logprob"], rel=1e-5, abs=1e-5)
+    assert_same_results(tmp_path / "out0.jsonl", tmp_path / "one.jsonl")

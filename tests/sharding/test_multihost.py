@@ -164,8 +164,12 @@ def test_serve_over_two_processes_gives_the_one_process_output(tmp_path):
     assert not (tmp_path / "out1.jsonl").exists(), "only process 0 writes results"
     from launch.serve import main
     assert main([*common, "--output", str(tmp_path / "one.jsonl")]) == 0  # one process: this one
-    got, want = ([json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
-                 for name in ("out0.jsonl", "one.jsonl"))
+    assert_same_results(tmp_path / "out0.jsonl", tmp_path / "one.jsonl")
+
+
+def assert_same_results(got_path, want_path) -> None:
+    """Two launch.serve outputs hold the same requests' results: equal generated tokens, scores to 1e-5."""
+    got, want = ([json.loads(line) for line in path.read_text().splitlines()] for path in (got_path, want_path))
     assert [r["custom_id"] for r in got] == [r["custom_id"] for r in want] and not any(r.get("error") for r in got)
     for g, w in zip(got, want):
         g, w = g["response"]["body"], w["response"]["body"]
