@@ -206,9 +206,7 @@ def measured_dep(engine, run_forward) -> dict:
     inner: dict = {}
     for layer, shapes in chunks:
         if shapes not in program:
-            straight = placement.a2e == "straight"  # the chunk whole on every expert device, no collectives inside
-            into, program_of = ((placement.expert_all, placement._owned) if straight else
-                                (placement.expert_rows, placement._experts))
+            into, program_of, _ = placement.route()
             args = [jax.ShapeDtypeStruct(shape, dtype, sharding=into) for shape, dtype in shapes]
             text = program_of.lower(*args, placement.store.fetch(layer)).compile().as_text()
             program[shapes] = hlo_comm.bytes_by_kind(hlo_comm.collectives(text))

@@ -74,6 +74,7 @@ def router_free(args, env: dict, partial=no_file) -> dict:
             outs = {name: e.generate(prompts, 1 + args.new_tokens, temperature=0.0) for name, e in engines.items()}
             for e in engines.values():  # warm up the shorter length's shapes too
                 e.generate(prompts, 1 + args.new_tokens // 2, temperature=0.0)
+                e.reset_stats()  # the counters of this batch's timed rounds only
             runs: dict[str, list[float]] = {name: [] for name in engines}
             (all0, own0), wall0 = cpu_seconds(), time.perf_counter()
             for _ in range(args.repeats):

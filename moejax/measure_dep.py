@@ -49,7 +49,7 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
                   log: Callable[[str], None] = lambda _: None) -> DepTaskFits:
     """The four tasks' points of one split at each token count, and their fits."""
     import moejax
-    from moejax.sharding.dep import DisaggregatedSteps, attend_chunks, shared_expert
+    from moejax.sharding.dep import DisaggregatedSteps, shared_expert
     A, B = attn_devices, expert_devices
     engine = moejax.load(model, dtype=dtype, compilation_cache=False,
                          layout=f"attn=dp,experts=dep,attn_devices={A},expert_devices={B},r1=1,r2=1")
@@ -75,7 +75,7 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
                 m_a, S = x.shape[0] / A, x.shape[1]
                 tokens = x.shape[0] * S
                 chunks = placement.layout.token_chunks(tokens)
-                t_a, (_, y, _, sends) = _seconds(lambda: layer(attend_chunks, x, at, None, None, kernels=steps.kernels,
+                t_a, (_, y, _, sends) = _seconds(lambda: layer(steps.attend, x, at, None, None, kernels=steps.kernels,
                                                                read_cache=rc, chunks=chunks), repeats)
                 points.append(("attention", *attention_work(cfg, m_a * S, m_a, S), t_a))
                 if placement.has_shared:
@@ -84,12 +84,10 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
                 send = sends[0]
                 rows = send[0].shape[0]
                 b = send[0].dtype.itemsize
-                target = placement.expert_all if placement.a2e == "straight" else placement.expert_rows
+                target, program, home = placement.route()
                 t_in, sent = _seconds(lambda: jax.device_put(send, target), repeats)
                 experts = placement.store.fetch(layer_index)
-                program = placement._owned if placement.a2e == "straight" else placement._experts
                 t_e, out = _seconds(lambda: program(*sent, experts), repeats)
-                home = placement.attn_partials if placement.a2e == "straight" else placement.attn_rows
                 t_out, _ = _seconds(lambda: jax.device_put(out, home), repeats)
                 points += [("experts", expert_device_rows(cfg, rows) * expert_row_work(cfg), t_e),
                            ("a2e", a2e_bytes(cfg, rows, b, B, placement.a2e), t_in),

@@ -49,7 +49,11 @@ def run(name, spec, **options):
                stats=engine.stats()["total"], describe=engine.explain())
     engine.reset_stats()
     engine.logits(ids)
-    out["misses_after_reset"] = engine.stats()["total"]["misses"]
+    after = engine.stats()["total"]
+    out["lookups_after_reset"] = (after["hits"] + after["misses"], after["cache"]["hits"] + after["cache"]["misses"])
+    engine.logits(ids)
+    again = engine.stats()["total"]
+    out["lookups_twice"] = (again["hits"] + again["misses"], again["cache"]["hits"] + again["cache"]["misses"])
     return out
 
 

@@ -71,10 +71,12 @@ def main() -> None:
     ref = moejax.load(FIXTURE, dtype="float32")
     ref_tokens = ref.generate(PROMPTS, NEW)
     with tempfile.TemporaryDirectory() as tmp:
-        # h100's datasheet without per-op and per-transfer overheads: for this tiny model the solver then splits
-        # (with them, r1 = r2 = 1 wins every shape), and its choice differs between the two shapes
+        # h100's datasheet without per-op and per-transfer overheads (the expert group's all-to-alls included): for
+        # this tiny model the solver then splits (with them, r1 = r2 = 1 wins every shape), and its choice differs
+        # between the two shapes
         profile = os.path.join(tmp, "no-overheads.json")
-        load_profile("h100").with_overrides({"device.launch_s": 0.0, "d2d.alpha_s": 0.0}).save(profile)
+        load_profile("h100").with_overrides({"device.launch_s": 0.0, "d2d.alpha_s": 0.0,
+                                             "all_to_all.alpha_s": 0.0}).save(profile)
         results = dict(reference_tokens=ref_tokens, online=online(ref, ref_tokens, ids_a, ids_b, profile),
                        pinned=pinned(ref_tokens))
     print(json.dumps(results))

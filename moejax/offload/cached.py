@@ -107,9 +107,11 @@ class Cached:
         # slot -> (layer, expert) a prefetch placed there whose copy has not started, in the order to start them
         self._queued: dict[int, tuple[int, int]] = {}
         self._copying: list[dict[str, jax.Array]] = []  # prefetch copies started and maybe not done
+        self._ran: set[int] = set()  # layers whose experts this pass has run: their queued guesses go last
 
     def begin_pass(self, steps: layered.LayeredSteps) -> None:
         self._planned.clear()
+        self._ran.clear()
         self._steps = steps
         self._streaming = self.prefill == "stream" and steps.inputs.shape[1] > 1  # [rows, tokens, D]: a prefill
         if self._streaming and steps.moe_layers and steps.moe_layers[0] not in self._ahead:
@@ -151,6 +153,7 @@ class Cached:
         else:
             assert idx is not None and weights is not None  # unplanned layers run the router
             run_idx, run_weights = idx, weights
+        self._ran.add(layer)  # from its request on, its guesses not requested are of no use to this pass
         out = self._routed_out(handle, y, run_idx, run_weights)
         x = handle(layered.finish, x, y, out)
         # after this layer's work is issued: the copies overlap it, and so does a predictor still matching (Pending)
@@ -242,7 +245,10 @@ class Cached:
         self._start_queued()
 
     def _start_queued(self) -> None:
-        """Start queued prefetch copies, in queue order, while fewer than prefetch_depth are on their way."""
+        """Start queued prefetch copies, in queue order, while fewer than prefetch_depth are on their way; guesses
+        for layers this pass has already run wait behind the rest (they help the next pass at most)."""
+        if any(layer in self._ran for layer, _ in self._queued.values()):
+            self._queued = dict(sorted(self._queued.items(), key=lambda item: item[1][0] in self._ran))
         self._copying = [arrays for arrays in self._copying if not all(_ready(a) for a in arrays.values())]
         while self._queued and len(self._copying) < self.prefetch_depth:
             slot, (layer, expert) = next(iter(self._queued.items()))

@@ -92,6 +92,10 @@ class _Caches:
                 totals[key] = totals.get(key, 0) + value
         return totals
 
+    def reset_stats(self) -> None:
+        for cache in self.caches:
+            cache.reset_stats()
+
 
 def partial_routed(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, weights: jax.Array,
                    local_of: jax.Array, experts: list[dict[str, jax.Array]], *, mesh: Mesh, backend: str

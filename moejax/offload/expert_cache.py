@@ -79,6 +79,10 @@ class ExpertCache:
     def stats(self) -> dict:
         return dict(self._stats)
 
+    def reset_stats(self) -> None:
+        """Counters from now on (the keys, slots and use counts stay)."""
+        self._stats = dict.fromkeys(self._stats, 0)
+
     def request(self, keys: Iterable[Sequence[int]]) -> tuple[list[tuple[Key, int]], list[tuple[Key, int]], list[Key]]:
         keys = _distinct(keys)
         if len(keys) > self.num_slots:

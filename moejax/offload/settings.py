@@ -113,6 +113,8 @@ class PlacementSettings:
             value = getattr(self, name)
             if value is not None and value > 1:
                 raise _error(f"{name} must be in [0, 1], got {value}")
+        if self.prefill_experts == "cache":  # the default spelled out: the same runs, the same journal fingerprint
+            object.__setattr__(self, "prefill_experts", None)
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
         self._check_predictor()

@@ -159,12 +159,15 @@ class LayerByLayer(Placement):
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert steps is not None  # a layer loop's
         runtime = steps.placement
-        extra = runtime.cache.stats() if hasattr(runtime, "cache") else {}
+        # the expert cache's own bookkeeping (its hits count a prefetch still queued; LayerStats' count it a miss)
+        extra = {"cache": runtime.cache.stats()} if hasattr(runtime, "cache") else {}
         return {"placement": runtime.name, **runtime.stats.as_dict(extra)}
 
     def reset_stats(self, steps: LayeredSteps | None) -> None:
         assert steps is not None
         steps.placement.stats = type(steps.placement.stats)()
+        if hasattr(steps.placement, "cache"):
+            steps.placement.cache.reset_stats()
 
     def describe(self, steps: LayeredSteps | None) -> str:
         assert steps is not None

@@ -26,6 +26,9 @@ class CachedEP(Cached):
     @classmethod
     def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
         assert layout_setup is not None  # applies only with a layout
+        if settings.prefill_experts == "stream":  # refused at load, not at the first request
+            raise ValueError("moejax.load: the cached placement over several devices (experts=ep) does not stream "
+                             "prefill experts: prefill_experts='stream' runs on one device")
         # its MoE step gathers the tokens and reduce-scatters the outputs whatever the spec's exchange: say so (the
         # layout's communication in explain() follows it)
         layout = dataclasses.replace(layout_setup.layout, exchange="gather")

@@ -62,18 +62,19 @@ class OnlineDep:
         self._profile: Profile | None = None
         self.schedules: dict[tuple[int, int], StepSchedule] = {}
 
-    def layout_for(self, rows: int, tokens_per_row: int) -> Layout:
-        """The layout a step of this shape runs: the load's, with its online fields as solved for the shape."""
-        s = self.schedule(rows, tokens_per_row)
+    def layout_for(self, rows: int, tokens_per_row: int, *, count: bool = True) -> Layout:
+        """The layout a step of this shape runs: the load's, with its online fields as solved for the shape (count:
+        a cache hit is a step served; False for a look ahead at the split a step will use)."""
+        s = self.schedule(rows, tokens_per_row, count=count)
         return dataclasses.replace(self.layout, r1=s.r1, r2=s.r2, order=s.order)
 
-    def schedule(self, rows: int, tokens_per_row: int) -> StepSchedule:
+    def schedule(self, rows: int, tokens_per_row: int, *, count: bool = True) -> StepSchedule:
         if rows < 1 or tokens_per_row < 1:
             raise ValueError(f"online FinDEP: a step of {rows} rows x {tokens_per_row} tokens has no tokens")
         key = (rows, tokens_per_row)
         found = self.schedules.get(key)
         if found is not None:
-            found.hits += 1
+            found.hits += count
             return found
         found = self.schedules[key] = self._solve(rows, tokens_per_row)
         return found
@@ -90,8 +91,9 @@ class OnlineDep:
             choice = solve_step(self.config, self._profile, attn_devices=lay.attn_devices,
                                 expert_devices=lay.expert_devices, rows=rows, tokens_per_row=tokens_per_row,
                                 r1_choices=r1s, **held)
-        except ValueError as e:  # the step runs anyway: on the load's values, and the log says why
-            return StepSchedule(rows, tokens_per_row, lay.r1, lay.r2, lay.order, time.perf_counter() - start, None,
+        except ValueError as e:  # the step runs anyway: on the load's values (r1 as near as the rows split evenly)
+            r1 = max(r for r in r1s if r <= lay.r1) if min(r1s) <= lay.r1 else min(r1s)
+            return StepSchedule(rows, tokens_per_row, r1, lay.r2, lay.order, time.perf_counter() - start, None,
                                 why=str(e))
         return StepSchedule(rows, tokens_per_row, choice.r1, choice.r2, choice.order, time.perf_counter() - start,
                             choice.predicted_s)

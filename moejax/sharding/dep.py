@@ -124,18 +124,25 @@ class Disaggregated:
                                 out_shardings=self.expert_rows)
         self._owned = jax.jit(functools.partial(owned_experts, store.expert_mesh, local))
 
+    def route(self) -> tuple[NamedSharding, Callable[..., jax.Array], NamedSharding]:
+        """The A2E route's (where a chunk is sent on the expert group, the expert program, where its output goes back
+        on the attention group): what `run` does, and what the micro-benchmarks (moejax.measure_dep) and the
+        layouts benchmark time and compile."""
+        if self.a2e == "straight":
+            if jax.process_count() > 1:  # a copy between processes keeps every shard's shape; straight reshapes
+                raise ValueError("DEP: a2e=straight runs in one process only (its copies change the shards' shapes, "
+                                 "which a copy between processes cannot); use a2e=regroup")
+            return self.expert_all, self._owned, self.attn_partials
+        return self.expert_rows, self._experts, self.attn_rows
+
     def run(self, layer: int, y2: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
         """One token chunk: A -> E, the routed experts over the expert group, E -> A (all dispatched, none waited).
         -> the routed output [N, D] (regroup) or its B partial outputs [B, N, D] (straight), split by rows over the
         attention group; `combine` adds the partials (add_partials)."""
-        if self.a2e == "straight":
-            sent = jax.device_put((y2, idx, weights), self.expert_all)
-            back = jax.device_put(self._owned(*sent, self.store.fetch(layer)), self.attn_partials)
-            copies = self.layout.expert_devices or 1
-        else:
-            sent = jax.device_put((y2, idx, weights), self.expert_rows)
-            back = jax.device_put(self._experts(*sent, self.store.fetch(layer)), self.attn_rows)
-            copies = 1
+        target, program, home = self.route()
+        sent = jax.device_put((y2, idx, weights), target)
+        back = jax.device_put(program(*sent, self.store.fetch(layer)), home)
+        copies = (self.layout.expert_devices or 1) if self.a2e == "straight" else 1  # the chunk to every device
         self.stats.a2e_bytes[layer] += copies * sum(a.nbytes for a in sent)
         self.stats.e2a_bytes[layer] += back.nbytes
         self.stats.chunks[layer] += 1
@@ -262,16 +269,17 @@ class DisaggregatedSteps(layered.LayeredSteps):
         self._concat_jit = jax.jit(_concat)
         split = functools.partial(jax.lax.with_sharding_constraint, shardings=placement.attn_rows)
         self._combine = functools.partial(combine, split=split)
-        self._attend = functools.partial(attend_chunks, split=split)
+        self.attend = functools.partial(attend_chunks, split=split)  # the attention jit, its rows split
         # The last pass's dispatch order: ("attn" | "shared" | "combine", layer, micro-batch) and
         # ("experts", layer, micro-batch, chunk), for --explain and tests.
         self.schedule: list[tuple] = []
         self.layout = placement.layout  # the last step's: the load's, or as online FinDEP solved its shape
 
-    def step_layout(self, rows: int, tokens_per_row: int) -> Layout:
-        """The layout a step of this shape runs: the load's, or with (r1, r2, order) from online FinDEP."""
+    def step_layout(self, rows: int, tokens_per_row: int, *, count: bool = True) -> Layout:
+        """The layout a step of this shape runs: the load's, or with (r1, r2, order) from online FinDEP (count: as
+        a step served from its cache; False for a look ahead)."""
         online = self.placement.online
-        return self.placement.layout if online is None else online.layout_for(rows, tokens_per_row)
+        return self.placement.layout if online is None else online.layout_for(rows, tokens_per_row, count=count)
 
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
                    prior: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, list[Cache]]:
@@ -279,6 +287,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
         sizes = lay.micro_batches(x.shape[0])
         split_cache = isinstance(cache, MicroBatched)
         paged = [c for c in cache if isinstance(c, PagedCache)] if cache else []  # a paged step's: every layer's
+        assert not paged or len(paged) == len(self.layers), "a paged step gives every layer a PagedCache"
         pool = SharedPool(paged) if paged else None
         inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache or pool else cache)
         parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
@@ -336,7 +345,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
                     keep(m, i, c)
                     continue
                 chunks = lay.token_chunks(a[0].shape[0] * a[0].shape[1])
-                x, y, c, sends = layer(self._attend, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
+                x, y, c, sends = layer(self.attend, *a, kernels=self.kernels, read_cache=read_cache, chunks=chunks)
                 log(("attn", i, m))
                 keep(m, i, c)
                 shared = None
@@ -365,7 +374,8 @@ class DisaggregatedSteps(layered.LayeredSteps):
 
     def decode(self, state: nnx.State, cache: Sequence[Cache], rows: DecodeRows, **static: Any
                ) -> tuple[jax.Array, jax.Array]:
-        sizes = self.step_layout(rows.first.shape[0], 1).micro_batches(rows.first.shape[0])  # run_layers' split
+        # run_layers' split, looked up ahead (its steps count themselves)
+        sizes = self.step_layout(rows.first.shape[0], 1, count=False).micro_batches(rows.first.shape[0])
         parts = MicroBatched(self._split_jit(cache, sizes=sizes))
         return super().decode(state, parts, rows, **static)
 

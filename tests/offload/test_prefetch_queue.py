@@ -12,20 +12,26 @@ IDS = np.array([[5]])  # one token: a few experts per layer, so most of a layer'
 
 class _Fixed:
     """A predictor that predicts, at the first MoE layer, the experts given for the next one (a wrong guess: the
-    experts the true router does not pick there)."""
+    experts the true router does not pick there), and at the second those given for the third (`then`)."""
     distance = 1
 
-    def __init__(self, target: int, experts: list[int]) -> None:
-        self.target, self.experts, self.first = target, experts, None
+    def __init__(self, target: int, experts: list[int], then: list[int] | None = None) -> None:
+        self.target, self.experts, self.then, self.moe = target, experts, then, []
 
     def begin_pass(self, steps) -> None:
-        self.first = steps.moe_layers[0]
+        self.moe = steps.moe_layers
 
     def predict(self, pass_no, layer, x, y, idx, weights):
-        if layer != self.first:
-            return {}
-        ids = np.array([self.experts])
-        return {self.target: (ids, np.full(ids.shape, 1.0 / ids.shape[1]))}
+        if layer == self.moe[0]:
+            return {self.target: self._guess(self.experts)}
+        if layer == self.moe[1] and self.then:
+            return {self.moe[2]: self._guess(self.then)}
+        return {}
+
+    @staticmethod
+    def _guess(experts):
+        ids = np.array([experts])
+        return ids, np.full(ids.shape, 1.0 / ids.shape[1])
 
     def describe(self) -> str:
         return "fixed"
@@ -82,6 +88,23 @@ def test_a_miss_is_copied_before_the_prefetches_still_queued(reference):
     assert layer["misses"] == len(routing.used[target]) and layer["hits"] == 0
     assert layer["prefetches"] == len(at_target) - len(routing.used[target])  # copies started, not queued ones
     assert f"{depth} prefetch copies in flight at most" in engine.explain()
+
+
+def test_guesses_for_a_layer_that_has_run_wait_behind_those_for_the_layers_ahead(reference):
+    routing = _Routing()
+    probe = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=24, predictor=routing)
+    probe.logits(IDS)
+    moe = probe.layered_steps.moe_layers
+    wrong = [e for e in range(probe.config.num_experts) if e not in routing.used[moe[1]]]
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=24,
+                         predictor=_Fixed(moe[1], wrong, then=routing.used[moe[2]]), prefetch_depth=1)
+    log = _fetches(engine)
+    np.testing.assert_allclose(engine.logits(IDS), reference, rtol=1e-6, atol=1e-6)
+    first_ahead = next(i for i, (layer, _) in enumerate(log) if layer == moe[2])
+    last_miss = max(i for i, (layer, e) in enumerate(log) if layer == moe[1] and e in routing.used[moe[1]])
+    stale = [e for layer, e in log[last_miss + 1: first_ahead] if layer == moe[1]]
+    # at most the one copy started before the guesses for the layer ahead came (depth 1); the queue held more
+    assert len(stale) <= 1 < len(wrong) - 2
 
 
 def test_prefetch_depth_must_be_positive():

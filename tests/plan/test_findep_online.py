@@ -77,6 +77,7 @@ def test_a_shape_the_solver_cannot_plan_runs_the_loads_values_and_says_why():
     got = planner.layout_for(8, 16)
     assert (got.r1, got.r2, got.order) == (2, 2, "asas")
     assert "memory" in planner.schedules[(8, 16)].why and planner.schedules[(8, 16)].predicted_s is None
+    assert planner.layout_for(4, 16).r1 == 1  # 4 rows over 4 attention devices cannot take the load's r1 = 2
 
 
 def test_auto_fields_become_online_and_pinned_ones_do_not():

@@ -267,7 +267,9 @@ class ExpertMapPredictor:
     the loop's thread); one matcher thread reads them once they are computed, matches every row (request) of the
     batch on its own, and answers with per-row sets. `predict` returns `Pending` results; the cached placement
     reads the ones for the layers ahead after the layer's own work is dispatched, so the search runs while that
-    layer computes, and the loop never blocks on the device for it."""
+    layer computes. The predictor never reads a device array on the loop's thread; the loop does wait for each
+    layer's search result (right after dispatching the layer), and the first MoE layer's own prefetch waits for
+    the semantic search. Padding rows and tokens are matched and stored like requests (no validity mask yet)."""
 
     def __init__(self, store: ExpertMapStore, *, update: bool = True, semantic: bool = True, adaptive: bool = True):
         """semantic / adaptive: fMoE §6.5's ablations (predict_sets); both on is fMoE, Map (T+S+δ)."""
@@ -282,13 +284,10 @@ class ExpertMapPredictor:
     def begin_pass(self, steps: LayeredSteps) -> None:
         # what the matcher finished: its errors surface here; what it has not (storing the last pass's maps) goes
         # on: the thread takes its work in order, so this pass is matched against the updated store all the same
-        pending = []
-        for future in self._futures:
-            if future.done():
-                future.result()  # re-raises the matcher's error
-            else:
-                pending.append(future)
-        self._futures = pending
+        done = [future for future in self._futures if future.done()]
+        self._futures = [future for future in self._futures if not future.done()]
+        for future in done:  # dropped first: an error fails the pass it surfaces in, not every later one
+            future.result()  # re-raises the matcher's error
         self._steps = steps
         self._rows = steps.inputs.shape[0]
         self._submit(self._begin, _row_embeddings(steps.inputs))  # dispatched; read on the matcher thread
