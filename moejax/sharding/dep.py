@@ -61,12 +61,7 @@ class ExpertGroup:
 
     def add(self, path: tuple, array: jax.Array | np.ndarray) -> jax.Array:
         """('layers', i, 'mlp', name) -> placed on the expert group; returns the stand-in for the parameters."""
-        sharding = NamedSharding(self.expert_mesh, P(AXIS))
-        if jax.process_count() > 1:  # each process places the parts its devices hold (none outside the group)
-            host = np.asarray(array)
-            placed = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
-        else:
-            placed = jax.device_put(array, sharding)
+        placed = multihost.place(array, NamedSharding(self.expert_mesh, P(AXIS)))  # none outside the group
         self._layers[int(path[1])][path[3]] = placed
         return jax.device_put(jnp.zeros((), array.dtype), NamedSharding(self.attn_mesh, P()))
 

@@ -91,6 +91,16 @@ def transfers_between_processes() -> bool:
                 or jax.config.values.get("jax_cross_host_transfer_socket_address"))
 
 
+def place(array: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A host array, the same in every process, placed by `sharding`: `jax.device_put` in one process; with several,
+    each process places the parts its own devices hold (none where the sharding leaves it out, as a DEP group may;
+    device_put would first check that every process holds the same array)."""
+    if jax.process_count() == 1:
+        return jax.device_put(array, sharding)
+    host = np.asarray(array)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
+
+
 def group_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     """A host batch [B, ...] with B a multiple of the mesh's devices, the same in every process, as one array split
     by rows over a 1-D `mesh` that may leave out some processes (a DEP group): each process places the rows of its
@@ -98,8 +108,7 @@ def group_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:
     batch = np.asarray(batch)
     if batch.shape[0] % mesh.size:
         raise ValueError(f"multihost: {batch.shape[0]} rows do not split over the {mesh.size} devices of the mesh")
-    sharding = NamedSharding(mesh, P(mesh.axis_names[0]))
-    return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index], dtype=batch.dtype)
+    return place(batch, NamedSharding(mesh, P(mesh.axis_names[0])))
 
 
 def shard_rows(batch: np.ndarray, mesh: Mesh) -> jax.Array:

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import is_routed_expert
+from moejax.sharding import multihost
 from moejax.sharding.dep import ExpertGroup, check_group_processes, group_meshes
 from moejax.sharding.experts import AXIS, TP_SPECS, ShardedExperts, tp_columns
 from moejax.sharding.layout import Layout
@@ -79,11 +79,7 @@ class LayoutSetup:
                     array = tp_columns(array, self.layout.devices)
         elif self.layout.attn == "tp" and len(path) == 4 and path[2] == "attn":
             spec = self.heads.get(name, P()) if name is not None else P()
-        sharding = NamedSharding(self.mesh, spec)
-        if jax.process_count() > 1:  # device_put would first check that every process holds the same array
-            host = np.asarray(array)  # (the dtype given: a DEP group may have no devices in this process)
-            return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
-        return jax.device_put(array, sharding)
+        return multihost.place(array, NamedSharding(self.mesh, spec))
 
     @property
     def heads(self) -> dict[str, P]:
