@@ -33,6 +33,7 @@ def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     assert rows["on-demand"]["stats"]["totals"]["prefetches"] == 0
     assert all(rows[m]["stats"]["totals"]["prefetches"] > 0 for m in modes.split(",")[1:])
     assert all(rows[m]["store"]["maps"] == 3 for m in modes.split(",") if m.startswith("expert_map"))
-    assert "expert_map (3 maps" in rows["expert_map-T"]["placement"] and "T)" in rows["expert_map-T"]["placement"]
+    placement = rows["expert_map-T"]["placement"]
+    assert "expert_map (3 maps" in placement and "distance 1, T;" in placement  # Map (T): no semantic, no δ
     assert run["decode"]["calibration"]["distill_steps"] == 4
     assert (tmp_path / "modes.png").stat().st_size > 0
