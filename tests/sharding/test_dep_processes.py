@@ -15,7 +15,7 @@ import pytest
 
 import dep_procs_worker as worker  # tests/ is on sys.path under pytest
 import moejax
-from test_multihost import HERE, TOL, assert_same_results, rel, report, run_workers
+from test_multihost import HERE, TOL, assert_same_results, rel, report, run_workers, write_requests
 
 
 def free_ports(n: int) -> list[int]:
@@ -76,13 +76,7 @@ def test_dep_groups_that_do_not_divide_the_processes_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_serve_with_dep_groups_in_two_processes_gives_the_one_process_output(tmp_path):
-    lines = []
-    for i in range(4):
-        lines.append({"custom_id": f"c{i}", "url": "/v1/completions",
-                      "body": {"prompt_token_ids": [1 + i, 2, 3, 4 + i], "max_tokens": 4}})
-        lines.append({"custom_id": f"s{i}", "url": "/v1/score",
-                      "body": {"prompt_token_ids": [5, 6 + i, 7], "candidate_token_ids": [[8], [9, 10]]}})
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_requests(tmp_path / "in.jsonl", 4)
     common = ["--model", os.path.join(HERE, "fixtures", worker.FIXTURE), "--dtype", "float32", "--input",
               str(tmp_path / "in.jsonl")]
     ports = free_ports(2)

@@ -149,13 +149,7 @@ def test_a_missing_process_ends_the_others_after_the_initialization_timeout(tmp_
 def test_serve_over_two_processes_gives_the_one_process_output(tmp_path):
     """launch.serve with --coordinator: both processes run every batch (completions and scores), only process 0
     writes, and what it writes equals a one-process run's output."""
-    lines = []
-    for i in range(6):
-        lines.append({"custom_id": f"c{i}", "url": "/v1/completions",
-                      "body": {"prompt_token_ids": [1 + i, 2, 3, 4 + i], "max_tokens": 4}})
-        lines.append({"custom_id": f"s{i}", "url": "/v1/score",
-                      "body": {"prompt_token_ids": [5, 6 + i, 7], "candidate_token_ids": [[8], [9, 10]]}})
-    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_requests(tmp_path / "in.jsonl", 6)
     model = os.path.join(HERE, "fixtures", "qwen3_moe")
     common = ["--model", model, "--dtype", "float32", "--input", str(tmp_path / "in.jsonl")]
     finished = run_workers(tmp_path, serve=[*common, "--output", str(tmp_path / "out{i}.jsonl"), "--layout",
@@ -165,6 +159,17 @@ def test_serve_over_two_processes_gives_the_one_process_output(tmp_path):
     from launch.serve import main
     assert main([*common, "--output", str(tmp_path / "one.jsonl")]) == 0  # one process: this one
     assert_same_results(tmp_path / "out0.jsonl", tmp_path / "one.jsonl")
+
+
+def write_requests(path, pairs: int) -> None:
+    """`pairs` completion requests and as many score requests, interleaved, as launch.serve input lines."""
+    lines = []
+    for i in range(pairs):
+        lines.append({"custom_id": f"c{i}", "url": "/v1/completions",
+                      "body": {"prompt_token_ids": [1 + i, 2, 3, 4 + i], "max_tokens": 4}})
+        lines.append({"custom_id": f"s{i}", "url": "/v1/score",
+                      "body": {"prompt_token_ids": [5, 6 + i, 7], "candidate_token_ids": [[8], [9, 10]]}})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def assert_same_results(got_path, want_path) -> None:
