@@ -101,7 +101,7 @@ def build(resident, prompts: list[list[int]], modes: list[str], directory: str, 
 
 
 def store_size(store) -> dict:
-    return dict(maps=len(store), capacity=store.capacity, bytes=int(store.maps.nbytes + store.embeddings.nbytes))
+    return dict(maps=len(store), capacity=store.capacity, bytes=store.nbytes)
 
 
 def engine_options(mode: str, calibration: Calibration) -> dict:
