@@ -115,7 +115,7 @@ class Engine:
     def layer_experts(self, layer: int) -> dict:
         """Routed expert arrays of one MoE layer on the device, wherever they live ([E, ...] by name)."""
         if self.store is None:
-            return nnx.merge(self._graphdef, self.params).layers[layer].mlp.expert_weights()
+            return nnx.merge(self._graphdef, self.params).layer(layer).mlp.expert_weights()
         if not self.store.per_expert:
             return self.store.fetch(layer)
         experts = [self.store.fetch_expert(layer, e) for e in range(self.store.num_experts(layer))]

@@ -51,26 +51,33 @@ def slots_of(table: StepArray, positions: StepArray, valid: jax.Array, num_block
 
 def gather(pool: Sequence[Layer], block_ids: StepArray) -> list[Layer]:
     """pool (list per layer of {name: [N, BLOCK, ...]}), block_ids int [B, NP] -> per-layer [B, NP*BLOCK, ...]."""
+    return [gather_layer(layer, block_ids) for layer in pool]
+
+
+def gather_layer(layer: Layer, block_ids: StepArray) -> Layer:
+    """One layer's pool {name: [N, BLOCK, ...]}, block_ids int [B, NP] -> {name: [B, NP*BLOCK, ...]}."""
     B, NP = block_ids.shape
     flat = block_ids.reshape(-1)
-    return [{name: a[flat].reshape(B, NP * BLOCK, *a.shape[2:]) for name, a in layer.items()} for layer in pool]
+    return {name: a[flat].reshape(B, NP * BLOCK, *a.shape[2:]) for name, a in layer.items()}
 
 
 def store(pool: Sequence[Layer], keys: Sequence[Layer], block_ids: StepArray, src: StepArray) -> list[Layer]:
     """Copy tokens of `keys` (per-layer {name: [B, S, ...]}) into pool blocks: block_ids [B, NS] (an id >= the
     pool size is skipped), src [B, NS, BLOCK] = the key index of each token of each block."""
+    return [store_layer(layer_pool, layer_keys, block_ids, src) for layer_pool, layer_keys in zip(pool, keys)]
+
+
+def store_layer(pool: Layer, keys: Layer, block_ids: StepArray, src: StepArray) -> Layer:
+    """`store` for one layer's pool and keys."""
     B, NS, _ = src.shape
     flat_ids = block_ids.reshape(-1)
-    out = []
-    for layer_pool, layer_keys in zip(pool, keys):
-        new: Layer = {}
-        for name, a in layer_pool.items():
-            k = layer_keys[name]
-            idx = src.reshape((B, NS * BLOCK) + (1,) * (k.ndim - 2))
-            blocks = jnp.take_along_axis(k, idx, axis=1).reshape(B * NS, BLOCK, *a.shape[2:])
-            new[name] = a.at[flat_ids].set(blocks.astype(a.dtype), mode="drop")
-        out.append(new)
-    return out
+    new: Layer = {}
+    for name, a in pool.items():
+        k = keys[name]
+        idx = src.reshape((B, NS * BLOCK) + (1,) * (k.ndim - 2))
+        blocks = jnp.take_along_axis(k, idx, axis=1).reshape(B * NS, BLOCK, *a.shape[2:])
+        new[name] = a.at[flat_ids].set(blocks.astype(a.dtype), mode="drop")
+    return new
 
 
 def concat_prior(prior: jax.Array, new: jax.Array) -> jax.Array:
@@ -78,8 +85,13 @@ def concat_prior(prior: jax.Array, new: jax.Array) -> jax.Array:
     return jnp.concatenate([prior.astype(new.dtype), new], axis=1)
 
 
+def concat_layer(prior: Layer, new: Layer) -> Layer:
+    """One layer's keys of a packed call: its prior keys followed by the call's own."""
+    return {name: concat_prior(prior[name], new[name]) for name in new}
+
+
 def concat_keys(prior: Sequence[Layer] | None, new: list[Layer]) -> list[Layer]:
     """Per-layer keys of a packed call: prior keys (or None) followed by the call's own keys."""
     if prior is None:
         return new
-    return [{name: concat_prior(p[name], n[name]) for name in n} for p, n in zip(prior, new)]
+    return [concat_layer(p, n) for p, n in zip(prior, new)]

@@ -37,15 +37,16 @@ def _paged(pool: list[Layer], table: StepArray, slots: jax.Array) -> list[PagedC
     return [PagedCache(layer, table, slots) for layer in pool]
 
 
-def _pool_blocks(pool: list[Layer]) -> int:
-    return jax.tree.leaves(pool)[0].shape[0]
+def _pool_blocks(pool: list[Layer], stacked: bool = False) -> int:
+    """Blocks in a pool: every layer's {name: [N, BLOCK, ...]}, or a stacked model's [count, N, BLOCK, ...]."""
+    return jax.tree.leaves(pool)[0].shape[1 if stacked else 0]
 
 
 # -- a prompt chunk per row ----------------------------------------------------------------------------------
 def chunk_begin(model: MoEModel, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
                 ) -> tuple[dict, None]:
     """fresh (static): every row starts at position 0, so attention reads only this call's keys."""
-    x, at, slots = chunk_inputs(model, rows, num_blocks=_pool_blocks(pool))
+    x, at, slots = chunk_inputs(model, rows, num_blocks=_pool_blocks(pool, model.stacked))
     return dict(x=x, at=at, cache=_paged(pool, rows.table, slots)), None
 
 
@@ -111,7 +112,7 @@ def decode_finish(carry: jax.Array, slot: StepArray, out: jax.Array) -> jax.Arra
 
 def token_begin(model: MoEModel, pool: list[Layer], loop: DecodeLoop, rows: PagedDecodeRows) -> dict:
     """Row b's input loop.last at position start[b] + i (written only while the row is live)."""
-    x, at, slots = token_inputs(model, loop, rows, num_blocks=_pool_blocks(pool))
+    x, at, slots = token_inputs(model, loop, rows, num_blocks=_pool_blocks(pool, model.stacked))
     return dict(x=x, at=at, cache=_paged(pool, rows.table, slots))
 
 

@@ -76,7 +76,8 @@ def score_begin(model: MoEModel, pool: list[Layer], batch: dict, *, span: tuple 
     from the pool: prior_ids [B, NP] and prior_pos, prior_pre, prior_post [B, NP*BLOCK]; optional blocks to
     store: store_ids [B, NS], store_src [B, NS, BLOCK] (indices into prior + new keys). span (static): the
     rows' TreeSpan (head, window), which keys attention reads (moejax.sched.packing.tree_span)."""
-    prior = kv_pool.gather(pool, batch["prior_ids"]) if "prior_ids" in batch else None
+    prior = model.map_layers(lambda layer: kv_pool.gather_layer(layer, batch["prior_ids"]), pool) \
+        if "prior_ids" in batch else None
 
     def keys(name: str) -> jax.Array:
         new = batch["positions"] if name == "pos" else batch[f"q_{name}"]
@@ -90,18 +91,20 @@ def score_begin(model: MoEModel, pool: list[Layer], batch: dict, *, span: tuple 
 def score_end(model: MoEModel, x: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer],
               batch: dict, *, span: tuple = (0, None)) -> tuple[jax.Array, list[Layer]]:
     """-> (log-probabilities of the target tokens [B, G] float32, pool)."""
-    return scored(model.head(x, batch["read_idx"]), new, prior, pool, batch)
+    return scored(model, model.head(x, batch["read_idx"]), new, prior, pool, batch)
 
 
-def scored(logits: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer], batch: dict
-           ) -> tuple[jax.Array, list[Layer]]:
+def scored(model: MoEModel, logits: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer],
+           batch: dict) -> tuple[jax.Array, list[Layer]]:
     """From the read positions' logits [B, U, V]: (the target tokens' log-probabilities [B, G] float32, the pool
     with the batch's prompt blocks stored)."""
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]
     picked = jnp.take_along_axis(picked, batch["tgt_tok"][..., None], axis=2)[..., 0]
     if "store_ids" in batch:
-        pool = kv_pool.store(pool, kv_pool.concat_keys(prior, new), batch["store_ids"], batch["store_src"])
+        keys = new if prior is None else model.map_layers(kv_pool.concat_layer, prior, new)
+        pool = model.map_layers(lambda p, k: kv_pool.store_layer(p, k, batch["store_ids"], batch["store_src"]),
+                                pool, keys)
     return picked, pool
 
 
@@ -111,9 +114,11 @@ def prefill_begin(model: MoEModel, pool: list[Layer], rows: PrefillRows, *, cach
     B = rows.tokens.shape[0]
     cache = model.init_cache(B, cache_len)
     if rows.prior_ids is not None:
-        prior = kv_pool.gather(pool, rows.prior_ids)
-        slots = cache_positions(rows.prior_ids.shape[1] * kv_pool.BLOCK, B)
-        cache = [{name: write_cache(c[name], slots, p[name]) for name in c} for c, p in zip(cache, prior)]
+        ids = rows.prior_ids
+        slots = cache_positions(ids.shape[1] * kv_pool.BLOCK, B)
+        cache = model.map_layers(
+            lambda c, p: {name: write_cache(c[name], slots, a) for name, a in kv_pool.gather_layer(p, ids).items()},
+            cache, pool)
     x, at = model.embed_inputs(rows.tokens, rows.positions)
     return dict(x=x, at=at, cache=cache), None
 
@@ -123,10 +128,12 @@ def prefill_end(model: MoEModel, x: jax.Array, cache: list, context: None, pool:
     """-> (cache, first new token per row, pool); with `expand`, cache and tokens are per decode row."""
     if rows.store_ids is not None:
         assert rows.store_src is not None  # given with store_ids
-        pool = kv_pool.store(pool, cache, rows.store_ids, rows.store_src)
+        store_ids, store_src = rows.store_ids, rows.store_src
+        pool = model.map_layers(lambda p, c: kv_pool.store_layer(p, c, store_ids, store_src), pool, cache)
     logits = model.head(x, rows.last)
     if rows.expand is not None:
-        cache = jax.tree.map(lambda c: c[rows.expand], cache)
+        expand = rows.expand
+        cache = model.map_layers(lambda c: jax.tree.map(lambda a: a[expand], c), cache)
         logits = logits[rows.expand]
     return cache, rows.sampling.next_tokens(logits), pool
 

@@ -26,7 +26,7 @@ def greedy_score_end(model: MoEModel, x: jax.Array, new: list, prior: list | Non
                      ) -> tuple[tuple[jax.Array, jax.Array], list]:
     """-> ((log-probabilities [B, G] float32, whether each target is its read position's argmax [B, G]), pool)."""
     logits = model.head(x, batch["read_idx"])  # [B, U, V] float32
-    picked, pool = steps.scored(logits, new, prior, pool, batch)
+    picked, pool = steps.scored(model, logits, new, prior, pool, batch)
     top = jnp.argmax(logits, axis=-1)  # [B, U]: the first maximum, as torch's argmax
     greedy = jnp.take_along_axis(top, batch["tgt_u"], axis=1) == batch["tgt_tok"]
     return (picked, greedy), pool

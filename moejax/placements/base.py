@@ -47,6 +47,9 @@ class Placement:
     profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
     steps_need_weights: ClassVar[bool] = False  # make_steps takes the weights (the Engine builds them on first use)
+    # the model holds runs of like layers as stacked weights and its whole-model jits scan over them (one program
+    # per kind of layer, however deep; moejax.models.layer_runs); placements that address layers one by one do not
+    stacks_layers: ClassVar[bool] = False
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget
@@ -79,6 +82,11 @@ class Placement:
         """How each MoE block runs its routed experts inside the whole-model jits (MoEBlock's experts_runner)."""
         return LocalExperts() if self.layout_setup is None or self.layout_setup.run_experts is None else \
             self.layout_setup.run_experts
+
+    def distinct_layers(self) -> tuple[int, ...]:
+        """Layers whose weights this placement places unlike the others of their kind: each is a run of its own in a
+        stacked model."""
+        return ()
 
     def split_batch(self) -> Callable[[jax.Array], jax.Array] | None:
         """The hidden-state row split of a data-parallel layout (MoEModel's split_batch), or None."""

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 class Resident(Placement):
     name = "resident"
+    stacks_layers = True
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
@@ -26,6 +27,11 @@ class ResidentAsyncEP(Resident):
     are whole-model jits)."""
 
     theta_mode = "async_ep"
+
+    def distinct_layers(self) -> tuple[int, ...]:
+        """The first MoE layer keeps its experts whole on every device (moejax.sharding.setup.LayoutSetup.place)."""
+        first = None if self.layout_setup is None else self.layout_setup.first_moe
+        return () if first is None else (first,)
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
