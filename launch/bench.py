@@ -37,6 +37,8 @@ time per output token at batch 1 and a larger batch (launch/bench_router_free.py
 dep-online: FinDEP's online phase: the solver's time per step shape, cache hits and the schedule chosen per shape (on
 presets, no devices), and DEP with r1/r2/order re-solved per step under continuous batching on the devices present
 (launch/bench_dep_online.py).
+depth: launch.serve's first run on a deep checkpoint of tiny widths against the same model cut to a few layers,
+each with an empty compilation cache (launch/bench_depth.py).
 dep-a2e: DEP's A2E straight to the experts' owners against regrouped by an all-to-all inside the expert group,
 end to end on the devices present, with the logits against one device (launch/bench_dep.py).
 """
@@ -55,7 +57,7 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_dep, bench_dep_online, bench_eval, bench_frontend, bench_generate, bench_kernels,
+from launch import (bench_dep, bench_dep_online, bench_depth, bench_eval, bench_frontend, bench_generate, bench_kernels,
                     bench_layouts, bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors,
                     bench_quality, bench_router_free, bench_serve)
 from launch.bench_results import ResultsFile, no_file
@@ -208,6 +210,7 @@ def main(argv=None):
     bench_router_free.add_parser(sub).set_defaults(run=bench_router_free.router_free)
     bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)
     bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
+    bench_depth.add_parser(sub).set_defaults(run=bench_depth.depth)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -19,19 +19,32 @@ BLOCK = 16
 Layer = dict[str, jax.Array]  # one layer's keys (or pool) by name
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "table", "slots"], meta_fields=[])
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "table", "slots", "layer"], meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class PagedCache:
     """One layer's cache as the attention blocks take it in a paged step: `pool` {name: [N, BLOCK, ...]}, the rows'
     block tables [B, NB] (position p of row b is in block table[b, p // BLOCK]), and `slots` [B, T], where each
-    of this call's tokens is written (flat index block * BLOCK + offset; N * BLOCK or more: not written)."""
+    of this call's tokens is written (flat index block * BLOCK + offset; N * BLOCK or more: not written).
+    With `layer` (a stacked model's scan), `pool` is the run member's stacked pool {name: [count, N, BLOCK, ...]}
+    and this is its slice `layer`: written in place there, never copied out and back."""
     pool: dict
     table: jax.Array
     slots: jax.Array
+    layer: jax.Array | None = None
+
+    @property
+    def layer_pool(self) -> dict:
+        """This layer's pool {name: [N, BLOCK, ...]}."""
+        if self.layer is None:
+            return self.pool
+        return {name: jax.lax.dynamic_index_in_dim(a, self.layer, keepdims=False) for name, a in self.pool.items()}
 
     def write(self, new: dict) -> "PagedCache":
         """This call's keys {name: [B, T, ...]} stored at their slots."""
-        return dataclasses.replace(self, pool={name: write_slots(a, self.slots, new[name])
+        if self.layer is None:
+            return dataclasses.replace(self, pool={name: write_slots(a, self.slots, new[name])
+                                                   for name, a in self.pool.items()})
+        return dataclasses.replace(self, pool={name: write_layer_slots(a, self.layer, self.slots, new[name])
                                                for name, a in self.pool.items()})
 
 
@@ -39,6 +52,16 @@ def write_slots(pool: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
     """pool [N, BLOCK, ...] with new [B, T, ...] written at flat slots [B, T] (out of range: dropped)."""
     flat = pool.reshape(-1, *pool.shape[2:])
     flat = flat.at[slots.reshape(-1)].set(new.reshape(-1, *pool.shape[2:]).astype(pool.dtype), mode="drop")
+    return flat.reshape(pool.shape)
+
+
+def write_layer_slots(pool: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
+    """A stacked pool [count, N, BLOCK, ...] with new [B, T, ...] written at flat slots [B, T] of slice `layer`
+    (out of range: dropped, never into another layer's slice)."""
+    per_layer = pool.shape[1] * pool.shape[2]
+    flat = pool.reshape(-1, *pool.shape[3:])
+    at = jnp.where(slots < per_layer, layer * per_layer + slots, flat.shape[0])
+    flat = flat.at[at.reshape(-1)].set(new.reshape(-1, *pool.shape[3:]).astype(pool.dtype), mode="drop")
     return flat.reshape(pool.shape)
 
 

@@ -6,6 +6,7 @@ Dev-only: needs torch, transformers (5.23) and tokenizers; moejax itself never i
     python tests/make_fixtures.py              # all fixtures
     python tests/make_fixtures.py --only gpt_oss --only mixtral
     python tests/make_fixtures.py --embedded   # the shipped model's reference (after python -m launch.train)
+    python tests/make_fixtures.py --deep       # the deep variants (tests/fixtures_deep/): runs of unlike layers
 
 Each ``tests/fixtures/<name>/`` holds what ``save_pretrained`` writes plus ``reference.npz``:
   input_ids (2,16) int32, logits (2,16,V) float32 (eager fp32 full causal forward),
@@ -223,6 +224,28 @@ def gpt_oss():
 FIXTURES = {f.__name__: f for f in (qwen3_moe, qwen3_moe_nonorm, mixtral, qwen2_moe, deepseek_v2_lite,
                                       deepseek_v2_group, deepseek_v3, deepseek_v3_nonorm, gpt_oss)}
 
+# Deep variants, one per family: deeper, with runs of unlike layers, so that a model whose like layers run as one
+# scan (moejax.models.layer_runs) is checked where its runs begin and end and where a period of two alternates.
+DEEP_DIR = OUT_DIR.parent / "fixtures_deep"
+_SF = ["sliding_attention", "full_attention"]
+DEEP = {
+    "qwen3_moe": dict(num_hidden_layers=9, mlp_only_layers=[0, 4]),  # dense, 3 MoE, dense, 4 MoE
+    "qwen2_moe": dict(num_hidden_layers=7, mlp_only_layers=[3]),  # 3 MoE, dense, 3 MoE
+    "mixtral": dict(num_hidden_layers=6),  # one run of 6
+    "deepseek_v2_lite": dict(num_hidden_layers=6, first_k_dense_replace=2),  # 2 dense, 4 MoE
+    "deepseek_v3": dict(num_hidden_layers=6, first_k_dense_replace=2),  # 2 dense, 4 MoE
+    "gpt_oss": dict(num_hidden_layers=7, layer_types=_SF * 3 + _SF[:1]),  # (sliding, full) x 3, sliding
+}
+
+
+def deep_fixture(name):
+    """FIXTURES[name] with DEEP[name]'s config changes (per-layer tables it does not give are derived anew)."""
+    fx = FIXTURES[name]()
+    fields = fx.config.to_dict() | DEEP[name]
+    if "layer_types" not in DEEP[name]:
+        fields.pop("layer_types", None)
+    return dataclasses.replace(fx, config=type(fx.config)(**fields))
+
 
 # ----------------------------------------------------------------------------- weights + references
 def randomize(model, seed):
@@ -317,9 +340,9 @@ def describe_safetensors(d):
         print(f"    {k:60s} {list(s)}" + (f"  x{len(ks)}" if len(ks) > 1 else ""))
 
 
-def write_fixture(name):
-    fx = FIXTURES[name]()
-    d = OUT_DIR / name
+def write_fixture(name, deep=False):
+    fx = deep_fixture(name) if deep else FIXTURES[name]()
+    d = (DEEP_DIR if deep else OUT_DIR) / name
     shutil.rmtree(d, ignore_errors=True)
     for seed in range(1000, 1100):
         model, rules = build(fx, seed)
@@ -444,6 +467,7 @@ def write_embedded_reference():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(FIXTURES), help="fixture name (repeatable)")
+    ap.add_argument("--deep", action="store_true", help="write the deep variants (DEEP) instead")
     ap.add_argument("--chat", action="store_true", help="only (re)write qwen3_moe's chat template and reference")
     ap.add_argument("--embedded", action="store_true",
                     help="only (re)write the shipped model's transformers reference (pycode_moe_reference.npz)")
@@ -454,6 +478,11 @@ def main():
         return write_embedded_reference()
     if args.chat:
         return write_chat()
+    if args.deep:
+        names = [n for n in args.only or DEEP if n in DEEP]
+        total = sum(write_fixture(n, deep=True) for n in names)
+        print(f"total: {total / 1e6:.2f} MB in {len(names)} deep fixture(s)")
+        return
     names = args.only or list(FIXTURES)
     total = sum(write_fixture(n) for n in names)
     if "qwen3_moe" in names:

@@ -1,6 +1,7 @@
 """Engine behaviour beyond parity: bucketing, batching, stopping, sampling, presets, input errors."""
 import jax
 import jax.numpy as jnp
+from flax import nnx
 import numpy as np
 import pytest
 
@@ -42,7 +43,7 @@ def test_preset_weights_are_deterministic(tiny):
 
 def test_routers_stay_float32_in_bfloat16_models():
     engine = moejax.load("tiny-qwen3-moe")
-    mlp = engine.abstract_params["layers"][0]["mlp"]
+    mlp = nnx.state(nnx.merge(engine.graphdef, engine.abstract_params).layer(0).mlp)
     assert mlp["router"].get_value().dtype == jnp.float32
     assert mlp["we_gate_up"].get_value().dtype == jnp.bfloat16
 

@@ -172,7 +172,7 @@ class AttentionCore:
         """Query t of row b at position q_offset[b] + t, over the cache's keys at positions <= its own (this call's
         already stored) -> [B, T, H, hd] (GQA) or the latent output [B, T, H, R] (MLA), in q.dtype."""
         if isinstance(cache, PagedCache):
-            pool = cache.pool
+            pool = cache.layer_pool
             k_parts: tuple[jax.Array, ...]
             if self.kind == "mla":  # the keys are read from the latent and k_rope pools, never concatenated
                 lat = pool["latent"][:, :, None]

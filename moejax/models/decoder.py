@@ -205,14 +205,15 @@ def _stacked(layer: DecoderLayer, count: int) -> DecoderLayer:
 
 
 def _slice(cache: Cache, c: jax.Array) -> Cache:
-    """Repeat c's part of a stacked cache (a PagedCache's pool; its table and slots are every layer's)."""
+    """Repeat c's part of a stacked cache: a PagedCache keeps the whole stacked pool and writes its slice in place
+    (its table and slots are every layer's); a dict cache's slice is copied out (and back by _update)."""
     if isinstance(cache, PagedCache):
-        return PagedCache(_slice(cache.pool, c), cache.table, cache.slots)
+        return PagedCache(cache.pool, cache.table, cache.slots, c)
     return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, c, keepdims=False), cache)
 
 
 def _update(stack: Cache, part: Cache, c: jax.Array) -> Cache:
     if isinstance(stack, PagedCache):
-        assert isinstance(part, PagedCache)  # a layer returns its cache's kind
-        return PagedCache(_update(stack.pool, part.pool, c), stack.table, stack.slots)
+        assert isinstance(part, PagedCache)  # a layer returns its cache's kind, its slice written in place
+        return PagedCache(part.pool, stack.table, stack.slots)
     return jax.tree.map(lambda s, p: jax.lax.dynamic_update_index_in_dim(s, p.astype(s.dtype), c, 0), stack, part)
