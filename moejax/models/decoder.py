@@ -173,6 +173,7 @@ class MoEModel(nnx.Module):
                 return (h, cs), outs
 
             xs = (jnp.arange(run.count, dtype=jnp.int32), [s for _, s in splits], priors)
+            outs: list
             (x, caches), outs = jax.lax.scan(body, (x, caches), xs)
             new += caches if caches is not None else outs
             g += run.period
