@@ -66,6 +66,7 @@ class MoEModel(nnx.Module):
         self.split_batch = split_batch
         self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
         self.stacked = stacked
+        self.experts_runner = experts_runner
         if stacked:
             self.layer_runs: tuple[LayerRun, ...] = tuple(layer_runs(layer_kinds(cfg, distinct_layers)))
             self.runs = nnx.List([nnx.List([_stacked(DecoderLayer(cfg, run.layer(0, j), dtype, experts_runner),
@@ -98,6 +99,23 @@ class MoEModel(nnx.Module):
                 for path, _ in nnx.to_flat_state(nnx.state(member)):
                     out[("runs", r, j, *path)] = tuple(("layers", run.layer(c, j), *path) for c in range(run.count))
         return out
+
+    def unstacked(self) -> MoEModel:
+        """This model with one module per layer (a stacked model's weights sliced out of its stacks; inside a jit the
+        slices are views): for code that walks `layers` or records per layer (training, the quality bench)."""
+        if not self.stacked:
+            return self
+        dtype = self.embed.dtype
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: MoEModel(self.cfg, dtype, self.experts_runner,
+                                                                     self.split_batch)))
+        mine = dict(nnx.to_flat_state(nnx.state(self)))
+        values = {path: var.get_value() for path, var in mine.items() if path[0] != "runs"}
+        for stack, layer_paths in self.stacked_sources().items():
+            values.update({path: mine[stack].get_value()[c] for c, path in enumerate(layer_paths)})
+        flat = list(nnx.to_flat_state(state))
+        for path, var in flat:
+            var.set_value(values[path])
+        return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
     def map_layers(self, fn: Callable[..., Any], *per_layer: Sequence[Any]) -> list[Any]:
         """fn applied to each layer's entries of per-layer lists (caches, keys, pools): of a stacked model, to each

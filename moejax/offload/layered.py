@@ -93,7 +93,7 @@ def run_moe(layer: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: j
 
 
 def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **static: Any) -> T:
-    return fn(steps.model_of(graphdef, state), *args, **static)
+    return fn(steps.model_of(graphdef, state).unstacked(), *args, **static)
 
 
 class LayeredSteps:
@@ -105,7 +105,8 @@ class LayeredSteps:
     # or recording wrapper, or DEP's Disaggregated, whose steps drive the layers themselves): no shared base or
     # protocol, hence Any
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: Any) -> None:
-        model = steps.model_of(graphdef, params)
+        # a resident model's stacks walked layer by layer (recording traces): each layer's weights sliced out
+        model = steps.model_of(graphdef, params).unstacked()
         shared: dict = {}
         self.layers = [Layer(i, *nnx.split(layer), shared) for i, layer in enumerate(model.layers)]
         self.moe_layers = [i for i, layer in enumerate(model.layers) if isinstance(layer.mlp, MoEBlock)]

@@ -62,6 +62,7 @@ class TrainModel:
 
 def forward_with_router(model: MoEModel, tokens: jax.Array, kernels: Kernels) -> tuple[jax.Array, list[jax.Array]]:
     """tokens [B, T] -> (float32 logits [B, T, V], router logits per MoE layer in layer order [[B*T, E], ...])."""
+    model = model.unstacked()  # router logits are recorded per layer
     for layer in model.layers:
         if isinstance(layer.mlp, MoEBlock):
             layer.mlp.record_router = True

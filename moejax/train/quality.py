@@ -40,7 +40,7 @@ def model_quality(engine: Engine, tokens: np.ndarray, *, window: int = 512, batc
     @jax.jit
     def measure(params: nnx.State, rows: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """rows [B, window + 1], valid [B] (padding rows count for nothing) -> (nll sum, correct, counts)."""
-        model = nnx.merge(graphdef, params)
+        model = nnx.merge(graphdef, params).unstacked()
         inputs, targets = rows[:, :-1], rows[:, 1:]
         logits, router = forward_with_router(model, inputs, kernels)
         logp = jax.nn.log_softmax(logits, axis=-1)
