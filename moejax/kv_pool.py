@@ -32,12 +32,14 @@ class PagedCache:
     slots: jax.Array
     layer: jax.Array | None = None
 
-    @property
-    def layer_pool(self) -> dict:
-        """This layer's pool {name: [N, BLOCK, ...]}."""
+    def readable(self) -> tuple[dict, jax.Array]:
+        """(a pool {name: [M, BLOCK, ...]}, block tables into it) through which attention reads this layer's keys. A
+        stacked pool is read whole, its [count, N] blocks seen as count * N and the tables moved to slice `layer`:
+        a free reshape, where slicing the layer out would copy it for every layer of every step."""
         if self.layer is None:
-            return self.pool
-        return {name: jax.lax.dynamic_index_in_dim(a, self.layer, keepdims=False) for name, a in self.pool.items()}
+            return self.pool, self.table
+        n = jax.tree.leaves(self.pool)[0].shape[1]
+        return {name: a.reshape(-1, *a.shape[2:]) for name, a in self.pool.items()}, self.table + self.layer * n
 
     def write(self, new: dict) -> "PagedCache":
         """This call's keys {name: [B, T, ...]} stored at their slots."""

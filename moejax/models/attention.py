@@ -172,14 +172,14 @@ class AttentionCore:
         """Query t of row b at position q_offset[b] + t, over the cache's keys at positions <= its own (this call's
         already stored) -> [B, T, H, hd] (GQA) or the latent output [B, T, H, R] (MLA), in q.dtype."""
         if isinstance(cache, PagedCache):
-            pool = cache.layer_pool
+            pool, table = cache.readable()
             k_parts: tuple[jax.Array, ...]
             if self.kind == "mla":  # the keys are read from the latent and k_rope pools, never concatenated
                 lat = pool["latent"][:, :, None]
                 k_parts, v = (lat, pool["k_rope"][:, :, None]), lat
             else:
                 k_parts, v = (pool["k"],), pool["v"]
-            return paged_attention(q, k_parts, v, cache.table, q_offset, sliding_window=self.window,
+            return paged_attention(q, k_parts, v, table, q_offset, sliding_window=self.window,
                                    sinks=self.sinks, scale=self.scale, backend=_paged_backend(backend))
         if self.kind == "mla":
             k = jnp.concatenate([cache["latent"], cache["k_rope"]], -1)[:, :, None, :]
