@@ -112,8 +112,7 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
             raise ValueError(f"moejax.load: {e}") from None
     placement = placement_for(memory_budget, settings, layout)
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt, placement.experts_runner(), placement.split_batch(),
-                                               stacked=placement.stacks_layers and jax.process_count() == 1,
-                                               distinct_layers=placement.distinct_layers()))
+                                               stacked=placement.stacks_layers and jax.process_count() == 1))
     skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
     materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),
                                ignore_layers_from=cfg.num_layers if skips_layers else None)

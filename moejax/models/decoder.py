@@ -53,22 +53,20 @@ class MoEModel(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, dtype: DTypeLike = jnp.float32,
                  experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts(),
-                 split_batch: Callable[[jax.Array], jax.Array] | None = None, *, stacked: bool = False,
-                 distinct_layers: Sequence[int] = ()) -> None:
+                 split_batch: Callable[[jax.Array], jax.Array] | None = None, *, stacked: bool = False) -> None:
         """experts_runner: how every MoE block runs its routed experts (the placement's; see MoEBlock).
         split_batch(x [B, T, D]): a data-parallel layout's constraint splitting hidden states by rows over the
         devices, so attention runs on each device's own sequences (None: no constraint).
         stacked: the layers are held as runs of like layers with stacked weights (moejax.models.layer_runs), and
         every step runs each run as one scan; per-layer caches, keys and pools are then lists per run member with
-        a leading [count] axis (`map_layers` applies per-layer code to either). distinct_layers: layers that make
-        a run of their own (a layout that places their weights differently)."""
+        a leading [count] axis (`map_layers` applies per-layer code to either)."""
         self.cfg = cfg
         self.split_batch = split_batch
         self.embed = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.hidden_size), dtype))
         self.stacked = stacked
         self.experts_runner = experts_runner
         if stacked:
-            self.layer_runs: tuple[LayerRun, ...] = tuple(layer_runs(layer_kinds(cfg, distinct_layers)))
+            self.layer_runs: tuple[LayerRun, ...] = tuple(layer_runs(layer_kinds(cfg)))
             self.runs = nnx.List([nnx.List([_stacked(DecoderLayer(cfg, run.layer(0, j), dtype, experts_runner),
                                                      run.count) for j in range(run.period)])
                                   for run in self.layer_runs])

@@ -3,8 +3,7 @@
 A run is `count` repeats of a period of `period` consecutive layers (period 1: identical layers, such as DeepSeek's
 dense-first layers and then its MoE layers; period 2: GPT-OSS's sliding/full alternation). Its weights are stacked
 per position in the period ([count, ...] each), and a step runs it as one `lax.scan` over the repeats. Layers are
-alike when they have the same kind: MoE or dense MLP, full or sliding attention, and any distinction a placement
-adds (a layout that places one layer's weights differently, such as async_ep's first MoE layer)."""
+alike when they have the same kind: MoE or dense MLP, full or sliding attention."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,10 +32,9 @@ class LayerRun:
         return divmod(layer - self.first, self.period)
 
 
-def layer_kinds(cfg: ModelConfig, distinct: Sequence[int] = ()) -> list[Hashable]:
-    """Each layer's kind; the layers in `distinct` are each a kind of their own."""
-    return [(cfg.is_moe(i), cfg.layer_types[i] if cfg.layer_types else "full", i if i in distinct else None)
-            for i in range(cfg.num_layers)]
+def layer_kinds(cfg: ModelConfig) -> list[Hashable]:
+    """Each layer's kind."""
+    return [(cfg.is_moe(i), cfg.layer_types[i] if cfg.layer_types else "full") for i in range(cfg.num_layers)]
 
 
 def layer_runs(kinds: Sequence[Hashable]) -> list[LayerRun]:

@@ -83,11 +83,6 @@ class Placement:
         return LocalExperts() if self.layout_setup is None or self.layout_setup.run_experts is None else \
             self.layout_setup.run_experts
 
-    def distinct_layers(self) -> tuple[int, ...]:
-        """Layers whose weights this placement places unlike the others of their kind: each is a run of its own in a
-        stacked model."""
-        return ()
-
     def split_batch(self) -> Callable[[jax.Array], jax.Array] | None:
         """The hidden-state row split of a data-parallel layout (MoEModel's split_batch), or None."""
         return None if self.layout_setup is None else self.layout_setup.split_batch

@@ -27,11 +27,9 @@ class ResidentAsyncEP(Resident):
     are whole-model jits)."""
 
     theta_mode = "async_ep"
-
-    def distinct_layers(self) -> tuple[int, ...]:
-        """The first MoE layer keeps its experts whole on every device (moejax.sharding.setup.LayoutSetup.place)."""
-        first = None if self.layout_setup is None else self.layout_setup.first_moe
-        return () if first is None else (first,)
+    # each later MoE layer's all-gathers read only parameters, so XLA may start any of them early; inside a scan
+    # they would read a slice of a stack by the loop's index and wait for their iteration
+    stacks_layers = False
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
