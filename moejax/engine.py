@@ -14,6 +14,7 @@ from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
+from moejax.models.decoder import MoEModel
 from moejax.placements.base import Placement
 from moejax.sampling import Sampling
 from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
@@ -219,6 +220,12 @@ class Engine:
     def row_multiple(self) -> int:
         """Batches are padded to a multiple of this many rows (Layout.row_multiple; 1 on one device)."""
         return 1 if self.layout is None else self.layout.row_multiple
+
+    def param_shapes(self) -> dict[tuple, jax.ShapeDtypeStruct]:
+        """Every weight's abstract array by its per-layer path (('layers', i, 'mlp', 'we_down'), ...), whether the
+        model holds its layers one by one or as stacked runs: what memory budgets and layouts account by."""
+        model = nnx.eval_shape(lambda: MoEModel(self.config, self.dtype))
+        return {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
 
     def param_bytes(self) -> int:
         """Bytes of all weights (from abstract shapes; allocates nothing)."""

@@ -7,6 +7,7 @@ module's. In process on one device (host and accelerator the same), and in a wor
 the weights sit on cpu:1 and the cache and attention on cpu:0 (the host)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -17,6 +18,7 @@ from host_decode import FAMILIES, run_family
 from moejax.lightning import host_kv
 from moejax.lightning.host_attention import HostAttention
 from moejax.models.attention import AttentionCore
+from moejax.models.decoder import MoEModel
 from workers import run_workers
 
 TOL = 1e-5
@@ -63,8 +65,9 @@ def test_weights_on_two_devices_are_refused(two_devices):
 
 @pytest.fixture(scope="module")
 def abstract_model():
-    engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
-    return nnx.merge(engine.graphdef, engine.abstract_params)
+    """The layer-by-layer model lightning runs (a resident engine's holds stacked runs of layers)."""
+    config = moejax.load(fixture_dir("qwen3_moe"), dtype="float32").config
+    return nnx.eval_shape(lambda: MoEModel(config, jnp.float32))
 
 
 def test_host_cache_is_the_models_layout_on_the_host(abstract_model):

@@ -3,7 +3,6 @@ bfloat16 (nothing allocated, no devices needed: layouts are resolved against 8 h
 load-time refusal with the numbers when a device cannot hold its share."""
 import numpy as np
 import pytest
-from flax import nnx
 
 import moejax
 from moejax.models.moe import is_routed_expert
@@ -17,7 +16,7 @@ GiB = 2**30
 @pytest.fixture(scope="module")
 def model():
     engine = moejax.load("qwen3-30b-a3b")  # lazy: weights are never created
-    shapes = {path: var.get_value() for path, var in nnx.to_flat_state(engine.abstract_params)}
+    shapes = engine.param_shapes()
     nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
     experts = {path: nbytes(a) for path, a in shapes.items() if is_routed_expert(path)}
     return engine.config, shapes, sum(map(nbytes, shapes.values())) - sum(experts.values()), experts
