@@ -10,17 +10,28 @@ also every expert computed densely). A backend whose working memory would not fi
 query per sequence over a full KV cache) is reported as GB/s of K/V read. Each timed call is synchronised with
 `block_until_ready` and timed on the host clock after a warm-up call; medians over `--repeats`, inputs rotated
 over two sets so no call reuses the previous call's data from cache.
+
+Each grouped GEMM and FFN row writes out its FLOPs and `bytes`: what the call must read and write at the least
+(its inputs, every expert's weights that its tokens route to, its output; never its intermediates), so that
+`gb_per_s` next to `tflops_per_s` says how far a row is from the copy ceiling as well as from the matmul peak.
+
+`ragged_dot_cudnn` needs XLA's `--xla_gpu_experimental_use_ragged_dot_fusion=true`, which XLA reads once, when
+JAX starts its GPU backend: `before_start` adds it to XLA_FLAGS before then (`--no-ragged-dot-fusion` leaves
+XLA_FLAGS alone), and the record says which XLA_FLAGS the run had. Under the flag `ragged_dot` compiles to the
+same program, so its row says so instead of being timed twice.
 """
 from __future__ import annotations
 
 import functools
 import itertools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
+from moejax.kernels.grouped_matmul import ragged_cudnn
 from moejax.kernels.attention import attention
 from moejax.kernels.attention import cudnn as cudnn_attention
 from moejax.kernels.platform import GPU_ONLY, on_gpu
@@ -47,8 +58,37 @@ def add_parser(sub):
     p.add_argument("--free-gib", type=float, default=None,
                    help="device memory free for one call's working memory, in GiB (default: what the device reports "
                         "free; a CPU reports nothing: every backend runs)")
+    p.add_argument("--no-ragged-dot-fusion", action="store_true",
+                   help="leave XLA_FLAGS as they are (by default the run adds XLA's cuDNN ragged-dot fusion flag, "
+                        "which ragged_dot_cudnn needs)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/kernels-<device>.json)")
+    p.set_defaults(before_start=before_start)
     return p
+
+
+def before_start(args) -> None:
+    """Before JAX starts its backend (XLA reads XLA_FLAGS once, then): turn on the cuDNN ragged-dot fusion. It
+    changes nothing but ragged_dot's programs, and nothing off a GPU."""
+    if not args.no_ragged_dot_fusion:
+        os.environ["XLA_FLAGS"] = ragged_cudnn.with_fusion(os.environ.get("XLA_FLAGS", ""))
+
+
+def same_program_as(name: str, gpu: bool) -> str | None:
+    """The backend that `name` compiles to the same program as in this process, or None."""
+    return "ragged_dot_cudnn" if name == "ragged_dot" and gpu and ragged_cudnn.fusion_enabled() else None
+
+
+def gemm_bytes(M: int, K: int, N: int, experts: int, itemsize: int) -> int:
+    """The least a product of M rows [M, K] by `experts` weight matrices [K, N] moves: rows in, weights in, [M, N]
+    out (a dense gemm is one expert)."""
+    return (M * K + experts * K * N + M * N) * itemsize
+
+
+def ffn_bytes(T: int, D: int, I: int, experts: int, itemsize: int, out_itemsize: int, routed: int = 0) -> int:
+    """The least an FFN of T tokens moves: the tokens in, each used expert's gate/up [D, 2I] and down [I, D] weights
+    in, [T, D] out, and for a routed FFN its `routed` assignments' int32 ids and float32 weights. The dense FFN
+    baseline is one expert over the T * k routed rows."""
+    return T * D * itemsize + experts * 3 * D * I * itemsize + T * D * out_itemsize + routed * (4 + 4)
 
 
 def _ints(text, default):
@@ -100,10 +140,16 @@ class Table:
         return self._add(dict(section=section, case=case, name=name, **{status: why}, **extra), f"{status}: {why}")
 
 
-def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats, vs_key, ref) -> None:
-    """One backend's row: skipped when its working memory would not fit, failed when it raises (one backend must
-    not lose the others' rows), else timed against the dense baseline `ref`."""
+def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats, vs_key, ref,
+                  bytes_moved=None) -> None:
+    """One backend's row: skipped when its working memory would not fit or when it compiles to another row's
+    program, failed when it raises (one backend must not lose the others' rows), else timed against the dense
+    baseline `ref`."""
     shown = SHOWN_AS.get(name, name)
+    same = same_program_as(name, on_gpu())
+    if same:
+        table.not_run(section, case, shown, "skipped", f"the same program as {same} under this XLA_FLAGS")
+        return
     why = too_large(needs, table.free())
     if why:
         table.not_run(section, case, shown, "skipped", why, needs_bytes=needs)
@@ -113,7 +159,8 @@ def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats,
     except Exception as e:  # e.g. out of memory where the estimate fell short, or a backend this JAX lacks
         table.not_run(section, case, shown, "failed", f"{type(e).__name__}: {str(e)[:300]}", needs_bytes=needs)
         return
-    table.timed(section, case, shown, flops, sec, t, needs_bytes=needs, **{vs_key: ref["seconds_median"] / sec})
+    table.timed(section, case, shown, flops, sec, t, bytes_moved, needs_bytes=needs,
+                **{vs_key: ref["seconds_median"] / sec})
 
 
 def _routing(rng, tokens, experts, top_k):
@@ -149,15 +196,16 @@ def grouped(args, dtype, table):
                                  wgu=wgu[i % wsets], wd=wd[i % wsets]))
             gemm_flops = 2 * M * D * 2 * I
             ffn_flops = 6 * M * D * I
+            used = min(E, M)  # uniform routing: at these sizes every expert gets rows
             print(f"{case}: {M} routed rows", flush=True)
             dense = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
             base, t = _median_seconds(dense, [(d["xs"], d["wgu"][0]) for d in sets], args.repeats)
-            ref = table.timed("gemm", case, "dense_matmul", gemm_flops, base, t)
+            ref = table.timed("gemm", case, "dense_matmul", gemm_flops, base, t, gemm_bytes(M, D, 2 * I, 1, itemsize))
             for name in timed_backends(GROUPED_MATMUL_BACKENDS, gpu):
                 _time_backend(table, "gemm", case, name, jax.jit(functools.partial(grouped_matmul, backend=name)),
                               [(d["xs"], d["wgu"], d["sizes"]) for d in sets], gemm_flops,
                               grouped_matmul_bytes(name, M, D, 2 * I, E, itemsize), args.repeats,
-                              "vs_dense_matmul", ref)
+                              "vs_dense_matmul", ref, gemm_bytes(M, D, 2 * I, used, itemsize))
 
             def dense_ffn(x, a, b):
                 h = jnp.dot(x, a, preferred_element_type=jnp.float32)
@@ -165,11 +213,13 @@ def grouped(args, dtype, table):
                 return jnp.dot((jax.nn.silu(g) * u).astype(x.dtype), b, preferred_element_type=jnp.float32)
             base, t = _median_seconds(jax.jit(dense_ffn), [(d["xs"], d["wgu"][0], d["wd"][0]) for d in sets],
                                       args.repeats)
-            ref = table.timed("ffn", case, "dense_ffn", ffn_flops, base, t)
+            ref = table.timed("ffn", case, "dense_ffn", ffn_flops, base, t,
+                              ffn_bytes(M, D, I, 1, itemsize, 4))  # its [M, D] output is float32
             for name in timed_backends(EXPERT_BACKENDS, gpu):
                 _time_backend(table, "ffn", case, name, jax.jit(functools.partial(expert_ffn, backend=name)),
                               [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets], ffn_flops,
-                              expert_ffn_bytes(name, T, k, D, I, E, itemsize), args.repeats, "vs_dense_ffn", ref)
+                              expert_ffn_bytes(name, T, k, D, I, E, itemsize), args.repeats, "vs_dense_ffn", ref,
+                              ffn_bytes(T, D, I, used, itemsize, itemsize, M))
 
 
 def attention_cases(args, dtype, table):
@@ -213,6 +263,9 @@ def kernels(args, env, partial=no_file) -> dict:
     args.repeats = args.repeats or (20 if gpu else 3)
     record = lambda: dict(**env, benchmark="kernels", dtype=str(dtype), repeats=args.repeats,  # noqa: E731
                           timing="host clock around block_until_ready, median",
+                          xla_flags=os.environ.get("XLA_FLAGS", ""),
+                          bytes="the least each call reads and writes: inputs, the weights of the experts its "
+                                "tokens route to, output (launch/bench_kernels.py gemm_bytes, ffn_bytes)",
                           memory="a backend runs when its working memory (launch/kernel_memory.py) fits "
                                  f"{FREE_FRACTION:.0%} of the free device memory, else its row says skipped",
                           results=table.rows)

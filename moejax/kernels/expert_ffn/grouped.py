@@ -16,7 +16,6 @@ from moejax.kernels.grouped_matmul import pallas as gmm
 from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout
 from moejax.kernels.grouped_matmul.xla import for_each_group
-from moejax.kernels.padding import pad_axis, pad_to_16
 from moejax.kernels.precision import f32_dot, f32_einsum
 from moejax.kernels.routing import Routing, combine, dispatch, gather_rows
 
@@ -89,33 +88,20 @@ def capacity(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array,
     return jax.lax.switch(which, [functools.partial(slots, C) for C in tiers] + [loop])
 
 
-def _pad_halves(w: jax.Array, axis: int) -> jax.Array:
-    """Pad each of the [gate | up] halves along `axis` to a multiple of 16 (test-sized shapes only)."""
-    gate, up = jnp.split(w, 2, axis=axis)
-    return jnp.concatenate([pad_to_16(gate, axis), pad_to_16(up, axis)], axis=axis)
-
-
 def _pallas(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
             bd: jax.Array | None, act: str, limit: float, alpha: float, *, interpret: bool) -> jax.Array:
-    N, D = x.shape
-    k = idx.shape[1]
-    E = wgu.shape[0]
-    M = N * k
+    """Two kernel calls on the rows as they are (the kernels mask their loads and stores: nothing is padded or
+    sliced around them). The down product's rows come out in x.dtype, rounded once per expert as transformers'
+    experts round theirs, and `combine` sums the k of each token in float32: in bfloat16 that halves the bytes
+    of the largest pass outside the kernels (its write and combine's read of [N*k, D])."""
+    M, E = idx.size, wgu.shape[0]
     routing = dispatch(idx, E)
     up, down = gmm.config_for(M, wgu, fused=True), gmm.config_for(M, wd, fused=False)
-    # Gather straight into the padded row layout; spare rows repeat real rows and are never stored.
-    order = jnp.pad(routing.order, (0, gmm.padded_rows(M, up.bm) - M))
-    xs = pad_to_16(x[order // k], 1)
-    wgu_p = _pad_halves(pad_to_16(wgu, 1), 2)
-    bgu_p = None if bgu is None else _pad_halves(bgu, 1)
-    a = gmm.grouped_call(xs, wgu_p, bgu_p, routing.group_sizes, cfg=up, out_dtype=x.dtype, act=act, limit=limit,
+    xs = gather_rows(x, routing, idx.shape[1])
+    a = gmm.grouped_call(xs, wgu, bgu, routing.group_sizes, cfg=up, out_dtype=x.dtype, act=act, limit=limit,
                          alpha=alpha, interpret=interpret)
-    if down.bm != up.bm:  # the down product's tiles need their own padding (rows past M are never stored)
-        a = pad_axis(a[:M], 0, gmm.padded_rows(M, down.bm))
-    wd_p = pad_to_16(pad_to_16(wd, 1), 2)
-    bd_p = None if bd is None else pad_to_16(bd, 1)
-    y = gmm.grouped_call(a, wd_p, bd_p, routing.group_sizes, cfg=down, out_dtype=_f32, interpret=interpret)
-    return combine(y[:M, :D], routing, weights)
+    y = gmm.grouped_call(a, wd, bd, routing.group_sizes, cfg=down, out_dtype=x.dtype, interpret=interpret)
+    return combine(y, routing, weights)
 
 
 def mosaic(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
