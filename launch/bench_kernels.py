@@ -15,6 +15,11 @@ Each grouped GEMM and FFN row writes out its FLOPs and `bytes`: what the call mu
 (its inputs, every expert's weights that its tokens route to, its output; never its intermediates), so that
 `gb_per_s` next to `tflops_per_s` says how far a row is from the copy ceiling as well as from the matmul peak.
 
+At `--parts-tokens` (default 8K on a GPU) the GPU FFN backends (pallas, mosaic; pallas_interpret on CPU) are also
+timed part by part (section "ffn_parts": routing, each product, the activation where it is not fused, combine;
+moejax/kernels/expert_ffn/parts.py, the parts the backends run), each alone on the previous parts' outputs, with
+the sum of the parts against the whole call: where a call's time goes beyond its kernels.
+
 `ragged_dot_cudnn` needs XLA's `--xla_gpu_experimental_use_ragged_dot_fusion=true`, which XLA reads once, when
 JAX starts its GPU backend: `before_start` adds it to XLA_FLAGS before then (`--no-ragged-dot-fusion` leaves
 XLA_FLAGS alone), and the record says which XLA_FLAGS the run had. Under the flag `ragged_dot` compiles to the
@@ -31,7 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
+from moejax.kernels.expert_ffn import parts as ffn_parts
 from moejax.kernels.grouped_matmul import ragged_cudnn
+from moejax.kernels.grouped_matmul.mosaic_plan import mosaic_unavailable
 from moejax.kernels.attention import attention
 from moejax.kernels.attention import cudnn as cudnn_attention
 from moejax.kernels.platform import GPU_ONLY, on_gpu
@@ -58,6 +65,9 @@ def add_parser(sub):
     p.add_argument("--free-gib", type=float, default=None,
                    help="device memory free for one call's working memory, in GiB (default: what the device reports "
                         "free; a CPU reports nothing: every backend runs)")
+    p.add_argument("--parts-tokens", default=None,
+                   help="token counts at which the GPU FFN backends are also timed part by part (default GPU 8192, "
+                        "CPU 32: the dry run's; a count not in --tokens is not run)")
     p.add_argument("--no-ragged-dot-fusion", action="store_true",
                    help="leave XLA_FLAGS as they are (by default the run adds XLA's cuDNN ragged-dot fusion flag, "
                         "which ragged_dot_cudnn needs)")
@@ -135,6 +145,11 @@ class Table:
         rate = f"{row['tflops_per_s']:8.3f} TFLOP/s" + (f" {row['gb_per_s']:8.1f} GB/s" if bytes_moved else "")
         return self._add(row, f"{seconds * 1e3:10.3f} ms {rate}")
 
+    def part(self, section, case, name, seconds, timing, **extra) -> dict:
+        """A row timed without FLOPs of its own (a part of a call that is not a product)."""
+        row = dict(section=section, case=case, name=name, seconds_median=seconds, **timing, **extra)
+        return self._add(row, f"{seconds * 1e3:10.3f} ms")
+
     def not_run(self, section, case, name, status: str, why: str, **extra) -> dict:
         """A backend that did not run ("skipped": it would not fit) or did not finish ("failed")."""
         return self._add(dict(section=section, case=case, name=name, **{status: why}, **extra), f"{status}: {why}")
@@ -161,6 +176,45 @@ def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats,
         return
     table.timed(section, case, shown, flops, sec, t, bytes_moved, needs_bytes=needs,
                 **{vs_key: ref["seconds_median"] / sec})
+
+
+def parts_backends(gpu: bool, dtype) -> list[str]:
+    """The FFN backends timed part by part: the GPU kernels (Mosaic GPU for 16-bit operands where it loads)."""
+    if not gpu:
+        return ["pallas_interpret"]
+    mosaic = mosaic_unavailable() is None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+    return ["pallas"] + (["mosaic"] if mosaic else [])
+
+
+def time_parts(table, case, name, sets, M, D, I, repeats) -> None:
+    """`name`'s expert FFN part by part, each part jitted alone on the previous parts' outputs, then the sum of the
+    parts against the whole call's row (timed before, in the same run)."""
+    states = [ffn_parts.start(d["x"], d["idx"], d["w"], d["wgu"], d["wd"], None, None) for d in sets]
+    try:
+        plist = (ffn_parts.mosaic_parts(states[0], "silu", 7.0, 1.702) if name == "mosaic" else
+                 ffn_parts.pallas_parts(states[0], "silu", 7.0, 1.702, interpret=name == "pallas_interpret"))
+    except Exception as e:  # e.g. a Mosaic GPU that refuses these operands
+        table.not_run("ffn_parts", case, name, "failed", f"{type(e).__name__}: {str(e)[:300]}")
+        return
+    flops = dict(gate_up=4 * M * D * I, down=2 * M * I * D)
+    total = 0.0
+    for part_name, part in plist:
+        fn = jax.jit(part)
+        try:
+            sec, t = _median_seconds(fn, [(st,) for st in states], repeats)
+        except Exception as e:
+            table.not_run("ffn_parts", case, f"{name}:{part_name}", "failed", f"{type(e).__name__}: {str(e)[:300]}")
+            return
+        total += sec
+        if part_name in flops:
+            table.timed("ffn_parts", case, f"{name}:{part_name}", flops[part_name], sec, t)
+        else:
+            table.part("ffn_parts", case, f"{name}:{part_name}", sec, t)
+        states = [{**st, **fn(st)} for st in states]
+    whole = next((r["seconds_median"] for r in table.rows
+                  if r["section"] == "ffn" and r["case"] == case and r["name"] == name and "seconds_median" in r), None)
+    extra = {} if whole is None else dict(whole_call_s=whole, whole_minus_parts_s=whole - total)
+    table.part("ffn_parts", case, f"{name}:sum_of_parts", total, {}, **extra)
 
 
 def _routing(rng, tokens, experts, top_k):
@@ -220,6 +274,14 @@ def grouped(args, dtype, table):
                               [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets], ffn_flops,
                               expert_ffn_bytes(name, T, k, D, I, E, itemsize), args.repeats, "vs_dense_ffn", ref,
                               ffn_bytes(T, D, I, used, itemsize, itemsize, M))
+            if T in _ints(args.parts_tokens, [8192] if gpu else [32]):
+                for name in parts_backends(gpu, dtype):
+                    if not gpu:  # the interpreted kernels have no whole-call row on CPU: time it here
+                        _time_backend(table, "ffn", case, name, jax.jit(functools.partial(expert_ffn, backend=name)),
+                                      [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets], ffn_flops,
+                                      expert_ffn_bytes(name, T, k, D, I, E, itemsize), args.repeats, "vs_dense_ffn",
+                                      ref, ffn_bytes(T, D, I, used, itemsize, itemsize, M))
+                    time_parts(table, case, name, sets, M, D, I, args.repeats)
 
 
 def attention_cases(args, dtype, table):

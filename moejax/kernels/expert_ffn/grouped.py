@@ -7,14 +7,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 
 from moejax.buckets import fine_bucket
 from moejax.kernels.activation import glu_of
-from moejax.kernels.grouped_matmul import mosaic as mosaic_gmm
-from moejax.kernels.grouped_matmul import pallas as gmm
-from moejax.kernels.grouped_matmul import tuning
-from moejax.kernels.grouped_matmul.aligned import aligned_layout
+from moejax.kernels.expert_ffn import parts
 from moejax.kernels.grouped_matmul.xla import for_each_group
 from moejax.kernels.precision import f32_dot, f32_einsum
 from moejax.kernels.routing import Routing, combine, dispatch, gather_rows
@@ -90,45 +86,17 @@ def capacity(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array,
 
 def _pallas(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
             bd: jax.Array | None, act: str, limit: float, alpha: float, *, interpret: bool) -> jax.Array:
-    """Two kernel calls on the rows as they are (the kernels mask their loads and stores: nothing is padded or
-    sliced around them). The down product's rows come out in x.dtype, rounded once per expert as transformers'
-    experts round theirs, and `combine` sums the k of each token in float32: in bfloat16 that halves the bytes
-    of the largest pass outside the kernels (its write and combine's read of [N*k, D])."""
-    M, E = idx.size, wgu.shape[0]
-    routing = dispatch(idx, E)
-    up, down = gmm.config_for(M, wgu, fused=True), gmm.config_for(M, wd, fused=False)
-    xs = gather_rows(x, routing, idx.shape[1])
-    a = gmm.grouped_call(xs, wgu, bgu, routing.group_sizes, cfg=up, out_dtype=x.dtype, act=act, limit=limit,
-                         alpha=alpha, interpret=interpret)
-    y = gmm.grouped_call(a, wd, bd, routing.group_sizes, cfg=down, out_dtype=x.dtype, interpret=interpret)
-    return combine(y, routing, weights)
+    """Route, the fused gate/up kernel, the down kernel, combine (parts.pallas_parts)."""
+    state = parts.start(x, idx, weights, wgu, wd, bgu, bd)
+    return parts.run(parts.pallas_parts(state, act, limit, alpha, interpret), state)
 
 
 def mosaic(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
            bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
-    """Gate/up and down as Mosaic GPU grouped GEMMs over the group-aligned layout; the activation and biases in
-    XLA between them (one elementwise pass over [M, 2I]). Tokens are gathered straight into the aligned layout
-    and the outputs read straight from it, so the layout costs no pass of its own."""
-    N, D = x.shape
-    k, E, I2 = idx.shape[1], wgu.shape[0], wgu.shape[2]
-    M = N * k
-    mosaic_gmm.check_operands(x, wgu)
-    routing = dispatch(idx, E)
-    cfg = tuning.mosaic_config(M, E, min(D, I2))
-    layout = aligned_layout(routing.group_sizes, M, cfg.bm)
-    token = jnp.where(layout.source < M, routing.order[jnp.minimum(layout.source, M - 1)] // k, N)
-    xs = jnp.take(x, token, axis=0, mode="fill", fill_value=0)  # padding rows: token N, out of range -> zeros
-    group = jnp.repeat(jnp.maximum(layout.tile_group, 0), cfg.bm)  # padding rows: any group, never read back
-
-    def product(a: jax.Array, w: jax.Array, b: jax.Array | None, out_dtype: DTypeLike) -> jax.Array:
-        ap, wp = mosaic_gmm.pad_k_n(a, w, cfg)
-        y = mosaic_gmm.aligned_call(ap, wp, layout.tile_group, cfg, out_dtype)[:, :w.shape[2]]
-        return y if b is None else y.astype(_f32) + b.astype(_f32)[group]
-
-    h = product(xs, wgu, bgu, _f32 if bgu is not None else x.dtype)
-    a = glu_of(h.astype(_f32), act, limit, alpha).astype(x.dtype)
-    y = product(a, wd, bd, _f32)
-    return combine(y, routing._replace(inverse=layout.position[routing.inverse]), weights)
+    """Route into the group-aligned layout, the Mosaic GPU gate/up product, the activation in XLA, the down
+    product, combine (parts.mosaic_parts)."""
+    state = parts.start(x, idx, weights, wgu, wd, bgu, bd)
+    return parts.run(parts.mosaic_parts(state, act, limit, alpha), state)
 
 
 def pallas(*args: Any) -> jax.Array:
