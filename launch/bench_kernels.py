@@ -178,12 +178,30 @@ def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats,
                 **{vs_key: ref["seconds_median"] / sec})
 
 
+GATHERED = "_gather_in_kernel"  # the Pallas FFN whose gate/up kernel gathers the tokens (no copy in expert order)
+
+
 def parts_backends(gpu: bool, dtype) -> list[str]:
-    """The FFN backends timed part by part: the GPU kernels (Mosaic GPU for 16-bit operands where it loads)."""
-    if not gpu:
-        return ["pallas_interpret"]
-    mosaic = mosaic_unavailable() is None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-    return ["pallas"] + (["mosaic"] if mosaic else [])
+    """The FFN backends timed part by part: the GPU kernels (Mosaic GPU for 16-bit operands where it loads), and
+    the Pallas FFN with the tokens gathered by its kernel (not a backend yet: timed here first)."""
+    pallas = "pallas" if gpu else "pallas_interpret"
+    mosaic = gpu and mosaic_unavailable() is None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+    return [pallas, pallas + GATHERED] + (["mosaic"] if mosaic else [])
+
+
+def _parts(name: str, state: dict) -> list:
+    if name == "mosaic":
+        return ffn_parts.mosaic_parts(state, "silu", 7.0, 1.702)
+    return ffn_parts.pallas_parts(state, "silu", 7.0, 1.702, interpret=name.startswith("pallas_interpret"),
+                                  gather_in_kernel=name.endswith(GATHERED))
+
+
+def parts_call(name: str):
+    """The whole FFN of a parts backend, as one jitted call."""
+    def call(*a):
+        state = ffn_parts.start(*a, None, None)
+        return ffn_parts.run(_parts(name, state), state)
+    return jax.jit(call)
 
 
 def time_parts(table, case, name, sets, M, D, I, repeats) -> None:
@@ -191,8 +209,7 @@ def time_parts(table, case, name, sets, M, D, I, repeats) -> None:
     parts against the whole call's row (timed before, in the same run)."""
     states = [ffn_parts.start(d["x"], d["idx"], d["w"], d["wgu"], d["wd"], None, None) for d in sets]
     try:
-        plist = (ffn_parts.mosaic_parts(states[0], "silu", 7.0, 1.702) if name == "mosaic" else
-                 ffn_parts.pallas_parts(states[0], "silu", 7.0, 1.702, interpret=name == "pallas_interpret"))
+        plist = _parts(name, states[0])
     except Exception as e:  # e.g. a Mosaic GPU that refuses these operands
         table.not_run("ffn_parts", case, name, "failed", f"{type(e).__name__}: {str(e)[:300]}")
         return
@@ -276,8 +293,8 @@ def grouped(args, dtype, table):
                               ffn_bytes(T, D, I, used, itemsize, itemsize, M))
             if T in _ints(args.parts_tokens, [8192] if gpu else [32]):
                 for name in parts_backends(gpu, dtype):
-                    if not gpu:  # the interpreted kernels have no whole-call row on CPU: time it here
-                        _time_backend(table, "ffn", case, name, jax.jit(functools.partial(expert_ffn, backend=name)),
+                    if not gpu or name.endswith(GATHERED):  # rows the backends' loop above did not time
+                        _time_backend(table, "ffn", case, name, parts_call(name),
                                       [(d["x"], d["idx"], d["w"], d["wgu"], d["wd"]) for d in sets], ffn_flops,
                                       expert_ffn_bytes(name, T, k, D, I, E, itemsize), args.repeats, "vs_dense_ffn",
                                       ref, ffn_bytes(T, D, I, used, itemsize, itemsize, M))

@@ -13,6 +13,7 @@ import pytest
 
 from moejax.kernels import expert_ffn, grouped_matmul
 from moejax.kernels.backends import Kernels
+from moejax.kernels.expert_ffn import parts
 from moejax.kernels.grouped_matmul import pallas, ragged_cudnn
 from moejax.kernels.grouped_matmul.tuning import PallasConfig
 from moejax.kernels.lowering import TRITON, cuda_module
@@ -57,18 +58,39 @@ def test_masked_tiles_match_float64(edge):
     w = (rng.standard_normal((len(sizes), K, 2 * N)) / np.sqrt(K)).astype(np.float32)
     b = rng.standard_normal((len(sizes), 2 * N)).astype(np.float32)
 
+    tokens = rng.standard_normal((max(M // 3, 1), K)).astype(np.float32)  # rows read by index, some several times
+    rows = rng.integers(0, tokens.shape[0], M).astype(np.int32)
+
     @jax.jit
-    def both(x, w, b, sizes):
+    def three(x, w, b, sizes, tokens, rows):
         plain = pallas.grouped_call(x, w, None, sizes, cfg=SMALL, out_dtype=x.dtype, interpret=True)
         fused = pallas.grouped_call(x, w, b, sizes, cfg=SMALL, out_dtype=x.dtype, act="silu", interpret=True)
-        return plain, fused
+        gathered = pallas.grouped_call(tokens, w, b, sizes, cfg=SMALL, out_dtype=x.dtype, act="silu", interpret=True,
+                                       rows=rows)
+        return plain, fused, gathered
 
-    plain, fused = (np.asarray(a) for a in both(x, w, b, sizes))
-    assert plain.shape == (M, 2 * N) and fused.shape == (M, N)
-    np.testing.assert_array_equal(plain[sizes.sum():], 0.0)
-    np.testing.assert_array_equal(fused[sizes.sum():], 0.0)
+    plain, fused, gathered = (np.asarray(a) for a in three(x, w, b, sizes, tokens, rows))
+    assert plain.shape == (M, 2 * N) and fused.shape == (M, N) and gathered.shape == (M, N)
+    for out in (plain, fused, gathered):
+        np.testing.assert_array_equal(out[sizes.sum():], 0.0)
     np.testing.assert_allclose(plain, reference(x, w, sizes), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(fused, glu_reference(x, w, b, sizes), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gathered, glu_reference(tokens[rows], w, b, sizes), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gather_in_kernel", [False, True])
+def test_expert_ffn_parts_match_float64(gather_in_kernel):
+    """The Pallas FFN's parts in order, with the tokens copied into expert order or gathered by the kernel."""
+    x, idx, w, wgu, wd, bgu, bd = make_ffn(6, 2, 37, 12, 6, "some_empty", 4, True)
+    ref = ffn_reference(x, idx, w, wgu, wd, bgu, bd, "swiglu_clamp", 0.7, 1.702)
+
+    @jax.jit
+    def run(*a):
+        state = parts.start(*a)
+        return parts.run(parts.pallas_parts(state, "swiglu_clamp", 0.7, 1.702, True, gather_in_kernel), state)
+
+    out = np.asarray(run(x, idx, w, wgu, wd, bgu, bd))
+    assert np.linalg.norm(out - ref) <= 1e-5 * np.linalg.norm(ref)
 
 
 def test_tile_schedule_covers_every_row_once():
@@ -90,13 +112,13 @@ def test_tile_schedule_covers_every_row_once():
             np.testing.assert_array_equal(owner, expected)
 
 
-def _ops_on(module: str, rows: int) -> set[str]:
-    """The ops of a StableHLO module that take or make a floating-point array of `rows` rows."""
-    ops = set()
+def _ops_on(module: str, rows: int) -> list[str]:
+    """The ops of a StableHLO module that take or make a floating-point array of `rows` rows, one per op."""
+    ops = []
     for line in module.splitlines():
         op = re.match(r'\s*(?:%[\w#:]+ = )?"?([\w.]+)', line)
         if op and re.search(rf"tensor<{rows}x\d+x(bf16|f16|f32)>", line) and op.group(1) not in ("func.func", "return"):
-            ops.add(op.group(1))
+            ops.append(op.group(1))
     return ops
 
 
@@ -111,13 +133,22 @@ def test_the_op_is_the_kernel_and_the_ffn_passes_are_its_gathers():
     gemm = cuda_module(lambda x, w, g: grouped_matmul(x, w, g, backend="pallas"),
                        S((M, D), bf), S((E, D, 2 * I), bf), S((E,), jnp.int32))
     assert gemm.count(TRITON) == 1 and "stablehlo.pad" not in gemm
-    assert _ops_on(gemm, M) == {"stablehlo.custom_call"}
+    assert _ops_on(gemm, M) == ["stablehlo.custom_call"]
     ffn = cuda_module(lambda x, i, p, a, b: expert_ffn(x, i, p, a, b, backend="pallas"),
                       S((T, D), bf), S((T, k), jnp.int32), S((T, k), jnp.float32), S((E, D, 2 * I), bf),
                       S((E, I, D), bf))
     assert ffn.count(TRITON) == 2 and "stablehlo.pad" not in ffn
-    assert _ops_on(ffn, M) == {"stablehlo.custom_call", "stablehlo.gather", "stablehlo.reshape"}  # [N, k, D]: free
+    assert sorted(_ops_on(ffn, M)) == ["stablehlo.custom_call"] * 2 + ["stablehlo.gather"] * 2 + [
+        "stablehlo.reshape"]  # combine's [N, k, D] view: free
     assert f"tensor<{M}x{D}xf32>" not in ffn  # the down product's rows stay bfloat16 until combine sums them
+
+    def gathered(x, i, p, a, b):
+        state = parts.start(x, i, p, a, b, None, None)
+        return parts.run(parts.pallas_parts(state, "silu", 7.0, 1.702, False, gather_in_kernel=True), state)
+    ffn = cuda_module(gathered, S((T, D), bf), S((T, k), jnp.int32), S((T, k), jnp.float32), S((E, D, 2 * I), bf),
+                      S((E, I, D), bf))
+    assert ffn.count(TRITON) == 2  # and combine's gather is the only one over the rows: the kernel gathers the tokens
+    assert sorted(_ops_on(ffn, M)) == ["stablehlo.custom_call"] * 2 + ["stablehlo.gather", "stablehlo.reshape"]
 
 
 needs_flag = pytest.mark.skipif(on_gpu() and not ragged_cudnn.fusion_enabled(),

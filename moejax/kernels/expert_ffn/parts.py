@@ -36,22 +36,30 @@ def run(parts: list[Part], state: State) -> jax.Array:
     return state["out"]
 
 
-def pallas_parts(s: State, act: str, limit: float, alpha: float, interpret: bool) -> list[Part]:
+def pallas_parts(s: State, act: str, limit: float, alpha: float, interpret: bool,
+                 gather_in_kernel: bool = False) -> list[Part]:
     """Two kernel calls on the rows as they are (the kernels mask their loads and stores: nothing is padded or
     sliced around them). The down product's rows come out in x.dtype, rounded once per expert as transformers'
     experts round theirs, and `combine` sums the k of each token in float32: in bfloat16 that halves the bytes
-    of the largest pass outside the kernels (its write and combine's read of [N*k, D])."""
+    of the largest pass outside the kernels (its write and combine's read of [N*k, D]).
+
+    gather_in_kernel: the gate/up kernel reads each row from the tokens by index instead of from a copy of them
+    in expert order (no [N*k, D] write and read before it); the bench times it beside the default, which stays
+    the copy until a GPU run says the gathered loads keep the kernel's rate."""
     x, idx, wgu, wd = s["x"], s["idx"], s["wgu"], s["wd"]
     M, E, k = idx.size, wgu.shape[0], idx.shape[1]
     up, down = gmm.config_for(M, wgu, fused=True), gmm.config_for(M, wd, fused=False)
 
     def route(s: State) -> State:
         routing = dispatch(s["idx"], E)
+        if gather_in_kernel:
+            return dict(routing=routing, tokens=routing.order // k)
         return dict(routing=routing, xs=gather_rows(s["x"], routing, k))
 
     def gate_up(s: State) -> State:
-        return dict(a=gmm.grouped_call(s["xs"], s["wgu"], s["bgu"], s["routing"].group_sizes, cfg=up,
-                                       out_dtype=x.dtype, act=act, limit=limit, alpha=alpha, interpret=interpret))
+        xs, tokens = (s["x"], s["tokens"]) if gather_in_kernel else (s["xs"], None)
+        return dict(a=gmm.grouped_call(xs, s["wgu"], s["bgu"], s["routing"].group_sizes, cfg=up, out_dtype=x.dtype,
+                                       act=act, limit=limit, alpha=alpha, interpret=interpret, rows=tokens))
 
     def down_(s: State) -> State:
         return dict(y=gmm.grouped_call(s["a"], s["wd"], s["bd"], s["routing"].group_sizes, cfg=down,

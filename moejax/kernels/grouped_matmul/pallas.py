@@ -62,8 +62,12 @@ def tile_schedule(group_sizes: jax.Array, rows: int, bm: int, tiles: int) -> jax
     return jnp.stack([gc, jnp.where(valid, first, 0), jnp.where(valid, row_end[gc], 0)])
 
 
-def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, groups, half, act, limit, alpha, precision, cols_minor):
-    b_ref, o_ref = refs if len(refs) == 2 else (None, refs[0])
+def _kernel(*refs, bm, bn, bk, groups, half, act, limit, alpha, precision, cols_minor, gather, bias):
+    meta_ref, *refs = refs
+    rows_ref = refs.pop(0) if gather else None
+    x_ref, w_ref, *refs = refs
+    b_ref = refs.pop(0) if bias else None
+    (o_ref,) = refs
     t, j = (pl.program_id(1), pl.program_id(0)) if cols_minor else (pl.program_id(0), pl.program_id(1))
     g, row0, end = meta_ref[0, t], meta_ref[1, t], meta_ref[2, t]
     K = x_ref.shape[1]
@@ -82,11 +86,16 @@ def _kernel(meta_ref, x_ref, w_ref, *refs, bm, bn, bk, groups, half, act, limit,
     @pl.when((end > row0) & (g < groups))
     def _product():
         starts = [j * bn] + ([half + j * bn] if act else [])
+        # gather: this tile's rows are rows `tokens` of x (a row-index load per tile, then gathered row loads)
+        tokens = plt.load(rows_ref.at[pl.ds(row0, bm)], mask=in_rows, other=0) if gather else None
 
         def step(kb, accs):
             depth = kb * bk + jnp.arange(bk)
             x_mask = in_rows[:, None] & (depth < K)[None, :] if ragged_k else in_rows[:, None]
-            xk = plt.load(x_ref.at[pl.ds(row0, bm), pl.ds(kb * bk, bk)], mask=x_mask, other=0)
+            if gather:
+                xk = plt.load(x_ref.at[tokens[:, None], depth[None, :]], mask=x_mask, other=0)
+            else:
+                xk = plt.load(x_ref.at[pl.ds(row0, bm), pl.ds(kb * bk, bk)], mask=x_mask, other=0)
             w_mask = None
             if ragged_k or ragged_n:
                 w_mask = (depth < K)[:, None] & in_cols[None, :]
@@ -114,11 +123,14 @@ def config_for(rows: int, w: jax.Array, fused: bool) -> PallasConfig:
 
 def grouped_call(x: jax.Array, w: jax.Array, bias: jax.Array | None, group_sizes: jax.Array, *, cfg: PallasConfig,
                  out_dtype: DTypeLike, act: str | None = None, limit: float = 7.0, alpha: float = 1.702,
-                 interpret: bool = False) -> jax.Array:
+                 interpret: bool = False, rows: jax.Array | None = None) -> jax.Array:
     """x [M, K] rows grouped in order, w [G, K, N], bias [G, N] or None. act=None: -> [M, N] = x @ w[group]
     (+ bias). act set: w holds [gate | up] halves of width N/2 each and the result is [M, N/2] = glu(gate, up).
-    Rows past sum(group_sizes) are 0. Any M, K, N: the tiles' loads and stores are masked."""
-    M, K = x.shape
+    Rows past sum(group_sizes) are 0. Any M, K, N: the tiles' loads and stores are masked.
+
+    rows [M] int32 (optional): grouped row i is row rows[i] of x, which then holds rows in any order (an expert
+    FFN's tokens): the kernel gathers them in its loads, so they need no copy in grouped order first."""
+    M = x.shape[0] if rows is None else rows.shape[0]
     G, _, N = w.shape
     width = N // 2 if act else N
     if M == 0:
@@ -128,7 +140,8 @@ def grouped_call(x: jax.Array, w: jax.Array, bias: jax.Array | None, group_sizes
     meta = tile_schedule(group_sizes, M, bm, tiles)
     precision = for_operands(x.dtype)  # IEEE, not TF32, for float32 models
     kernel = functools.partial(_kernel, bm=bm, bn=bn, bk=bk, groups=G, half=width, act=act, limit=limit,
-                               alpha=alpha, precision=precision, cols_minor=cfg.cols_minor)
+                               alpha=alpha, precision=precision, cols_minor=cfg.cols_minor, gather=rows is not None,
+                               bias=bias is not None)
     blocks = -(-width // bn)
     grid = (blocks, tiles) if cfg.cols_minor else (tiles, blocks)
     return pl.pallas_call(
@@ -138,7 +151,7 @@ def grouped_call(x: jax.Array, w: jax.Array, bias: jax.Array | None, group_sizes
         interpret=interpret,
         compiler_params=plt.CompilerParams(num_warps=cfg.warps, num_stages=cfg.stages),
         name="grouped_glu" if act else "grouped_matmul",
-    )(meta, x, w, *([] if bias is None else [bias]))
+    )(meta, *([] if rows is None else [rows.astype(jnp.int32)]), x, w, *([] if bias is None else [bias]))
 
 
 def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, interpret: bool = False,
