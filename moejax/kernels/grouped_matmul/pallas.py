@@ -62,10 +62,11 @@ def tile_schedule(group_sizes: jax.Array, rows: int, bm: int, tiles: int) -> jax
     return jnp.stack([gc, jnp.where(valid, first, 0), jnp.where(valid, row_end[gc], 0)])
 
 
-def _kernel(*refs, bm, bn, bk, groups, half, act, limit, alpha, precision, cols_minor, gather, bias):
-    meta_ref, *refs = refs
+def _kernel(*all_refs, bm, bn, bk, groups, half, act, limit, alpha, precision, cols_minor, gather, bias):
+    refs = list(all_refs)  # meta, [rows], x, w, [bias], out
+    meta_ref = refs.pop(0)
     rows_ref = refs.pop(0) if gather else None
-    x_ref, w_ref, *refs = refs
+    x_ref, w_ref = refs.pop(0), refs.pop(0)
     b_ref = refs.pop(0) if bias else None
     (o_ref,) = refs
     t, j = (pl.program_id(1), pl.program_id(0)) if cols_minor else (pl.program_id(0), pl.program_id(1))
@@ -87,12 +88,12 @@ def _kernel(*refs, bm, bn, bk, groups, half, act, limit, alpha, precision, cols_
     def _product():
         starts = [j * bn] + ([half + j * bn] if act else [])
         # gather: this tile's rows are rows `tokens` of x (a row-index load per tile, then gathered row loads)
-        tokens = plt.load(rows_ref.at[pl.ds(row0, bm)], mask=in_rows, other=0) if gather else None
+        tokens = None if rows_ref is None else plt.load(rows_ref.at[pl.ds(row0, bm)], mask=in_rows, other=0)
 
         def step(kb, accs):
             depth = kb * bk + jnp.arange(bk)
             x_mask = in_rows[:, None] & (depth < K)[None, :] if ragged_k else in_rows[:, None]
-            if gather:
+            if tokens is not None:
                 xk = plt.load(x_ref.at[tokens[:, None], depth[None, :]], mask=x_mask, other=0)
             else:
                 xk = plt.load(x_ref.at[pl.ds(row0, bm), pl.ds(kb * bk, bk)], mask=x_mask, other=0)
