@@ -94,14 +94,14 @@ def _kernel(*all_refs, bm, bn, bk, groups, half, act, limit, alpha, precision, c
             depth = kb * bk + jnp.arange(bk)
             x_mask = in_rows[:, None] & (depth < K)[None, :] if ragged_k else in_rows[:, None]
             if tokens is not None:
-                xk = plt.load(x_ref.at[tokens[:, None], depth[None, :]], mask=x_mask, other=0)
+                xk = plt.load(x_ref.at[tokens[:, None], depth[None, :]], mask=x_mask, other=0.0)
             else:
-                xk = plt.load(x_ref.at[pl.ds(row0, bm), pl.ds(kb * bk, bk)], mask=x_mask, other=0)
+                xk = plt.load(x_ref.at[pl.ds(row0, bm), pl.ds(kb * bk, bk)], mask=x_mask, other=0.0)
             w_mask = None
             if ragged_k or ragged_n:
                 w_mask = (depth < K)[:, None] & in_cols[None, :]
             return tuple(acc + jnp.dot(xk, plt.load(w_ref.at[g, pl.ds(kb * bk, bk), pl.ds(c, bn)], mask=w_mask,
-                                                    other=None if w_mask is None else 0),
+                                                    other=None if w_mask is None else 0.0),
                                        preferred_element_type=_f32, precision=precision)
                          for acc, c in zip(accs, starts))
 
@@ -109,7 +109,7 @@ def _kernel(*all_refs, bm, bn, bk, groups, half, act, limit, alpha, precision, c
         if b_ref is not None:
             b_mask = in_cols if ragged_n else None
             accs = tuple(acc + plt.load(b_ref.at[g, pl.ds(c, bn)], mask=b_mask,
-                                        other=None if b_mask is None else 0).astype(_f32)[None, :]
+                                        other=None if b_mask is None else 0.0).astype(_f32)[None, :]
                          for acc, c in zip(accs, starts))
         y = glu(accs[0], accs[1], act, limit, alpha) if act else accs[0]
         plt.store(out, y.astype(o_ref.dtype), mask=store_mask)
