@@ -216,6 +216,8 @@ def main(argv=None):
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
     if args.command == "frontend" and not args.out:  # the simulation and the real run are different records
         args.out = os.path.join("bench", "results", "frontend-real.json" if args.real else "frontend-sim.json")
+    if getattr(args, "before_start", None):  # what must be set before JAX starts its backend (XLA_FLAGS)
+        args.before_start(args)
     env = environment()
     out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
     results = ResultsFile(out)

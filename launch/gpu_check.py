@@ -80,12 +80,15 @@ LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gm
 # list (the first H200 sweep's best, the warp-specialized Mosaic body, the runners-up), about 80 s; the full sweep
 # (`python -m launch.tune_gmm`, 160 s) is a call of its own (bench/README.md).
 TUNE_GMM = (["--tokens", "8192,32768", "--configs", "3", "--no-anchor", "--budget-s", "75"], ["--dry-run"])
+# moejax.kernels.grouped_matmul.ragged_cudnn.ON, spelled out here: this script starts where jax does not import
+RAGGED_DOT_FUSION = "--xla_gpu_experimental_use_ragged_dot_fusion=true"
 MOSAIC_TESTS = "tests/kernels/test_grouped_matmul_mosaic.py"  # the Mosaic GPU kernel's compiled tests
 TEST_STEPS = {  # name: (what, files, -k on the GPU, -k in the dry run)
     "kernel_tests": ("compiled Pallas, cuDNN and Mosaic GPU kernels against float64 oracles",
                      # the Mosaic file first: its kernels ran on a GPU the least (the 2026-11-26 check was
                      # stopped before them)
                      [MOSAIC_TESTS, "tests/kernels/test_grouped_matmul.py", "tests/kernels/test_expert_ffn.py",
+                      "tests/kernels/test_grouped_matmul_masked.py",
                       "tests/kernels/test_attention_kernels.py", "tests/kernels/test_paged_attention.py"],
                      # not: interpreted; lowering (CI lowers for CUDA on CPU); a CPU-only check that names cudnn;
                      # of the Mosaic file only the compiled tests (its layout and table tests are CI's)
@@ -261,6 +264,11 @@ class Check:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.setdefault("JAX_COMPILATION_CACHE_DIR", self.cache)
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program: a rerun compiles less
+        # XLA's cuDNN ragged-dot fusion, read once at start-up, for every step: the ragged_dot_cudnn backend's tests
+        # and benchmark rows need it, and it changes no program but ragged_dot's (which auto never picks)
+        flags = env.get("XLA_FLAGS", "")
+        if RAGGED_DOT_FUSION.split("=")[0] not in flags:
+            env["XLA_FLAGS"] = f"{flags} {RAGGED_DOT_FUSION}".strip()
         if self.dry:
             env.setdefault("JAX_PLATFORMS", "cpu")
         chosen = [n for n in ORDER if self.args.only is None or n in self.args.only or n in NEEDED_FIRST]

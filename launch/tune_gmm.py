@@ -231,10 +231,6 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     keep = slice(sweep.args.configs)
     candidates = {op: configs[keep] for op, configs in
                   (TINY_CONFIGS if not gpu else dict(glu=PALLAS_GLU, gemm=PALLAS_GEMM)).items()}
-    # The rows padded to whole tiles outside the timed call, as the expert FFN gathers them (no copy).
-    for d in sets:
-        d["padded"] = {c["bm"]: jnp.pad(d["xs"], ((0, pallas.padded_rows(M, c["bm"]) - M), (0, 0)))
-                       for c in sum(candidates.values(), [])}
     for op, configs in candidates.items():
         fused = op == "glu"
         for cfg in configs:
@@ -245,7 +241,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
             def run(xp, w, sizes, c=c, fused=fused):
                 return pallas.grouped_call(xp, w, None, sizes, cfg=c, out_dtype=xp.dtype, act="silu" if fused else None,
                                            interpret=interpret)
-            row = measure("pallas", op, run, lambda d, c=c: (d["padded"][c.bm], d["wgu"], d["sizes"]),
+            row = measure("pallas", op, run, lambda d: (d["xs"], d["wgu"], d["sizes"]),
                           gemm_flops, cfg, dense, refs[op])
             if fastest(row) and row["seconds"] < best.get(("pallas", op), (np.inf,))[0]:
                 best[("pallas", op)] = (row["seconds"], cfg)
@@ -257,8 +253,6 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
                       lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, cfg, dense, refs["gemm"])
         if fastest(row) and row["seconds"] < best.get(("mosaic", "gemm"), (np.inf,))[0]:
             best[("mosaic", "gemm")] = (row["seconds"], cfg)
-    for d in sets:
-        del d["padded"]
     if not gpu:
         sweep.add(**common, **{"class": f"gemm/{cls}", "what": "mosaic", "skipped": "needs an NVIDIA Hopper GPU"})
     elif ("mosaic", "gemm") in best and not sweep.out_of_time():  # the kernel alone: input already aligned

@@ -9,7 +9,7 @@ import jax
 
 from moejax.kernels.attention import BACKENDS as ATTENTION
 from moejax.kernels.expert_ffn import BACKENDS as EXPERTS
-from moejax.kernels.grouped_matmul import tuning
+from moejax.kernels.grouped_matmul import ragged_cudnn, tuning
 from moejax.kernels.grouped_matmul.auto import CPU_DENSE_MAX_RATIO, CPU_DENSE_MAX_TOKENS
 from moejax.kernels.grouped_matmul.mosaic_plan import mosaic_unavailable
 from moejax.kernels.platform import GPU_ONLY, on_gpu, pallas_unavailable
@@ -30,6 +30,9 @@ class Kernels:
         why = mosaic_unavailable() if self.experts == "mosaic" else None
         if why:
             return f"experts=mosaic needs Pallas's Mosaic GPU backend, but {why}; use auto, pallas or xla"
+        why = ragged_cudnn.unavailable() if self.experts == "ragged_dot_cudnn" else None
+        if why:
+            return f"experts=ragged_dot_cudnn: {why}"
         if on_gpu():
             return None
         wrong = [f"{op}={name}" for op, name in dataclasses.asdict(self).items() if name in GPU_ONLY]

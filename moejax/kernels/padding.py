@@ -1,5 +1,6 @@
-"""Padding shared by the Pallas kernels: Triton wants power-of-two tiles, and the interpreter clamps dynamic
-slice starts (a slice past the end would silently shift data), so inputs are padded to whole tiles."""
+"""Padding shared by the Pallas attention kernels: Triton wants power-of-two tiles, and the interpreter clamps
+dynamic slice starts (a slice past the end would silently shift data), so inputs are padded to whole tiles. (The
+grouped GEMM masks its loads and stores instead.)"""
 from __future__ import annotations
 
 import jax
@@ -18,6 +19,3 @@ def pad_axis(a: jax.Array, axis: int, size: int) -> jax.Array:
     widths[axis] = (0, size - a.shape[axis])
     return jnp.pad(a, widths)
 
-
-def pad_to_16(a: jax.Array, axis: int) -> jax.Array:
-    return pad_axis(a, axis, round_up(a.shape[axis], 16))

@@ -12,7 +12,8 @@ Backends:
   windows (grouped_matmul.xla).
 - `tiled`: each expert's rows padded to whole tiles, one batched matmul over tiles with their experts' weights
   gathered; differentiable, so training uses it (expert_ffn.tiled).
-- `ragged_dot`: `jax.lax.ragged_dot` for both projections (baseline).
+- `ragged_dot`: `jax.lax.ragged_dot` for both projections (baseline); `ragged_dot_cudnn` the same through XLA's
+  cuDNN ragged-dot fusion on a GPU (grouped_matmul.ragged_cudnn: needs its XLA flag set at start-up).
 - `dense`: every token through every expert, masked by the routing weights (E/k times the FLOPs; baseline).
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.platform import resolve
 from moejax.kernels.expert_ffn import baselines, grouped, tiled
 
-BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "tiled", "ragged_dot", "dense")
+BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "tiled", "ragged_dot", "ragged_dot_cudnn", "dense")
 
 
 def expert_ffn(x: ArrayLike, idx: ArrayLike, weights: ArrayLike, w_gate_up: ArrayLike, w_down: ArrayLike,
@@ -39,6 +40,7 @@ def expert_ffn(x: ArrayLike, idx: ArrayLike, weights: ArrayLike, w_gate_up: Arra
                       auto=expert_auto(idx.size, w_gate_up.shape[0], w_gate_up.dtype, fused=True, top_k=idx.shape[1]))
     fn = {"pallas": grouped.pallas, "pallas_interpret": grouped.pallas_interpret, "mosaic": grouped.mosaic,
           "xla": grouped.xla,
-          "tiled": tiled.tiled, "ragged_dot": baselines.ragged_dot, "dense": baselines.dense}[backend]
+          "tiled": tiled.tiled, "ragged_dot": baselines.ragged_dot, "ragged_dot_cudnn": baselines.ragged_dot_cudnn,
+          "dense": baselines.dense}[backend]
     y = fn(x, idx, weights.astype(jnp.float32), w_gate_up, w_down, b_gate_up, b_down, act, limit, alpha)
     return y.astype(x.dtype)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.kernels.activation import glu_of
+from moejax.kernels.grouped_matmul import ragged_cudnn
 from moejax.kernels.precision import f32_einsum, for_operands
 from moejax.kernels.routing import combine, dispatch, gather_rows
 
@@ -25,6 +26,16 @@ def ragged_dot(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array,
     if bd is not None:
         y = y + bd[e].astype(_f32)
     return combine(y, routing, weights)
+
+
+def ragged_dot_cudnn(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array,
+                     bgu: jax.Array | None, bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
+    """ragged_dot through XLA's cuDNN ragged-dot fusion (grouped_matmul.ragged_cudnn: refused on a GPU without
+    its flag)."""
+    why = ragged_cudnn.unavailable()
+    if why:
+        raise ValueError(why)
+    return ragged_dot(x, idx, weights, wgu, wd, bgu, bd, act, limit, alpha)
 
 
 def dense(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,

@@ -7,16 +7,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 
 from moejax.buckets import fine_bucket
 from moejax.kernels.activation import glu_of
-from moejax.kernels.grouped_matmul import mosaic as mosaic_gmm
-from moejax.kernels.grouped_matmul import pallas as gmm
-from moejax.kernels.grouped_matmul import tuning
-from moejax.kernels.grouped_matmul.aligned import aligned_layout
+from moejax.kernels.expert_ffn import parts
 from moejax.kernels.grouped_matmul.xla import for_each_group
-from moejax.kernels.padding import pad_axis, pad_to_16
 from moejax.kernels.precision import f32_dot, f32_einsum
 from moejax.kernels.routing import Routing, combine, dispatch, gather_rows
 
@@ -89,60 +84,19 @@ def capacity(x: jax.Array, routing: Routing, weights: jax.Array, wgu: jax.Array,
     return jax.lax.switch(which, [functools.partial(slots, C) for C in tiers] + [loop])
 
 
-def _pad_halves(w: jax.Array, axis: int) -> jax.Array:
-    """Pad each of the [gate | up] halves along `axis` to a multiple of 16 (test-sized shapes only)."""
-    gate, up = jnp.split(w, 2, axis=axis)
-    return jnp.concatenate([pad_to_16(gate, axis), pad_to_16(up, axis)], axis=axis)
-
-
 def _pallas(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
             bd: jax.Array | None, act: str, limit: float, alpha: float, *, interpret: bool) -> jax.Array:
-    N, D = x.shape
-    k = idx.shape[1]
-    E = wgu.shape[0]
-    M = N * k
-    routing = dispatch(idx, E)
-    up, down = gmm.config_for(M, wgu, fused=True), gmm.config_for(M, wd, fused=False)
-    # Gather straight into the padded row layout; spare rows repeat real rows and are never stored.
-    order = jnp.pad(routing.order, (0, gmm.padded_rows(M, up.bm) - M))
-    xs = pad_to_16(x[order // k], 1)
-    wgu_p = _pad_halves(pad_to_16(wgu, 1), 2)
-    bgu_p = None if bgu is None else _pad_halves(bgu, 1)
-    a = gmm.grouped_call(xs, wgu_p, bgu_p, routing.group_sizes, cfg=up, out_dtype=x.dtype, act=act, limit=limit,
-                         alpha=alpha, interpret=interpret)
-    if down.bm != up.bm:  # the down product's tiles need their own padding (rows past M are never stored)
-        a = pad_axis(a[:M], 0, gmm.padded_rows(M, down.bm))
-    wd_p = pad_to_16(pad_to_16(wd, 1), 2)
-    bd_p = None if bd is None else pad_to_16(bd, 1)
-    y = gmm.grouped_call(a, wd_p, bd_p, routing.group_sizes, cfg=down, out_dtype=_f32, interpret=interpret)
-    return combine(y[:M, :D], routing, weights)
+    """Route, the fused gate/up kernel, the down kernel, combine (parts.pallas_parts)."""
+    state = parts.start(x, idx, weights, wgu, wd, bgu, bd)
+    return parts.run(parts.pallas_parts(state, act, limit, alpha, interpret), state)
 
 
 def mosaic(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array, bgu: jax.Array | None,
            bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
-    """Gate/up and down as Mosaic GPU grouped GEMMs over the group-aligned layout; the activation and biases in
-    XLA between them (one elementwise pass over [M, 2I]). Tokens are gathered straight into the aligned layout
-    and the outputs read straight from it, so the layout costs no pass of its own."""
-    N, D = x.shape
-    k, E, I2 = idx.shape[1], wgu.shape[0], wgu.shape[2]
-    M = N * k
-    mosaic_gmm.check_operands(x, wgu)
-    routing = dispatch(idx, E)
-    cfg = tuning.mosaic_config(M, E, min(D, I2))
-    layout = aligned_layout(routing.group_sizes, M, cfg.bm)
-    token = jnp.where(layout.source < M, routing.order[jnp.minimum(layout.source, M - 1)] // k, N)
-    xs = jnp.take(x, token, axis=0, mode="fill", fill_value=0)  # padding rows: token N, out of range -> zeros
-    group = jnp.repeat(jnp.maximum(layout.tile_group, 0), cfg.bm)  # padding rows: any group, never read back
-
-    def product(a: jax.Array, w: jax.Array, b: jax.Array | None, out_dtype: DTypeLike) -> jax.Array:
-        ap, wp = mosaic_gmm.pad_k_n(a, w, cfg)
-        y = mosaic_gmm.aligned_call(ap, wp, layout.tile_group, cfg, out_dtype)[:, :w.shape[2]]
-        return y if b is None else y.astype(_f32) + b.astype(_f32)[group]
-
-    h = product(xs, wgu, bgu, _f32 if bgu is not None else x.dtype)
-    a = glu_of(h.astype(_f32), act, limit, alpha).astype(x.dtype)
-    y = product(a, wd, bd, _f32)
-    return combine(y, routing._replace(inverse=layout.position[routing.inverse]), weights)
+    """Route into the group-aligned layout, the Mosaic GPU gate/up product, the activation in XLA, the down
+    product, combine (parts.mosaic_parts)."""
+    state = parts.start(x, idx, weights, wgu, wd, bgu, bd)
+    return parts.run(parts.mosaic_parts(state, act, limit, alpha), state)
 
 
 def pallas(*args: Any) -> jax.Array:

@@ -3,7 +3,8 @@ times w[g]; rows past sum(group_sizes) are 0. float32 accumulation, output in x.
 
 Backends: `pallas` (Triton GPU kernel), `pallas_interpret` (the same kernel interpreted, CPU tests), `mosaic`
 (Mosaic GPU kernel for Hopper, 16-bit operands), `xla` (plain JAX for CPU), `ragged_dot` (`jax.lax.ragged_dot`, a
-baseline), `reference` (dense masked, G times the FLOPs). `auto`: see grouped_matmul.auto.expert_auto.
+baseline), `ragged_dot_cudnn` (the same through XLA's cuDNN ragged-dot fusion on a GPU: ragged_cudnn.py),
+`reference` (dense masked, G times the FLOPs). `auto`: see grouped_matmul.auto.expert_auto.
 """
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from jax.typing import ArrayLike
 
 from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.platform import resolve
-from moejax.kernels.grouped_matmul import mosaic, pallas, reference, xla
+from moejax.kernels.grouped_matmul import mosaic, pallas, ragged_cudnn, reference, xla
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 from moejax.kernels.precision import for_operands
 
-BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "ragged_dot", "reference")
+BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "ragged_dot", "ragged_dot_cudnn", "reference")
 
 
 def _ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -37,5 +38,6 @@ def grouped_matmul(x: ArrayLike, w: ArrayLike, group_sizes: ArrayLike, *, backen
         return mosaic.grouped_matmul(x, w, group_sizes)
     if backend in ("pallas", "pallas_interpret"):
         return pallas.grouped_matmul(x, w, group_sizes, interpret=backend == "pallas_interpret")
-    fn = {"xla": xla.grouped_matmul, "ragged_dot": _ragged_dot, "reference": reference.grouped_matmul}[backend]
+    fn = {"xla": xla.grouped_matmul, "ragged_dot": _ragged_dot, "ragged_dot_cudnn": ragged_cudnn.grouped_matmul,
+          "reference": reference.grouped_matmul}[backend]
     return fn(x, w, group_sizes).astype(x.dtype)
