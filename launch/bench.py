@@ -57,7 +57,7 @@ from moejax.presets import preset_config
 
 from launch import (bench_dep, bench_dep_online, bench_eval, bench_frontend, bench_generate, bench_kernels,
                     bench_layouts, bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors,
-                    bench_quality, bench_router_free, bench_serve)
+                    bench_quality, bench_router_free, bench_serve, xla_startup)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -213,7 +213,10 @@ def main(argv=None):
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
     if args.command == "frontend" and not args.out:  # the simulation and the real run are different records
         args.out = os.path.join("bench", "results", "frontend-real.json" if args.real else "frontend-sim.json")
+    startup = xla_startup.apply(args)  # before environment() starts JAX's backend
     env = environment()
+    if hasattr(args, "command_buffers"):  # the commands that take the settings record them
+        env["xla_startup"] = startup
     out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
     results = ResultsFile(out)
     runs = results.complete(args.run(args, env, results.partial))
