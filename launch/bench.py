@@ -175,6 +175,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--note", default=None,
+                        help="a line the record keeps (e.g. that a CPU run is at small sizes); before the command")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prefill", help="prefill throughput of each expert impl vs transformers")
     p.add_argument("--model", required=True, help="preset name or HF checkpoint directory")
@@ -217,6 +219,8 @@ def main(argv=None):
     env = environment()
     if hasattr(args, "command_buffers"):  # the commands that take the settings record them
         env["xla_startup"] = startup
+    if args.note:
+        env["note"] = args.note
     out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
     results = ResultsFile(out)
     runs = results.complete(args.run(args, env, results.partial))

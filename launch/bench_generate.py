@@ -220,7 +220,8 @@ def generate(args, environment: dict, partial=no_file) -> dict:
     if args.decode_batches:
         tmp.cleanup()
         config = dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, weights=weights,
-                      decode_batches=args.decode_batches, prompt_len=args.prompt_len, output_len=args.output_len,
+                      decode_batches=args.decode_batches, requests_per_batch=args.requests_per_batch,
+                      prompt_len=args.prompt_len, output_len=args.output_len,
                       chunk_tokens=args.chunk_tokens, row_tokens=args.row_tokens, decode_steps=args.decode_steps,
                       repeats=args.repeats, seed=args.seed,
                       persistent_compilation_cache=jax.config.jax_compilation_cache_dir or None)

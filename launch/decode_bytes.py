@@ -24,6 +24,20 @@ def expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return (3 * D * I + (2 * I + D) * cfg.expert_bias) * dtype_bytes
 
 
+def iterations_bytes(cfg: ModelConfig, param_bytes: int, dtype_bytes: int, kv_bytes_per_token: int,
+                     iterations: list[tuple[int, int]]) -> dict:
+    """The bytes of decode token iterations [(rows, tokens those rows attend to in all)], summed by part."""
+    total = dict.fromkeys(("dense_weights", "embedding_rows", "routed_experts", "kv", "total"), 0.0)
+    for rows, attended in iterations:
+        one = decode_step_bytes(cfg, param_bytes, dtype_bytes, kv_bytes_per_token, rows, attended / rows)
+        for k in total:
+            total[k] += one[k]
+    some = decode_step_bytes(cfg, param_bytes, dtype_bytes, kv_bytes_per_token, 1, 1)
+    return dict(total, iterations=len(iterations), tokens=sum(r for r, _ in iterations),
+                kv_bytes_per_token=kv_bytes_per_token, expert_bytes=some["expert_bytes"],
+                moe_layers=some["moe_layers"], counted=some["counted"])
+
+
 def decode_step_bytes(cfg: ModelConfig, param_bytes: int, dtype_bytes: int, kv_bytes_per_token: int, rows: int,
                       context: float) -> dict:
     """The bytes one decode step of `rows` rows reads, each row attending to `context` tokens on average.

@@ -43,6 +43,7 @@ import moejax
 from moejax import paged_steps, token_loop
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
+from launch.bench_results import ResultsFile
 from launch import bench_decode, bench_generate, generate_workloads, step_overhead, xla_startup
 
 
@@ -123,7 +124,8 @@ def main() -> None:
     path, options = bench_generate._checkpoint(where, "/tmp")
     engine = moejax.load(path, dtype=a.dtype, compilation_cache=False, **options)
     cfg = engine.config
-    stops = tuple(cfg.eos_token_ids) + (588,)
+    # bench generate's GPU workload on pycode-moe also stops at 588 (a frequent token); --batch: the eos alone
+    stops = tuple(cfg.eos_token_ids) + ((588,) if not a.batch and 588 < cfg.vocab_size else ())
     if a.batch:
         reqs = generate_workloads.log_uniform(a.batch, cfg.vocab_size, (a.prompt_len,) * 2, (a.max_new,) * 2,
                                               stops, 0)
@@ -139,6 +141,9 @@ def main() -> None:
         finally:
             recorder.close()
     calls = [c for c in recorder.calls if c.method == "paged_decode"]
+    if not calls:
+        raise SystemExit(f"dispatch_probe: the run made no decode call ({summary['requests_ok']} of {len(reqs)} "
+                         "requests served): nothing to replay; a longer --max-new?")
     print(f"{len(calls)} decode calls of {len(recorder.calls)} recorded", flush=True)
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         (recorder.pool, recorder.carry))
@@ -189,9 +194,8 @@ def main() -> None:
     share = record["scheduler_host_share_of_decode"]
     print(f"scheduler: decode host share {share['share'] or 0:.1%} ({share['share_without_dispatch'] or 0:.1%} "
           f"without the dispatch), {share['host_ms_per_step'] or 0:.2f} ms host a step", flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(record, f, indent=1)
+    if a.out:  # one more run in the file, as the benchmarks' results files (launch/bench_results.py)
+        ResultsFile(a.out).complete(record)
 
 
 if __name__ == "__main__":

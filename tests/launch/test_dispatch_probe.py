@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from launch import dispatch_probe, xla_startup
+from launch.bench_results import read_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,7 +21,7 @@ def test_the_probe_replays_every_variant_at_the_batch_asked_for(tmp_path, monkey
     monkeypatch.setattr(sys, "argv", ["dispatch_probe", "--model", "tiny-qwen3-moe", "--batch", "3", "--prompt-len",
                                       "20", "--max-new", "10", "--out", str(out)])
     dispatch_probe.main()
-    record = json.loads(out.read_text())
+    [record] = read_runs(str(out))
     variants = record["variants"]
     assert record["decode_calls"] > 0 and record["decode_rows"] == [4]  # 3 rows as a power of two, not 16 rows
     assert record["config"] == dict(model="tiny-qwen3-moe", num_layers=4, dtype="float32", batch=3, prompt_len=20,
