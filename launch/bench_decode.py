@@ -6,7 +6,8 @@ For each batch B: `--requests-per-batch` x B requests of `--prompt-len` random t
 the continuous scheduler (moejax.sched.continuous) with B decode rows (its max_rows), one decode call a step, and a KV
 pool of what B sequences need. More requests than rows keep the rows full: a sequence that ends makes room for one
 whose prompt a chunk step prefills meanwhile, as in a serving engine's throughput benchmark. Each batch runs once
-untimed (compiling every program; seconds per program from JAX's own events, moejax/compiles.py), then `--repeats`
+untimed, and its prefill-only run once, (compiling the programs no batch before it compiled, a short GPU call's time being scarce; seconds per
+program from JAX's own events, moejax/compiles.py), then `--repeats`
 times timed, each timed run paired with a prefill-only run of the same requests (one output token each).
 
 Decode time = the pair's difference. Every decode call is logged as it is dispatched (its rows, their positions,
@@ -74,8 +75,9 @@ class LoggedDecode:
 
 def _run(engine, reqs: list[GenRequest], batch: int, args) -> tuple[float, dict, int, list]:
     """One scheduler run: (wall seconds, its Stats.as_dict(), output tokens, the decode iterations LoggedDecode
-    logged)."""
-    blocks = batch * -(-(args.prompt_len + max(r.max_tokens for r in reqs)) // BLOCK)
+    logged). The pool holds B whole sequences in the prefill-only run too: a pool of another size is another
+    program to compile, inside the timed run."""
+    blocks = batch * -(-(args.prompt_len + args.output_len) // BLOCK)
     made = []
     logged = LoggedDecode(engine)
     sched = Scheduler(logged, blocks, max_rows=batch, chunk_tokens=args.chunk_tokens,
@@ -125,9 +127,9 @@ def decode_batches(engine, args, config: dict, environment: dict, partial) -> di
     for batch in batches:
         timed = _requests(engine, batch * args.requests_per_batch, args.prompt_len, args.output_len, args.seed)
         prefill_only = [GenRequest(r.prompt, 1, r.key, tag=r.tag) for r in timed]
-        jax.clear_caches()  # each batch pays for its own programs
         with compiles.counting() as first:
             first_s = _run(engine, timed, batch, args)[0]
+            _run(engine, prefill_only, batch, args)  # anything it compiles besides
         pairs = []
         for _ in range(args.repeats):
             prefill_s = _run(engine, prefill_only, batch, args)[0]

@@ -43,6 +43,8 @@ def test_full_depth_dry_run_runs_its_steps_in_order(gpu_check_full_depth_dry_run
     assert decode["copy_ceiling"]["value"] == pytest.approx(ceilings["device_stream"], rel=1e-5)
     assert decode["xla_startup"]["command_buffers"]
     assert [r["batch"] for r in decode["results"]] == [1, 4]
+    first = decode["results"][0]["first_run_compiles"]
+    assert first["programs"] > 0 and first["compile_s_by_function"]
     for r in decode["results"]:
         assert r["output_tokens"] == r["requests"] * 17 == r["batch"] * 2 * 17
         b = r["bytes"]
@@ -52,7 +54,7 @@ def test_full_depth_dry_run_runs_its_steps_in_order(gpu_check_full_depth_dry_run
         assert r["mean_rows"] <= r["batch"] and r["scheduler"]["peak_rows"] <= r["batch"]
         assert r["mbu"] is None or r["mbu"] == pytest.approx(b["total"] / r["decode_s"] / decode["copy_ceiling"][
             "value"] / 1e9)
-        assert r["first_run_compiles"]["programs"] > 0 and r["first_run_compiles"]["compile_s_by_function"]
+        assert r["first_run_compiles"]["compile_s"] >= 0  # what no batch before it compiled
         assert 0 <= r["host_share_of_decode"]["share"] <= 1
 
     [prefill] = read_runs(str(out / "serve-full-cpu.json"))
