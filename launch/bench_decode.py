@@ -6,9 +6,9 @@ For each batch B: `--requests-per-batch` x B requests of `--prompt-len` random t
 the continuous scheduler (moejax.sched.continuous) with B decode rows (its max_rows), one decode call a step, and a KV
 pool of what B sequences need. More requests than rows keep the rows full: a sequence that ends makes room for one
 whose prompt a chunk step prefills meanwhile, as in a serving engine's throughput benchmark. Each batch runs once
-untimed, and its prefill-only run once, (compiling the programs no batch before it compiled, a short GPU call's time being scarce; seconds per
-program from JAX's own events, moejax/compiles.py), then `--repeats`
-times timed, each timed run paired with a prefill-only run of the same requests (one output token each).
+untimed with its prefill-only run (compiling the programs no batch before it compiled: a short GPU call's time is
+scarce; seconds per program from JAX's own events, moejax/compiles.py), then `--repeats` times timed, each timed
+run paired with a prefill-only run of the same requests (one output token each).
 
 Decode time = the pair's difference. Every decode call is logged as it is dispatched (its rows, their positions,
 the tokens each makes): a token iteration is one token for every row of a call, and

@@ -41,6 +41,7 @@ import numpy as np
 
 import moejax
 from moejax import paged_steps, token_loop
+from moejax.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
 from launch.bench_results import ResultsFile
@@ -132,7 +133,11 @@ def main() -> None:
     else:
         reqs = generate_workloads.log_uniform(a.requests, cfg.vocab_size, (32, 512), (8, a.max_new), stops, 0)
     lines = bench_generate._lines(reqs)
-    serving = ServingOptions(batching="continuous", **({"max_rows": a.batch} if a.batch else {}))
+    # --batch: a pool of what the batch needs (with a block a row to spare), not the device's free memory: the
+    # replays hold a second pool of the same size
+    rows = {"max_rows": a.batch, "kv_pool_mb": a.batch * (a.prompt_len + a.max_new + 2 * BLOCK)
+            * engine.kv_bytes_per_token() / 2**20} if a.batch else {}
+    serving = ServingOptions(batching="continuous", **rows)
     with tempfile.TemporaryDirectory() as d:  # a fresh output file each run: an existing one is resumed
         serve_lines(engine, lines, os.path.join(d, "warm.jsonl"), serving, seed_nonce=0)  # compiles
         recorder = step_overhead.StepRecorder(engine)
