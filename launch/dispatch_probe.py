@@ -45,6 +45,7 @@ from moejax.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
 from launch.bench_results import ResultsFile
+from launch.bench_util import git_commit
 from launch import bench_decode, bench_generate, generate_workloads, step_overhead, xla_startup
 
 
@@ -187,6 +188,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - the error is the finding
         rows["guard"] = f"{type(e).__name__}: {e}"[:2000]
     record = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, jaxlib=jax.lib.__version__,
+                  git=dict(commit=git_commit()[0]),
                   command=" ".join(["python -m launch.dispatch_probe"] + sys.argv[1:]), xla_startup=startup,
                   config=dict(model=a.model, num_layers=cfg.num_layers, dtype=a.dtype, batch=a.batch,
                               prompt_len=a.prompt_len if a.batch else None, requests=len(reqs), max_new=a.max_new),
