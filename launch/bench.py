@@ -59,7 +59,7 @@ from moejax.presets import preset_config
 
 from launch import (bench_dep, bench_dep_online, bench_depth, bench_eval, bench_frontend, bench_generate, bench_kernels,
                     bench_layouts, bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors,
-                    bench_quality, bench_router_free, bench_serve)
+                    bench_quality, bench_router_free, bench_serve, xla_startup)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -177,6 +177,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--note", default=None,
+                        help="a line the record keeps (e.g. that a CPU run is at small sizes); before the command")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prefill", help="prefill throughput of each expert impl vs transformers")
     p.add_argument("--model", required=True, help="preset name or HF checkpoint directory")
@@ -218,7 +220,12 @@ def main(argv=None):
         args.out = os.path.join("bench", "results", "frontend-real.json" if args.real else "frontend-sim.json")
     if getattr(args, "before_start", None):  # what must be set before JAX starts its backend (XLA_FLAGS)
         args.before_start(args)
+    startup = xla_startup.apply(args)  # before environment() starts JAX's backend
     env = environment()
+    if hasattr(args, "command_buffers"):  # the commands that take the settings record them
+        env["xla_startup"] = startup
+    if args.note:
+        env["note"] = args.note
     out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
     results = ResultsFile(out)
     runs = results.complete(args.run(args, env, results.partial))

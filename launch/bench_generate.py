@@ -21,6 +21,13 @@ Step times (continuous batching, the last timed run): the scheduler's chunk and 
 per step next to the same step programs replayed on the same inputs, and the overhead share, the part of the step
 time the device was not computing (launch/step_overhead.py says how).
 
+A real-shaped preset at full depth (qwen3-30b-a3b's 48 layers) gets no transformers checkpoint (the whole model in
+float32 on host and disk): moejax's modes run alone on the preset's weights drawn on the device, and the record says
+how long they took to materialize (`config.weights`). `--decode-batches 1,64,...`: continuous batching alone at
+fixed batches, with TPOT and MBU (launch/bench_decode.py). `--max-rows`: the continuous scheduler's decode rows;
+`--command-buffers`, `--mem-fraction`, `--tfrt-gpu-client`: XLA settings applied before JAX starts
+(launch/xla_startup.py), recorded.
+
 `--overhead`: only continuous batching, with the model's forward a no-op of the same shapes, for the scheduler's host
 time per step (launch/sched_overhead.py)."""
 from __future__ import annotations
@@ -38,7 +45,7 @@ from moejax import compiles
 from moejax.sched import step_times
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from launch import generate_workloads, sched_overhead, step_overhead
+from launch import bench_decode, generate_workloads, sched_overhead, step_overhead, xla_startup
 from launch.bench_results import no_file
 
 
@@ -55,15 +62,16 @@ MOEJAX = (("continuous", "continuous", {}), ("continuous, mixed steps", "continu
 
 
 def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb,
-            steps: bool = False) -> tuple[dict, list]:
+            steps: bool = False, max_rows: int | None = None) -> tuple[dict, list]:
     """steps: record the scheduler's step calls and replay them after the run (step_overhead)."""
     recorder = step_overhead.StepRecorder(engine) if steps else None
     try:
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "out.jsonl")
             t0 = time.perf_counter()
+            scheduler = dict(options or {}, **({"max_rows": max_rows} if max_rows and options is not None else {}))
             serving = ServingOptions(batching=batching, max_batch_tokens=max_batch_tokens, kv_pool_mb=kv_pool_mb,
-                                     **(options or {}))
+                                     **scheduler)
             summary = serve_lines(engine, _lines(reqs), out, serving, seed_nonce=0)
             wall = time.perf_counter() - t0
             rows = [json.loads(x) for x in open(out)]
@@ -111,13 +119,23 @@ def _cut(tokens, max_tokens: int, stop_ids) -> list[int]:
     return tokens if end is None else tokens[: end + 1]
 
 
+def full_size(model: str, num_layers: int | None) -> bool:
+    """A real-shaped preset (not `tiny-*` or `micro-*`, moejax.presets) at its full depth: its transformers
+    checkpoint would be the whole model in float32 on the host and the disk (about 122 GB for qwen3-30b-a3b)."""
+    from moejax.presets import PRESETS
+    if model not in PRESETS or model.startswith(("tiny-", "micro-")):
+        return False
+    return num_layers is None or num_layers >= PRESETS[model]["num_hidden_layers"]
+
+
 def _checkpoint(args, tmp: str) -> tuple[str, dict]:
     """What both engines load, and moejax.load's extra options: --model's directory, or a preset's config built
-    and saved by transformers (without transformers: the preset itself, its --num-layers)."""
+    and saved by transformers (without transformers, or a real-shaped preset at full size: the preset itself, its
+    weights drawn on the device, its --num-layers)."""
     from moejax.presets import preset_config, resolve_embedded
     if os.path.isdir(resolve_embedded(args.model)):
         return resolve_embedded(args.model), {}
-    if args.no_transformers:
+    if args.no_transformers or full_size(args.model, args.num_layers):
         return args.model, {} if args.num_layers is None else {"num_layers": args.num_layers}
     from launch.bench_util import hf_checkpoint
     hf_config = preset_config(args.model)
@@ -179,16 +197,42 @@ def _overhead(engine, reqs, args, record: dict) -> dict:
                 scheduler=result["summary"]["scheduler"])
 
 
+def _load(args, tmp: str):
+    """The engine with its weights in place, and how they came: their source and the seconds materializing took
+    (a preset's drawn on the device, a checkpoint's read and copied)."""
+    path, options = _checkpoint(args, tmp)
+    engine = moejax.load(path, dtype=args.dtype, compilation_cache=False, **options)
+    t0 = time.perf_counter()
+    jax.block_until_ready(engine.params)
+    seconds = time.perf_counter() - t0
+    source = "checkpoint" if os.path.isdir(path) else "preset, drawn on the device"
+    print(f"{args.model} ({path}): {engine.config.num_layers} layers, {engine.param_bytes() / 2**30:.2f} GiB of "
+          f"weights ({source}) in place in {seconds:.1f} s", flush=True)
+    return engine, path, dict(source=source, materialize_s=seconds, bytes=engine.param_bytes())
+
+
 def generate(args, environment: dict, partial=no_file) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
-    path, options = _checkpoint(args, tmp.name)
-    engine = moejax.load(path, dtype=args.dtype, compilation_cache=False, **options)
+    if args.decode_batches:
+        args.no_transformers = True  # moejax alone: no transformers checkpoint to build
+    engine, path, weights = _load(args, tmp.name)
     cfg = engine.config
-    print(f"{args.model} ({path}): {cfg.num_layers} layers", flush=True)
+    if args.decode_batches:
+        tmp.cleanup()
+        config = dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, weights=weights,
+                      decode_batches=args.decode_batches, requests_per_batch=args.requests_per_batch,
+                      prompt_len=args.prompt_len, output_len=args.output_len,
+                      chunk_tokens=args.chunk_tokens, row_tokens=args.row_tokens, decode_steps=args.decode_steps,
+                      repeats=args.repeats, seed=args.seed,
+                      persistent_compilation_cache=jax.config.jax_compilation_cache_dir or None)
+        return bench_decode.decode_batches(engine, args, config, environment, partial)
+    if full_size(args.model, args.num_layers):
+        args.no_transformers = True  # no transformers checkpoint of a whole real-shaped model (_checkpoint)
     reqs, described = _workload(args, engine)
     config = dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, requests=args.requests, **described,
-                  max_batch_tokens=args.max_batch_tokens, kv_pool_mb=args.kv_pool_mb, hf_batch=args.hf_batch,
-                  repeats=args.repeats, seed=args.seed,
+                  max_batch_tokens=args.max_batch_tokens, kv_pool_mb=args.kv_pool_mb, max_rows=args.max_rows,
+                  hf_batch=args.hf_batch, repeats=args.repeats, seed=args.seed, weights=weights,
+                  transformers=not args.no_transformers,
                   persistent_compilation_cache=jax.config.jax_compilation_cache_dir or None)
     if args.overhead:
         tmp.cleanup()
@@ -205,11 +249,12 @@ def generate(args, environment: dict, partial=no_file) -> dict:
         jax.clear_caches()  # this mode compiles every program it runs: none are left by the modes before it
         with compiles.counting() as first:
             t0 = time.perf_counter()
-            _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb)
+            _moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb, max_rows=args.max_rows)
             first_s = time.perf_counter() - t0
         with compiles.counting() as later:
             runs = [_moejax(engine, reqs, batching, options, args.max_batch_tokens, args.kv_pool_mb,
-                            steps=batching == "continuous" and i == args.repeats - 1) for i in range(args.repeats)]
+                            steps=batching == "continuous" and i == args.repeats - 1, max_rows=args.max_rows)
+                    for i in range(args.repeats)]
         walls = [r[0]["wall_s"] for r in runs]
         outputs[name] = tokens = runs[-1][1]
         summary = runs[-1][0]["summary"]
@@ -284,7 +329,9 @@ def generate(args, environment: dict, partial=no_file) -> dict:
 
 def add_parser(sub):
     p = sub.add_parser("generate", help="output tokens/s: continuous vs static batching vs transformers generate")
-    p.add_argument("--model", default="pycode-moe", help="preset (built with transformers) or checkpoint directory")
+    p.add_argument("--model", default="pycode-moe",
+                   help="preset (built with transformers; a real-shaped one at full depth: its weights drawn on the "
+                        "device, moejax alone) or checkpoint directory")
     p.add_argument("--num-layers", type=int, default=None, help="a preset's first N layers")
     p.add_argument("--workload", default="log-uniform", choices=["log-uniform", "long-tail"],
                    help="long-tail: issue 29's (prompts 6-40, max_tokens 160; the prompt, max_tokens and stop flags "
@@ -301,6 +348,8 @@ def add_parser(sub):
                    help="also stop at this fraction of the vocabulary, drawn at random (for random-weight presets)")
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="static batching's budget (launch.serve's)")
     p.add_argument("--kv-pool-mb", type=float, default=None)
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="continuous batching: the scheduler's decode rows, the batch (launch.serve's --max-rows)")
     p.add_argument("--hf-batch", type=int, default=16, help="transformers: requests per generate call")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -309,4 +358,6 @@ def add_parser(sub):
     p.add_argument("--no-transformers", action="store_true")
     p.add_argument("--no-mixed", action="store_true", help="skip continuous batching with mixed steps")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/generate-<device>.json)")
+    bench_decode.add_arguments(p)
+    xla_startup.add_arguments(p.add_argument_group("XLA settings read when JAX starts (launch/xla_startup.py)"))
     return p

@@ -7,7 +7,10 @@ Next to them, in the same run, the resident prefill rate over the same total tok
 to end in rows of a power of two tokens (no padding), run through `engine.generate(rows, 1)` in calls as large as
 the runner's scoring batches; each row reports its prompt tokens/s over that rate. MFU counts moejax.costs' FLOPs,
 written out in the JSON, against `--peak-tflops` (a measured ceiling) or else the hardware profile's peak (a
-datasheet on known GPUs).
+datasheet on known GPUs) or `--measure-peak` (the bf16 matmul ceiling measured in the same process). Each
+configuration's first (untimed) run records its compile seconds per program (moejax/compiles.py) and the weights'
+materializing time is recorded apart; `--no-resident` skips the resident reference (a second pass over every
+token: at full depth it would double the run).
 
 Defaults depend on the platform: on a GPU, thousands of requests of 512 prompt tokens (rows of 512 hold one request
 each, nothing padded), the distinct workload KV-free and auto and the shared one auto, the runner sizing its batches
@@ -23,6 +26,7 @@ import jax
 import numpy as np
 
 import moejax
+from moejax import compiles
 from moejax.costs import layer_flops_per_token, prefill_flops
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
@@ -66,9 +70,14 @@ def matmul_flops(cfg, tokens: int, head: float) -> dict:
 
 
 def peak(args, engine) -> dict:
-    """The FLOP/s MFU is taken against: --peak-tflops (measured), else the hardware profile's, else none."""
+    """The FLOP/s MFU is taken against: --peak-tflops (measured), --measure-peak (the bf16 matmul ceiling measured
+    now, launch/gpu_ceilings.py), else the hardware profile's, else none."""
     if args.peak_tflops:
         return dict(flops_per_s=args.peak_tflops * 1e12, source="--peak-tflops (measured ceiling)")
+    if args.measure_peak:
+        from launch.gpu_ceilings import measured
+        m = measured("matmul_bf16")
+        return dict(flops_per_s=m["value"] * 1e12, source=f"measured now: bf16 matmul, {m['method']}", measured=m)
     from moejax.plan.resolve import profile_for
     try:
         profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()))
@@ -132,6 +141,10 @@ def serve(args, environment: dict, partial=None) -> dict:
                          f"{', '.join(WORKLOADS)}; kv modes: {', '.join(MODES)})")
     options = {} if args.num_layers is None else {"num_layers": args.num_layers}
     engine = moejax.load(args.model, dtype=args.dtype, **options)
+    t0 = time.perf_counter()
+    jax.block_until_ready(engine.params)  # a preset's weights are drawn on the device: timed apart
+    weights = dict(source="checkpoint" if os.path.isdir(args.model) else "preset, drawn on the device",
+                   materialize_s=time.perf_counter() - t0, bytes=engine.param_bytes())
     if args.candidates >= engine.config.vocab_size:
         raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
                          f"{engine.config.vocab_size} tokens")
@@ -148,7 +161,8 @@ def serve(args, environment: dict, partial=None) -> dict:
         return dict(**environment, benchmark="serve",
                     config=dict(model=args.model, num_layers=engine.config.num_layers, dtype=args.dtype,
                                 requests=requests, prefix=prefix, suffix=args.suffix, candidates=args.candidates,
-                                max_batch_tokens=batch_tokens, repeats=args.repeats, platform=platform),
+                                max_batch_tokens=batch_tokens, repeats=args.repeats, platform=platform,
+                                weights=weights, resident_prefill=not args.no_resident),
                     peak=top, flops_counted="moejax.costs: layer_flops_per_token (2 x the active parameters of the "
                     "decoder layers) per computed token + lm_head 2·D·V per read position; attention scores apart",
                     resident_prefill=reference, results=results, ratios=ratios)
@@ -156,11 +170,13 @@ def serve(args, environment: dict, partial=None) -> dict:
     for kind in args.workloads.split(","):
         lines = workload(kind, requests, prefix, args.suffix, args.candidates, engine.config.vocab_size, args.seed)
         for mode in wanted_modes or defaults["modes"][kind]:
-            _serve(engine, lines, mode, batch_tokens)  # compile every shape this plan uses
+            with compiles.counting() as first:  # compile every shape this plan uses
+                first_s = _serve(engine, lines, mode, batch_tokens)["outer_wall_s"]
             runs = [_serve(engine, lines, mode, batch_tokens) for _ in range(args.repeats)]
             walls = [r["wall_s"] for r in runs]
             last, median = runs[-1], float(np.median(walls))
-            if reference is None:  # the same total tokens, resident prefill, in calls as large as the runner's
+            if reference is None and not args.no_resident:  # the same total tokens, resident prefill, in calls as
+                # large as the runner's
                 sized = last["score_batch"]["tokens"]
                 reference = resident_prefill(engine, lines, sized, args.repeats, top["flops_per_s"])
                 print(f"  resident prefill {reference['tokens_per_s']:9.1f} tok/s  ({reference['rows']} rows of "
@@ -173,14 +189,18 @@ def serve(args, environment: dict, partial=None) -> dict:
                        computed_tokens=last["computed_tokens"], cached_prompt_tokens=last["cached_prompt_tokens"],
                        padded_tokens=last["padded_tokens"], batches=last["batches"],
                        score_batch=last["score_batch"], tokens_per_s=last["prompt_tokens"] / median,
-                       flops=flops, mfu=flops["total"] / median / top["flops_per_s"] if top["flops_per_s"] else None)
-            row["prompt_rate_over_resident_prefill"] = row["tokens_per_s"] / reference["tokens_per_s"]
+                       flops=flops, mfu=flops["total"] / median / top["flops_per_s"] if top["flops_per_s"] else None,
+                       first_run_s=first_s, first_run_compiles=first.as_dict())
+            row["prompt_rate_over_resident_prefill"] = (row["tokens_per_s"] / reference["tokens_per_s"]
+                                                        if reference else None)
             print(f"  {kind:8s} kv {mode:4s} {row['tokens_per_s']:9.1f} tok/s  median {median:.2f}s  "
                   f"computed {row['computed_tokens']} of {row['prompt_tokens']} prompt tokens "
                   f"({row['padded_tokens']} slots), {row['cached_prompt_tokens']} from cache, {row['batches']} "
-                  f"batches of up to {row['score_batch']['tokens']} tokens; "
-                  f"{row['prompt_rate_over_resident_prefill']:.2f}x resident prefill"
-                  + (f", MFU {row['mfu']:.1%}" if row["mfu"] is not None else ""), flush=True)
+                  f"batches of up to {row['score_batch']['tokens']} tokens"
+                  + (f"; {row['prompt_rate_over_resident_prefill']:.2f}x resident prefill" if reference else "")
+                  + (f", MFU {row['mfu']:.1%}" if row["mfu"] is not None else "")
+                  + f"; first run {first_s:.1f} s, {row['first_run_compiles']['programs']} programs compiled in "
+                  f"{row['first_run_compiles']['compile_s']:.1f} s", flush=True)
             results.append(row)
             if partial is not None:
                 partial(record(), f"{kind} kv {mode}")
@@ -213,6 +233,10 @@ def add_parser(sub):
                         f"{DEFAULTS['cpu']['max_batch_tokens']})")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="measured ceiling for MFU, TFLOP/s (default: the hardware profile's peak)")
+    p.add_argument("--measure-peak", action="store_true",
+                   help="MFU against the bf16 matmul ceiling measured now (launch/gpu_ceilings.py)")
+    p.add_argument("--no-resident", action="store_true",
+                   help="skip the resident prefill reference (a second pass over every token)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file (default bench/results/serve-<device>.json)")

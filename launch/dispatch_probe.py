@@ -1,4 +1,5 @@
-"""`python -m launch.dispatch_probe [--out FILE]`: what a decode call's dispatch waits for on this device.
+"""`python -m launch.dispatch_probe [--model M] [--dtype D] [--batch B] [--out FILE]`: what a decode call's dispatch
+waits for on this device.
 
 `bench generate` measured on an H200 that the continuous scheduler's decode call returns only after about as long as
 the device takes to run it: the dispatch is synchronous, so the scheduler's host work cannot overlap the device's.
@@ -9,17 +10,29 @@ each remove one suspect, and times how long each call takes to return (the devic
   as run           the recorded calls: numpy inputs, pool and carry donated
   inputs on device the rows put on the device before the timed loop
   no donation      the same program jitted without donate_argnums
-  exit checked     that, with the token loop's early exit checked every token (moejax/token_loop.py)
+  exit checked     that, with the token loop's early exit checked every token (moejax/token_loop.py): a while_loop
+                   whose trip count XLA cannot know
+  fixed trip count that, with the exit never checked inside the call: a fori_loop of a known trip count, numpy
+                   inputs and inputs on the device
   guard            one call under jax.transfer_guard_device_to_host("disallow"): a read back to the host inside the
                    dispatch raises, and the error says which
 
-A variant whose calls return in far less than the device's time per call has found the wait."""
+A variant whose calls return in far less than the device's time per call has found the wait. The settings XLA
+reads at start-up are flags of the probe (launch/xla_startup.py: --command-buffers, --tfrt-gpu-client,
+--mem-fraction), applied before JAX starts: a run compares the variants under one setting, and the GPU check runs it
+with and without command buffers. The record also holds the continuous scheduler's own account of the recorded run
+(the host's share of a decode step: launch/bench_decode.py's host_share).
+
+--model, --num-layers, --dtype: the engine (a real-shaped preset's weights are drawn on the device). --batch B: B
+requests of --prompt-len tokens making --max-new tokens each, at once, with B decode rows (without it: --requests
+log-uniform requests, bench generate's GPU workload)."""
 from __future__ import annotations
 
 import argparse
 import functools
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -28,9 +41,18 @@ import numpy as np
 
 import moejax
 from moejax import paged_steps, token_loop
+from moejax.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from launch import bench_generate, generate_workloads, step_overhead
+from launch.bench_results import ResultsFile
+from launch.bench_util import git_commit
+from launch import bench_decode, bench_generate, generate_workloads, step_overhead, xla_startup
+
+
+# jaxlib 0.10.2 and 0.11.1 (jaxlib/xla_client.py, generate_pjrt_gpu_plugin_options) pass this variable to the
+# CUDA plugin as its `use_tfrt_gpu_client` option: the probe's --tfrt-gpu-client sets it.
+TFRT_NOTE = ("XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT=1 asks the CUDA plugin for its TFRT GPU client (jaxlib 0.10.2 "
+             "and 0.11.1 pass it as the plugin option use_tfrt_gpu_client): --tfrt-gpu-client")
 
 
 def _timed(method, pool, carry, calls, on_device: bool) -> dict:
@@ -82,29 +104,52 @@ def loops() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="pycode-moe")
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--max-new", type=int, default=256)
+    p.add_argument("--model", default="pycode-moe", help="preset or checkpoint directory")
+    p.add_argument("--num-layers", type=int, default=None, help="the model's first N layers")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--batch", type=int, default=None, help="B requests at once, B decode rows")
+    p.add_argument("--prompt-len", type=int, default=64, help="--batch's prompt tokens")
+    p.add_argument("--requests", type=int, default=32, help="without --batch: log-uniform requests")
+    p.add_argument("--max-new", type=int, default=256, help="tokens each request makes at most")
     p.add_argument("--out", default=None)
     p.add_argument("--loops", action="store_true", help=loops.__doc__)
+    xla_startup.add_arguments(p)
     a = p.parse_args()
+    for flag, value in (("--batch", a.batch), ("--prompt-len", a.prompt_len), ("--requests", a.requests),
+                        ("--max-new", a.max_new), ("--num-layers", a.num_layers)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1; got {value}")
+    startup = xla_startup.apply(a)  # before JAX's backend starts
     if a.loops:
         return loops()
-    where = argparse.Namespace(model=a.model, num_layers=None, seed=0, no_transformers=True)
-    engine = moejax.load(bench_generate._checkpoint(where, "/tmp")[0], dtype="float32", compilation_cache=False)
+    where = argparse.Namespace(model=a.model, num_layers=a.num_layers, seed=0, no_transformers=True)
+    path, options = bench_generate._checkpoint(where, "/tmp")
+    engine = moejax.load(path, dtype=a.dtype, compilation_cache=False, **options)
     cfg = engine.config
-    stops = tuple(cfg.eos_token_ids) + (588,)
-    reqs = generate_workloads.log_uniform(a.requests, cfg.vocab_size, (32, 512), (8, a.max_new), stops, 0)
+    # bench generate's GPU workload on pycode-moe also stops at 588 (a frequent token); --batch: the eos alone
+    stops = tuple(cfg.eos_token_ids) + ((588,) if not a.batch and 588 < cfg.vocab_size else ())
+    if a.batch:
+        reqs = generate_workloads.log_uniform(a.batch, cfg.vocab_size, (a.prompt_len,) * 2, (a.max_new,) * 2,
+                                              stops, 0)
+    else:
+        reqs = generate_workloads.log_uniform(a.requests, cfg.vocab_size, (32, 512), (8, a.max_new), stops, 0)
     lines = bench_generate._lines(reqs)
-    serving = ServingOptions(batching="continuous")
+    # --batch: a pool of what the batch needs (with a block a row to spare), not the device's free memory: the
+    # replays hold a second pool of the same size
+    rows = {"max_rows": a.batch, "kv_pool_mb": a.batch * (a.prompt_len + a.max_new + 2 * BLOCK)
+            * engine.kv_bytes_per_token() / 2**20} if a.batch else {}
+    serving = ServingOptions(batching="continuous", **rows)
     with tempfile.TemporaryDirectory() as d:  # a fresh output file each run: an existing one is resumed
         serve_lines(engine, lines, os.path.join(d, "warm.jsonl"), serving, seed_nonce=0)  # compiles
         recorder = step_overhead.StepRecorder(engine)
         try:
-            serve_lines(engine, lines, os.path.join(d, "timed.jsonl"), serving, seed_nonce=0)
+            summary = serve_lines(engine, lines, os.path.join(d, "timed.jsonl"), serving, seed_nonce=0)
         finally:
             recorder.close()
     calls = [c for c in recorder.calls if c.method == "paged_decode"]
+    if not calls:
+        raise SystemExit(f"dispatch_probe: the run made no decode call ({summary['requests_ok']} of {len(reqs)} "
+                         "requests served): nothing to replay; a longer --max-new?")
     print(f"{len(calls)} decode calls of {len(recorder.calls)} recorded", flush=True)
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         (recorder.pool, recorder.carry))
@@ -123,23 +168,41 @@ def main() -> None:
         return _timed(m, fresh(0), fresh(1), calls, on_device)
     rows: dict = {"as run": twice(method, False), "inputs on device": twice(method, True),
                   "no donation": twice(undonated(), False)}
-    os.environ[token_loop.CHECK_VARIABLE] = "1"  # read when the new jit traces: the early exit checked every token
-    try:
-        rows["no donation, exit checked every token"] = twice(undonated(), False)
-    finally:
-        del os.environ[token_loop.CHECK_VARIABLE]
+    steps = max(int(c.kwargs.get("steps", 1)) for c in calls)  # the token loop's iterations a call
+    for name, every, on_device in (("no donation, exit checked every token", 1, False),
+                                   ("no donation, fixed trip count", steps, False),
+                                   ("no donation, fixed trip count, inputs on device", steps, True)):
+        before = os.environ.get(token_loop.CHECK_VARIABLE)
+        os.environ[token_loop.CHECK_VARIABLE] = str(every)  # read when the new jit traces
+        try:
+            rows[name] = twice(undonated(), on_device)
+        finally:
+            if before is None:
+                del os.environ[token_loop.CHECK_VARIABLE]
+            else:
+                os.environ[token_loop.CHECK_VARIABLE] = before
     try:
         with jax.transfer_guard_device_to_host("disallow"):
             method(fresh(0), fresh(1), *step_overhead._as_run(calls[0]), **calls[0].kwargs)
         rows["guard"] = "no read back to the host inside the dispatch"
     except Exception as e:  # noqa: BLE001 - the error is the finding
         rows["guard"] = f"{type(e).__name__}: {e}"[:2000]
-    record = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, decode_calls=len(calls), variants=rows)
+    record = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, jaxlib=jax.lib.__version__,
+                  git=dict(commit=git_commit()[0]),
+                  command=" ".join(["python -m launch.dispatch_probe"] + sys.argv[1:]), xla_startup=startup,
+                  config=dict(model=a.model, num_layers=cfg.num_layers, dtype=a.dtype, batch=a.batch,
+                              prompt_len=a.prompt_len if a.batch else None, requests=len(reqs), max_new=a.max_new),
+                  decode_calls=len(calls), decode_rows=sorted({int(np.shape(c.args[0].start)[0]) for c in calls}),
+                  variants=rows,
+                  scheduler_host_share_of_decode=bench_decode.host_share(summary["scheduler"]),
+                  tfrt_gpu_client=TFRT_NOTE)
     for name, r in rows.items():
         print(f"{name:18s} {r if isinstance(r, str) else json.dumps(r)}", flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(record, f, indent=1)
+    share = record["scheduler_host_share_of_decode"]
+    print(f"scheduler: decode host share {share['share'] or 0:.1%} ({share['share_without_dispatch'] or 0:.1%} "
+          f"without the dispatch), {share['host_ms_per_step'] or 0:.2f} ms host a step", flush=True)
+    if a.out:  # one more run in the file, as the benchmarks' results files (launch/bench_results.py)
+        ResultsFile(a.out).complete(record)
 
 
 if __name__ == "__main__":

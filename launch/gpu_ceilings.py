@@ -43,7 +43,11 @@ def _record(what: float, unit: str, runs: list[float], method: str, **extra) -> 
     return dict(value=what / median, unit=unit, seconds_median=median, seconds=runs, method=method, **extra)
 
 
-def jax_ceilings(size: dict) -> dict:
+CEILINGS = ("matmul_bf16", "device_stream", "h2d_pinned")
+
+
+def jax_ceilings(size: dict, only: tuple[str, ...] = CEILINGS) -> dict:
+    """The ceilings named in `only` (all by default), through JAX."""
     device = jax.devices()[0]
     keys = iter(jax.random.split(jax.random.key(0), 10_000))
     n, b, reps = size["n"], size["batch"], size["repeats"]
@@ -53,27 +57,47 @@ def jax_ceilings(size: dict) -> dict:
         return (jax.random.normal(ka, (b, n, n), jnp.bfloat16), jax.random.normal(kb, (b, n, n), jnp.bfloat16))
     matmul = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c, preferred_element_type=jnp.float32
                                              ).astype(jnp.bfloat16))
-    out = dict(matmul_bf16=_record(2 * b * n ** 3 / 1e12, "TFLOP/s", _host_seconds(matmul, matrices, reps),
-                                   "jax, host clock around block_until_ready", shape=[b, n, n]))
+    out = {}
+    if "matmul_bf16" in only:
+        out["matmul_bf16"] = _record(2 * b * n ** 3 / 1e12, "TFLOP/s", _host_seconds(matmul, matrices, reps),
+                                     "jax, host clock around block_until_ready", shape=[b, n, n])
+    if "device_stream" in only:
+        out["device_stream"] = _stream(size, keys)
+    if "h2d_pinned" in only:
+        out["h2d_pinned"] = _h2d(size, device)
+    return out
 
+
+def _stream(size: dict, keys) -> dict:
     words = (size["stream_mib"] << 20) // 4
     stream = jax.jit(lambda x: x + 1)
-    out["device_stream"] = _record(
+    return _record(
         2 * words * 4 / 1e9, "GB/s",
-        _host_seconds(stream, lambda: (jax.random.bits(next(keys), (words,), jnp.uint32),), reps),
+        _host_seconds(stream, lambda: (jax.random.bits(next(keys), (words,), jnp.uint32),), size["repeats"]),
         "jax, host clock around block_until_ready; y = x + 1, bytes read + written", bytes=words * 4)
 
+
+def _h2d(size: dict, device) -> dict:
     rng = np.random.default_rng(0)
     host_kind = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
     to_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
     h2d_words = (size["h2d_mib"] << 20) // 4
     sources = [jax.device_put(rng.integers(0, 2 ** 32, h2d_words, dtype=np.uint32), host_kind) for _ in range(2)]
     turn = iter(range(10_000))
-    out["h2d_pinned"] = _record(
+    return _record(
         h2d_words * 4 / 1e9, "GB/s",
-        _host_seconds(lambda x: jax.device_put(x, to_device), lambda: (sources[next(turn) % 2],), reps),
+        _host_seconds(lambda x: jax.device_put(x, to_device), lambda: (sources[next(turn) % 2],), size["repeats"]),
         "jax.device_put pinned_host -> device, host clock around block_until_ready", bytes=h2d_words * 4)
-    return out
+
+
+def measured(name: str, given: float | None = None) -> dict:
+    """One ceiling for a benchmark's utilisation figure: `given` (a value the caller measured, e.g. by the GPU
+    check's ceilings step) or measured now through JAX, at full size on a GPU and small elsewhere."""
+    unit = "TFLOP/s" if name == "matmul_bf16" else "GB/s"
+    if given is not None:
+        return dict(value=given, unit=unit, method="given on the command line")
+    size = SIZES["full" if jax.default_backend() == "gpu" else "small"]
+    return dict(jax_ceilings(size, (name,))[name], sizes=size)
 
 
 def torch_ceilings(size: dict) -> dict | str:

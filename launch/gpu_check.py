@@ -38,6 +38,9 @@ benchmark, which the benchmarks rewrite after each measured row (a stopped one k
 Each benchmark's run, and the check's record, are also appended to --results-dir (default bench/results). Prints
 a summary table last. Exit status 0 only if every step passed.
 
+`--only full_depth` runs a group of steps of its own instead, in under 6 minutes: the whole qwen3-30b-a3b (48 layers,
+bf16) with correctness first, then the dispatch probe, full-depth decode and prefill, then the kernel rows (GROUPS).
+
 `--dry-run` runs the same steps on CPU at tiny sizes, the Pallas kernels interpreted and a few tests per test
 step (a check that the script itself works; CI runs it).
 """
@@ -122,6 +125,53 @@ BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry
 }
 
 
+# `--only full_depth`: a call of its own for the whole real-shaped model (qwen3-30b-a3b, all 48 layers, bf16, its
+# weights drawn on the device): correctness first, then the dispatch probe, full-depth decode and prefill, then the
+# kernel rows; under 6 minutes on an H200 with compiles (FULL_DEPTH_BUDGET_S; limits below), so that it and another
+# call of under 5 minutes fit one lease with the machine's start. The dry run runs the same steps on a deep micro
+# model (DEEP_TINY) with the kernels interpreted.
+GROUPS = {"full_depth": ["install", "environment", "ceilings", "depth_tests", "dispatch_probe", "bench_decode_full",
+                         "bench_prefill_full", "bench_kernels"]}
+FULL_DEPTH_BUDGET_S = 345.0
+FULL = ["--model", "qwen3-30b-a3b", "--dtype", "bfloat16"]
+DEEP_TINY = ["--model", "micro-qwen3-moe-deep", "--dtype", "float32"]
+FULL_DEPTH_BENCHES = {  # the group's kernel rows: the two token counts the expert FFN's targets name
+    "kernels": (["--shapes", "qwen3-30b-a3b", "--tokens", "8192,32768", "--seqs", "4096", "--repeats", "5"],
+                BENCHES["kernels"][1]),
+}
+# Sized, with no GPU at hand, from the fifth check's 4-layer slice (the batch runner at 637K tok/s: about 53K at 48
+# layers) and the HBM bound of a decode iteration (61 GB of weights plus the KV): batch 1024's three runs about 80 s,
+# the smaller batches about 50 s together, the prefill's two passes over 1M tokens about 45 s, compiles apart. The
+# kernel rows come last and get what is left of FULL_DEPTH_BUDGET_S (none if the others take their limits).
+GROUP_LIMITS = dict(depth_tests=45, dispatch_probe=60, bench_decode_full=150, bench_prefill_full=60)
+GROUP_TESTS = {  # name: (what, files, -k on the GPU, -k in the dry run)
+    "depth_tests": ("the model against transformers (bf16), deep fixtures where there are; decode steps read one "
+                    "behind their dispatch", ["tests/models/test_parity.py", "tests/sched/test_continuous.py"],
+                    "qwen3_moe and bfloat16_logits or deep and bfloat16 or read_after_the_next",
+                    "qwen3_moe and bfloat16_logits and not nonorm"),
+}
+GROUP_RUNS = {  # name: (file stem, what, module, arguments on the GPU, in the dry run); the check adds the ceilings
+    "dispatch_probe": ("dispatch_probe", "decode dispatch under command buffers at batch 64 (launch.dispatch_probe)",
+                       "launch.dispatch_probe",
+                       FULL + ["--batch", "64", "--prompt-len", "64", "--max-new", "32", "--command-buffers"],
+                       DEEP_TINY + ["--batch", "2", "--prompt-len", "16", "--max-new", "8", "--command-buffers"]),
+    "bench_decode_full": ("generate-decode", "full-depth decode: continuous batching at batch 1, 64, 256, 1024 "
+                          "(prompt 512, output 128): tok/s, TPOT, MBU", "launch.bench_decode",
+                          ["generate"] + FULL + ["--decode-batches", "1,64,256,1024", "--mem-fraction", "0.95",
+                                                 "--command-buffers"],
+                          ["generate"] + DEEP_TINY + ["--decode-batches", "1,4", "--prompt-len", "24", "--output-len",
+                                                      "17", "--decode-steps", "4", "--chunk-tokens", "64",
+                                                      "--row-tokens", "32", "--command-buffers"]),
+    "bench_prefill_full": ("serve-full", "full-depth prefill: the batch runner on 2,048 x 512-token scoring rows, "
+                           "MFU", "launch.bench_serve",
+                           ["serve"] + FULL + ["--workloads", "distinct", "--kv-modes", "off", "--requests", "2048",
+                                               "--prefix", "480", "--suffix", "32", "--repeats", "1", "--no-resident"],
+                           ["serve"] + DEEP_TINY + ["--workloads", "distinct", "--kv-modes", "off", "--requests", "8",
+                                                    "--prefix", "24", "--suffix", "8", "--repeats", "1",
+                                                    "--no-resident"]),
+}
+
+
 def _install_check() -> str:
     return (f"import importlib, os, moejax\n"
             f"for name in {DEPENDENCIES!r}:\n"
@@ -178,12 +228,14 @@ class Check:
         """A step's time limit: --limit's, else the GPU's, doubled in the dry run (a CPU, maybe shared)."""
         if name in self.args.limits:
             return self.args.limits[name]
-        return LIMITS[name] * (2 if self.dry else 1)
+        return (LIMITS.get(name) or GROUP_LIMITS[name]) * (2 if self.dry else 1)
 
     def step(self, name: str) -> Step:
         """The step `name`, built when its turn comes: the steps after environment know the device."""
-        if name in TEST_STEPS:
-            return self._test_step(name, *TEST_STEPS[name])
+        if name in TEST_STEPS or name in GROUP_TESTS:
+            return self._test_step(name, *(TEST_STEPS.get(name) or GROUP_TESTS[name]))
+        if name in GROUP_RUNS:
+            return self._group_run_step(name, *GROUP_RUNS[name])
         if name.startswith("bench_"):
             return self._bench_step(name.removeprefix("bench_"), *BENCHES[name.removeprefix("bench_")])
         return getattr(self, f"_{name}_step")()
@@ -205,6 +257,23 @@ class Check:
                     [[PY, "-m", "launch.gpu_ceilings", "--out", path] + (["--small"] if self.dry else [])],
                     self.limit("ceilings"), read=lambda: self._read_ceilings(path))
 
+    def _group_run_step(self, name: str, stem: str, what: str, module: str, gpu_args: list[str],
+                        dry_args: list[str]) -> Step:
+        """A full-depth step: the ceilings step's measurements (when it ran) are the utilisation figures' ceilings."""
+        argv = [PY, "-m", "launch.bench" if module.startswith("launch.bench") else module,
+                *(dry_args if self.dry else gpu_args)]
+        best = self._ceiling_values()
+        if name == "bench_decode_full" and "device_stream" in best:
+            argv += ["--copy-gbps", f"{best['device_stream']:.6g}"]
+        if name == "bench_prefill_full":
+            argv += ["--peak-tflops", f"{best['matmul_bf16']:.6g}"] if "matmul_bf16" in best else ["--measure-peak"]
+        return self._results_step(name, stem, what, module, argv)
+
+    def _ceiling_values(self) -> dict[str, float]:
+        """The ceilings step's values through JAX (what moejax's programs can reach), by name; {} before it ran."""
+        c = self.record.get("ceilings") or {}
+        return {name: r["value"] for name, r in (c.get("jax") or {}).items()}
+
     def _tune_gmm_step(self) -> Step:
         return self._results_step("tune_gmm", "tune_gmm", "grouped GEMM tuning sweep: the best tiles per shape class",
                                   "launch.tune_gmm", [PY, "-m", "launch.tune_gmm", *TUNE_GMM[1 if self.dry else 0]])
@@ -217,6 +286,8 @@ class Check:
         return Step(name, what, [pytest], self.limit(name), read=lambda: self._read_tests(name, out))
 
     def _bench_step(self, cmd: str, gpu_args: list[str], dry_args: list[str]) -> Step:
+        if getattr(self.args, "group", None) == "full_depth" and cmd in FULL_DEPTH_BENCHES:
+            gpu_args, dry_args = FULL_DEPTH_BENCHES[cmd]
         return self._results_step(f"bench_{cmd}", cmd, f"python -m launch.bench {cmd}", f"launch.bench_{cmd}",
                                   [PY, "-m", "launch.bench", cmd, *(dry_args if self.dry else gpu_args)])
 
@@ -271,7 +342,7 @@ class Check:
             env["XLA_FLAGS"] = f"{flags} {RAGGED_DOT_FUSION}".strip()
         if self.dry:
             env.setdefault("JAX_PLATFORMS", "cpu")
-        chosen = [n for n in ORDER if self.args.only is None or n in self.args.only or n in NEEDED_FIRST]
+        chosen = _order(self.args.only)
         if self.args.only is not None:
             print(f"only {', '.join(self.args.only)}; install and environment run first: every file carries the "
                   "device's name, which environment reads", flush=True)
@@ -327,12 +398,28 @@ def _git() -> dict:
     return dict(commit=commit, named_by=COMMIT_VARIABLE) if named else dict(commit=commit)
 
 
-def _steps(text: str, parser) -> list[str]:
+def _steps(text: str, parser) -> tuple[list[str], str | None]:
+    """--only's steps, and the group it names (a group goes alone)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ORDER]
+    if any(n in GROUPS for n in names):
+        if len(names) > 1:
+            parser.error(f"--only: a group ({', '.join(GROUPS)}) goes alone; got {text!r}")
+        return GROUPS[names[0]], names[0]
+    unknown = [n for n in names if n not in ORDER and not any(n in steps for steps in GROUPS.values())]
     if unknown or not names:
-        parser.error(f"--only: unknown step(s) {', '.join(unknown) or '(none given)'}; steps: {', '.join(ORDER)}")
-    return names
+        parser.error(f"--only: unknown step(s) {', '.join(unknown) or '(none given)'}; steps: {', '.join(ORDER)}; "
+                     f"groups: {', '.join(GROUPS)}")
+    return names, None
+
+
+def _order(only: list[str] | None) -> list[str]:
+    """The steps to run, in order: install and environment first, then the chosen ones in their group's order
+    (steps of a group's own, or a group's steps left by a stopped call) or the check's (ORDER)."""
+    if only is None:
+        return ORDER
+    order = next((steps for steps in GROUPS.values() if set(only) <= set(steps) and not set(only) <= set(ORDER)),
+                 ORDER)
+    return [n for n in order if n in only or n in NEEDED_FIRST]
 
 
 def _limits(text: str | None, parser) -> dict[str, float]:
@@ -345,8 +432,9 @@ def _limits(text: str | None, parser) -> dict[str, float]:
             limits[name.strip()] = float(value)
         except ValueError:
             parser.error(f"--limit: {part!r} is not STEP=SECONDS")
-        if name.strip() not in ORDER or limits[name.strip()] <= 0:
-            parser.error(f"--limit: {part!r}: the step must be one of {', '.join(ORDER)}, the seconds positive")
+        known = ORDER + [n for steps in GROUPS.values() for n in steps if n not in ORDER]
+        if name.strip() not in known or limits[name.strip()] <= 0:
+            parser.error(f"--limit: {part!r}: the step must be one of {', '.join(known)}, the seconds positive")
     return limits
 
 
@@ -360,7 +448,8 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds for all steps (default 520, as the device tool allows 600 a call; dry run 1200)")
     parser.add_argument("--only", default=None, metavar="STEP,...",
-                        help=f"run these steps (and install, environment first); steps: {', '.join(ORDER)}")
+                        help=f"run these steps (and install, environment first); steps: {', '.join(ORDER)}; or one "
+                             f"group of steps of its own: {', '.join(GROUPS)} (--budget-s {FULL_DEPTH_BUDGET_S:g})")
     parser.add_argument("--limit", default=None, metavar="STEP=SECONDS,...",
                         help="a step's time limit instead of its default (dry run: used as given, not doubled)")
     parser.add_argument("--cache-dir", default=None,
@@ -370,11 +459,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not os.path.exists("pyproject.toml") or not os.path.isdir("moejax"):
         parser.error("run it from the repository root (no pyproject.toml and moejax/ here)")
+    args.only, args.group = (None, None) if args.only is None else _steps(args.only, parser)
     if args.budget_s is None:
-        args.budget_s = 1200.0 if args.dry_run else 520.0
+        args.budget_s = (1200.0 if args.dry_run else FULL_DEPTH_BUDGET_S if args.group == "full_depth" else 520.0)
     if args.budget_s <= 0:
         parser.error(f"--budget-s must be positive, got {args.budget_s}")
-    args.only = None if args.only is None else _steps(args.only, parser)
     args.limits = _limits(args.limit, parser)
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.results_dir, exist_ok=True)

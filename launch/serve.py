@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 
+from launch import xla_startup
 from launch.serve_engine import load, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
 from moejax import options
@@ -79,6 +80,8 @@ def parse_args(argv=None):
     options.add_arguments(g, Processes)
     g = p.add_argument_group("engine replicas behind MoE-Prefill's prefix-aware frontend (Ray; moejax.sched.replicas)")
     options.add_arguments(g, ReplicaPlan)
+    g = p.add_argument_group("XLA settings read when JAX starts (launch.xla_startup)")
+    xla_startup.add_arguments(g)
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true",
                    help="print the plan (batches, shapes, cache policy) and exit; placement lightning also runs one "
@@ -239,6 +242,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
                or check_writable("--error-file", args.error_file))
     if problem:
         sys.exit(problem)
+    xla_startup.apply(args)  # before anything starts JAX's backend
     try:
         lines = read_lines(args.input)
     except OSError as e:

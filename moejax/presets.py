@@ -57,9 +57,14 @@ _MICRO_QWEN3 = dict(
     num_experts_per_tok=2, norm_topk_prob=True, rope_theta=10000.0, max_position_embeddings=2048,
     rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=0)
 
+# The micro model 12 layers deep: what compiling and running a deep model costs, on a CPU (the GPU check's full-depth
+# steps in their dry run).
+_MICRO_QWEN3_DEEP = dict(_MICRO_QWEN3, num_hidden_layers=12)
+
 PRESETS = {
     "tiny-qwen3-moe": _TINY_QWEN3,
     "micro-qwen3-moe": _MICRO_QWEN3,
+    "micro-qwen3-moe-deep": _MICRO_QWEN3_DEEP,
     "qwen3-30b-a3b": _QWEN3_30B,
     "mixtral-8x7b": _MIXTRAL_8X7B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,

@@ -102,7 +102,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 GPU_CHECK_DRY_RUN = "tests/launch/test_gpu_check.py::test_dry_run_runs_every_step_and_writes_every_output"
-_dry_run: dict = {}
+# the full-depth group's dry run (`--only full_depth`, a deep micro model): its own process, beside the other
+FULL_DEPTH_DRY_RUN = "tests/launch/test_gpu_check_full_depth.py::test_full_depth_dry_run_runs_its_steps_in_order"
+DRY_RUNS = {GPU_CHECK_DRY_RUN: (), FULL_DEPTH_DRY_RUN: ("--only", "full_depth")}
+_dry_runs: dict = {}
 
 
 def _one_core():
@@ -113,43 +116,58 @@ def _one_core():
         os.sched_setaffinity(0, {cores[-1]})
 
 
-def _start_gpu_check_dry_run() -> dict:
+def _start_gpu_check_dry_run(extra: tuple = ()) -> dict:
     work = tempfile.mkdtemp(prefix="moejax-gpu-check-dry-run-")
     paths = {name: os.path.join(work, name) for name in ("out", "results", "stdout", "stderr")}
     env = dict(os.environ, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=os.path.join(work, "cache"))
     with open(paths["stdout"], "w") as stdout, open(paths["stderr"], "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "launch.gpu_check", "--dry-run", "--out", paths["out"],
-                                 "--results-dir", paths["results"]], cwd=os.path.dirname(os.path.dirname(
+                                 "--results-dir", paths["results"], *extra], cwd=os.path.dirname(os.path.dirname(
                                      os.path.abspath(__file__))), stdout=stdout, stderr=stderr, env=env,
                                 preexec_fn=_one_core)
     return dict(proc=proc, work=work, **paths)
 
 
 def pytest_collection_finish(session):
-    """The GPU check's dry run is a chain of processes (about 100 s, mostly one core): start it as soon as the
-    session knows its test will run, so that it runs beside the other tests on the second core."""
+    """A GPU check's dry run is a chain of processes (about 100 s, mostly one core; the full-depth group's a few
+    minutes): start each as soon as the session knows its test will run, so that it runs beside the other tests on
+    the second core."""
     if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: every worker collects every test; the one that runs it
         return  # starts the dry run then (waiting for it, that worker leaves the cores to the other workers)
     if session.config.option.collectonly:  # nothing runs
         return
-    # session.items is what -m and -k left (the test is marked slow: -m "not slow" deselects it, so it never starts)
-    if any(item.nodeid == GPU_CHECK_DRY_RUN for item in session.items):
-        _dry_run.update(_start_gpu_check_dry_run())
+    # session.items is what -m and -k left (the tests are marked slow: -m "not slow" deselects them, so none starts)
+    chosen = {item.nodeid for item in session.items}
+    for nodeid, extra in DRY_RUNS.items():
+        if nodeid in chosen:
+            _dry_runs[nodeid] = _start_gpu_check_dry_run(extra)
 
 
 def pytest_sessionfinish(session):
-    if _dry_run and _dry_run["proc"].poll() is None:  # its test never ran (interrupted, -x): do not leave it behind
-        _dry_run["proc"].kill()
+    for run in _dry_runs.values():
+        if run["proc"].poll() is None:  # its test never ran (interrupted, -x): do not leave it behind
+            run["proc"].kill()
+
+
+def _finished(nodeid: str):
+    """The finished dry run of the test `nodeid`: returncode, stdout, stderr and its --out and --results-dir."""
+    run = _dry_runs.get(nodeid) or _start_gpu_check_dry_run(DRY_RUNS[nodeid])
+    run["proc"].wait(timeout=1500)
+    yield dict(returncode=run["proc"].returncode, out=run["out"], results=run["results"],
+               stdout=open(run["stdout"]).read(), stderr=open(run["stderr"]).read())
+    shutil.rmtree(run["work"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def gpu_check_dry_run():
     """The finished dry run: returncode, stdout, stderr and its --out and --results-dir folders."""
-    run = _dry_run or _start_gpu_check_dry_run()
-    run["proc"].wait(timeout=900)
-    yield dict(returncode=run["proc"].returncode, out=run["out"], results=run["results"],
-               stdout=open(run["stdout"]).read(), stderr=open(run["stderr"]).read())
-    shutil.rmtree(run["work"], ignore_errors=True)
+    yield from _finished(GPU_CHECK_DRY_RUN)
+
+
+@pytest.fixture(scope="session")
+def gpu_check_full_depth_dry_run():
+    """The finished dry run of `--only full_depth`, as gpu_check_dry_run's."""
+    yield from _finished(FULL_DEPTH_DRY_RUN)
 
 
 def kill_when_journal_has(child, journal: str, lines: int, *, timeout: float, poll: float = 0.01) -> None:

@@ -104,6 +104,10 @@ def test_serve_flags_build_the_option_dataclasses():
     assert options.from_args(ModelOptions, args) == ModelOptions()
     assert options.from_args(Processes, args) == Processes()
     assert ServingOptions(max_rows=2, mixed=True).scheduler_keywords() == {"max_rows": 2, "mixed": True}
+    batch = serve_cli.parse_args(["--input", "x", "--max-rows", "256"])  # the continuous scheduler's batch
+    assert options.from_args(ServingOptions, batch).scheduler_keywords() == {"max_rows": 256}
+    assert serve_cli.check_numbers(serve_cli.parse_args(["--input", "x", "--max-rows", "0"])) == \
+        "--max-rows must be >= 1; got 0"
 
 
 def _stub_engine(placement: str):

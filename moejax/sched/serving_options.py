@@ -41,9 +41,9 @@ class ServingOptions:
              "activations; 1024 where the device reports none, as on CPU; placement lightning: 80% of host "
              "memory); --explain shows it")
     # The continuous scheduler's knobs (moejax.sched.continuous.Scheduler; None: its default). Benchmarks and tests
-    # set them; they have no flags.
-    max_rows: int | None = option(None, type=int, minimum=1, flag=False,
-                                  help="continuous: most sequences a step holds")
+    # set them; only the batch (max_rows) has a flag.
+    max_rows: int | None = option(None, type=int, minimum=1,
+                                  help="continuous: most sequences a decode step holds, the batch (default 64)")
     chunk_tokens: int | None = option(
         None, type=int, minimum=1, flag=False,
         help="continuous: a chunk step's token budget (default: the Scheduler's, raised to Θ's tokens under "

@@ -182,3 +182,36 @@ def test_steps_run_one_behind_the_host(tiny):
                   lambda r, message: pytest.fail(message))
         assert [out[i] for i in sorted(out)] == expected[: len(out)]
         assert sched.stats.chained_rows > 0 and sched.blocks.in_use() == 0
+
+
+def test_each_decode_step_is_read_after_the_next_step_is_dispatched(tiny, monkeypatch):
+    """Async scheduling, checked on the order of events: every decode step's tokens are read on the host only after
+    the scheduler has dispatched the step after it (a decode or a chunk step), so the device has the next step
+    queued while the host works; only the run's last decode step is read with nothing behind it."""
+    events = []
+    for name in ("paged_decode", "paged_chunk"):
+        def dispatch(pool, carry, rows, _real=getattr(tiny, name), _name=name, **static):
+            pool, carry, out = _real(pool, carry, rows, **static)
+            events.append(("dispatch", _name, id(out)))
+            return pool, carry, out
+        monkeypatch.setattr(tiny, name, dispatch)
+    real_wait = Scheduler._wait
+
+    def wait(self, x, kind):
+        events.append(("read", kind, id(x)))
+        return real_wait(self, x, kind)
+    monkeypatch.setattr(Scheduler, "_wait", wait)
+    prompts = prompts_of([40, 9, 33, 12, 50, 7], seed=11)  # prompts arriving while others decode: chunk steps
+    reqs = [GenRequest(p, 12, row_key(0, i), tag=i) for i, p in enumerate(prompts)]  # between decode steps
+    out = {}
+    sched = Scheduler(tiny, 32, max_rows=3, chunk_tokens=32, row_tokens=16, decode_steps=2)
+    sched.run(reqs, lambda r, tokens, cached: out.__setitem__(r.tag, tokens), lambda r, m: pytest.fail(m))
+    assert [out[i] for i in range(len(prompts))] == tiny.generate(prompts, 12)
+    dispatched = [(i, e) for i, e in enumerate(events) if e[0] == "dispatch"]
+    decodes = [(i, e) for i, e in dispatched if e[1] == "paged_decode"]
+    assert len(decodes) > 4 and any(e[1] == "paged_chunk" for _, e in dispatched[dispatched.index(decodes[0]):])
+    for n, (at, (_, step, key)) in enumerate(dispatched[:-1]):
+        if step == "paged_decode":  # its read: the first after its dispatch (an id is reused once it is freed)
+            read = next(i for i in range(at, len(events)) if events[i] == ("read", "decode", key))
+            assert read > dispatched[n + 1][0], f"decode step {n} was read before the step after it was dispatched"
+    assert dispatched[-1] == decodes[-1]  # the last step is a decode step, read with nothing behind it
