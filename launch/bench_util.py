@@ -95,7 +95,7 @@ def environment() -> dict:
     return dict(device=dict(kind=dev.device_kind, platform=dev.platform, count=jax.device_count(),
                             cpu=cpu, cpu_count=os.cpu_count()),
                 versions=versions, git=dict(commit=commit, moejax_changes=[d for d in dirty if d]),
-                command=shlex.join([sys.executable, "-m", "launch.bench", *sys.argv[1:]]))
+                command=shlex.join(["python", "-m", "launch.bench", *sys.argv[1:]]))  # no path of this machine
 
 
 def hf_checkpoint(hf_config: dict, directory: str, seed: int):

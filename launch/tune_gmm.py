@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     from launch.bench_util import device_tag, environment
     from moejax.kernels.platform import on_gpu
     env = environment()
-    env["command"] = " ".join([sys.executable, "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])
+    env["command"] = " ".join(["python", "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])
     gpu = on_gpu()
     if not gpu and not args.dry_run:
         raise SystemExit("launch.tune_gmm: no GPU here (JAX runs on "
