@@ -30,11 +30,11 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 import time
 
 from launch.serve_engine import load, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
+from launch.serve_paths import check_paths
 from moejax import options
 from moejax.kernels.backends import Kernels
 from moejax.offload.settings import PlacementSettings
@@ -122,40 +122,27 @@ def check_numbers(args) -> str | None:
     return problem
 
 
-def check_output_is_not_input(args) -> str | None:
-    """Writing results (or their journal, or the error file) over the requests would destroy them."""
-    outputs = ([("--output", p) for p in (args.output, args.output + ".partial", output_lock.lock_path(args.output))]
-               if args.output else [])
-    if args.error_file:
-        outputs += [("--error-file", args.error_file), ("--error-file", output_lock.lock_path(args.error_file))]
-        if args.output and _same_file(args.error_file, args.output):
-            return f"--error-file {args.error_file}: is the --output file; give another"
-    if args.input == "-":
+def check_plot_extra(args) -> str | None:
+    """--plot draws with matplotlib, an optional extra: without it the flag is refused before the model loads."""
+    if not args.plot:
         return None
-    for flag, path in outputs:
-        if _same_file(path, args.input):
-            return f"{flag} {path}: is the input file {args.input}; refusing to overwrite the requests"
-    return None
-
-
-def _same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b) or (os.path.exists(a) and os.path.exists(b)
-                                                          and os.path.samefile(a, b))
-
-
-def check_writable(flag: str, path: str | None) -> str | None:
-    """Whether results can be written next to `path` (a read-only folder is refused before the model loads)."""
-    if path is None:
-        return None
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"{flag}: folder {folder!r} does not exist"
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".moejax-write-test-"):
-            pass
-    except OSError as e:
-        return f"{flag}: cannot write in {folder!r}: {e.strerror or e}"
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot: drawing the plans needs matplotlib: pip install 'moejax[plots]'"
     return None
+
+
+def write_metrics(path: str | None, summary: dict) -> None:
+    """--metrics: the run summary as JSON (its folder was checked before the run; a failure now, such as a full disk,
+    is one line: the results are written already)."""
+    if path is None:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
+    except OSError as e:
+        sys.exit(f"--metrics {path}: cannot write the run summary: {e.strerror or e} (the results are written)")
 
 
 def check_kernels(args) -> str | None:
@@ -235,8 +222,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
     if args.transfer_address is not None and multi is None:
         sys.exit("--transfer-address applies to a run over several processes (--coordinator ...); drop it or give "
                  "those")
-    problem = (check_numbers(args) or check_output_is_not_input(args) or check_writable("--output", args.output)
-               or check_writable("--error-file", args.error_file))
+    problem = check_numbers(args) or check_paths(args) or check_plot_extra(args)
     if problem:
         sys.exit(problem)
     try:
@@ -302,9 +288,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
         return 0
     summary = {"model": args.model, "dtype": engine.dtype.name, **summary}
     print(_format_summary(summary), file=sys.stderr)
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(summary, f, indent=1)
+    write_metrics(args.metrics, summary)
     return exit_status(summary, args.allow_invalid_lines)
 
 
@@ -325,9 +309,7 @@ def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: context
     lock_outputs(args, None, held)
     summary = serve_replicas(args, lines, serving, replicas)
     print(format_summary(summary), file=sys.stderr)
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(summary, f, indent=1)
+    write_metrics(args.metrics, summary)
     return exit_status(summary, args.allow_invalid_lines)
 
 
