@@ -18,9 +18,11 @@ layout, placement, ...) is refused instead. A runner holds a lock on its output 
 
 Exit status: 0 when every line got a result computed for it; 1 when any line failed (each still has its
 error line: 400 for invalid input, 500 for a failed batch; --allow-invalid-lines exits 0 when only invalid
-lines failed) or when results could not be written (the journal keeps what was written); any other failure (bad
-flags, unreadable input, an output folder that cannot be written, an output another runner is writing, a model
-that does not load, an output made with other settings) exits with a message before anything is written.
+lines failed) or when results could not be written (the journal keeps what was written); 2 for a flag the user got
+wrong (a value out of range or not among the choices, options that do not go together, an unreadable input, an
+output path that is the input or another output, a folder, or cannot be written), with one line naming the flag
+before the model loads; any other failure (an output another runner is writing, a model that does not load, an
+output made with other settings) exits 1 with a message before anything is written.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import os
 import secrets
 import sys
 import time
+from typing import NoReturn
 
 from launch.serve_engine import load, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
@@ -51,11 +54,25 @@ from moejax.sched.serving_options import ServingOptions
 from moejax.sharding import multihost
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose error is one line (the flag and the problem; exit status 2) instead of the usage of every
+    flag above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists the flags)\n")
+
+
+def refuse(message: str) -> NoReturn:
+    """A flag the user got wrong, found before any work: its one line on stderr, exit status 2 (argparse's)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def parse_args(argv=None):
     """The flags of the option dataclasses (moejax.options: their defaults, types, choices and help), and this
     command's own: files, Θ, the plots."""
-    p = argparse.ArgumentParser(prog="python -m launch.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m launch.serve", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_arguments(p, ModelOptions, ("model",))
     p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
@@ -120,6 +137,28 @@ def check_numbers(args) -> str | None:
             and args.process_id >= args.num_processes:
         return f"--process-id must be below --num-processes ({args.num_processes}); got {args.process_id}"
     return problem
+
+
+def check_settings(args) -> str | None:
+    """The plan's options that go together (a predictor and its files, options that apply to another placement,
+    a layout spec), checked as moejax.load would check them but before it, in a message naming the flags."""
+    try:
+        placement = options.from_args(PlacementSettings, args)
+        options.from_args(EnginePlan, args, placement=placement, workload=options.from_args(Workload, args))
+    except (ValueError, TypeError) as e:
+        return options.as_flags(str(e).removeprefix("moejax.load: "), *OPTION_CLASSES)
+    return None
+
+
+def load_error(args, e: Exception) -> str:
+    """A failed load as one line: when a flag of the plan caused it (moejax.load names its keyword), naming that
+    flag; else naming --model."""
+    text = str(e)
+    if text.startswith("moejax.load: "):
+        named = options.as_flags(text.removeprefix("moejax.load: "), *OPTION_CLASSES)
+        if named.startswith("--"):
+            return named
+    return f"--model {args.model}: {text}"
 
 
 def check_plot_extra(args) -> str | None:
@@ -215,24 +254,24 @@ def _main(args, held: contextlib.ExitStack) -> int:
     if None in multi:
         if any(v is not None for v in multi):
             missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi) if v is None]
-            sys.exit(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
+            refuse(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
-        sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
+        refuse("--coordinator: a run over several processes writes its results to --output; give one")
     if args.transfer_address is not None and multi is None:
-        sys.exit("--transfer-address applies to a run over several processes (--coordinator ...); drop it or give "
+        refuse("--transfer-address applies to a run over several processes (--coordinator ...); drop it or give "
                  "those")
-    problem = check_numbers(args) or check_paths(args) or check_plot_extra(args)
+    problem = check_numbers(args) or check_paths(args) or check_plot_extra(args) or check_settings(args)
     if problem:
-        sys.exit(problem)
+        refuse(problem)
     try:
         lines = read_lines(args.input)
     except OSError as e:
-        sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
+        refuse(f"--input: cannot read {args.input!r}: {e.strerror}")
     replicas = options.from_args(ReplicaPlan, args)
     if replicas.replicas > 1 or replicas.ray:
         if multi:
-            sys.exit("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
+            refuse("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
                      "several processes; give one")
         return _serve_replicas(args, lines, replicas, held)
     # several processes run static batches: the scheduler's host loop runs in one process
@@ -245,12 +284,12 @@ def _main(args, held: contextlib.ExitStack) -> int:
         _check_processes_agree(args, lines)
     problem = check_kernels(args)  # it asks JAX for the platform: only after joining the other processes
     if problem:
-        sys.exit(problem)
+        refuse(problem)
     lock_outputs(args, multi, held)
     try:
         engine = load(args, serving)
     except (ValueError, OSError) as e:
-        sys.exit(f"--model {args.model}: {e}")
+        sys.exit(load_error(args, e))
     try:  # Θ, for placements that copy experts during a forward: prefill batches are filled to it
         set_saturation(engine, args)
     except ValueError as e:
@@ -299,8 +338,11 @@ def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: context
     serving = options.from_args(ServingOptions, args)
     if args.explain:  # one engine, loaded here, as every replica would run it, and the frontend's routing
         from moejax.sched.frontend_plan import routing_lines
-        engine = load(args, serving)
-        set_saturation(engine, args)
+        try:
+            engine = load(args, serving)
+            set_saturation(engine, args)
+        except (ValueError, OSError) as e:
+            sys.exit(load_error(args, e))
         print(engine.explain())
         print(explain_lines(engine, lines, serving))
         print(routing_lines(engine, lines, replicas.replicas, replicas.routing, serving.max_batch_tokens,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch import serve as serve_cli
+from conftest import serve_stopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples", "requests.jsonl")
@@ -25,13 +25,14 @@ def files(tmp_path):
     return tmp_path
 
 
-def refusal(argv) -> str:
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(argv + NO_MODEL)
-    message = exc.value.code
-    assert isinstance(message, str) and "\n" not in message, message
-    assert "/nonexistent/model-dir" not in message, message  # refused before the model was looked for
-    return message
+@pytest.fixture
+def refusal(capsys):
+    def refused(argv) -> str:
+        status, message = serve_stopped(capsys, argv + NO_MODEL)
+        assert status == 2 and message and "\n" not in message, (status, message)
+        assert "/nonexistent/model-dir" not in message, message  # refused before the model was looked for
+        return message
+    return refused
 
 
 def snapshot(folder) -> dict:
@@ -67,7 +68,7 @@ def snapshot(folder) -> dict:
     (["--metrics", "/proc/moejax-metrics.json"], "--metrics: cannot write in '/proc'"),
     (["--plot", "/proc/moejax-plots"], "--plot: cannot write in '/proc'"),
 ])
-def test_paths_that_would_destroy_something_or_fail_later_are_refused(files, flags, message):
+def test_paths_that_would_destroy_something_or_fail_later_are_refused(files, flags, message, refusal):
     fill = lambda text: text.format(d=files)  # noqa: E731
     before = snapshot(files)
     argv = [fill(f) for f in flags]
@@ -79,7 +80,7 @@ def test_paths_that_would_destroy_something_or_fail_later_are_refused(files, fla
     assert (files / "plots" / "theta.png").read_bytes() == b"a chart"
 
 
-def test_a_symlink_or_hard_link_to_the_input_is_refused(files):
+def test_a_symlink_or_hard_link_to_the_input_is_refused(files, refusal):
     os.symlink(files / "requests.jsonl", files / "link.json")
     os.link(files / "requests.jsonl", files / "hard.json")
     for name in ("link.json", "hard.json"):
@@ -89,7 +90,7 @@ def test_a_symlink_or_hard_link_to_the_input_is_refused(files):
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_folder_or_file_is_refused(files):
+def test_a_read_only_folder_or_file_is_refused(files, refusal):
     locked = files / "locked"
     locked.mkdir()
     os.chmod(locked, 0o555)
@@ -105,7 +106,7 @@ def test_a_read_only_folder_or_file_is_refused(files):
         os.chmod(locked, 0o755)
 
 
-def test_plot_without_matplotlib_names_the_extra(files, monkeypatch):
+def test_plot_without_matplotlib_names_the_extra(files, monkeypatch, refusal):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plots extra were not installed
     message = refusal(["--input", str(files / "requests.jsonl"), "--explain", "--plot", str(files / "plots")])
     assert message == "--plot: drawing the plans needs matplotlib: pip install 'moejax[plots]'"
