@@ -144,7 +144,7 @@ def as_flags(message: str, *classes: type[DataclassInstance]) -> str:
     `speculative=True`, `resident_share must ...`) with the flags of `classes` instead (`--default-vectors`,
     `--predictor router`, `--speculative`, `--resident-share must ...`), for a user who typed flags. A name with an
     underscore is always an option; a one-word name (placement, predictor, layout) only where it is used as one: at
-    the start, or followed by its value."""
+    the start, after "needs", or followed by its value."""
     names = sorted({f.name for cls in classes for f in fields(cls) if _about(f)["flag"]}, key=len, reverse=True)
     if not names:
         return message
@@ -156,7 +156,7 @@ def as_flags(message: str, *classes: type[DataclassInstance]) -> str:
         return flag(m.group(1)) + ("" if value == "True" else f" {value}")
     message = re.sub(rf"(?<![\w-])({alternatives})(?:=|\s)(?:'([^']*)'|(True|False|-?[\d.]+(?:e-?\d+)?)\b)", valued,
                      message)
-    message = re.sub(rf"^({alternatives})\b", lambda m: flag(m.group(1)), message)
+    message = re.sub(rf"(^|(?<=needs ))({alternatives})\b", lambda m: flag(m.group(2)), message)
     return re.sub(rf"(?<![\w-])({'|'.join(re.escape(n) for n in names if '_' in n)})\b",
                   lambda m: flag(m.group(1)), message) if any("_" in n for n in names) else message
 
