@@ -3,9 +3,7 @@ MoE-Prefill's frontend (moejax.sched.replicas); the output, its journal and resu
 from __future__ import annotations
 
 import functools
-import signal
 import sys
-import threading
 
 from launch.serve_engine import replica_engine, settings_for
 from moejax.sched.replicas import ReplicaPlan, ReplicaRun, ReplicasFailed
@@ -20,7 +18,6 @@ def serve_replicas(args, lines: list[str], serving: ServingOptions, plan: Replic
                      num_layers=args.num_layers)
     where = f"--ray {plan.ray}" if plan.ray else f"--replicas {plan.replicas}"
     try:
-        terminate_as_exit()  # SIGTERM, as SIGINT, ends the run through the `finally` that stops the replicas
         infos = run.start()
         base, placement = run.settings(infos)
         summary = run.serve(lines, args.output, settings_for(args, base, placement), infos,
@@ -34,19 +31,6 @@ def serve_replicas(args, lines: list[str], serving: ServingOptions, plan: Replic
     finally:
         run.stop()
     return {"model": args.model, "dtype": base["dtype"], "device": infos[0]["device"], **summary}
-
-
-def terminate_as_exit() -> None:
-    """SIGTERM raises SystemExit (status 143, as the signal's own) where it would end the process at once, so that the
-    Ray processes this run started are stopped on the way out (SIGKILL runs nothing: moejax.sched.watchdog ends
-    them then). On the main thread only, where Python handles signals."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_signal)
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    print(f"signal {signal.Signals(signum).name}: stopping the replicas", file=sys.stderr)
-    raise SystemExit(128 + signum)
 
 
 def format_summary(s: dict) -> str:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -187,6 +189,7 @@ class ReplicaRun:
                 ray.init(include_dashboard=False, log_to_driver=self._log_to_driver,
                          num_cpus=max(plan.replicas, 2))
             self._started_ray = True
+            terminate_as_exit()
         gpus = ray.cluster_resources().get("GPU", 0)
         gpu = gpus > 0
         need = plan.replicas * plan.devices_per_replica
@@ -414,6 +417,20 @@ def connect_ray(ray: Any, address: str, timeout_s: float = CONNECT_TIMEOUT_S, **
     except ConnectionError as e:
         raise ReplicasFailed(f"could not connect to a Ray cluster at {address} ({_cause(e)}); is it a Ray "
                              "cluster's GCS address? `ray status --address ADDRESS` checks it") from None
+
+
+def terminate_as_exit() -> None:
+    """SIGTERM raises SystemExit (status 143, the signal's own) in this process, so that a run's `finally` stops the
+    replicas and the Ray processes it started. Called after ray.init, whose core worker installs a handler that
+    aborts the process instead (SIGKILL runs nothing: moejax.sched.watchdog ends them then). On the main thread
+    only, where Python handles signals."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    print(f"signal {signal.Signals(signum).name}: stopping the replicas", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def _cause(e: BaseException) -> str:
