@@ -153,12 +153,9 @@ def check_settings(args) -> str | None:
 def load_error(args, e: Exception) -> str:
     """A failed load as one line: when a flag of the plan caused it (moejax.load names its keyword), naming that
     flag; else naming --model."""
-    text = str(e)
-    if text.startswith("moejax.load: "):
-        named = options.as_flags(text.removeprefix("moejax.load: "), *OPTION_CLASSES)
-        if named.startswith("--"):
-            return named
-    return f"--model {args.model}: {text}"
+    text = str(e).removeprefix("moejax.load: ")
+    named = options.as_flags(text, *OPTION_CLASSES)
+    return named if named.startswith("--") else f"--model {args.model}: {text}"
 
 
 def check_plot_extra(args) -> str | None:

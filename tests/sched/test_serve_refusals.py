@@ -136,3 +136,14 @@ def test_as_a_process_no_traceback():
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and r.stdout == "", (flags, r.returncode, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and flags[-2] in r.stderr, (flags, r.stderr)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-layers", "99"], "--num-layers 99 outside 1..4"),
+    (["--layout", "attn=dp,experts=ep,devices=4"], "--layout: devices=4 but only 1 are present"),
+    (["--device-memory-gb", "0.0001"], "--model tiny-qwen3-moe: cannot fit: the weights that always stay"),
+])
+def test_a_load_error_names_the_flag_that_caused_it(flags, message, capsys):
+    """Found by moejax.load (status 1): the flag the user typed, not `--model ...: moejax.load: <keyword>`."""
+    status, text = serve_stopped(capsys, ["--input", EXAMPLES, "--model", "tiny-qwen3-moe", "--explain", *flags])
+    assert status == 1 and text.startswith(message) and "moejax.load" not in text, text
