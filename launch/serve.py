@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import sys
 import time
 from typing import NoReturn
@@ -243,7 +244,12 @@ def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
 
 def main(argv=None) -> int:
     with contextlib.ExitStack() as held:  # the output locks taken below, released however the run ends
-        return _main(parse_args(argv), held)
+        try:
+            return _main(parse_args(argv), held)
+        except KeyboardInterrupt:  # Ctrl-C: what was running has stopped (replicas included); no traceback
+            print("launch.serve: interrupted; the journal keeps the results written (rerun to resume)",
+                  file=sys.stderr)
+            return 128 + signal.SIGINT
 
 
 def _main(args, held: contextlib.ExitStack) -> int:
