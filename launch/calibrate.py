@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 
 import numpy as np
 
@@ -25,18 +26,19 @@ import moejax
 from launch.serve import read_lines
 from moejax.offload.memory_budget import PLACEMENTS
 from moejax.offload.predict import calibrate
+from moejax.presets import DEFAULT_MODEL
 from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 
 
 def request_prompts(engine, lines) -> tuple[list[list[int]], int]:
     """Token ids of every prompt in requests lines (a score request's contexts each), and how many lines were bad."""
-    prompts, skipped = request_generations(engine, lines)
-    return [p for p, _ in prompts], skipped
+    prompts, bad = request_generations(engine, lines)
+    return [p for p, _ in prompts], len(bad)
 
 
-def request_generations(engine, lines) -> tuple[list[tuple[list[int], int]], int]:
+def request_generations(engine, lines) -> tuple[list[tuple[list[int], int]], list[BadLine]]:
     """(token ids, tokens to generate) of every prompt in requests lines: a completion's max_tokens, 0 for each
-    context of a score request; and how many lines were bad."""
+    context of a score request; and the bad lines (each says why)."""
     cfg = engine.config
     entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                           max_context=cfg.max_position_embeddings, chat=engine.chat_template)
@@ -46,13 +48,27 @@ def request_generations(engine, lines) -> tuple[list[tuple[list[int], int]], int
             prompts.append((list(e.prompt), e.max_tokens))
         elif not isinstance(e, BadLine):
             prompts += [(list(c), 0) for c in e.contexts]
-    return prompts, sum(isinstance(e, BadLine) for e in entries)
+    return prompts, [e for e in entries if isinstance(e, BadLine)]
+
+
+def why_unusable(bad: list[BadLine]) -> str:
+    """Why lines were skipped: how many, and the commonest reason with a line that has it (e.g. text prompts for a
+    model without a tokenizer)."""
+    if not bad:
+        return "no bad lines"
+    reasons = Counter(b.message for b in bad)
+    message, count = reasons.most_common(1)[0]
+    first = next(b.line for b in bad if b.message == message)
+    more = f"; {len(reasons) - 1} other reasons" if len(reasons) > 1 else ""
+    return f"{len(bad)} bad lines; {count} of them, e.g. line {first}: {message}{more}"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny-qwen3-moe", help="HF checkpoint directory or preset")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"HF checkpoint directory, embedded model or preset; default {DEFAULT_MODEL}, as "
+                        "launch.serve's (a preset has no tokenizer: its requests give token ids)")
     p.add_argument("--input", required=True, help="requests JSONL (launch.serve format) whose prompts calibrate")
     p.add_argument("--out", required=True, help="directory to write (must not exist)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
@@ -79,9 +95,13 @@ def main(argv=None) -> int:
         lines = read_lines(args.input)
     except (ValueError, OSError) as e:
         sys.exit(f"launch.calibrate: {e}")
-    generations, skipped = request_generations(engine, lines)
+    generations, bad = request_generations(engine, lines)
+    skipped = len(bad)
     if not generations:
-        sys.exit(f"launch.calibrate: no usable prompt in {args.input!r} ({skipped} bad lines)")
+        sys.exit(f"launch.calibrate: no usable prompt in {args.input!r} for --model {args.model} "
+                 f"({why_unusable(bad)})")
+    if bad:
+        print(f"skipping {why_unusable(bad)}", file=sys.stderr)
     if args.maps:
         return _write_maps(engine, generations[: args.max_prompts], args, skipped)
     prompts = [p for p, _ in generations]

@@ -18,9 +18,11 @@ layout, placement, ...) is refused instead. A runner holds a lock on its output 
 
 Exit status: 0 when every line got a result computed for it; 1 when any line failed (each still has its
 error line: 400 for invalid input, 500 for a failed batch; --allow-invalid-lines exits 0 when only invalid
-lines failed) or when results could not be written (the journal keeps what was written); any other failure (bad
-flags, unreadable input, an output folder that cannot be written, an output another runner is writing, a model
-that does not load, an output made with other settings) exits with a message before anything is written.
+lines failed) or when results could not be written (the journal keeps what was written); 2 for a flag the user got
+wrong (a value out of range or not among the choices, options that do not go together, an unreadable input, an
+output path that is the input or another output, a folder, or cannot be written), with one line naming the flag
+before the model loads; any other failure (an output another runner is writing, a model that does not load, an
+output made with other settings) exits 1 with a message before anything is written.
 """
 from __future__ import annotations
 
@@ -29,13 +31,15 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import sys
-import tempfile
 import time
+from typing import NoReturn
 
 from launch import xla_startup
 from launch.serve_engine import load, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
+from launch.serve_paths import check_paths
 from moejax import options
 from moejax.kernels.backends import Kernels
 from moejax.offload.settings import PlacementSettings
@@ -52,11 +56,25 @@ from moejax.sched.serving_options import ServingOptions
 from moejax.sharding import multihost
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose error is one line (the flag and the problem; exit status 2) instead of the usage of every
+    flag above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists the flags)\n")
+
+
+def refuse(message: str) -> NoReturn:
+    """A flag the user got wrong, found before any work: its one line on stderr, exit status 2 (argparse's)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def parse_args(argv=None):
     """The flags of the option dataclasses (moejax.options: their defaults, types, choices and help), and this
     command's own: files, Θ, the plots."""
-    p = argparse.ArgumentParser(prog="python -m launch.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m launch.serve", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_arguments(p, ModelOptions, ("model",))
     p.add_argument("--input", required=True, help="requests JSONL file, or - for stdin")
     p.add_argument("--output", default=None, help="results JSONL file (default: stdout, no resume)")
@@ -125,40 +143,46 @@ def check_numbers(args) -> str | None:
     return problem
 
 
-def check_output_is_not_input(args) -> str | None:
-    """Writing results (or their journal, or the error file) over the requests would destroy them."""
-    outputs = ([("--output", p) for p in (args.output, args.output + ".partial", output_lock.lock_path(args.output))]
-               if args.output else [])
-    if args.error_file:
-        outputs += [("--error-file", args.error_file), ("--error-file", output_lock.lock_path(args.error_file))]
-        if args.output and _same_file(args.error_file, args.output):
-            return f"--error-file {args.error_file}: is the --output file; give another"
-    if args.input == "-":
-        return None
-    for flag, path in outputs:
-        if _same_file(path, args.input):
-            return f"{flag} {path}: is the input file {args.input}; refusing to overwrite the requests"
-    return None
-
-
-def _same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b) or (os.path.exists(a) and os.path.exists(b)
-                                                          and os.path.samefile(a, b))
-
-
-def check_writable(flag: str, path: str | None) -> str | None:
-    """Whether results can be written next to `path` (a read-only folder is refused before the model loads)."""
-    if path is None:
-        return None
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"{flag}: folder {folder!r} does not exist"
+def check_settings(args) -> str | None:
+    """The plan's options that go together (a predictor and its files, options that apply to another placement,
+    a layout spec), checked as moejax.load would check them but before it, in a message naming the flags."""
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".moejax-write-test-"):
-            pass
-    except OSError as e:
-        return f"{flag}: cannot write in {folder!r}: {e.strerror or e}"
+        placement = options.from_args(PlacementSettings, args)
+        options.from_args(EnginePlan, args, placement=placement, workload=options.from_args(Workload, args))
+    except (ValueError, TypeError) as e:
+        return options.as_flags(str(e).removeprefix("moejax.load: "), *OPTION_CLASSES)
     return None
+
+
+def load_error(args, e: Exception) -> str:
+    """A failed load as one line: when a flag of the plan caused it (moejax.load names its keyword), naming that
+    flag; else naming --model."""
+    text = str(e).removeprefix("moejax.load: ")
+    named = options.as_flags(text, *OPTION_CLASSES)
+    return named if named.startswith("--") else f"--model {args.model}: {text}"
+
+
+def check_plot_extra(args) -> str | None:
+    """--plot draws with matplotlib, an optional extra: without it the flag is refused before the model loads."""
+    if not args.plot:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot: drawing the plans needs matplotlib: pip install 'moejax[plots]'"
+    return None
+
+
+def write_metrics(path: str | None, summary: dict) -> None:
+    """--metrics: the run summary as JSON (its folder was checked before the run; a failure now, such as a full disk,
+    is one line: the results are written already)."""
+    if path is None:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
+    except OSError as e:
+        sys.exit(f"--metrics {path}: cannot write the run summary: {e.strerror or e} (the results are written)")
 
 
 def check_kernels(args) -> str | None:
@@ -223,7 +247,12 @@ def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
 
 def main(argv=None) -> int:
     with contextlib.ExitStack() as held:  # the output locks taken below, released however the run ends
-        return _main(parse_args(argv), held)
+        try:
+            return _main(parse_args(argv), held)
+        except KeyboardInterrupt:  # Ctrl-C: what was running has stopped (replicas included); no traceback
+            print("launch.serve: interrupted; the journal keeps the results written (rerun to resume)",
+                  file=sys.stderr)
+            return 128 + signal.SIGINT
 
 
 def _main(args, held: contextlib.ExitStack) -> int:
@@ -231,26 +260,25 @@ def _main(args, held: contextlib.ExitStack) -> int:
     if None in multi:
         if any(v is not None for v in multi):
             missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi) if v is None]
-            sys.exit(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
+            refuse(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
-        sys.exit("--coordinator: a run over several processes writes its results to --output; give one")
+        refuse("--coordinator: a run over several processes writes its results to --output; give one")
     if args.transfer_address is not None and multi is None:
-        sys.exit("--transfer-address applies to a run over several processes (--coordinator ...); drop it or give "
+        refuse("--transfer-address applies to a run over several processes (--coordinator ...); drop it or give "
                  "those")
-    problem = (check_numbers(args) or check_output_is_not_input(args) or check_writable("--output", args.output)
-               or check_writable("--error-file", args.error_file))
+    problem = check_numbers(args) or check_paths(args) or check_plot_extra(args) or check_settings(args)
     if problem:
-        sys.exit(problem)
+        refuse(problem)
     xla_startup.apply(args)  # before anything starts JAX's backend
     try:
         lines = read_lines(args.input)
     except OSError as e:
-        sys.exit(f"--input: cannot read {args.input!r}: {e.strerror}")
+        refuse(f"--input: cannot read {args.input!r}: {e.strerror}")
     replicas = options.from_args(ReplicaPlan, args)
     if replicas.replicas > 1 or replicas.ray:
         if multi:
-            sys.exit("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
+            refuse("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
                      "several processes; give one")
         return _serve_replicas(args, lines, replicas, held)
     # several processes run static batches: the scheduler's host loop runs in one process
@@ -263,12 +291,12 @@ def _main(args, held: contextlib.ExitStack) -> int:
         _check_processes_agree(args, lines)
     problem = check_kernels(args)  # it asks JAX for the platform: only after joining the other processes
     if problem:
-        sys.exit(problem)
+        refuse(problem)
     lock_outputs(args, multi, held)
     try:
         engine = load(args, serving)
     except (ValueError, OSError) as e:
-        sys.exit(f"--model {args.model}: {e}")
+        sys.exit(load_error(args, e))
     try:  # Θ, for placements that copy experts during a forward: prefill batches are filled to it
         set_saturation(engine, args)
     except ValueError as e:
@@ -306,9 +334,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
         return 0
     summary = {"model": args.model, "dtype": engine.dtype.name, **summary}
     print(_format_summary(summary), file=sys.stderr)
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(summary, f, indent=1)
+    write_metrics(args.metrics, summary)
     return exit_status(summary, args.allow_invalid_lines)
 
 
@@ -319,8 +345,11 @@ def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: context
     serving = options.from_args(ServingOptions, args)
     if args.explain:  # one engine, loaded here, as every replica would run it, and the frontend's routing
         from moejax.sched.frontend_plan import routing_lines
-        engine = load(args, serving)
-        set_saturation(engine, args)
+        try:
+            engine = load(args, serving)
+            set_saturation(engine, args)
+        except (ValueError, OSError) as e:
+            sys.exit(load_error(args, e))
         print(engine.explain())
         print(explain_lines(engine, lines, serving))
         print(routing_lines(engine, lines, replicas.replicas, replicas.routing, serving.max_batch_tokens,
@@ -329,9 +358,7 @@ def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: context
     lock_outputs(args, None, held)
     summary = serve_replicas(args, lines, serving, replicas)
     print(format_summary(summary), file=sys.stderr)
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(summary, f, indent=1)
+    write_metrics(args.metrics, summary)
     return exit_status(summary, args.allow_invalid_lines)
 
 

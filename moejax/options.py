@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,10 +21,12 @@ D = TypeVar("D", bound="DataclassInstance")
 
 
 def option(default: T, help: str, *, type: type | None = None, choices: Iterable[object] | None = None,
-           minimum: float | None = None, above: float | None = None, flag: bool = True, path: bool = False,
+           minimum: float | None = None, above: float | None = None, maximum: float | None = None,
+           flag: bool = True, path: bool = False,
            fingerprint: bool | str = False, checked: bool = True, applies: tuple[str, str] | None = None) -> T:
     """A dataclass field that is an option. type: int, float, str or bool (default: the default's type; give it
-    when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it;
+    when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it; maximum:
+    <= it (a share: minimum 0, maximum 1);
     flag: launch.serve has a flag for it (`--` and the name, `_` as `-`); path: a file or directory (the journal
     records its identity); fingerprint: it decides results (the journal records it; "given": only when not None, so
     that adding it leaves the fingerprints of journals written before unchanged); checked: False when the
@@ -31,7 +34,8 @@ def option(default: T, help: str, *, type: type | None = None, choices: Iterable
     one applies to): given (not None or False), this option needs that one to have that value or "auto"."""
     kind = type if type is not None else _type_of(default)
     about = dict(help=help, type=kind, choices=tuple(choices) if choices is not None else None, minimum=minimum,
-                 above=above, flag=flag, path=path, fingerprint=fingerprint, checked=checked, applies=applies)
+                 above=above, maximum=maximum, flag=flag, path=path, fingerprint=fingerprint, checked=checked,
+                 applies=applies)
     return dataclasses.field(default=default, metadata={_KEY: about})
 
 
@@ -64,7 +68,11 @@ def flag_of(f: dataclasses.Field) -> str:
 
 
 def bound(m: dict) -> str | None:
-    """The range as text ('>= 16', '> 0'), or None."""
+    """The range as text ('>= 16', '> 0', 'in [0, 1]', '<= 1'), or None."""
+    if m["maximum"] is not None:
+        if m["minimum"] is not None:
+            return f"in [{m['minimum']}, {m['maximum']}]"
+        return f"in ({m['above']}, {m['maximum']}]" if m["above"] is not None else f"<= {m['maximum']}"
     if m["minimum"] is not None:
         return f">= {m['minimum']}"
     return f"> {m['above']}" if m["above"] is not None else None
@@ -82,6 +90,8 @@ def _in_range(m: dict, value: float | numbers.Real) -> bool:
     if not math.isfinite(value):
         return False
     if m["minimum"] is not None and value < m["minimum"]:
+        return False
+    if m["maximum"] is not None and value > m["maximum"]:
         return False
     return m["above"] is None or value > m["above"]
 
@@ -127,6 +137,28 @@ def check_flags(args: argparse.Namespace, *classes: type[DataclassInstance]) -> 
                 return f"{flag_of(f)} must be a finite number; got {value}"
             return f"{flag_of(f)} must be {bound(m)}; got {value}"
     return None
+
+
+def as_flags(message: str, *classes: type[DataclassInstance]) -> str:
+    """A message that names options as Python does (moejax.load's keywords: `default_vectors`, `predictor 'router'`,
+    `speculative=True`, `resident_share must ...`) with the flags of `classes` instead (`--default-vectors`,
+    `--predictor router`, `--speculative`, `--resident-share must ...`), for a user who typed flags. A name with an
+    underscore is always an option; a one-word name (placement, predictor, layout) only where it is used as one: at
+    the start, after "needs", or followed by its value."""
+    names = sorted({f.name for cls in classes for f in fields(cls) if _about(f)["flag"]}, key=len, reverse=True)
+    if not names:
+        return message
+    alternatives = "|".join(map(re.escape, names))
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+
+    def valued(m: re.Match) -> str:
+        value = m.group(2) if m.group(2) is not None else m.group(3)
+        return flag(m.group(1)) + ("" if value == "True" else f" {value}")
+    message = re.sub(rf"(?<![\w-])({alternatives})(?:=|\s)(?:'([^']*)'|(True|False|-?[\d.]+(?:e-?\d+)?)\b)", valued,
+                     message)
+    message = re.sub(rf"(^|(?<=needs ))({alternatives})\b", lambda m: flag(m.group(2)), message)
+    return re.sub(rf"(?<![\w-])({'|'.join(re.escape(n) for n in names if '_' in n)})\b",
+                  lambda m: flag(m.group(1)), message) if any("_" in n for n in names) else message
 
 
 def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type[DataclassInstance],

@@ -186,3 +186,14 @@ def kill_when_journal_has(child, journal: str, lines: int, *, timeout: float, po
         child.send_signal(signal.SIGKILL)
     finally:
         child.wait()
+
+
+def serve_stopped(capsys, argv) -> tuple[int, str]:
+    """launch.serve's main(argv), which must stop before serving -> (exit status, its message: the line a refusal
+    wrote on stderr, or the text it exited with)."""
+    from launch import serve
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        serve.main(argv)
+    code = exc.value.code
+    return (1, code) if isinstance(code, str) else (code, capsys.readouterr().err.strip())

@@ -8,11 +8,16 @@ import sys
 
 def main() -> None:
     try:
-        import moejax.eval.lm_eval_model  # noqa: F401  (registers "moejax" in lm-eval's model registry)
         from lm_eval.__main__ import cli_evaluate
+
+        from moejax.eval.lm_eval_model import ModelArgsError  # registers "moejax" in lm-eval's model registry
     except ImportError as e:
         sys.exit(f"python -m moejax.eval needs lm-evaluation-harness: pip install 'moejax[eval]' ({e})")
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ModelArgsError as e:  # the user's --model_args: one line naming the key, exit status 2 as argparse's
+        print(f"python -m moejax.eval: --model_args: {e.detail}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -39,6 +39,32 @@ _GEN_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p")
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's hf model's
 
 
+class ModelArgsError(TypeError, ValueError):
+    """A --model_args key or value the model cannot take: unknown (a TypeError, as Python's own for an unexpected
+    keyword) or out of its range (a ValueError). `python -m moejax.eval` prints it as one line, no traceback."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"moejax model_args: {detail}")
+        self.detail = detail
+
+
+def _int_arg(name: str, value: object, least: int | None) -> int:
+    """A model_args integer (lm-eval passes a number, or the text when it is not one), at least `least`."""
+    if isinstance(value, bool) or not isinstance(value, int) or (least is not None and value < least):
+        raise ModelArgsError(f"{name}={value} must be an int" + ("" if least is None else f" >= {least}"))
+    return value
+
+
+def _serving_args(max_batch_tokens: object, prefix_cache_mb: object, kv_cache: object, kv_pool_mb: object) -> None:
+    """The scoring and generation settings checked as launch.serve's flags of the same names are (ServingOptions)."""
+    from moejax.sched.serving_options import ServingOptions
+    try:
+        ServingOptions(max_batch_tokens=max_batch_tokens, prefix_cache_mb=prefix_cache_mb,  # type: ignore[arg-type]
+                       kv_cache=kv_cache, kv_pool_mb=kv_pool_mb)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise ModelArgsError(str(e)) from None
+
+
 @register_model("moejax")
 class MoejaxLM(TemplateLM):
     """model_args: pretrained (a checkpoint directory, an embedded model's or preset's name, or a loaded
@@ -59,36 +85,49 @@ class MoejaxLM(TemplateLM):
         from moejax.presets import resolve_embedded
         unknown = sorted(set(options) - set(OPTIONS) - set(_HARNESS_ARGS))
         if unknown:
-            raise TypeError(f"moejax model_args: unknown {', '.join(unknown)}; accepted: pretrained, dtype, tokenizer, "
-                            "max_length, max_gen_toks, max_batch_tokens, prefix_cache_mb, kv_cache, kv_pool_mb, "
-                            f"add_bos_token, prefix_token_id, seed and moejax.load's {', '.join(OPTIONS)}")
+            load_keys = ", ".join(k for k in OPTIONS if k != "seed")
+            raise ModelArgsError(f"unknown {', '.join(unknown)}; accepted: pretrained, dtype, tokenizer, max_length, "
+                                 "max_gen_toks, max_batch_tokens, prefix_cache_mb, kv_cache, kv_pool_mb, "
+                                 f"add_bos_token, prefix_token_id, seed and moejax.load's {load_keys}")
+        # every value checked before the model loads
+        max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, 1)
+        seed = _int_arg("seed", seed, None)
+        if max_length is not None:
+            max_length = _int_arg("max_length", max_length, 2)
+        if prefix_token_id is not None:
+            prefix_token_id = _int_arg("prefix_token_id", prefix_token_id, 0)
+        if add_bos_token is not None and not isinstance(add_bos_token, bool):
+            raise ModelArgsError(f"add_bos_token={add_bos_token} must be True or False")
+        _serving_args(max_batch_tokens, prefix_cache_mb, kv_cache, kv_pool_mb)
         load_options = {k: v for k, v in options.items() if k not in _HARNESS_ARGS and v is not None}
         if isinstance(pretrained, moejax.Engine):
             if load_options or dtype != "auto":
-                raise TypeError("moejax model_args: pretrained is a loaded Engine; dtype and load options were "
-                                "given to moejax.load already")
+                raise ModelArgsError("pretrained is a loaded Engine; dtype and load options were given to "
+                                     "moejax.load already")
             self.engine, directory = pretrained, None
         else:
             directory = resolve_embedded(str(pretrained))
-            self.engine = moejax.load(directory, dtype=dtype, **load_options)
+            try:
+                self.engine = moejax.load(directory, dtype=dtype, **load_options)
+            except (ValueError, TypeError) as e:  # moejax.load names the keyword, as model_args spells it
+                raise ModelArgsError(str(e).removeprefix("moejax.load: ")) from None
         tok_dir = tokenizer or (directory if directory and os.path.isdir(directory) else None)
         raw = self.engine.tokenizer
         if tokenizer is not None:
             from moejax.models.checkpoint import load_tokenizer
             raw = load_tokenizer(tokenizer)
             if raw is None:
-                raise ValueError(f"moejax model_args: tokenizer={tokenizer!r} has no tokenizer.json")
+                raise ModelArgsError(f"tokenizer={tokenizer!r} has no tokenizer.json")
         if raw is None:
-            raise ValueError(f"moejax model_args: pretrained={pretrained!r} has no tokenizer.json; lm-eval tasks are "
-                             "text: pass tokenizer=DIR")
+            raise ModelArgsError(f"pretrained={pretrained!r} has no tokenizer.json; lm-eval tasks are text: pass "
+                                 "tokenizer=DIR")
         self.tok = EvalTokenizer(raw, tok_dir, tuple(self.engine.config.eos_token_ids))
         if self.tok.eos_token_id is None:
-            raise ValueError(f"moejax model_args: no eos token for {pretrained!r} (tokenizer_config.json names none "
-                             "and the model's config has no eos_token_id)")
+            raise ModelArgsError(f"no eos token for {pretrained!r} (tokenizer_config.json names none and the model's "
+                                 "config has no eos_token_id)")
         context = self.engine.config.max_position_embeddings
         if max_length is not None and not 1 < int(max_length) <= context:
-            raise ValueError(f"moejax model_args: max_length={max_length} must be in [2, {context}] (the model's "
-                             "context)")
+            raise ModelArgsError(f"max_length={max_length} must be in [2, {context}] (the model's context)")
         self._max_length = int(max_length) if max_length is not None else context
         self._max_gen_toks = int(max_gen_toks)
         self.add_bos_token = add_bos_token

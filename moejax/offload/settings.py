@@ -89,11 +89,11 @@ class PlacementSettings:
         None, type=int, minimum=1, applies=LIGHTNING,
         help="lightning: rows per micro-batch of the pipeline, mu (default: the policy search's)")
     resident_share: float | None = option(
-        None, type=float, minimum=0, applies=LIGHTNING,
+        None, type=float, minimum=0, maximum=1, applies=LIGHTNING,
         help="lightning: share of each layer's experts kept on the device, r_w in [0, 1]; the rest is paged in "
              "(default: the policy search's)")
     kv_device_share: float | None = option(
-        None, type=float, minimum=0, applies=LIGHTNING,
+        None, type=float, minimum=0, maximum=1, applies=LIGHTNING,
         help="lightning: share of the KV cache on the device, r_c in [0, 1]: the first r_c of the layers keep "
              "theirs there and attend there (default: the policy search's)")
     attention_on: str | None = option(
@@ -109,10 +109,6 @@ class PlacementSettings:
 
     def __post_init__(self) -> None:
         options.check(self, prefix="moejax.load: ")
-        for name in ("resident_share", "kv_device_share"):
-            value = getattr(self, name)
-            if value is not None and value > 1:
-                raise _error(f"{name} must be in [0, 1], got {value}")
         if self.prefill_experts == "cache":  # the default spelled out: the same runs, the same journal fingerprint
             object.__setattr__(self, "prefill_experts", None)
         if self.stream == "jit" and self.window is not None:

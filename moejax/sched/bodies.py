@@ -39,25 +39,36 @@ class Bodies:
                 "system_fingerprint": self.fingerprint}
 
     def decode(self, ids: Sequence[int]) -> str | None:
-        """Text as transformers' tokenizer.decode gives it by default: special tokens kept."""
+        """Text as transformers' tokenizer.decode gives it by default, special tokens kept: prompts (echo) and
+        candidates, as lm-eval reads them back."""
         return self.tokens.decode(ids)
+
+    def generated_text(self, req: CompletionRequest, ids: Sequence[int]) -> str | None:
+        """Generated text as vLLM and SGLang return it: without the special tokens unless the request's
+        skip_special_tokens is false (stop strings are looked for in this text too)."""
+        return self.tokens.decode(ids, req.skip_special_tokens)
 
     # -- generation --------------------------------------------------------------------------------------------
     def cut_at_stop(self, req: CompletionRequest, choice: Choice, stop_ids: Collection[int]
                     ) -> tuple[Choice, str | None]:
         """The choice ended at the first stop string (text and tokens cut there), and its text. A stop token
-        ends the tokens and is not part of the text."""
+        ends the tokens; its text, as a stop string's, is in the text only with include_stop_str_in_output."""
         out = choice.tokens
         stopped = bool(out) and out[-1] in stop_ids
         finish = "stop" if stopped else choice.finish_reason
-        text = self.decode(out[:-1] if stopped else out)
+        text = self.generated_text(req, out[:-1] if stopped else out)
         if req.stop and text is not None:
-            cut = min((text.find(s) for s in req.stop if s in text), default=-1)
+            cut, hit = min(((text.find(s), s) for s in req.stop if s in text), key=lambda c: c[0],
+                           default=(-1, ""))
             if cut >= 0:
-                text, finish = text[:cut], "stop"
+                text, finish = text[:cut + (len(hit) if req.include_stop_str_in_output else 0)], "stop"
                 # text is not None: there is a tokenizer, so decode gives text
-                n = next(n for n in range(1, len(out) + 1) if any(s in (self.decode(out[:n]) or "") for s in req.stop))
+                n = next(n for n in range(1, len(out) + 1)
+                         if any(s in (self.generated_text(req, out[:n]) or "") for s in req.stop))
                 choice = Choice(out[:n], finish, choice.logprobs and choice.logprobs[:n], choice.top and choice.top[:n])
+                stopped = False
+        if stopped and req.include_stop_str_in_output:
+            text = self.generated_text(req, out)
         choice.finish_reason = finish
         return choice, text
 
@@ -87,7 +98,8 @@ class Bodies:
         """OpenAI's legacy shape: tokens, token_logprobs, top_logprobs (dicts, the chosen token included),
         text_offset; with echo the prompt's tokens come first (the first has no log-probability). Tokens are named
         by TokenText.completion_name (part of a character: `bytes:\\xNN...`), so every top entry has its own key;
-        text_offset indexes the choice's text (characters), the prompt's tokens into the prompt's text."""
+        text_offset indexes the choice's text (characters), the prompt's tokens into the prompt's text (special tokens
+        kept); a generated special token the text skips is at the offset of the character after it."""
         assert c.logprobs is not None and c.top is not None  # generated with them: req.logprobs is set
         tokens, lps, tops, offsets = [], [], [], []
         if req.echo:
@@ -98,7 +110,7 @@ class Bodies:
             tops += [None] + list(first_tops)
             offsets += self.tokens.offsets(req.prompt)
         prompt_chars = len(self.echoed_prompt(req) or "") if req.echo else 0
-        offsets += [prompt_chars + at for at in self.tokens.offsets(c.tokens)]
+        offsets += [prompt_chars + at for at in self.tokens.offsets(c.tokens, req.skip_special_tokens)]
         tokens += c.tokens
         lps += c.logprobs
         tops += c.top

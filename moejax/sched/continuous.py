@@ -77,6 +77,8 @@ class GenRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     tag: object = None
+    # the text stop strings are looked for in, of the generated tokens (None: the scheduler's decode_text)
+    text: Callable[[Sequence[int]], str | None] | None = None
 
 
 @dataclasses.dataclass
@@ -241,7 +243,7 @@ class Scheduler:
         if need > self.num_blocks:
             return (f"needs {need} KV blocks of {BLOCK} tokens for its prompt and max_tokens, and the pool has "
                     f"{self.num_blocks}: raise the KV pool size (launch.serve --kv-pool-mb)")
-        if req.stop_strings and self.decode_text is None:
+        if req.stop_strings and self.decode_text is None and req.text is None:
             return "stop strings need a tokenizer to decode the text"
         return None
 
@@ -574,6 +576,7 @@ class Scheduler:
         if len(s.out) >= r.max_tokens or (s.out and s.out[-1] in r.stop_ids):
             s.done = True
         elif r.stop_strings:
-            assert self.decode_text is not None  # `rejects` refuses stop strings without it
-            text = self.decode_text(s.out)
+            decode = r.text or self.decode_text
+            assert decode is not None  # `_refuse` refuses stop strings without one
+            text = decode(s.out)
             s.done = text is not None and any(x in text for x in r.stop_strings)

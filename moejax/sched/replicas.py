@@ -15,7 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
+import socket
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -32,6 +35,7 @@ from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.requests import BadLine, Request, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line
 from moejax.sched.serving_options import ServingOptions
+from moejax.sched.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
 
 
 SHARES_AHEAD = 2  # shares routed to a replica and not finished: the one it runs and the next, queued behind it
+CONNECT_TIMEOUT_S = 30.0  # --ray HOST:PORT: how long its TCP connection may take
 
 
 class ReplicasFailed(RuntimeError):
@@ -154,10 +159,13 @@ class ReplicaRun:
                  model: str, num_layers: int | None = None, log_to_driver: bool = True):
         """make_engine: a picklable callable that loads the engine a replica serves (every replica the same);
         model/num_layers: what the driver reads the tokenizer and config from (moejax.loading.read_model)."""
+        if plan.ray:
+            bound_ray_connect()
         self.ray = import_ray()
         self.make_engine, self.options, self.plan = make_engine, options, plan
         self.model, self.num_layers = model, num_layers
         self._started_ray = False
+        self._watchdog = Watchdog()  # over the local Ray cluster this run starts (moejax.sched.watchdog)
         self._log_to_driver = log_to_driver
         self.handles: list = []
         self.stats: list[ReplicaStats] = []
@@ -174,9 +182,14 @@ class ReplicaRun:
         if not ray.is_initialized():
             # Ray runs its workers at niceness 15 by default: a replica is the run's main work, not a background job
             os.environ.setdefault("RAY_worker_niceness", "0")
-            ray.init(address=plan.ray, include_dashboard=False, log_to_driver=self._log_to_driver,
-                     **({} if plan.ray else {"num_cpus": max(plan.replicas, 2)}))
+            if plan.ray:
+                connect_ray(ray, plan.ray, log_to_driver=self._log_to_driver)
+            else:  # a local cluster: its processes are this run's, and end with it however it ends
+                self._watchdog.start()
+                ray.init(include_dashboard=False, log_to_driver=self._log_to_driver,
+                         num_cpus=max(plan.replicas, 2))
             self._started_ray = True
+            terminate_as_exit()
         gpus = ray.cluster_resources().get("GPU", 0)
         gpu = gpus > 0
         need = plan.replicas * plan.devices_per_replica
@@ -371,6 +384,53 @@ class ReplicaRun:
                 pass
         if self._started_ray:
             self.ray.shutdown()
+            self._started_ray = False
+        self._watchdog.stop()  # and it ends whatever the shutdown left
+
+
+# --ray ADDRESS: Ray's own limits on connecting, which it otherwise retries for minutes printing only warnings (the
+# GCS client's wait, its RPC connection's, and one attempt: the address answered a TCP connection first). Set before
+# Ray is imported (it reads the first then); a value the user set wins.
+RAY_CONNECT_LIMITS = {"RAY_py_gcs_connect_timeout_s": "10", "RAY_gcs_rpc_server_connect_timeout_s": "5",
+                      "RAY_gcs_server_port_wait_time_s": "1"}
+
+
+def bound_ray_connect() -> None:
+    """Ray's connection to an existing cluster bounded (RAY_CONNECT_LIMITS: about 20 s in all)."""
+    for name, value in RAY_CONNECT_LIMITS.items():
+        os.environ.setdefault(name, value)
+
+
+def connect_ray(ray: Any, address: str, timeout_s: float = CONNECT_TIMEOUT_S, **init: Any) -> None:
+    """ray.init on the cluster at `address`; ReplicasFailed saying so when nothing answers there. A HOST:PORT is first
+    tried as a plain TCP connection (refused at once, or after timeout_s); the Ray connection itself is bounded by
+    bound_ray_connect, called before Ray was imported."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        except OSError as e:
+            raise ReplicasFailed(f"no Ray cluster answers at {address} ({e.strerror or e}); start one there with "
+                                 "`ray start --head`, or drop --ray to start a local one") from None
+    try:
+        ray.init(address=address, **init)
+    except ConnectionError as e:
+        raise ReplicasFailed(f"could not connect to a Ray cluster at {address} ({_cause(e)}); is it a Ray "
+                             "cluster's GCS address? `ray status --address ADDRESS` checks it") from None
+
+
+def terminate_as_exit() -> None:
+    """SIGTERM raises SystemExit (status 143, the signal's own) in this process, so that a run's `finally` stops the
+    replicas and the Ray processes it started. Called after ray.init, whose core worker installs a handler that
+    aborts the process instead (SIGKILL runs nothing: moejax.sched.watchdog ends them then). On the main thread
+    only, where Python handles signals."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    print(f"signal {signal.Signals(signum).name}: stopping the replicas", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 def _cause(e: BaseException) -> str:

@@ -28,7 +28,8 @@ MAX_N = 128  # choices per request
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's chat limit; vLLM's default max_logprobs)
 
 _ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
-_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n")
+_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n", "skip_special_tokens",
+                  "spaces_between_special_tokens", "include_stop_str_in_output")
 _BODY_KEYS = {
     SCORE_URL: ("prompt", "prompt_token_ids", "candidates", "candidate_token_ids", "suffixes", "n", "model", "user"),
     COMPLETIONS_URL: ("prompt", "prompt_token_ids", *_SAMPLING_KEYS, "logprobs", "echo", "best_of", "model", "user"),
@@ -86,6 +87,10 @@ class CompletionRequest:
     chat: bool = False  # /v1/chat/completions: prompt rendered by the chat template
     prompt_text: str | None = None  # as sent (completions) or rendered (chat)
     model: str | None = None
+    # vLLM's: generated text without the added tokens marked special; the stop string or stop token's text that ended
+    # it kept in the text
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -325,7 +330,7 @@ class _Parser:
         return value
 
     def sampling(self, body: dict) -> dict:
-        """temperature, top_p, seed, stop, stop_token_ids and n, checked."""
+        """temperature, top_p, seed, stop, stop_token_ids, n and the text's options, checked."""
         temperature = number(body.get("temperature", 0.0), "body.temperature")
         if temperature < 0:
             raise Invalid(f"body.temperature: must be >= 0; got {temperature}")
@@ -343,7 +348,12 @@ class _Parser:
         if not isinstance(stop_ids, list):
             raise Invalid(f"body.stop_token_ids: must be a list of token ids; got {show(stop_ids)}")
         stop_ids = self.ids(stop_ids, "body.stop_token_ids")
-        return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n)
+        # vLLM's spaces_between_special_tokens joins the pieces of a slow tokenizer's decode; a fast tokenizer (every
+        # tokenizer.json, so moejax's) ignores it, in vLLM too: accepted, checked, and it changes nothing
+        flag(body, "spaces_between_special_tokens", True)
+        return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n,
+                    skip_special_tokens=flag(body, "skip_special_tokens", True),
+                    include_stop_str_in_output=flag(body, "include_stop_str_in_output", False))
 
     def check_context(self, body: dict, prompt: tuple[int, ...], prompt_path: str, key: str, max_tokens: int) -> None:
         """The prompt and max_tokens (under `key`, as sent; or its default) fit the model's context. A prompt that

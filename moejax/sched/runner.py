@@ -3,6 +3,7 @@ log-probabilities and tokens into result lines. `explain` replays the same packi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 import traceback
@@ -308,7 +309,8 @@ class Runner:
             for c in range(r.n if r.max_tokens else 1):
                 key = jax.random.key_data(jax.random.fold_in(jax.random.key(r.seed), c))
                 items.append(GenRequest(r.prompt, r.max_tokens, np.asarray(key), self._stop_ids(r), tuple(r.stop),
-                                        r.temperature, r.top_p, tag=(i, c)))
+                                        r.temperature, r.top_p, tag=(i, c),
+                                        text=functools.partial(self.bodies.generated_text, r)))
 
         def on_finish(g: GenRequest, tokens: list[int], cached: int) -> None:
             i, c = cast("tuple[int, int]", g.tag)  # (request, choice), as made above

@@ -4,7 +4,8 @@ the decoded text.
 A byte-level BPE token (GPT-2, Qwen, DeepSeek, gpt-oss, the embedded model) is a run of bytes, often only part of a
 UTF-8 character: decoded alone it is "\\ufffd", so its bytes are read from its vocabulary entry instead (the entry
 spells each byte as one character, GPT-2's table below, which is what the `tokenizers` ByteLevel decoder inverts).
-Text is decoded as transformers' `tokenizer.decode` does by default: special tokens kept (skip_special_tokens=False).
+Text is decoded as the `tokenizers` library decodes it: with special tokens (prompts, candidates) or without the added
+tokens marked special (generated text by default, as vLLM and SGLang return it: skip_special_tokens=True).
 """
 from __future__ import annotations
 
@@ -52,10 +53,17 @@ class TokenText:
         self.tokenizer = tokenizer
         self._kinds = set() if tokenizer is None else _decoder_kinds(tokenizer)
         self._bytes: dict[int, bytes | None] = {}
+        # the added tokens marked special: true, those decode(skip_special_tokens=True) drops (an added token not
+        # so marked, such as <think>, stays)
+        self.special: frozenset[int] = frozenset() if tokenizer is None else frozenset(
+            i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
 
-    def decode(self, ids: Iterable[int]) -> str | None:
-        """The text of `ids`, special tokens included (transformers' default); None without a tokenizer."""
-        return None if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str | None:
+        """The text of `ids`, special tokens included (transformers' default) unless skip_special; None without a
+        tokenizer."""
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
 
     def bytes_of(self, token: int) -> bytes | None:
         """The token's own bytes; None for an id the tokenizer does not know (a model's padded vocabulary)."""
@@ -106,13 +114,15 @@ class TokenText:
         name = text if text is not None else f"token_id:{token}" if data is None else escaped(data)
         return {"token": name, "logprob": logprob, "bytes": None if data is None else list(data)}
 
-    def offsets(self, ids: Iterable[int]) -> list[int]:
-        """Where each token starts in decode(ids), as a str index (characters, as OpenAI's text_offset): a token
-        whose first byte continues a character started by an earlier token starts where that character does."""
+    def offsets(self, ids: Iterable[int], skip_special: bool = False) -> list[int]:
+        """Where each token starts in decode(ids, skip_special), as a str index (characters, as OpenAI's
+        text_offset): a token whose first byte continues a character started by an earlier token starts where that
+        character does; a skipped special token where the next character does."""
         data, starts = bytearray(), []
         for t in ids:
             starts.append(len(data))
-            data += self.bytes_of(t) or b""
+            if not (skip_special and t in self.special):
+                data += self.bytes_of(t) or b""
         offsets, at, chars = [], 0, 0
         for p in starts:
             q = p

@@ -120,7 +120,7 @@ def test_explain_and_the_pool_in_host_memory(lightning):
     (dict(ffn_on="host"), "the MoE FFN on the host .* has no executor"),
     (dict(attention_on="device", kv_device_share=0.5), "kv_device_share 0.5 < 1 would swap the KV cache"),
     (dict(micro_batch=8), "micro_batch 8 exceeds batch_size 4"),
-    (dict(resident_share=1.5), "resident_share must be in \\[0, 1\\], got 1.5"),
+    (dict(resident_share=1.5), "resident_share must be a number in \\[0, 1\\], got 1.5"),
     (dict(device_memory_gb=1e-4), "exceed the budget"),
 ])
 def test_bad_policies_are_refused_at_load(options, message):

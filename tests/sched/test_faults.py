@@ -62,7 +62,7 @@ def test_a_read_only_folder_is_refused_before_anything_loads(tmp_path):
         r = subprocess.run([sys.executable, "-m", "launch.serve", "--input", "examples/requests.jsonl", "--output",
                             str(folder / "out.jsonl"), "--model", "/nonexistent"], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
-        assert r.returncode == 1 and r.stdout == "", r
+        assert r.returncode == 2 and r.stdout == "", r  # a path the user got wrong: 2
         # The model named does not exist: this message shows the folder was checked before anything loaded.
         assert r.stderr.strip().startswith(f"--output: cannot write in '{folder}'") and "Traceback" not in r.stderr
         assert os.listdir(folder) == []

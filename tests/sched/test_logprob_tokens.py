@@ -1,7 +1,7 @@
 """Log-probabilities of tokens that are not whole characters (issue 30, defects 2-4), on the embedded model's
 byte-level BPE: legacy completions name such a token `bytes:\\xNN...` (OpenAI's naming) so that no top entry is
-lost, chat logprobs give the token's real bytes, text_offset indexes the returned text in characters, and text
-keeps special tokens as transformers' `decode` does by default."""
+lost, chat logprobs give the token's real bytes, text_offset indexes the returned text in characters; echoed prompts
+keep special tokens as transformers' `decode` does by default, generated text skips them as vLLM does."""
 import json
 import os
 
@@ -185,14 +185,15 @@ def test_text_offset_counts_characters_of_the_text(served):
     assert_offsets_index_the_text(choice["text"], lp["tokens"][:n], lp["text_offset"][:n])
 
 
-def test_special_tokens_are_kept_in_the_text_as_transformers_decodes(served, tokenizer):
-    """Echoed and generated text keep special tokens (transformers' decode, skip_special_tokens=False), so the
-    tokens, their offsets and the text agree."""
+def test_echo_keeps_special_tokens_and_generated_text_skips_them(served, tokenizer):
+    """An echoed prompt (here given as token ids) keeps its special tokens, as lm-eval reads prompts back
+    (transformers' decode, skip_special_tokens=False); the generated text is decoded as vLLM returns it
+    (skip_special_tokens=True); the tokens, their offsets and the text agree."""
     (_, body, _), with_eot = served
     choice = body["choices"][0]
     generated = choice["token_ids"][:len(choice["token_ids"]) - (choice["finish_reason"] == "stop")]
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731  (transformers' default)
-    assert choice["text"] == decode(with_eot) + decode(generated)
+    assert choice["text"] == tokenizer.decode(with_eot, skip_special_tokens=False) + tokenizer.decode(
+        generated, skip_special_tokens=True)
     assert "<|endoftext|>" in choice["text"] and "<|endoftext|>" in choice["logprobs"]["tokens"]
     lp, n = choice["logprobs"], in_text(choice)
     assert_offsets_index_the_text(choice["text"], lp["tokens"][:n], lp["text_offset"][:n])
@@ -201,7 +202,94 @@ def test_special_tokens_are_kept_in_the_text_as_transformers_decodes(served, tok
     except ImportError:
         return
     auto = transformers.AutoTokenizer.from_pretrained(EMBEDDED)
-    assert choice["text"] == auto.decode(with_eot) + auto.decode(generated)
+    assert choice["text"] == auto.decode(with_eot) + auto.decode(generated, skip_special_tokens=True)
+
+
+# -- generated special tokens: skipped as vLLM skips them -------------------------------------------------------
+CODE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n"
+
+
+def serve_bodies(engine, bodies: list[tuple[str, dict]], out) -> list[dict]:
+    lines = [json.dumps({"custom_id": f"r{i}", "url": url, "body": body}) for i, (url, body) in enumerate(bodies)]
+    serve_lines(engine, lines, str(out))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert all(r["response"]["status_code"] == 200 for r in rows), rows
+    return [r["response"]["body"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def marked(engine, tmp_path_factory):
+    """The greedy tokens of a code prompt, and the model's tokenizer with two of them made added tokens: one marked
+    special (as <|im_start|>), one not (as <think>)."""
+    from tokenizers import AddedToken
+    prompt = engine.tokenizer.encode(CODE).ids
+    (body,) = serve_bodies(engine, [("/v1/completions", {"prompt": prompt, "max_tokens": 12, "logprobs": 1})],
+                           tmp_path_factory.mktemp("plain") / "out.jsonl")
+    tokens = body["choices"][0]["token_ids"]
+    eos = set(engine.config.eos_token_ids)
+    ordinary = [t for t in dict.fromkeys(tokens) if t not in eos]
+    assert len(ordinary) >= 3, tokens
+    special, plain = ordinary[1], ordinary[2]
+    tok = Tokenizer.from_str(engine.tokenizer.to_str())
+    tok.add_special_tokens([AddedToken(tok.id_to_token(special), special=True)])
+    tok.add_tokens([AddedToken(tok.id_to_token(plain), special=False)])
+    added = tok.get_added_tokens_decoder()
+    assert added[special].special and not added[plain].special
+    return prompt, body, tok, special, plain
+
+
+def test_generated_text_skips_the_added_tokens_marked_special(engine, marked, monkeypatch, tmp_path):
+    prompt, plain_body, tok, special, plain = marked
+    monkeypatch.setattr(engine, "tokenizer", tok)  # the served text is decoded with it
+    request = {"prompt": prompt, "max_tokens": 12, "logprobs": 1}
+    skipped, kept = serve_bodies(engine, [("/v1/completions", request),
+                                          ("/v1/completions", {**request, "skip_special_tokens": False,
+                                                               "spaces_between_special_tokens": False})],
+                                  tmp_path / "o")
+    for body, skip in ((skipped, True), (kept, False)):
+        choice = body["choices"][0]
+        ids = choice["token_ids"]
+        assert special in ids and plain in ids, ids
+        assert choice["text"] == tok.decode(ids[:len(ids) - (choice["finish_reason"] == "stop")],
+                                            skip_special_tokens=skip)
+        # the log-probabilities name every token as before, the skipped one too
+        before = plain_body["choices"][0]["logprobs"]
+        assert choice["logprobs"]["tokens"] == before["tokens"]
+        keys = lambda lp: [list(top) for top in lp["top_logprobs"]]  # noqa: E731
+        assert keys(choice["logprobs"]) == keys(before)
+        assert (choice["logprobs"]["text_offset"] == before["text_offset"]) is not skip
+    text, lp = skipped["choices"][0]["text"], skipped["choices"][0]["logprobs"]
+    assert text != kept["choices"][0]["text"] and kept["choices"][0]["text"] == plain_body["choices"][0]["text"]
+    ids = skipped["choices"][0]["token_ids"]
+    n = in_text(skipped["choices"][0])
+    shown = [k for k in range(n) if ids[k] != special]
+    assert_offsets_index_the_text(text, [lp["tokens"][k] for k in shown], [lp["text_offset"][k] for k in shown])
+    for k in range(n):  # a skipped token is where the next character is
+        if ids[k] == special:
+            assert lp["text_offset"][k] == (lp["text_offset"][k + 1] if k + 1 < len(ids) else len(text))
+
+
+def test_the_stop_that_ended_generation_is_in_the_text_only_when_asked(engine, marked, tmp_path):
+    prompt, plain_body, _, _, _ = marked  # served with the model's own tokenizer (nothing special generated)
+    tokens = plain_body["choices"][0]["token_ids"]
+    decode = lambda ids: engine.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    piece = lambda k: decode(tokens[: k + 1])[len(decode(tokens[:k])):]  # noqa: E731  (token k's text)
+    # a token that first appears at k, whose text is not in the text before it: a stop token and a stop string
+    stop_at = next(k for k in range(1, len(tokens)) if tokens[k] not in tokens[:k] and piece(k).strip()
+                   and piece(k) not in decode(tokens[:k]))
+    stop_id, stop_text = tokens[stop_at], piece(stop_at)
+    base = {"prompt": prompt, "max_tokens": 12}
+    bodies = serve_bodies(engine, [("/v1/completions", {**base, "stop_token_ids": [stop_id]}),
+                                   ("/v1/completions", {**base, "stop_token_ids": [stop_id],
+                                                        "include_stop_str_in_output": True}),
+                                   ("/v1/completions", {**base, "stop": [stop_text]}),
+                                   ("/v1/completions", {**base, "stop": [stop_text],
+                                                        "include_stop_str_in_output": True})], tmp_path / "o")
+    before = decode(tokens[:stop_at])
+    texts = [b["choices"][0]["text"] for b in bodies]
+    assert texts == [before, before + stop_text, before, before + stop_text]
+    assert all(b["choices"][0]["finish_reason"] == "stop" for b in bodies)
+    assert all(b["choices"][0]["token_ids"] == tokens[: stop_at + 1] for b in bodies)
 
 
 # -- the token texts against the tokenizers library --------------------------------------------------------------

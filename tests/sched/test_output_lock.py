@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from conftest import serve_stopped
 from launch import serve as serve_cli
 from moejax.sched import output_lock
 
@@ -147,12 +148,12 @@ def test_on_a_file_system_without_locks_the_run_goes_on_and_says_so(tmp_path, mo
     assert os.listdir(tmp_path) == []
 
 
-def test_a_lock_file_that_is_the_input_is_refused(tmp_path):
+def test_a_lock_file_that_is_the_input_is_refused(tmp_path, capsys):
     requests = tmp_path / "req.jsonl.lock"
     requests.write_text("{}\n")
-    with pytest.raises(SystemExit) as refused:
-        serve_cli.main(["--input", str(requests), "--output", str(tmp_path / "req.jsonl"), "--model", "/nonexistent"])
-    assert "is the input file" in refused.value.code
+    status, text = serve_stopped(capsys, ["--input", str(requests), "--output", str(tmp_path / "req.jsonl"), "--model",
+                                          "/nonexistent"])
+    assert status == 2 and "is the input file" in text
     assert requests.read_text() == "{}\n"
 
 

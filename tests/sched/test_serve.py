@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moejax
-from conftest import fixture_dir, kill_when_journal_has
+from conftest import fixture_dir, kill_when_journal_has, serve_stopped
 from garbage import FORMAT_EXAMPLES, damage
 from launch import serve as serve_cli
 from moejax.kernels.platform import on_gpu
@@ -200,10 +200,10 @@ def test_help_as_a_process():
     (["--input", EXAMPLES, "--model", "/nonexistent/model-dir"], "neither a checkpoint directory nor a preset"),
     (["--input", EXAMPLES, "--output", "/nonexistent/dir/out.jsonl"], "--output: folder '/nonexistent/dir'"),
 ])
-def test_cli_argument_errors_exit_with_a_message(args, message):
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(args)
-    assert isinstance(exc.value.code, str) and message in exc.value.code
+def test_cli_argument_errors_exit_with_a_message(args, message, capsys):
+    status, text = serve_stopped(capsys, args)
+    assert message in text and "\n" not in text
+    assert status == (1 if "/nonexistent/model-dir" in args else 2)  # a flag the user got wrong: 2
 
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -215,32 +215,30 @@ def test_cli_argument_errors_exit_with_a_message(args, message):
     ("--window", "0", "--window must be >= 1"),
     ("--prefetch-distance", "0", "--prefetch-distance must be >= 1"),
 ])
-def test_numeric_flags_are_checked_before_the_model_loads(flag, value, message):
+def test_numeric_flags_are_checked_before_the_model_loads(flag, value, message, capsys):
     # The model does not exist: a message about the flag shows it was checked before anything loaded.
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(["--input", EXAMPLES, "--model", "/nonexistent/model-dir", flag, value])
-    assert isinstance(exc.value.code, str) and message in exc.value.code
+    status, text = serve_stopped(capsys, ["--input", EXAMPLES, "--model", "/nonexistent/model-dir", flag, value])
+    assert status == 2 and message in text
 
 
 @pytest.mark.skipif(on_gpu(), reason="GPU-only backends run here")
 @pytest.mark.parametrize("kernels", ["pallas", "experts=xla,attention=cudnn"])
-def test_gpu_only_kernels_are_refused_before_anything_loads(kernels):
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(["--input", EXAMPLES, "--model", "/nonexistent/model-dir", "--kernels", kernels])
-    assert exc.value.code.startswith(f"--kernels {kernels}: ") and "needs an NVIDIA GPU" in exc.value.code
+def test_gpu_only_kernels_are_refused_before_anything_loads(kernels, capsys):
+    status, text = serve_stopped(capsys, ["--input", EXAMPLES, "--model", "/nonexistent/model-dir", "--kernels",
+                                          kernels])
+    assert status == 2 and text.startswith(f"--kernels {kernels}: ") and "needs an NVIDIA GPU" in text
     with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
         moejax.load(TINY, kernels=kernels)
 
 
-def test_process_id_must_be_below_the_process_count(tmp_path):
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(["--input", EXAMPLES, "--output", str(tmp_path / "o.jsonl"), "--coordinator", "127.0.0.1:1",
-                        "--num-processes", "2", "--process-id", "2"])
-    assert "--process-id must be below --num-processes (2); got 2" in exc.value.code
+def test_process_id_must_be_below_the_process_count(tmp_path, capsys):
+    status, text = serve_stopped(capsys, ["--input", EXAMPLES, "--output", str(tmp_path / "o.jsonl"), "--coordinator",
+                                          "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"])
+    assert status == 2 and "--process-id must be below --num-processes (2); got 2" in text
 
 
 @pytest.mark.parametrize("how", ["same path", "symlink", "journal"])
-def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, how):
+def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, how, capsys):
     name = "out.jsonl.partial" if how == "journal" else "requests.jsonl"  # journal: OUTPUT.partial is the input
     requests = tmp_path / name
     requests.write_bytes(open(EXAMPLES, "rb").read())
@@ -249,9 +247,9 @@ def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, 
               "journal": str(tmp_path / "out.jsonl")}[how]
     if how == "symlink":
         os.symlink(requests, output)
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(["--input", str(requests), "--output", output, "--model", "/nonexistent/model-dir"])
-    assert "is the input file" in exc.value.code and "refusing to overwrite the requests" in exc.value.code
+    status, text = serve_stopped(capsys, ["--input", str(requests), "--output", output, "--model",
+                                          "/nonexistent/model-dir"])
+    assert status == 2 and "is the input file" in text and "refusing to overwrite the requests" in text
     assert requests.read_bytes() == before
 
 
@@ -261,13 +259,13 @@ def test_output_that_is_the_input_is_refused_and_the_requests_survive(tmp_path, 
      "--error-file {dir}/o.jsonl: is the --output file"),
     (["--error-file", "{dir}/missing/e.jsonl"], "--error-file: folder '{dir}/missing' does not exist"),
 ])
-def test_an_error_file_that_would_destroy_something_is_refused(tmp_path, flags, message):
+def test_an_error_file_that_would_destroy_something_is_refused(tmp_path, flags, message, capsys):
     requests = tmp_path / "requests.jsonl"
     requests.write_bytes(open(EXAMPLES, "rb").read())
     fill = lambda text: text.format(input=requests, dir=tmp_path)  # noqa: E731
-    with pytest.raises(SystemExit) as exc:
-        serve_cli.main(["--input", str(requests), *map(fill, flags), "--model", "/nonexistent/model-dir"])
-    assert exc.value.code.startswith(fill(message)), exc.value.code
+    status, text = serve_stopped(capsys, ["--input", str(requests), *map(fill, flags), "--model",
+                                          "/nonexistent/model-dir"])
+    assert status == 2 and text.startswith(fill(message)), text
     assert requests.read_bytes() == open(EXAMPLES, "rb").read()
 
 

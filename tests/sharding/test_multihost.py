@@ -192,7 +192,7 @@ def assert_same_results(got_path, want_path) -> None:
      "writes its results to --output"),
     (["--transfer-address", "127.0.0.1:1234"], "--transfer-address applies to a run over several processes"),
 ])
-def test_serve_multiprocess_flags_are_checked_before_joining(argv, message):
-    from launch.serve import main
-    with pytest.raises(SystemExit, match=message):
-        main(["--input", "-", *argv])
+def test_serve_multiprocess_flags_are_checked_before_joining(argv, message, capsys):
+    from conftest import serve_stopped
+    status, text = serve_stopped(capsys, ["--input", "-", *argv])
+    assert status == 2 and message in text
