@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from launch.serve_engine import load, run_settings, set_saturation
+from launch.serve_engine import load, refusal, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
 from moejax import options
 from moejax.kernels.backends import Kernels
@@ -265,6 +265,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
         engine = load(args, serving)
     except (ValueError, OSError) as e:
         sys.exit(f"--model {args.model}: {e}")
+    problem = refusal(engine, args, lines)  # what the placement cannot serve, before the weights load
+    if problem:
+        sys.exit(problem)
     try:  # Θ, for placements that copy experts during a forward: prefill batches are filled to it
         set_saturation(engine, args)
     except ValueError as e:

@@ -47,6 +47,11 @@ class Placement:
     profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
     steps_need_weights: ClassVar[bool] = False  # make_steps takes the weights (the Engine builds them on first use)
+    # Why it cannot generate (prefill into a KV cache, decode), or None: it can. Read before the weights load, so a
+    # run refuses such requests up front instead of failing each batch.
+    no_generation: ClassVar[str | None] = None
+    # Why it keeps no prefix KV pool across scoring batches (kv_cache then runs off), or None: it can.
+    no_prefix_pool: ClassVar[str | None] = None
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget
