@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from moejax.offload.cached import PREFETCH_DEPTH, Cached as CachedRuntime
 from moejax.offload.host_store import HostStore
-from moejax.offload.predict.artifacts import check_predictor
-from moejax.offload.setup import predictor_of
+from moejax.offload.setup import check_predictor, predictor_of
 from moejax.placements.base import LayerByLayer, Store
 
 if TYPE_CHECKING:

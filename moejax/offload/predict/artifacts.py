@@ -68,16 +68,3 @@ def check_estimator(hidden: int, experts: int, vectors: np.ndarray, cfg: ModelCo
     if problem:
         raise ValueError(problem)
     check_vectors(vectors, cfg, f"{option}'s default vectors")
-
-
-def check_predictor(predictor: object, cfg: ModelConfig) -> None:
-    """The predictor built from files (moejax.offload.setup.predictor_of) against the model it is loaded with."""
-    from moejax.offload.predict import EstimatorPredictor, HybridPredictor, RouterPredictor
-    from moejax.offload.predict.expert_maps import ExpertMapPredictor
-    if isinstance(predictor, RouterPredictor):
-        check_vectors(predictor.vectors.vectors, cfg, KINDS["default vectors"][1])
-    elif isinstance(predictor, (EstimatorPredictor, HybridPredictor)):
-        net = predictor.net if isinstance(predictor, EstimatorPredictor) else predictor.estimator.net
-        check_estimator(net.shape.hidden, net.shape.experts, net.vectors.vectors, cfg, ESTIMATOR)
-    elif isinstance(predictor, ExpertMapPredictor):
-        check_maps(predictor.store.embeddings, predictor.store.maps, cfg, KINDS["expert maps"][1])
