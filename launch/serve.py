@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from launch.serve_engine import load, refusal, run_settings, set_saturation
+from launch.serve_engine import load, refusal, replica_notes, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
 from moejax import options
 from moejax.kernels.backends import Kernels
@@ -249,6 +249,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
             sys.exit("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
                      "several processes; give one")
         return _serve_replicas(args, lines, replicas, held)
+    notes = replica_notes(replicas)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     # several processes run static batches: the scheduler's host loop runs in one process
     serving = options.from_args(ServingOptions, args, **({"batching": "static"} if multi else {}))
     if multi:
@@ -275,7 +278,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
     writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:
         if writer:
-            print(engine.explain())
+            print("\n".join([engine.explain(), *notes]))
             try:
                 print(explain_lines(engine, lines, serving))
             except PoolTooLarge as e:

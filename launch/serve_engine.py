@@ -45,6 +45,14 @@ def refusal(engine, args, lines: list[str]) -> str | None:
     return None
 
 
+def replica_notes(replicas) -> list[str]:
+    """Replica options a one-engine run does not use (kept, said as ignored)."""
+    if replicas.replicas == 1 and not replicas.ray and replicas.devices_per_replica != 1:
+        return [f"--devices-per-replica {replicas.devices_per_replica} is ignored: it sizes each engine replica, and "
+                "--replicas 1 runs one engine in this process, on the devices its --layout takes"]
+    return []
+
+
 def set_saturation(engine, args) -> None:
     """Θ of a placement that copies experts during a forward (its theta_mode): under --theta profile measured on the
     engine (Eq. 3) where its layer loop can be timed (profiles_theta: streamed, AsyncEP from the host); otherwise the

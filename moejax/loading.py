@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from flax import nnx
 from jax.typing import DTypeLike
 from tokenizers import Tokenizer
 
+from moejax import options
 from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
@@ -64,6 +66,18 @@ def checkpoint_dtype(config: dict, where: str) -> str:
     return named
 
 
+def ignored_options(settings: PlacementSettings, chosen: str) -> str | None:
+    """Options given for a placement `auto` did not choose, said as ignored (kept: on another machine auto may
+    choose that placement; under an explicit placement they are refused), or None."""
+    unused = options.not_applying(settings, "placement", chosen)
+    if not unused:
+        return None
+    names = ", ".join(f"{f.name} ({options.flag_of(f)})" for f, _ in unused)
+    wanted = sorted({str(v) for _, v in unused})
+    return (f"ignored: {names} apply to placement {' or '.join(wanted)}, and placement auto chose {chosen} (for this "
+            "model on this device; give the placement to have them used, or refused)")
+
+
 def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num_layers: int | None = None,
          seed: int = 0, kernels: str | None = None, compilation_cache: bool | str = True, **plan_options: object
          ) -> Engine:
@@ -111,6 +125,11 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
         except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
     placement = placement_for(memory_budget, settings, layout)
+    if settings.placement == "auto":
+        ignored = ignored_options(settings, memory_budget.placement)
+        if ignored:
+            decisions.append(ignored)
+            print(f"note: {ignored}", file=sys.stderr)
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt, placement.experts_runner(), placement.split_batch()))
     skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
     materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),

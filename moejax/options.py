@@ -115,6 +115,18 @@ def check(instance: DataclassInstance, prefix: str = "") -> None:
                 raise ValueError(f"{prefix}{f.name} applies to {other} {needed!r}, not {getattr(instance, other)!r}")
 
 
+def not_applying(instance: DataclassInstance, other: str, value: object) -> list[tuple[dataclasses.Field, object]]:
+    """The options of `instance` that are given (not None or False) but apply to another value of option `other`
+    than `value` (what `auto` chose): (the field, the value it applies to)."""
+    out = []
+    for f in fields(instance):
+        m, given = _about(f), getattr(instance, f.name)
+        if m["applies"] is not None and given not in (None, False) and m["applies"][0] == other \
+                and m["applies"][1] != value:
+            out.append((f, m["applies"][1]))
+    return out
+
+
 def check_flags(args: argparse.Namespace, *classes: type[DataclassInstance]) -> str | None:
     """The first flag of `classes` whose parsed value is out of range, as a message naming the flag; None when all
     are fine. argparse has already checked the types and the choices."""
