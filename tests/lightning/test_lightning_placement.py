@@ -20,7 +20,7 @@ from moejax.sched.pool_size import pool_size
 NAME = "qwen3_moe"
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
                         "requests.jsonl")
-POLICY = dict(batch_size=4, micro_batch=2, resident_share=0.5, kv_device_share=0.0, attention_on="host")
+POLICY = dict(decode_batch=4, micro_batch=2, resident_share=0.5, kv_device_share=0.0, attention_on="host")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_explain_and_the_pool_in_host_memory(lightning):
     (dict(host_memory_gb=1e-6), "needs .* of host memory, over the limit of .* host_memory_gb sets it"),
     (dict(ffn_on="host"), "the MoE FFN on the host .* has no executor"),
     (dict(attention_on="device", kv_device_share=0.5), "kv_device_share 0.5 < 1 would swap the KV cache"),
-    (dict(micro_batch=8), "micro_batch 8 exceeds batch_size 4"),
+    (dict(micro_batch=8), "micro_batch 8 exceeds decode_batch 4"),
     (dict(resident_share=1.5), "resident_share must be in \\[0, 1\\], got 1.5"),
     (dict(device_memory_gb=1e-4), "exceed the budget"),
 ])
@@ -128,12 +128,25 @@ def test_bad_policies_are_refused_at_load(options, message):
         moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", **{**POLICY, **options})
 
 
-def test_options_need_placement_lightning_and_a_profile_to_search():
-    with pytest.raises(ValueError, match="batch_size"):
-        moejax.load(fixture_dir(NAME), dtype="float32", placement="streamed", batch_size=4)
-    with pytest.raises(ValueError, match="micro_batch not given and the policy search cannot give them"):
-        moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning",
-                    **{k: v for k, v in POLICY.items() if k != "micro_batch"})
+def test_options_need_placement_lightning():
+    with pytest.raises(ValueError, match="decode_batch"):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="streamed", decode_batch=4)
+
+
+def test_decode_batch_was_batch_size_which_still_works_with_a_warning(capsys):
+    with pytest.warns(FutureWarning, match="batch_size is renamed decode_batch; the old name is accepted for this "
+                                           "release only"):
+        engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning",
+                             **{("batch_size" if k == "decode_batch" else k): v for k, v in POLICY.items()})
+    assert engine.memory_budget.lightning.N == 4
+    with pytest.raises(TypeError, match="give decode_batch, not both it and batch_size"):
+        moejax.load(fixture_dir(NAME), placement="lightning", batch_size=4, **POLICY)
+    from launch.serve import parse_args
+    args = parse_args(["--input", "x", "--batch-size", "3"])
+    assert args.decode_batch == 3
+    assert "note: --batch-size is renamed --decode-batch" in capsys.readouterr().err
+    assert "--batch-size" not in open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "README.md")).read()
 
 
 def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):
@@ -143,7 +156,7 @@ def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):
     assert engine.placement.name == "lightning"
     assert any("placement auto: lightning, because the KV cache of 8 rows x 1152 tokens" in d
                for d in engine.decisions)
-    assert engine.memory_budget.lightning.source.startswith("batch_size, micro_batch")  # from the search
+    assert engine.memory_budget.lightning.source.startswith("decode_batch, micro_batch")  # from the search
     fits = moejax.load(fixture_dir(NAME), dtype="float32", placement="auto", device_memory_gb=gb * 4, profile="l4")
     assert fits.placement.name == "resident"
 
