@@ -167,7 +167,7 @@ def test_serve_explain_probes_and_plots_lightning(tmp_path, capsys):
     from launch import serve as serve_cli
     pytest.importorskip("matplotlib")
     serve_cli.main(["--model", fixture_dir(NAME), "--dtype", "float32", "--input", EXAMPLES, "--explain",
-                    "--placement", "lightning", "--batch-size", "4", "--micro-batch", "2", "--resident-share", "0.5",
+                    "--placement", "lightning", "--decode-batch", "4", "--micro-batch", "2", "--resident-share", "0.5",
                     "--kv-device-share", "0", "--attention-on", "host", "--seq-len", "16", "--gen-len", "8",
                     "--profile", "l4", "--plot", str(tmp_path)])
     out = capsys.readouterr().out
