@@ -52,6 +52,9 @@ class Placement:
     no_generation: ClassVar[str | None] = None
     # Why it keeps no prefix KV pool across scoring batches (kv_cache then runs off), or None: it can.
     no_prefix_pool: ClassVar[str | None] = None
+    # Whether a static generation batch's prefill reads and stores prefix-pool blocks (else it computes every prompt
+    # token: the same results, the pool serving scoring and continuous batching only).
+    static_prefill_pool: ClassVar[bool] = True
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget

@@ -174,3 +174,24 @@ def test_serve_explain_probes_and_plots_lightning(tmp_path, capsys):
     assert "placement lightning: N=4 mu=2" in out
     assert "lightning decode measured here: 4 rows at 20 tokens of context" in out and "measured / predicted" in out
     assert (tmp_path / "lightning-gantt.png").stat().st_size > 0
+
+
+def test_static_batches_with_the_prefix_cache_on_equal_resident(lightning, resident, tmp_path):
+    """--batching static --kv-cache on: lightning's static prefill computes every prompt token instead of reading
+    and storing prefix blocks (it used to answer each such completion 500), with the resident engine's tokens."""
+    import json
+
+    from moejax.sched.batch import serve_lines
+    from moejax.sched.serving_options import ServingOptions
+    shared = list(range(1, 40))  # two full blocks every prompt shares
+    lines = [json.dumps({"custom_id": f"c{i}", "url": "/v1/completions",
+                         "body": {"prompt": shared + [50 + i], "max_tokens": 3}}) for i in range(4)]
+    options = ServingOptions(batching="static", kv_cache="on", max_batch_tokens=64)
+    outs = {}
+    for tag, engine in (("lightning", lightning), ("resident", resident)):
+        summary = serve_lines(engine, lines, str(tmp_path / f"{tag}.jsonl"), options, seed_nonce=0)
+        assert summary["requests_failed"] == 0, summary
+        outs[tag] = [json.loads(x)["response"]["body"]["choices"][0]["text"]
+                     for x in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
+        assert summary["batches_planned"] > 1  # the shared blocks are stored by one batch and read by a later one
+    assert outs["lightning"] == outs["resident"]
