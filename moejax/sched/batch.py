@@ -56,7 +56,11 @@ def open_results(entries: Sequence[Request | BadLine], lines: Sequence[str], sto
 def refuse_unservable(engine: Engine, entries: Sequence[Request | BadLine]) -> list[Request | BadLine]:
     """Requests the engine's placement cannot run become invalid lines (400, with its reason) rather than failed
     batches: completions that generate, on a placement without generation (the pipeline layout)."""
-    why = engine.placement.no_generation
+    return refuse_generation(engine.placement.no_generation, entries)
+
+
+def refuse_generation(why: str | None, entries: Sequence[Request | BadLine]) -> list[Request | BadLine]:
+    """Completions that generate as invalid lines saying `why` (a placement's no_generation); None: all kept."""
     if why is None:
         return list(entries)
     return [BadLine(e.line, e.custom_id, f"body.max_tokens: {why}")
