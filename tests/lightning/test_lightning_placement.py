@@ -195,3 +195,13 @@ def test_static_batches_with_the_prefix_cache_on_equal_resident(lightning, resid
                      for x in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
         assert summary["batches_planned"] > 1  # the shared blocks are stored by one batch and read by a later one
     assert outs["lightning"] == outs["resident"]
+
+
+def test_the_policy_search_sizes_the_kv_for_this_host_and_dtype():
+    """The search plans on the profile (t4: a host of another size, 16-bit KV) but the batch must fit here, in the
+    engine's dtype: it searches with host_memory_gb and float32's bytes, as the load's check counts them (it used
+    to pick 11492 rows and then refuse them)."""
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", profile="t4", host_memory_gb=0.05)
+    plan = engine.memory_budget.lightning
+    kv = engine.kv_bytes_per_token() * plan.N * (1024 + 128)  # the default workload's rows
+    assert plan.source.startswith("decode_batch, micro_batch") and 0 < kv <= 0.8 * 0.05 * 2**30
