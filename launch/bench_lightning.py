@@ -118,7 +118,7 @@ def lightning(args, env, partial=no_file) -> dict:
     for name in args.placements.split(","):
         options = dict(placement=name, device_memory_gb=budget)
         if name == "lightning":
-            options.update(batch_size=N, micro_batch=mu, resident_share=args.resident_share, kv_device_share=0.0,
+            options.update(decode_batch=N, micro_batch=mu, resident_share=args.resident_share, kv_device_share=0.0,
                            attention_on="host", plan_seq_len=args.prompt_len, plan_gen_len=args.new_tokens)
         engine = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, compilation_cache=False,
                              **options)

@@ -37,7 +37,7 @@ import time
 from typing import NoReturn
 
 from launch import xla_startup
-from launch.serve_engine import load, run_settings, set_saturation
+from launch.serve_engine import load, refusal, replica_notes, run_settings, set_saturation
 from launch.serve_options import ModelOptions, Processes
 from launch.serve_paths import check_paths
 from moejax import options
@@ -281,6 +281,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
             refuse("--replicas/--ray and --coordinator: a run is either engine replicas (Ray) or one engine over "
                      "several processes; give one")
         return _serve_replicas(args, lines, replicas, held)
+    notes = replica_notes(replicas)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     # several processes run static batches: the scheduler's host loop runs in one process
     serving = options.from_args(ServingOptions, args, **({"batching": "static"} if multi else {}))
     if multi:
@@ -297,6 +300,9 @@ def _main(args, held: contextlib.ExitStack) -> int:
         engine = load(args, serving)
     except (ValueError, OSError) as e:
         sys.exit(load_error(args, e))
+    problem = refusal(engine, args, lines)  # what the placement cannot serve, before the weights load
+    if problem:
+        refuse(problem)
     try:  # Θ, for placements that copy experts during a forward: prefill batches are filled to it
         set_saturation(engine, args)
     except ValueError as e:
@@ -304,7 +310,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
     writer = multihost.is_main()  # the other processes run the same batches (their collectives) and write nothing
     if args.explain:
         if writer:
-            print(engine.explain())
+            print("\n".join([engine.explain(), *notes]))
             try:
                 print(explain_lines(engine, lines, serving))
             except PoolTooLarge as e:

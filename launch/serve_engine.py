@@ -15,7 +15,7 @@ from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
 from moejax.presets import resolve_embedded
-from moejax.sched.batch import engine_settings
+from moejax.sched.batch import engine_settings, line_list, unservable_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.serving_options import ServingOptions
 
@@ -28,6 +28,29 @@ def load(args, serving: ServingOptions):
                              workload=Workload(tokens=serving.max_batch_tokens or DEFAULT_TOKENS, seq_len=args.seq_len,
                                                gen_len=args.gen_len))
     return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels, plan=plan)
+
+
+def refusal(engine, args, lines: list[str]) -> str | None:
+    """What the engine's placement cannot serve, as a one-line error, found before any weight loads: --kv-cache on
+    without a prefix pool; completions that generate without generation (unless --allow-invalid-lines: they are
+    answered 400 with the reason)."""
+    what = f"--layout {args.layout}" if engine.layout is not None else f"--placement {args.placement}"
+    why = engine.placement.no_prefix_pool
+    if args.kv_cache == "on" and why is not None:
+        return f"--kv-cache on: {why}; use --kv-cache auto (which runs off here) or off"
+    refused = unservable_lines(engine, lines)
+    if refused and not args.allow_invalid_lines:
+        return (f"{what}: lines {line_list(refused)} ask for generation; {engine.placement.no_generation}; serve them "
+                "with another layout, or pass --allow-invalid-lines to answer them 400")
+    return None
+
+
+def replica_notes(replicas) -> list[str]:
+    """Replica options a one-engine run does not use (kept, said as ignored)."""
+    if replicas.replicas == 1 and not replicas.ray and replicas.devices_per_replica != 1:
+        return [f"--devices-per-replica {replicas.devices_per_replica} is ignored: it sizes each engine replica, and "
+                "--replicas 1 runs one engine in this process, on the devices its --layout takes"]
+    return []
 
 
 def set_saturation(engine, args) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from flax import nnx
 from jax.typing import DTypeLike
 from tokenizers import Tokenizer
 
+from moejax import options
 from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
@@ -25,7 +28,8 @@ from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
 from moejax.plan.placement import choose_placement
 from moejax.plan.hardware import Profile
-from moejax.plan.resolve import profile_for
+from moejax.plan.resolve import NoProfile, profile_for
+from moejax.quick_profile import measure_quick_profile
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
 from moejax.weights import materializer
@@ -64,6 +68,18 @@ def checkpoint_dtype(config: dict, where: str) -> str:
     return named
 
 
+def ignored_options(settings: PlacementSettings, chosen: str) -> str | None:
+    """Options given for a placement `auto` did not choose, said as ignored (kept: on another machine auto may
+    choose that placement; under an explicit placement they are refused), or None."""
+    unused = options.not_applying(settings, "placement", chosen)
+    if not unused:
+        return None
+    names = ", ".join(f"{f.name} ({options.flag_of(f)})" for f, _ in unused)
+    wanted = sorted({str(v) for _, v in unused})
+    return (f"ignored: {names} apply to placement {' or '.join(wanted)}, and placement auto chose {chosen} (for this "
+            "model on this device; give the placement to have them used, or refused)")
+
+
 def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num_layers: int | None = None,
          seed: int = 0, kernels: str | None = None, compilation_cache: bool | str = True, **plan_options: object
          ) -> Engine:
@@ -90,11 +106,12 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     cfg, full_layers = _model_config(hf_config, path if is_dir else None, num_layers)
     dt = DTYPES[dtype]
     shapes = {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(nnx.eval_shape(lambda: MoEModel(cfg, dt))))}
+    _profile_notes.clear()
     engine_plan, decisions = plan_choices(cfg, engine_plan)
     settings = engine_plan.placement
     if settings.placement == "lightning":
         memory_budget, text = lightning_budget(cfg, shapes, settings, engine_plan.workload, dt,
-                                               lambda: _profile(engine_plan))
+                                               lambda: _profile(engine_plan, measure=True))
         decisions.append(text)
     else:
         memory_budget = budget_for(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
@@ -111,14 +128,20 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
         except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
     placement = placement_for(memory_budget, settings, layout)
+    if settings.placement == "auto":
+        ignored = ignored_options(settings, memory_budget.placement)
+        if ignored:
+            decisions.append(ignored)
+            print(f"note: {ignored}", file=sys.stderr)
     abstract = nnx.eval_shape(lambda: MoEModel(cfg, dt, placement.experts_runner(), placement.split_batch(),
                                                stacked=placement.stacks_layers and jax.process_count() == 1))
     skips_layers = cfg.num_layers < full_layers or cfg.extra_layers > 0
     materialize = materializer(abstract, shapes, placement, checkpoint=path if is_dir else None, seed=int(seed),
                                ignore_layers_from=cfg.num_layers if skips_layers else None)
     tokenizer, chat = _text_side(path)
-    placement.at_load(cfg, lambda: _profile(engine_plan))
+    placement.at_load(cfg, lambda: _profile(engine_plan, measure=True))
     saturation = placement.theta(cfg, lambda: _profile(engine_plan))
+    decisions[:0] = _profile_notes  # a profile measured for the choices above: before them
     graphdef, abstract_state = nnx.split(abstract)
     return Engine(cfg, graphdef, abstract_state, materialize, tokenizer, placement=placement, dtype=dt,
                   kernels=kernel_choice, name=name, chat_template=chat, plan=engine_plan, decisions=decisions,
@@ -148,8 +171,21 @@ def _text_side(path: str) -> tuple[Tokenizer | None, ChatTemplate | None]:
     return tokenizer, ChatTemplate.from_dir(path) if tokenizer is not None else None
 
 
+def _renamed(given: dict) -> dict:
+    """load's keywords with the placement settings' old names (options.renamed) under their new ones, warning."""
+    out = dict(given)
+    for old, new in options.renamed(PlacementSettings).items():
+        if old in out:
+            if new in out:
+                raise TypeError(f"moejax.load: give {new}, not both it and {old} (its old name)")
+            warnings.warn(options.renamed_note(old, new), FutureWarning, stacklevel=4)
+            out[new] = out.pop(old)
+    return out
+
+
 def _plan_of(plan: EnginePlan | None, options: dict) -> EnginePlan:
     """load's plan, given whole or as keywords (not both)."""
+    options = _renamed(options)
     unknown = sorted(set(options) - set(PLAN_OPTIONS))
     if unknown:
         raise TypeError(f"moejax.load: unknown option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -192,10 +228,24 @@ def _model_config(hf_config: dict, checkpoint: str | None, num_layers: int | Non
     return cfg, full_layers
 
 
-def _profile(plan: EnginePlan) -> Profile:
+_profile_notes: list[str] = []  # what _profile measured during the current load (load puts it in the decisions)
+
+
+def _profile(plan: EnginePlan, *, measure: bool = False) -> Profile:
+    """The hardware profile `auto` choices consult. None for these devices (no measured file, no datasheet) and none
+    asked for: with `measure` (a choice that cannot be made without one: the layout planner, DEP's auto fields and
+    online solver, lightning's policy search) a quick one measured now and cached (moejax.quick_profile), which
+    says so; else ValueError (the choices with a fallback: bytes decide, no Θ)."""
     devices = jax.devices()
     try:
         return profile_for(devices[0].device_kind, len(devices), plan.profile)
+    except NoProfile as e:
+        if not measure or jax.process_count() > 1:  # several processes would each measure, and differently
+            raise ValueError(f"moejax.load: {e}") from None
+        profile, note = measure_quick_profile(devices[0].device_kind)
+        print(f"note: {note}", file=sys.stderr)
+        _profile_notes.append(note)
+        return dataclasses.replace(profile, gpus=len(devices))
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
 
@@ -204,7 +254,7 @@ def plan_choices(cfg: ModelConfig, plan: EnginePlan) -> tuple[EnginePlan, list[s
     """Layout choices left to the planners (layout auto, DEP fields auto) made: -> (concrete plan, decisions)."""
     if not plan.needs_planner:
         return plan, []
-    plan, text = plan_layout(cfg, plan, _profile(plan), len(jax.devices()))
+    plan, text = plan_layout(cfg, plan, _profile(plan, measure=True), len(jax.devices()))
     return plan, [text]
 
 

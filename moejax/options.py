@@ -23,7 +23,8 @@ D = TypeVar("D", bound="DataclassInstance")
 def option(default: T, help: str, *, type: type | None = None, choices: Iterable[object] | None = None,
            minimum: float | None = None, above: float | None = None, maximum: float | None = None,
            flag: bool = True, path: bool = False,
-           fingerprint: bool | str = False, checked: bool = True, applies: tuple[str, str] | None = None) -> T:
+           fingerprint: bool | str = False, checked: bool = True, applies: tuple[str, str] | None = None,
+           old_name: str | None = None) -> T:
     """A dataclass field that is an option. type: int, float, str or bool (default: the default's type; give it
     when the default is None); choices: the values allowed; minimum / above: the value must be >= / > it; maximum:
     <= it (a share: minimum 0, maximum 1);
@@ -31,11 +32,12 @@ def option(default: T, help: str, *, type: type | None = None, choices: Iterable
     records its identity); fingerprint: it decides results (the journal records it; "given": only when not None, so
     that adding it leaves the fingerprints of journals written before unchanged); checked: False when the
     class checks the value itself (it takes more than the choices); applies: (another option, the value of it this
-    one applies to): given (not None or False), this option needs that one to have that value or "auto"."""
+    one applies to): given (not None or False), this option needs that one to have that value or "auto"; old_name:
+    the name it had before a rename, still taken for one release with a warning (`renamed`, add_arguments)."""
     kind = type if type is not None else _type_of(default)
     about = dict(help=help, type=kind, choices=tuple(choices) if choices is not None else None, minimum=minimum,
                  above=above, maximum=maximum, flag=flag, path=path, fingerprint=fingerprint, checked=checked,
-                 applies=applies)
+                 applies=applies, old_name=old_name)
     return dataclasses.field(default=default, metadata={_KEY: about})
 
 
@@ -125,6 +127,40 @@ def check(instance: DataclassInstance, prefix: str = "") -> None:
                 raise ValueError(f"{prefix}{f.name} applies to {other} {needed!r}, not {getattr(instance, other)!r}")
 
 
+def not_applying(instance: DataclassInstance, other: str, value: object) -> list[tuple[dataclasses.Field, object]]:
+    """The options of `instance` that are given (not None or False) but apply to another value of option `other`
+    than `value` (what `auto` chose): (the field, the value it applies to)."""
+    out = []
+    for f in fields(instance):
+        m, given = _about(f), getattr(instance, f.name)
+        if m["applies"] is not None and given not in (None, False) and m["applies"][0] == other \
+                and m["applies"][1] != value:
+            out.append((f, m["applies"][1]))
+    return out
+
+
+def renamed(cls: DataclassInstance | type[DataclassInstance]) -> dict[str, str]:
+    """{old name: new name} of the options of `cls` that were renamed (still taken, with a warning)."""
+    return {m["old_name"]: f.name for f in fields(cls) if (m := _about(f))["old_name"]}
+
+
+def renamed_note(old: str, new: str, flags: bool = False) -> str:
+    """The warning an old option name gives."""
+    if flags:
+        old, new = "--" + old.replace("_", "-"), "--" + new.replace("_", "-")
+    return f"{old} is renamed {new}; the old name is accepted for this release only"
+
+
+class _OldFlag(argparse.Action):
+    """An option's flag before its rename: sets the new one, with a warning on stderr."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        import sys
+        print(f"note: {renamed_note(str(option_string).lstrip('-'), self.dest, flags=True)}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def check_flags(args: argparse.Namespace, *classes: type[DataclassInstance]) -> str | None:
     """The first flag of `classes` whose parsed value is out of range, as a message naming the flag; None when all
     are fine. argparse has already checked the types and the choices."""
@@ -178,6 +214,10 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls
         parser.add_argument(flag_of(f), default=f.default, help=text,
                             **({"choices": m["choices"]} if m["choices"] is not None else {}),
                             **({"type": m["type"]} if m["type"] in (int, float) else {}))
+        if m["old_name"]:  # the flag before a rename, unlisted
+            parser.add_argument("--" + m["old_name"].replace("_", "-"), dest=f.name, action=_OldFlag,
+                                help=argparse.SUPPRESS, **({"choices": m["choices"]} if m["choices"] else {}),
+                                **({"type": m["type"]} if m["type"] in (int, float) else {}))
 
 
 def from_args(cls: type[D], args: argparse.Namespace, **overrides: Any) -> D:

@@ -29,7 +29,7 @@ def run(name: str) -> dict:
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(3)]
     mu, r_w, r_c, attention_on = POLICIES[name]
     resident = moejax.load(fixture_dir(name), dtype="float32")
-    engine = moejax.load(fixture_dir(name), dtype="float32", placement="lightning", batch_size=4, micro_batch=mu,
+    engine = moejax.load(fixture_dir(name), dtype="float32", placement="lightning", decode_batch=4, micro_batch=mu,
                          resident_share=r_w, kv_device_share=r_c, attention_on=attention_on)
     steps = engine.steps
     pool = engine.init_pool(2, decode=True)

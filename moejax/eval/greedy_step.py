@@ -32,6 +32,12 @@ def greedy_score_end(model: MoEModel, x: jax.Array, new: list, prior: list | Non
     return (picked, greedy), pool
 
 
+def _greedy_end_unpooled(model: MoEModel, x: jax.Array, batch: dict[str, jax.Array], *, span: tuple[int, int | None]
+                         ) -> tuple[jax.Array, jax.Array]:
+    """greedy_score_end without a prefix pool: the pipeline layout's end (moejax.sharding.pipeline)."""
+    return greedy_score_end(model, x, [], None, [], batch, span=span)[0]
+
+
 def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **static: Any) -> T:
     return fn(steps.model_of(graphdef, state), *args, **static)
 
@@ -39,10 +45,12 @@ def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args
 class GreedyScoreStep:
     """step(pool, batch arrays, span) -> ((logprobs, greedy) on the device, pool), for any Engine: one jit of the
     whole model, or (an offloaded placement, engine.layer_by_layer) jitted begin and end around the engine's
-    own layer loop."""
+    own layer loop, or the pipeline layout's stage program (its weights stacked by stage, so not the whole-model jit:
+    prefill-only, without a prefix pool)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._pipelined: Any = None  # the pipeline's step, made with its weights on first use
         bind = functools.partial
         if engine.layer_by_layer:
             self._begin = jax.jit(bind(_phase, steps.score_begin, engine.graphdef), static_argnames=("span",))
@@ -57,8 +65,21 @@ class GreedyScoreStep:
         params = self.engine.params
         arrays = {k: jnp.asarray(v) for k, v in batch.items()}
         span = tuple(span)
+        if self.engine.placement.no_prefix_pool is not None:  # the pipeline layout
+            return self._pipeline_step(pool, arrays, span)
         if not self.engine.layer_by_layer:
             return self._whole(params, pool, arrays, span=span)
         inputs, prior = self._begin(params, pool, arrays, span=span)
         x, new = self.engine.layered_steps.run_layers(**inputs)
         return self._end(params, x, new, prior, pool, arrays, span=span)
+
+    def _pipeline_step(self, pool: list | None, arrays: dict[str, jax.Array], span: tuple[int | None, ...]
+                       ) -> tuple[tuple[jax.Array, jax.Array], None]:
+        from moejax.sharding.pipeline import PipelineSteps
+        pipeline = self.engine.steps
+        assert isinstance(pipeline, PipelineSteps)  # the one placement without a prefix pool
+        if pool is not None or "prior_ids" in arrays or "store_ids" in arrays:
+            raise ValueError(f"kv_cache: {self.engine.placement.no_prefix_pool}; score with kv_cache off")
+        if self._pipelined is None:
+            self._pipelined = pipeline.score_with(_greedy_end_unpooled)
+        return self._pipelined(self.engine.params, arrays, span=span), None

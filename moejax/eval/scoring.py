@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from moejax.sched.batch import kv_cache_mode
 from moejax.sched.batch_size import score_batch_size
 from moejax.sched.batch_schedule import schedule_batches
 from moejax.sched.prefix_cache import cache_blocks
@@ -47,6 +48,7 @@ class Scorer:
         self.max_batch_tokens = max_batch_tokens
         self.prefix_cache_mb = prefix_cache_mb
         self.kv_cache = kv_cache
+        kv_cache_mode(engine, kv_cache)  # kv_cache on where the placement keeps no prefix pool: refused here
         self.step = GreedyScoreStep(engine)
         self.stats = ScoringStats()
 
@@ -86,9 +88,10 @@ class Scorer:
              progress: Callable[[list[int]], None] | None) -> list[tuple[float, bool]]:
         engine = self.engine
         longest = max((len(r.prompt) + len(c.token_ids) - 1 for r in requests for c in r.candidates), default=0)
-        reserved = 0.0 if self.kv_cache == "off" else self.prefix_cache_mb * 2**20
+        kv_cache, _ = kv_cache_mode(engine, self.kv_cache)  # a placement without a prefix pool: off
+        reserved = 0.0 if kv_cache == "off" else self.prefix_cache_mb * 2**20
         sizing = score_batch_size(engine, self.max_batch_tokens, longest=longest, reserved_bytes=reserved)
-        schedule = schedule_batches(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=self.kv_cache,
+        schedule = schedule_batches(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=kv_cache,
                                     cache_blocks=cache_blocks(engine, self.prefix_cache_mb), score_batch=sizing)
         # The batch runner's packing (prefix-cache table, blocks stored only while a later batch reads them), as
         # explain uses it; the step is this module's.

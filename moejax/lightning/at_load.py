@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import jax.numpy as jnp
 from flax import nnx
 from jax.typing import DTypeLike
 
@@ -27,13 +28,19 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: DTypeLike) -> int:
 def lightning_budget(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, workload: Workload,
                      dtype: DTypeLike, profile: Callable[[], Profile]) -> tuple[MemoryBudget, str]:
     """-> (the budget of placement 'lightning', a line on its KV cache); ValueError naming what does not fit."""
+    host_bytes = host_memory_bytes(settings.host_memory_gb)
+
+    def here() -> Profile:  # the search sizes the KV as the check below does: this dtype, this host's memory
+        found = profile()
+        return dataclasses.replace(found, dtype_bytes=jnp.dtype(dtype).itemsize,
+                                   host=dataclasses.replace(found.host, memory_bytes=float(host_bytes)))
     try:
         plan = resolve_plan(cfg, {f: getattr(settings, f) for f in FIELDS}, prompt_len=workload.seq_len,
-                            gen_len=workload.gen_len, profile=profile)
+                            gen_len=workload.gen_len, profile=here)
         budget = budget_for(cfg, shapes, dataclasses.replace(settings, placement="lightning"), lightning=plan)
         free = None if budget.budget_bytes is None else budget.budget_bytes - budget.reserve_bytes - budget.device_bytes
         text = check_kv_fits(plan, kv_bytes_per_token(cfg, dtype), cfg.num_layers, workload.seq_len + workload.gen_len,
-                             host_bytes=host_memory_bytes(settings.host_memory_gb), device_free=free,
+                             host_bytes=host_bytes, device_free=free,
                              where="placement 'lightning'")
     except MemoryBudgetError as e:
         raise ValueError(f"moejax.load: {e}") from None

@@ -12,7 +12,7 @@ from moejax.offload.memory_budget import MemoryBudgetError, size
 from moejax.plan.hardware import Profile
 from moejax.plan.lightning import CPU_USABLE, LightningPolicy, search_policy
 
-FIELDS = ("batch_size", "micro_batch", "attention_on", "ffn_on", "resident_share", "kv_device_share")
+FIELDS = ("decode_batch", "micro_batch", "attention_on", "ffn_on", "resident_share", "kv_device_share")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +60,12 @@ def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int,
             raise MemoryBudgetError(f"placement 'lightning': {', '.join(missing)} not given and the policy search "
                                     f"cannot give them: {e}") from None
         searched = _runnable(searched)
-    found = {} if searched is None else dict(batch_size=searched.N, micro_batch=searched.mu,
+    found = {} if searched is None else dict(decode_batch=searched.N, micro_batch=searched.mu,
                                              attention_on="device" if searched.A_g else "host",
                                              ffn_on="device" if searched.F_g else "host",
                                              resident_share=searched.r_w, kv_device_share=searched.r_c)
     value = {f: given[f] if given.get(f) is not None else found[f] for f in FIELDS}
-    N, mu = int(value["batch_size"]), int(value["micro_batch"])  # type: ignore[call-overload]
+    N, mu = int(value["decode_batch"]), int(value["micro_batch"])  # type: ignore[call-overload]
     A_g, F_g = int(value["attention_on"] == "device"), int(value["ffn_on"] == "device")
     r_w, r_c = float(value["resident_share"]), float(value["kv_device_share"])  # type: ignore[arg-type]
     if not F_g:
@@ -76,7 +76,7 @@ def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int,
                                 f"kv_device_share {r_c:g} < 1 would swap the KV cache in each step (FlexGen's S4), "
                                 "which moejax does not run; give kv_device_share=1 or attention_on='host'")
     if mu > N:
-        raise MemoryBudgetError(f"placement 'lightning': micro_batch {mu} exceeds batch_size {N}")
+        raise MemoryBudgetError(f"placement 'lightning': micro_batch {mu} exceeds decode_batch {N}")
     source = ("every field from the options" if not missing else
               f"{', '.join(missing)} from the policy search (prompt {prompt_len}, gen {gen_len}, "
               f"{searched.hardware if searched else '?'})")
@@ -105,11 +105,11 @@ def check_kv_fits(plan: LightningPlan, kv_bytes_per_token: int, layers: int, tok
         raise MemoryBudgetError(
             f"{where}: the KV cache of {plan.N} rows x {tokens_per_row} tokens needs {size(on_host)} of host memory, "
             f"over the limit of {size(host_limit)} ({CPU_USABLE:.0%} of {size(host_bytes)} host memory; "
-            "host_memory_gb sets it); give a smaller batch_size or shorter sequences")
+            "host_memory_gb sets it); give a smaller decode_batch or shorter sequences")
     if device_free is not None and on_device > device_free:
         raise MemoryBudgetError(
             f"{where}: the device's share of the KV cache (r_c = {plan.r_c:.2f}: {plan.device_kv_layers(layers)} of "
             f"{layers} layers) needs {size(on_device)}, over the {size(device_free)} the device budget leaves after "
-            "the weights; give a smaller kv_device_share or batch_size")
+            "the weights; give a smaller kv_device_share or decode_batch")
     return (f"KV cache for {plan.N} rows x {tokens_per_row} tokens: {size(on_host)} on the host (limit "
             f"{size(host_limit)}), {size(on_device)} on the device")

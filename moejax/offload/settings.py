@@ -82,8 +82,8 @@ class PlacementSettings:
         False, help="--router-free: run the true router anyway, only to count mispredicted tokens in the stats "
                     "(costs a router and a host sync per MoE layer)", applies=CACHED)
 
-    batch_size: int | None = option(
-        None, type=int, minimum=1, applies=LIGHTNING,
+    decode_batch: int | None = option(
+        None, type=int, minimum=1, applies=LIGHTNING, old_name="batch_size",
         help="lightning: rows decoded together, N (default: the policy search's)")
     micro_batch: int | None = option(
         None, type=int, minimum=1, applies=LIGHTNING,

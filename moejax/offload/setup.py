@@ -12,6 +12,7 @@ from moejax.offload.host_store import is_routed_expert
 from moejax.offload.memory_budget import MemoryBudget, MemoryBudgetError, device_budget_bytes, budget_memory
 from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
                                     OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
+from moejax.offload.predict import artifacts
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
 from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings
@@ -88,3 +89,14 @@ def _predictor(settings: PlacementSettings) -> Predictor | None:
     if name == "oracle":
         return OraclePredictor()
     return cast("Predictor | None", name)  # a predictor object given in the settings, or None
+
+
+def check_predictor(predictor: object, cfg: ModelConfig) -> None:
+    """The predictor built from files (moejax.offload.setup.predictor_of) against the model it is loaded with."""
+    if isinstance(predictor, RouterPredictor):
+        artifacts.check_vectors(predictor.vectors.vectors, cfg, artifacts.KINDS["default vectors"][1])
+    elif isinstance(predictor, (EstimatorPredictor, HybridPredictor)):
+        net = predictor.net if isinstance(predictor, EstimatorPredictor) else predictor.estimator.net
+        artifacts.check_estimator(net.shape.hidden, net.shape.experts, net.vectors.vectors, cfg, artifacts.ESTIMATOR)
+    elif isinstance(predictor, ExpertMapPredictor):
+        artifacts.check_maps(predictor.store.embeddings, predictor.store.maps, cfg, artifacts.KINDS["expert maps"][1])

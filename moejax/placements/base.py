@@ -50,6 +50,14 @@ class Placement:
     # the model holds runs of like layers as stacked weights and its whole-model jits scan over them (one program
     # per kind of layer, however deep; moejax.models.layer_runs); placements that address layers one by one do not
     stacks_layers: ClassVar[bool] = False
+    # Why it cannot generate (prefill into a KV cache, decode), or None: it can. Read before the weights load, so a
+    # run refuses such requests up front instead of failing each batch.
+    no_generation: ClassVar[str | None] = None
+    # Why it keeps no prefix KV pool across scoring batches (kv_cache then runs off), or None: it can.
+    no_prefix_pool: ClassVar[str | None] = None
+    # Whether a static generation batch's prefill reads and stores prefix-pool blocks (else it computes every prompt
+    # token: the same results, the pool serving scoring and continuous batching only).
+    static_prefill_pool: ClassVar[bool] = True
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget

@@ -2,11 +2,12 @@
 memory by demand and by a predictor's prefetches (moejax.offload.cached)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from moejax.offload.cached import PREFETCH_DEPTH, Cached as CachedRuntime
 from moejax.offload.host_store import HostStore
-from moejax.offload.setup import predictor_of
+from moejax.offload.setup import check_predictor, predictor_of
 from moejax.placements.base import LayerByLayer, Store
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.predict.protocol import Predictor
     from moejax.offload.settings import PlacementSettings
+    from moejax.plan.hardware import Profile
     from moejax.sharding.setup import LayoutSetup
 
 
@@ -36,6 +38,13 @@ class Cached(LayerByLayer):
     @classmethod
     def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
         return cls(budget, layout_setup, settings=settings, predictor=predictor_of(settings))
+
+    def at_load(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> None:
+        """The predictor's files against the model, before any request (a mismatch would fail every pass)."""
+        try:
+            check_predictor(self.predictor, config)
+        except ValueError as e:
+            raise ValueError(f"moejax.load: {e}") from None
 
     def new_store(self) -> HostStore:
         return HostStore(per_expert=True)

@@ -30,6 +30,7 @@ HOST_BACKEND = "cpu"
 
 class Lightning(LayerByLayer):
     name = "lightning"
+    static_prefill_pool = False  # its static prefill writes each row's KV straight to the host
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 class Pipeline(Placement):
     name = "pipeline"
     continuous_batching = False  # prefill-only: no KV pool
+    no_generation = ("layout attn=pp,experts=pp runs prefill-only scoring: generation would keep each stage's KV "
+                     "cache on its device, which the pipeline does not implement (max_tokens 0 with echo, the "
+                     "prompt's log-probabilities, runs)")
+    no_prefix_pool = ("layout attn=pp,experts=pp keeps no prefix KV cache across scoring batches (each stage would "
+                      "keep its layers' blocks, which the pipeline does not implement)")
     steps_need_weights = True  # the steps stack the layers by stage
 
     @classmethod

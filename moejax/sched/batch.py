@@ -30,8 +30,9 @@ def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, optio
              progress: Callable[[int], Progress | None] | None = None
              ) -> tuple[list[Request | BadLine], ResultStore, list[Request], BatchSchedule, Runner]:
     cfg = engine.config
-    entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
-                          max_context=cfg.max_position_embeddings, chat=engine.chat_template)
+    entries = refuse_unservable(engine, parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
+                                                    max_context=cfg.max_position_embeddings,
+                                                    chat=engine.chat_template))
     store, todo = open_results(entries, lines, store_path, engine_settings(engine) if settings is None else settings,
                                seed_nonce)
     schedule, options, kv_pool, sizing = plan_requests(engine, todo, options)
@@ -52,6 +53,48 @@ def open_results(entries: Sequence[Request | BadLine], lines: Sequence[str], sto
     return store, todo
 
 
+def refuse_unservable(engine: Engine, entries: Sequence[Request | BadLine]) -> list[Request | BadLine]:
+    """Requests the engine's placement cannot run become invalid lines (400, with its reason) rather than failed
+    batches: completions that generate, on a placement without generation (the pipeline layout)."""
+    return refuse_generation(engine.placement.no_generation, entries)
+
+
+def refuse_generation(why: str | None, entries: Sequence[Request | BadLine]) -> list[Request | BadLine]:
+    """Completions that generate as invalid lines saying `why` (a placement's no_generation); None: all kept."""
+    if why is None:
+        return list(entries)
+    return [BadLine(e.line, e.custom_id, f"body.max_tokens: {why}")
+            if isinstance(e, CompletionRequest) and e.max_tokens else e for e in entries]
+
+
+def unservable_lines(engine: Engine, lines: Sequence[str]) -> list[int]:
+    """The lines (1-based) of valid requests the engine's placement cannot run (refuse_unservable's), found from the
+    abstract engine: no weight is loaded."""
+    cfg = engine.config
+    entries = parse_lines(lines, tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
+                          max_context=cfg.max_position_embeddings, chat=engine.chat_template)
+    valid = {e.line for e in entries if not isinstance(e, BadLine)}
+    return [e.line for e in refuse_unservable(engine, entries) if isinstance(e, BadLine) and e.line in valid]
+
+
+def line_list(numbers: Sequence[int], most: int = 10) -> str:
+    """'1, 2, 3' (the first `most`, then how many more)."""
+    shown = ", ".join(map(str, numbers[:most]))
+    return shown + (f" and {len(numbers) - most} more" if len(numbers) > most else "")
+
+
+def kv_cache_mode(engine: Engine, kv_cache: str) -> tuple[str, str | None]:
+    """-> (the kv_cache mode scoring runs with, why it is not the one asked for or None). A placement without a
+    prefix pool runs `auto` as off (its results are the same: the cache only saves recomputing prefixes); `on`
+    there raises ValueError."""
+    why = engine.placement.no_prefix_pool
+    if why is None or kv_cache == "off":
+        return kv_cache, None
+    if kv_cache == "on":
+        raise ValueError(f"kv_cache on: {why}; use auto or off")
+    return "off", f"auto: off, {why}"
+
+
 def write_invalid(store: ResultStore, entries: Sequence[Request | BadLine]) -> int:
     """Write the 400 line of each invalid entry the store does not hold yet -> how many it wrote."""
     bad = 0
@@ -70,12 +113,16 @@ def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptio
     # Θ and the batches are both counted in true FLOPs, attention included (moejax.costs.true_prefill_flops)
     cfg, saturation = engine.config, engine.saturation  # Θ: made at load (moejax.plan.theta), or measured since
     floor = saturation.theta_flops if saturation is not None else 0.0
+    kv_cache, why_off = kv_cache_mode(engine, options.kv_cache)
+    options = dataclasses.replace(options, kv_cache=kv_cache)
     cache_blocks = prefix_cache_blocks(engine, options.prefix_cache_mb)
     sizing = score_batch_size(engine, options.max_batch_tokens, longest=longest_score_sequence(todo),
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
     schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
                                 kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor,
                                 config=cfg, score_batch=sizing)
+    if why_off is not None:
+        schedule = dataclasses.replace(schedule, reason=why_off)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
         options = dataclasses.replace(options, batching="static")
     kv_pool = None
@@ -113,7 +160,9 @@ def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions 
     """The schedule for `lines` as text; loads no weights and runs nothing. options.max_batch_tokens None sizes scoring
     batches from the device (moejax.sched.batch_size)."""
     _, _, todo, schedule, runner = _prepare(engine, lines, None, options)
-    return describe(schedule, runner, engine)
+    refused = unservable_lines(engine, lines)
+    warning = (f"\nrefused (400) lines {line_list(refused)}: {engine.placement.no_generation}" if refused else "")
+    return describe(schedule, runner, engine) + warning
 
 
 def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, options: ServingOptions = ServingOptions(),

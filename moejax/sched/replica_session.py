@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from moejax.compiles import counting
 from moejax.kv_pool import Layer
-from moejax.sched.batch import plan_requests
+from moejax.sched.batch import kv_cache_mode, plan_requests
 from moejax.sched.prefix_cache import PrefixCache
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.requests import Request
@@ -38,6 +38,8 @@ class ReplicaSession:
     def __init__(self, engine: Engine, options: ServingOptions, settings: dict):
         """options: as for serve_lines; settings: the run's (the driver's ResultStore), so every result carries the
         run's system_fingerprint."""
+        # a placement without a prefix pool runs kv_cache auto as off (and refuses on), as one engine does
+        options = dataclasses.replace(options, kv_cache=kv_cache_mode(engine, options.kv_cache)[0])
         self.engine, self.options, self.settings = engine, options, settings
         blocks = 0 if options.kv_cache == "off" else prefix_cache_blocks(engine, options.prefix_cache_mb)
         self.cache = PrefixCache(blocks, record=True) if blocks else None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from moejax import options
 from moejax.costs import true_prefill_flops
 from moejax.options import option
-from moejax.sched.batch import open_results, write_invalid
+from moejax.sched.batch import open_results, refuse_generation, write_invalid
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.frontend import ROUTINGS, Frontend, Job
 from moejax.sched.frontend_jobs import request_job
@@ -108,7 +108,8 @@ class ReplicaWorker:
                      "placement": budget.placement if budget is not None else None,
                      "theta_flops": sat.theta_flops if sat is not None else None,
                      "device": f"{device.platform}:{device.device_kind}", "devices": len(jax.devices()),
-                     "host": os.uname().nodename, "pid": os.getpid()}
+                     "host": os.uname().nodename, "pid": os.getpid(),
+                     "no_generation": self.engine.placement.no_generation}
 
     def describe(self) -> dict:
         return self.info
@@ -247,6 +248,7 @@ class ReplicaRun:
         cfg, tokenizer, chat = read_model(self.model, self.num_layers)
         entries = parse_lines(lines, tokenizer=tokenizer, vocab_size=cfg.vocab_size,
                               max_context=cfg.max_position_embeddings, chat=chat)
+        entries = refuse_generation(infos[0].get("no_generation"), entries)  # 400s, as one engine answers them
         store, todo = open_results(entries, lines, store_path, run_settings, seed_nonce)
         start = time.perf_counter()
         with store:

@@ -103,6 +103,9 @@ class Runner:
             cache = PrefixCache(schedule.pool_blocks)
         self.cache, self.pool, self.keep = cache, pool, keep
         self.pool_blocks = cache.capacity if cache is not None else 0
+        # static generation batches read and store prefix blocks where the placement's prefill can (lightning's
+        # cannot: it computes every prompt token there, which changes no result)
+        self._pooled_prefill = cache is not None and engine.placement.static_prefill_pool
         self.future = Counter(h for u in schedule.uses for h in u)
         # (request, sibling, candidate) -> summed logprob
         self._acc: defaultdict[tuple[int, int, int], float] = defaultdict(float)
@@ -136,7 +139,7 @@ class Runner:
         prior, stores = [], []
         for r in batch.requests:
             keep = []
-            if self.cache is None or not r.max_tokens:  # (echo of the prompt only: no prefill runs)
+            if self.cache is None or not self._pooled_prefill or not r.max_tokens:  # (echo only: no prefill runs)
                 slots = []
             else:
                 hashes = block_hashes(r.prompt)
@@ -258,8 +261,9 @@ class Runner:
             outs, self.pool = self.engine.generate_rows(
                 [list(reqs[k].prompt) for k in gen], [reqs[k].max_tokens for k, _ in rows],
                 temperature=[reqs[k].temperature for k, _ in rows], top_p=[reqs[k].top_p for k, _ in rows], keys=keys,
-                stop_token_ids=stops, pool=self.pool, prior_blocks=[prior[k] for k in gen] if self.cache else None,
-                store_blocks=[stores[k] for k in gen] if self.cache else None,
+                stop_token_ids=stops, pool=self.pool,
+                prior_blocks=[prior[k] for k in gen] if self._pooled_prefill else None,
+                store_blocks=[stores[k] for k in gen] if self._pooled_prefill else None,
                 expand=[gen_row[k] for k, _ in rows] if several else None)
         m = self.metrics
         new = [len(reqs[k].prompt) - BLOCK * len(prior[k]) for k in gen]

@@ -196,6 +196,11 @@ class PipelineSteps:
         """The packed-tree scoring step (`score`'s), for its compiled HLO."""
         return self._score
 
+    def score_with(self, end: Callable) -> _Step:
+        """A packed-tree scoring step without a prefix pool whose outputs are end(model, x, batch, span=...)'s
+        (moejax.eval's adds the greedy flags): called as (params, batch, span=...)."""
+        return _Step(self, (_score_begin, end))
+
     def prefill(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError(PREFILL_ONLY.format(what="generation's prefill"))
 

@@ -20,7 +20,7 @@ from moejax.sched.pool_size import pool_size
 NAME = "qwen3_moe"
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
                         "requests.jsonl")
-POLICY = dict(batch_size=4, micro_batch=2, resident_share=0.5, kv_device_share=0.0, attention_on="host")
+POLICY = dict(decode_batch=4, micro_batch=2, resident_share=0.5, kv_device_share=0.0, attention_on="host")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_explain_and_the_pool_in_host_memory(lightning):
     (dict(host_memory_gb=1e-6), "needs .* of host memory, over the limit of .* host_memory_gb sets it"),
     (dict(ffn_on="host"), "the MoE FFN on the host .* has no executor"),
     (dict(attention_on="device", kv_device_share=0.5), "kv_device_share 0.5 < 1 would swap the KV cache"),
-    (dict(micro_batch=8), "micro_batch 8 exceeds batch_size 4"),
+    (dict(micro_batch=8), "micro_batch 8 exceeds decode_batch 4"),
     (dict(resident_share=1.5), "resident_share must be a number in \\[0, 1\\], got 1.5"),
     (dict(device_memory_gb=1e-4), "exceed the budget"),
 ])
@@ -128,12 +128,25 @@ def test_bad_policies_are_refused_at_load(options, message):
         moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", **{**POLICY, **options})
 
 
-def test_options_need_placement_lightning_and_a_profile_to_search():
-    with pytest.raises(ValueError, match="batch_size"):
-        moejax.load(fixture_dir(NAME), dtype="float32", placement="streamed", batch_size=4)
-    with pytest.raises(ValueError, match="micro_batch not given and the policy search cannot give them"):
-        moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning",
-                    **{k: v for k, v in POLICY.items() if k != "micro_batch"})
+def test_options_need_placement_lightning():
+    with pytest.raises(ValueError, match="decode_batch"):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="streamed", decode_batch=4)
+
+
+def test_decode_batch_was_batch_size_which_still_works_with_a_warning(capsys):
+    with pytest.warns(FutureWarning, match="batch_size is renamed decode_batch; the old name is accepted for this "
+                                           "release only"):
+        engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning",
+                             **{("batch_size" if k == "decode_batch" else k): v for k, v in POLICY.items()})
+    assert engine.memory_budget.lightning.N == 4
+    with pytest.raises(TypeError, match="give decode_batch, not both it and batch_size"):
+        moejax.load(fixture_dir(NAME), placement="lightning", batch_size=4, **POLICY)
+    from launch.serve import parse_args
+    args = parse_args(["--input", "x", "--batch-size", "3"])
+    assert args.decode_batch == 3
+    assert "note: --batch-size is renamed --decode-batch" in capsys.readouterr().err
+    assert "--batch-size" not in open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "README.md")).read()
 
 
 def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):
@@ -143,7 +156,7 @@ def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):
     assert engine.placement.name == "lightning"
     assert any("placement auto: lightning, because the KV cache of 8 rows x 1152 tokens" in d
                for d in engine.decisions)
-    assert engine.memory_budget.lightning.source.startswith("batch_size, micro_batch")  # from the search
+    assert engine.memory_budget.lightning.source.startswith("decode_batch, micro_batch")  # from the search
     fits = moejax.load(fixture_dir(NAME), dtype="float32", placement="auto", device_memory_gb=gb * 4, profile="l4")
     assert fits.placement.name == "resident"
 
@@ -154,10 +167,41 @@ def test_serve_explain_probes_and_plots_lightning(tmp_path, capsys):
     from launch import serve as serve_cli
     pytest.importorskip("matplotlib")
     serve_cli.main(["--model", fixture_dir(NAME), "--dtype", "float32", "--input", EXAMPLES, "--explain",
-                    "--placement", "lightning", "--batch-size", "4", "--micro-batch", "2", "--resident-share", "0.5",
+                    "--placement", "lightning", "--decode-batch", "4", "--micro-batch", "2", "--resident-share", "0.5",
                     "--kv-device-share", "0", "--attention-on", "host", "--seq-len", "16", "--gen-len", "8",
                     "--profile", "l4", "--plot", str(tmp_path)])
     out = capsys.readouterr().out
     assert "placement lightning: N=4 mu=2" in out
     assert "lightning decode measured here: 4 rows at 20 tokens of context" in out and "measured / predicted" in out
     assert (tmp_path / "lightning-gantt.png").stat().st_size > 0
+
+
+def test_static_batches_with_the_prefix_cache_on_equal_resident(lightning, resident, tmp_path):
+    """--batching static --kv-cache on: lightning's static prefill computes every prompt token instead of reading
+    and storing prefix blocks (it used to answer each such completion 500), with the resident engine's tokens."""
+    import json
+
+    from moejax.sched.batch import serve_lines
+    from moejax.sched.serving_options import ServingOptions
+    shared = list(range(1, 40))  # two full blocks every prompt shares
+    lines = [json.dumps({"custom_id": f"c{i}", "url": "/v1/completions",
+                         "body": {"prompt": shared + [50 + i], "max_tokens": 3}}) for i in range(4)]
+    options = ServingOptions(batching="static", kv_cache="on", max_batch_tokens=64)
+    outs = {}
+    for tag, engine in (("lightning", lightning), ("resident", resident)):
+        summary = serve_lines(engine, lines, str(tmp_path / f"{tag}.jsonl"), options, seed_nonce=0)
+        assert summary["requests_failed"] == 0, summary
+        outs[tag] = [json.loads(x)["response"]["body"]["choices"][0]["text"]
+                     for x in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
+        assert summary["batches_planned"] > 1  # the shared blocks are stored by one batch and read by a later one
+    assert outs["lightning"] == outs["resident"]
+
+
+def test_the_policy_search_sizes_the_kv_for_this_host_and_dtype():
+    """The search plans on the profile (t4: a host of another size, 16-bit KV) but the batch must fit here, in the
+    engine's dtype: it searches with host_memory_gb and float32's bytes, as the load's check counts them (it used
+    to pick 11492 rows and then refuse them)."""
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", profile="t4", host_memory_gb=0.05)
+    plan = engine.memory_budget.lightning
+    kv = engine.kv_bytes_per_token() * plan.N * (1024 + 128)  # the default workload's rows
+    assert plan.source.startswith("decode_batch, micro_batch") and 0 < kv <= 0.8 * 0.05 * 2**30

@@ -48,10 +48,11 @@ def test_bad_plan_fields_name_themselves():
         EnginePlan(layout="experts=ep,r1=auto")
 
 
-def test_layout_auto_needs_a_profile_here():
-    """CPU devices have no datasheet: layout auto says how to get a profile instead of guessing."""
-    with pytest.raises(ValueError, match="no hardware profile for .*launch.profile_devices"):
-        moejax.load("tiny-qwen3-moe", layout="auto")
+def test_a_profile_asked_for_that_does_not_exist_is_refused():
+    """A profile named but missing is the user's mistake: refused, not replaced by a measured one (one is measured
+    only when none is asked for: tests/plan/test_quick_profile.py)."""
+    with pytest.raises(ValueError, match="profile 'no-such-profile' is neither a datasheet profile"):
+        moejax.load("tiny-qwen3-moe", layout="auto", profile="no-such-profile")
 
 
 def test_placement_auto_asks_the_planner_when_streamed_and_cached_both_fit():

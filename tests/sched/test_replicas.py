@@ -258,3 +258,30 @@ def test_launch_serve_on_an_existing_ray_cluster(local_ray, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(out.read_text().splitlines()) == 6 and "on 2 replicas" in done.stderr
     assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 3
+
+
+pipeline_engine = functools.partial(moejax.load, QWEN3, dtype="float32", layout="attn=pp,experts=pp")
+
+
+def test_replicas_of_the_pipeline_answer_generation_400_and_score_as_one_engine(local_ray, tmp_path):
+    """A prefill-only layout on replicas: completions that generate get one engine's 400 with the reason (not a 500
+    per share), scoring lines are served with the prefix cache off (kv_cache auto), equal to one engine's."""
+    lines = [line for line in workload() if '"/v1/score"' in line][:4] + [workload()[8]]
+    one = str(tmp_path / "one.jsonl")
+    serve_lines(make_engine(), lines, one, OPTIONS, seed_nonce=NONCE)
+    run = ReplicaRun(pipeline_engine, OPTIONS, ReplicaPlan(replicas=2), model=QWEN3)
+    try:
+        infos = run.start(())
+        base, placement = run.settings(infos)
+        summary = run.serve(lines, str(tmp_path / "pp.jsonl"), {**base, "placement": placement}, infos,
+                            seed_nonce=NONCE)
+    finally:
+        run.stop()
+    got, want = results(tmp_path / "pp.jsonl"), results(one)
+    assert summary["requests_batch_failed"] == 0 and summary["requests_invalid"] == 1
+    assert got[4]["response"]["status_code"] == 400
+    assert "prefill-only scoring" in got[4]["response"]["body"]["error"]["message"]
+    for g, w in zip(got[:4], want[:4], strict=True):
+        for a, b in zip(g["response"]["body"]["results"][0]["candidates"],
+                        w["response"]["body"]["results"][0]["candidates"], strict=True):
+            assert a["logprob"] == pytest.approx(b["logprob"], rel=1e-5, abs=1e-6)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
+from moejax.offload.predict.artifacts import ESTIMATOR, kind_of
 from moejax.offload.predict.router import DefaultVectors
 
 _f32 = jnp.float32
@@ -89,6 +90,13 @@ class EstimatorNet:
     def load(cls, path: str) -> "EstimatorNet":
         meta = os.path.join(os.path.abspath(path), "estimator.json")
         if not os.path.isfile(meta):
+            if os.path.isdir(path):  # another predictor's files given here: say which
+                try:
+                    holds = kind_of(path, frozenset(load_arrays(path, "estimator")))
+                except ValueError:
+                    holds = "no estimator.json"
+                raise ValueError(f"{ESTIMATOR} {path}: holds {holds}, not an estimator (write one with "
+                                 "`python -m launch.distill`)")
             raise ValueError(f"estimator: {path!r} holds no estimator.json (write one with `python -m launch.distill`)")
         with open(meta) as f:
             saved = json.load(f)

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
+from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Pending, Prediction
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class ExpertMapStore:
     @classmethod
     def load(cls, path: str) -> "ExpertMapStore":
         tree = load_arrays(path, "expert maps")
+        expect_kind(tree, path, "expert maps")
         capacity, distance = (int(v) for v in tree["settings"])
         return cls(capacity, distance, tree["embeddings"].astype(np.float32), tree["maps"].astype(np.float32))
 

@@ -19,6 +19,7 @@ from flax import nnx
 from moejax.buckets import bucket
 from moejax.offload import layered
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
+from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class DefaultVectors:
     @classmethod
     def load(cls, path: str) -> "DefaultVectors":
         tree = load_arrays(path, "default vectors")
+        expect_kind(tree, path, "default vectors")
         return cls(np.asarray(tree["vectors"], np.float32), np.asarray(tree["counts"]))
 
 
