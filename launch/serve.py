@@ -163,9 +163,12 @@ def load_error(args, e: Exception) -> str:
 
 
 def check_plot_extra(args) -> str | None:
-    """--plot draws with matplotlib, an optional extra: without it the flag is refused before the model loads."""
+    """--plot draws --explain's plans with matplotlib, an optional extra: without --explain, or without matplotlib,
+    the flag is refused before the model loads (it would do nothing)."""
     if not args.plot:
         return None
+    if not args.explain:
+        return "--plot draws the plans --explain prints; give --explain too, or drop --plot"
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -28,6 +28,7 @@ BAD_TEXT: dict[str, list[str]] = {
 
 # options that do not go together, besides an option's `applies`: (flags, the flag the message must name)
 PAIRS: list[tuple[list[str], str]] = [
+    (["--plot", "{tmp}"], "--plot"),  # without --explain it would draw nothing
     (["--placement", "streamed", "--stream", "jit", "--window", "2"], "--window"),
     (["--placement", "cached", "--predictor", "router"], "--default-vectors"),
     (["--placement", "cached", "--predictor", "estimator"], "--estimator"),
