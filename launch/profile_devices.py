@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from moejax.plan.paths import default_profile_path
+from moejax.quick_profile import write_profile
 
 GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
 
@@ -86,19 +87,6 @@ def writable(path: str) -> bool:
         print(f"launch.profile_devices: cannot write the profile to {path}: {reason} (choose another --out)",
               file=sys.stderr)
         return False
-
-
-def write_profile(profile, path: str) -> None:
-    """Write whole or not at all: to a scratch file in the same folder, then renamed over `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, scratch = tempfile.mkstemp(dir=folder, prefix=".profile-", suffix=".tmp")
-    os.close(fd)
-    try:
-        profile.save(scratch)
-        os.replace(scratch, path)
-    except BaseException:
-        os.unlink(scratch)
-        raise
 
 
 def report(measurement) -> str:

@@ -27,7 +27,7 @@ def measure_quick_profile(device_kind: str) -> tuple[Profile, str]:
     profile = measure_profile(Shapes.generic(quick=True), QUICK).profile
     seconds = time.perf_counter() - start
     try:
-        _write(profile, path)
+        write_profile(profile, path)
         where = f"cached it at {path} for later loads"
     except OSError as e:
         _MEASURED[device_kind] = profile
@@ -37,9 +37,10 @@ def measure_quick_profile(device_kind: str) -> tuple[Profile, str]:
                      "launch.profile_devices` measures a finer one")
 
 
-def _write(profile: Profile, path: str) -> None:
-    """Whole or not at all: a scratch file renamed over `path` (another process may be reading it)."""
-    folder = os.path.dirname(path)
+def write_profile(profile: Profile, path: str) -> None:
+    """Whole or not at all: a scratch file in the same folder (made if missing), renamed over `path` (another
+    process may be reading it)."""
+    folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, scratch = tempfile.mkstemp(dir=folder, prefix=".profile-", suffix=".tmp")
     os.close(fd)
