@@ -22,6 +22,8 @@ hardware ceilings measured with CUDA events. Steps, in order of what a short lea
   bench_kernels  `python -m launch.bench kernels` (every compiled grouped GEMM and FFN backend, one that would not
                  fit skipped), then bench_offload and bench_serve: `launch.bench offload | serve` at GPU sizes
   bench_plans    `python -m launch.bench plans` (the GPU's measured profile, the planners' run times)
+  offload_decode only when --only names it (a set of its own, under 5 minutes): `launch.bench offload --sections
+                 decode --placements ...`, every decode placement side by side at one device budget
 
 Every step runs in its own process under a time limit (LIMITS: from the first H200 run's measured times) and
 the whole run under --budget-s; a failing or slow step is recorded and the next one runs. Every step's process
@@ -64,7 +66,8 @@ DEPENDENCIES = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy", "
 # What a short lease must not miss comes first: correctness (kernels, parity, the engine's generation and offload
 # paths, where the third check found two defects after the benchmarks had spent its budget), then speed.
 ORDER = ["install", "environment", "ceilings", "kernel_tests", "parity_tests", "bench_generate", "offload_tests",
-         "tune_gmm", "bench_kernels", "bench_offload", "bench_serve", "bench_plans"]
+         "tune_gmm", "bench_kernels", "bench_offload", "bench_serve", "bench_plans", "offload_decode"]
+ON_REQUEST = ("offload_decode",)  # a set of its own: runs only when --only names it
 NEEDED_FIRST = ("install", "environment")  # before any step: the device's name is in every file's
 # Time limits on the GPU, seconds (doubled in the dry run). The first H200 run (2026-11-26, jax 0.11.2) measured:
 # install 6 s, environment 7 s, ceilings 20 s; 36 kernel tests in 150 s, of which the compiled pallas ones took
@@ -75,7 +78,7 @@ NEEDED_FIRST = ("install", "environment")  # before any step: the device's name 
 # --budget-s (TUNE_GMM).
 LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gmm=120, bench_kernels=120,
               bench_offload=130, bench_serve=120, parity_tests=90, bench_generate=120, offload_tests=90,
-              bench_plans=90)
+              bench_plans=90, offload_decode=270)
 # The sweep on the GPU: the two classes the targets name (8K and 32K tokens), the first three candidates of each
 # list (the first H200 sweep's best, the warp-specialized Mosaic body, the runners-up), about 80 s; the full sweep
 # (`python -m launch.tune_gmm`, 160 s) is a call of its own (bench/README.md).
@@ -120,6 +123,20 @@ BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry
     "plans": (["--model", "qwen3-30b-a3b", "--dtype", "bfloat16", "--solver-repeats", "5"],
               ["--quick", "--solver-repeats", "1", "--repeats", "1"]),
 }
+
+
+# The decode placements side by side at one budget (launch/bench_decode_placements.py), a set of its own under 5
+# minutes with install and environment: qwen3-30b-a3b's first 8 layers, random weights, 40% of their bytes as the
+# device budget; batch 1 and 64 at a 512-token prompt, then one 4K-token prompt; 32 output tokens (64 outgrow the
+# limit: a streamed step copies every expert, ~0.2 s on an H200's link). The predictors' calibration is read from
+# OFFLOAD_DECODE_CALIBRATION when it exists (made on CPU beforehand: bench/README.md), else made on the GPU.
+OFFLOAD_DECODE_PLACEMENTS = "resident,streamed,cached-lru,cached-oracle,lightning,cached-router,cached-expert_map"
+OFFLOAD_DECODE_CALIBRATION = os.path.join("bench", "calibration", "qwen3-30b-a3b-l8")
+OFFLOAD_DECODE = (["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--num-layers", "8",
+                   "--batches", "1,64", "--long-prompt", "4096", "--new-tokens", "32", "--h2d-mib", "256"],
+                  ["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--quick", "--batches", "1,2",
+                   "--long-prompt", "48", "--new-tokens", "2", "--budget-fraction", "0.8", "--device-rows", "1",
+                   "--calibration-prompts", "2", "--calibration-tokens", "16"])
 
 
 def _install_check() -> str:
@@ -184,6 +201,13 @@ class Check:
         """The step `name`, built when its turn comes: the steps after environment know the device."""
         if name in TEST_STEPS:
             return self._test_step(name, *TEST_STEPS[name])
+        if name == "offload_decode":
+            gpu, dry = OFFLOAD_DECODE
+            calibration = ["--calibration", OFFLOAD_DECODE_CALIBRATION] if os.path.isdir(
+                OFFLOAD_DECODE_CALIBRATION) and not self.dry else []
+            return self._results_step(name, name, "decode placements side by side at one device budget",
+                                      "launch.bench_decode_placements",
+                                      [PY, "-m", "launch.bench", "offload", *(dry if self.dry else gpu + calibration)])
         if name.startswith("bench_"):
             return self._bench_step(name.removeprefix("bench_"), *BENCHES[name.removeprefix("bench_")])
         return getattr(self, f"_{name}_step")()
@@ -271,7 +295,8 @@ class Check:
             env["XLA_FLAGS"] = f"{flags} {RAGGED_DOT_FUSION}".strip()
         if self.dry:
             env.setdefault("JAX_PLATFORMS", "cpu")
-        chosen = [n for n in ORDER if self.args.only is None or n in self.args.only or n in NEEDED_FIRST]
+        chosen = [n for n in ORDER if n in NEEDED_FIRST or (n in self.args.only if self.args.only is not None
+                                                             else n not in ON_REQUEST)]
         if self.args.only is not None:
             print(f"only {', '.join(self.args.only)}; install and environment run first: every file carries the "
                   "device's name, which environment reads", flush=True)

@@ -52,7 +52,8 @@ class LookAheadOracle:
 
     def __init__(self, trace: RoutingTrace | None = None) -> None:
         self.trace: RoutingTrace = dict(trace or {})
-        self._pass, self._moe = -1, []
+        self._pass = -1
+        self._moe: list[int] = []
         self.served = self.unmatched = 0
 
     def restart(self, trace: RoutingTrace | None = None) -> None:
