@@ -77,7 +77,9 @@ def add_arguments(p) -> None:
     p.add_argument("--calibration", default=None,
                    help="placements: directory with the predictors' calibration (default vectors, map store) made "
                         "beforehand by --save-calibration (default: calibrate on the resident engine)")
-    p.add_argument("--save-calibration", default=None, help="placements: write the calibration to this directory")
+    p.add_argument("--save-calibration", default=None,
+                   help="placements: only make the predictors' calibration and write it to this directory (for a "
+                        "later run's --calibration; same --model, --num-layers, --dtype, --seed)")
 
 
 def parse_placements(text: str) -> list[str]:
@@ -89,6 +91,18 @@ def parse_placements(text: str) -> list[str]:
     if "cached-oracle" in names and "cached-lru" not in names[:names.index("cached-oracle")]:
         raise ValueError("--placements: cached-oracle needs cached-lru before it (its trace is recorded there)")
     return list(dict.fromkeys(names))
+
+
+def check_arguments(args) -> None:
+    """--placements and the calibration directories, before any work."""
+    parse_placements(args.placements)
+    if args.save_calibration and os.path.exists(args.save_calibration):
+        raise ValueError(f"--save-calibration: {args.save_calibration} exists; name a new directory")
+    if args.calibration and not all(os.path.isdir(os.path.join(args.calibration, d)) for d in ("vectors", "store")):
+        raise ValueError(f"--calibration: {args.calibration} does not hold vectors/ and store/ (made by "
+                         "--save-calibration)")
+    if not 0 < args.budget_fraction <= 1:
+        raise ValueError(f"--budget-fraction must be in (0, 1], got {args.budget_fraction}")
 
 
 def workloads(args, gpu: bool) -> list[dict]:
@@ -144,7 +158,8 @@ def measure(engine, work: dict, seed: int, *, restart: Callable[[str], None] = l
     full, one = _totals(engine_stats), _totals(first_engine)
     decode = {k: full[k] - one.get(k, 0) for k in full}  # the decode's counters: the full run's less the prefill's
     looked = decode.get("hits", 0) + decode.get("misses", 0)
-    wait = decode.get("wait_s", 0.0) / steps
+    # the full run's waits less the one-token run's: noisy where both prefills waited (clamped at 0; raw kept)
+    wait = max(decode.get("wait_s", 0.0), 0.0) / steps
     row = dict(**work, tokens_per_s=generated / stats.run_s, ttft_s=first.run_s, tpot_s=tpot,
                largest_batch=stats.peak_rows, decode_steps=stats.decode_steps, generated_tokens=generated,
                failed=[t for t in tokens if not isinstance(t, list)][:2], run_s=stats.run_s,
@@ -153,7 +168,8 @@ def measure(engine, work: dict, seed: int, *, restart: Callable[[str], None] = l
                bytes_h2d_per_step=decode.get("bytes_h2d", 0) / steps if "bytes_h2d" in decode else None,
                split=dict(compute_s=compute_s, copy_waited_s=wait,
                           idle_s=None if compute_s is None else tpot - compute_s - wait),
-               kv_pool=engine_stats["kv_pool"], decode_counters=decode, scheduler=stats.as_dict(),
+               kv_pool=engine_stats["kv_pool"], decode_counters=decode, full_run_counters=full,
+               scheduler=stats.as_dict(),
                measure_s=time.perf_counter() - t_all)
     if reference is not None:
         row["tokens_equal_resident"] = tokens == reference
@@ -261,6 +277,11 @@ def run(args, resident, gpu: bool, save: Callable[[dict, str], None], load: Call
     references: dict = {}
     compute: dict = {}
     calibration = None
+    if args.save_calibration:  # made beforehand (on CPU) for a later run's --calibration: nothing is timed
+        calibration = Calibration(resident, args, lambda m: print(f"  {m}", flush=True))
+        record.update(calibration=calibration.value.record, saved_calibration=args.save_calibration, rows=[])
+        print(f"  calibration written to {args.save_calibration}: {calibration.value.record}", flush=True)
+        return record
     if any(n in PREDICTOR_MODES for n in names):
         calibration = Calibration(resident, args, lambda m: print(f"  {m}", flush=True))
         record["calibration"] = calibration.value.record
@@ -296,6 +317,8 @@ def run(args, resident, gpu: bool, save: Callable[[dict, str], None], load: Call
             tokens = row.pop("_tokens")
             if name == "resident":
                 references[w], compute[w] = tokens, row["tpot_s"]
+            if not name.startswith("cached"):
+                row["hit_rate"] = None  # no expert cache: streamed copies every expert, lightning pages them
             if name == "cached-oracle":
                 row["oracle"] = dict(served=oracle.served, unmatched=oracle.unmatched)
             row.update(placement=name, description=engine.placement.describe(
@@ -348,6 +371,8 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
         row = measure(engine, work, args.seed)
         row.pop("_tokens")
         row["placement"] = name
+        if not name.startswith("cached"):
+            row["hit_rate"] = None
         if name == "lightning":
             row["hrm"] = _hrm(engine, explain_engine, args, row)
         claim["rows"].append(row)

@@ -112,7 +112,7 @@ def _defaults(args, gpu: bool):
     if args.prompt_len is None:
         args.prompt_len = (32 if args.quick else 512) if args.placements else 64
     if args.placements:
-        bench_decode_placements.parse_placements(args.placements)  # a typo fails before any work
+        bench_decode_placements.check_arguments(args)  # a typo fails before any work
     if args.num_layers is None and gpu:
         args.num_layers = 8
     if args.quick and args.tokens is None:
