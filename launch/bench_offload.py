@@ -20,6 +20,9 @@
   are `engine.stats()` of the decode loop alone, per output token (see DECODE_METHOD). The analytic bound of what
   overlapping copies with compute can save is min(compute, copy) / (compute + copy), with compute the resident
   TPOT and copy the on-demand bytes per token over the h2d peak.
+  With --placements, the decode section instead runs every decode placement side by side at one device budget on
+  the same requests (launch/bench_decode_placements.py: resident, streamed, cached LRU, the look-ahead oracle,
+  lightning, the predictors; batch 1, 64, 256 and a 4K-token prompt; MoE-Lightning's claim).
 
 Each timed case runs once to warm up (compilation), then --repeats timed runs; medians are reported. Nothing is
 asserted: the record states targets next to the measurements.
