@@ -308,7 +308,8 @@ def run(args, resident, gpu: bool, save: Callable[[dict, str], None], load: Call
         for w, work in enumerate(works):
             if engine is None or name == "lightning":
                 try:
-                    engine = load(**_engine_options(name, budget, args, work, recorder, oracle, calibration))
+                    engine = resident if name == "resident" else load(
+                        **_engine_options(name, budget, args, work, recorder, oracle, calibration))
                 except (MemoryBudgetError, ValueError) as e:  # the budget does not hold this placement
                     row = dict(placement=name, **work, error=f"refused: {e}")
                     record["rows"].append(row)
