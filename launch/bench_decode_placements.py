@@ -48,10 +48,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from moejax.offload.memory_budget import MemoryBudgetError
+from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError
 from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
 from moejax.sched.continuous import GenRequest, Scheduler
-from moejax.sched.pool_size import pool_size
+from moejax.sched.pool_size import BLOCK, pool_size
 
 PLACEMENTS = ("resident", "streamed", "cached-lru", "cached-oracle", "lightning", "cached-router", "cached-expert_map",
               "cached-speculative", "cached-router_free")
@@ -182,11 +182,21 @@ def budget_gb(resident, fraction: float) -> float:
 
 
 def claim_budget_gb(resident, rows: int, work: dict) -> float:
-    """Lightning's smallest budget (the non-expert weights and three layers of experts: its double-buffered pages and
-    the assembled layer) with the KV of `rows` sequences beside them, over 0.9 (the reserve)."""
+    """The smallest budget lightning fits (the non-expert weights and three layers of experts, its double-buffered
+    pages and the assembled layer, within the budget less its reserve), raised where needed so that streamed with
+    the same three layers keeps room for `rows` sequences' KV (moejax.sched.pool_size: the budget less half the
+    reserve, less the weights)."""
     b = resident.memory_budget
+    weights = b.resident_bytes + 3 * b.expert_bytes * b.experts_per_layer
     kv = resident.kv_bytes_per_token() * rows * (work["prompt_len"] + work["new_tokens"] + 16)
-    return (b.resident_bytes + 3 * b.expert_bytes * b.experts_per_layer + kv) / 0.9 / 2**30
+    return max(weights / (1 - RESERVE_FRACTION), (weights + kv) / (1 - RESERVE_FRACTION / 2)) / 2**30
+
+
+def _rows_fit(engine, work: dict) -> int:
+    """How many of the workload's sequences the engine's KV pool holds at once (at least 1)."""
+    seqs = [(work["prompt_len"], work["new_tokens"])] * work["batch"]
+    each = -(-(work["prompt_len"] + work["new_tokens"]) // BLOCK)
+    return max(pool_size(engine, seqs).blocks // each, 1)
 
 
 def lightning_options(work: dict) -> dict:
@@ -362,12 +372,13 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
     work = max((w for w in works if w["prompt_len"] == args.prompt_len), key=lambda w: w["batch"])
     budget = claim_budget_gb(resident, args.device_rows, work)
     claim: dict = dict(budget_gb=budget, device_rows=args.device_rows, workload=work, rows=[],
-                       requests="lightning serves the workload's batch; streamed and cached min(batch, 4 x "
-                                "device_rows) requests (they carry about device_rows rows at once)",
+                       requests="lightning serves the workload's batch; streamed and cached min(batch, 2 x the rows "
+                                "their KV pool holds at once)",
                        target="lightning tokens/s >= 2x streamed's at the same budget (MoE-Lightning, arXiv "
                               "2411.11217)")
     record["lightning_claim"] = claim
-    print(f"lightning claim at {budget:.3f} GiB (the KV of {args.device_rows} rows beside lightning's weights), "
+    print(f"lightning claim at {budget:.3f} GiB (lightning's smallest, at least {args.device_rows} rows' KV beside "
+          f"streamed's weights), "
           f"batch {work['batch']}:", flush=True)
     for name in ("lightning", "streamed", "cached-lru"):
         options = _engine_options(name, budget, args, work, None, None, None)
@@ -378,9 +389,9 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
         except (MemoryBudgetError, ValueError) as e:
             claim["rows"].append(dict(placement=name, error=f"refused: {e}"))
             continue
-        # streamed and cached carry about --device-rows rows at once: more requests than a few waves of them
-        # repeat the same steady state, and would spend the time a GPU check has
-        served = work if name == "lightning" else dict(work, batch=min(work["batch"], 4 * args.device_rows))
+        # streamed and cached carry only the rows their KV pool holds: more requests than two waves of them repeat
+        # the same steady state, and would spend the time a GPU check has
+        served = work if name == "lightning" else dict(work, batch=min(work["batch"], 2 * _rows_fit(engine, work)))
         row = measure(engine, served, args.seed)
         row.pop("_tokens")
         row["placement"] = name

@@ -134,7 +134,7 @@ OFFLOAD_DECODE_PLACEMENTS = "resident,streamed,cached-lru,cached-oracle,lightnin
 OFFLOAD_DECODE_CALIBRATION = os.path.join("bench", "calibration", "qwen3-30b-a3b-l8")
 OFFLOAD_DECODE = (["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--num-layers", "8",
                    "--batches", "1,64", "--long-prompt", "4096", "--new-tokens", "32", "--h2d-mib", "256"],
-                  ["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--quick", "--batches", "2",
+                  ["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--quick", "--batches", "4",
                    "--long-prompt", "0", "--new-tokens", "2", "--budget-fraction", "0.8", "--device-rows", "1",
                    "--calibration-prompts", "2", "--calibration-tokens", "16"])
 
