@@ -331,8 +331,15 @@ def run(args, resident, gpu: bool, save: Callable[[dict, str], None], load: Call
                         continue
                     break
             restart = restart_for(name, w)
-            row = measure(engine, work, args.seed, restart=restart, compute_s=compute.get(w),
-                          reference=references.get(w))
+            try:
+                row = measure(engine, work, args.seed, restart=restart, compute_s=compute.get(w),
+                              reference=references.get(w))
+            except Exception as e:  # noqa: BLE001 - one failing row (device memory, a runtime error) is recorded
+                row = dict(placement=name, **work, error=f"{type(e).__name__}: {str(e)[:400]}")
+                record["rows"].append(row)
+                _print(name, row)
+                save(record, f"{name} failed")
+                continue
             tokens = row.pop("_tokens")
             if name == "resident":
                 references[w], compute[w] = tokens, row["tpot_s"]
@@ -392,7 +399,11 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
         # streamed and cached carry only the rows their KV pool holds: more requests than two waves of them repeat
         # the same steady state, and would spend the time a GPU check has
         served = work if name == "lightning" else dict(work, batch=min(work["batch"], 2 * _rows_fit(engine, work)))
-        row = measure(engine, served, args.seed)
+        try:
+            row = measure(engine, served, args.seed)
+        except Exception as e:  # noqa: BLE001 - recorded, and the next placement runs
+            claim["rows"].append(dict(placement=name, **served, error=f"{type(e).__name__}: {str(e)[:400]}"))
+            continue
         row.pop("_tokens")
         row["placement"] = name
         if not name.startswith("cached"):
