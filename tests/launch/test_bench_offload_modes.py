@@ -39,7 +39,7 @@ def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     assert (tmp_path / "modes.png").stat().st_size > 0
 
 
-@pytest.mark.slow  # calibrates a fixture model (about 30 s alone)
+@pytest.mark.slow  # calibrates a fixture model (about 10 s alone)
 def test_decode_placements_calibration_is_saved_and_read_back(tmp_path):
     """--save-calibration makes the predictors' calibration (nothing timed); --calibration reads it back as it was;
     bad directories and names are refused before any work."""
