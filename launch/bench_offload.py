@@ -20,6 +20,9 @@
   are `engine.stats()` of the decode loop alone, per output token (see DECODE_METHOD). The analytic bound of what
   overlapping copies with compute can save is min(compute, copy) / (compute + copy), with compute the resident
   TPOT and copy the on-demand bytes per token over the h2d peak.
+  With --placements, the decode section instead runs every decode placement side by side at one device budget on
+  the same requests (launch/bench_decode_placements.py: resident, streamed, cached LRU, the look-ahead oracle,
+  lightning, the predictors; batch 1, 64, 256 and a 4K-token prompt; MoE-Lightning's claim).
 
 Each timed case runs once to warm up (compilation), then --repeats timed runs; medians are reported. Nothing is
 asserted: the record states targets next to the measurements.
@@ -39,7 +42,7 @@ from moejax.costs import layer_flops_per_token
 from moejax.kernels.platform import on_gpu
 from moejax.offload.saturation import profile_saturation
 from moejax.placements import Cached
-from launch import offload_modes
+from launch import bench_decode_placements, offload_modes
 from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
 
@@ -86,7 +89,8 @@ def add_parser(sub):
     p.add_argument("--distill-steps", type=int, default=300, help="estimator mode: distillation steps")
     p.add_argument("--capacity", type=int, default=1024, help="expert_map modes: store capacity")
     p.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; quick 8)")
-    p.add_argument("--prompt-len", type=int, default=64, help="decode prompt tokens")
+    p.add_argument("--prompt-len", type=int, default=None, help="decode prompt tokens (default 64; --placements 512, "
+                                                                "quick 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="decode sampling temperature (0: greedy)")
     p.add_argument("--h2d-mib", type=int, default=None, help="H2D copy size in MiB (GPU 1024, CPU 64)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per case (GPU 5, CPU 3)")
@@ -95,6 +99,7 @@ def add_parser(sub):
     p.add_argument("--plot", default=None, help="PNG of each decode mode's TTFT, TPOT and hit rate (needs "
                                                 "matplotlib)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/offload-<device>.json)")
+    bench_decode_placements.add_arguments(p)
     return p
 
 
@@ -107,6 +112,10 @@ def _defaults(args, gpu: bool):
     args.profile_tokens = args.profile_tokens or (64 if args.quick else 4096 if gpu else 512)
     args.new_tokens = args.new_tokens or (8 if args.quick else 64)
     args.h2d_mib = args.h2d_mib or (16 if args.quick else 1024 if gpu else 64)
+    if args.prompt_len is None:
+        args.prompt_len = (32 if args.quick else 512) if args.placements else 64
+    if args.placements:
+        bench_decode_placements.check_arguments(args)  # a typo fails before any work
     if args.num_layers is None and gpu:
         args.num_layers = 8
     if args.quick and args.tokens is None:
@@ -381,7 +390,10 @@ def offload(args, env, partial=no_file) -> dict:
         raise ValueError(f"--sections: unknown {', '.join(sorted(sections - {'prefill', 'decode'}))} (prefill, decode)")
     if "prefill" in sections:
         record["prefill"] = prefill(args, peak["gb_per_s"], resident, saver("prefill"))
-    if "decode" in sections:
+    if "decode" in sections and args.placements:
+        record["decode"] = bench_decode_placements.run(args, resident, gpu, saver("decode"),
+                                                       lambda **options: _load(args, **options))
+    elif "decode" in sections:
         record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
         if args.plot:
             from launch import expert_map_plots

@@ -22,6 +22,8 @@ hardware ceilings measured with CUDA events. Steps, in order of what a short lea
   bench_kernels  `python -m launch.bench kernels` (every compiled grouped GEMM and FFN backend, one that would not
                  fit skipped), then bench_offload and bench_serve: `launch.bench offload | serve` at GPU sizes
   bench_plans    `python -m launch.bench plans` (the GPU's measured profile, the planners' run times)
+  offload_decode only when --only names it (a set of its own, under 5 minutes): `launch.bench offload --sections
+                 decode --placements ...`, every decode placement side by side at one device budget
 
 Every step runs in its own process under a time limit (LIMITS: from the first H200 run's measured times) and
 the whole run under --budget-s; a failing or slow step is recorded and the next one runs. Every step's process
@@ -78,7 +80,7 @@ NEEDED_FIRST = ("install", "environment")  # before any step: the device's name 
 # --budget-s (TUNE_GMM).
 LIMITS = dict(install=60, environment=60, ceilings=60, kernel_tests=120, tune_gmm=120, bench_kernels=120,
               bench_offload=130, bench_serve=120, parity_tests=90, bench_generate=120, offload_tests=90,
-              bench_plans=90)
+              bench_plans=90, offload_decode=270)
 # The sweep on the GPU: the two classes the targets name (8K and 32K tokens), the first three candidates of each
 # list (the first H200 sweep's best, the warp-specialized Mosaic body, the runners-up), about 80 s; the full sweep
 # (`python -m launch.tune_gmm`, 160 s) is a call of its own (bench/README.md).
@@ -131,8 +133,11 @@ BENCHES = {  # launch.bench command: (arguments on the GPU, arguments in the dry
 # call of under 5 minutes fit one lease with the machine's start. The dry run runs the same steps on a deep micro
 # model (DEEP_TINY) with the kernels interpreted.
 GROUPS = {"full_depth": ["install", "environment", "ceilings", "depth_tests", "dispatch_probe", "bench_decode_full",
-                         "bench_prefill_full", "bench_kernels"]}
+                         "bench_prefill_full", "bench_kernels"],
+          "offload_decode": ["install", "environment", "offload_decode"]}
 FULL_DEPTH_BUDGET_S = 345.0
+OFFLOAD_DECODE_BUDGET_S = 290.0
+GROUP_BUDGETS = {"full_depth": FULL_DEPTH_BUDGET_S, "offload_decode": OFFLOAD_DECODE_BUDGET_S}
 FULL = ["--model", "qwen3-30b-a3b", "--dtype", "bfloat16"]
 DEEP_TINY = ["--model", "micro-qwen3-moe-deep", "--dtype", "float32"]
 FULL_DEPTH_BENCHES = {  # the group's kernel rows: the two token counts the expert FFN's targets name
@@ -170,6 +175,18 @@ GROUP_RUNS = {  # name: (file stem, what, module, arguments on the GPU, in the d
                                                     "--prefix", "24", "--suffix", "8", "--repeats", "1",
                                                     "--no-resident"]),
 }
+# The decode placements side by side at one budget (launch/bench_decode_placements.py), a set of its own under 5
+# minutes with install and environment: qwen3-30b-a3b's first 8 layers, random weights, 40% of their bytes as the
+# device budget; batch 1 and 64 at a 512-token prompt, then one 4K-token prompt; 32 output tokens (64 outgrow the
+# limit: a streamed step copies every expert, ~0.2 s on an H200's link). The predictors' calibration is read from
+# OFFLOAD_DECODE_CALIBRATION when it exists (made on CPU beforehand: bench/README.md), else made on the GPU.
+OFFLOAD_DECODE_PLACEMENTS = "resident,streamed,cached-lru,cached-oracle,lightning,cached-router,cached-expert_map"
+OFFLOAD_DECODE_CALIBRATION = os.path.join("bench", "calibration", "qwen3-30b-a3b-l8")
+OFFLOAD_DECODE = (["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--num-layers", "8",
+                   "--batches", "1,64", "--long-prompt", "4096", "--new-tokens", "32", "--h2d-mib", "256"],
+                  ["--sections", "decode", "--placements", OFFLOAD_DECODE_PLACEMENTS, "--quick", "--batches", "4",
+                   "--long-prompt", "0", "--new-tokens", "2", "--budget-fraction", "0.8", "--device-rows", "1",
+                   "--calibration-prompts", "2", "--calibration-tokens", "16"])
 
 
 def _install_check() -> str:
@@ -236,6 +253,13 @@ class Check:
             return self._test_step(name, *(TEST_STEPS.get(name) or GROUP_TESTS[name]))
         if name in GROUP_RUNS:
             return self._group_run_step(name, *GROUP_RUNS[name])
+        if name == "offload_decode":
+            gpu, dry = OFFLOAD_DECODE
+            calibration = ["--calibration", OFFLOAD_DECODE_CALIBRATION] if os.path.isdir(
+                OFFLOAD_DECODE_CALIBRATION) and not self.dry else []
+            return self._results_step(name, name, "decode placements side by side at one device budget",
+                                      "launch.bench_decode_placements",
+                                      [PY, "-m", "launch.bench", "offload", *(dry if self.dry else gpu + calibration)])
         if name.startswith("bench_"):
             return self._bench_step(name.removeprefix("bench_"), *BENCHES[name.removeprefix("bench_")])
         return getattr(self, f"_{name}_step")()
@@ -449,7 +473,8 @@ def main(argv=None) -> int:
                         help="seconds for all steps (default 520, as the device tool allows 600 a call; dry run 1200)")
     parser.add_argument("--only", default=None, metavar="STEP,...",
                         help=f"run these steps (and install, environment first); steps: {', '.join(ORDER)}; or one "
-                             f"group of steps of its own: {', '.join(GROUPS)} (--budget-s {FULL_DEPTH_BUDGET_S:g})")
+                             "group of steps of its own: "
+                             + ", ".join(f"{g} (--budget-s {b:g})" for g, b in GROUP_BUDGETS.items()))
     parser.add_argument("--limit", default=None, metavar="STEP=SECONDS,...",
                         help="a step's time limit instead of its default (dry run: used as given, not doubled)")
     parser.add_argument("--cache-dir", default=None,
@@ -461,7 +486,7 @@ def main(argv=None) -> int:
         parser.error("run it from the repository root (no pyproject.toml and moejax/ here)")
     args.only, args.group = (None, None) if args.only is None else _steps(args.only, parser)
     if args.budget_s is None:
-        args.budget_s = (1200.0 if args.dry_run else FULL_DEPTH_BUDGET_S if args.group == "full_depth" else 520.0)
+        args.budget_s = 1200.0 if args.dry_run else GROUP_BUDGETS.get(args.group or "", 520.0)
     if args.budget_s <= 0:
         parser.error(f"--budget-s must be positive, got {args.budget_s}")
     args.limits = _limits(args.limit, parser)

@@ -37,3 +37,38 @@ def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     assert "expert_map (3 maps" in placement and "distance 1, T;" in placement  # Map (T): no semantic, no δ
     assert run["decode"]["calibration"]["distill_steps"] == 4
     assert (tmp_path / "modes.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # calibrates a fixture model (about 10 s alone)
+def test_decode_placements_calibration_is_saved_and_read_back(tmp_path):
+    """--save-calibration makes the predictors' calibration (nothing timed); --calibration reads it back as it was;
+    bad directories and names are refused before any work."""
+    import argparse
+
+    import numpy as np
+
+    import moejax
+    from launch.bench_decode_placements import Calibration, check_arguments, parse_placements
+    from moejax.offload.predict import DefaultVectors
+    saved = tmp_path / "calibration"
+    out = tmp_path / "offload.json"
+    bench.main(["offload", "--model", fixture_dir("qwen3_moe"), "--quick", "--sections", "decode", "--placements",
+                "cached-router", "--save-calibration", str(saved), "--out", str(out)])
+    run = json.loads(out.read_text())["runs"][-1]
+    assert run["decode"]["rows"] == [] and run["decode"]["calibration"]["store"]["maps"] == 4
+    args = argparse.Namespace(placements="cached-lru,cached-oracle,cached-expert_map", calibration=str(saved),
+                              save_calibration=None, budget_fraction=0.4)
+    check_arguments(args)
+    read = Calibration(moejax.load(fixture_dir("qwen3_moe"), dtype="float32"), args, print).value
+    assert len(read.store) == 4 and read.record["read_from"] == str(saved)
+    vectors = DefaultVectors.load(read.vectors_path)
+    assert vectors.vectors.shape[0] == 3 and np.any(vectors.vectors != 0)  # the fixture's three layers
+    for bad, message in ((dict(save_calibration=str(saved)), "--save-calibration: .* exists"),
+                         (dict(calibration=str(tmp_path)), "--calibration: .* does not hold"),
+                         (dict(budget_fraction=1.5), "--budget-fraction")):
+        with pytest.raises(ValueError, match=message):
+            check_arguments(argparse.Namespace(**{**vars(args), **bad}))
+    with pytest.raises(ValueError, match="unknown cached-orcale"):
+        parse_placements("resident,cached-orcale")
+    with pytest.raises(ValueError, match="needs cached-lru before it"):
+        parse_placements("cached-oracle,cached-lru")

@@ -225,3 +225,45 @@ def test_outcomes_plugin_records_each_test_as_it_ends(tmp_path):
         "test_setup_error": "error"}
     assert "one is not two" in lines["test_bad"]["message"] and "fixture broke" in lines["test_setup_error"]["message"]
     assert lines["test_skipped"]["message"] == "Skipped: not here"
+
+
+@pytest.mark.slow
+def test_offload_decode_set_runs_every_placement_at_one_budget(tmp_path):
+    """`--only offload_decode` (not in the full set): install, environment, then every decode placement side by side
+    at tiny sizes, its JSON in --out and --results-dir. Exact placements give the resident tokens; the look-ahead
+    oracle serves every pass it predicts and hits at least as often as LRU alone."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "launch.gpu_check", "--dry-run", "--only", "offload_decode", "--out",
+                           str(out), "--results-dir", str(results)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    record = json.loads((out / "gpu_check-cpu.json").read_text())
+    assert [(s["name"], s["status"]) for s in record["steps"]] == [
+        ("install", "passed"), ("environment", "passed"), ("offload_decode", "passed")]
+    run = read_runs(str(out / "offload_decode-cpu.json"))[-1]
+    assert read_runs(str(results / "offload_decode-cpu.json")) == [run] and "partial" not in run
+    decode = run["decode"]
+    placements = gpu_check.OFFLOAD_DECODE_PLACEMENTS.split(",")
+    assert decode["placements"] == placements
+    rows = {(r["placement"], r["batch"], r["prompt_len"]): r for r in decode["rows"]}
+    assert {p for p, _, _ in rows} == set(placements)
+    work = [(w["batch"], w["prompt_len"]) for w in decode["workloads"]]
+    for (name, b, t), r in rows.items():
+        if "error" in r:  # only lightning may be refused at the 40%-like budget (its three layers of experts)
+            assert name == "lightning" and r["error"].startswith("refused"), r
+            continue
+        assert r["tokens_per_s"] > 0 and r["tpot_s"] > 0 and r["ttft_s"] > 0 and 1 <= r["largest_batch"] <= b
+        if name != "resident":
+            assert r["tokens_equal_resident"], name  # every one here runs the true router's experts
+            assert r["split"]["compute_s"] == rows[("resident", b, t)]["tpot_s"]
+    for b, t in work:
+        lru, oracle = rows[("cached-lru", b, t)], rows[("cached-oracle", b, t)]
+        assert oracle["oracle"]["unmatched"] == 0 and oracle["oracle"]["served"] > 0
+        assert oracle["hit_rate"] >= lru["hit_rate"]
+    claim = decode["lightning_claim"]
+    got = {r["placement"]: r for r in claim["rows"]}
+    assert set(got) == {"lightning", "streamed", "cached-lru"} and "error" not in got["lightning"]
+    assert got["lightning"]["largest_batch"] > got["streamed"]["largest_batch"]  # its KV lives in host memory
+    assert claim["ratio_vs"]["streamed"] > 0 and got["lightning"]["hrm"]["measured_ms_per_layer"] > 0
+    assert claim["host_attention"]["gb_per_s"] > 0 and claim["host_attention"]["read_gb_per_s"] > 0

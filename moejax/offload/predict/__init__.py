@@ -10,6 +10,8 @@
   the store.
 - `previous_hidden` (§3.3's baseline): layer l's router input fed to layer l+d's router.
 - `oracle`: the true router of the layer itself (distance 0); the reference a speculative run must match.
+- `lookahead.LookAheadOracle` (an object, not a name: it needs a trace): layer l+1's true experts at layer l, from a
+  `RoutingRecorder` trace of the same requests; the bound of any layer-ahead predictor.
 
 `traces` records what predictors are trained and measured on; `replay` measures them on it."""
 from moejax.offload.predict.baselines import PreviousHiddenPredictor
