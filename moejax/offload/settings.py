@@ -51,13 +51,16 @@ class PlacementSettings:
                                help="cached: expert predictor for prefetch", applies=CACHED)
     default_vectors: str | None = option(
         None, type=str, path=True, fingerprint=True, applies=CACHED,
-        help="cached, --predictor router: directory from `python -m launch.calibrate`")
+        help="cached, --predictor router: directory from `python -m launch.calibrate`; --predictor expert_map without "
+             "--maps: the router predictor that stands in while the store is empty")
     estimator: str | None = option(
         None, type=str, path=True, fingerprint=True,
         help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`", applies=CACHED)
     maps: str | None = option(
         None, type=str, path=True,
-        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`", applies=CACHED)
+        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps` (without it: "
+             "fMoE's online setting, the store starts empty and fills as requests are served; the router predictor "
+             "with --default-vectors, else previous_hidden, predicts until it holds maps)", applies=CACHED)
     prefetch_distance: int | None = option(
         None, type=int, minimum=1, fingerprint=True,
         help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)",
@@ -131,15 +134,15 @@ class PlacementSettings:
             raise _error(f"predictor {predictor!r} needs estimator: a directory written by `python -m launch.distill`")
         if self.estimator and predictor not in ("estimator", "hybrid"):
             raise _error(f"estimator applies to predictor 'estimator' or 'hybrid', not {predictor!r}")
-        if predictor == "expert_map" and not self.maps:
-            raise _error("predictor 'expert_map' needs maps: a directory written by `python -m launch.calibrate "
-                         "--maps`")
         if self.maps and predictor != "expert_map":
             raise _error(f"maps applies to predictor 'expert_map', not {predictor!r}")
         if predictor == "expert_map" and self.speculative:
             raise _error("predictor 'expert_map' predicts one set of experts per pass, not each token's: it "
                          "prefetches only, and speculative=True cannot run it")
-        if self.default_vectors and predictor != "router":
+        if self.default_vectors and predictor == "expert_map" and self.maps:
+            raise _error("default_vectors with predictor 'expert_map' is the fallback of an empty store (no maps); "
+                         "with maps it would never run")
+        if self.default_vectors and predictor not in ("router", "expert_map"):
             raise _error(f"default_vectors applies to predictor 'router', not {predictor!r} (an estimator directory "
                          "holds its own)")
         if self.router_free and not self.speculative:

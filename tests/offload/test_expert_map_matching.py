@@ -8,7 +8,7 @@ import pytest
 import moejax
 from conftest import fixture_dir
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, _row_gates, predict_sets
-from moejax.offload.predict.protocol import resolved
+from moejax.offload.predict.protocol import Pending, resolved
 from moejax.offload.predict.replay import steps_of
 
 NAME = "gpt_oss"  # three MoE layers
@@ -140,3 +140,36 @@ def test_decoding_stores_one_map_per_iteration_of_each_request(resident, tmp_pat
     predictor = engine.layered_steps.placement.predictor
     predictor.drain()
     assert len(predictor.store) == 1 + 2 * 4
+
+
+def test_online_from_an_empty_store_falls_back_then_matches_the_maps_it_stored(resident):
+    """fMoE's online setting (§6.3): predictor="expert_map" without maps starts from an empty store; the fallback
+    (previous_hidden here: no default vectors given) predicts the passes begun on it, every pass's maps are
+    stored, and from the next pass on (it waits for the first maps) the passes are matched against them. The tokens stay the resident
+    model's. Before, the settings refused expert_map without maps and the predictor raised on an empty store."""
+    cfg = resident.config
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor="expert_map")
+    placement = engine.layered_steps.placement
+    predictor = placement.predictor
+    assert len(predictor.store) == 0 and "previous_hidden" in predictor.describe()
+    kinds: list[tuple[int, bool]] = []  # (pass, whether it is the matcher's) of each prediction made
+    predict = predictor.predict
+
+    def recording(*args):
+        out = predict(*args)
+        kinds.extend((args[0], isinstance(p, Pending)) for p in out.values())
+        return out
+    predictor.predict = recording
+    prompts = [list(range(3, 12)), list(range(40, 47))]
+    assert engine.generate(prompts, 4) == resident.generate(prompts, 4)
+    predictor.drain()
+    assert len(predictor.store) == 2 * 4  # each row's prefill and 3 decode iterations
+    assert predictor.store.maps.shape[1:] == (len(engine.layered_steps.moe_layers), cfg.num_experts)
+    first = min(p for p, _ in kinds)
+    assert [matched for p, matched in kinds if p == first] == [False, False]  # the fallback's: the store was empty
+    later = [matched for p, matched in kinds if p > first]
+    assert later and all(later)  # the matcher's, once maps were stored
+    assert engine.stats()["total"]["prefetches"] > 0
+    with pytest.raises(ValueError, match="store is empty"):
+        ExpertMapPredictor(ExpertMapStore.unsized(4, 1))  # no fallback: nothing could predict

@@ -15,7 +15,9 @@ iteration) keyed by the iteration's semantic embedding (the mean of its input em
 
 `ExpertMapPredictor` runs this in the cached placement, each row (request) of a batch matched on its own, on a
 matcher thread beside the layer loop (publish/subscribe, §4.3); the placement prefetches the union of the rows'
-sets. It prefetches only; speculative execution needs per-token predictions and refuses it."""
+sets. It prefetches only; speculative execution needs per-token predictions and refuses it. With a fallback
+predictor it starts from an empty store (fMoE's online setting, §6.3): the fallback predicts until the first maps
+are stored, and every pass fills the store."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
-from moejax.offload.predict.protocol import Arrays, Pending, Prediction
+from moejax.offload.predict.protocol import Arrays, Pending, Prediction, Predictor
 
 if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
@@ -70,6 +72,12 @@ class ExpertMapStore:
         return cls(capacity, distance, np.zeros((0, hidden), np.float32), np.zeros((0, moe_layers, experts),
                                                                                    np.float32))
 
+    @classmethod
+    def unsized(cls, capacity: int, distance: int) -> "ExpertMapStore":
+        """An empty store whose shapes its first maps set: fMoE's online setting (§6.3), maps collected while
+        serving a model the caller has not sized the store for."""
+        return cls.empty(capacity, distance, 0, 0, 0)
+
     def __len__(self) -> int:
         return len(self.maps)
 
@@ -108,6 +116,9 @@ class ExpertMapStore:
         stored map that no earlier one of the batch replaced."""
         e = _unit(np.asarray(embeddings, np.float32))
         g = np.asarray(gate_maps, np.float32)
+        if not len(self):  # an empty store takes its first maps' shapes (an unsized one has none yet)
+            self.embeddings, self.maps = np.zeros((0, *e.shape[1:]), np.float32), np.zeros((0, *g.shape[1:]), np.float32)
+            self._prefix2 = None
         room = min(max(self.capacity - len(self), 0), len(g))
         if room:
             self._prefix2 = np.concatenate([self.prefix_norms2, _prefix_norms2(g[:room])])
@@ -228,6 +239,8 @@ class _PassMatcher:
 
     def semantic(self, k: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """The first d MoE layers from each row's most similar stored embedding (§4.2)."""
+        if not len(self.store):  # nothing to match yet (online, from an empty store)
+            return {}
         scores = _unit(self.embeddings) @ self.store.embeddings.T  # [B, C]
         best = np.argmax(scores, axis=1)
         score = scores[np.arange(len(best)), best]
@@ -237,6 +250,8 @@ class _PassMatcher:
         """MoE layer j's observed gate distributions [B, E] -> each row's sets for layer j + d (§4.2-4.3)."""
         g = np.asarray(gates, np.float64)
         self.observed.append(g)
+        if not len(self.store):  # the pass is only recorded, to be stored (online, from an empty store)
+            return {}
         self.dots += g @ self.store.maps[:, j].astype(np.float64).T
         self.norm2 += (g ** 2).sum(axis=1)
         scores = self.dots / np.maximum(np.sqrt(self.norm2[:, None] * self.prefix2[None, :, j]), 1e-12)
@@ -271,17 +286,27 @@ class ExpertMapPredictor:
     layer's search result (right after dispatching the layer), and the first MoE layer's own prefetch waits for
     the semantic search. Padding rows and tokens are matched and stored like requests (no validity mask yet)."""
 
-    def __init__(self, store: ExpertMapStore, *, update: bool = True, semantic: bool = True, adaptive: bool = True):
-        """semantic / adaptive: fMoE §6.5's ablations (predict_sets); both on is fMoE, Map (T+S+δ)."""
+    def __init__(self, store: ExpertMapStore, *, update: bool = True, semantic: bool = True, adaptive: bool = True,
+                 fallback: Predictor | None = None):
+        """semantic / adaptive: fMoE §6.5's ablations (predict_sets); both on is fMoE, Map (T+S+δ).
+        fallback: what predicts while the store is empty (fMoE's online setting, §6.3: maps collected while
+        serving); each pass begun on an empty store is its, and is still recorded and stored as maps."""
         self.store, self.distance, self.update = store, store.distance, update
-        self.semantic, self.adaptive = semantic, adaptive
-        if len(store) == 0:
-            raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`)")
+        self.semantic, self.adaptive, self.fallback = semantic, adaptive, fallback
+        if len(store) == 0 and (fallback is None or not update):
+            raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`, "
+                             "or serve from it with a fallback predictor and update=True: fMoE's online setting)")
+        if fallback is not None and fallback.distance != store.distance:
+            raise ValueError(f"expert maps: the fallback predictor's distance {fallback.distance} differs from the "
+                             f"store's {store.distance}")
+        self._cold = False  # this pass began on an empty store: the fallback predicts it
         self._matcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-map-matcher")  # FIFO: in order
         self._futures: list[Future] = []
         self._pass: _PassMatcher | None = None  # the pass being matched (the matcher thread's)
 
     def begin_pass(self, steps: LayeredSteps) -> None:
+        if not len(self.store):  # online and still empty: the last pass's maps first (its arrays are computed)
+            self.drain()
         # what the matcher finished: its errors surface here; what it has not (storing the last pass's maps) goes
         # on: the thread takes its work in order, so this pass is matched against the updated store all the same
         done = [future for future in self._futures if future.done()]
@@ -290,6 +315,10 @@ class ExpertMapPredictor:
             future.result()  # re-raises the matcher's error
         self._steps = steps
         self._rows = steps.inputs.shape[0]
+        # the store only grows, and the matcher takes this pass after every add submitted before it
+        self._cold = len(self.store) == 0
+        if self.fallback is not None:
+            self.fallback.begin_pass(steps)
         self._submit(self._begin, _row_embeddings(steps.inputs))  # dispatched; read on the matcher thread
 
     def _submit(self, fn: Callable, *args: Any) -> Future:
@@ -303,6 +332,11 @@ class ExpertMapPredictor:
     def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j, k = moe.index(layer), int(idx.shape[-1])
+        if self._cold:  # recorded on the matcher thread all the same: the pass's maps fill the store
+            assert self.fallback is not None
+            self._submit(self._match, j, self._steps.layers[layer](_row_gates, y, rows=self._rows), k,
+                         j == len(moe) - 1)
+            return self.fallback.predict(pass_no, layer, x, y, idx, weights)
         out: Prediction = {}
         if j == 0 and self.semantic:  # first, so the first layer's own prefetch waits for the input embeddings only
             semantic = self._submit(self._first_layers, k)
@@ -331,9 +365,10 @@ class ExpertMapPredictor:
             future.result()
 
     def describe(self) -> str:
+        online = "" if self.fallback is None else f"; {self.fallback.describe()} while the store is empty"
         return (f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, "
                 f"{self.store.nbytes / 2**20:.2f} MiB, distance {self.distance}, "
-                f"{ablation_name(self.semantic, self.adaptive)}; matched per request, asynchronously)")
+                f"{ablation_name(self.semantic, self.adaptive)}; matched per request, asynchronously{online})")
 
 
 def ablation_name(semantic: bool, adaptive: bool) -> str:
