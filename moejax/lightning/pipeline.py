@@ -130,11 +130,12 @@ class LightningSteps(LayeredSteps):
 
     # -- the Engine's steps ---------------------------------------------------------------------------------------
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
-                   prior: Sequence[kv_pool.Layer] | None = None) -> tuple[jax.Array, list[Cache]]:
+                   prior: Sequence[kv_pool.Layer] | None = None, valid: jax.Array | None = None
+                   ) -> tuple[jax.Array, list[Cache]]:
         """Static decode (Engine.generate) through the pipeline; steps without a cache (logits, scoring) through
         LayeredSteps' loop with the paged experts."""
         if cache is None or prior is not None or at.tree is not None:
-            return super().run_layers(x, at, cache, read_cache, prior)
+            return super().run_layers(x, at, cache, read_cache, prior, valid)
         return self._pipeline(x, at, list(cache), read_cache, None)
 
     def prefill(self, state: nnx.State, pool: list[kv_pool.Layer] | None, rows: PrefillRows, *, cache_len: int
