@@ -42,6 +42,11 @@ class PlacementSettings:
         None, type=str, choices=STREAMS,
         help="streamed: python (default; per-layer jits, --window layers copied ahead, Θ profiled) or jit (experts "
              "are host-memory inputs of the whole-model jit; XLA schedules the copies)", applies=STREAMED)
+    pinned_staging_mb: float | None = option(
+        None, type=float, above=0,
+        help="streamed (stream python) or cached: keep the experts in pageable host memory and copy them through a "
+             "pinned staging buffer of this many MiB (for models larger than the pinned memory a host allows; "
+             "default: the experts live in pinned memory)")
     cache_slots: int | None = option(None, type=int, minimum=1, help="cached: expert slots (default: what fits)",
                                      applies=CACHED)
     eviction: str | None = option(None, type=str, choices=POLICIES, help="cached: eviction policy (default lru)",
@@ -118,6 +123,10 @@ class PlacementSettings:
                 raise _error(f"{name} must be in [0, 1], got {value}")
         if self.prefill_experts == "cache":  # the default spelled out: the same runs, the same journal fingerprint
             object.__setattr__(self, "prefill_experts", None)
+        if self.pinned_staging_mb is not None and (self.placement not in ("auto", "streamed", "cached")
+                                                   or self.streams_in_jit):
+            raise _error("pinned_staging_mb applies to placement 'streamed' (stream 'python') or 'cached', not "
+                         f"{self.placement!r}" + (" with stream 'jit'" if self.streams_in_jit else ""))
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
         self._check_predictor()
