@@ -35,7 +35,6 @@ from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
 from moejax.lightning.trace import Timeline, busy
 from moejax.models.attention import AttentionCore
-from moejax.offload import layered
 from moejax.offload.layered import LayeredSteps, _phase
 
 if TYPE_CHECKING:
@@ -298,7 +297,7 @@ class _Pass:
         o = self.o.pop((i, j))
         if i in st.moe_layers:
             x, y, idx, weights = layer(layer_parts.post_route, self.x[j], o)
-            self.x[j] = layered.run_moe(layer, x, y, idx, weights, st.experts.experts(i), st.experts.backend)
+            self.x[j] = st.experts.run_moe(layer, x, y, idx, weights)
             if j == len(self.groups) - 1:
                 st.experts.release(i)
         else:
