@@ -395,7 +395,7 @@ def offload(args, env, partial=no_file) -> dict:
             record["plot"] = args.plot
     if "fmoe" in sections:
         from launch.fmoe_sweeps import fmoe
-        record["fmoe"] = fmoe(args, resident, saver("fmoe"))
+        record["fmoe"] = fmoe(args, resident, saver("fmoe"), load=_load, decode_case=_decode_case)
     if not gpu:
         print(f"(note: {NOTE})")
     return dict(record, wall_s=time.perf_counter() - t0)

@@ -28,12 +28,12 @@ def _values(text: str, what: str) -> list[int]:
     return values
 
 
-def fmoe(args, resident, save) -> dict:
-    """save(the section so far, row) after each measured row."""
+def fmoe(args, resident, save, *, load, decode_case) -> dict:
+    """save(the section so far, row) after each measured row; load(args, **options) -> engine and
+    decode_case(name, engine, prompt, args, reference) -> row are bench_offload's."""
     from flax import nnx
 
     from launch import offload_modes
-    from launch.bench_offload import _decode_case, _load
     from moejax.offload.predict import DefaultVectors, RouterPredictor
     from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, build_store
     from moejax.offload.predict.traces import record
@@ -56,11 +56,11 @@ def fmoe(args, resident, save) -> dict:
           f"calibration tokens ({source}); slots {slot_counts}, distances {distances}, online capacity "
           f"{args.fmoe_capacity}", flush=True)
     rows: list[dict] = []
-    reference = _decode_case("resident", resident, prompt, args)["tokens"]
+    reference = decode_case("resident", resident, prompt, args)["tokens"]
 
     def run(name: str, sweep: str, value: int, cache_slots: int, **options) -> None:
-        engine = _load(args, placement="cached", cache_slots=cache_slots, eviction=args.eviction, **options)
-        row = _decode_case(f"{name} {sweep}={value}", engine, prompt, args, reference)
+        engine = load(args, placement="cached", cache_slots=cache_slots, eviction=args.eviction, **options)
+        row = decode_case(f"{name} {sweep}={value}", engine, prompt, args, reference)
         predictor = engine.layered_steps.placement.predictor
         if predictor is not None:
             predictor.drain()
