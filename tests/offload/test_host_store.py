@@ -1,7 +1,6 @@
 """The host store keeps routed expert weights in pinned host memory and brings them back unchanged."""
 import numpy as np
 import pytest
-from flax import nnx
 
 import moejax
 from moejax.offload import HOST_LIMIT_ENV, HostStore, is_routed_expert, pinned_host_limit_bytes
@@ -9,8 +8,9 @@ from moejax.offload import HOST_LIMIT_ENV, HostStore, is_routed_expert, pinned_h
 
 @pytest.fixture(scope="module")
 def expert_arrays():
-    engine = moejax.load("tiny-qwen3-moe", dtype="float32")
-    return {path: var.get_value() for path, var in nnx.to_flat_state(engine.params) if is_routed_expert(path)}
+    engine = moejax.load("tiny-qwen3-moe", dtype="float32")  # its layers stacked: each layer's experts by its path
+    layers = sorted({p[1] for p in engine.param_shapes() if is_routed_expert(p)})
+    return {("layers", layer, "mlp", name): a for layer in layers for name, a in engine.layer_experts(layer).items()}
 
 
 def test_arrays_live_in_pinned_host_and_fetch_returns_them_on_device(expert_arrays):
