@@ -11,7 +11,7 @@ are reported. For lightning, one probed decode call at its N and the average con
 the share of the time each resource was busy, and with a hardware profile the HRM's predicted per-layer time.
 
 The default budget fits the non-expert weights, three layers of experts (a streamed window of 2, lightning's
-double-buffered pages and its assembled layer) and the KV of --device-rows sequences: streamed and cached can batch
+double-buffered pages) and the KV of --device-rows sequences: streamed and cached can batch
 only that many, lightning as many as its policy's N. On a CPU the accelerator and the host are the same cores and
 memory: the numbers show the pipeline's overhead and how far its tasks overlap, not what a GPU gains (MoE-Lightning
 reports 3.5-10.3x over FlexGen-style layer streaming at the same budget; our streamed is that baseline)."""

@@ -78,7 +78,8 @@ def add_parser(sub):
     p.add_argument("--cache-slots", type=int, default=None,
                    help="cached decode: expert slots (default half the experts of all layers, at least 2 top-k)")
     p.add_argument("--eviction", default="lru", choices=["lru", "lfu", "priority"])
-    p.add_argument("--sections", default="prefill,decode", help="what to measure besides h2d: prefill, decode")
+    p.add_argument("--sections", default="prefill,decode",
+                   help="what to measure besides h2d: prefill, decode, fmoe (launch/fmoe_sweeps.py)")
     p.add_argument("--modes", default=offload_modes.DEFAULT_MODES,
                    help=f"cached decode modes (on-demand always runs): {', '.join(offload_modes.MODES)}")
     p.add_argument("--prompts", default="random", choices=["random", "stdlib"],
@@ -88,6 +89,10 @@ def add_parser(sub):
     p.add_argument("--calibration-tokens", type=int, default=None, help="tokens each (default 256, quick 64)")
     p.add_argument("--distill-steps", type=int, default=300, help="estimator mode: distillation steps")
     p.add_argument("--capacity", type=int, default=1024, help="expert_map modes: store capacity")
+    p.add_argument("--fmoe-slots", default=None, help="fmoe section: cache sizes (default 1/8..6/8 of the experts)")
+    p.add_argument("--fmoe-distances", default="1,2,3", help="fmoe section: prefetch distances (< MoE layers)")
+    p.add_argument("--fmoe-capacity", type=int, default=4, help="fmoe section: online stores' capacity (small: "
+                   "maps are replaced while serving)")
     p.add_argument("--new-tokens", type=int, default=None, help="decode tokens (default 64; quick 8)")
     p.add_argument("--prompt-len", type=int, default=None, help="decode prompt tokens (default 64; --placements 512, "
                                                                 "quick 32)")
@@ -386,8 +391,9 @@ def offload(args, env, partial=no_file) -> dict:
         return save
     partial(record, "h2d")
     sections = {x.strip() for x in args.sections.split(",") if x.strip()}
-    if sections - {"prefill", "decode"}:
-        raise ValueError(f"--sections: unknown {', '.join(sorted(sections - {'prefill', 'decode'}))} (prefill, decode)")
+    known = {"prefill", "decode", "fmoe"}
+    if sections - known:
+        raise ValueError(f"--sections: unknown {', '.join(sorted(sections - known))} ({', '.join(sorted(known))})")
     if "prefill" in sections:
         record["prefill"] = prefill(args, peak["gb_per_s"], resident, saver("prefill"))
     if "decode" in sections and args.placements:
@@ -399,6 +405,9 @@ def offload(args, env, partial=no_file) -> dict:
             from launch import expert_map_plots
             expert_map_plots.decode(record["decode"], args.plot)
             record["plot"] = args.plot
+    if "fmoe" in sections:
+        from launch.fmoe_sweeps import fmoe
+        record["fmoe"] = fmoe(args, resident, saver("fmoe"), load=_load, decode_case=_decode_case)
     if not gpu:
         print(f"(note: {NOTE})")
     return dict(record, wall_s=time.perf_counter() - t0)

@@ -2,6 +2,9 @@
 resident engine: default vectors (router), a distilled estimator (estimator) and an expert-map store (expert_map
 and fMoE §6.5's ablations Map (T) and Map (T+S); expert_map is Map (T+S+δ)).
 
+expert_map-online starts from an empty store (fMoE §6.3's online setting): the router predictor (the calibration's
+default vectors) predicts until the store holds maps, and every pass served, the warm-up's included, adds its maps.
+
 on-demand is the LRU-only baseline when --eviction is lru: the expert cache with no predictor, so every miss is
 loaded when its layer runs."""
 from __future__ import annotations
@@ -20,6 +23,8 @@ MODES = {
     "expert_map": ("expert_map", dict(semantic=True, adaptive=True)),
     "expert_map-T+S": ("expert_map", dict(semantic=True, adaptive=False)),
     "expert_map-T": ("expert_map", dict(semantic=False, adaptive=False)),
+    # fMoE's online setting (§6.3): an empty store filled while serving, the router predictor until it holds maps
+    "expert_map-online": ("expert_map", dict(online=True)),
 }
 DEFAULT_MODES = "on-demand,prefetch,speculative,expert_map"
 
@@ -106,8 +111,8 @@ def store_size(store) -> dict:
 
 def engine_options(mode: str, calibration: Calibration) -> dict:
     """The cached placement's options of `mode` (a fresh store copy for an expert_map mode)."""
-    from moejax.offload.predict import EstimatorPredictor
-    from moejax.offload.predict.expert_maps import ExpertMapPredictor
+    from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
+    from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
     name, options = MODES[mode]
     if name is None:
         return {}
@@ -115,6 +120,11 @@ def engine_options(mode: str, calibration: Calibration) -> dict:
         return dict(predictor="router", prefetch_distance=1, default_vectors=calibration.vectors_path, **options)
     if name == "estimator":
         return dict(predictor=EstimatorPredictor(calibration.estimator), prefetch_distance=1)
+    if options.get("online"):
+        store = calibration.store
+        return dict(predictor=ExpertMapPredictor(ExpertMapStore.unsized(store.capacity, store.distance),
+                                                 fallback=RouterPredictor(DefaultVectors.load(calibration.vectors_path))),
+                    prefetch_distance=1)
     # update=False: every timed run serves the calibration store (serving would add the repeated prompt's own map)
     return dict(predictor=ExpertMapPredictor(copy.deepcopy(calibration.store), update=False, **options),
                 prefetch_distance=1)

@@ -329,6 +329,8 @@ class Engine:
             extra["store_src"] = starts[:, :, None] + np.arange(BLOCK, dtype=np.int32)
         if expand is not None:
             extra["expand"] = np.array(source + [0] * (Bm - m), np.int32)
+        if B > n:  # padding rows: expert predictors neither match nor store them
+            extra["requests"] = np.arange(B) < n
         stops = _pad_rows([list(s) for s in stop_token_ids], Bm, bucket(max(map(len, stop_token_ids), default=0), 4),
                           -1)
         row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (Bm - m,))]) if Bm > m else keys

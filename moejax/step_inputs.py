@@ -21,7 +21,8 @@ class PrefillRows:
     blocks holding positions [0, NP*BLOCK) of each row (a row whose prompt starts later has them all); store_ids
     [B, NS] and store_src [B, NS, BLOCK], prompt blocks to copy into the pool (src = slots); expand [B2], the prefill
     row each decode row continues (several choices of one prompt share its prefill): `sampling` is then per decode
-    row."""
+    row. requests [B] bool: which rows are requests, not the batch's padding (None: all; only the layer loop's
+    predictors read it)."""
     tokens: StepArray
     positions: StepArray
     last: StepArray
@@ -30,6 +31,7 @@ class PrefillRows:
     store_ids: StepArray | None = None
     store_src: StepArray | None = None
     expand: StepArray | None = None
+    requests: StepArray | None = None
 
 
 @pytree

@@ -2,10 +2,11 @@
 E routed experts, the first round(r_w E) stay on the device for good; the others live in pinned host memory cut
 into `pages` pages of consecutive experts, which CGOPipe moves one per micro-batch (W_PINTOG) while the previous
 layer computes, so a page never waits behind a whole layer. At most two layers' pages are on the device at once (the
-double buffer of A.1: the layer computing and the next), plus the layer being computed assembled whole.
+double buffer of A.1: the layer computing and the next) beside the resident share, and no more: the expert FFN reads
+each expert from its page through a page table (`paged_routed`), so no layer is assembled into a third copy.
 
-A layer's experts are assembled in their own order (resident first, then the pages, which cover the rest in order),
-so the router's expert ids index them unchanged."""
+The parts of a layer (resident first, then the pages) cover its experts in order, so the page table is each part's
+first expert id and the router's ids need no renumbering."""
 from __future__ import annotations
 
 import time
@@ -15,11 +16,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from moejax.models.moe import is_routed_expert
 from moejax.offload import layered
 from moejax.offload.stats import OffloadStats
 
 Experts = dict[str, jax.Array]
+
+
+def paged_routed(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: jax.Array, weights: jax.Array,
+                 parts: list[Experts], *, starts: tuple[int, ...], backend: str) -> jax.Array:
+    """Routed experts' output [N, D] read through the page table: part p holds experts starts[p].. of the layer; it
+    runs the choices that fall in it (the others at weight 0) and the parts' outputs add up in float32."""
+    mlp = nnx.merge(graphdef, state).mlp
+    y2 = y.reshape(-1, y.shape[-1])
+    out = jnp.zeros(y2.shape, jnp.float32)
+    for start, part in zip(starts, parts):
+        n = next(iter(part.values())).shape[0]
+        local = idx - start
+        inside = (local >= 0) & (local < n)
+        out += mlp.routed(y2, jnp.clip(local, 0, n - 1), jnp.where(inside, weights, 0), part, backend).astype(
+            jnp.float32)
+    return out.astype(y2.dtype)
 
 
 def page_ranges(experts: int, resident: int, pages: int) -> list[tuple[int, int]]:
@@ -90,7 +109,8 @@ class PagedExperts:
         self.store, self.backend = store, backend
         self.stats = OffloadStats()
         self._pages: dict[int, dict[int, Experts]] = {}  # layer -> page -> arrays on the device or on their way
-        self._assembled: dict[int, Experts] = {}
+        self._ready: dict[int, tuple[list[Experts], tuple[int, ...]]] = {}  # layer -> its parts and page table
+        self.peak_paged_bytes = 0  # the most bytes of pages held on the device at once (ready and on their way)
 
     @property
     def layers(self) -> list[int]:
@@ -114,9 +134,10 @@ class PagedExperts:
         s.bytes_h2d += self.store.page_bytes(layer, page)
         return arrays
 
-    def experts(self, layer: int) -> Experts:
-        """The layer's routed experts, assembled on the device (pages not started yet are fetched now: misses)."""
-        done = self._assembled.get(layer)
+    def experts(self, layer: int) -> tuple[list[Experts], tuple[int, ...]]:
+        """The layer's routed experts on the device as parts (the resident share, then its pages) and their first
+        expert ids (the page table); pages not started yet are fetched now (misses)."""
+        done = self._ready.get(layer)
         if done is not None:
             return done
         s = self.stats[layer]
@@ -127,23 +148,38 @@ class PagedExperts:
                 s.prefetches -= 1  # fetched on demand, not ahead
             else:
                 s.hits += 1
-        arrived = self._pages.get(layer, {})
+        arrived = self._pages.pop(layer, {})  # held by the ready parts until release; its next pass's fetch anew
         start = time.perf_counter()
         paged = [arrived[p] for p in range(len(pages))]
         jax.block_until_ready(paged)  # waits only for this layer's pages; later copies keep running
         s.wait_s += time.perf_counter() - start
         resident = self.store.resident.get(layer)
+        E = self.store.num_experts[layer]
+        keep = resident_experts(E, self.store.share)
         parts = ([resident] if resident else []) + paged
-        names = parts[0].keys()
-        assembled = parts[0] if len(parts) == 1 else {n: jnp.concatenate([p[n] for p in parts]) for n in names}
-        self._assembled[layer] = assembled
-        self._pages.pop(layer, None)  # the assembled copy holds what is needed: the pages are freed once it is made
-        return assembled
+        starts = ((0,) if resident else ()) + tuple(a for a, _ in page_ranges(E, keep, self.store.pages))[:len(paged)]
+        self._ready[layer] = parts, starts
+        self.peak_paged_bytes = max(self.peak_paged_bytes, self.paged_bytes())
+        return parts, starts
+
+    def paged_bytes(self) -> int:
+        """Bytes of pages on the device now: the ready layers' and those on their way."""
+        ready = sum(a.nbytes for layer, (parts, _) in self._ready.items() for part in parts
+                    if part is not self.store.resident.get(layer) for a in part.values())
+        moving = sum(a.nbytes for pages in self._pages.values() for page in pages.values() for a in page.values())
+        return ready + moving
+
+    def run_moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
+                ) -> jax.Array:
+        """The experts half of the MoE layer, each expert read from its part."""
+        parts, starts = self.experts(handle.index)
+        out = handle(paged_routed, y, idx, weights, parts, starts=starts, backend=self.backend)
+        return handle(layered.finish, x, y, out)
 
     def release(self, layer: int) -> None:
-        """The layer's FFN is dispatched for every micro-batch: drop its assembled experts (pages of its next pass,
-        fetched since, stay)."""
-        self._assembled.pop(layer, None)
+        """The layer's FFN is dispatched for every micro-batch: drop its pages (those of its next pass, fetched
+        since, stay)."""
+        self._ready.pop(layer, None)
 
     # -- LayeredSteps' loop (unpipelined steps) --------------------------------------------------------------------
     def begin_pass(self, steps: layered.LayeredSteps) -> None:
@@ -152,10 +188,10 @@ class PagedExperts:
             self.fetch_page(first, p)
 
     def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
-        experts = self.experts(handle.index)
+        self.experts(handle.index)
         for p in range(self.store.pages):
             self.fetch_page(self.next_layer(handle.index), p)
-        out = layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
+        out = self.run_moe(handle, x, y, idx, weights)
         self.release(handle.index)
         return out
 

@@ -35,7 +35,6 @@ from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
 from moejax.lightning.trace import Timeline, busy
 from moejax.models.attention import AttentionCore
-from moejax.offload import layered
 from moejax.offload.layered import LayeredSteps, _phase
 
 if TYPE_CHECKING:
@@ -130,11 +129,12 @@ class LightningSteps(LayeredSteps):
 
     # -- the Engine's steps ---------------------------------------------------------------------------------------
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
-                   prior: Sequence[kv_pool.Layer] | None = None) -> tuple[jax.Array, list[Cache]]:
+                   prior: Sequence[kv_pool.Layer] | None = None, valid: jax.Array | None = None
+                   ) -> tuple[jax.Array, list[Cache]]:
         """Static decode (Engine.generate) through the pipeline; steps without a cache (logits, scoring) through
         LayeredSteps' loop with the paged experts."""
         if cache is None or prior is not None or at.tree is not None:
-            return super().run_layers(x, at, cache, read_cache, prior)
+            return super().run_layers(x, at, cache, read_cache, prior, valid)
         return self._pipeline(x, at, list(cache), read_cache, None)
 
     def prefill(self, state: nnx.State, pool: list[kv_pool.Layer] | None, rows: PrefillRows, *, cache_len: int
@@ -297,7 +297,7 @@ class _Pass:
         o = self.o.pop((i, j))
         if i in st.moe_layers:
             x, y, idx, weights = layer(layer_parts.post_route, self.x[j], o)
-            self.x[j] = layered.run_moe(layer, x, y, idx, weights, st.experts.experts(i), st.experts.backend)
+            self.x[j] = st.experts.run_moe(layer, x, y, idx, weights)
             if j == len(self.groups) - 1:
                 st.experts.release(i)
         else:

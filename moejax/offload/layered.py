@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -18,9 +19,11 @@ from moejax import kv_pool, paged_steps, steps
 from moejax.kernels.backends import Kernels
 from moejax.models.moe import MoEBlock
 
+from moejax.step_inputs import PrefillRows
+
 if TYPE_CHECKING:
     from moejax.models.attention import Cache, Positions
-    from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
+    from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows
 
 T = TypeVar("T")
 
@@ -96,6 +99,25 @@ def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args
     return fn(steps.model_of(graphdef, state).unstacked(), *args, **static)
 
 
+@jax.jit
+def _prefill_valid(rows: PrefillRows) -> jax.Array:
+    """[B, T]: each request row's prompt tokens (up to its last), no padding row's."""
+    valid = jnp.arange(rows.tokens.shape[1])[None, :] <= rows.last[:, None]
+    return valid if rows.requests is None else valid & rows.requests[:, None]
+
+
+@jax.jit
+def _chunk_valid(tokens: jax.Array, n: jax.Array) -> jax.Array:
+    """[B, T]: each row's first n real tokens (an idle row, n = 0, has none)."""
+    return jnp.arange(tokens.shape[1])[None, :] < n[:, None]
+
+
+@jax.jit
+def _rows_valid(live: jax.Array) -> jax.Array:
+    """A decode step's [B, 1]: the rows still making tokens (finished and padding rows are not)."""
+    return live[:, None]
+
+
 class LayeredSteps:
     """logits / score / prefill / decode with the signatures of the Engine's jitted steps; `placement` runs the
     routed experts of every MoE layer (`placement.moe(layer: Layer, x, y, idx, weights) -> x`). A placement with
@@ -112,6 +134,7 @@ class LayeredSteps:
         self.moe_layers = [i for i, layer in enumerate(model.layers) if isinstance(layer.mlp, MoEBlock)]
         self.kernels, self.placement = kernels, placement
         self.passes = 0  # forward passes through the layers so far (predictors key their state on it)
+        self.valid: jax.Array | None = None  # the pass's valid tokens (run_layers)
         jit = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
         self._logits = jit(steps.logits_begin), jit(steps.logits_end)
         self._logprobs = (jit(steps.logprobs_begin, static_argnames=("k",)),
@@ -129,8 +152,11 @@ class LayeredSteps:
         self._paged_finish = jax.jit(paged_steps.decode_finish, donate_argnums=(0,))
 
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
-                   prior: Sequence[kv_pool.Layer] | None = None) -> tuple[jax.Array, list[Cache]]:
+                   prior: Sequence[kv_pool.Layer] | None = None, valid: jax.Array | None = None
+                   ) -> tuple[jax.Array, list[Cache]]:
+        """valid [B, T] bool: the pass's tokens that are requests' (not padding; None: all of them)."""
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
+        self.valid = valid  # predictors that learn from the pass (expert maps) skip its padding
         self.placement.begin_pass(self)
         needs_router: Callable[[int], bool] = getattr(self.placement, "needs_router", lambda layer: True)
         new = []
@@ -153,10 +179,10 @@ class LayeredSteps:
         return np.asarray(x)
 
     def _run(self, phases: tuple[Callable, Callable], state: nnx.State, *args: Any, read_cache: bool = True,
-             **static: Any) -> Any:
+             valid: jax.Array | None = None, **static: Any) -> Any:
         begin, end = phases
         inputs, context = begin(state, *args, **static)
-        x, new = self.run_layers(**inputs, read_cache=read_cache)
+        x, new = self.run_layers(**inputs, read_cache=read_cache, valid=valid)
         return end(state, x, new, context, *args, **static)
 
     # -- the Engine's steps ----------------------------------------------------------------------------------
@@ -173,7 +199,8 @@ class LayeredSteps:
     def prefill(self, state: nnx.State, pool: list[kv_pool.Layer] | None, rows: PrefillRows, *, cache_len: int
                 ) -> tuple[list[kv_pool.Layer], jax.Array, list[kv_pool.Layer] | None]:
         read_cache = steps.prefill_reads_cache(pool, rows)
-        return self._run(self._prefill, state, pool, rows, read_cache=read_cache, cache_len=cache_len)
+        return self._run(self._prefill, state, pool, rows, read_cache=read_cache, valid=_prefill_valid(rows),
+                         cache_len=cache_len)
 
     def decode(self, state: nnx.State, cache: Sequence[Cache], rows: DecodeRows, *, steps: int
                ) -> tuple[jax.Array, jax.Array]:
@@ -183,14 +210,15 @@ class LayeredSteps:
         for t in range(1, limit):  # the resident loop's condition, checked on the host
             if bool(np.all(self.host_value(loop.done))):
                 break
-            x, cache = self.run_layers(**begin(state, loop, rows), cache=cache)
+            x, cache = self.run_layers(**begin(state, loop, rows), cache=cache, valid=_rows_valid(~loop.done))
             loop = end(state, x, loop, rows)
         return loop.out, loop.counts
 
     # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
     def chunk(self, state: nnx.State, pool: list[kv_pool.Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
               ) -> tuple[list[kv_pool.Layer], jax.Array, jax.Array]:
-        return self._run(self._chunk, state, pool, carry, rows, read_cache=not fresh, fresh=fresh)
+        return self._run(self._chunk, state, pool, carry, rows, read_cache=not fresh,
+                         valid=_chunk_valid(rows.tokens, rows.n), fresh=fresh)
 
     def paged_decode(self, state: nnx.State, pool: list[kv_pool.Layer], carry: jax.Array, rows: PagedDecodeRows, *,
                      steps: int) -> tuple[list[kv_pool.Layer], jax.Array, jax.Array]:
@@ -199,6 +227,6 @@ class LayeredSteps:
         for _ in range(steps):  # the resident loop's condition, checked on the host
             if not bool(np.any(self.host_value(loop.live))):
                 break
-            x, caches = self.run_layers(**begin(state, pool, loop, rows))
+            x, caches = self.run_layers(**begin(state, pool, loop, rows), valid=_rows_valid(loop.live))
             pool, loop = end(state, x, caches, loop, rows)
         return pool, self._paged_finish(carry, rows.slot, loop.out), loop.out

@@ -90,8 +90,8 @@ class MemoryBudget:
                 what += (f"; prefill streams whole layers: {PREFILL_STREAM_LAYERS} layers' experts beside the slots "
                          "(the layer, the next one on its way, the layer stacked)")
         elif self.placement == "lightning":
-            what = (f"r_w = {self.lightning.r_w:.2f} of the experts resident, the rest paged: two layers' pages and "
-                    "the layer computing, assembled")
+            what = (f"r_w = {self.lightning.r_w:.2f} of the experts resident, the rest paged: two layers' pages, "
+                    "read in place through a page table")
         else:
             what = "all routed experts on the device"
         return (f"memory budget: {self.placement} ({what}); budget {budget}, reserve {size(self.reserve_bytes)}; "
@@ -173,11 +173,11 @@ def budget_memory(*, total_bytes: int, expert_bytes: int, experts_per_layer: int
 
 
 def lightning_expert_bytes(r_w: float, expert_bytes: int, experts_per_layer: int, moe_layers: int) -> int:
-    """Expert bytes on the device under lightning: the resident share of every layer, the pages of two layers (the
-    double buffer) and one layer assembled whole for its FFN."""
+    """Expert bytes on the device under lightning: the resident share of every layer and the pages of two layers (the
+    double buffer; the FFN reads each expert from its page, moejax.lightning.pages.paged_routed)."""
     keep = int(round(r_w * experts_per_layer))
     paged = experts_per_layer - keep
-    return expert_bytes * (keep * moe_layers + 2 * paged + (experts_per_layer if paged else 0))
+    return expert_bytes * (keep * moe_layers + 2 * paged)
 
 
 def _lightning(base: dict[str, Any], plan: Any, budget_bytes: int | None, reserve: int, resident: int

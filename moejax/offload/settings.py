@@ -42,6 +42,11 @@ class PlacementSettings:
         None, type=str, choices=STREAMS,
         help="streamed: python (default; per-layer jits, --window layers copied ahead, Θ profiled) or jit (experts "
              "are host-memory inputs of the whole-model jit; XLA schedules the copies)", applies=STREAMED)
+    pinned_staging_mb: float | None = option(
+        None, type=float, above=0,
+        help="streamed (stream python) or cached: keep the experts in pageable host memory and copy them through a "
+             "pinned staging buffer of this many MiB (for models larger than the pinned memory a host allows; "
+             "default: the experts live in pinned memory)")
     cache_slots: int | None = option(None, type=int, minimum=1, help="cached: expert slots (default: what fits)",
                                      applies=CACHED)
     eviction: str | None = option(None, type=str, choices=POLICIES, help="cached: eviction policy (default lru)",
@@ -51,13 +56,16 @@ class PlacementSettings:
                                help="cached: expert predictor for prefetch", applies=CACHED)
     default_vectors: str | None = option(
         None, type=str, path=True, fingerprint=True, applies=CACHED,
-        help="cached, --predictor router: directory from `python -m launch.calibrate`")
+        help="cached, --predictor router: directory from `python -m launch.calibrate`; --predictor expert_map without "
+             "--maps: the router predictor that stands in while the store is empty")
     estimator: str | None = option(
         None, type=str, path=True, fingerprint=True,
         help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`", applies=CACHED)
     maps: str | None = option(
         None, type=str, path=True,
-        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps`", applies=CACHED)
+        help="cached, --predictor expert_map: directory from `python -m launch.calibrate --maps` (without it: "
+             "fMoE's online setting, the store starts empty and fills as requests are served; the router predictor "
+             "with --default-vectors, else previous_hidden, predicts until it holds maps)", applies=CACHED)
     prefetch_distance: int | None = option(
         None, type=int, minimum=1, fingerprint=True,
         help="router/previous_hidden predictor: MoE layers ahead (default 1; an estimator's is its own)",
@@ -111,6 +119,10 @@ class PlacementSettings:
         options.check(self, prefix="moejax.load: ")
         if self.prefill_experts == "cache":  # the default spelled out: the same runs, the same journal fingerprint
             object.__setattr__(self, "prefill_experts", None)
+        if self.pinned_staging_mb is not None and (self.placement not in ("auto", "streamed", "cached")
+                                                   or self.streams_in_jit):
+            raise _error("pinned_staging_mb applies to placement 'streamed' (stream 'python') or 'cached', not "
+                         f"{self.placement!r}" + (" with stream 'jit'" if self.streams_in_jit else ""))
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
         self._check_predictor()
@@ -127,15 +139,15 @@ class PlacementSettings:
             raise _error(f"predictor {predictor!r} needs estimator: a directory written by `python -m launch.distill`")
         if self.estimator and predictor not in ("estimator", "hybrid"):
             raise _error(f"estimator applies to predictor 'estimator' or 'hybrid', not {predictor!r}")
-        if predictor == "expert_map" and not self.maps:
-            raise _error("predictor 'expert_map' needs maps: a directory written by `python -m launch.calibrate "
-                         "--maps`")
         if self.maps and predictor != "expert_map":
             raise _error(f"maps applies to predictor 'expert_map', not {predictor!r}")
         if predictor == "expert_map" and self.speculative:
             raise _error("predictor 'expert_map' predicts one set of experts per pass, not each token's: it "
                          "prefetches only, and speculative=True cannot run it")
-        if self.default_vectors and predictor != "router":
+        if self.default_vectors and predictor == "expert_map" and self.maps:
+            raise _error("default_vectors with predictor 'expert_map' is the fallback of an empty store (no maps); "
+                         "with maps it would never run")
+        if self.default_vectors and predictor not in ("router", "expert_map"):
             raise _error(f"default_vectors applies to predictor 'router', not {predictor!r} (an estimator directory "
                          "holds its own)")
         if self.router_free and not self.speculative:

@@ -17,6 +17,9 @@ from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStor
 from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings
 
+ONLINE_MAP_CAPACITY = 1024  # maps an online store keeps (launch.calibrate --maps's default)
+
+
 def _error(message: str) -> ValueError:
     return ValueError(f"moejax.load: {message}")
 
@@ -79,11 +82,13 @@ def _predictor(settings: PlacementSettings) -> Predictor | None:
         net = EstimatorNet.load(settings.estimator)
         _same_distance(settings, net.shape.distance, "estimator")
         return EstimatorPredictor(net) if name == "estimator" else HybridPredictor(net)
-    if name == "expert_map":
-        assert settings.maps is not None
-        store = ExpertMapStore.load(settings.maps)
-        _same_distance(settings, store.distance, "expert maps")
-        return ExpertMapPredictor(store)
+    if name == "expert_map":  # without maps: fMoE's online setting, from an empty store
+        store = (ExpertMapStore.load(settings.maps) if settings.maps else
+                 ExpertMapStore.unsized(ONLINE_MAP_CAPACITY, distance))
+        distance = _same_distance(settings, store.distance, "expert maps")
+        fallback = (RouterPredictor(DefaultVectors.load(settings.default_vectors), distance) if settings.default_vectors
+                    else PreviousHiddenPredictor(distance))
+        return ExpertMapPredictor(store, fallback=fallback)
     if name == "previous_hidden":
         return PreviousHiddenPredictor(distance)
     if name == "oracle":

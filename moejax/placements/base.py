@@ -4,7 +4,7 @@ compares placement names."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +62,7 @@ class Placement:
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget
         self.layout_setup = layout_setup  # moejax.sharding.setup.LayoutSetup, or None on one device
+        self.staging_bytes: int | None = None  # pageable experts through a pinned buffer of this size (HostStore)
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
@@ -70,7 +71,13 @@ class Placement:
 
     @classmethod
     def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Placement:
-        return cls(budget, layout_setup)
+        return cls(budget, layout_setup).staged(settings)
+
+    def staged(self, settings: PlacementSettings) -> Self:
+        """Takes the settings' pinned staging buffer (pinned_staging_mb) -> self."""
+        mb = settings.pinned_staging_mb
+        self.staging_bytes = None if mb is None else int(mb * 2**20)
+        return self
 
     @property
     def layout(self) -> Layout | None:

@@ -37,7 +37,7 @@ class Cached(LayerByLayer):
 
     @classmethod
     def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Cached:
-        return cls(budget, layout_setup, settings=settings, predictor=predictor_of(settings))
+        return cls(budget, layout_setup, settings=settings, predictor=predictor_of(settings)).staged(settings)
 
     def at_load(self, config: ModelConfig, find_profile: Callable[[], Profile]) -> None:
         """The predictor's files against the model, before any request (a mismatch would fail every pass)."""
@@ -47,7 +47,7 @@ class Cached(LayerByLayer):
             raise ValueError(f"moejax.load: {e}") from None
 
     def new_store(self) -> HostStore:
-        return HostStore(per_expert=True)
+        return HostStore(per_expert=True, staging_bytes=self.staging_bytes)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedRuntime:
         s = self.settings

@@ -33,7 +33,7 @@ class Streamed(LayerByLayer):
         return budget.placement == cls.name and layout_setup is None and not settings.streams_in_jit
 
     def new_store(self) -> HostStore:
-        return HostStore(per_expert=False)
+        return HostStore(per_expert=False, staging_bytes=self.staging_bytes)
 
     def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedRuntime:
         assert self.memory_budget.window is not None  # a streamed budget has its window

@@ -277,7 +277,9 @@ class DisaggregatedSteps(layered.LayeredSteps):
         return self.placement.layout if online is None else online.layout_for(rows, tokens_per_row, count=count)
 
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
-                   prior: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, list[Cache]]:
+                   prior: Sequence[dict[str, jax.Array]] | None = None, valid: jax.Array | None = None
+                   ) -> tuple[jax.Array, list[Cache]]:
+        self.valid = valid
         self.layout = lay = self.step_layout(x.shape[0], x.shape[1])
         sizes = lay.micro_batches(x.shape[0])
         split_cache = isinstance(cache, MicroBatched)

@@ -72,3 +72,23 @@ def test_decode_placements_calibration_is_saved_and_read_back(tmp_path):
         parse_placements("resident,cached-orcale")
     with pytest.raises(ValueError, match="needs cached-lru before it"):
         parse_placements("cached-oracle,cached-lru")
+
+
+@pytest.mark.slow  # a whole benchmark section end to end
+def test_bench_offload_fmoe_section_sweeps_slots_distance_and_store_policy(tmp_path):
+    """fMoE's sensitivity rows: TPOT against the cache size and the prefetch distance, and the online stores
+    (empty at start, capacity 2) under §4.4's redundancy and the hit-count policy; every row's tokens are the
+    resident model's, the online stores filled to capacity and the hit-count one counted its searches."""
+    out = tmp_path / "fmoe.json"
+    bench.main(["offload", "--model", fixture_dir("qwen3_moe"), "--quick", "--sections", "fmoe", "--fmoe-slots",
+                "8,16", "--fmoe-distances", "1,2", "--fmoe-capacity", "2", "--new-tokens", "4",
+                "--calibration-prompts", "2", "--out", str(out)])
+    rows = json.loads(out.read_text())["runs"][-1]["fmoe"]["rows"]
+    assert [(r["predictor"], r["sweep"], r["value"]) for r in rows] == [
+        ("on-demand", "slots", 8), ("expert_map", "slots", 8), ("on-demand", "slots", 16),
+        ("expert_map", "slots", 16), ("expert_map", "distance", 1),  # d = 2 dropped: the fixture has 2 MoE layers
+        ("expert_map-online-redundancy", "capacity", 2), ("expert_map-online-hits", "capacity", 2)]
+    assert all(r["tokens_equal_resident"] == 1.0 and 0 <= r["stats"]["hit_rate"] <= 1 for r in rows)
+    assert "distance 1" in rows[4]["placement"]
+    online = {r["store"]["policy"]: r["store"] for r in rows[5:]}
+    assert online["redundancy"]["maps"] == online["hits"]["maps"] == 2 and online["hits"]["hits"] > 0

@@ -205,3 +205,35 @@ def test_the_policy_search_sizes_the_kv_for_this_host_and_dtype():
     plan = engine.memory_budget.lightning
     kv = engine.kv_bytes_per_token() * plan.N * (1024 + 128)  # the default workload's rows
     assert plan.source.startswith("decode_batch, micro_batch") and 0 < kv <= 0.8 * 0.05 * 2**30
+
+
+def test_the_ffn_reads_experts_from_their_pages_and_the_device_holds_two_layers_of_pages(resident, lightning,
+                                                                                         prompts):
+    """The page table (MoE-Lightning App. A.1's double buffer, no third copy): while each MoE layer's FFN is
+    dispatched, no device array holds a layer's experts whole (the resident share, r_w = 0.5, holds half; a page a
+    quarter); the pages on the device never exceed two layers' worth; the tokens stay the resident model's.
+    Before, each layer's pages were concatenated into an assembled layer: this failed."""
+    import jax
+
+    from moejax.models.moe import is_routed_expert
+    texts, _ = prompts
+    experts = lightning.steps.experts
+    store = experts.store
+    E = lightning.config.num_experts
+    layer_pages = max(sum(store.page_bytes(layer, p) for p in range(len(store.paged[layer]))) for layer in store.layers)
+    expert_names = {p[3] for p in resident.param_shapes() if is_routed_expert(p)}
+    whole = []
+    release = experts.release
+    shapes = {tuple(a.shape[1:]) for layer in store.layers for page in store.paged[layer] for a in page.values()}
+
+    def watching(layer):  # the layer's FFN is dispatched for every micro-batch and its experts not yet dropped
+        whole.extend(a.shape for a in jax.live_arrays() if a.ndim >= 3 and a.shape[0] == E
+                     and tuple(a.shape[1:]) in shapes)
+        return release(layer)
+    experts.release = watching
+    try:
+        assert lightning.generate(texts, NEW_TOKENS) == resident.generate(texts, NEW_TOKENS)
+    finally:
+        del experts.release
+    assert expert_names and not whole, whole
+    assert 0 < experts.peak_paged_bytes <= 2 * layer_pages

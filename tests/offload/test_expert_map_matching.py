@@ -8,7 +8,7 @@ import pytest
 import moejax
 from conftest import fixture_dir
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, _row_gates, predict_sets
-from moejax.offload.predict.protocol import resolved
+from moejax.offload.predict.protocol import Pending, resolved
 from moejax.offload.predict.replay import steps_of
 
 NAME = "gpt_oss"  # three MoE layers
@@ -140,3 +140,74 @@ def test_decoding_stores_one_map_per_iteration_of_each_request(resident, tmp_pat
     predictor = engine.layered_steps.placement.predictor
     predictor.drain()
     assert len(predictor.store) == 1 + 2 * 4
+
+
+def test_online_from_an_empty_store_falls_back_then_matches_the_maps_it_stored(resident):
+    """fMoE's online setting (§6.3): predictor="expert_map" without maps starts from an empty store; the fallback
+    (previous_hidden here: no default vectors given) predicts the passes begun on it, every pass's maps are
+    stored, and from the next pass on (it waits for the first maps) the passes are matched against them. The
+    tokens stay the resident model's. Before, the settings refused expert_map without maps and the predictor
+    raised on an empty store."""
+    cfg = resident.config
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor="expert_map")
+    placement = engine.layered_steps.placement
+    predictor = placement.predictor
+    assert len(predictor.store) == 0 and "previous_hidden" in predictor.describe()
+    kinds: list[tuple[int, bool]] = []  # (pass, whether it is the matcher's) of each prediction made
+    predict = predictor.predict
+
+    def recording(*args):
+        out = predict(*args)
+        kinds.extend((args[0], isinstance(p, Pending)) for p in out.values())
+        return out
+    predictor.predict = recording
+    prompts = [list(range(3, 12)), list(range(40, 47))]
+    assert engine.generate(prompts, 4) == resident.generate(prompts, 4)
+    predictor.drain()
+    assert len(predictor.store) == 2 * 4  # each row's prefill and 3 decode iterations
+    assert predictor.store.maps.shape[1:] == (len(engine.layered_steps.moe_layers), cfg.num_experts)
+    first = min(p for p, _ in kinds)
+    assert [matched for p, matched in kinds if p == first] == [False, False]  # the fallback's: the store was empty
+    later = [matched for p, matched in kinds if p > first]
+    assert later and all(later)  # the matcher's, once maps were stored
+    assert engine.stats()["total"]["prefetches"] > 0
+    with pytest.raises(ValueError, match="store is empty"):
+        ExpertMapPredictor(ExpertMapStore.unsized(4, 1))  # no fallback: nothing could predict
+
+
+def test_padding_rows_and_tokens_are_neither_matched_nor_stored(resident):
+    """The layer loop's validity mask: three prompts of 9, 7 and 5 tokens run as a prefill of 4 rows x 16 tokens
+    (a padding row, padding tokens) and decode steps whose finished and padding rows still compute. The store
+    then holds one map per request iteration: each prefill's map is the mean gate distribution over its prompt's
+    own tokens and its key their mean embedding (as build_store makes them from the resident model's traces),
+    and the padding row gets no prediction. Before, padded tokens entered the means and padding rows were
+    matched and stored: this failed."""
+    from moejax.offload.predict.expert_maps import build_store
+    from moejax.offload.predict.traces import record
+    from flax import nnx
+    cfg = resident.config
+    prompts = [list(range(3, 12)), list(range(40, 47)), list(range(60, 65))]
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor="expert_map")
+    assert engine.padded_rows(3) > 3, "the fixture's batch is not padded: the test needs a padding row"
+    predictor = engine.layered_steps.placement.predictor
+    rows_seen: list[np.ndarray] = []
+    predict = predictor.predict
+
+    def recording(*args):
+        out = predict(*args)
+        rows_seen.extend(resolved(p)[0] for p in out.values() if isinstance(p, Pending))
+        return out
+    predictor.predict = recording
+    outputs = engine.generate(prompts, 4)
+    assert outputs == resident.generate(prompts, 4)
+    predictor.drain()
+    decodes = sum(len(o) - 1 for o in outputs)  # each row's decode iterations that fed a token
+    assert len(predictor.store) == len(prompts) + decodes
+    traces, _ = record(resident, prompts, max_tokens_per_prompt=16)
+    embed = np.asarray(nnx.merge(resident.graphdef, resident.params).embed[...], np.float32)
+    want = build_store(traces, embed, capacity=8)  # one prefill map per prompt, over its own tokens
+    np.testing.assert_allclose(predictor.store.maps[:3], want.maps, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(predictor.store.embeddings[:3], want.embeddings, rtol=1e-5, atol=1e-6)
+    assert rows_seen and all((ids[3:] < 0).all() for ids in rows_seen)  # the padding row: no experts predicted

@@ -74,6 +74,29 @@ def test_a_full_store_replaces_its_most_redundant_map_and_round_trips(tmp_path):
     np.testing.assert_array_equal(back.embeddings, store.embeddings)
 
 
+def test_the_hit_count_policy_keeps_the_maps_searches_chose(tmp_path):
+    """fMoE Fig. 12a's hit-count ablation: the same new map, nearly map 2 again, replaces map 2 under §4.4's
+    redundancy but the least chosen map under "hits" (map 0 here: maps 1-3 were matched by the matcher's searches,
+    map 2 most). Before, a store had no policy: this failed."""
+    from moejax.offload.predict.expert_maps import _PassMatcher
+    store = _store(n=4, capacity=4, seed=3)
+    hits = ExpertMapStore(store.capacity, store.distance, store.embeddings.copy(), store.maps.copy(), "hits")
+    matcher = _PassMatcher(hits, hits.embeddings[[1, 2, 2, 3]], requests=np.array([True, True, True, True]))
+    matcher.semantic(k=2)  # each row's own embedding: maps 1, 2, 2 and 3 chosen
+    assert hits.hits.tolist() == [0, 1, 2, 1]
+    before = store.maps.copy()
+    new = (store.embeddings[2] * 3.0, before[2] * 0.5 + 0.5 / 8)
+    store.add(*new)
+    hits.add(*new)
+    assert not np.allclose(store.maps[2], before[2]) and np.allclose(store.maps[0], before[0])
+    assert not np.allclose(hits.maps[0], before[0]) and np.allclose(hits.maps[1:], before[1:])
+    assert hits.hits.tolist() == [0, 1, 2, 1]  # the new map starts uncounted
+    back = ExpertMapStore.load(hits.save(str(tmp_path / "hits")))
+    assert back.policy == "hits"
+    with pytest.raises(ValueError, match="policy"):
+        ExpertMapStore.empty(4, 1, 3, 8, 5, policy="lfu")
+
+
 def test_a_batch_of_new_iterations_replaces_distinct_maps():
     """§4.4's batched update: two new iterations both nearest stored map 2 replace map 2 and another one, so both
     are kept (one after the other, the second would replace the first)."""

@@ -32,7 +32,9 @@ PAIRS: list[tuple[list[str], str]] = [
     (["--placement", "streamed", "--stream", "jit", "--window", "2"], "--window"),
     (["--placement", "cached", "--predictor", "router"], "--default-vectors"),
     (["--placement", "cached", "--predictor", "estimator"], "--estimator"),
-    (["--placement", "cached", "--predictor", "expert_map"], "--maps"),
+    # expert maps without --maps start from an empty store (fMoE's online setting); --default-vectors is its fallback
+    (["--placement", "cached", "--predictor", "expert_map", "--maps", "{tmp}", "--default-vectors", "{tmp}"],
+     "--default-vectors"),
     (["--placement", "cached", "--predictor", "router", "--default-vectors", "{tmp}", "--maps", "{tmp}"], "--maps"),
     (["--placement", "cached", "--predictor", "previous_hidden", "--default-vectors", "{tmp}"], "--default-vectors"),
     (["--placement", "cached", "--predictor", "expert_map", "--maps", "{tmp}", "--speculative"], "--speculative"),

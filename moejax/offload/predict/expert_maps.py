@@ -8,14 +8,17 @@ iteration) keyed by the iteration's semantic embedding (the mean of its input em
 - Selection (§4.3, Eq. 6-8): δ = clip(1 - score, 0, 1); the fewest experts, most probable first, whose
   probabilities sum to at least δ, and at least k of them.
 - Store (§4.4): capacity C; a new map replaces the stored map most redundant with it once the store is full,
-  redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map.
+  redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map. The "hits" policy is the ablation against it (Fig. 12a's
+  hit count): each stored map counts the searches that chose it, and a new map replaces the least chosen one.
 - Priorities (§4.5): prefetch priority p / (l - l_now) (moejax.offload.expert_cache.prefetch_priority), which orders
   the cached placement's copies across the layers ahead (moejax.offload.cached); eviction priority from the map
   probabilities (the cache's "priority" policy takes them as scores).
 
 `ExpertMapPredictor` runs this in the cached placement, each row (request) of a batch matched on its own, on a
 matcher thread beside the layer loop (publish/subscribe, §4.3); the placement prefetches the union of the rows'
-sets. It prefetches only; speculative execution needs per-token predictions and refuses it."""
+sets. It prefetches only; speculative execution needs per-token predictions and refuses it. With a fallback
+predictor it starts from an empty store (fMoE's online setting, §6.3): the fallback predicts until the first maps
+are stored, and every pass fills the store."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,11 +33,14 @@ from flax import nnx
 
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
-from moejax.offload.predict.protocol import Arrays, Pending, Prediction
+from moejax.offload.predict.protocol import Arrays, Pending, Prediction, Predictor
 
 if TYPE_CHECKING:
     from moejax.offload.layered import LayeredSteps
     from moejax.offload.predict.traces import Traces
+
+
+POLICIES = ("redundancy", "hits")  # ExpertMapStore.policy
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -61,15 +67,34 @@ class ExpertMapStore:
     distance: int
     embeddings: np.ndarray  # [n, D] unit semantic embeddings
     maps: np.ndarray  # [n, M, E] gate distributions per MoE layer
+    policy: str = "redundancy"  # which map a new one replaces: "redundancy" (§4.4) or "hits" (the least chosen)
+    hits: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # [n] searches that chose it
     # [n, M]: each map's squared norm over its layers 0..m (trajectory cosines of a growing prefix), kept by add
     _prefix2: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"expert maps: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if len(self.hits) != len(self.maps):
+            self.hits = np.zeros(len(self.maps), np.int64)
+
     @classmethod
-    def empty(cls, capacity: int, distance: int, moe_layers: int, experts: int, hidden: int) -> "ExpertMapStore":
+    def empty(cls, capacity: int, distance: int, moe_layers: int, experts: int, hidden: int,
+              policy: str = "redundancy") -> "ExpertMapStore":
         if capacity < 1 or distance < 1:
             raise ValueError(f"expert maps: capacity and distance must be >= 1, got {capacity}, {distance}")
         return cls(capacity, distance, np.zeros((0, hidden), np.float32), np.zeros((0, moe_layers, experts),
-                                                                                   np.float32))
+                                                                                   np.float32), policy)
+
+    @classmethod
+    def unsized(cls, capacity: int, distance: int, policy: str = "redundancy") -> "ExpertMapStore":
+        """An empty store whose shapes its first maps set: fMoE's online setting (§6.3), maps collected while
+        serving a model the caller has not sized the store for."""
+        return cls.empty(capacity, distance, 0, 0, 0, policy)
+
+    def chosen(self, best: np.ndarray) -> None:
+        """Count searches that chose the maps `best` (indices; repeats count each time)."""
+        np.add.at(self.hits, np.asarray(best, np.int64), 1)
 
     def __len__(self) -> int:
         return len(self.maps)
@@ -109,16 +134,26 @@ class ExpertMapStore:
         stored map that no earlier one of the batch replaced."""
         e = _unit(np.asarray(embeddings, np.float32))
         g = np.asarray(gate_maps, np.float32)
+        if not len(self):  # an empty store takes its first maps' shapes (an unsized one has none yet)
+            self.embeddings = np.zeros((0, *e.shape[1:]), np.float32)
+            self.maps = np.zeros((0, *g.shape[1:]), np.float32)
+            self._prefix2 = None
         room = min(max(self.capacity - len(self), 0), len(g))
         if room:
             self._prefix2 = np.concatenate([self.prefix_norms2, _prefix_norms2(g[:room])])
             self.embeddings = np.concatenate([self.embeddings, e[:room]])
             self.maps = np.concatenate([self.maps, g[:room]])
+            self.hits = np.concatenate([self.hits, np.zeros(room, np.int64)])
         for start in range(room, len(g), self.capacity):  # at most C at once: each replaces a different map
             self._replace(e[start:start + self.capacity], g[start:start + self.capacity])
 
     def _replace(self, e: np.ndarray, g: np.ndarray) -> None:
         prefix, L = self.prefix_norms2, self.maps.shape[1]
+        if self.policy == "hits":  # the least chosen maps, the oldest first among equals
+            for x, victim in enumerate(np.argsort(self.hits, kind="stable")[:len(g)]):
+                self.embeddings[victim], self.maps[victim], self.hits[victim] = e[x], g[x], 0
+                prefix[victim] = _prefix_norms2(g[x:x + 1])[0]
+            return
         flat = g.reshape(len(g), -1).astype(np.float64)
         norms = np.sqrt((flat ** 2).sum(axis=1)[:, None] * prefix[None, :, -1])
         traj = flat @ self.maps.reshape(len(self), -1).astype(np.float64).T / np.maximum(norms, 1e-12)
@@ -126,19 +161,21 @@ class ExpertMapStore:
         for x in range(len(g)):
             victim = int(np.argmax(redundancy[x]))
             redundancy[:, victim] = -np.inf
-            self.embeddings[victim], self.maps[victim] = e[x], g[x]
+            self.embeddings[victim], self.maps[victim], self.hits[victim] = e[x], g[x], 0
             prefix[victim] = _prefix_norms2(g[x:x + 1])[0]
 
     def save(self, path: str) -> str:
         return save_arrays(path, dict(embeddings=self.embeddings, maps=self.maps,
-                                      settings=np.asarray([self.capacity, self.distance], np.int64)))
+                                      settings=np.asarray([self.capacity, self.distance,
+                                                           POLICIES.index(self.policy)], np.int64)))
 
     @classmethod
     def load(cls, path: str) -> "ExpertMapStore":
         tree = load_arrays(path, "expert maps")
         expect_kind(tree, path, "expert maps")
-        capacity, distance = (int(v) for v in tree["settings"])
-        return cls(capacity, distance, tree["embeddings"].astype(np.float32), tree["maps"].astype(np.float32))
+        capacity, distance, *policy = (int(v) for v in tree["settings"])  # stores saved before policies: 2 values
+        return cls(capacity, distance, tree["embeddings"].astype(np.float32), tree["maps"].astype(np.float32),
+                   POLICIES[policy[0] if policy else 0])
 
 
 def gate_probabilities(logits: np.ndarray) -> np.ndarray:
@@ -192,22 +229,33 @@ def predict_sets(store: ExpertMapStore, embedding: np.ndarray, observed: np.ndar
     return out
 
 
-def _row_gates(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, *, rows: int) -> jax.Array:
-    """Each row's (request's) mean gate distribution [rows, E] over its tokens."""
+def _valid_mean(a: jax.Array, valid: jax.Array | None) -> jax.Array:
+    """[B, T, F] -> [B, F]: the mean over each row's valid tokens (valid [B, T]; None: all); 0 for a row with none."""
+    if valid is None:
+        return a.mean(axis=1)
+    w = valid.astype(a.dtype)[..., None]
+    return (a * w).sum(axis=1) / jnp.maximum(w.sum(axis=1), 1)
+
+
+def _row_gates(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, valid: jax.Array | None = None, *,
+               rows: int) -> jax.Array:
+    """Each row's (request's) mean gate distribution [rows, E] over its valid tokens."""
     mlp = nnx.merge(graphdef, state).mlp
     p = jax.nn.softmax(mlp.router_logits(y.reshape(-1, y.shape[-1]).astype(jnp.float32)), axis=-1)
-    return p.reshape(rows, -1, p.shape[-1]).mean(axis=1)
+    return _valid_mean(p.reshape(rows, -1, p.shape[-1]), valid)
 
 
 @jax.jit
-def _row_embeddings(inputs: jax.Array) -> jax.Array:
-    """Each row's semantic embedding [B, D]: the mean of its input embeddings [B, T, D]."""
-    return inputs.astype(jnp.float32).mean(axis=1)
+def _row_embeddings(inputs: jax.Array, valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """Each row's semantic embedding [B, D] (the mean of its valid input embeddings [B, T, D]) and whether it is
+    a request's [B] (it has a valid token: padding rows have none)."""
+    rows = jnp.ones(inputs.shape[:1], bool) if valid is None else valid.any(axis=1)
+    return _valid_mean(inputs.astype(jnp.float32), valid), rows
 
 
 def _padded(sets: list[np.ndarray], p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-row expert ids (most probable first) -> (ids [B, K] padded with -1, their map probabilities [B, K])."""
-    width = max(len(s) for s in sets)
+    width = max(1, *(len(s) for s in sets))
     ids, probs = np.full((len(sets), width), -1, np.int32), np.zeros((len(sets), width), np.float32)
     for b, s in enumerate(sets):
         ids[b, :len(s)], probs[b, :len(s)] = s, p[b, s]
@@ -220,9 +268,12 @@ class _PassMatcher:
     [B, C] and the maps' prefix norms, so each layer costs one [B, E] x [E, C] product, not a search over
     (j + 1)·E columns."""
 
-    def __init__(self, store: ExpertMapStore, embeddings: np.ndarray, adaptive: bool = True):
+    def __init__(self, store: ExpertMapStore, embeddings: np.ndarray, adaptive: bool = True,
+                 requests: np.ndarray | None = None):
         self.store, self.adaptive = store, adaptive  # adaptive=False: δ off, each row's k most probable (§6.5)
         self.embeddings = np.asarray(embeddings, np.float32)
+        # [B] bool: the rows that are requests; padding rows get no sets and store no maps
+        self.requests = np.ones(len(self.embeddings), bool) if requests is None else np.asarray(requests, bool)
         B, C = len(self.embeddings), len(store)
         self.dots, self.norm2 = np.zeros((B, C)), np.zeros(B)
         self.prefix2 = store.prefix_norms2  # [C, M]
@@ -230,15 +281,20 @@ class _PassMatcher:
 
     def semantic(self, k: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """The first d MoE layers from each row's most similar stored embedding (§4.2)."""
+        if not len(self.store):  # nothing to match yet (online, from an empty store)
+            return {}
         scores = _unit(self.embeddings) @ self.store.embeddings.T  # [B, C]
         best = np.argmax(scores, axis=1)
         score = scores[np.arange(len(best)), best]
+        self.store.chosen(best[self.requests])
         return {t: self._select(best, score, t, k) for t in range(min(self.store.distance, self.store.maps.shape[1]))}
 
     def layer(self, j: int, gates: np.ndarray, k: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """MoE layer j's observed gate distributions [B, E] -> each row's sets for layer j + d (§4.2-4.3)."""
         g = np.asarray(gates, np.float64)
         self.observed.append(g)
+        if not len(self.store):  # the pass is only recorded, to be stored (online, from an empty store)
+            return {}
         self.dots += g @ self.store.maps[:, j].astype(np.float64).T
         self.norm2 += (g ** 2).sum(axis=1)
         scores = self.dots / np.maximum(np.sqrt(self.norm2[:, None] * self.prefix2[None, :, j]), 1e-12)
@@ -246,21 +302,25 @@ class _PassMatcher:
         if target >= self.store.maps.shape[1]:
             return {}
         best = np.argmax(scores, axis=1)
+        self.store.chosen(best[self.requests])
         return {target: self._select(best, scores[np.arange(len(best)), best], target, k)}
 
     def _select(self, best: np.ndarray, score: np.ndarray, target: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.store.maps[best, target]  # [B, E]: each row's matched map at the target layer
         score = score if self.adaptive else np.ones_like(score)  # score 1: δ = 0, top-k
-        return _padded([select_experts(p[b], float(score[b]), k) for b in range(len(best))], p)
+        none = np.zeros(0, np.int64)
+        return _padded([select_experts(p[b], float(score[b]), k) if self.requests[b] else none
+                        for b in range(len(best))], p)
 
     def iteration_maps(self) -> tuple[np.ndarray, np.ndarray]:
-        """(embeddings [B', D], maps [B', M, E]) of the pass's distinct rows: the iterations to store (§4.4);
-        identical rows (a batch's padding) are stored once."""
-        maps = np.stack(self.observed, axis=1).astype(np.float32)
-        _, first = np.unique(np.concatenate([self.embeddings, maps.reshape(len(maps), -1)], axis=1), axis=0,
+        """(embeddings [B', D], maps [B', M, E]) of the pass's distinct request rows: the iterations to store
+        (§4.4); padding rows are not stored, identical rows once."""
+        maps = np.stack(self.observed, axis=1).astype(np.float32)[self.requests]
+        embeddings = self.embeddings[self.requests]
+        _, first = np.unique(np.concatenate([embeddings, maps.reshape(len(maps), -1)], axis=1), axis=0,
                              return_index=True)
         keep = np.sort(first)
-        return self.embeddings[keep], maps[keep]
+        return embeddings[keep], maps[keep]
 
 
 class ExpertMapPredictor:
@@ -271,19 +331,30 @@ class ExpertMapPredictor:
     reads the ones for the layers ahead after the layer's own work is dispatched, so the search runs while that
     layer computes. The predictor never reads a device array on the loop's thread; the loop does wait for each
     layer's search result (right after dispatching the layer), and the first MoE layer's own prefetch waits for
-    the semantic search. Padding rows and tokens are matched and stored like requests (no validity mask yet)."""
+    the semantic search. The layer loop's validity mask (LayeredSteps.valid) keeps padding out: a row's embedding
+    and gate distributions are means over its valid tokens, and padding rows are neither matched nor stored."""
 
-    def __init__(self, store: ExpertMapStore, *, update: bool = True, semantic: bool = True, adaptive: bool = True):
-        """semantic / adaptive: fMoE §6.5's ablations (predict_sets); both on is fMoE, Map (T+S+δ)."""
+    def __init__(self, store: ExpertMapStore, *, update: bool = True, semantic: bool = True, adaptive: bool = True,
+                 fallback: Predictor | None = None):
+        """semantic / adaptive: fMoE §6.5's ablations (predict_sets); both on is fMoE, Map (T+S+δ).
+        fallback: what predicts while the store is empty (fMoE's online setting, §6.3: maps collected while
+        serving); each pass begun on an empty store is its, and is still recorded and stored as maps."""
         self.store, self.distance, self.update = store, store.distance, update
-        self.semantic, self.adaptive = semantic, adaptive
-        if len(store) == 0:
-            raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`)")
+        self.semantic, self.adaptive, self.fallback = semantic, adaptive, fallback
+        if len(store) == 0 and (fallback is None or not update):
+            raise ValueError("expert maps: the store is empty (build it with `python -m launch.calibrate --maps`, "
+                             "or serve from it with a fallback predictor and update=True: fMoE's online setting)")
+        if fallback is not None and fallback.distance != store.distance:
+            raise ValueError(f"expert maps: the fallback predictor's distance {fallback.distance} differs from the "
+                             f"store's {store.distance}")
+        self._cold = False  # this pass began on an empty store: the fallback predicts it
         self._matcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expert-map-matcher")  # FIFO: in order
         self._futures: list[Future] = []
         self._pass: _PassMatcher | None = None  # the pass being matched (the matcher thread's)
 
     def begin_pass(self, steps: LayeredSteps) -> None:
+        if not len(self.store):  # online and still empty: the last pass's maps first (its arrays are computed)
+            self.drain()
         # what the matcher finished: its errors surface here; what it has not (storing the last pass's maps) goes
         # on: the thread takes its work in order, so this pass is matched against the updated store all the same
         done = [future for future in self._futures if future.done()]
@@ -292,24 +363,34 @@ class ExpertMapPredictor:
             future.result()  # re-raises the matcher's error
         self._steps = steps
         self._rows = steps.inputs.shape[0]
-        self._submit(self._begin, _row_embeddings(steps.inputs))  # dispatched; read on the matcher thread
+        # the store only grows, and the matcher takes this pass after every add submitted before it
+        self._cold = len(self.store) == 0
+        if self.fallback is not None:
+            self.fallback.begin_pass(steps)
+        self._valid = getattr(steps, "valid", None)  # [B, T]: the pass's request tokens (None: all)
+        self._submit(self._begin, *_row_embeddings(steps.inputs, self._valid))  # dispatched; read on the matcher
 
     def _submit(self, fn: Callable, *args: Any) -> Future:
         future = self._matcher.submit(fn, *args)
         self._futures.append(future)
         return future
 
-    def _begin(self, embeddings: jax.Array) -> None:
-        self._pass = _PassMatcher(self.store, np.asarray(embeddings), self.adaptive)
+    def _begin(self, embeddings: jax.Array, requests: jax.Array) -> None:
+        self._pass = _PassMatcher(self.store, np.asarray(embeddings), self.adaptive, np.asarray(requests))
 
     def predict(self, pass_no: int, layer: int, x: Arrays, y: Arrays, idx: Arrays, weights: Arrays) -> Prediction:
         moe = self._steps.moe_layers
         j, k = moe.index(layer), int(idx.shape[-1])
+        if self._cold:  # recorded on the matcher thread all the same: the pass's maps fill the store
+            assert self.fallback is not None
+            self._submit(self._match, j, self._steps.layers[layer](_row_gates, y, self._valid, rows=self._rows), k,
+                         j == len(moe) - 1)
+            return self.fallback.predict(pass_no, layer, x, y, idx, weights)
         out: Prediction = {}
         if j == 0 and self.semantic:  # first, so the first layer's own prefetch waits for the input embeddings only
             semantic = self._submit(self._first_layers, k)
             out |= {moe[t]: Pending(semantic, t) for t in range(min(self.distance, len(moe)))}
-        gates = self._steps.layers[layer](_row_gates, y, rows=self._rows)  # dispatched; read on the matcher thread
+        gates = self._steps.layers[layer](_row_gates, y, self._valid, rows=self._rows)  # read on the matcher thread
         future = self._submit(self._match, j, gates, k, j == len(moe) - 1)
         if j + self.distance < len(moe):
             out[moe[j + self.distance]] = Pending(future, j + self.distance)
@@ -333,9 +414,10 @@ class ExpertMapPredictor:
             future.result()
 
     def describe(self) -> str:
+        online = "" if self.fallback is None else f"; {self.fallback.describe()} while the store is empty"
         return (f"expert_map ({len(self.store)} maps of capacity {self.store.capacity}, "
                 f"{self.store.nbytes / 2**20:.2f} MiB, distance {self.distance}, "
-                f"{ablation_name(self.semantic, self.adaptive)}; matched per request, asynchronously)")
+                f"{ablation_name(self.semantic, self.adaptive)}; matched per request, asynchronously{online})")
 
 
 def ablation_name(semantic: bool, adaptive: bool) -> str:
