@@ -3,7 +3,7 @@ placement (fMoE, arXiv 2502.05370, §6.5-6.6):
 
 - slots: TPOT against the expert cache's size, on demand (LRU only) and with the calibrated expert maps (T+S+δ).
 - distance: TPOT against the prefetch distance d, one calibrated store per d (built from the same traces).
-- policy: Fig. 12a's hit-count ablation, online (each store starts empty, the router predictor stands in until it
+- policy: the store's replacement ablation, online (each store starts empty, the router predictor stands in until it
   holds maps, every pass served adds its maps) at a small capacity, so that maps are replaced while serving: §4.4's
   redundancy against "hits" (a new map replaces the least chosen one).
 

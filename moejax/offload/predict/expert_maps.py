@@ -8,8 +8,10 @@ iteration) keyed by the iteration's semantic embedding (the mean of its input em
 - Selection (§4.3, Eq. 6-8): δ = clip(1 - score, 0, 1); the fewest experts, most probable first, whose
   probabilities sum to at least δ, and at least k of them.
 - Store (§4.4): capacity C; a new map replaces the stored map most redundant with it once the store is full,
-  redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map. The "hits" policy is the ablation against it (Fig. 12a's
-  hit count): each stored map counts the searches that chose it, and a new map replaces the least chosen one.
+  redundancy RDY = (d/L)·score_sem + ((L-d)/L)·score_map. The "hits" policy is a replacement ablation against it
+  (least used first, as LFU): each stored map counts the searches that chose it, and a new map replaces the least
+  chosen one. (Fig. 12a's "hit count" is another thing: MoE-Infinity's request-level expert hit counts as the
+  tracked pattern, a predictor of its own, not built here.)
 - Priorities (§4.5): prefetch priority p / (l - l_now) (moejax.offload.expert_cache.prefetch_priority), which orders
   the cached placement's copies across the layers ahead (moejax.offload.cached); eviction priority from the map
   probabilities (the cache's "priority" policy takes them as scores).
