@@ -70,11 +70,13 @@ def _predictors(nets, vectors, distance):
 
 
 def _build(args, engine, distances, log):
-    """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made)."""
+    """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made, the calibration
+    requests' hit-count matrices or None)."""
     from flax import nnx
 
     from moejax.offload.predict import EstimatorNet, replay
     from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
+    from moejax.offload.predict.hit_counts import request_counts
     from moejax.offload.predict.traces import record
     from moejax.train.distill import distill
     nets, vectors, stores, made = {}, None, {}, []
@@ -87,7 +89,7 @@ def _build(args, engine, distances, log):
         stores = {store.distance: store}
         made.append(f"expert maps loaded from {args.maps}")
     if args.estimator and args.maps:
-        return nets, vectors, stores, "; ".join(made)
+        return nets, vectors, stores, "; ".join(made), None
     if not (args.train_text or args.train_stdlib):
         raise SystemExit("predictors: give --estimator DIR and --maps DIR, or --train-text / --train-stdlib to "
                          "build what is not given")
@@ -107,7 +109,8 @@ def _build(args, engine, distances, log):
         embed = np.asarray(nnx.merge(engine.graphdef, engine.params).embed[...], np.float32)
         stores = {d: build_store(traces, embed, capacity=args.capacity, distance=d) for d in distances}
         made.append(f"expert maps built from {source} ({traces.num_prompts} prompts)")
-    return nets, vectors, stores, "; ".join(made)
+    counts = request_counts(traces, engine.config.num_experts_per_tok)
+    return nets, vectors, stores, "; ".join(made), counts
 
 
 def predictors(args, env: dict) -> dict:
@@ -132,7 +135,7 @@ def predictors(args, env: dict) -> dict:
     prompts = text_prompts(engine, texts, args.window)
     traces, _ = record(engine, prompts, max_tokens=args.tokens)
     log(f"predictors: {args.model}, {len(traces.tokens)} held-out tokens of {args.text or 'stdlib:' + args.stdlib}")
-    nets, vectors, stores, built = _build(args, engine, distances, log)
+    nets, vectors, stores, built, hit_counts = _build(args, engine, distances, log)
     steps = replay.steps_of(engine)
     truth = replay.true_routing(steps, traces)
     embed = np.asarray(nnx.merge(engine.graphdef, engine.params).embed[...], np.float32)
@@ -190,7 +193,8 @@ def predictors(args, env: dict) -> dict:
     if 1 in stores:
         ablation = map_ablation(stores[1], traces, embed, steps, truth, slot_counts=slot_counts, cache_tokens=n,
                                 expert_bytes=expert_bytes,
-                                capacities=[int(c) for c in args.capacities.split(",")], log=log)
+                                capacities=[int(c) for c in args.capacities.split(",")], log=log,
+                                hit_counts=hit_counts)
     speculative = _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log)
     result = dict(env, bench="predictors", model=args.model, dtype=str(engine.dtype),
                   text=args.text or f"stdlib:{args.stdlib}", held_out_tokens=int(len(traces.tokens)),

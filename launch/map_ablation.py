@@ -1,6 +1,8 @@
 """fMoE §6.5-6.6 on held-out traces (`launch.bench predictors`): the expert-map ablation Map (T) / Map (T+S) /
-Map (T+S+δ) (recall, set size, expert-cache hit rate and bytes with each prefetching) and the store capacity
-(maps kept, bytes, mean semantic and trajectory similarity scores found, recall and hit rate of T+S+δ).
+Map (T+S+δ), and Fig. 12a's coarse "Hit count" (request-level expert hit counts, MoE-Infinity's; when the
+calibration traces are at hand: moejax.offload.predict.hit_counts) (recall, set size, expert-cache hit rate and bytes
+with each prefetching) and the store capacity (maps kept, bytes, mean semantic and trajectory similarity scores
+found, recall and hit rate of T+S+δ).
 
 A smaller store is the given store's maps added in order into an empty store of that capacity (its §4.4
 deduplication decides what stays), which is what building it from the same prompts would keep."""
@@ -51,9 +53,13 @@ def similarity_scores(store, traces, embed_table: np.ndarray, tokens: int) -> di
 
 
 def map_ablation(store, traces, embed_table: np.ndarray, steps, truth, *, slot_counts: list[int],
-                 cache_tokens: int, expert_bytes: int, capacities: list[int], log) -> dict:
+                 cache_tokens: int, expert_bytes: int, capacities: list[int], log,
+                 hit_counts: np.ndarray | None = None) -> dict:
+    """hit_counts: the calibration requests' hit-count matrices [R, M, E] (hit_counts.request_counts), or None
+    (maps loaded from a file: no traces to count)."""
     from moejax.offload.predict import replay
     from moejax.offload.predict.expert_maps import replay_predictions
+    from moejax.offload.predict.hit_counts import replay_hit_counts
     k = truth[0][0].shape[1]
     n = min(cache_tokens, len(traces.tokens))
     head = [idx[:n] for idx, _ in truth]
@@ -67,6 +73,16 @@ def map_ablation(store, traces, embed_table: np.ndarray, steps, truth, *, slot_c
                              per_layer={str(t): v for t, v in r["per_layer"].items()}, set_size=set_size,
                              cache=cache))
         log(f"  expert maps {name:6s}: recall {r['overall']:.3f} ({set_size:.1f} experts a set), hit rate " +
+            " ".join(f"{c['policy']}/{c['slots']}={c['hit_rate']:.3f}" for c in cache))
+    if hit_counts is not None:
+        predicted, set_size = replay_hit_counts(hit_counts, traces, k, store.distance)
+        r = replay.recall_by_layer(steps, None, traces, truth, predicted)
+        cache = _cache_rows(head, moe, predicted, n, slot_counts, expert_bytes)
+        variants.append(dict(variant="Hit count", tracking="request-level expert hit counts (MoE-Infinity)",
+                             requests=int(len(hit_counts)), recall=r["overall"],
+                             per_layer={str(t): v for t, v in r["per_layer"].items()}, set_size=set_size,
+                             cache=cache))
+        log(f"  hit count        : recall {r['overall']:.3f} ({set_size:.1f} experts a set), hit rate " +
             " ".join(f"{c['policy']}/{c['slots']}={c['hit_rate']:.3f}" for c in cache))
     sizes = []
     middle = slot_counts[len(slot_counts) // 2]

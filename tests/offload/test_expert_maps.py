@@ -75,9 +75,9 @@ def test_a_full_store_replaces_its_most_redundant_map_and_round_trips(tmp_path):
 
 
 def test_the_hit_count_policy_keeps_the_maps_searches_chose(tmp_path):
-    """The store's replacement ablation (least chosen first, not §4.4's redundancy): the same new map, nearly map 2 again, replaces map 2 under §4.4's
-    redundancy but the least chosen map under "hits" (map 0 here: maps 1-3 were matched by the matcher's searches,
-    map 2 most). Before, a store had no policy: this failed."""
+    """The store's replacement ablation (least chosen first, not §4.4's redundancy): the same new map, nearly map 2
+    again, replaces map 2 under §4.4's redundancy but the least chosen map under "hits" (map 0 here: maps 1-3 were
+    matched by the matcher's searches, map 2 most). Before, a store had no policy: this failed."""
     from moejax.offload.predict.expert_maps import _PassMatcher
     store = _store(n=4, capacity=4, seed=3)
     hits = ExpertMapStore(store.capacity, store.distance, store.embeddings.copy(), store.maps.copy(), "hits")
