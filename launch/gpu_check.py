@@ -427,7 +427,7 @@ def _steps(text: str, parser) -> tuple[list[str], str | None]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if any(n in GROUPS for n in names):
         if len(names) > 1:
-            parser.error(f"--only: a group ({', '.join(GROUPS)}) goes alone; got {text!r}")
+            parser.error(f"--only: a group ({', '.join(n for n in names if n in GROUPS)}) goes alone; got {text!r}")
         return GROUPS[names[0]], names[0]
     unknown = [n for n in names if n not in ORDER and not any(n in steps for steps in GROUPS.values())]
     if unknown or not names:

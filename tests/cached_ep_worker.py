@@ -10,7 +10,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import moejax  # noqa: E402
-from flax import nnx  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 PROMPTS = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
@@ -38,10 +37,8 @@ def run(name, spec, **options):
     path = os.path.join(FIXTURES, name)
     ids = np.random.default_rng(0).integers(0, 100, (3, 11))
     ref = moejax.load(path, dtype="float32")
-    ref_experts: dict = {}
-    for p, var in nnx.to_flat_state(ref.params):
-        if len(p) == 4 and p[2] == "mlp" and p[3].startswith(("we_", "be_")):
-            ref_experts.setdefault(p[1], {})[p[3]] = np.asarray(var.get_value())
+    ref_experts = {layer: {name: np.asarray(a) for name, a in ref.layer_experts(layer).items()}
+                   for layer in range(ref.config.num_layers) if ref.config.is_moe(layer)}
     engine = moejax.load(path, dtype="float32", layout=spec, placement="cached", **options)
     out = dict(placement=engine.stats()["placement"], rel=rel(engine.logits(ids), ref.logits(ids)),
                same_tokens=engine.generate(PROMPTS, 5) == ref.generate(PROMPTS, 5),

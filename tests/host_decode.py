@@ -118,7 +118,8 @@ def run_family(name: str, accelerator: jax.Device, host: jax.Device) -> dict:
     ref = reference(name)
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(3)]
     engine = moejax.load(fixture_dir(name), dtype="float32")
-    graphdef, state = nnx.split(nnx.merge(engine.graphdef, engine.params))
+    # the layer-by-layer model lightning runs (a resident engine's holds stacked runs of layers)
+    graphdef, state = nnx.split(nnx.merge(engine.graphdef, engine.params).unstacked())
     model = nnx.merge(graphdef, jax.device_put(state, accelerator))
     run = host_greedy(model, prompts, NEW_TOKENS, host)
     logits_err = _max_diff(run["logits"], oracle_logits(engine, prompts, run["tokens"]))

@@ -104,4 +104,8 @@ def check_predictor(predictor: object, cfg: ModelConfig) -> None:
         net = predictor.net if isinstance(predictor, EstimatorPredictor) else predictor.estimator.net
         artifacts.check_estimator(net.shape.hidden, net.shape.experts, net.vectors.vectors, cfg, artifacts.ESTIMATOR)
     elif isinstance(predictor, ExpertMapPredictor):
-        artifacts.check_maps(predictor.store.embeddings, predictor.store.maps, cfg, artifacts.KINDS["expert maps"][1])
+        if len(predictor.store):  # an online store starts empty and sized by the model's first pass
+            artifacts.check_maps(predictor.store.embeddings, predictor.store.maps, cfg,
+                                 artifacts.KINDS["expert maps"][1])
+        if predictor.fallback is not None:
+            check_predictor(predictor.fallback, cfg)

@@ -80,11 +80,12 @@ def test_the_local_ray_cluster_ends_with_the_run(sig, tmp_path):
         child.send_signal(sig)
         child.wait(timeout=120)
         assert left(procs, timeout=60) == set()
+        # (an exception a signal handler raises inside a garbage-collection callback is printed and ignored by
+        # Python, and a loaded machine may let the run finish first: the run then completes, status 0, and still
+        # leaves nothing behind)
         if sig == signal.SIGTERM:
-            assert child.returncode == 128 + signal.SIGTERM
+            assert child.returncode in (0, 128 + signal.SIGTERM)
         elif sig == signal.SIGINT and child.returncode != 0:  # Ctrl-C: the run stops itself (a message, no traceback)
-            # (a KeyboardInterrupt that lands in a garbage-collection callback is printed and ignored by Python: the
-            # run then completes, status 0, and still leaves nothing behind)
             err = child.communicate()[1]
             assert child.returncode == 128 + signal.SIGINT and "Traceback" not in err, err[-3000:]
             assert err.strip().splitlines()[-1].startswith("launch.serve: interrupted"), err[-3000:]
