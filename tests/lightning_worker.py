@@ -20,7 +20,7 @@ from moejax.lightning.host_attention import HostAttention  # noqa: E402
 def split_weights_refused() -> str:
     """HostAttention's message for a layer whose attention weights are spread over two devices."""
     engine = moejax.load(fixture_dir("qwen3_moe"), dtype="float32")
-    attn = nnx.merge(engine.graphdef, engine.params).layers[0].attn
+    attn = nnx.merge(engine.graphdef, engine.params).layer(0).attn
     attn.wq.set_value(jax.device_put(attn.wq.get_value(), jax.devices()[1]))
     try:
         HostAttention(attn)
