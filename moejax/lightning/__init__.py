@@ -1,4 +1,4 @@
-"""MoE-Lightning's CGOPipe (seeds/moe-lightning.txt §4, Alg. 1, App. A): decode with the KV cache in host memory and
+"""MoE-Lightning's CGOPipe (arXiv 2411.11217 §4, Alg. 1, App. A): decode with the KV cache in host memory and
 attention on the host CPU (JAX's CPU backend in the same process), while the QKV and output projections and the MoE
 FFN run on the accelerator with paged expert weights, in one pipeline over micro-batches.
 

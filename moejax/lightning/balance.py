@@ -1,4 +1,4 @@
-"""MoE-Lightning's request batching (seeds/moe-lightning.txt App. A.2, Alg. 2): requests of different input lengths
+"""MoE-Lightning's request batching (arXiv 2411.11217 App. A.2, Alg. 2): requests of different input lengths
 split into micro-batches of balanced token counts, longest first into the micro-batch with the fewest tokens, so each
 micro-batch's work in the pipeline (§4, Alg. 1: one micro-batch's attention on the host while another runs on the
 accelerator) is close to the policy's. Pure Python: the scheduler calls it before anything is compiled."""

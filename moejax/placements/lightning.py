@@ -1,4 +1,4 @@
-"""MoE-Lightning (Cao et al., ASPLOS '25; seeds/moe-lightning.txt): the KV cache in host memory with decode attention
+"""MoE-Lightning (Cao et al., ASPLOS '25; arXiv 2411.11217): the KV cache in host memory with decode attention
 on the host CPU, the experts paged in with a resident share r_w, and CGOPipe's schedule over micro-batches
 (moejax.lightning). Its policy (N, μ, A_g, F_g, r_w, r_c) is the budget's LightningPlan."""
 from __future__ import annotations
