@@ -178,7 +178,7 @@ def run_vllm(args, folder: str) -> dict | str:
     if done.returncode or not lines:
         return f"vllm run failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
     found = json.loads(lines[-1])
-    found["versions"] = dict(zip(("vllm", "lm_eval"), check.stdout.split()))
+    found["versions"] = dict(zip(("vllm", "lm_eval"), check.stdout.split(), strict=True))
     return found
 
 
@@ -271,13 +271,14 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
                                    answers=found["answers"], run_apart="in its own process, after the others")
             print(f"vllm: built in {found['load_s']:.1f}s, cold run {found['seconds'][0]:.1f}s; warm runs "
                   + ", ".join(f"{s:.2f}s ({m:.2f}s in the model)" for s, m in
-                              zip(found["seconds"][1:], found["model_seconds"][1:])), flush=True)
+                              zip(found["seconds"][1:], found["model_seconds"][1:], strict=True)), flush=True)
     if "hf" in results:
         reference = results["hf"]["answers"]
         for e, r in results.items():
             if e != "hf":
-                r["max_abs_loglikelihood_diff_vs_hf"] = max(abs(a[0] - b[0]) for a, b in zip(r["answers"], reference))
-                r["greedy_flags_equal_hf"] = sum(a[1] == b[1] for a, b in zip(r["answers"], reference))
+                r["max_abs_loglikelihood_diff_vs_hf"] = max(abs(a[0] - b[0])
+                                                            for a, b in zip(r["answers"], reference, strict=True))
+                r["greedy_flags_equal_hf"] = sum(a[1] == b[1] for a, b in zip(r["answers"], reference, strict=True))
     if getattr(built.get("moejax"), "scorer", None) is not None:
         stats = built["moejax"].scorer.stats
         results["moejax"]["scored_tokens_per_run"] = stats.sequence_tokens / (1 + args.repeats)

@@ -50,7 +50,7 @@ def real_run(args, env: dict, partial) -> dict:
     shape = (args.real_prefixes, args.real_prefix_len, args.real_suffix_len, args.real_requests, vocab)
     lines, warm = score_lines(*shape, seed=args.seed), score_lines(*shape, seed=args.seed + 1)
     record = {**env, "kind": "frontend-real", "note": NOTE, "model": args.real_model, "replicas": 2,
-              "workload": dict(zip(("prefixes", "prefix_len", "suffix_len", "requests"), shape[:4])),
+              "workload": dict(zip(("prefixes", "prefix_len", "suffix_len", "requests"), shape[:4], strict=True)),
               "max_batch_tokens": args.real_batch_tokens, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine()

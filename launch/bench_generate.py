@@ -296,7 +296,8 @@ def generate(args, environment: dict, partial=no_file) -> dict:
     for r in results:
         r["output_tokens_per_s"] = r["output_tokens"] / r["seconds_median"]
         key = "transformers" if r["engine"] == "transformers" else r["batching"]
-        r["same_tokens_as_static"] = float(np.mean([a == b for a, b in zip(outputs[key], outputs["static"])]))
+        r["same_tokens_as_static"] = float(np.mean([a == b for a, b in zip(outputs[key], outputs["static"],
+                                                                              strict=True)]))
         util = r.get("slot_utilisation")
         print(f"  {r['engine']:12s} {r['batching']:26s} {r['output_tokens_per_s']:8.1f} output tok/s  "
               f"median {r['seconds_median']:.1f}s  {r['output_tokens']} tokens  "

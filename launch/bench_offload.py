@@ -276,7 +276,7 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
     ttft, ttft_timing = _median(lambda: engine.generate([prompt], 1, temperature=args.temperature, seed=args.seed),
                                 args.repeats)
     for n in (short, long):
-        run = lambda: out.__setitem__(n, engine.generate([prompt], n, temperature=args.temperature,  # noqa: E731
+        run = lambda: out.__setitem__(n, engine.generate([prompt], n, temperature=args.temperature,  # noqa: E731, B023 (timed here)
                                                          seed=args.seed)[0])
         sec, timing = _median(run, args.repeats)
         times[n] = dict(seconds_median=sec, **timing)
@@ -285,7 +285,7 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
     row = dict(mode=name, ttft_s=ttft, tpot_s=tpot, ttft_timing=ttft_timing,
                lengths={n: times[n] for n in (short, long)}, tokens=tokens, distinct_tokens=len(set(tokens)))
     if reference is not None:
-        row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference)) / len(reference)
+        row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference, strict=True)) / len(reference)
     if isinstance(engine.placement, Cached):
         loop = _decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
         steps_run = len(loop["tokens"]) - 1  # the first token comes from the prefill

@@ -111,7 +111,8 @@ def agreement(results: dict, kind: str, reference: str) -> dict:
         if kind == "score":
             out[name] = float(np.max(np.abs(np.asarray(got) - np.asarray(ref))))
         else:
-            out[name] = float(np.mean([a == b for x, y in zip(got, ref) for a, b in zip(x, y)]))
+            out[name] = float(np.mean([a == b for x, y in zip(got, ref, strict=True)
+                                        for a, b in zip(x, y, strict=True)]))
     return out
 
 

@@ -169,7 +169,7 @@ def predictors(args, env: dict) -> dict:
     cut = lambda pred: {t: (i[:n], w[:n]) for t, (i, w) in pred.items()}  # noqa: E731
     moe = traces.moe_layers
     map_sources = {moe[t]: moe[max(t - 1, 0)] for t in range(len(moe))}  # the first layer: semantic, before it runs
-    oracle_pred = {layer: (idx[:n], w[:n]) for layer, (idx, w) in zip(traces.moe_layers, truth)}
+    oracle_pred = {layer: (idx[:n], w[:n]) for layer, (idx, w) in zip(traces.moe_layers, truth, strict=True)}
     cache = []
     for policy in ("lru", "lfu", "priority"):
         for slots in slot_counts:
@@ -254,7 +254,7 @@ def _speculative(args, engine, texts, nets, vectors, best_answers, window_qualit
                         top1_accuracy=q["top1_accuracy"], top1_accuracy_exact=exact["top1_accuracy"],
                         mispredicted_token_share=stats["mispredicted_tokens"] / max(stats["checked_tokens"], 1),
                         multiple_choice=len(answers),
-                        multiple_choice_changed=int(sum(a != b for a, b in zip(answers, exact_answers)))))
+                        multiple_choice_changed=int(sum(a != b for a, b in zip(answers, exact_answers, strict=True)))))
         log(f"  speculative {name:16s}: perplexity {q['perplexity']:.2f} ({out[-1]['relative_perplexity_cost']:+.1%}), "
             f"top-1 {q['top1_accuracy']:.3f}, {out[-1]['multiple_choice_changed']} answers changed")
     return out

@@ -121,13 +121,14 @@ def iteration_sequences(engine, generations: list[tuple[list[int], int]], max_pr
     feeds) -> (sequences, prompt lengths)."""
     cfg = engine.config
     prompts = [p[:max_prompt] for p, _ in generations]
-    new = [min(n, max_decode, cfg.max_position_embeddings - len(p)) for p, (_, n) in zip(prompts, generations)]
+    new = [min(n, max_decode, cfg.max_position_embeddings - len(p))
+           for p, (_, n) in zip(prompts, generations, strict=True)]
     fed: list[list[int]] = [[] for _ in prompts]
     for n in sorted(set(new) - {0, 1}):  # one batch per length; a single new token feeds no decode iteration
         rows = [r for r, m in enumerate(new) if m == n]
-        for r, tokens in zip(rows, engine.generate([prompts[r] for r in rows], n)):
+        for r, tokens in zip(rows, engine.generate([prompts[r] for r in rows], n), strict=True):
             fed[r] = tokens[:-1]
-    return [p + f for p, f in zip(prompts, fed)], [len(p) for p in prompts]
+    return [p + f for p, f in zip(prompts, fed, strict=True)], [len(p) for p in prompts]
 
 
 def _write_maps(engine, generations, args, skipped: int) -> int:

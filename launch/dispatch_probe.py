@@ -60,7 +60,7 @@ def _timed(method, pool, carry, calls, on_device: bool) -> dict:
     if on_device:
         args = jax.block_until_ready(jax.device_put(args))
     returns, t0 = [], time.perf_counter()
-    for call, a in zip(calls, args):
+    for call, a in zip(calls, args, strict=True):
         t = time.perf_counter()
         pool, carry, out = method(pool, carry, *a, **call.kwargs)
         returns.append(time.perf_counter() - t)

@@ -27,7 +27,7 @@ def decode(record: dict, path: str) -> None:
     panels = [("TTFT (ms)", [r["ttft_s"] * 1e3 for r in rows], resident["ttft_s"] * 1e3),
               ("time per output token (ms)", None, resident["tpot_s"] * 1e3),
               ("decode-loop expert hit rate", [r["stats"]["hit_rate"] for r in rows], None)]
-    for ax, (label, values, line) in zip(axes, panels):
+    for ax, (label, values, line) in zip(axes, panels, strict=True):
         if values is None:  # TPOT: the slope and the loop's own wall time per step side by side
             xs = range(len(rows))
             ax.bar([x - 0.2 for x in xs], [r["tpot_s"] * 1e3 for r in rows], 0.4, label="slope of two lengths")
@@ -53,7 +53,7 @@ def ablation(record: dict, path: str) -> None:
     lru = [[c for c in v["cache"] if c["policy"] == "lru"] for v in variants]
     slots = [c["slots"] for c in lru[0]]
     width = 0.8 / len(variants)
-    for i, (v, cache) in enumerate(zip(variants, lru)):
+    for i, (v, cache) in enumerate(zip(variants, lru, strict=True)):
         left.bar([x + i * width for x in range(len(slots))], [c["hit_rate"] for c in cache], width,
                  label=f"Map ({v['variant']}), recall {v['recall']:.2f}")
     left.set_xticks([x + width * (len(variants) - 1) / 2 for x in range(len(slots))], [f"{s} slots" for s in slots])

@@ -40,8 +40,8 @@ def long_tail(engine, n: int, seed: int) -> list[dict]:
 def long_tail_check(reqs: list[dict], tokens: list[list[int]]) -> dict:
     """What the run made of the workload: short requests that stopped within stop_within tokens, long ones that ran
     to max_tokens (the model's eos, a stop for every request, can end a long one early)."""
-    short = [len(t) for r, t in zip(reqs, tokens) if r["stop_token_ids"]]
-    long = [len(t) for r, t in zip(reqs, tokens) if not r["stop_token_ids"]]
+    short = [len(t) for r, t in zip(reqs, tokens, strict=True) if r["stop_token_ids"]]
+    long = [len(t) for r, t in zip(reqs, tokens, strict=True) if not r["stop_token_ids"]]
     return dict(short=len(short), short_stopped_within=sum(n <= LONG_TAIL["stop_within"] for n in short),
                 long=len(long), long_ran_to_max=sum(n == LONG_TAIL["max_tokens"] for n in long),
                 long_lengths_below_max=sorted(n for n in long if n < LONG_TAIL["max_tokens"]))

@@ -50,7 +50,8 @@ def nvidia_smi() -> list | dict | None:
         return None
     if run.returncode != 0:
         return dict(error=run.stderr.strip()[-500:])
-    return [dict(zip(query.split(","), (v.strip() for v in line.split(",")))) for line in run.stdout.splitlines()]
+    return [dict(zip(query.split(","), (v.strip() for v in line.split(",")), strict=True))
+            for line in run.stdout.splitlines()]
 
 
 def _kernel_cases() -> dict:

@@ -35,7 +35,7 @@ def resized(store, capacity: int):
     from moejax.offload.predict.expert_maps import ExpertMapStore
     out = ExpertMapStore.empty(capacity, store.distance, store.maps.shape[1], store.maps.shape[2],
                                store.embeddings.shape[1])
-    for e, g in zip(store.embeddings, store.maps):
+    for e, g in zip(store.embeddings, store.maps, strict=True):
         out.add(e, g)
     return out
 

@@ -64,7 +64,7 @@ class Moejax(MoejaxServe):
         out = []
         for group in _batches(requests, self.batch):
             logits = self.engine.logits([r["prompt"] for r in group])  # right-padded rows; read each row's last
-            for r, row in zip(group, logits):
+            for r, row in zip(group, logits, strict=True):
                 lp = _log_softmax(row[len(r["prompt"]) - 1])
                 out.append([float(lp[c]) for c in r["candidates"]])
         return out
@@ -85,7 +85,7 @@ class Transformers:
                 width = max(len(r["prompt"]) for r in group)
                 ids = self.torch.tensor([r["prompt"] + [0] * (width - len(r["prompt"])) for r in group])
                 logits = self.model(ids).logits.float().numpy()
-                for r, row in zip(group, logits):
+                for r, row in zip(group, logits, strict=True):
                     lp = _log_softmax(row[len(r["prompt"]) - 1])
                     out.append([float(lp[c]) for c in r["candidates"]])
         return out
@@ -115,7 +115,7 @@ class Vllm:
                   for r in requests]
         outs = self.llm.generate(self._prompts([r["prompt"] for r in requests]), params, use_tqdm=False)
         return [[float(o.outputs[0].logprobs[0][c].logprob) for c in r["candidates"]]
-                for r, o in zip(requests, outs)]
+                for r, o in zip(requests, outs, strict=True)]
 
     def generate(self, prompts, max_new):
         self.llm.reset_prefix_cache()

@@ -131,7 +131,7 @@ def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
     plots = []
     if args.plot:
         flops = list(np.geomspace(theta.theta_flops / 100, theta.theta_flops * 100, 60))
-        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, theta, flops))]
+        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, theta, flops), strict=True)]
         plots.append(theta_plot(curve, theta.theta_flops, os.path.join(args.plot, "theta.png"),
                                 f"{args.model}, {args.mode} on {profile.name}: Θ = {theta.theta_flops:.3g} FLOPs"))
     return theta.as_dict(), theta.describe(), plots

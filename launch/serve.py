@@ -234,7 +234,7 @@ def plan_plots(engine, args, probe=None) -> list[str]:
         assert eq1 is not None  # a placement with a Θ copies experts, so it has a channel
         theta = engine.saturation.theta_flops
         flops = list(np.geomspace(theta / 100, theta * 100, 60))
-        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, eq1, flops))]
+        curve = [(f, *t) for f, t in zip(flops, layer_time_curve(cfg, profile, eq1, flops), strict=True)]
         path = plots.theta_plot(curve, theta, os.path.join(args.plot, "theta.png"),
                                 f"Θ {engine.saturation.source}; curves from profile {profile.name}")
         out.append(f"plot: {path}")
@@ -262,7 +262,8 @@ def _main(args, held: contextlib.ExitStack) -> int:
     multi = (args.coordinator, args.num_processes, args.process_id)
     if None in multi:
         if any(v is not None for v in multi):
-            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi) if v is None]
+            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi, strict=True)
+                       if v is None]
             refuse(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there

@@ -84,7 +84,7 @@ def step_times(recorder: StepRecorder, replayed: list[float], scheduler: dict, w
     the overhead share; for the whole run: the replayed steps' share of its wall time and the rest."""
     out = {}
     for name, kind in KIND.items():
-        calls = [(c, s) for c, s in zip(recorder.calls, replayed) if c.method == name]
+        calls = [(c, s) for c, s in zip(recorder.calls, replayed, strict=True) if c.method == name]
         wall, replay_s = scheduler[f"{kind}_s"], sum(s for _, s in calls)
         out[kind] = dict(steps=scheduler[f"{kind}_steps"], calls_recorded=len(calls), wall_s=wall,
                          mean_step_ms=1e3 * wall / len(calls) if calls else None,

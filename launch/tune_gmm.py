@@ -258,7 +258,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     elif ("mosaic", "gemm") in best and not sweep.out_of_time():  # the kernel alone: input already aligned
         c = mosaic.MosaicConfig(**best[("mosaic", "gemm")][1])
         layouts = [aligned_layout(d["sizes"], M, c.bm) for d in sets]
-        for d, lay in zip(sets, layouts):
+        for d, lay in zip(sets, layouts, strict=True):
             d["aligned"], d["tile_group"] = to_aligned(d["xs"], lay), lay.tile_group
         measure("mosaic_kernel", "gemm", lambda xa, w, tg, c=c: mosaic.aligned_call(xa, w, tg, c, xa.dtype),
                 lambda d: (d["aligned"], d["wgu"], d["tile_group"]), gemm_flops, best[("mosaic", "gemm")][1], dense,

@@ -12,7 +12,7 @@ from jax.typing import DTypeLike
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
-from moejax.kernels.backends import Kernels
+from moejax.kernels.backends import AUTO_KERNELS, Kernels
 from moejax.kv_pool import BLOCK
 from moejax.models.decoder import MoEModel
 from moejax.placements.base import Placement
@@ -42,7 +42,7 @@ class Engine:
 
     def __init__(self, config: ModelConfig, graphdef: nnx.GraphDef, abstract_state: nnx.State,
                  materialize: Callable[[], tuple], tokenizer: Tokenizer | None = None, *, placement: Placement,
-                 dtype: DTypeLike = jnp.float32, kernels: Kernels = Kernels(), name: str = "",
+                 dtype: DTypeLike = jnp.float32, kernels: Kernels = AUTO_KERNELS, name: str = "",
                  chat_template: ChatTemplate | None = None, plan: EnginePlan | None = None,
                  decisions: Sequence[str] = (), saturation: Theta | None = None) -> None:
         """materialize() -> (the weights as an nnx.State, the placement's store or None). placement: where the
@@ -306,11 +306,11 @@ class Engine:
         m = n if expand is None else len(expand)
         B, Bm = self.padded_rows(n), self.padded_rows(m)
         skip = [BLOCK * len(p) for p in prior_blocks] if prior_blocks else [0] * n
-        T = self.padded_length(max(len(p) - s for p, s in zip(prompts, skip)))
+        T = self.padded_length(max(len(p) - s for p, s in zip(prompts, skip, strict=True)))
         tokens = np.zeros((B, T), np.int32)
         positions = np.tile(np.arange(T, dtype=np.int32), (B, 1))
         last = np.zeros((B,), np.int32)
-        for i, (p, s) in enumerate(zip(prompts, skip)):
+        for i, (p, s) in enumerate(zip(prompts, skip, strict=True)):
             tokens[i, : len(p) - s] = p[s:]
             positions[i] += s
             last[i] = len(p) - s - 1

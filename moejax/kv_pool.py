@@ -89,7 +89,8 @@ def gather_layer(layer: Layer, block_ids: StepArray) -> Layer:
 def store(pool: Sequence[Layer], keys: Sequence[Layer], block_ids: StepArray, src: StepArray) -> list[Layer]:
     """Copy tokens of `keys` (per-layer {name: [B, S, ...]}) into pool blocks: block_ids [B, NS] (an id >= the
     pool size is skipped), src [B, NS, BLOCK] = the key index of each token of each block."""
-    return [store_layer(layer_pool, layer_keys, block_ids, src) for layer_pool, layer_keys in zip(pool, keys)]
+    return [store_layer(layer_pool, layer_keys, block_ids, src)
+            for layer_pool, layer_keys in zip(pool, keys, strict=True)]
 
 
 def store_layer(pool: Layer, keys: Layer, block_ids: StepArray, src: StepArray) -> Layer:
@@ -119,4 +120,4 @@ def concat_keys(prior: Sequence[Layer] | None, new: list[Layer]) -> list[Layer]:
     """Per-layer keys of a packed call: prior keys (or None) followed by the call's own keys."""
     if prior is None:
         return new
-    return [concat_layer(p, n) for p, n in zip(prior, new)]
+    return [concat_layer(p, n) for p, n in zip(prior, new, strict=True)]

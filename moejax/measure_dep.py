@@ -12,6 +12,7 @@ attention device x `seq_lens`; two sequence lengths at least, so that the attent
 (linear in tokens) from its attention work (quadratic in the length)."""
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,20 +76,21 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
                 m_a, S = x.shape[0] / A, x.shape[1]
                 tokens = x.shape[0] * S
                 chunks = placement.layout.token_chunks(tokens)
-                t_a, (_, y, _, sends) = _seconds(lambda: layer(steps.attend, x, at, None, None, kernels=steps.kernels,
-                                                               read_cache=rc, chunks=chunks), repeats)
+                t_a, (_, y, _, sends) = _seconds(functools.partial(layer, steps.attend, x, at, None, None,
+                                                                   kernels=steps.kernels, read_cache=rc,
+                                                                   chunks=chunks), repeats)
                 points.append(("attention", *attention_work(cfg, m_a * S, m_a, S), t_a))
                 if placement.has_shared:
-                    t_s, _ = _seconds(lambda: layer(shared_expert, y), repeats)
+                    t_s, _ = _seconds(functools.partial(layer, shared_expert, y), repeats)
                     points.append(("shared", shared_work(cfg, m_a * S), t_s))
                 send = sends[0]
                 rows = send[0].shape[0]
                 b = send[0].dtype.itemsize
                 target, program, home = placement.route()
-                t_in, sent = _seconds(lambda: jax.device_put(send, target), repeats)
+                t_in, sent = _seconds(functools.partial(jax.device_put, send, target), repeats)
                 experts = placement.store.fetch(layer_index)
-                t_e, out = _seconds(lambda: program(*sent, experts), repeats)
-                t_out, _ = _seconds(lambda: jax.device_put(out, home), repeats)
+                t_e, out = _seconds(functools.partial(program, *sent, experts), repeats)
+                t_out, _ = _seconds(functools.partial(jax.device_put, out, home), repeats)
                 points += [("experts", expert_device_rows(cfg, rows) * expert_row_work(cfg), t_e),
                            ("a2e", a2e_bytes(cfg, rows, b, B, placement.a2e), t_in),
                            ("e2a", e2a_bytes(cfg, rows, b, B, placement.a2e), t_out)]

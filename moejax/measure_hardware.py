@@ -343,7 +343,7 @@ def host_to_device(sizes: Sequence[int], repeats: int) -> tuple[Fit, str]:
     for nbytes in sizes:
         array = np.ones(_f32_elements(nbytes), np.float32)
         source = jax.device_put(array, SingleDeviceSharding(device, memory_kind="pinned_host")) if pinned else array
-        samples.append((array.nbytes, median_seconds(lambda: jax.device_put(source, to_device), repeats)))
+        samples.append((array.nbytes, median_seconds(functools.partial(jax.device_put, source, to_device), repeats)))
     return fit_alpha_beta(samples), "" if pinned else "h2d: from numpy arrays (no pinned_host memory kind)"
 
 
@@ -355,7 +355,7 @@ def device_to_device(sizes: Sequence[int], repeats: int) -> Fit | None:
     samples = []
     for nbytes in sizes:
         source = jax.device_put(jnp.ones((_f32_elements(nbytes),), _f32), devices[0])
-        samples.append((source.nbytes, median_seconds(lambda: jax.device_put(source, devices[1]), repeats)))
+        samples.append((source.nbytes, median_seconds(functools.partial(jax.device_put, source, devices[1]), repeats)))
     return fit_alpha_beta(samples)
 
 
@@ -386,8 +386,8 @@ def collective(kind: str, sizes: Sequence[int], repeats: int) -> Fit | None:
     for nbytes in sizes:
         local = _f32_elements(nbytes, n)  # every device's operand, split n ways by all-to-all and reduce-scatter
         ones = np.ones(n * local, np.float32)  # from a callback: every process makes its own devices' blocks
-        x = jax.make_array_from_callback(ones.shape, NamedSharding(mesh, P(AXIS)), lambda index: ones[index])
-        samples.append((int(sent_bytes(kind, 4 * local, n)), median_seconds(lambda: run(x), repeats)))
+        x = jax.make_array_from_callback(ones.shape, NamedSharding(mesh, P(AXIS)), ones.__getitem__)
+        samples.append((int(sent_bytes(kind, 4 * local, n)), median_seconds(functools.partial(run, x), repeats)))
     return fit_alpha_beta(samples)
 
 

@@ -24,7 +24,7 @@ def held(engine, ref_experts):
     runtime = engine.layered_steps.placement
     mesh_devices = list(runtime.mesh.devices.flat)
     out = []
-    for d, items in runtime.resident().items():
+    for items in runtime.resident().values():
         out.append([dict(layer=layer, expert=expert,
                          on=sorted({mesh_devices.index(dev) for a in arrays.values() for dev in a.devices()}),
                          equal=all(np.array_equal(np.asarray(a)[0], ref_experts[layer][name][expert])

@@ -57,7 +57,7 @@ def cut(line: str, rng: random.Random) -> tuple[str, str] | None:
 def multiple_choice(lines: list[str], n: int, rng: random.Random) -> list[dict]:
     cuts = [c for c in (cut(ln, rng) for ln in lines) if c]
     docs = []
-    for k, (ctx, gold) in enumerate(cuts[:n]):
+    for ctx, gold in cuts[:n]:
         others = [c for _, c in cuts[n:] if c.strip() != gold.strip()]
         choices = [gold] + rng.sample(others, 3)
         rng.shuffle(choices)
@@ -118,7 +118,7 @@ def write_data() -> None:
     for doc in zero:  # no trailing space: _encode_pair would move it into every choice, the greedy one's too
         if doc["context"].endswith(" "):
             doc["context"], doc["choices"] = doc["context"][:-1], [" " + c for c in doc["choices"]]
-    for name, (path, _) in MODELS.items():
+    for path, _ in MODELS.values():
         tok = tf.AutoTokenizer.from_pretrained(ROOT / path)
         model = tf.AutoModelForCausalLM.from_pretrained(ROOT / path, dtype=torch.float32).eval()
         for doc in zero:

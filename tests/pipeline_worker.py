@@ -36,8 +36,9 @@ def case(name: str, spec: str) -> dict:
     if name == "qwen3_moe_nonorm":  # the other full-sequence step: log-probabilities and top-k
         got, want = engine.token_logprobs(SEQUENCES, 3), ref.token_logprobs(SEQUENCES, 3)
         out["logprobs_rel"] = max(rel(np.concatenate([np.ravel(x) for x in g[:2]]),
-                                      np.concatenate([np.ravel(x) for x in w[:2]])) for g, w in zip(got, want))
-        out["same_top_ids"] = all(np.array_equal(g[2], w[2]) for g, w in zip(got, want))
+                                      np.concatenate([np.ravel(x) for x in w[:2]]))
+                                  for g, w in zip(got, want, strict=True))
+        out["same_top_ids"] = all(np.array_equal(g[2], w[2]) for g, w in zip(got, want, strict=True))
         out["explain"] = engine.explain((4, 16))
     if name == "gpt_oss":  # packed-tree scoring (sliding windows too) without a prefix pool; with one it is refused
         arrays, _, span = assemble(score_rows(), 0, engine.row_multiple)

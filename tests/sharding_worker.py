@@ -128,7 +128,8 @@ def experts():
             mesh = make_mesh(layout.devices)
             weights = ex if layout.experts != "tp" else \
                 dict(ex, we_gate_up=tp_columns(ex["we_gate_up"], layout.devices))  # as moejax.load lays them out
-            got = jax.jit(lambda x, i, w, e: sharded_routed(layout, mesh, ffn, x, i, w, e))(x, idx, w, weights)
+            got = jax.jit(lambda x, i, w, e, layout=layout, mesh=mesh: sharded_routed(layout, mesh, ffn, x, i, w, e))(
+                x, idx, w, weights)
             out[f"{kind} {spec}"] = rel(got, ref)
     return out
 
@@ -209,7 +210,8 @@ def padded_rows():
                  "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=2"):
         engine = moejax.load(os.path.join(FIXTURES, "qwen3_moe"), dtype="float32", layout=spec)
         shapes, step = [], engine.steps.logits
-        engine.steps.logits = lambda params, ids: shapes.append(ids.shape) or step(params, ids)
+        engine.steps.logits = lambda params, ids, shapes=shapes, step=step: (shapes.append(ids.shape)
+                                                                           or step(params, ids))
         engine.logits(np.ones((3, 5), np.int32))
         out[spec] = dict(rows=shapes[0][0], multiple=engine.row_multiple)
         if not engine.layer_by_layer:

@@ -200,7 +200,7 @@ class MoejaxLM(TemplateLM):
                    desc=desc or "Running loglikelihood requests")
         results = self.scorer.score(pairs, progress=lambda done: bar.update(len(done)))
         bar.close()
-        for (key, _, _), answer in zip(requests, results):
+        for (key, _, _), answer in zip(requests, results, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, answer)
         return results
@@ -228,9 +228,9 @@ class MoejaxLM(TemplateLM):
         results = self.scorer.score(windows, progress=progress)
         bar.close()
         totals = [0.0] * len(requests)
-        for i, (logprob, _) in zip(owner, results):
+        for i, (logprob, _) in zip(owner, results, strict=True):
             totals[i] += logprob
-        for req, total in zip(requests, totals):
+        for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
@@ -264,7 +264,7 @@ class MoejaxLM(TemplateLM):
                         progress=bar.update)
         bar.close()
         texts = []
-        for req, tokens, until in zip(requests, outs, stops):
+        for req, tokens, until in zip(requests, outs, stops, strict=True):
             text = postprocess_generated_text(self.tok_decode(tokens), until, None)
             self.cache_hook.add_partial("generate_until", req.args, text)
             texts.append(text)

@@ -76,3 +76,6 @@ class Kernels:
             if name != "auto" and name not in choices:
                 raise ValueError(f"kernels: {op} backend {name!r} is not one of auto, {', '.join(choices)}")
         return cls(**spec)
+
+
+AUTO_KERNELS = Kernels()  # every op `auto`: the default of what takes kernels (frozen, so one instance serves)

@@ -129,7 +129,7 @@ def median_seconds_each(calls: Sequence[Callable[[], object]], repeats: int) -> 
         jax.block_until_ready(call())
     times: list[list[float]] = [[] for _ in calls]
     for _ in range(repeats):
-        for call, seen in zip(calls, times):
+        for call, seen in zip(calls, times, strict=True):
             start = time.perf_counter()
             jax.block_until_ready(call())
             seen.append(time.perf_counter() - start)

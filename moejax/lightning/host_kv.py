@@ -82,7 +82,7 @@ def check_step(cache: Mapping[str, jax.Array], positions: jax.Array | np.ndarray
 def _check_prefill(cache: HostKV, device_cache: Sequence[Mapping[str, jax.Array]]) -> None:
     if len(device_cache) != len(cache):
         raise ValueError(f"write_prefill: the prefill has {len(device_cache)} layers, the host cache {len(cache)}")
-    for i, (host_layer, layer) in enumerate(zip(cache, device_cache)):
+    for i, (host_layer, layer) in enumerate(zip(cache, device_cache, strict=True)):
         if set(layer) != set(host_layer):
             raise ValueError(f"write_prefill: layer {i} has KV {sorted(layer)}, the host cache {sorted(host_layer)}")
         for name, a in layer.items():
@@ -111,4 +111,4 @@ _store = functools.partial(jax.jit, donate_argnums=0)(store_step)
 @functools.partial(jax.jit, donate_argnums=0)
 def _write_front(cache: HostKV, prefill: HostKV) -> HostKV:
     return [{name: jax.lax.dynamic_update_slice_in_dim(c, p[name].astype(c.dtype), 0, axis=1)
-             for name, c in layer.items()} for layer, p in zip(cache, prefill)]
+             for name, c in layer.items()} for layer, p in zip(cache, prefill, strict=True)]

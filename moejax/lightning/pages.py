@@ -32,7 +32,7 @@ def paged_routed(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: ja
     mlp = nnx.merge(graphdef, state).mlp
     y2 = y.reshape(-1, y.shape[-1])
     out = jnp.zeros(y2.shape, jnp.float32)
-    for start, part in zip(starts, parts):
+    for start, part in zip(starts, parts, strict=True):
         n = next(iter(part.values())).shape[0]
         local = idx - start
         inside = (local >= 0) & (local < n)
@@ -81,7 +81,7 @@ class PagedStore:
         if keep:
             self.resident.setdefault(layer, {})[name] = jax.device_put(array[:keep], device)
         pages = self.paged.setdefault(layer, [{} for _ in page_ranges(E, keep, self.pages)])
-        for page, (a, b) in zip(pages, page_ranges(E, keep, self.pages)):
+        for page, (a, b) in zip(pages, page_ranges(E, keep, self.pages), strict=True):
             page[name] = jax.device_put(array[a:b], host)
 
     @property

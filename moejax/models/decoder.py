@@ -10,20 +10,20 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
-from moejax.kernels.backends import Kernels
+from moejax.kernels.backends import AUTO_KERNELS, Kernels
 from moejax.kernels.precision import f32_dot
 from moejax.kv_pool import PagedCache
 from moejax.models.attention import Cache, GQAttention, MLAttention, Positions, TreeMask
 from moejax.models.layer_runs import LayerRun, layer_kinds, layer_runs
 from moejax.models.layers import RMSNorm, rope_cos_sin
-from moejax.models.moe import DenseMLP, LocalExperts, MoEBlock
+from moejax.models.moe import LOCAL_EXPERTS, DenseMLP, MoEBlock
 from moejax.sampling import StepArray
 
 
 
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int, dtype: DTypeLike,
-                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts()) -> None:
+                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LOCAL_EXPERTS) -> None:
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = (MLAttention if cfg.attention == "mla" else GQAttention)(cfg, layer, dtype)
@@ -52,7 +52,7 @@ class MoEModel(nnx.Module):
     """Build under `nnx.eval_shape` (weights are filled by the checkpoint loader or the preset init)."""
 
     def __init__(self, cfg: ModelConfig, dtype: DTypeLike = jnp.float32,
-                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts(),
+                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LOCAL_EXPERTS,
                  split_batch: Callable[[jax.Array], jax.Array] | None = None, *, stacked: bool = False) -> None:
         """experts_runner: how every MoE block runs its routed experts (the placement's; see MoEBlock).
         split_batch(x [B, T, D]): a data-parallel layout's constraint splitting hidden states by rows over the
@@ -81,18 +81,18 @@ class MoEModel(nnx.Module):
         """Decoder layer i (of a stacked model: its weights sliced out of the run's stacks)."""
         if not self.stacked:
             return self.layers[i]
-        for run, members in zip(self.layer_runs, self.runs):
+        for run, members in zip(self.layer_runs, self.runs, strict=True):
             if i in run.layers:
                 repeat, member = run.where(i)
                 graphdef, state = nnx.split(members[member])
-                return nnx.merge(graphdef, jax.tree.map(lambda a: a[repeat], state))
+                return nnx.merge(graphdef, jax.tree.map(lambda a, repeat=repeat: a[repeat], state))
         raise IndexError(f"layer {i} of {self.cfg.num_layers}")
 
     def stacked_sources(self) -> dict[tuple, tuple[tuple, ...]]:
         """A stacked model's layer parameters: flat path of each stack -> the per-layer paths it stacks, by repeat
         (('runs', r, j, *rest) -> (('layers', i, *rest), ...)); the paths of an unstacked model of the same config."""
         out: dict[tuple, tuple[tuple, ...]] = {}
-        for r, (run, members) in enumerate(zip(self.layer_runs, self.runs)):
+        for r, (run, members) in enumerate(zip(self.layer_runs, self.runs, strict=True)):
             for j, member in enumerate(members):
                 for path, _ in nnx.to_flat_state(nnx.state(member)):
                     out[("runs", r, j, *path)] = tuple(("layers", run.layer(c, j), *path) for c in range(run.count))
@@ -119,7 +119,7 @@ class MoEModel(nnx.Module):
         """fn applied to each layer's entries of per-layer lists (caches, keys, pools): of a stacked model, to each
         run member's stacked entries, vmapped over their leading [count] axis."""
         each = jax.vmap(fn) if self.stacked else fn
-        return [each(*entries) for entries in zip(*per_layer)]
+        return [each(*entries) for entries in zip(*per_layer, strict=True)]
 
     def init_cache(self, batch: int, length: int) -> list[dict[str, jax.Array]]:
         dtype = self.embed.dtype
@@ -127,7 +127,7 @@ class MoEModel(nnx.Module):
             return [layer.attn.init_cache(batch, length, dtype) for layer in self.layers]
         return [jax.tree.map(lambda a, n=run.count: jnp.zeros((n, *a.shape), a.dtype),
                              member.attn.init_cache(batch, length, dtype))
-                for run, members in zip(self.layer_runs, self.runs) for member in members]
+                for run, members in zip(self.layer_runs, self.runs, strict=True) for member in members]
 
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes of one token over every layer (from shapes only: the model may be abstract)."""
@@ -135,7 +135,7 @@ class MoEModel(nnx.Module):
         return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(shapes))
 
     def __call__(self, tokens: StepArray, positions: StepArray, cache: Sequence[Cache] | None = None, *,
-                 read_cache: bool = True, kernels: Kernels = Kernels(), gather_idx: StepArray | None = None,
+                 read_cache: bool = True, kernels: Kernels = AUTO_KERNELS, gather_idx: StepArray | None = None,
                  tree: TreeMask | None = None, prior: Sequence[dict[str, jax.Array]] | None = None
                  ) -> tuple[jax.Array, list[Cache] | None]:
         """tokens, positions [B, T] -> float32 logits [B, T, V], or only at `gather_idx` ([B] -> [B, V],
@@ -150,7 +150,7 @@ class MoEModel(nnx.Module):
         return self.head(x, gather_idx), (None if cache is None and tree is None else new_cache)
 
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
-                   kernels: Kernels = Kernels(), prior: Sequence[dict[str, jax.Array]] | None = None
+                   kernels: Kernels = AUTO_KERNELS, prior: Sequence[dict[str, jax.Array]] | None = None
                    ) -> tuple[jax.Array, list[Cache]]:
         """Every decoder layer in turn -> (hidden states, per-layer caches or new keys). cache, prior: per layer
         (of a stacked model, per run member)."""
@@ -169,7 +169,7 @@ class MoEModel(nnx.Module):
         in place; a call without caches returns its new keys (packed trees) as the scan's stacked outputs."""
         new: list = []
         g = 0
-        for run, members in zip(self.layer_runs, self.runs):
+        for run, members in zip(self.layer_runs, self.runs, strict=True):
             splits = [nnx.split(m) for m in members]
             caches = None if cache is None else list(cache[g:g + run.period])
             priors = None if prior is None else list(prior[g:g + run.period])

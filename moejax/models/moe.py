@@ -97,6 +97,9 @@ class LocalExperts:
         return hash(type(self))
 
 
+LOCAL_EXPERTS = LocalExperts()  # the default runner (stateless, so one instance serves every block)
+
+
 class HostExperts(LocalExperts):
     """Routed experts that are host-memory inputs of the jits (a streamed placement with stream='jit'): each block
     moves its arrays to the device where it uses them, and XLA schedules the copies."""
@@ -111,7 +114,7 @@ class MoEBlock(nnx.Module):
     record_router = False
 
     def __init__(self, cfg: ModelConfig, dtype: DTypeLike,
-                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LocalExperts()) -> None:
+                 experts_runner: Callable[[MoEBlock, jax.Array, str], jax.Array] = LOCAL_EXPERTS) -> None:
         """experts_runner(block, x2 [N, D], backend) -> routed output [N, D]: LocalExperts, HostExperts, or a
         program over devices (moejax.sharding.experts.ShardedExperts); the placement picks it."""
         D, E, I = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size

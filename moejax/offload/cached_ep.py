@@ -180,10 +180,11 @@ class CachedEP(Cached):
         out = None
         for p in range(passes):
             chunks = [local[p * self.pass_experts: (p + 1) * self.pass_experts] for local in owned]
-            pending = [arrays for shard, chunk in zip(self.shards, chunks) if len(chunk)
+            pending = [arrays for shard, chunk in zip(self.shards, chunks, strict=True) if len(chunk)
                        for arrays in shard._start_request(layer, chunk)]
             self._wait(layer, pending)
-            held = [[shard._held((layer, int(j))) for j in chunk] for shard, chunk in zip(self.shards, chunks)]
+            held = [[shard._held((layer, int(j))) for j in chunk]
+                    for shard, chunk in zip(self.shards, chunks, strict=True)]
             local_of = np.full((d_count, self.store.num_experts(layer)), -1, np.int32)
             for d, chunk in enumerate(chunks):
                 local_of[d, chunk * d_count + d] = np.arange(len(chunk), dtype=np.int32)

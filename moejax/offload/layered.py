@@ -207,7 +207,7 @@ class LayeredSteps:
         begin, end = self._decode
         loop = self._decode_start(rows, steps)
         limit = int(np.max(np.asarray(rows.max_new)))
-        for t in range(1, limit):  # the resident loop's condition, checked on the host
+        for _ in range(1, limit):  # the resident loop's condition, checked on the host
             if bool(np.all(self.host_value(loop.done))):
                 break
             x, cache = self.run_layers(**begin(state, loop, rows), cache=cache, valid=_rows_valid(~loop.done))

@@ -123,7 +123,7 @@ def _moe_layer(res: _Resources, times: TaskTimes, t: int, ready: list[float], r2
         shared_end = [res.run("AG", f"shared L{t} m{i}", attn_end[i], times.shared) for i in range(len(ready))]
     if not has_shared:
         return back
-    return [max(b, s) for b, s in zip(back, shared_end)]
+    return [max(b, s) for b, s in zip(back, shared_end, strict=True)]
 
 
 def _chunks(res: _Resources, times: TaskTimes, t: int, i: int, release: float, r2: int) -> float:

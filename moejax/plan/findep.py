@@ -340,7 +340,7 @@ def _choice(pair: _Pair, r2: int, order: str, seconds: float) -> DepChoice:
 def _r1_values(coef: DepCoefficients, work: DepWorkload, r1: int | None) -> list[tuple[int, int, int]]:
     """(r1, passes, m_a) of the space: every r1 up to the sequences per attention device (or the caller's)."""
     if r1 is None:
-        return list(zip(*(a.tolist() for a in work.pass_shapes(coef.attn_devices))))
+        return list(zip(*(a.tolist() for a in work.pass_shapes(coef.attn_devices)), strict=True))
     shape = work.pass_shape(coef.attn_devices, r1)
     if shape is None:
         raise ValueError(f"DEP schedule: r1={r1} micro-batches of one sequence each do not fit an attention device's "
@@ -359,7 +359,7 @@ def pareto_pairs(coef: DepCoefficients, work: DepWorkload, r1: int | None = None
     r1s, passes, m_a = work.pass_shapes(coef.attn_devices)
     _, first = np.unique(passes * (int(m_a.max(initial=0)) + 1) + m_a, return_index=True)
     first.sort()
-    return list(zip(r1s[first].tolist(), passes[first].tolist(), m_a[first].tolist()))
+    return list(zip(r1s[first].tolist(), passes[first].tolist(), m_a[first].tolist(), strict=True))
 
 
 def search_split(coef: DepCoefficients, work: DepWorkload, *, r1: int | None = None, r2: int | None = None,

@@ -190,15 +190,15 @@ class LineFit:
 def fit_line(name: str, unit: str, xs: Iterable[float], ys: Iterable[float]) -> LineFit:
     """Least squares in relative error (the sizes span orders of magnitude, and the small ones, where α dominates,
     decide r2), with α, β >= 0 (a negative launch cost would let the solver split without end)."""
-    pts = [(float(x), float(y)) for x, y in zip(xs, ys) if y > 0]
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if y > 0]
     if not pts:
         return LineFit(name, unit, 0.0, 0.0, 1.0)
     w = [1.0 / (y * y) for _, y in pts]
     sw = sum(w)
-    sx = sum(wi * x for wi, (x, _) in zip(w, pts))
-    sy = sum(wi * y for wi, (_, y) in zip(w, pts))
-    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts))
-    sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts))
+    sx = sum(wi * x for wi, (x, _) in zip(w, pts, strict=True))
+    sy = sum(wi * y for wi, (_, y) in zip(w, pts, strict=True))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts, strict=True))
+    sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts, strict=True))
     det = sw * sxx - sx * sx
     beta = (sw * sxy - sx * sy) / det if det > 1e-12 * sw * sxx else 0.0
     alpha = (sy - beta * sx) / sw

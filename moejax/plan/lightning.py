@@ -238,7 +238,8 @@ def _solve_ratios(t: dict, n: int, caps: tuple[float, float], rw_lo: float, rw_h
             (t["gpu_p"][0] - caps[0], t["gpu_p"][1], t["gpu_p"][2]),
             (t["cpu_m"][0] - caps[1], t["cpu_m"][1], t["cpu_m"][2])]
     groups = [(n - 1, [t["comm"], _const(t["cpu"]), _const(t["gpu"])]), (1, [t["p_comm"], _const(t["p_gpu"])])]
-    kinks = [tuple(a - b for a, b in zip(f, g)) for _, forms in groups for f, g in itertools.combinations(forms, 2)
+    kinks = [tuple(a - b for a, b in zip(f, g, strict=True))
+             for _, forms in groups for f, g in itertools.combinations(forms, 2)
              if _varies(f) or _varies(g)]  # two constants meet nowhere
     lines = np.array([[f[0] * one, f[1] * one, f[2] * one] for f in cons + kinks])  # [L, 3, G]
     lines /= np.maximum(np.abs(lines[:, 1:]).max(axis=1, keepdims=True), 1e-300)

@@ -32,7 +32,7 @@ def gantt(schedules: dict, path: str, title: str = "") -> str:
               "cpuattn": "tab:blue", "offloadqkv": "tab:orange", "loadh": "tab:red", "w_pintog": "tab:gray"}
     order = ["AG", "A2E", "EG", "E2A", "device", "host", "link h2d", "link d2h"]
     end_all = max(makespan for makespan, _ in schedules.values())
-    for ax, (name, (makespan, events)) in zip(axes[:, 0], schedules.items()):
+    for ax, (name, (makespan, events)) in zip(axes[:, 0], schedules.items(), strict=True):
         resources = sorted({e[0] for e in events}, key=lambda r: order.index(r) if r in order else 9)
         for resource, label, start, end in events:
             kind = label.split("(")[0].split()[0].lower()

@@ -19,7 +19,7 @@ from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.requests import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
 from moejax.sched.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Progress, Runner
-from moejax.sched.serving_options import ServingOptions
+from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -156,7 +156,7 @@ def with_seed(request: Request, nonce: int, rid: str) -> Request:
     return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
 
 
-def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions = ServingOptions()) -> str:
+def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions = SERVING_DEFAULTS) -> str:
     """The schedule for `lines` as text; loads no weights and runs nothing. options.max_batch_tokens None sizes scoring
     batches from the device (moejax.sched.batch_size)."""
     _, _, todo, schedule, runner = _prepare(engine, lines, None, options)
@@ -165,7 +165,7 @@ def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions 
     return describe(schedule, runner, engine) + warning
 
 
-def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, options: ServingOptions = ServingOptions(),
+def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, options: ServingOptions = SERVING_DEFAULTS,
                 *, progress: Callable[[int], Progress | None] | None = None, peak: float | None = None,
                 settings: dict | None = None, seed_nonce: int | None = None, error_file: str | None = None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its

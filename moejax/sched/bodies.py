@@ -115,7 +115,7 @@ class Bodies:
         lps += c.logprobs
         tops += c.top
         top_dicts = [None if top is None else self.top_dict(t, lp, top[: req.logprobs])
-                     for t, lp, top in zip(tokens, lps, tops)]
+                     for t, lp, top in zip(tokens, lps, tops, strict=True)]
         return {"tokens": [self.tokens.completion_name(t) for t in tokens], "token_logprobs": lps,
                 "top_logprobs": top_dicts, "text_offset": offsets}
 
@@ -133,7 +133,7 @@ class Bodies:
         item = self.tokens.chat_item
         assert c.logprobs is not None and c.top is not None  # generated with them: req.logprobs is set
         return [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top[: req.logprobs]]}
-                for t, lp, top in zip(c.tokens, c.logprobs, c.top)]
+                for t, lp, top in zip(c.tokens, c.logprobs, c.top, strict=True)]
 
     # -- scoring -----------------------------------------------------------------------------------------------
     def score(self, req: ScoreRequest, rid: str, logprobs: list[list[float]], cached: int) -> dict:
@@ -145,7 +145,7 @@ class Bodies:
             norm = max(lps) + math.log(sum(math.exp(x - max(lps)) for x in lps))
             cands = [{"text": c.text if c.text is not None else self.decode(c.token_ids),
                       "token_ids": list(c.token_ids), "logprob": x, "prob": math.exp(x - norm)}
-                     for c, x in zip(req.candidates, lps)]
+                     for c, x in zip(req.candidates, lps, strict=True)]
             best = max(range(len(lps)), key=lps.__getitem__)
             results.append({"candidates": cands, "best": cands[best]["text"], "best_index": best})
         return {**self.head("score", rid, req), "results": results,

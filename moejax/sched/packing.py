@@ -119,7 +119,8 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
     # new ones of a node that has some, are listed; the others of a node are new, from new_base[id(node)] on.
     key_of: dict[tuple[int, int], tuple[str, int]] = {}
     new_base: dict[int, int] = {}
-    must_compute = {(id(node), off) for s, c in zip(seqs, chains) for node, off in [_at(c, r[0]) for r in s.reads]}
+    must_compute = {(id(node), off) for s, c in zip(seqs, chains, strict=True)
+                    for node, off in [_at(c, r[0]) for r in s.reads]}
 
     def key(node: _Node, off: int) -> tuple[str, int]:
         return key_of.get((id(node), off)) or ("new", new_base[id(node)] + off)
@@ -127,7 +128,7 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
     row = Row([], [], [], [], [], [], [], [], [], [], [], {})
     # one entry per distinct context: (tag, chain, length)
     contexts: dict[tuple[int, ...], tuple[Hashable, tuple[list[_Node], list[int]], int]] = {}
-    for s, c in zip(seqs, chains):
+    for s, c in zip(seqs, chains, strict=True):
         contexts.setdefault(s.tokens[: s.context_len], (s.context_tag, c, s.context_len))
     hashes = {ctx: block_hashes(ctx) for ctx in contexts}
     if cache is not None:  # prior keys: cached blocks, each token supplied once, read tokens recomputed
@@ -168,7 +169,7 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
                 row.pre.append(node.pre)
                 row.post.append(node.post)
     read_index: dict[int, int] = {}
-    for s, c in zip(seqs, chains):
+    for s, c in zip(seqs, chains, strict=True):
         for pos, token, tag in s.reads:
             r = key(*_at(c, pos))[1]
             u = read_index.setdefault(r, len(read_index))
@@ -189,7 +190,7 @@ def pack_row(seqs: Sequence[ScoreSeq], cache: PrefixCache | None = None,
 def tree_size(seqs: Sequence[ScoreSeq]) -> int:
     """Tokens of the trie of `seqs` (before any prefix-cache hit)."""
     ordered = sorted(s.tokens for s in seqs)
-    return sum(len(b) - _lcp(a, b) for a, b in zip([()] + ordered[:-1], ordered))
+    return sum(len(b) - _lcp(a, b) for a, b in zip([()] + ordered[:-1], ordered, strict=True))
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -298,7 +299,7 @@ def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1
         a["q_pre"][b, :n], a["q_post"][b, :n] = r.pre, r.post
         a["read_idx"][b, : len(r.reads)] = r.reads
         if r.targets:
-            u, tok, _ = zip(*r.targets)
+            u, tok, _ = zip(*r.targets, strict=True)
             a["tgt_u"][b, : len(u)], a["tgt_tok"][b, : len(tok)] = u, tok
         if r.prior_slots:
             m = len(r.prior_pos)

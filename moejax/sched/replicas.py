@@ -170,6 +170,7 @@ class ReplicaRun:
         self._log_to_driver = log_to_driver
         self.handles: list = []
         self.stats: list[ReplicaStats] = []
+        self.described: list[int] = []  # the replicas whose engines started, in the order start() returned them
         self.frontend: Frontend | None = None
         self.rerouted = 0
         self._metrics: list[dict] = []  # each finished share's counters
@@ -220,7 +221,8 @@ class ReplicaRun:
                                  + "; ".join(f"replica {s.index}: {s.error}" for s in self.stats))
         for i, info in infos.items():
             self.stats[i].device, self.stats[i].state = f"{info['device']} x{info['devices']}", "serving"
-        return [infos[i] for i in sorted(infos)]
+        self.described = sorted(infos)
+        return [infos[i] for i in self.described]
 
     def _failed(self, i: int, error: str) -> None:
         self.stats[i].state, self.stats[i].error = "failed to start", error
@@ -260,9 +262,11 @@ class ReplicaRun:
             self.stats = [ReplicaStats(s.index, s.device, state=s.state, error=s.error) for s in self.stats]
             started = {s.index for s in self.stats if s.state == "serving"}
             self.ray.get([self.handles[i].begin.remote(run_settings) for i in sorted(started)])
-            for info, s in zip(infos, [s for s in self.stats if s.index in started]):
-                s.theta_flops = info["theta_flops"]
-                s.round_flops = info["theta_flops"] or fallback
+            # by replica: one lost in an earlier serve is still among infos, but no longer started
+            for i, info in zip(self.described, infos, strict=True):
+                if i in started:
+                    self.stats[i].theta_flops = info["theta_flops"]
+                    self.stats[i].round_flops = info["theta_flops"] or fallback
             # (a replica that did not start gets the fallback too: it is marked lost at once)
             self.frontend = Frontend([s.round_flops or fallback for s in self.stats], self.plan.routing,
                                      depth=SHARES_AHEAD)
@@ -376,7 +380,7 @@ class ReplicaRun:
     def tables(self) -> dict[int, set[bytes]]:
         """Each serving replica's own prefix-cache table now (to compare with the frontend's mirrors)."""
         live = [s.index for s in self.stats if s.state == "serving"]
-        return dict(zip(live, self.ray.get([self.handles[i].table.remote() for i in live])))
+        return dict(zip(live, self.ray.get([self.handles[i].table.remote() for i in live]), strict=True))
 
     def stop(self) -> None:
         for h in self.handles:

@@ -403,7 +403,8 @@ class _Parser:
         if "candidate_token_ids" in body:
             items = nonempty_list(body["candidate_token_ids"], "body.candidate_token_ids", "token id lists")
             paths = [f"body.candidate_token_ids[{i}]" for i in range(len(items))]
-            return tuple(Candidate(None, self.ids(nonempty_list(c, p, "token ids"), p)) for c, p in zip(items, paths))
+            return tuple(Candidate(None, self.ids(nonempty_list(c, p, "token ids"), p))
+                         for c, p in zip(items, paths, strict=True))
         items = nonempty_list(body["candidates"], "body.candidates", "strings")
         if self.tokenizer is None:
             raise Invalid("body.candidates: model has no tokenizer; send candidate_token_ids")
@@ -423,7 +424,7 @@ class _Parser:
         if not isinstance(stops, list):
             raise Invalid(f"body.stop: must be a string or a list of strings; got {show(value)}")
         paths = ["body.stop"] if isinstance(value, str) else [f"body.stop[{i}]" for i in range(len(stops))]
-        stops = tuple(string_field(s, p) for s, p in zip(stops, paths))
+        stops = tuple(string_field(s, p) for s, p in zip(stops, paths, strict=True))
         if stops and self.tokenizer is None:  # stop strings match detokenized text
             raise Invalid("body.stop: model has no tokenizer; use stop_token_ids")
         return stops

@@ -26,7 +26,7 @@ from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.bodies import Bodies, Choice
 from moejax.sched.requests import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
 from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
-from moejax.sched.serving_options import ServingOptions
+from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -80,7 +80,7 @@ class _Launched:
 
 class Runner:
     def __init__(self, engine: Engine, schedule: BatchSchedule, requests: list, store: ResultStore | None, *,
-                 progress: Progress | None = None, options: ServingOptions = ServingOptions(),
+                 progress: Progress | None = None, options: ServingOptions = SERVING_DEFAULTS,
                  kv_pool: PoolSize | None = None, batch_size: ScoreBatchSize | None = None,
                  cache: PrefixCache | None = None, pool: list[Layer] | None = None,
                  keep: frozenset[bytes] = frozenset()) -> None:
@@ -273,7 +273,7 @@ class Runner:
             m.decode_rows_useful += sum(max(len(o) - 1, 0) for o in outs)  # the first token comes from prefill
             m.decode_rows_computed += self.engine.padded_rows(len(rows)) * max(max(map(len, outs)) - 1, 0)
         m.flops += self._flops_per_token * sum(new) + self._decode_flops(outs)
-        self._finish_completions(reqs, {(k, c): out for (k, c), out in zip(rows, outs)},
+        self._finish_completions(reqs, {(k, c): out for (k, c), out in zip(rows, outs, strict=True)},
                                  {k: BLOCK * len(prior[k]) for k in range(len(reqs))})
 
     def _decode_flops(self, outs: Iterable[Sequence[int]]) -> float:
@@ -368,9 +368,9 @@ class Runner:
             return {}
         top_k = 5 if max(cast(int, reqs[k].logprobs) for k in want) <= 5 else MAX_LOGPROBS  # (want: those given)
         out: dict[tuple[int, int | str], tuple[list[float], list[list[tuple[int, float]]]]] = {}
-        for (k, c), (lp, top, ids) in zip(keys, self.engine.token_logprobs(seqs, top_k)):
+        for (k, c), (lp, top, ids) in zip(keys, self.engine.token_logprobs(seqs, top_k), strict=True):
             P = len(reqs[k].prompt)
-            pairs = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, top)]
+            pairs = [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(ids, top, strict=True)]
             out[(k, c)] = (lp[P - 1:].tolist(), pairs[P - 1:])
             if reqs[k].echo and c == 0:
                 out[(k, "prompt")] = (lp[: P - 1].tolist(), pairs[: P - 1])

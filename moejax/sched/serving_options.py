@@ -61,3 +61,6 @@ class ServingOptions:
     def scheduler_keywords(self) -> dict:
         """The Scheduler's keywords that were given (the others keep its defaults)."""
         return {name: getattr(self, name) for name in SCHEDULER if getattr(self, name) not in (None, False)}
+
+
+SERVING_DEFAULTS = ServingOptions()  # every field's default (frozen, so one instance serves)

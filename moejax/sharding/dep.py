@@ -168,7 +168,7 @@ def owned_experts(mesh: Mesh, local_ffn: Callable, x2: jax.Array, idx: jax.Array
 
     def body(x: jax.Array, i: jax.Array, w: jax.Array, *ws: jax.Array) -> jax.Array:
         mine, local = owned_choices(i, ws[0].shape[0])
-        return local_ffn(x, jnp.where(mine, local, 0), jnp.where(mine, w, 0), dict(zip(names, ws)))[None]
+        return local_ffn(x, jnp.where(mine, local, 0), jnp.where(mine, w, 0), dict(zip(names, ws, strict=True)))[None]
     run = jax.shard_map(body, mesh=mesh, in_specs=(P(),) * 3 + (P(AXIS),) * len(names), out_specs=P(AXIS),
                         check_vma=False)
     return run(x2, idx, weights, *(experts[k] for k in names))
@@ -208,14 +208,14 @@ def combine(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, shared: jax.
             outs: Sequence[jax.Array], *, chunks: Sequence[tuple[int, int]], split: Callable[[jax.Array], jax.Array]
             ) -> jax.Array:
     """The layer's output: residual + routed (chunks unpadded, in order) + shared, split by rows over the group."""
-    routed = jnp.concatenate([add_partials(o)[:real] for o, (real, _) in zip(outs, chunks)])
+    routed = jnp.concatenate([add_partials(o)[:real] for o, (real, _) in zip(outs, chunks, strict=True)])
     y = routed if shared is None else routed + shared
     return split(x + y.reshape(x.shape))
 
 
 def _split(tree: Any, *, sizes: tuple[int, ...]) -> tuple[Any, ...]:  # any pytree, split by rows
     bounds = np.cumsum((0,) + sizes)
-    return tuple(jax.tree.map(lambda a: a[s:e], tree) for s, e in zip(bounds[:-1], bounds[1:]))
+    return tuple(jax.tree.map(lambda a, s=s, e=e: a[s:e], tree) for s, e in zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def _concat(trees: Sequence[Any]) -> Any:  # pytrees of one structure, joined by rows
@@ -289,10 +289,10 @@ class DisaggregatedSteps(layered.LayeredSteps):
         inputs = dict(x=x, at=at, prior=prior, cache=None if split_cache or pool else cache)
         parts = [dict(p) for p in self._split_jit(inputs, sizes=sizes)]
         if isinstance(cache, MicroBatched):  # split_cache, spelled out for the type checker
-            for part, c in zip(parts, cache):
+            for part, c in zip(parts, cache, strict=True):
                 part["cache"] = c
         if pool is not None:  # the pool whole, the rows' tables and slots split
-            for part, (table, slots) in zip(parts, self._split_jit((pool.table, pool.slots), sizes=sizes)):
+            for part, (table, slots) in zip(parts, self._split_jit((pool.table, pool.slots), sizes=sizes), strict=True):
                 part["cache"] = PoolRows(pool, table, slots)
         parts = self._pipeline(parts, read_cache, lay)
         self.passes += 1
@@ -334,7 +334,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
                 pending[m] = None
 
         for i, layer in enumerate(self.layers):
-            for m, (p, c) in enumerate(zip(parts, old)):
+            for m, (p, c) in enumerate(zip(parts, old, strict=True)):
                 combine(m)
                 a = (p["x"], p["at"], None if c is None else c[i], None if p["prior"] is None else p["prior"][i])
                 if i not in self.moe_layers:

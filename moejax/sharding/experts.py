@@ -60,7 +60,7 @@ def sharded_routed(layout: Layout, mesh: Mesh, local_ffn: ExpertFFN, x2: jax.Arr
     names = sorted(experts)
     token_spec = P(AXIS)
     if layout.experts in ("replicated", "async_ep"):
-        body, expert_spec = (lambda x, i, w, *ws: local_ffn(x, i, w, dict(zip(names, ws)))), P()
+        body, expert_spec = (lambda x, i, w, *ws: local_ffn(x, i, w, dict(zip(names, ws, strict=True)))), P()
     elif layout.experts == "tp":
         split = layout.attn == "dp"
         body, token_spec = _tp_body(local_ffn, names, split), (P(AXIS) if split else P())
@@ -106,7 +106,7 @@ def tp_columns(array: ArrayT, devices: int) -> ArrayT:
 
 def _tp_body(local_ffn: ExpertFFN, names: Sequence[str], split_tokens: bool) -> Body:
     def body(x: jax.Array, idx: jax.Array, weights: jax.Array, *ws: jax.Array) -> jax.Array:
-        experts = dict(zip(names, ws))
+        experts = dict(zip(names, ws, strict=True))
         if "be_down" in experts:  # added once, not once per width slice
             experts["be_down"] = jnp.where(jax.lax.axis_index(AXIS) == 0, experts["be_down"], 0)
         if not split_tokens:
@@ -125,7 +125,7 @@ def owned_choices(idx: jax.Array, per_device: int) -> tuple[jax.Array, jax.Array
 
 def _gather_body(local_ffn: ExpertFFN, names: Sequence[str], n_dev: int) -> Body:
     def body(x: jax.Array, idx: jax.Array, weights: jax.Array, *ws: jax.Array) -> jax.Array:
-        experts = dict(zip(names, ws))
+        experts = dict(zip(names, ws, strict=True))
         per_device = ws[0].shape[0]
         x_all, idx_all, w_all = (jax.lax.all_gather(a, AXIS, tiled=True) for a in (x, idx, weights))
         mine, local = owned_choices(idx_all, per_device)
@@ -136,7 +136,7 @@ def _gather_body(local_ffn: ExpertFFN, names: Sequence[str], n_dev: int) -> Body
 
 def _all_to_all_body(local_ffn: ExpertFFN, names: Sequence[str], n_dev: int) -> Body:
     def body(x: jax.Array, idx: jax.Array, weights: jax.Array, *ws: jax.Array) -> jax.Array:
-        experts = dict(zip(names, ws))
+        experts = dict(zip(names, ws, strict=True))
         per_device = ws[0].shape[0]
         n, k = idx.shape
         rows = n * k

@@ -23,7 +23,7 @@ def stage_layers(layers: int, stages: int) -> tuple[range, ...]:
         raise ValueError(f"pipeline: {layers} decoder layers cannot be split over {stages} stages (each stage "
                          "needs a layer)")
     bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(layers), stages)])
-    return tuple(range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))
+    return tuple(range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def slots(kinds: Sequence[K], stages: int) -> tuple[dict[K, int], list[tuple[K, int]]]:

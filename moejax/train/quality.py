@@ -48,7 +48,7 @@ def model_quality(engine: Engine, tokens: np.ndarray, *, window: int = 512, batc
         nll = -jnp.sum(jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0] * weight)
         correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weight)
         counts = []
-        for i, router_logits in zip(moe_layers, router):
+        for i, router_logits in zip(moe_layers, router, strict=True):
             block = model.layers[i].mlp
             bias = None if block.correction_bias is None else block.correction_bias[...]
             idx, _ = route(cfg, router_logits, bias)
@@ -117,7 +117,7 @@ def greedy_samples(engine: Engine, prompts: Sequence[str] = GREEDY_PROMPTS, *, m
     assert tok is not None  # a trained run's engine has the run's tokenizer
     outs = engine.generate([tok.encode(p).ids for p in prompts], max_new, stop_token_ids=engine.config.eos_token_ids)
     samples = []
-    for prompt, ids in zip(prompts, outs):
+    for prompt, ids in zip(prompts, outs, strict=True):
         text = tok.decode([t for t in ids if t not in engine.config.eos_token_ids]).split("\n\n")[0]
         samples.append(dict(prompt=prompt, completion=text, parses=parses(prompt + text)))
     return samples

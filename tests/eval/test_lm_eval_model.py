@@ -126,8 +126,8 @@ def test_scorer_shares_contexts_across_batches(qwen3_engine):
         ctx = prefix + rng.integers(1, 256, int(rng.integers(2, 9))).tolist()
         pairs += [(ctx, rng.integers(1, 256, int(rng.integers(1, 4))).tolist()) for _ in range(3)]
     forward = qwen3_engine.token_logprobs([c + t for c, t in pairs], 1)
-    top = [int(ids[len(c) - 1, 0]) for (c, _), (_, _, ids) in zip(pairs, forward)]
-    pairs += [(c, [t]) for (c, _), t in zip(pairs[::3], top[::3])]  # greedy continuations: is_greedy true
+    top = [int(ids[len(c) - 1, 0]) for (c, _), (_, _, ids) in zip(pairs, forward, strict=True)]
+    pairs += [(c, [t]) for (c, _), t in zip(pairs[::3], top[::3], strict=True)]  # greedy continuations: is_greedy true
     forward += qwen3_engine.token_logprobs([c + t for c, t in pairs[-6:]], 1)
     scorer = Scorer(qwen3_engine, max_batch_tokens=64)
     got = scorer.score(pairs)

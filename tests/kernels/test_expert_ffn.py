@@ -130,7 +130,7 @@ def test_tiled_gradients_equal_the_dense_backends():
         loss = lambda *a: jax.numpy.sum(jax.numpy.sin(expert_ffn(a[0], idx, *a[1:], backend=backend)))  # noqa: E731
         return jax.jit(jax.grad(loss, argnums=range(6)))(x, w, wgu, wd, bgu, bd)
 
-    for got, want in zip(grads("tiled"), grads("dense")):
+    for got, want in zip(grads("tiled"), grads("dense"), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 

@@ -104,7 +104,7 @@ def test_tile_schedule_covers_every_row_once():
             tiles = pallas.max_tiles(M, G, bm)
             group, first, end = np.asarray(pallas.tile_schedule(jnp.asarray(sizes, jnp.int32), M, bm, tiles))
             owner = np.full(M, -1)
-            for g, a, e in zip(group, first, end):
+            for g, a, e in zip(group, first, end, strict=True):
                 rows = np.arange(a, min(a + bm, e))
                 assert (owner[rows] == -1).all()
                 owner[rows] = g

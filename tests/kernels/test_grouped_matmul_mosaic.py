@@ -52,7 +52,7 @@ def test_both_kernel_bodies_lower_for_gpu(cfg):
     from moejax.kernels.grouped_matmul import mosaic
     S, bf = jax.ShapeDtypeStruct, jnp.bfloat16
     for out in (bf, jnp.float32):
-        module = cuda_module(lambda x, w, g: mosaic.grouped_matmul(x, w, g, cfg, out_dtype=out),
+        module = cuda_module(lambda x, w, g, out=out: mosaic.grouped_matmul(x, w, g, cfg, out_dtype=out),
                              S((4096, 512), bf), S((16, 512, 768), bf), S((16,), jnp.int32))
         assert module.count(MOSAIC_GPU) == 1
 

@@ -35,7 +35,7 @@ def test_decode_batches_run_each_batch_with_its_rows(tmp_path):
     assert record["xla_startup"]["command_buffers"] is False
     one = record["results"][0]
     assert one["decode_iterations"] == 2 * 8 and one["mean_rows"] == 1  # one row: each sequence's 8 tokens alone
-    for row, batch in zip(record["results"], (1, 3)):
+    for row, batch in zip(record["results"], (1, 3), strict=True):
         assert row["batch"] == batch and row["requests"] == 2 * batch and row["output_tokens"] == 2 * batch * 9
         assert row["scheduler"]["peak_rows"] == batch and row["bytes"]["tokens"] == 2 * batch * 8
         assert 1 <= row["mean_rows"] <= batch  # rows a token iteration: the batch at most

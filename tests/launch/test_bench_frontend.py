@@ -56,7 +56,7 @@ def test_prefix_routing_beats_random_on_hit_rate(runs, requests, n):
 
 def test_mirrors_equal_replica_caches_at_the_end(runs):
     for run in runs.values():
-        for mirror, replica in zip(run.frontend.mirrors, run.replicas):
+        for mirror, replica in zip(run.frontend.mirrors, run.replicas, strict=True):
             assert mirror.committed == replica.cache.hashes() and len(replica.cache) > 0
             assert not mirror.pending and mirror.work == 0.0
         assert not any(run.frontend.in_flight(e) for e in range(len(run.replicas)))

@@ -47,7 +47,7 @@ def test_matching_never_blocks_the_layer_loop_on_the_device(resident):
     idx = jnp.zeros((B * T, k), jnp.int32)
     steps.inputs = x0
     predictor.begin_pass(steps)  # a first pass compiles what the loop dispatches
-    for layer, y in zip(moe, ys):
+    for layer, y in zip(moe, ys, strict=True):
         predictor.predict(0, layer, y, y, idx, idx.astype(jnp.float32))
     predictor.drain()
     a = jnp.full((1024, 1024), 1.0 / 1024, jnp.float32)
@@ -58,11 +58,12 @@ def test_matching_never_blocks_the_layer_loop_on_the_device(resident):
     predictor.begin_pass(steps)
     assert not gate.is_ready(), "begin_pass waited for the input embeddings"
     pending = {}
-    for layer, y in zip(moe, ys):
+    for layer, y in zip(moe, ys, strict=True):
         pending[layer] = predictor.predict(0, layer, y + gate, y + gate, idx, idx.astype(jnp.float32))
         assert not gate.is_ready(), "predict waited for its device inputs"
     embeddings = np.asarray(x0).mean(axis=1)
-    observed = np.stack([np.asarray(steps.layers[layer](_row_gates, y, rows=B)) for layer, y in zip(moe, ys)], 1)
+    observed = np.stack([np.asarray(steps.layers[layer](_row_gates, y, rows=B))
+                         for layer, y in zip(moe, ys, strict=True)], 1)
     for j, layer in enumerate(moe):
         got = {target: resolved(p) for target, p in pending[layer].items()}
         for b in range(B):
@@ -96,7 +97,7 @@ def test_each_request_is_matched_on_its_own_and_the_union_is_prefetched(resident
     tops = [[set(np.argsort(-maps[r, t])[:k].tolist()) for t in range(len(moe))] for r in range(2)]
     assert tops[0] != tops[1], "the two requests route alike: pick other tokens"
     store = ExpertMapStore.empty(4, 1, len(moe), E, D)
-    for e, m in zip(embeddings, maps):
+    for e, m in zip(embeddings, maps, strict=True):
         store.add(e, m)
     store.save(str(tmp_path / "two"))
     engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=3 * E,

@@ -151,7 +151,7 @@ def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path, capsys):
     assert len(everything) == 6 * 3  # per prompt: its prefill and the 2 decode iterations that fed a token
     assert "18 iterations (6 prefills, 12 decodes)" in capsys.readouterr().err
     small = ExpertMapStore.empty(4, 1, *everything.maps.shape[1:], everything.embeddings.shape[1])
-    for e, m in zip(everything.embeddings, everything.maps):
+    for e, m in zip(everything.embeddings, everything.maps, strict=True):
         small.add(e, m)
     small.save(str(tmp_path / "maps"))
     resident = moejax.load(fixture_dir(name), dtype="float32")

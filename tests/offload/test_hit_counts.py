@@ -42,7 +42,7 @@ def test_counts_are_each_requests_top_k_selections():
     counts = request_counts(traces_of(logits, [3, 4]), K)
     top = np.argsort(-logits, axis=-1)[..., :K]
     want = np.zeros((2, M, E))
-    for n, r in zip(range(7), [0, 0, 0, 1, 1, 1, 1]):
+    for n, r in zip(range(7), [0, 0, 0, 1, 1, 1, 1], strict=True):
         for j in range(M):
             want[r, j, top[n, j]] += 1
     np.testing.assert_array_equal(counts, want)

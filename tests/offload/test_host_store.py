@@ -17,7 +17,7 @@ def test_arrays_live_in_pinned_host_and_fetch_returns_them_on_device(expert_arra
     store = HostStore.from_arrays(expert_arrays.items())
     assert store.layers == sorted({p[1] for p in expert_arrays})
     for layer in store.layers:
-        for name, host in store.arrays(layer).items():
+        for host in store.arrays(layer).values():
             assert host.sharding.memory_kind == "pinned_host"
         fetched = store.fetch(layer)
         assert set(fetched) == {p[3] for p in expert_arrays if p[1] == layer}

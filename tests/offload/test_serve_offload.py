@@ -63,11 +63,11 @@ def _same(rows, ref):
         if body["object"] == "score":
             for got_r, want_r in zip(body["results"], want["results"], strict=True):
                 assert [c["token_ids"] for c in got_r["candidates"]] == [c["token_ids"] for c in want_r["candidates"]]
-                for c, w in zip(got_r["candidates"], want_r["candidates"]):
+                for c, w in zip(got_r["candidates"], want_r["candidates"], strict=True):
                     assert c["logprob"] == pytest.approx(w["logprob"], rel=1e-5, abs=1e-5)
         else:
             assert [c["token_ids"] for c in body["choices"]] == [c["token_ids"] for c in want["choices"]]
-            for c, w in zip(body["choices"], want["choices"]):
+            for c, w in zip(body["choices"], want["choices"], strict=True):
                 if w["logprobs"] is not None:
                     assert c["logprobs"]["token_logprobs"] == pytest.approx(w["logprobs"]["token_logprobs"], abs=1e-5)
 

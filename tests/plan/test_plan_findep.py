@@ -293,7 +293,7 @@ def test_pass_shapes_vectorised_equal_the_scalar_rule():
             if shape is None:
                 break
             scalar.append((r1, *shape))
-        assert list(zip(r1s.tolist(), passes.tolist(), m_a.tolist())) == scalar
+        assert list(zip(r1s.tolist(), passes.tolist(), m_a.tolist(), strict=True)) == scalar
 
 
 def test_bad_inputs_name_the_problem():
@@ -325,7 +325,7 @@ def test_simulation_events_respect_resources_and_dependencies(order):
     by_label = {e.label: e for e in sim.events}
     for resource in RESOURCES:  # one task at a time, in dispatch order
         spans = [(e.start, e.end) for e in sim.events if e.resource == resource]
-        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:], strict=False))
     for t in (1, 2):
         for i in range(r1):
             attn = by_label[f"attn L{t} m{i}"]

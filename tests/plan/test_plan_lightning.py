@@ -86,7 +86,7 @@ def test_fig10_more_weights_offloaded_as_the_link_gets_faster():
         p = search_policy(MIXTRAL, load_profile("a100", {"h2d.bandwidth": bw * GB}), prompt_len=512, gen_len=32,
                           gpus=2)
         shares.append(1 - p.r_w)
-    assert all(b >= a - 1e-9 for a, b in zip(shares, shares[1:])), shares
+    assert all(b >= a - 1e-9 for a, b in zip(shares, shares[1:], strict=False)), shares
     assert shares[-1] > shares[0] + 0.05, shares
 
 
@@ -149,7 +149,7 @@ def test_the_ratio_lp_is_exact():
     for g in range(len(mus)):
         t = lightning._terms(m, hw, s, n, mus[g], mus[g] * nbs[g], 1, 1)
         W, C = np.meshgrid(np.linspace(0, 1, 201), np.linspace(0, 1, 201))
-        v = lambda f: f[0] + f[1] * W + f[2] * C  # noqa: E731
+        v = lambda f, W=W, C=C: f[0] + f[1] * W + f[2] * C  # noqa: E731
         fits = (v(t["gpu_d"]) <= caps[0]) & (v(t["gpu_p"]) <= caps[0]) & (v(t["cpu_m"]) <= caps[1])
         T = np.maximum(v(t["p_comm"]), t["p_gpu"]) + (n - 1) * np.maximum(v(t["comm"]), max(t["cpu"], t["gpu"]))
         grid_best = mus[g] * nbs[g] * n / (m.l * T[fits].min()) if fits.any() else 0.0

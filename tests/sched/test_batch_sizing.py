@@ -108,7 +108,7 @@ def test_the_next_batch_is_dispatched_before_the_last_is_read_with_the_same_resu
     assert kinds == ["dispatch", "dispatch", "read", "dispatch", "read", "dispatch", "read", "read"]
     monkeypatch.undo()
     rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
-    for row, prompt in zip(rows, prompts):  # in input order, each as the full model computes it
+    for row, prompt in zip(rows, prompts, strict=True):  # in input order, each as the full model computes it
         got = [c["logprob"] for c in row["response"]["body"]["results"][0]["candidates"]]
         np.testing.assert_allclose(got, [oracle(tiny, prompt, 7), oracle(tiny, prompt, 9)], rtol=1e-5, atol=1e-5)
 
@@ -130,7 +130,7 @@ def test_a_batch_failing_when_read_costs_only_its_requests_and_the_next_is_packe
     failed = [r["custom_id"] for r in rows if r["response"]["status_code"] == 500]
     assert len(failed) == 1
     assert rows[int(failed[0][1:])]["error"]["message"] == "batch failed: RuntimeError: device lost"
-    for row, prompt in zip(rows, prompts):
+    for row, prompt in zip(rows, prompts, strict=True):
         if row["custom_id"] not in failed:
             got = row["response"]["body"]["results"][0]["candidates"][0]["logprob"]
             assert got == pytest.approx(oracle(tiny, prompt, 7), rel=1e-5, abs=1e-5)

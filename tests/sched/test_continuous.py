@@ -70,7 +70,7 @@ def test_sampling_does_not_depend_on_batch_or_preemption(tiny):
     prompts = prompts_of([7, 30, 12, 21, 5], seed=3)
     maxn = [20, 9, 26, 14, 17]
     reference = tiny.generate(prompts, max(maxn), temperature=1.0, seed=11)
-    expected = [r[:m] for r, m in zip(reference, maxn)]
+    expected = [r[:m] for r, m in zip(reference, maxn, strict=True)]
     crowded, sched = run_scheduler(tiny, prompts, maxn, num_blocks=4, seed=11, temperature=1.0, max_rows=3,
                                    chunk_tokens=16, decode_steps=4)
     assert crowded == expected
@@ -178,7 +178,7 @@ def test_steps_run_one_behind_the_host(tiny):
         out = {}
         sched = Scheduler(tiny, 16, max_rows=4, chunk_tokens=32, row_tokens=16, decode_steps=3, mixed=mixed,
                           decode_text=lambda tokens: "".join(f"<{t}>" for t in tokens))
-        sched.run(reqs[:2] if mixed else reqs, lambda r, tokens, cached: out.__setitem__(r.tag, tokens),
+        sched.run(reqs[:2] if mixed else reqs, lambda r, tokens, cached, out=out: out.__setitem__(r.tag, tokens),
                   lambda r, message: pytest.fail(message))
         assert [out[i] for i in sorted(out)] == expected[: len(out)]
         assert sched.stats.chained_rows > 0 and sched.blocks.in_use() == 0
@@ -190,7 +190,9 @@ def test_each_decode_step_is_read_after_the_next_step_is_dispatched(tiny, monkey
     queued while the host works; only the run's last decode step is read with nothing behind it."""
     events = []
     for name in ("paged_decode", "paged_chunk"):
-        def dispatch(pool, carry, rows, _real=getattr(tiny, name), _name=name, **static):
+        real = getattr(tiny, name)
+
+        def dispatch(pool, carry, rows, _real=real, _name=name, **static):
             pool, carry, out = _real(pool, carry, rows, **static)
             events.append(("dispatch", _name, id(out)))
             return pool, carry, out

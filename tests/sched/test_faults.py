@@ -97,7 +97,7 @@ def test_a_full_disk_stops_the_run_and_a_rerun_completes_it(engine, tmp_path):
         assert summary["requests_resumed"] == len(results) and summary["requests_ok"] == 12 - len(results)
         got = [json.loads(x) for x in open(out, encoding="utf-8").read().splitlines()]
         assert len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             same_choices(g, w)
         assert not os.path.exists(out + ".partial")
 

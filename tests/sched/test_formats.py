@@ -125,7 +125,7 @@ def test_chat_completions_render_the_template_and_generate_like_the_engine(engin
     ref = log_softmax(engine, case["token_ids"] + want)
     content = choice["logprobs"]["content"]
     assert [c["token"] for c in content] == [token_text(engine, t) for t in want]
-    for k, (c, t) in enumerate(zip(content, want)):
+    for k, (c, t) in enumerate(zip(content, want, strict=True)):
         row = ref[len(case["token_ids"]) + k - 1]
         assert c["logprob"] == pytest.approx(row[t], abs=1e-4) and c["bytes"] == list(c["token"].encode())
         assert [a["token"] for a in c["top_logprobs"]] == [token_text(engine, b) for b in np.argsort(-row)[:2]]
@@ -175,7 +175,7 @@ def test_output_lines_have_the_openai_batch_shape(engine, tmp_path):
     rows, _ = serve(engine, tmp_path, [("/v1/completions", {"prompt": [5, 6], "max_tokens": 2}),
                                        ("/v1/score", {"prompt": "The", "candidates": [" fox"]}),
                                        ("/v1/completions", {"prompt": [5], "max_tokens": -1})])
-    for row, kind in zip(rows[:2], ("text_completion", "score")):
+    for row, kind in zip(rows[:2], ("text_completion", "score"), strict=True):
         body = ok(row)
         assert row["response"]["request_id"] == row["id"] and body["id"].endswith(row["id"])
         assert body["object"] == kind and body["model"] == QWEN3 and before <= body["created"] <= time.time() + 1

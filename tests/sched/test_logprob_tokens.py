@@ -163,7 +163,7 @@ def test_chat_bytes_of_the_raw_byte_0xfe(tokenizer, kind):
 # -- defect 4: text_offset indexes the text; special tokens are kept ------------------------------------------
 def assert_offsets_index_the_text(text: str, tokens: list[str], offsets: list[int]):
     assert offsets == sorted(offsets) and all(0 <= at <= len(text) for at in offsets)
-    for name, at in zip(tokens, offsets):
+    for name, at in zip(tokens, offsets, strict=True):
         data = name_bytes(name)
         if name.startswith("bytes:"):  # part of a character: the character at the offset holds those bytes
             rest = text[at:].encode("utf-8")

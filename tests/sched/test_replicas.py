@@ -75,7 +75,7 @@ def assert_same_results(path, reference) -> None:
     differs at 1e-7)."""
     got, want = results(path), results(reference)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         _same(g, w, g.get("custom_id"))
 
 
@@ -88,7 +88,7 @@ def _same(g, w, where) -> None:
             _same(g[k], w[k], f"{where}.{k}")
     elif isinstance(w, list):
         assert isinstance(g, list) and len(g) == len(w), where
-        for a, b in zip(g, w):
+        for a, b in zip(g, w, strict=True):
             _same(a, b, where)
     else:
         assert g == w, where

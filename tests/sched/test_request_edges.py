@@ -39,7 +39,7 @@ def assert_same(got, want, where="body") -> None:
             assert_same(got[k], want[k], f"{where}.{k}")
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_same(g, w, f"{where}[{i}]")
     elif isinstance(want, float):
         assert got == pytest.approx(want, abs=1e-5), where

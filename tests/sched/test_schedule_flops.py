@@ -60,7 +60,7 @@ def test_cached_prefix_counts_as_context_for_the_flops_floor(requests):
         cache.begin_batch()
         counted = [flops_of(row, cache) for row in batch.rows]
         packed = [pack_row(row, cache, want_store=lambda h: True) for row in batch.rows]
-        for row, flops in zip(packed, counted):
+        for row, flops in zip(packed, counted, strict=True):
             context = sum(row.cached.values())
             assert (len(row.tokens), context) == ((OWN, PREFIX) if k else (PREFIX + OWN, 0))
             assert flops == pytest.approx(true_prefill_flops(TINY, len(row.tokens), context))

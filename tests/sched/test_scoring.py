@@ -81,7 +81,7 @@ def test_scores_equal_logsoftmax_of_engine_logits(engine, references, tmp_path, 
     results, summary = served(engine, lines, tmp_path, kv_cache, max_batch_tokens=64, kv_cache=kv_cache)
     assert summary["batches_planned"] > 2 and summary["requests_ok"] == len(lines)
     cached = 0
-    for line, res in zip(lines, results):
+    for line, res in zip(lines, results, strict=True):
         assert res["custom_id"] == json.loads(line)["custom_id"] and res["error"] is None
         body = res["response"]["body"]
         got = [[c["logprob"] for c in r["candidates"]] for r in body["results"]]
@@ -128,7 +128,7 @@ def test_completions_equal_engine_generate(engine, tmp_path, kv_cache):
               engine.generate([prompts[1]], 3, stop_token_ids=eos)[0],
               engine.generate([prompts[2]], 5, temperature=0.9, top_p=0.8, seed=11, stop_token_ids=eos)[0],
               engine.generate([prompts[3]], 8, stop_token_ids=[3, 4] + eos)[0]]
-    for res, want in zip(results, expect):
+    for res, want in zip(results, expect, strict=True):
         choice = res["response"]["body"]["choices"][0]
         assert choice["token_ids"] == want, res["custom_id"]
         stopped = len(want) < 8 or want[-1] in eos + [3, 4]

@@ -84,7 +84,7 @@ def check_score_body(body: dict, req_body: dict) -> None:
         assert res["best"] == res["candidates"][res["best_index"]]["text"]
         # prob is the softmax of the logprobs over the candidates
         norm = math.log(sum(math.exp(x) for x in lps))
-        for c, lp in zip(res["candidates"], lps):
+        for c, lp in zip(res["candidates"], lps, strict=True):
             assert math.isclose(c["prob"], math.exp(lp - norm), rel_tol=1e-6, abs_tol=1e-12)
         if "candidate_token_ids" in req_body:
             assert [c["token_ids"] for c in res["candidates"]] == cands
@@ -148,7 +148,7 @@ def test_main_job_on_examples():
     rows = rows_of(r.stdout)  # stdout holds only result lines: the summary goes to stderr
     assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
     kinds, ranked, answers = set(), 0, {}
-    for n, (row, line) in enumerate(zip(rows, lines), start=1):
+    for n, (row, line) in enumerate(zip(rows, lines, strict=True), start=1):
         body = check_ok(row, n, line)
         kinds.add(body["object"])
         req_body = json.loads(line)["body"]
@@ -367,7 +367,7 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
     rows = rows_of(read_text(out))
     assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
     ok_bodies = {}
-    for n, (row, line) in enumerate(zip(rows, lines), start=1):
+    for n, (row, line) in enumerate(zip(rows, lines, strict=True), start=1):
         if n in expected:
             cid, fragment = expected[n]
             message = row["error"]["message"]
@@ -388,10 +388,10 @@ def test_bad_lines_get_400_and_the_rest_is_served_in_order(tiny, tmp_path):
     good = [line for n, line in enumerate(lines, start=1) if n not in expected]
     alone = tmp_path / "alone.jsonl"
     serve_lines(tiny, good, str(alone), ServingOptions(max_batch_tokens=256))
-    for row, body in zip(rows_of(read_text(alone)), ok_bodies.values()):
+    for row, body in zip(rows_of(read_text(alone)), ok_bodies.values(), strict=True):
         got = row["response"]["body"]
         if body["object"] == "score":
-            for r1, r2 in zip(got["results"], body["results"]):
+            for r1, r2 in zip(got["results"], body["results"], strict=True):
                 np.testing.assert_allclose([c["logprob"] for c in r1["candidates"]],
                                            [c["logprob"] for c in r2["candidates"]], atol=1e-4)
         else:
@@ -531,7 +531,7 @@ def test_stdin_input_and_metrics_file(tmp_path):
     assert [line_no(row) for row in rows] == list(range(1, len(lines) + 1))
     assert rows[2]["response"]["status_code"] == 400 and "not JSON" in rows[2]["error"]["message"]
     generated = prompt_tokens = 0
-    for n, (row, line) in enumerate(zip(rows, lines), start=1):
+    for n, (row, line) in enumerate(zip(rows, lines, strict=True), start=1):
         if n != 3:
             body = check_ok(row, n, line)
             prompt_tokens += body["usage"]["prompt_tokens"]

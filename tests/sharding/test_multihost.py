@@ -84,7 +84,7 @@ def run_workers(tmp_path, *args, processes=(0, 1), num_processes=2, deadline_s=2
         for out in outs:
             out.close()
     finished = []
-    for i, p, log, k in zip(processes, procs, logs, killed):
+    for i, p, log, k in zip(processes, procs, logs, killed, strict=True):
         log.seek(0)
         finished.append(Finished(i, p.returncode, k, log.read()))
         log.close()
@@ -176,12 +176,12 @@ def assert_same_results(got_path, want_path) -> None:
     """Two launch.serve outputs hold the same requests' results: equal generated tokens, scores to 1e-5."""
     got, want = ([json.loads(line) for line in path.read_text().splitlines()] for path in (got_path, want_path))
     assert [r["custom_id"] for r in got] == [r["custom_id"] for r in want] and not any(r.get("error") for r in got)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         g, w = g["response"]["body"], w["response"]["body"]
         if "choices" in w:
             assert g["choices"][0]["token_ids"] == w["choices"][0]["token_ids"]
         else:
-            for a, b in zip(g["results"][0]["candidates"], w["results"][0]["candidates"]):
+            for a, b in zip(g["results"][0]["candidates"], w["results"][0]["candidates"], strict=True):
                 assert a["logprob"] == pytest.approx(b["logprob"], rel=1e-5, abs=1e-5)
 
 

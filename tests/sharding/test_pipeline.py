@@ -158,5 +158,5 @@ def test_serve_scores_with_a_pipeline_as_on_one_device(tmp_path):
                      for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()}
     assert sorted(outs["pp"]) == ["s0", "s1"]
     for key, want in outs["one"].items():
-        for got, expected in zip(outs["pp"][key], want):
+        for got, expected in zip(outs["pp"][key], want, strict=True):
             assert got["logprob"] == pytest.approx(expected["logprob"], rel=1e-5, abs=1e-5), key

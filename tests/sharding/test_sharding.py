@@ -234,5 +234,6 @@ def test_serve_with_a_layout_gives_the_one_device_results(tmp_path):
                      for line in (tmp_path / f"{tag}.jsonl").read_text().splitlines()]
     for tag in ("ep", "dep"):
         assert outs[tag][0]["choices"][0]["token_ids"] == outs["one"][0]["choices"][0]["token_ids"], tag
-        for got, want in zip(outs[tag][1]["results"][0]["candidates"], outs["one"][1]["results"][0]["candidates"]):
+        for got, want in zip(outs[tag][1]["results"][0]["candidates"], outs["one"][1]["results"][0]["candidates"],
+                             strict=True):
             assert got["logprob"] == pytest.approx(want["logprob"], rel=1e-5, abs=1e-5), tag

@@ -72,7 +72,7 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
         keys = [gather_heads(p, blocks, c) for p in k_parts]  # [B, Hkv, C*P, D_i]
         # Logits with the keys on the left (M = keys); the softmax then runs on them transposed, keys minor
         s, *rest = [jnp.einsum("bhsd,bhxd->bhsx", k, qi, preferred_element_type=_f32, precision=prec)
-                    for k, qi in zip(keys, q_parts)]
+                    for k, qi in zip(keys, q_parts, strict=True)]
         s = sum(rest, s).transpose(0, 1, 3, 2) * scale  # [B, Hkv, X, C*P]
         key_pos = (cols[:, None] * P + jnp.arange(P, dtype=jnp.int32)[None, :]).reshape(C * P)
         vis = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, T, C*P]

@@ -61,8 +61,8 @@ def _kernel(qoff_ref, table_ref, *refs, G, R, P, S, block_r, block_k, window, sc
         rows = slot[:, None]
         s = sum(jnp.dot(qp, plt.load(k_ref.at[rows, a + cols[n]]).T, preferred_element_type=_f32,
                         precision=precision)
-                for k_ref, q_part, pieces in zip(k_refs, qs, k_pieces)
-                for qp, (_, a, n) in zip(q_part, pieces)) * scale
+                for k_ref, q_part, pieces in zip(k_refs, qs, k_pieces, strict=True)
+                for qp, (_, a, n) in zip(q_part, pieces, strict=True)) * scale
         vis = live[None, :] & (keys[None, :] <= q_pos[:, None])
         if window is not None:
             vis &= keys[None, :] > q_pos[:, None] - window
@@ -74,14 +74,14 @@ def _kernel(qoff_ref, table_ref, *refs, G, R, P, S, block_r, block_k, window, sc
                 plt.load(v_ref.at[rows, a + cols[n]], mask=jnp.broadcast_to(live[:, None], (block_k, n)),
                          other=0.0),
                 preferred_element_type=_f32, precision=precision)
-            for a_prev, (a, n) in zip(acc, dv_pieces))
+            for a_prev, (a, n) in zip(acc, dv_pieces, strict=True))
         return m_new, l * corr + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((block_r,), -jnp.inf, _f32), jnp.zeros((block_r,), _f32),
             tuple(jnp.zeros((block_r, n), _f32) for _, n in dv_pieces))
     m, l, acc = lax.fori_loop(kb_lo, kb_hi, body, init)
 
-    for a_out, (a, n) in zip(normalise(m, l, acc, sink_ref[...] if has_sinks else None), dv_pieces):
+    for a_out, (a, n) in zip(normalise(m, l, acc, sink_ref[...] if has_sinks else None), dv_pieces, strict=True):
         plt.store(o_ref.at[:, pl.ds(a, n)], a_out.astype(o_ref.dtype))
 
 
@@ -105,13 +105,14 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
     def flat(pool: jax.Array, w: int) -> jax.Array:  # [N*P, Hkv, w]
         return pad_axis(pool.reshape(N * P, Hkv, pool.shape[-1]), 2, w)
 
-    kp = [flat(p, round_up(w, 16)) for p, w in zip(k_parts, widths)]
+    kp = [flat(p, round_up(w, 16)) for p, w in zip(k_parts, widths, strict=True)]
     vp = flat(v_pool, Dvp)
     starts = [sum(widths[:i]) for i in range(len(widths))]
     if all(w % 16 == 0 for w in widths):
         qd = q
     else:
-        qd = jnp.concatenate([pad_axis(q[..., a:a + w], 3, round_up(w, 16)) for a, w in zip(starts, widths)], -1)
+        qd = jnp.concatenate([pad_axis(q[..., a:a + w], 3, round_up(w, 16))
+                              for a, w in zip(starts, widths, strict=True)], -1)
     # per part: (offset in padded q, offset in the part, size) of its power-of-two pieces
     k_pieces, q_at = [], 0
     for w in widths:

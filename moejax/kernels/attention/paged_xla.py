@@ -59,7 +59,8 @@ def attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Array, blo
         if window is not None:
             vis &= key_pos[None, None, :] > q_pos[:, :, None] - window
         s = sum(jnp.einsum("btkgd,bskd->btkgs", qi, part[blocks].reshape(B, C * P, Hkv, -1),
-                           preferred_element_type=_f32, precision=prec) for qi, part in zip(q_split, k_parts))
+                           preferred_element_type=_f32, precision=prec)
+                for qi, part in zip(q_split, k_parts, strict=True))
         s = jnp.where(vis[:, :, None, None, :], s * scale, -jnp.inf)
         vc = v_pool[blocks].reshape(B, C * P, Hkv, Dv)
         return online_step(m, l, acc, s, lambda p: jnp.einsum("btkgs,bskd->btkgd", p.astype(v_pool.dtype), vc,

@@ -106,7 +106,7 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
         live = (keys < hi)[:, None]  # never read K/V past the visible range (may be garbage)
         s = sum(jnp.dot(qp, plt.load(k_ref.at[pl.ds(kb * block_k, block_k), pl.ds(a, n)], mask=live,
                                      other=0.0).T, preferred_element_type=_f32, precision=precision)
-                for qp, (a, n) in zip(qs, d_pieces)) * scale
+                for qp, (a, n) in zip(qs, d_pieces, strict=True)) * scale
         vis = keys[None, :] < kvlen
         if causal:
             vis &= keys[None, :] <= q_pos[:, None]
@@ -118,7 +118,7 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
                 p.astype(v_ref.dtype),
                 plt.load(v_ref.at[pl.ds(kb * block_k, block_k), pl.ds(a, n)], mask=live, other=0.0),
                 preferred_element_type=_f32, precision=precision)
-            for a_prev, (a, n) in zip(acc, dv_pieces))
+            for a_prev, (a, n) in zip(acc, dv_pieces, strict=True))
         return m_new, l * corr + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((block_r,), -jnp.inf, _f32), jnp.zeros((block_r,), _f32),
@@ -127,7 +127,7 @@ def _kernel(qoff_ref, kvlen_ref, *refs, G, R, block_r, block_k, causal, window, 
 
     if lse_ref:
         lse_ref[0][...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
-    for a_out, (a, n) in zip(normalise(m, l, acc, sink_ref[...] if has_sinks else None), dv_pieces):
+    for a_out, (a, n) in zip(normalise(m, l, acc, sink_ref[...] if has_sinks else None), dv_pieces, strict=True):
         plt.store(o_ref.at[:, pl.ds(a, n)], a_out.astype(o_ref.dtype))
 
 

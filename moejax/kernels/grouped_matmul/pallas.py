@@ -103,14 +103,14 @@ def _kernel(*all_refs, bm, bn, bk, groups, half, act, limit, alpha, precision, c
             return tuple(acc + jnp.dot(xk, plt.load(w_ref.at[g, pl.ds(kb * bk, bk), pl.ds(c, bn)], mask=w_mask,
                                                     other=None if w_mask is None else 0.0),
                                        preferred_element_type=_f32, precision=precision)
-                         for acc, c in zip(accs, starts))
+                         for acc, c in zip(accs, starts, strict=True))
 
         accs = jax.lax.fori_loop(0, pl.cdiv(K, bk), step, tuple(jnp.zeros((bm, bn), _f32) for _ in starts))
         if b_ref is not None:
             b_mask = in_cols if ragged_n else None
             accs = tuple(acc + plt.load(b_ref.at[g, pl.ds(c, bn)], mask=b_mask,
                                         other=None if b_mask is None else 0.0).astype(_f32)[None, :]
-                         for acc, c in zip(accs, starts))
+                         for acc, c in zip(accs, starts, strict=True))
         y = glu(accs[0], accs[1], act, limit, alpha) if act else accs[0]
         plt.store(out, y.astype(o_ref.dtype), mask=store_mask)
 

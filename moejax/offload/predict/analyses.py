@@ -98,11 +98,12 @@ def drift_and_alignment(steps: LayeredSteps, traces: Traces, vectors: DefaultVec
         true_logits = traces.router_logits[rows]
         true = [(idx[rows], w[rows]) for idx, w in truth]
 
+        # measure reads this chunk's y, true_logits and true, and is called only within this chunk's iteration
         def measure(rep: str, m: int, d: int, q: np.ndarray, logits: np.ndarray) -> None:
             t = m + d
             p_idx, _ = steps.layers[moe[t]](route_logits, logits)
-            sums.add((rep, d, moe[t]), cosine(q, y[t]), spearman(logits, true_logits[:, t]),
-                     hit_rate_by_rank(np.asarray(p_idx), *true[t]))
+            sums.add((rep, d, moe[t]), cosine(q, y[t]), spearman(logits, true_logits[:, t]),  # noqa: B023
+                     hit_rate_by_rank(np.asarray(p_idx), *true[t]))  # noqa: B023
 
         for m in range(M):
             measure("true", m, 0, y[m], true_logits[:, m])

@@ -26,7 +26,7 @@ def replay_cache(truth_idx: list[np.ndarray], moe_layers: list[int], slots: int,
     def prefetch(target: int, idx: np.ndarray, weights: np.ndarray) -> int:
         keep = np.asarray(idx) >= 0
         keys = [(target, int(e)) for e in np.asarray(idx)[keep]]
-        got, _ = cache.prefetch(keys, dict(zip(keys, np.asarray(weights, float)[keep].tolist())))
+        got, _ = cache.prefetch(keys, dict(zip(keys, np.asarray(weights, float)[keep].tolist(), strict=True)))
         return len(got)
 
     for t in range(len(truth_idx[0])):
