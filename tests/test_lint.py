@@ -1,4 +1,5 @@
-"""ruff over the code with pyproject.toml's [tool.ruff] settings (pycodestyle errors and warnings, pyflakes)."""
+"""ruff over the code with pyproject.toml's [tool.ruff] settings (pycodestyle errors and warnings, pyflakes, import
+order, bugbear, pyupgrade)."""
 import importlib.util
 import os
 import subprocess
