@@ -69,5 +69,6 @@ def merge(parts: Sequence[tuple[jax.Array, jax.Array]], sinks: jax.Array | None 
     m = jnp.where(m == -jnp.inf, 0.0, m)
     weights = [jnp.exp(x - m) for x in lses]  # exp(-inf) = 0 for an empty part
     denom = sum(weights)
-    num = sum(w[..., None] * out for w, (out, _) in zip(weights, parts, strict=True))
+    # strict=False: the sinks' weight, last, has no output; it only adds to the denominator
+    num = sum(w[..., None] * out for w, (out, _) in zip(weights, parts, strict=False))
     return num / jnp.where(denom == 0, 1.0, denom)[..., None]
