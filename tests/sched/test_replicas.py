@@ -177,6 +177,35 @@ def test_a_replica_killed_mid_run_loses_nothing(local_ray, one_engine, tmp_path)
     assert summary["requests_failed"] == 0
 
 
+def test_a_serve_after_a_replica_was_lost_gives_each_survivor_its_own_theta(local_ray, one_engine, tmp_path):
+    """start()'s descriptions stay one per replica that started: after replica 0 is lost in one serve, the next
+    serve still reads replica 1's Θ from replica 1's description (not the first one left, replica 0's)."""
+    killed: list[int] = []
+
+    def kill_replica_0(run):
+        if not killed and run.frontend.in_flight(0) and len(run.frontend.alive()) > 1:
+            killed.append(0)
+            ray.kill(run.handles[0], no_restart=True)
+
+    run = ReplicaRun(make_engine, OPTIONS, ReplicaPlan(replicas=2), model=QWEN3)
+    try:
+        infos = run.start()
+        base, placement = run.settings(infos)
+        settings = {**base, "placement": placement}
+        run.serve(workload(), str(tmp_path / "first.jsonl"), settings, infos, seed_nonce=NONCE,
+                  on_round=kill_replica_0)
+        assert killed == [0]
+        # distinct Θ per description (the same device gives both the same): which one replica 1 gets shows
+        marked = [dict(info, theta_flops=1e9 * (i + 1)) for i, info in enumerate(infos)]
+        path = str(tmp_path / "second.jsonl")
+        summary = run.serve(workload(), path, settings, marked, seed_nonce=NONCE)
+    finally:
+        run.stop()
+    assert [r["state"] for r in summary["replicas"]] == ["lost", "serving"]
+    assert run.stats[1].theta_flops == marked[1]["theta_flops"]
+    assert_same_results(path, one_engine)
+
+
 def test_a_replica_that_cannot_start_is_reported_and_the_others_serve(local_ray, one_engine, tmp_path, capfd):
     path = str(tmp_path / "out.jsonl")
     run, summary, _ = run_replicas(path, 2, faults=[bad_engine])
