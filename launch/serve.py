@@ -117,7 +117,7 @@ OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, Workload, PlacementS
 
 
 def options_table() -> str:
-    """The README's table of the option flags, from their fields."""
+    """docs/options.md's table of the option flags, from their fields."""
     return options.markdown_table(*OPTION_CLASSES)
 
 
