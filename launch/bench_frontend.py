@@ -28,7 +28,7 @@ replicas that happen to finish together).
 Hit rate: cached prompt tokens / prompt tokens; a job's cached tokens are its leading context blocks the replica's
 cache holds when the job runs (including blocks stored by earlier jobs of the same share), at most all but the
 context's last token (it is recomputed: tree_flops). The single-engine reference is the same simulation at N = 1.
-Target (the issue): prefix routing keeps >= 90% of the single engine's hit rate at every N, the busiest replica's
+Target: prefix routing keeps >= 90% of the single engine's hit rate at every N, the busiest replica's
 computed FLOPs within 10% of the mean."""
 from __future__ import annotations
 

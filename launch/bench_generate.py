@@ -1,9 +1,9 @@
 """`python -m launch.bench generate`: output tokens/s of continuous batching against static batching and against
 transformers' batched `generate`, side by side in one process on one checkpoint, on a long-tail workload
 (launch/generate_workloads.py: `--workload log-uniform`, prompts and max_tokens log-uniform over wide ranges, greedy,
-with stop tokens; or `--workload long-tail`, issue 29's: short prompts, seven in eight requests stopping within 5
-tokens on their own stop token, one in eight running to 160; transformers' generate, one stop list per call, sits
-that one out).
+with stop tokens; or `--workload long-tail`, for the scheduler's overhead: short prompts, seven in eight requests
+stopping within 5 tokens on their own stop token, one in eight running to 160; transformers' generate, one stop list
+per call, sits that one out).
 
 Every engine delivers the same thing: each request's tokens up to its max_tokens or first stop token, and
 tokens/s counts only those. moejax runs the whole `serve_lines` path (parse, plan, steps, results) once untimed, each
@@ -334,8 +334,8 @@ def add_parser(sub):
                         "device, moejax alone) or checkpoint directory")
     p.add_argument("--num-layers", type=int, default=None, help="a preset's first N layers")
     p.add_argument("--workload", default="log-uniform", choices=["log-uniform", "long-tail"],
-                   help="long-tail: issue 29's (prompts 6-40, max_tokens 160; the prompt, max_tokens and stop flags "
-                        "are log-uniform's)")
+                   help="long-tail: short prompts, most stopping at once (prompts 6-40, max_tokens 160; the prompt, "
+                        "max_tokens and stop flags are log-uniform's)")
     p.add_argument("--overhead", action="store_true",
                    help="only continuous batching, the model a no-op: host microseconds per scheduler step")
     p.add_argument("--requests", type=int, default=48)

@@ -1,7 +1,7 @@
 """`bench generate`'s workloads: lists of requests {prompt, max_tokens, stop_token_ids}, all greedy.
 
 log-uniform: prompt lengths and max_tokens log-uniform over wide ranges, every request with the same stop ids.
-long-tail (issue 29): prompts of 6-40 tokens (uniform), max_tokens 160; seven in eight requests stop within 5 tokens,
+long-tail: prompts of 6-40 tokens (uniform), max_tokens 160; seven in eight requests stop within 5 tokens,
 one in eight runs to 160. Nearly every step is host work on a small model: a scheduler's overhead cannot hide."""
 from __future__ import annotations
 

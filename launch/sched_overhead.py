@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from moejax import paged_steps
 
-TARGET_MS = 2.0  # issue 29: host overhead per scheduler step, no-op model, CPU
+TARGET_MS = 2.0  # the target for host overhead per scheduler step, no-op model, CPU
 
 
 # keep_unused: every input is passed to the program, as to the real step. The pool goes in but not out: an output

@@ -33,7 +33,7 @@ import numpy as np
 from launch.bench_results import ResultsFile, read_runs
 
 SHAPE = dict(hidden=2048, width=768, experts=128, top_k=8)  # Qwen3-30B-A3B
-TOKENS = (8192, 1024, 32768)  # the issue's targets first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
+TOKENS = (8192, 1024, 32768)  # the targets' sizes first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
 TINY = dict(hidden=64, width=32, experts=4, top_k=2)
 TINY_TOKENS = (64,)
 

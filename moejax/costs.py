@@ -26,7 +26,7 @@ Conventions (shared by cost models, planners and benchmarks):
   DEP's transfers between its groups are `device_put`s between meshes (kind "device_put"), per sending device.
 - Pipeline (attn=pp,experts=pp, moejax.sharding.pipeline): its sends happen at stage boundaries, not in every
   layer; `attention` holds them as a mean per layer (the step's collective-permutes / the layers), `experts` is
-  empty. Table 1's PP+PP row ("2 Send/Recv", its formula lost from the seed's text) is reconstructed as the
+  empty. Table 1's PP+PP row ("2 Send/Recv", its formula missing from the paper's text) is reconstructed as the
   useful traffic: each of the P-1 boundaries carries the N tokens' hidden states once (a send and a receive),
   per device and layer (P-1)/P * N*D*b / L.
 """

@@ -1,5 +1,5 @@
 """Measure a hardware profile (moejax.plan.hardware.Profile) on the devices present: what the planners need and a
-datasheet cannot say. This module needs devices; the planners never import it (DESIGN.md: a planner never asks a
+datasheet cannot say. This module needs devices; the planners never import it (docs/design.md: a planner never asks a
 device). `python -m launch.profile_devices` is its command line.
 
 Every figure is the median of a few timed calls after a warm-up call (which compiles), each call waited for with

@@ -1,4 +1,4 @@
-"""Options defined once (moejax.options, issue 31): a bad value names the option and what it takes; launch.serve's
+"""Options defined once (moejax.options): a bad value names the option and what it takes; launch.serve's
 flags, their checks, --help, docs/options.md's table and the journal's fingerprint come from the fields."""
 import argparse
 import dataclasses
@@ -90,7 +90,8 @@ def test_the_options_page_table_is_the_generated_one():
         page = f.read()
     start = page.index("<!-- options table:")
     block = page[page.index("\n", start) + 1: page.index("<!-- end of options table -->")]
-    assert block.strip() == serve_cli.options_table(), "rewrite docs/options.md's table with launch.serve.options_table()"
+    assert block.strip() == serve_cli.options_table(), \
+        "rewrite docs/options.md's table with launch.serve.options_table()"
 
 
 def test_serve_flags_build_the_option_dataclasses():

@@ -1,4 +1,4 @@
-"""bench generate's long-tail workload and --overhead (issue 29): the parts on their own, then both end to end on the
+"""bench generate's long-tail workload and --overhead: the parts on their own, then both end to end on the
 micro preset cut to one layer, a few requests."""
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""launch.bench offload's cached-decode modes (issue 34 item 11): TTFT and TPOT of the expert-map predictor and its
+"""launch.bench offload's cached-decode modes (fMoE's §6.5 ablations): TTFT and TPOT of the expert-map predictor and its
 ablations against the router, the estimator and LRU-only caching, end to end on a fixture model."""
 import json
 

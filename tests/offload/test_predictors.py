@@ -1,4 +1,4 @@
-"""Learned expert predictors (issue 17): routing traces, the distilled estimator and the predictors built on it,
+"""Learned expert predictors: routing traces, the distilled estimator and the predictors built on it,
 replayed over traces and run in the cached placement against the resident float32 model."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""One Placement interface (issue 31): moejax.load picks one class per engine, a new placement is one class listed in
+"""One Placement interface: moejax.load picks one class per engine, a new placement is one class listed in
 PLACEMENTS, and nothing outside the placements and the memory budgeting compares placement names."""
 import ast
 import os

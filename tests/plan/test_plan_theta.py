@@ -110,7 +110,7 @@ def test_an_unprofiled_streamed_engine_falls_back_to_eq1():
     from moejax.sched.batch import explain_lines
     from moejax.sched.serving_options import ServingOptions
     engine = moejax.load("tiny-qwen3-moe", placement="streamed", window=1, profile="h100")
-    assert engine.saturation.source == "Eq. 1 from profile h100 (datasheet)"  # Θ is made at load (issue 31)
+    assert engine.saturation.source == "Eq. 1 from profile h100 (datasheet)"  # Θ is made at load
     lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/score",
                          "body": {"prompt_token_ids": [i + 1] * 24, "candidate_token_ids": [[9], [10]]}})
              for i in range(40)]
@@ -138,7 +138,7 @@ def _resident_on(spec: str, devices: int):
 
 
 def test_resident_asyncep_fills_batches_to_eq1_of_its_all_gather():
-    """Issue 33: resident experts=async_ep all-gathers each later MoE layer's expert shards during the forward, so
+    """Resident experts=async_ep all-gathers each later MoE layer's expert shards during the forward, so
     its Θ is Eq. 1 in that device-to-device channel (as placement streamed's is in its host channel); resident
     layouts that copy no weights during a forward, and async_ep on one device (nothing to gather), have none."""
     h100 = load_profile("h100")

@@ -1,4 +1,4 @@
-"""Log-probabilities of tokens that are not whole characters (issue 30, defects 2-4), on the embedded model's
+"""Log-probabilities of tokens that are not whole characters, on the embedded model's
 byte-level BPE: legacy completions name such a token `bytes:\\xNN...` (OpenAI's naming) so that no top entry is
 lost, chat logprobs give the token's real bytes, text_offset indexes the returned text in characters; echoed prompts
 keep special tokens as transformers' `decode` does by default, generated text skips them as vLLM does."""
@@ -73,7 +73,7 @@ def log_softmax(engine, ids) -> np.ndarray:
     return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
 
 
-# -- defect 2: every top entry survives -----------------------------------------------------------------------
+# -- every top entry survives ---------------------------------------------------------------------------------
 def test_top_logprobs_keep_every_entry_of_tokens_inside_a_character(engine, served, tokenizer):
     (body, _, _), _ = served
     choice = body["choices"][0]
@@ -90,7 +90,7 @@ def test_top_logprobs_keep_every_entry_of_tokens_inside_a_character(engine, serv
             assert top[names(t)] == pytest.approx(row[t], abs=1e-4)
         assert lp["token_logprobs"][pos] == pytest.approx(row[ids[pos]], abs=1e-4)
         crowded += sum(k.startswith("bytes:") for k in top) >= 2
-    assert crowded  # the case the issue saw: there, entries were lost
+    assert crowded  # the case where entries were lost when two shared a key
 
 
 def test_tokens_name_parts_of_characters_by_their_bytes(served):
@@ -107,10 +107,10 @@ def test_tokens_name_parts_of_characters_by_their_bytes(served):
                 name_bytes(t).decode("utf-8")
 
 
-# -- defect 3: chat bytes are the token's own ------------------------------------------------------------------
+# -- chat bytes are the token's own ----------------------------------------------------------------------------
 def test_chat_logprobs_bytes_rebuild_the_content(served, tokenizer):
     """A served chat completion's bytes give its content back. (This model ranks no part of a character in a chat
-    answer's top 20, so the case of the issue, a token that is the byte 0xFE, is the test below.)"""
+    answer's top 20, so the case of a token that is the byte 0xFE is the test below.)"""
     (_, _, chat), _ = served
     choice = chat["choices"][0]
     content = choice["logprobs"]["content"]
@@ -160,7 +160,7 @@ def test_chat_bytes_of_the_raw_byte_0xfe(tokenizer, kind):
     assert content[0]["token"] == "\\xfe" and content[0]["top_logprobs"][0]["bytes"] == [254]
 
 
-# -- defect 4: text_offset indexes the text; special tokens are kept ------------------------------------------
+# -- text_offset indexes the text; special tokens are kept ----------------------------------------------------
 def assert_offsets_index_the_text(text: str, tokens: list[str], offsets: list[int]):
     assert offsets == sorted(offsets) and all(0 <= at <= len(text) for at in offsets)
     for name, at in zip(tokens, offsets):

@@ -1,4 +1,4 @@
-"""Every served body parses as the `openai` package's own response models (issue 30, Deliver 5): Completion (with
+"""Every served body parses as the `openai` package's own response models: Completion (with
 logprobs, echo, n > 1, and lm-eval's echo-only scoring), ChatCompletion (with logprobs, n > 1), and the batch output
 line around them, an error line included."""
 import json

@@ -1,4 +1,4 @@
-"""Requests at the edges (issue 30): lm-eval's loglikelihood request (echo, logprobs, max_tokens 0) under continuous
+"""Requests at the edges: lm-eval's loglikelihood request (echo, logprobs, max_tokens 0) under continuous
 batching and the KV pool's size; refusals that name the field at fault and say all of what is wrong."""
 import json
 

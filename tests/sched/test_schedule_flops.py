@@ -1,5 +1,5 @@
 """The FLOPs floor (MoE-Prefill's Θ) counts a batch's FLOPs by Eq. 2 as the steps compute them: context whose KV
-an earlier batch left in the cross-batch prefix cache is attended to, not computed again (issue 33). Pure
+an earlier batch left in the cross-batch prefix cache is attended to, not computed again. Pure
 scheduling over the tiny preset's config: no model, no compile."""
 import json
 

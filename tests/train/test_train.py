@@ -1,4 +1,4 @@
-"""Training the embedded model (issue 16) on a micro config: the loss falls, a run stopped by SIGTERM or killed
+"""Training the embedded model on a micro config: the loss falls, a run stopped by SIGTERM or killed
 with SIGKILL resumes to the very parameters of an uninterrupted run, and the export loads back into moejax with
 the training forward's logits."""
 import dataclasses
