@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from moejax.sharding.setup import LayoutSetup
 
 # the host's paged attention kernel: Pallas does not run on a CPU, and 'cpu' (moejax.kernels.attention.paged_cpu)
-# read the pool 1.1-5x faster than 'xla' there (the cpuattn measurements, README "Placement lightning")
+# read the pool 1.1-5x faster than 'xla' there (bench/README.md, "Lightning against streamed and cached")
 HOST_BACKEND = "cpu"
 
 
