@@ -14,7 +14,7 @@ from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
 
 MIXTRAL = ModelConfig.from_hf(preset_config("mixtral-8x7b"))
-# the constants of the authors' artifact optimizer for S1 (fastmoe/backend/optimizer.py; /tmp/papers/lightning.md)
+# the constants of the authors' artifact optimizer for S1 (fastmoe/backend/optimizer.py in the paper's code release)
 ARTIFACT_T4 = {"device.memory_bytes": 15 * GiB, "device.bandwidth": 300 * GiB, "h2d.bandwidth": 16 * GiB,
                "host.flops": 0.8e12, "host.bandwidth": 100 * GiB, "host.memory_bytes": 192 * GiB}
 MTBENCH_PADDED = dict(prompt_len=418, gen_len=128)  # MTBench's longest prompt: MoE-Lightning (p) pads to it
