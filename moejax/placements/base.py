@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.models.moe import LocalExperts, is_routed_expert
-from moejax.offload.layered import LayeredSteps
+from moejax.offload.layered import LayeredSteps, LayerRuntime
 from moejax.plan.theta import theta_at_load
 from moejax.whole_model_steps import WholeModelSteps
 
@@ -166,7 +166,7 @@ class LayerByLayer(Placement):
         assert params is not None  # a layer loop is built with the weights (Engine.steps)
         return self.steps_class()(graphdef, params, kernels, self.layer_runtime(store, kernels, config))
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> object:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> LayerRuntime:
         """What supplies each MoE layer's experts to the loop (LayeredSteps' `placement`)."""
         raise NotImplementedError
 
@@ -178,14 +178,12 @@ class LayerByLayer(Placement):
         assert steps is not None  # a layer loop's
         runtime = steps.placement
         # the expert cache's own bookkeeping (its hits count a prefetch still queued; LayerStats' count it a miss)
-        extra = {"cache": runtime.cache.stats()} if hasattr(runtime, "cache") else {}
-        return {"placement": runtime.name, **runtime.stats.as_dict(extra)}
+        cache = runtime.cache_stats()
+        return {"placement": runtime.name, **runtime.stats.as_dict({} if cache is None else {"cache": cache})}
 
     def reset_stats(self, steps: LayeredSteps | None) -> None:
         assert steps is not None
-        steps.placement.stats = type(steps.placement.stats)()
-        if hasattr(steps.placement, "cache"):
-            steps.placement.cache.reset_stats()
+        steps.placement.reset_stats()
 
     def describe(self, steps: LayeredSteps | None) -> str:
         assert steps is not None

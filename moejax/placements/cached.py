@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from moejax.offload.cached import PREFETCH_DEPTH, Cached as CachedRuntime
+from moejax.offload.cached import PREFETCH_DEPTH, CachedExpertsRuntime
 from moejax.offload.host_store import HostStore
 from moejax.offload.setup import check_predictor, predictor_of
 from moejax.placements.base import LayerByLayer, Store
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 class Cached(LayerByLayer):
     name = "cached"
-    runtime: ClassVar[type[CachedRuntime]] = CachedRuntime  # what layer_runtime builds (CachedEP: one per device)
+    runtime: ClassVar[type[CachedExpertsRuntime]] = CachedExpertsRuntime  # what layer_runtime builds (CachedEP: one per device)
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
                  predictor: Predictor | None) -> None:
@@ -49,7 +49,7 @@ class Cached(LayerByLayer):
     def new_store(self) -> HostStore:
         return HostStore(per_expert=True, staging_bytes=self.staging_bytes)
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedRuntime:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> CachedExpertsRuntime:
         s = self.settings
         assert self.memory_budget.cache_slots is not None  # a cached budget has its slots
         return self.runtime(store, self.memory_budget.cache_slots, s.eviction or "lru", kernels.experts,

@@ -10,7 +10,7 @@ import jax
 
 from moejax.models.moe import HostExperts, is_routed_expert
 from moejax.offload.host_store import HostStore
-from moejax.offload.streamed import Streamed as StreamedRuntime
+from moejax.offload.streamed import StreamedExpertsRuntime
 from moejax.placements.base import LayerByLayer, Placement, Store
 
 if TYPE_CHECKING:
@@ -35,9 +35,9 @@ class Streamed(LayerByLayer):
     def new_store(self) -> HostStore:
         return HostStore(per_expert=False, staging_bytes=self.staging_bytes)
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedRuntime:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedExpertsRuntime:
         assert self.memory_budget.window is not None  # a streamed budget has its window
-        return StreamedRuntime(store, self.memory_budget.window, kernels.experts)
+        return StreamedExpertsRuntime(store, self.memory_budget.window, kernels.experts)
 
 
 class StreamedInJit(Placement):
