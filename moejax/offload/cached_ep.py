@@ -1,8 +1,8 @@
 """Cached experts over several devices (fMoE §5: the expert cache "supports multi-GPU inference with expert
 parallelism ... The expert assignment follows a round-robin manner"): layout experts=ep (attn=dp) with placement
 'cached'. Expert e of every MoE layer belongs to device e % D. Each device has its own cache of `cache_slots` slots
-(the slot count is per device, as the memory budget is), kept by its own moejax.offload.cached.CachedExpertsRuntime (eviction,
-prefetch queue with prefetch_depth copies in flight) and filled from that device's share of the experts in pinned
+(the slot count is per device, as the memory budget is), kept by its own CachedExpertsRuntime (eviction, prefetch
+queue with prefetch_depth copies in flight) and filled from that device's share of the experts in pinned
 host memory: a miss is copied to the device that owns the expert. The predictor runs once, on the whole layer, and
 each predicted expert's prefetch joins its owner's queue.
 
@@ -28,7 +28,6 @@ from moejax.offload import layered
 from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.expert_cache import ExpertCache
 from moejax.offload.host_store import HostStore, pinned_host_limit_bytes, HOST_LIMIT_ENV
-from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import AXIS
 
 _f32 = jnp.float32
@@ -126,8 +125,8 @@ def partial_routed(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: 
 
 
 class CachedExpertsOverEPRuntime(CachedExpertsRuntime):
-    """moejax.offload.cached.CachedExpertsRuntime with its cache split round robin over the devices of a RoundRobinStore's mesh;
-    the same arguments (cache_slots: per device)."""
+    """moejax.offload.cached.CachedExpertsRuntime with its cache split round robin over the devices of a
+    RoundRobinStore's mesh; the same arguments (cache_slots: per device)."""
 
     name = "ep+cached"
 

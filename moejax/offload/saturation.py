@@ -62,9 +62,9 @@ class Saturation:
 
 
 class _Stopwatch(LayerRuntime):
-    """Wraps a streamed placement (StreamedExpertsRuntime, or AsyncEP's two-channel GatheredStreamed): waits for every MoE layer's
-    output and times it from the previous one's; with `compute_only`, the next layer's experts are put in place
-    (the placement's `ready_experts`) and waited for before its clock starts."""
+    """Wraps a streamed runtime (StreamedExpertsRuntime, or AsyncEP's two-channel GatheredStreamed): waits for every
+    MoE layer's output and times it from the previous one's; with `compute_only`, the next layer's experts are put in
+    place (the runtime's `ready_experts`) and waited for before its clock starts."""
 
     name = "stopwatch"
 

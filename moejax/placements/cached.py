@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 class Cached(LayerByLayer):
     name = "cached"
-    runtime: ClassVar[type[CachedExpertsRuntime]] = CachedExpertsRuntime  # what layer_runtime builds (CachedEP: one per device)
+    # what layer_runtime builds (CachedEP: one per device)
+    runtime: ClassVar[type[CachedExpertsRuntime]] = CachedExpertsRuntime
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *, settings: PlacementSettings,
                  predictor: Predictor | None) -> None:
