@@ -21,6 +21,7 @@ class Gathered(LayerByLayer):
     name = "async_ep+streamed"
     theta_mode = "two_channel"
     profiles_theta = True
+    takes_staging = True  # its placement option's, streamed
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
