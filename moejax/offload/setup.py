@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import cast
 
-import numpy as np
 
 from moejax.config import ModelConfig
 from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,

@@ -120,7 +120,8 @@ def choose_offload(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, 
     predicts fastest when several fit (bytes decide when only one does, or when no profile is known) -> (memory
     budget, decision)."""
     feasible = [memory_budget]
-    others = [c for c in budget_sizers() if c.auto_rank is not None and c.offloads and c.name != memory_budget.placement]
+    others = [c for c in budget_sizers()
+              if c.auto_rank is not None and c.offloads and c.name != memory_budget.placement]
     for other in others:
         try:
             feasible.append(budget_for(cfg, shapes, dataclasses.replace(settings, placement=other.name)))

@@ -59,8 +59,9 @@ def _compares_a_placement_name(node: ast.AST) -> bool:
         return True  # x in OFFLOADED
     named = any(_names_a_placement(s) for s in sides)
     asked = any(_holds_a_placement(s) or isinstance(s, ast.Attribute) and s.attr == "name" for s in sides)
+    constant = lambda s: isinstance(s, ast.Constant) or isinstance(s, ast.Name) and s.id.isupper()  # noqa: E731
     against_any = any(_holds_a_placement(s) for s in sides) and not all(
-        isinstance(s, ast.Constant) for s in sides if not _holds_a_placement(s))
+        constant(s) for s in sides if not _holds_a_placement(s))
     return (named and asked) or against_any
 
 
@@ -86,12 +87,13 @@ def test_no_placement_name_is_compared_outside_the_placements():
 @pytest.mark.parametrize("line", [
     'budget.placement == "cached"', '"streamed" != settings.placement', 'placement in ("streamed", "cached")',
     "memory_budget.placement in OFFLOADED", "p in OFFLOADED", 'engine.placement.name == "lightning"',
-    "p != memory_budget.placement", 'x.placement not in ("auto", "cached")'])
+    "p != memory_budget.placement", 'x.placement not in ("auto", "cached")', "settings.placement == OFFLOADED"])
 def test_the_check_sees_every_form_of_comparison(line):
     assert _compares_a_placement_name(ast.parse(line).body[0].value)
 
 
-@pytest.mark.parametrize("line", ['settings.placement == "auto"', 'layout.experts == "dep"', "engine.placement is None",
+@pytest.mark.parametrize("line", ['settings.placement == "auto"', "settings.placement == AUTO",
+                                  'layout.experts == "dep"', "engine.placement is None",
                                   'f.name == "window"', 'args.planner == "lightning"'])
 def test_the_check_passes_what_names_no_placement(line):
     assert not _compares_a_placement_name(ast.parse(line).body[0].value)
