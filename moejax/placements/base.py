@@ -11,7 +11,6 @@ import jax.numpy as jnp
 
 from moejax.models.moe import LocalExperts, is_routed_expert
 from moejax.offload.layered import LayeredSteps, LayerRuntime
-from moejax.placements.budget import budget_for
 from moejax.plan.placement import PlacementOption, step_costs
 from moejax.plan.theta import theta_at_load
 from moejax.whole_model_steps import WholeModelSteps
@@ -107,9 +106,10 @@ class Placement:
 
     @classmethod
     def budget_at_load(cls, cfg: ModelConfig, shapes: dict, settings: PlacementSettings, plan: EnginePlan,
-                       dtype: DTypeLike, profile: Callable[[], Profile]) -> tuple[MemoryBudget, str | None]:
-        """moejax.load's budget of this placement: -> (budget, a decision to report or None)."""
-        return budget_for(cfg, shapes, settings, with_layout=plan.layout is not None), None
+                       dtype: DTypeLike, profile: Callable[[], Profile]) -> tuple[MemoryBudget, str] | None:
+        """moejax.load's budget of this placement when it is made its own way: -> (budget, a decision to report),
+        or None (the default): the budget its `budget` sizes (moejax.placements.budget.budget_for)."""
+        return None
 
     @classmethod
     def auto_instead(cls, cfg: ModelConfig, shapes: dict, settings: PlacementSettings, chosen: MemoryBudget,

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moejax import placements
 from moejax.config import ModelConfig
 from moejax.offload.host_store import is_routed_expert
 from moejax.offload.memory_budget import (BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes,
                                           device_budget_bytes)
 from moejax.offload.settings import AUTO, PlacementSettings
 from moejax.plan.auto import PLACEMENT_WHAT_IF, what_would_change
+from moejax.placements.registry import load_registry
 from moejax.plan.placement import choose_placement
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def budget_sizers() -> list[type[Placement]]:
     """The registry's classes that are values of the `placement` option, in its order."""
-    return [cls for cls in placements.PLACEMENTS if cls.sizes_budgets()]
+    return [cls for cls in load_registry() if cls.sizes_budgets()]
 
 
 def sizer(name: str) -> type[Placement]:
@@ -97,9 +97,11 @@ def budget_at_load(cfg: ModelConfig, shapes: dict, plan: EnginePlan, dtype: DTyp
     profile(measure=...): the hardware profile auto's choices consult (moejax.loading._profile)."""
     settings = plan.placement
     if not settings.auto:
-        budget, said = sizer(settings.placement).budget_at_load(cfg, shapes, settings, plan, dtype,
-                                                                lambda: profile(measure=True))
-        return budget, [said] if said else []
+        own = sizer(settings.placement).budget_at_load(cfg, shapes, settings, plan, dtype,
+                                                       lambda: profile(measure=True))
+        if own is not None:
+            return own[0], [own[1]]
+        return budget_for(cfg, shapes, settings, with_layout=plan.layout is not None), []
     decisions = []
     budget = budget_for(cfg, shapes, settings, with_layout=plan.layout is not None)
     if plan.layout is None:

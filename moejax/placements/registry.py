@@ -2,9 +2,12 @@
 is one file in moejax/placements/ holding its class, and one line here: "module:Class"."""
 from __future__ import annotations
 
+import functools
 import importlib
+from typing import TYPE_CHECKING, cast
 
-from moejax.placements.base import Placement
+if TYPE_CHECKING:
+    from moejax.placements.base import Placement
 
 REGISTRY = (
     "moejax.placements.dep:DEP",
@@ -20,12 +23,13 @@ REGISTRY = (
 )
 
 
+@functools.cache
 def load_registry(entries: tuple[str, ...] = REGISTRY) -> tuple[type[Placement], ...]:
-    """The classes the entries name, imported (each module of moejax.placements, so nothing below it)."""
+    """The classes the entries name, imported (modules of moejax.placements, each a Placement subclass)."""
     out = []
     for entry in entries:
         module, name = entry.split(":")
         cls = getattr(importlib.import_module(module), name)
-        assert isinstance(cls, type) and issubclass(cls, Placement), f"{entry} is not a Placement"
-        out.append(cls)
+        assert isinstance(cls, type) and hasattr(cls, "applies"), f"{entry} is not a Placement"
+        out.append(cast("type[Placement]", cls))
     return tuple(out)
