@@ -1,6 +1,7 @@
 """The Placement interface: where a model's routed experts live and how a forward reaches them. `moejax.load` picks
-one class (moejax.placements.placement_for) and the Engine asks it everything placement-specific; no other code
-compares placement names."""
+one class (moejax.placements.placement_for) and it, the memory budget and the Engine ask it everything
+placement-specific: the budget's rules, whether auto may choose it, the settings it takes, the layer runtime; no code
+outside moejax.placements compares placement names (tests/placements/test_placements.py holds to it)."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -99,6 +99,30 @@ def test_the_check_passes_what_names_no_placement(line):
     assert not _compares_a_placement_name(ast.parse(line).body[0].value)
 
 
+def test_the_placement_option_names_the_placements_that_size_budgets():
+    """The option is checked where the settings are built (below the placements), so it lists the names itself."""
+    from moejax.offload.settings import AUTO, PLACEMENTS as CHOICES
+    from moejax.placements.budget import budget_sizers
+    assert sorted(CHOICES) == sorted([AUTO] + [cls.name for cls in budget_sizers()])
+
+
+def test_the_registry_is_the_only_place_that_names_a_placement_class():
+    """Gathered has the shape every placement may take: its file and its line in the registry, no other mention."""
+    from moejax.placements.registry import REGISTRY
+    assert "moejax.placements.gathered:Gathered" in REGISTRY
+    mentions = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "moejax")):
+        for f in files:
+            path = os.path.join(folder, f)
+            if f.endswith(".py") and not path.endswith(("placements/gathered.py", "placements/registry.py")):
+                with open(path) as source:
+                    tree = ast.parse(source.read())
+                mentions += [f"{path}:{n.lineno}" for n in ast.walk(tree)
+                             if isinstance(n, (ast.Name, ast.alias)) and getattr(n, "id", getattr(n, "name", None))
+                             == "Gathered"]
+    assert not mentions
+
+
 def test_no_class_name_is_defined_in_two_modules():
     """One name, one class: a runtime and the placement that builds it are told apart by their names."""
     where: dict[str, list[str]] = {}
