@@ -24,7 +24,7 @@ import numpy as np
 
 import moejax
 from launch.serve import read_lines
-from moejax.offload.memory_budget import PLACEMENTS
+from moejax.offload.settings import PLACEMENTS
 from moejax.offload.predict import calibrate
 from moejax.presets import DEFAULT_MODEL
 from moejax.sched.requests import BadLine, CompletionRequest, parse_lines

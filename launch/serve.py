@@ -318,7 +318,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
                 print(explain_lines(engine, lines, serving))
             except PoolTooLarge as e:
                 sys.exit(f"--kv-pool-mb {args.kv_pool_mb}: {e}")
-            probe = lightning_explain(engine, args) if engine.placement.name == "lightning" else None
+            probe = lightning_explain(engine, args) if engine.placement.probed_at_explain else None
             if args.plot:
                 for line in plan_plots(engine, args, probe):
                     print(line)

@@ -84,7 +84,7 @@ def chunk(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list
 
 
 # -- decode: several tokens per call ----------------------------------------------------------------------------
-class DecodeLoop(NamedTuple):
+class PagedDecodeLoop(NamedTuple):
     """The device loop's state besides the pool: i, the loop step; out [B, steps], each row's tokens (-1: not
     made); live [B], whether the row makes more; last [B], its last token (the next step's input)."""
     i: jax.Array
@@ -93,14 +93,14 @@ class DecodeLoop(NamedTuple):
     last: jax.Array
 
 
-def decode_start(carry: jax.Array, rows: PagedDecodeRows, steps: int) -> DecodeLoop:
+def decode_start(carry: jax.Array, rows: PagedDecodeRows, steps: int) -> PagedDecodeLoop:
     """The loop's state before the first token. A chain row's input is carry[slot] (made by a step the host has not
     read); it is live only if that is a token, not a stop."""
     prev = carry[jnp.minimum(rows.slot, carry.shape[0] - 1)]
     last = jnp.where(rows.chain, prev, rows.last)
     live = (rows.budget > 0) & ~(rows.chain & ((prev < 0) | is_stop(prev, rows.stops)))
     live = cast(jax.Array, live)  # traced rows: a jax.Array here
-    return DecodeLoop(jnp.int32(0), jnp.full((rows.budget.shape[0], steps), -1, jnp.int32), live, last)
+    return PagedDecodeLoop(jnp.int32(0), jnp.full((rows.budget.shape[0], steps), -1, jnp.int32), live, last)
 
 
 def decode_finish(carry: jax.Array, slot: StepArray, out: jax.Array) -> jax.Array:
@@ -110,13 +110,13 @@ def decode_finish(carry: jax.Array, slot: StepArray, out: jax.Array) -> jax.Arra
     return carry.at[slot].set(jnp.where(made > 0, last, -1), mode="drop")
 
 
-def token_begin(model: MoEModel, pool: list[Layer], loop: DecodeLoop, rows: PagedDecodeRows) -> dict:
+def token_begin(model: MoEModel, pool: list[Layer], loop: PagedDecodeLoop, rows: PagedDecodeRows) -> dict:
     """Row b's input loop.last at position start[b] + i (written only while the row is live)."""
     x, at, slots = token_inputs(model, loop, rows, num_blocks=_pool_blocks(pool, model.stacked))
     return dict(x=x, at=at, cache=_paged(pool, rows.table, slots))
 
 
-def token_inputs(model: MoEModel, loop: DecodeLoop, rows: PagedDecodeRows, *, num_blocks: int
+def token_inputs(model: MoEModel, loop: PagedDecodeLoop, rows: PagedDecodeRows, *, num_blocks: int
                  ) -> tuple[jax.Array, Positions, jax.Array]:
     """-> (the step's hidden states, Positions, the pool slots [B, 1] its tokens write) for a pool of num_blocks."""
     positions = (rows.start + loop.i)[:, None]
@@ -125,20 +125,20 @@ def token_inputs(model: MoEModel, loop: DecodeLoop, rows: PagedDecodeRows, *, nu
     return x, at, slots
 
 
-def token_end(model: MoEModel, x: jax.Array, caches: list[PagedCache], loop: DecodeLoop, rows: PagedDecodeRows
-              ) -> tuple[list[Layer], DecodeLoop]:
+def token_end(model: MoEModel, x: jax.Array, caches: list[PagedCache], loop: PagedDecodeLoop, rows: PagedDecodeRows
+              ) -> tuple[list[Layer], PagedDecodeLoop]:
     """-> (pool, the loop's next state): this token sampled as token count[b] + i of row b's sequence."""
     return [c.pool for c in caches], next_loop(model, x, loop, rows)
 
 
-def next_loop(model: MoEModel, x: jax.Array, loop: DecodeLoop, rows: PagedDecodeRows) -> DecodeLoop:
+def next_loop(model: MoEModel, x: jax.Array, loop: PagedDecodeLoop, rows: PagedDecodeRows) -> PagedDecodeLoop:
     """token_end without the pool: this token sampled, the loop's next state."""
     i, out, live, last = loop
     tok = rows.sampling.next_tokens(model.head(x, jnp.zeros((x.shape[0],), jnp.int32)), i)
     tok = jnp.where(live, tok, last)
     out = out.at[:, i].set(jnp.where(live, tok, -1))
     live = live & ~is_stop(tok, rows.stops) & (i + 1 < rows.budget)
-    return DecodeLoop(i + 1, out, live, tok)
+    return PagedDecodeLoop(i + 1, out, live, tok)
 
 
 def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: list[Layer], carry: jax.Array,
@@ -147,11 +147,11 @@ def decode(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, pool: lis
     -> (pool, carry, tokens [B, steps], -1 after a row's last)."""
     model = model_of(graphdef, state)
 
-    def cond(pool_loop: tuple[list[Layer], DecodeLoop]) -> jax.Array:
+    def cond(pool_loop: tuple[list[Layer], PagedDecodeLoop]) -> jax.Array:
         _, loop = pool_loop
         return (loop.i < steps) & jnp.any(loop.live)
 
-    def body(pool_loop: tuple[list[Layer], DecodeLoop]) -> tuple[list[Layer], DecodeLoop]:
+    def body(pool_loop: tuple[list[Layer], PagedDecodeLoop]) -> tuple[list[Layer], PagedDecodeLoop]:
         pool, loop = pool_loop
         x, caches = model.run_layers(**token_begin(model, pool, loop, rows), read_cache=True, kernels=kernels)
         return token_end(model, x, cast("list[PagedCache]", caches), loop, rows)  # paged caches in, paged out

@@ -98,7 +98,7 @@ class PagedStore:
         return sum(a.nbytes for pages in self.paged.values() for page in pages for a in page.values())
 
 
-class PagedExperts:
+class PagedExperts(layered.LayerRuntime):
     """The pipeline's weight runtime: `fetch_page` starts a page's copy (W_PINTOG), `experts` assembles a layer
     (waiting only for its own pages), `release` drops it. `moe` and `begin_pass` serve LayeredSteps' own loop (the
     steps that run unpipelined: scoring, logits), one layer's pages ahead."""
@@ -107,7 +107,7 @@ class PagedExperts:
 
     def __init__(self, store: PagedStore, backend: str) -> None:
         self.store, self.backend = store, backend
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._pages: dict[int, dict[int, Experts]] = {}  # layer -> page -> arrays on the device or on their way
         self._ready: dict[int, tuple[list[Experts], tuple[int, ...]]] = {}  # layer -> its parts and page table
         self.peak_paged_bytes = 0  # the most bytes of pages held on the device at once (ready and on their way)
@@ -187,7 +187,9 @@ class PagedExperts:
         for p in range(self.store.pages):
             self.fetch_page(first, p)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers always run the router
         self.experts(handle.index)
         for p in range(self.store.pages):
             self.fetch_page(self.next_layer(handle.index), p)

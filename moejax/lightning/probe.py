@@ -14,7 +14,7 @@ import numpy as np
 from moejax.kv_pool import BLOCK
 from moejax.lightning.host_attention_bench import median_seconds_each, read_all
 from moejax.lightning.pipeline import LightningSteps
-from moejax.lightning.trace import Event, Timeline, busy
+from moejax.lightning.trace import MeasuredEvent, Timeline, busy
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import profile_for
 from moejax.sampling import Sampling
@@ -33,7 +33,7 @@ class Probe:
     layers: int
     seconds: float  # the traced call's wall time
     busy_s: dict  # per resource, over the call
-    events: tuple[Event, ...]
+    events: tuple[MeasuredEvent, ...]
     host_kv_bytes: int = 0  # KV bytes the host's attention read over the call (each step reads each row's context)
     host_read_gb_per_s: float = 0.0  # a plain jitted sum over the host pool: what a streaming read reaches there
 

@@ -71,7 +71,7 @@ def _mispredicted(predicted: jax.Array, true: jax.Array) -> jax.Array:
     return jnp.stack([jnp.sum(jnp.any(wrong, axis=1)), jnp.sum(wrong)])
 
 
-class Cached:
+class CachedExpertsRuntime(layered.LayerRuntime):
     name = "cached"
 
     def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
@@ -93,7 +93,7 @@ class Cached:
         self.store, self.backend, self.predictor, self.speculative = store, backend, predictor, speculative
         self.cache = ExpertCache(cache_slots, eviction)
         self.pass_experts = min(pass_experts or cache_slots, cache_slots)
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
         self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
         if prefill not in ("cache", "stream"):
@@ -299,6 +299,13 @@ class Cached:
         start = time.perf_counter()
         jax.block_until_ready(arrays)
         self.stats[layer].wait_s += time.perf_counter() - start
+
+    def cache_stats(self) -> dict:
+        return self.cache.stats()
+
+    def reset_stats(self) -> None:
+        self.stats = type(self.stats)()
+        self.cache.reset_stats()
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()

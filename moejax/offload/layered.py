@@ -1,14 +1,14 @@
 """The Engine's steps run layer by layer from Python, so a placement can move routed expert weights between
 layers: begin and end of each step (moejax.steps) are jits as in the resident model, each decoder layer is two
 jits (attention + router, then experts + shared expert + residual) that all MoE layers of one shape share, and
-between them the placement (moejax.offload.streamed / cached) supplies the experts.
+between them the placement's layer runtime (LayerRuntime) supplies the experts.
 
 The parameters given to these steps hold 0-d stand-ins for the routed expert arrays: those live in a HostStore."""
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,46 @@ if TYPE_CHECKING:
     from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows
 
 T = TypeVar("T")
+
+
+class RuntimeStats(Protocol):
+    """A layer runtime's counters (moejax.offload.stats.OffloadStats, DEP's TransferStats)."""
+
+    def as_dict(self, extra: dict | None = None) -> dict: ...
+
+
+class LayerRuntime(Protocol):
+    """What supplies each MoE layer's routed experts to LayeredSteps: a placement's layer runtime (streamed's, the
+    cached ones, AsyncEP's gathered stream, lightning's pages, DEP's transfers) or a wrapper that times or records
+    one. Runtimes subclass it and take the defaults of needs_router, cache_stats and reset_stats."""
+
+    name: str  # the placement it runs, as Engine.stats() reports it
+    stats: RuntimeStats  # counters since load or the last reset_stats
+
+    def begin_pass(self, steps: LayeredSteps) -> None:
+        """A forward pass through the layers starts (copies ahead of the first MoE layers may start here)."""
+        ...
+
+    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None, weights: jax.Array | None
+            ) -> jax.Array:
+        """The MoE layer's output from its attention output x and normed y, routed by (idx, weights) (None: the
+        runtime skipped the router, needs_router)."""
+        ...
+
+    def describe(self) -> str:
+        """A line for Engine.explain()."""
+        ...
+
+    def needs_router(self, layer: int) -> bool:
+        """Whether layer `layer` runs its router (False: the runtime routes it itself, router-free speculation)."""
+        return True
+
+    def cache_stats(self) -> dict | None:
+        """The expert cache's own bookkeeping, or None: no cache."""
+        return None
+
+    def reset_stats(self) -> None:
+        self.stats = type(self.stats)()
 
 
 class Layer:
@@ -123,10 +163,7 @@ class LayeredSteps:
     routed experts of every MoE layer (`placement.moe(layer: Layer, x, y, idx, weights) -> x`). A placement with
     `needs_router(layer index) -> bool` may skip a layer's router: its `moe` then gets idx = weights = None."""
 
-    # placement: a layer runtime (moejax.offload.streamed.Streamed, cached.Cached, sharding.gathered's, a profiling
-    # or recording wrapper, or DEP's Disaggregated, whose steps drive the layers themselves): no shared base or
-    # protocol, hence Any
-    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: Any) -> None:
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: LayerRuntime) -> None:
         # a resident model's stacks walked layer by layer (recording traces): each layer's weights sliced out
         model = steps.model_of(graphdef, params).unstacked()
         shared: dict = {}
@@ -158,7 +195,7 @@ class LayeredSteps:
         self.inputs = x  # the pass's input embeddings: expert-map predictors search on them (fMoE §4.2)
         self.valid = valid  # predictors that learn from the pass (expert maps) skip its padding
         self.placement.begin_pass(self)
-        needs_router: Callable[[int], bool] = getattr(self.placement, "needs_router", lambda layer: True)
+        needs_router = self.placement.needs_router
         new = []
         for i, layer in enumerate(self.layers):
             args = (x, at, None if cache is None else cache[i], None if prior is None else prior[i])

@@ -13,14 +13,14 @@ from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 
 
-class Streamed:
+class StreamedExpertsRuntime(layered.LayerRuntime):
     name = "streamed"
 
     def __init__(self, store: HostStore, window: int, backend: str) -> None:
         if window < 1:
             raise ValueError(f"streamed placement: window must be >= 1, got {window}")
         self.store, self.window, self.backend = store, int(window), backend
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._order = store.layers
         self._ahead: dict[int, dict[str, jax.Array]] = {}  # layer -> its experts, on the device or on their way
 
@@ -28,7 +28,9 @@ class Streamed:
         for layer in self._order[: self.window]:
             self._prefetch(layer)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers always run the router
         layer = handle.index
         experts = self._ahead.pop(layer, None)
         s = self.stats[layer]

@@ -87,7 +87,7 @@ class TransferStats:
         return {"total": total | (extra or {}), "layers": layers}
 
 
-class Disaggregated:
+class Disaggregated(layered.LayerRuntime):
     """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters.
 
     `a2e` says how a chunk reaches the experts' owners (A2E_DEFAULT, regroup, measured faster on 8 simulated CPU
@@ -107,7 +107,7 @@ class Disaggregated:
         self.store, self.layout, self.a2e = store, layout, a2e
         self.online = online  # FinDEP's online phase: r1, r2, order per step shape (None: the layout's, always)
         self.has_shared = bool(cfg.shared_expert_size)  # MoEBlock.shared exists
-        self.stats = TransferStats()
+        self.stats: TransferStats = TransferStats()
         self.attn_rows = NamedSharding(store.attn_mesh, P(AXIS))
         self.expert_rows = NamedSharding(store.expert_mesh, P(AXIS))
         self.expert_all = NamedSharding(store.expert_mesh, P())
@@ -142,6 +142,13 @@ class Disaggregated:
         self.stats.e2a_bytes[layer] += back.nbytes
         self.stats.chunks[layer] += 1
         return back
+
+    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+        pass  # DisaggregatedSteps runs the layers and sends each chunk itself (run)
+
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        raise NotImplementedError("DEP's layers run through DisaggregatedSteps, which calls run() per token chunk")
 
     def describe(self) -> str:
         lay = self.layout
@@ -257,6 +264,8 @@ class PoolRows:
 
 class DisaggregatedSteps(layered.LayeredSteps):
     """The Engine's steps under DEP: begin and end on the attention group, the layers as FinDEP's pipeline."""
+
+    placement: Disaggregated
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: Disaggregated) -> None:
         super().__init__(graphdef, params, kernels, placement)

@@ -42,7 +42,7 @@ def moe_and_gather(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, y: ja
     return out, gathered
 
 
-class GatheredStreamed:
+class GatheredStreamed(layered.LayerRuntime):
     """Placement for `layout="attn=dp,experts=async_ep", placement="streamed", window=W`."""
     name = "async_ep+streamed"
 
@@ -54,7 +54,7 @@ class GatheredStreamed:
         run = functools.partial(sharded_routed, _LOCAL, mesh, local_expert_ffn(cfg, backend))
         self._step = functools.partial(moe_and_gather, run=run, whole=whole)
         self._gather = jax.jit(lambda shards: jax.lax.with_sharding_constraint(shards, whole))
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._order = store.layers
         self._shards: dict[int, dict] = {}  # layer -> its shards on the devices (or on their way)
         self._whole: dict[int, dict] = {}  # layer -> its experts whole on every device
@@ -67,7 +67,9 @@ class GatheredStreamed:
         for layer in self._order[1:self.window + 2]:
             self._prefetch(layer)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers always run the router
         layer = handle.index
         p = self._order.index(layer)
         experts = self._whole.pop(layer, None)

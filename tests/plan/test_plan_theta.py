@@ -127,13 +127,13 @@ def _resident_on(spec: str, devices: int):
     has one CPU device; moejax.load under a real 8-device mesh runs in tests/sharding)."""
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
-    from moejax.placements import placement_for
+    from moejax.placements import Resident, placement_for
     from moejax.sharding import Layout
     from moejax.sharding.setup import LayoutSetup
     layout = Layout.parse(spec).resolve(MIXTRAL.num_experts, devices, expert_width=MIXTRAL.moe_intermediate_size,
                                         heads=MIXTRAL.num_heads)
     setup = LayoutSetup(layout, None, None, MIXTRAL.num_kv_heads, first_moe=0)  # type: ignore[arg-type]
-    budget = MemoryBudget("resident", None, 0, 0, 0, 0, 0)
+    budget = MemoryBudget(Resident, None, 0, 0, 0, 0, 0)
     return placement_for(budget, PlacementSettings(placement="resident"), setup)
 
 

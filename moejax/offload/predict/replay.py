@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def steps_of(engine: Engine) -> LayeredSteps:
     """The engine's layers as per-layer jits (no placement: predictors only call norms and routers)."""
-    return LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement=None)
+    return LayeredSteps(engine.graphdef, engine.params, engine.kernels,
+                        placement=None)  # type: ignore[arg-type]  # no MoE layer runs: no runtime
 
 
 def true_routing(steps: LayeredSteps, traces: Traces, chunk: int = 8192) -> list[tuple[np.ndarray, np.ndarray]]:

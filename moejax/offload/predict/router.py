@@ -18,6 +18,7 @@ from flax import nnx
 
 from moejax.buckets import bucket
 from moejax.offload import layered
+from moejax.offload.stats import OffloadStats
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Prediction
@@ -115,7 +116,7 @@ def _expert_sums(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: ja
     return sums, counts
 
 
-class _Calibrating:
+class _Calibrating(layered.LayerRuntime):
     """A placement that runs each MoE layer exactly (experts from `experts_of`) and sums per-expert outputs."""
 
     name = "calibrating"
@@ -125,6 +126,10 @@ class _Calibrating:
         self.experts_of, self.backend = experts_of, backend
         self.sums, self.counts = np.zeros(shape, np.float64), np.zeros(shape[:2], np.int64)
         self.valid: jax.Array | None = None  # the pass's valid-token mask [N] (run_prompts sets it)
+        self.stats = OffloadStats()  # nothing moves: empty
+
+    def describe(self) -> str:
+        return "calibrating: every expert run exactly, per-expert outputs summed"
 
     def begin_pass(self, steps: layered.LayeredSteps) -> None:
         pass
@@ -132,8 +137,9 @@ class _Calibrating:
     def vectors(self) -> "DefaultVectors":
         return DefaultVectors((self.sums / np.maximum(self.counts, 1)[..., None]).astype(np.float32), self.counts)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-            ) -> jax.Array:
+    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers run their routers
         layer = handle.index
         experts = self.experts_of(layer)
         sums, counts = handle(_expert_sums, y, idx, self.valid, experts, backend=self.backend)

@@ -76,7 +76,8 @@ class _Recording(_Calibrating):
         super().__init__(*args)
         self.rows: dict[int, list] = {}
 
-    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None, weights: jax.Array | None
+            ) -> jax.Array:
         keep = np.asarray(self.valid) > 0
         logits = np.asarray(handle(_router_logits, y), np.float32)[keep]
         residual = np.asarray(x.reshape(-1, x.shape[-1]), np.float32)[keep]
