@@ -44,6 +44,7 @@ end to end on the devices present, with the logits against one device (launch/be
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 import argparse
 import gc
 import os
@@ -93,7 +94,7 @@ def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[
     return results, logits
 
 
-def prefill(args, env: dict, partial=no_file) -> dict:
+def prefill(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     is_dir = os.path.isdir(args.model)
     hf_config = read_config(args.model) if is_dir else preset_config(args.model)
     if args.num_layers:
@@ -175,7 +176,7 @@ def prefill(args, env: dict, partial=no_file) -> dict:
     return record()
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--note", default=None,
                         help="a line the record keeps (e.g. that a CPU run is at small sizes); before the command")

@@ -20,6 +20,9 @@ The scheduler's own account of the timed run (Stats.times: host work against wai
 share of a decode step."""
 from __future__ import annotations
 
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import gc
 import time
 
@@ -44,7 +47,7 @@ def batches_of(text: str) -> list[int]:
     return batches
 
 
-def _requests(engine, batch: int, prompt_len: int, output_len: int, seed: int) -> list[GenRequest]:
+def _requests(engine: Engine, batch: int, prompt_len: int, output_len: int, seed: int) -> list[GenRequest]:
     rng = np.random.default_rng(seed)
     key = jax.random.key(seed)
     return [GenRequest(rng.integers(1, engine.config.vocab_size, prompt_len).tolist(), output_len,
@@ -59,7 +62,7 @@ class LoggedDecode:
     """`engine` whose paged_decode logs each call's token iterations as it is dispatched: per iteration, the rows
     that make a token and the sum of the positions they attend to (every other attribute is the engine's)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine) -> None:
         self._engine, self.iterations = engine, []  # [(rows, tokens attended in all)]
 
     def __getattr__(self, name):
@@ -73,7 +76,7 @@ class LoggedDecode:
         return self._engine.paged_decode(pool, carry, rows, steps=steps)
 
 
-def _run(engine, reqs: list[GenRequest], batch: int, args) -> tuple[float, dict, int, list]:
+def _run(engine: Engine, reqs: list[GenRequest], batch: int, args: argparse.Namespace) -> tuple[float, dict, int, list]:
     """One scheduler run: (wall seconds, its Stats.as_dict(), output tokens, the decode iterations LoggedDecode
     logged). The pool holds B whole sequences in the prefill-only run too: a pool of another size is another
     program to compile, inside the timed run."""
@@ -107,7 +110,7 @@ def host_share(stats: dict) -> dict:
                     1e3 * d.get("dispatch", 0.0) / steps if steps else None), phases=HOST_PHASES)
 
 
-def decode_batches(engine, args, config: dict, environment: dict, partial) -> dict:
+def decode_batches(engine: Engine, args: argparse.Namespace, config: dict, environment: dict, partial: Callable[[dict, str], None]) -> dict:
     batches = batches_of(args.decode_batches)
     for flag in ("prompt_len", "requests_per_batch", "chunk_tokens", "row_tokens", "decode_steps", "repeats"):
         if getattr(args, flag) < 1:

@@ -39,6 +39,8 @@ measured ms per layer against the HRM's prediction for the policy it runs (moeja
 attention kernel's GB/s against a streaming read of the same pool (moejax.lightning.host_attention_bench)."""
 from __future__ import annotations
 
+from moejax.engine import Engine
+import argparse
 import gc
 import os
 import tempfile
@@ -93,7 +95,7 @@ def parse_placements(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def check_arguments(args) -> None:
+def check_arguments(args: argparse.Namespace) -> None:
     """--placements and the calibration directories, before any work."""
     parse_placements(args.placements)
     if args.save_calibration and os.path.exists(args.save_calibration):
@@ -105,7 +107,7 @@ def check_arguments(args) -> None:
         raise ValueError(f"--budget-fraction must be in (0, 1], got {args.budget_fraction}")
 
 
-def workloads(args, gpu: bool) -> list[dict]:
+def workloads(args: argparse.Namespace, gpu: bool) -> list[dict]:
     batches = [int(b) for b in (args.batches or ("1,64,256" if gpu else "1,4")).split(",")]
     long = args.long_prompt if args.long_prompt is not None else (4096 if gpu else 128)
     rows = [dict(batch=b, prompt_len=args.prompt_len, new_tokens=args.new_tokens) for b in batches if b <= 64]
@@ -122,7 +124,7 @@ def _requests(work: dict, vocab: int, max_tokens: int, seed: int) -> list[GenReq
             for i in range(work["batch"])]
 
 
-def _serve(engine, requests: list[GenRequest], max_rows: int, before: Callable[[], None]) -> tuple[Any, list, dict]:
+def _serve(engine: Engine, requests: list[GenRequest], max_rows: int, before: Callable[[], None]) -> tuple[Any, list, dict]:
     """One scheduler run of `requests` -> (its Stats, tokens per request, engine.stats() of the run)."""
     size = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in requests])
     out: dict = {}
@@ -139,7 +141,7 @@ def _totals(engine_stats: dict) -> dict:
     return {k: v for k, v in t.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def measure(engine, work: dict, seed: int, *, restart: Callable[[str], None] = lambda kind: None,
+def measure(engine: Engine, work: dict, seed: int, *, restart: Callable[[str], None] = lambda kind: None,
             compute_s: float | None = None, reference: list | None = None) -> dict:
     """One placement on one workload: a warm-up run (2 tokens), a one-token run (TTFT) and the full run."""
     vocab = engine.config.vocab_size
@@ -192,7 +194,7 @@ def claim_budget_gb(resident, rows: int, work: dict) -> float:
     return max(weights / (1 - RESERVE_FRACTION), (weights + kv) / (1 - RESERVE_FRACTION / 2)) / 2**30
 
 
-def _rows_fit(engine, work: dict) -> int:
+def _rows_fit(engine: Engine, work: dict) -> int:
     """How many of the workload's sequences the engine's KV pool holds at once (at least 1)."""
     seqs = [(work["prompt_len"], work["new_tokens"])] * work["batch"]
     each = -(-(work["prompt_len"] + work["new_tokens"]) // BLOCK)
@@ -208,7 +210,7 @@ def lightning_options(work: dict) -> dict:
 class Calibration:
     """What the predictor placements need, built once from the resident engine or read from a directory."""
 
-    def __init__(self, resident, args, log: Callable[[str], None]) -> None:
+    def __init__(self, resident, args: argparse.Namespace, log: Callable[[str], None]) -> None:
         from launch import offload_modes
         self.directory = args.calibration or tempfile.mkdtemp(prefix="moejax-bench-calibration-")
         modes = ["prefetch", "expert_map"]
@@ -241,7 +243,7 @@ class Calibration:
         return options
 
 
-def _engine_options(name: str, budget: float, args, work: dict, recorder, oracle, calibration) -> dict:
+def _engine_options(name: str, budget: float, args: argparse.Namespace, work: dict, recorder, oracle, calibration) -> dict:
     if name == "resident":
         return dict(placement="resident")
     if name == "streamed":
@@ -272,7 +274,7 @@ def _print(name: str, row: dict) -> None:
           f"{hit}{split}{same}", flush=True)
 
 
-def run(args, resident, gpu: bool, save: Callable[[dict, str], None], load: Callable[..., Any]) -> dict:
+def run(args: argparse.Namespace, resident, gpu: bool, save: Callable[[dict, str], None], load: Callable[..., Any]) -> dict:
     """save(the section so far, last row) after each row; load(**options) loads the benchmark's model."""
     names = parse_placements(args.placements)
     works = workloads(args, gpu)
@@ -371,7 +373,7 @@ def _ratios(rows: list[dict]) -> dict:
             for r in rows if "error" not in r and (r["batch"], r["prompt_len"]) in base}
 
 
-def lightning_claim(args, resident, works: list[dict], load, save, record: dict) -> dict:
+def lightning_claim(args: argparse.Namespace, resident, works: list[dict], load, save, record: dict) -> dict:
     """Lightning, streamed and cached at a budget holding --device-rows rows' KV beside lightning's weights, on the
     largest batch workload at --prompt-len; lightning's measured ms per layer against the HRM's; host attention GB/s."""
     from moejax.lightning.host_attention_bench import measure_paged
@@ -435,7 +437,7 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
     return claim
 
 
-def _hrm(engine, explain_engine, args, row: dict) -> dict:
+def _hrm(engine: Engine, explain_engine, args: argparse.Namespace, row: dict) -> dict:
     """Lightning's probed ms per layer, the measured decode step per layer, and the HRM's prediction."""
     layers = engine.config.num_layers
     lines, probe, predicted = explain_engine(engine, getattr(args, "profile", None))

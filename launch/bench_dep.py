@@ -11,6 +11,8 @@ route's logits against the one-device float32 model. Simulated CPU devices
 (copies, programs, padding), not links; the byte counts carry over to GPUs."""
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import time
 
 import jax
@@ -25,7 +27,7 @@ DEFAULT_LAYOUTS = ("attn=dp,experts=dep,attn_devices=4,expert_devices=4,r1=2,r2=
                    "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=1,r2=1")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("dep-a2e", help="DEP: A2E straight to the experts' owners vs regrouped inside the expert group")
     p.add_argument("--model", default="tiny-qwen3-moe", help="preset or checkpoint directory")
     p.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="';'-separated DEP layout specs")
@@ -68,7 +70,7 @@ def measure_layout(model: str, spec: str, ids: np.ndarray, ref: np.ndarray, repe
     return dict(layout=str(engine.layout), routes=rows, straight_over_regroup=ratio)
 
 
-def dep_a2e(args, environment: dict, partial=no_file) -> dict:
+def dep_a2e(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if jax.device_count() < 2:
         raise SystemExit("dep-a2e needs 2 or more devices; simulate 8 with "
                          "XLA_FLAGS=--xla_force_host_platform_device_count=8")

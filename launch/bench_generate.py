@@ -32,6 +32,9 @@ fixed batches, with TPOT and MBU (launch/bench_decode.py). `--max-rows`: the con
 time per step (launch/sched_overhead.py)."""
 from __future__ import annotations
 
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import json
 import os
 import tempfile
@@ -61,7 +64,7 @@ MOEJAX = (("continuous", "continuous", {}), ("continuous, mixed steps", "continu
           ("static", "static", None))
 
 
-def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb,
+def _moejax(engine: Engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb,
             steps: bool = False, max_rows: int | None = None) -> tuple[dict, list]:
     """steps: record the scheduler's step calls and replay them after the run (step_overhead)."""
     recorder = step_overhead.StepRecorder(engine) if steps else None
@@ -128,7 +131,7 @@ def full_size(model: str, num_layers: int | None) -> bool:
     return num_layers is None or num_layers >= PRESETS[model]["num_hidden_layers"]
 
 
-def _checkpoint(args, tmp: str) -> tuple[str, dict]:
+def _checkpoint(args: argparse.Namespace, tmp: str) -> tuple[str, dict]:
     """What both engines load, and moejax.load's extra options: --model's directory, or a preset's config built
     and saved by transformers (without transformers, or a real-shaped preset at full size: the preset itself, its
     weights drawn on the device, its --num-layers)."""
@@ -147,7 +150,7 @@ def _checkpoint(args, tmp: str) -> tuple[str, dict]:
     return tmp, {}
 
 
-def _workload(args, engine) -> tuple[list[dict], dict]:
+def _workload(args: argparse.Namespace, engine: Engine) -> tuple[list[dict], dict]:
     """The requests, and what describes them in the record's config."""
     cfg = engine.config
     if args.workload == "long-tail":
@@ -172,7 +175,7 @@ def _workload(args, engine) -> tuple[list[dict], dict]:
                       stop_fraction=args.stop_fraction)
 
 
-def _overhead(engine, reqs, args, record: dict) -> dict:
+def _overhead(engine: Engine, reqs, args: argparse.Namespace, record: dict) -> dict:
     """Continuous batching with no-op steps: an untimed run (compiles the no-op programs), then --repeats timed runs;
     the last one's scheduler stats give the host time per step."""
     token = sched_overhead.free_token(reqs, engine.config.eos_token_ids, engine.config.vocab_size)
@@ -197,7 +200,7 @@ def _overhead(engine, reqs, args, record: dict) -> dict:
                 scheduler=result["summary"]["scheduler"])
 
 
-def _load(args, tmp: str):
+def _load(args: argparse.Namespace, tmp: str):
     """The engine with its weights in place, and how they came: their source and the seconds materializing took
     (a preset's drawn on the device, a checkpoint's read and copied)."""
     path, options = _checkpoint(args, tmp)
@@ -211,7 +214,7 @@ def _load(args, tmp: str):
     return engine, path, dict(source=source, materialize_s=seconds, bytes=engine.param_bytes())
 
 
-def generate(args, environment: dict, partial=no_file) -> dict:
+def generate(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
     if args.decode_batches:
         args.no_transformers = True  # moejax alone: no transformers checkpoint to build
@@ -327,7 +330,7 @@ def generate(args, environment: dict, partial=no_file) -> dict:
     return dict(done, ratios=ratios)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="output tokens/s: continuous vs static batching vs transformers generate")
     p.add_argument("--model", default="pycode-moe",
                    help="preset (built with transformers; a real-shaped one at full depth: its weights drawn on the "

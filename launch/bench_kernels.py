@@ -27,6 +27,8 @@ same program, so its row says so instead of being timed twice.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import functools
 import itertools
 import os
@@ -52,7 +54,7 @@ SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, width=768, experts=128, top_k=8),
 ATTENTION = dict(heads=32, kv_heads=4, head_dim=128)  # Qwen3-30B-A3B
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("kernels", help="grouped GEMM, expert FFN and attention backends vs dense/ragged_dot/cuDNN")
     p.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b", help=f"expert shapes: {', '.join(SHAPES)}")
     p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K; CPU 64,256, where "
@@ -76,7 +78,7 @@ def add_parser(sub):
     return p
 
 
-def before_start(args) -> None:
+def before_start(args: argparse.Namespace) -> None:
     """Before JAX starts its backend (XLA reads XLA_FLAGS once, then): turn on the cuDNN ragged-dot fusion. It
     changes nothing but ragged_dot's programs, and nothing off a GPU."""
     if not args.no_ragged_dot_fusion:
@@ -128,7 +130,7 @@ class Table:
     """The rows measured so far: each row is printed and saved (the run's partial record) as it is added.
     free() -> the device memory free for the next call (None: unknown)."""
 
-    def __init__(self, save, free=free_bytes):
+    def __init__(self, save, free=free_bytes) -> None:
         self.rows, self.save, self.free = [], save, free
 
     def _add(self, row: dict, line: str) -> dict:
@@ -241,7 +243,7 @@ def _routing(rng, tokens, experts, top_k):
     return idx, weights
 
 
-def grouped(args, dtype, table):
+def grouped(args: argparse.Namespace, dtype, table) -> None:
     gpu = on_gpu()
     itemsize = jnp.dtype(dtype).itemsize
     rng = np.random.default_rng(args.seed)
@@ -301,7 +303,7 @@ def grouped(args, dtype, table):
                     time_parts(table, case, name, sets, M, D, I, args.repeats)
 
 
-def attention_cases(args, dtype, table):
+def attention_cases(args: argparse.Namespace, dtype, table) -> None:
     gpu = on_gpu()
     H, K, D = ATTENTION["heads"], ATTENTION["kv_heads"], ATTENTION["head_dim"]
     rng = np.random.default_rng(args.seed + 1)
@@ -336,7 +338,7 @@ def attention_cases(args, dtype, table):
             table.timed("attention", case, name, flops, sec, t, bytes_moved=moved)
 
 
-def kernels(args, env, partial=no_file) -> dict:
+def kernels(args: argparse.Namespace, env, partial: Callable[[dict, str], None] = no_file) -> dict:
     gpu = on_gpu()
     dtype = jnp.dtype(args.dtype or ("bfloat16" if gpu else "float32"))
     args.repeats = args.repeats or (20 if gpu else 3)

@@ -26,6 +26,9 @@ cores and memory: their times and ratios say nothing about GPUs; only the byte c
 """
 from __future__ import annotations
 
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import dataclasses
 import gc
 import math
@@ -79,7 +82,7 @@ class Case:
         return name + ("" if lay.devices == jax.device_count() else f" ({lay.devices} dev)")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("layouts", help="each parallel layout: tokens/s vs one device, bytes per layer vs analytic")
     p.add_argument("--model", default=None, help=f"preset or HF directory (default GPU {GPU_MODEL}, CPU {CPU_MODEL})")
     p.add_argument("--num-layers", type=int, default=None, help="first N layers (default GPU 4, CPU all)")
@@ -170,7 +173,7 @@ def _per(by_kind: dict, times: int) -> dict:
     return {kind: v / times for kind, v in by_kind.items()} if times else {}
 
 
-def measured_hlo(engine, B: int, T: int) -> dict:
+def measured_hlo(engine: Engine, B: int, T: int) -> dict:
     """The compiled full-logits step's collectives: inside the expert programs per MoE layer, the rest per layer
     (means over the step); the pipeline's, all inside its stage program, per layer."""
     text = engine.steps.logits.lower(engine.params, jax.ShapeDtypeStruct((B, T), jnp.int32)).compile().as_text()
@@ -184,7 +187,7 @@ def measured_hlo(engine, B: int, T: int) -> dict:
                 experts=_per(hlo_comm.bytes_by_kind(found, in_shard_map=True), sum(engine.config.moe_layers)))
 
 
-def measured_dep(engine, run_forward) -> dict:
+def measured_dep(engine: Engine, run_forward) -> dict:
     """One forward's counters between the groups (A->E per attention device + E->A per expert device, as
     moejax.costs counts DEP's "device_put"), and the collectives of the expert group's compiled program summed over
     every token chunk of the forward (compiled once per chunk shape). Means per MoE layer."""
@@ -219,7 +222,7 @@ def measured_dep(engine, run_forward) -> dict:
                 experts={"device_put": a2e + e2a, **_per(inner, moe)}, attention={})
 
 
-def measured_streamed(engine, run_forward) -> dict:
+def measured_streamed(engine: Engine, run_forward) -> dict:
     """AsyncEP streamed: the collectives of one MoE layer's compiled program (captured from a forward), and the
     host -> device bytes of one forward from engine.stats()."""
     placement = engine.layered_steps.placement
@@ -261,7 +264,7 @@ def _kinds(by_kind: dict | None) -> str:
     return ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in sorted(by_kind.items()) if v) or "none"
 
 
-def _defaults(args, gpu: bool):
+def _defaults(args: argparse.Namespace, gpu: bool) -> None:
     args.model = args.model or (GPU_MODEL if gpu else CPU_MODEL)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     args.call = args.call or ("prefill" if gpu else "logits")
@@ -272,7 +275,7 @@ def _defaults(args, gpu: bool):
         args.num_layers = 4
 
 
-def check_args(args) -> tuple[ModelConfig, list[Case], dict]:
+def check_args(args: argparse.Namespace) -> tuple[ModelConfig, list[Case], dict]:
     """Everything a run needs, checked before loading anything: (config, cases, analytic by spec)."""
     for flag in ("batch", "seq", "repeats", "num_layers"):
         value = getattr(args, flag)
@@ -302,7 +305,7 @@ def check_args(args) -> tuple[ModelConfig, list[Case], dict]:
     return cfg, cases, figures
 
 
-def _run_case(case: Case, args, ids, figures: dict, baseline_tps: float | None) -> dict:
+def _run_case(case: Case, args: argparse.Namespace, ids, figures: dict, baseline_tps: float | None) -> dict:
     engine = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
                          compilation_cache=False, layout=case.layout if case.spec else None, **case.load)
     call = "logits" if case.layout.attn == "pp" else args.call  # the pipeline is prefill-only scoring
@@ -351,7 +354,7 @@ def _row_line(r: dict) -> str:
             f"{equal}")
 
 
-def layouts(args, env, partial=no_file) -> dict:
+def layouts(args: argparse.Namespace, env, partial: Callable[[dict, str], None] = no_file) -> dict:
     gpu = on_gpu()
     if jax.device_count() < 2:
         raise SystemExit("layouts: one device present; the layouts need two or more. "

@@ -15,6 +15,7 @@ transformers and saved to a temporary directory, so torch and transformers must 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -71,7 +72,7 @@ def vllm_environment(python: str) -> dict:
 
 
 class Worker:
-    def __init__(self, name: str, python: str, model: str, workloads_file: str, dtype: str, env=None):
+    def __init__(self, name: str, python: str, model: str, workloads_file: str, dtype: str, env=None) -> None:
         self.name = name
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([python, WORKER, "--engine", name, "--model", model, "--workloads",
@@ -91,7 +92,7 @@ class Worker:
         self.proc.stdin.flush()
         return self._read()
 
-    def close(self):
+    def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
@@ -115,7 +116,7 @@ def agreement(results: dict, kind: str, reference: str) -> dict:
     return out
 
 
-def peers(args, environment: dict) -> dict:
+def peers(args: argparse.Namespace, environment: dict) -> dict:
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     names = args.workloads.split(",")
     with tempfile.TemporaryDirectory() as d:
@@ -185,7 +186,7 @@ def peers(args, environment: dict) -> dict:
                 results=rows, ratios=ratios)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("peers", help="moejax vs transformers (and vLLM) on scoring and generation workloads")
     p.add_argument("--engines", default="moejax-serve,moejax,transformers,vllm",
                    help="comma-separated: moejax-serve, moejax, transformers, vllm (vllm only with --vllm-python)")

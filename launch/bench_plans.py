@@ -15,6 +15,8 @@ default and the PPPipe baseline, measured on the devices present.
    the overlap FinDEP is for; only real devices show that."""
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import time
 
 import jax
@@ -33,7 +35,7 @@ from launch.bench_results import no_file
 SOLVER_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("plans", help="planner run times; DEP as FinDEP chooses vs default vs PPPipe, measured")
     p.add_argument("--model", default="tiny-qwen3-moe", help="preset whose DEP layouts run on the devices present")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per measured step")
@@ -92,7 +94,7 @@ def solver_times(repeats: int, quick: bool) -> dict:
     return out
 
 
-def measured_profile(cfg: ModelConfig, args):
+def measured_profile(cfg: ModelConfig, args: argparse.Namespace):
     """The devices' profile at the model's shapes (or --profile's), and the seconds measuring took."""
     from moejax.measure_hardware import Shapes, measure_profile, sweep_for
     if args.profile:
@@ -102,7 +104,7 @@ def measured_profile(cfg: ModelConfig, args):
     return m.profile, m.seconds
 
 
-def dep_runs(args, cfg: ModelConfig, profile) -> dict:
+def dep_runs(args: argparse.Namespace, cfg: ModelConfig, profile) -> dict:
     devices = jax.device_count()
     kw = dict(devices=devices, tokens=args.tokens, seq_len=args.seq)
     plans = {"findep": solve_dep(cfg, profile, **kw),
@@ -135,7 +137,7 @@ def dep_runs(args, cfg: ModelConfig, profile) -> dict:
     return dict(results=results, ratios=ratios)
 
 
-def plans(args, environment: dict, partial=no_file) -> dict:
+def plans(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     print("solver run times (h100 datasheet, 16384 tokens in sequences of 2048):", flush=True)
     record = dict(**environment, benchmark="plans", solvers=solver_times(args.solver_repeats, args.quick),
                   config=dict(model=args.model, tokens=args.tokens, seq=args.seq, dtype=args.dtype,

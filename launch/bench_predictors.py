@@ -22,13 +22,16 @@ from --train-text / --train-stdlib (and the output says so).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from moejax.engine import Engine
+import argparse
 import numpy as np
 
 from launch.bench_quality import read_texts, stdlib_texts
 from launch.distill import text_prompts
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("predictors", help="recall, cache hit rates and speculative accuracy of every predictor")
     p.add_argument("--model", default="pycode-moe", help="preset or HF checkpoint directory with a tokenizer")
     test = p.add_mutually_exclusive_group(required=True)
@@ -69,7 +72,7 @@ def _predictors(nets, vectors, distance):
     return out
 
 
-def _build(args, engine, distances, log):
+def _build(args: argparse.Namespace, engine: Engine, distances, log: Callable[[str], None]):
     """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made, the calibration
     requests' hit-count matrices or None)."""
     from flax import nnx
@@ -113,7 +116,7 @@ def _build(args, engine, distances, log):
     return nets, vectors, stores, "; ".join(made), counts
 
 
-def predictors(args, env: dict) -> dict:
+def predictors(args: argparse.Namespace, env: dict) -> dict:
     import moejax
     from moejax.offload.predict import OraclePredictor, replay
     from flax import nnx
@@ -217,13 +220,13 @@ def _keyed(r: dict) -> dict:
     return dict(overall=r["overall"], per_layer={str(t): v for t, v in r["per_layer"].items()})
 
 
-def _expert_bytes(engine) -> int:
+def _expert_bytes(engine: Engine) -> int:
     layer = next(i for i in range(engine.config.num_layers) if engine.config.is_moe(i))
     arrays = engine.layer_experts(layer)
     return int(sum(a.nbytes for a in arrays.values()) // engine.config.num_experts)
 
 
-def _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log) -> list[dict]:
+def _speculative(args: argparse.Namespace, engine: Engine, texts, nets, vectors, best_answers, window_quality, log: Callable[[str], None]) -> list[dict]:
     import moejax
     from launch.bench_quality import token_stream
     from moejax.sched.requests import ScoreRequest, parse_lines

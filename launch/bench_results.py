@@ -38,7 +38,7 @@ def write_runs(path: str, runs: list[dict]) -> None:
 class ResultsFile:
     """This run's record in `path`, after the runs already there."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self.path, self.earlier, self.rows, self.started = path, read_runs(path), 0, time.monotonic()
 
     def partial(self, record: dict, last: str) -> None:

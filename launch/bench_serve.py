@@ -17,6 +17,9 @@ each, nothing padded), the distinct workload KV-free and auto and the shared one
 from the device; elsewhere (CPUs) today's small workload, every mode, batches of 2048 tokens."""
 from __future__ import annotations
 
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import json
 import os
 import tempfile
@@ -53,7 +56,7 @@ def workload(kind: str, n: int, prefix: int, suffix: int, candidates: int, vocab
     return lines
 
 
-def _serve(engine, lines, mode: str, max_batch_tokens: int | None) -> dict:
+def _serve(engine: Engine, lines, mode: str, max_batch_tokens: int | None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         summary = serve_lines(engine, lines, os.path.join(d, "out.jsonl"),
@@ -69,7 +72,7 @@ def matmul_flops(cfg, tokens: int, head: float) -> dict:
     return dict(decoder_matmuls=layers, lm_head=head, total=layers + head)
 
 
-def peak(args, engine) -> dict:
+def peak(args: argparse.Namespace, engine: Engine) -> dict:
     """The FLOP/s MFU is taken against: --peak-tflops (measured), --measure-peak (the bf16 matmul ceiling measured
     now, launch/gpu_ceilings.py), else the hardware profile's, else none."""
     if args.peak_tflops:
@@ -88,7 +91,7 @@ def peak(args, engine) -> dict:
     return dict(flops_per_s=profile.device.flops, source=f"profile {profile.name} ({profile.source})")
 
 
-def resident_prefill(engine, lines: list[str], batch_tokens: int, repeats: int, peak_flops) -> dict:
+def resident_prefill(engine: Engine, lines: list[str], batch_tokens: int, repeats: int, peak_flops) -> dict:
     """engine.generate(rows, 1) over the workload's prompt tokens laid end to end in rows of the largest power of two
     not longer than a prompt (the rest of the tokens, fewer than a row, is left out), `batch_tokens` per call."""
     prompts = [json.loads(line)["body"]["prompt_token_ids"] for line in lines]
@@ -113,7 +116,7 @@ def resident_prefill(engine, lines: list[str], batch_tokens: int, repeats: int, 
 LEAST = {"requests": 1, "prefix": 0, "suffix": 0, "candidates": 1, "max_batch_tokens": 16, "repeats": 1}
 
 
-def check_flags(args) -> None:
+def check_flags(args: argparse.Namespace) -> None:
     """SystemExit naming the first flag out of range."""
     for name, least in LEAST.items():
         value = getattr(args, name)
@@ -125,7 +128,7 @@ def check_flags(args) -> None:
         raise SystemExit("bench serve: --prefix and --suffix are both 0: a prompt needs a token")
 
 
-def serve(args, environment: dict, partial=None) -> dict:
+def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = None) -> dict:
     """partial(record so far, row name), when given, after each measured row."""
     check_flags(args)
     platform = jax.devices()[0].platform
@@ -210,7 +213,7 @@ def serve(args, environment: dict, partial=None) -> dict:
     return out
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="batch-runner tokens/s: prefix cache on/off, KV-free vs KV, against resident "
                                      "prefill")
     p.add_argument("--model", default="tiny-qwen3-moe")

@@ -8,8 +8,12 @@ import shlex
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # launch.gpu_check imports this module and must start where moejax does not import
+    from moejax.engine import Engine
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -38,7 +42,7 @@ def time_calls(fn, repeats: int) -> tuple[float, list[float], float]:
     return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
 
 
-def timed_call(engine, call: str, ids):
+def timed_call(engine: Engine, call: str, ids):
     """The call a benchmark times: "logits" (every position's logits back on the host) or a one-token generation
     (a prefill that returns one token per row)."""
     if call == "logits":

@@ -10,6 +10,7 @@ placement (fMoE, arXiv 2502.05370, §6.5-6.6):
 Each row runs bench_offload's decode case (TTFT, TPOT slope, the cache's counters)."""
 from __future__ import annotations
 
+import argparse
 import copy
 import gc
 import os
@@ -28,7 +29,7 @@ def _values(text: str, what: str) -> list[int]:
     return values
 
 
-def fmoe(args, resident, save, *, load, decode_case) -> dict:
+def fmoe(args: argparse.Namespace, resident, save, *, load, decode_case) -> dict:
     """save(the section so far, row) after each measured row; load(args, **options) -> engine and
     decode_case(name, engine, prompt, args, reference) -> row are bench_offload's."""
     from flax import nnx

@@ -144,7 +144,7 @@ def torch_ceilings(size: dict) -> dict | str:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_ceilings", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--small", action="store_true", help="tiny sizes (the CPU dry run)")

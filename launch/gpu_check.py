@@ -227,7 +227,7 @@ def _kept(record: dict, name: str) -> str:
 class Check:
     """The steps of one run and the record they fill."""
 
-    def __init__(self, args):
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.dry = args, args.dry_run
         self.work = tempfile.mkdtemp(prefix="moejax-gpu-check-")
         self.log = os.path.join(args.out, "gpu_check.log")
@@ -462,7 +462,7 @@ def _limits(text: str | None, parser) -> dict[str, float]:
     return limits
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))

@@ -96,7 +96,7 @@ def kernel_lowering() -> dict:
     return dict(triton_calls=lowered, errors=errors, warnings=found)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_env", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ A smaller store is the given store's maps added in order into an empty store of 
 deduplication decides what stays), which is what building it from the same prompts would keep."""
 from __future__ import annotations
 
+from collections.abc import Callable
 import numpy as np
 
 VARIANTS = {"T": dict(semantic=False, adaptive=False), "T+S": dict(semantic=True, adaptive=False),
@@ -53,7 +54,7 @@ def similarity_scores(store, traces, embed_table: np.ndarray, tokens: int) -> di
 
 
 def map_ablation(store, traces, embed_table: np.ndarray, steps, truth, *, slot_counts: list[int],
-                 cache_tokens: int, expert_bytes: int, capacities: list[int], log,
+                 cache_tokens: int, expert_bytes: int, capacities: list[int], log: Callable[[str], None],
                  hit_counts: np.ndarray | None = None) -> dict:
     """hit_counts: the calibration requests' hit-count matrices [R, M, E] (hit_counts.request_counts), or None
     (maps loaded from a file: no traces to count)."""

@@ -9,6 +9,8 @@ on-demand is the LRU-only baseline when --eviction is lru: the expert cache with
 loaded when its layer runs."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from moejax.engine import Engine
 import copy
 import dataclasses
 
@@ -38,7 +40,7 @@ def parse_modes(text: str) -> list[str]:
     return ["on-demand"] + [m for m in dict.fromkeys(modes) if m != "on-demand"]
 
 
-def calibration_prompts(engine, source: str, count: int, tokens: int, seed: int) -> tuple[list[list[int]], str]:
+def calibration_prompts(engine: Engine, source: str, count: int, tokens: int, seed: int) -> tuple[list[list[int]], str]:
     """`count` prompts of `tokens` ids: random ids, or windows of the stdlib corpus's training split (needs the
     model's tokenizer) -> (prompts, how they were made)."""
     rng = np.random.default_rng(seed)
@@ -47,7 +49,7 @@ def calibration_prompts(engine, source: str, count: int, tokens: int, seed: int)
     return stdlib_prompts(engine, "train", count, tokens, rng), "windows of the stdlib corpus (train split)"
 
 
-def stdlib_prompts(engine, split: str, count: int, tokens: int, rng: np.random.Generator) -> list[list[int]]:
+def stdlib_prompts(engine: Engine, split: str, count: int, tokens: int, rng: np.random.Generator) -> list[list[int]]:
     """`count` windows of `tokens` ids from a random sample of the stdlib split's files (one window each at most,
     so the prompts are different requests, as fMoE's maps assume)."""
     from launch.bench_quality import stdlib_texts
@@ -72,7 +74,7 @@ class Calibration:
 
 
 def build(resident, prompts: list[list[int]], modes: list[str], directory: str, *, distill_steps: int,
-          capacity: int, log) -> Calibration:
+          capacity: int, log: Callable[[str], None]) -> Calibration:
     """Trace `prompts` through the resident engine once; from the traces: default vectors (saved under
     `directory`), an estimator when a mode needs one, an expert-map store (one map per prompt) when one does."""
     import os

@@ -34,7 +34,7 @@ def _batches(items, n):
 
 
 class MoejaxServe:
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model, dtype, batch) -> None:
         import moejax
         from moejax.sched.batch import serve_lines
         self.engine, self.serve_lines = moejax.load(model, dtype=dtype), serve_lines
@@ -56,7 +56,7 @@ class MoejaxServe:
 
 
 class Moejax(MoejaxServe):
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model, dtype, batch) -> None:
         super().__init__(model, dtype, batch)
         self.batch = batch
 
@@ -71,7 +71,7 @@ class Moejax(MoejaxServe):
 
 
 class Transformers:
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model, dtype, batch) -> None:
         import torch
         import transformers
         torch.set_num_threads(os.cpu_count() or 1)
@@ -100,7 +100,7 @@ class Transformers:
 
 
 class Vllm:
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model, dtype, batch) -> None:
         from vllm import LLM, SamplingParams
         self.SamplingParams = SamplingParams
         self.llm = LLM(model=model, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=True,
@@ -127,7 +127,7 @@ class Vllm:
 ENGINES = {"moejax-serve": MoejaxServe, "moejax": Moejax, "transformers": Transformers, "vllm": Vllm}
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=list(ENGINES), required=True)
     p.add_argument("--model", required=True)

@@ -79,7 +79,7 @@ def _jsonable(x):
     return x
 
 
-def run_dep(cfg, profile, args) -> tuple[dict, str, list]:
+def run_dep(cfg, profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan import dep_sim
     from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
     from moejax.plan.plots import gantt
@@ -112,7 +112,7 @@ def _orders(cfg, profile, plan, baseline, kw):
     return [plan, solve_dep(cfg, profile, order=other, **same, **kw), baseline]
 
 
-def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
+def run_lightning(cfg, profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan.hrm import plot_roofline
     from moejax.plan.lightning import policy_roofline, search_policy
     policy = search_policy(cfg, profile, prompt_len=args.prompt_len, gen_len=args.gen_len, gpus=args.gpus)
@@ -123,7 +123,7 @@ def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
     return policy.as_dict(), policy.describe(), plots
 
 
-def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
+def run_theta(cfg, profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan.plots import theta_plot
     from moejax.plan.theta import layer_time_curve, theta_eq1
     devices = 1 if args.mode == "streamed" else args.devices
@@ -137,7 +137,7 @@ def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
     return theta.as_dict(), theta.describe(), plots
 
 
-def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
+def run_layout(cfg, profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan.layouts import choose_layout
     choice = choose_layout(cfg, profile, args.devices, args.tokens, args.seq_len or min(args.tokens, 4096))
     out = {"layout": choice.best.spec, "predicted_tokens_per_s": choice.best.tokens_per_s, "solve_ms": choice.solve_ms,
@@ -145,7 +145,7 @@ def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
     return out, choice.describe(), []
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from moejax.plan.datasheets import load_profile
     try:

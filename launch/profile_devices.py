@@ -14,6 +14,7 @@ of the devices present into an attention and an expert group, at a few token cou
 profile, where FinDEP's solver uses them. Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 from __future__ import annotations
 
+from collections.abc import Callable
 import argparse
 import os
 import statistics
@@ -107,7 +108,7 @@ def report(measurement) -> str:
     return "\n".join(lines)
 
 
-def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
+def with_dep_fits(profile, model: str, dtype: str, quick: bool, log: Callable[[str], None]):
     """The profile with DEP's task fits for every split of the devices present (none on one device)."""
     import dataclasses
 
@@ -135,7 +136,7 @@ def dep_report(fit) -> str:
             f"worst {max(errors):.0%} over {len(errors)} points")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     started = time.perf_counter()
     try:

@@ -8,15 +8,15 @@ import json
 _path: list[str] = []  # the file this session writes to, once configured
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser) -> None:
     parser.addoption("--outcomes", default=None, help="append each test's outcome to this JSON-lines file")
 
 
-def pytest_configure(config):
+def pytest_configure(config) -> None:
     _path[:] = [config.getoption("outcomes")] if config.getoption("outcomes") else []
 
 
-def pytest_runtest_logreport(report):
+def pytest_runtest_logreport(report) -> None:
     if not _path or not (report.when == "call" or report.failed or report.skipped):
         return
     outcome = "error" if report.failed and report.when != "call" else report.outcome

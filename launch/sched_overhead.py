@@ -6,6 +6,7 @@ decode_s) then hold is host work: bookkeeping, tables and sampling inputs, copie
 delivering finished requests; so is its whole loop's time."""
 from __future__ import annotations
 
+from moejax.engine import Engine
 import functools
 
 import jax
@@ -37,7 +38,7 @@ class NoopSteps:
     """`engine` with paged_chunk and paged_decode (moejax.engine.Engine's, same signatures and results) replaced by
     no-ops making `token`; every other attribute is the engine's."""
 
-    def __init__(self, engine, token: int):
+    def __init__(self, engine: Engine, token: int) -> None:
         self._engine, self._token = engine, int(token)
 
     def __getattr__(self, name):

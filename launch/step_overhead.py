@@ -9,6 +9,7 @@ computing, and the replay runs each program compiled and warm, as the timed run 
 host's own cores, so the share is near zero and may come out negative (noise); only a GPU run says where it stands."""
 from __future__ import annotations
 
+from moejax.engine import Engine
 import dataclasses
 import time
 
@@ -31,7 +32,7 @@ class Call:
 class StepRecorder:
     """Records the step calls made on `engine` (instance attributes shadow its methods until `close`)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine) -> None:
         self.engine, self.calls, self.pool, self.carry = engine, [], None, None
         self.methods = {name: getattr(engine, name) for name in STEPS}
         for name, method in self.methods.items():

@@ -64,7 +64,7 @@ TINY_CONFIGS = dict(glu=[dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor
                     gemm=[dict(bm=16, bn=32, bk=16, warps=4, stages=3, cols_minor=True)])
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None):
     p = argparse.ArgumentParser(prog="python -m launch.tune_gmm", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="results JSON (default bench/results/tune_gmm-<device>.json)")
     p.add_argument("--budget-s", type=float, default=170.0, help="start no configuration after this many seconds")
@@ -83,7 +83,7 @@ def parse_args(argv):
 class Sweep:
     """The measurements of one run and the file they are written to after each one."""
 
-    def __init__(self, args, env: dict):
+    def __init__(self, args: argparse.Namespace, env: dict) -> None:
         self.args, self.t0 = args, time.monotonic()
         self.results = ResultsFile(args.out)
         self.record = dict(**env, benchmark="tune_gmm", budget_s=args.budget_s, rows=[],
@@ -327,7 +327,7 @@ def write_table(results_path: str, table_path: str, partial_ok: bool = False) ->
     return entry
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from moejax.kernels.grouped_matmul import tuning
     if args.write_table:
