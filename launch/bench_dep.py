@@ -11,6 +11,7 @@ route's logits against the one-device float32 model. Simulated CPU devices
 (copies, programs, padding), not links; the byte counts carry over to GPUs."""
 from __future__ import annotations
 
+from typing import Any
 from collections.abc import Callable
 import argparse
 import time
@@ -45,7 +46,9 @@ def rel(out: np.ndarray, ref: np.ndarray) -> float:
 def measure_layout(model: str, spec: str, ids: np.ndarray, ref: np.ndarray, repeats: int) -> dict:
     engine = moejax.load(model, dtype="float32", compilation_cache=False, layout=spec)
     placement = engine.layered_steps.placement
-    errors, stats, seconds = {}, {}, {route: [] for route in A2E_ROUTES}
+    errors: dict[str, float] = {}
+    stats: dict[str, dict] = {}
+    seconds: dict[str, list[float]] = {route: [] for route in A2E_ROUTES}
     for route in A2E_ROUTES:  # warm-up: compile, check, count the bytes of one forward
         placement.a2e = route
         placement.stats.__init__()
@@ -57,7 +60,7 @@ def measure_layout(model: str, spec: str, ids: np.ndarray, ref: np.ndarray, repe
             start = time.perf_counter()
             engine.logits(ids)
             seconds[route].append(time.perf_counter() - start)
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}  # JSON rows
     for route in A2E_ROUTES:
         median = float(np.median(seconds[route]))
         rows[route] = dict(seconds=seconds[route], seconds_median=median, tokens_per_s=ids.size / median,

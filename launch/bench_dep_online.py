@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     return p
 
 
-def _seconds(fn, repeats: int) -> float:
+def _seconds(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -131,6 +131,7 @@ def engine_run(args: argparse.Namespace) -> dict:
     print(f"  {len(prompts)} requests, {sum(len(t) for t in out.values())} tokens in {wall:.1f} s (compiling "
           f"included); the solver {log['solve_s_total'] * 1e3:.1f} ms of it ({log['solve_s_total'] / wall:.2%}); "
           f"tokens equal the one-device engine's: {same}", flush=True)
+    assert engine.layout is not None, "loaded with --layout"
     return dict(model=args.model, layout=str(engine.layout), online_fields=list(engine.layout.online),
                 profile=args.profile, decisions=engine.decisions, requests=len(prompts),
                 prompt_lengths=[len(p) for p in prompts], max_tokens=budgets,

@@ -60,7 +60,7 @@ def make_checkpoint(directory: str, args: argparse.Namespace) -> None:
 
 def completions(path: str, count: int) -> int:
     """The first `count` completion requests of the examples file, written to `path`; -> how many."""
-    lines = []
+    lines: list[str] = []
     with open(EXAMPLES) as f:
         for line in f:
             if '"/v1/completions"' in line and len(lines) < count:
