@@ -26,6 +26,8 @@ output made with other settings) exits 1 with a message before anything is writt
 """
 from __future__ import annotations
 
+from moejax.lightning.probe import Probe
+from moejax.sched.runner import Metrics, Progress
 from moejax.engine import Engine
 import argparse
 import contextlib
@@ -71,7 +73,7 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags of the option dataclasses (moejax.options: their defaults, types, choices and help), and this
     command's own: files, Θ, the plots."""
     p = OneLineParser(prog="python -m launch.serve", description=__doc__,
@@ -198,7 +200,7 @@ def check_kernels(args: argparse.Namespace) -> str | None:
     return None if why is None else f"--kernels {args.kernels}: {why}"
 
 
-def lightning_explain(engine: Engine, args: argparse.Namespace):
+def lightning_explain(engine: Engine, args: argparse.Namespace) -> Probe:
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
     from moejax.lightning.probe import explain_engine
@@ -207,7 +209,7 @@ def lightning_explain(engine: Engine, args: argparse.Namespace):
     return probe
 
 
-def plan_plots(engine: Engine, args: argparse.Namespace, probe=None) -> list[str]:
+def plan_plots(engine: Engine, args: argparse.Namespace, probe: Probe | None = None) -> list[str]:
     """--explain --plot DIR: the engine's plans drawn (on its hardware profile; lightning: the probed decode call's
     measured pipeline); lines saying what was written."""
     import jax
@@ -260,10 +262,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
-    multi = (args.coordinator, args.num_processes, args.process_id)
-    if None in multi:
-        if any(v is not None for v in multi):
-            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi) if v is None]
+    given = (args.coordinator, args.num_processes, args.process_id)
+    multi: tuple[str, int, int] | None = given
+    if None in given:
+        if any(v is not None for v in given):
+            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), given) if v is None]
             refuse(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
@@ -348,7 +351,8 @@ def _main(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack) -> int:
+def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack
+                    ) -> int:
     """The run over engine replicas (launch.serve_replicas): the same output, journal, lock, summary and exit
     status as one engine's; --explain explains one engine (loaded here) as every replica would run it."""
     from launch.serve_replicas import format_summary, serve_replicas
@@ -372,7 +376,7 @@ def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: Replic
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def lock_outputs(args: argparse.Namespace, multi, held: contextlib.ExitStack) -> None:
+def lock_outputs(args: argparse.Namespace, multi: tuple[str, int, int] | None, held: contextlib.ExitStack) -> None:
     """Exit, before the model loads, when another runner is writing this --output (with its journal) or
     --error-file; else hold their locks until main ends (moejax.sched.output_lock). The error file is locked too:
     it is rewritten whole when a run ends, so two runs sharing one would silently drop the other's failed lines.
@@ -410,7 +414,7 @@ def _check_processes_agree(args: argparse.Namespace, lines: list[str]) -> None:
                  "processes does not resume (the others cannot see it): remove it or write elsewhere")
 
 
-def _progress_bar(total: int):
+def _progress_bar(total: int) -> Progress | None:
     """A tqdm bar on a terminal (requests, tokens/s); nothing otherwise."""
     if not sys.stderr.isatty() or not total:
         return None
@@ -418,7 +422,7 @@ def _progress_bar(total: int):
     bar = tqdm(total=total, unit="req", file=sys.stderr)
     start = time.perf_counter()
 
-    def update(n, metrics) -> None:
+    def update(n: int | None, metrics: Metrics) -> None:
         if n is None:
             bar.close()
             return

@@ -3,6 +3,7 @@ plan, Θ for placements that copy experts, the run's settings (the journal's fin
 run and each engine replica (launch.serve_replicas), so every replica is the engine a one-engine run would load."""
 from __future__ import annotations
 
+from moejax.sched.replicas import ReplicaPlan
 from moejax.engine import Engine
 import argparse
 import hashlib
@@ -22,7 +23,7 @@ from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.serving_options import ServingOptions
 
 
-def load(args: argparse.Namespace, serving: ServingOptions):
+def load(args: argparse.Namespace, serving: ServingOptions) -> Engine:
     """The model with the flags' plan: placement, layout and profile, its auto choices made for batches of
     --max-batch-tokens."""
     model = options.from_args(ModelOptions, args)
@@ -47,7 +48,7 @@ def refusal(engine: Engine, args: argparse.Namespace, lines: list[str]) -> str |
     return None
 
 
-def replica_notes(replicas) -> list[str]:
+def replica_notes(replicas: ReplicaPlan) -> list[str]:
     """Replica options a one-engine run does not use (kept, said as ignored)."""
     if replicas.replicas == 1 and not replicas.ray and replicas.devices_per_replica != 1:
         return [f"--devices-per-replica {replicas.devices_per_replica} is ignored: it sizes each engine replica, and "
@@ -115,7 +116,7 @@ def model_identity(model: str) -> str:
     return f"{model if path != model else os.path.realpath(path)}@{digest.hexdigest()}"
 
 
-def replica_engine(args: argparse.Namespace, serving: ServingOptions):
+def replica_engine(args: argparse.Namespace, serving: ServingOptions) -> Engine:
     """One engine replica's engine (a Ray actor calls it on its own devices): loaded as a one-engine run loads it,
     with its Θ."""
     engine = load(args, serving)
