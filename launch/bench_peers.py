@@ -72,28 +72,31 @@ def vllm_environment(python: str) -> dict:
 
 
 class Worker:
-    def __init__(self, name: str, python: str, model: str, workloads_file: str, dtype: str, env=None) -> None:
+    def __init__(self, name: str, python: str, model: str, workloads_file: str, dtype: str,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([python, WORKER, "--engine", name, "--model", model, "--workloads",
                                       workloads_file, "--dtype", dtype], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both piped
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self._read()
         self.startup_s = time.perf_counter() - t0
 
     def _read(self) -> dict:
-        for line in self.proc.stdout:  # engines may print their own lines; ours are JSON objects
+        for line in self.stdout:  # engines may print their own lines; ours are JSON objects
             if line.startswith("{"):
                 return json.loads(line)
         raise RuntimeError(f"{self.name} worker exited with {self.proc.wait()}")
 
     def run(self, workload: str) -> dict:
-        self.proc.stdin.write(json.dumps({"workload": workload}) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps({"workload": workload}) + "\n")
+        self.stdin.flush()
         return self._read()
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        self.stdin.close()
         self.proc.wait(timeout=60)
 
 
@@ -139,12 +142,13 @@ def peers(args: argparse.Namespace, environment: dict) -> dict:
         try:
             kinds = {"A": "score", "B": "score", "C": "generate"}
             runnable = {w: [e for e in engines if not (kinds[w] == "generate" and e == "moejax-serve")] for w in names}
-            first, outputs = {}, {w: {} for w in names}
+            first: dict[tuple[str, str], float] = {}
+            outputs: dict[str, dict[str, list]] = {w: {} for w in names}
             for w in names:  # warm-up: compiles, caches, first-touch
                 for e in runnable[w]:
                     r = workers[e].run(w)
                     first[w, e], outputs[w][e] = r["seconds"], r["result"]
-            seconds = {(w, e): [] for w in names for e in runnable[w]}
+            seconds: dict[tuple[str, str], list[float]] = {(w, e): [] for w in names for e in runnable[w]}
             for rep in range(args.repeats):
                 for w in names:
                     for e in runnable[w]:
