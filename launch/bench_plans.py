@@ -15,6 +15,8 @@ default and the PPPipe baseline, measured on the devices present.
    the overlap FinDEP is for; only real devices show that."""
 from __future__ import annotations
 
+from typing import Any
+from moejax.plan.hardware import Profile
 from collections.abc import Callable
 import argparse
 import time
@@ -51,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     return p
 
 
-def _median_ms(fn, repeats: int) -> float:
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -66,7 +68,7 @@ def solver_times(repeats: int, quick: bool) -> dict:
     for name in SOLVER_MODELS[:1] if quick else SOLVER_MODELS:
         cfg = ModelConfig.from_hf(preset_config(name))
         for devices in (8, 64) if quick else (8, 16, 32, 64):
-            kw = dict(devices=devices, tokens=16384, seq_len=2048)
+            kw: dict[str, Any] = dict(devices=devices, tokens=16384, seq_len=2048)  # solve_dep's keywords
             plan = solve_dep(cfg, h100, exhaustive=not quick, **kw)
             ms = _median_ms(lambda: solve_dep(cfg, h100, **kw), repeats)
             ex_ms, same = None, None
@@ -94,7 +96,7 @@ def solver_times(repeats: int, quick: bool) -> dict:
     return out
 
 
-def measured_profile(cfg: ModelConfig, args: argparse.Namespace):
+def measured_profile(cfg: ModelConfig, args: argparse.Namespace) -> tuple[Profile, float]:
     """The devices' profile at the model's shapes (or --profile's), and the seconds measuring took."""
     from moejax.measure_hardware import Shapes, measure_profile, sweep_for
     if args.profile:
@@ -104,9 +106,9 @@ def measured_profile(cfg: ModelConfig, args: argparse.Namespace):
     return m.profile, m.seconds
 
 
-def dep_runs(args: argparse.Namespace, cfg: ModelConfig, profile) -> dict:
+def dep_runs(args: argparse.Namespace, cfg: ModelConfig, profile: Profile) -> dict:
     devices = jax.device_count()
-    kw = dict(devices=devices, tokens=args.tokens, seq_len=args.seq)
+    kw: dict[str, Any] = dict(devices=devices, tokens=args.tokens, seq_len=args.seq)
     plans = {"findep": solve_dep(cfg, profile, **kw),
              "default": default_plan(cfg, profile, **kw),
              "pppipe": pppipe_plan(cfg, profile, **kw)}
@@ -115,13 +117,13 @@ def dep_runs(args: argparse.Namespace, cfg: ModelConfig, profile) -> dict:
     for name, plan in plans.items():
         engines[name] = moejax.load(args.model, dtype=args.dtype, compilation_cache=False, layout=plan.layout_spec())
         engines[name].logits(ids)  # compile
-    seconds = {name: [] for name in plans}
+    seconds: dict[str, list[float]] = {name: [] for name in plans}
     for _ in range(args.repeats):  # interleaved: a slow stretch of the machine hits every layout alike
         for name, engine in engines.items():
             start = time.perf_counter()
             engine.logits(ids)
             seconds[name].append(time.perf_counter() - start)
-    results = []
+    results: list[dict[str, Any]] = []  # JSON rows
     for name, plan in plans.items():
         median = float(np.median(seconds[name]))
         results.append(dict(name=name, layout=plan.layout_spec(), seconds=seconds[name], seconds_median=median,
