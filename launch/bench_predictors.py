@@ -22,6 +22,11 @@ from --train-text / --train-stdlib (and the output says so).
 """
 from __future__ import annotations
 
+from moejax.offload.predict.estimator import EstimatorNet
+from moejax.offload.predict.expert_maps import ExpertMapStore
+from moejax.offload.predict.protocol import Predictor
+from moejax.offload.predict.router import DefaultVectors
+from moejax.sched.requests import ScoreRequest
 from collections.abc import Callable
 from moejax.engine import Engine
 import argparse
@@ -63,26 +68,31 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     return p
 
 
-def _predictors(nets, vectors, distance):
+def _predictors(nets: dict[int, EstimatorNet], vectors: DefaultVectors, distance: int) -> dict[str, Predictor]:
     from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
                                         RouterPredictor)
-    out = {"previous_hidden": PreviousHiddenPredictor(distance), "router": RouterPredictor(vectors, distance)}
+    out: dict[str, Predictor] = {"previous_hidden": PreviousHiddenPredictor(distance),
+                                 "router": RouterPredictor(vectors, distance)}
     if distance in nets:
         out.update(estimator=EstimatorPredictor(nets[distance]), hybrid=HybridPredictor(nets[distance]))
     return out
 
 
-def _build(args: argparse.Namespace, engine: Engine, distances, log: Callable[[str], None]):
+def _build(args: argparse.Namespace, engine: Engine, distances: list[int], log: Callable[[str], None]
+           ) -> tuple[dict[int, EstimatorNet], DefaultVectors, dict[int, ExpertMapStore], str, np.ndarray | None]:
     """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made, the calibration
     requests' hit-count matrices or None)."""
     from flax import nnx
 
-    from moejax.offload.predict import EstimatorNet, replay
-    from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
+    from moejax.offload.predict import replay
+    from moejax.offload.predict.expert_maps import build_store
     from moejax.offload.predict.hit_counts import request_counts
     from moejax.offload.predict.traces import record
     from moejax.train.distill import distill
-    nets, vectors, stores, made = {}, None, {}, []
+    nets: dict[int, EstimatorNet] = {}
+    vectors: DefaultVectors | None = None
+    stores: dict[int, ExpertMapStore] = {}
+    made: list[str] = []
     if args.estimator:
         net = EstimatorNet.load(args.estimator)
         nets, vectors = {net.shape.distance: net}, net.vectors
@@ -92,6 +102,7 @@ def _build(args: argparse.Namespace, engine: Engine, distances, log: Callable[[s
         stores = {store.distance: store}
         made.append(f"expert maps loaded from {args.maps}")
     if args.estimator and args.maps:
+        assert vectors is not None  # the estimator's
         return nets, vectors, stores, "; ".join(made), None
     if not (args.train_text or args.train_stdlib):
         raise SystemExit("predictors: give --estimator DIR and --maps DIR, or --train-text / --train-stdlib to "
@@ -113,6 +124,7 @@ def _build(args: argparse.Namespace, engine: Engine, distances, log: Callable[[s
         stores = {d: build_store(traces, embed, capacity=args.capacity, distance=d) for d in distances}
         made.append(f"expert maps built from {source} ({traces.num_prompts} prompts)")
     counts = request_counts(traces, engine.config.num_experts_per_tok)
+    assert vectors is not None  # the estimator's, or built from the traces
     return nets, vectors, stores, "; ".join(made), counts
 
 
@@ -226,10 +238,12 @@ def _expert_bytes(engine: Engine) -> int:
     return int(sum(a.nbytes for a in arrays.values()) // engine.config.num_experts)
 
 
-def _speculative(args: argparse.Namespace, engine: Engine, texts, nets, vectors, best_answers, window_quality, log: Callable[[str], None]) -> list[dict]:
+def _speculative(args: argparse.Namespace, engine: Engine, texts: list[str], nets: dict[int, EstimatorNet],
+                 vectors: DefaultVectors, best_answers: Callable[[Engine, list[ScoreRequest]], list[int]],
+                 window_quality: Callable[[Engine, np.ndarray], dict], log: Callable[[str], None]) -> list[dict]:
     import moejax
     from launch.bench_quality import token_stream
-    from moejax.sched.requests import ScoreRequest, parse_lines
+    from moejax.sched.requests import parse_lines
     cfg = engine.config
     stream = token_stream(engine.tokenizer, texts, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
     T = min(512, cfg.max_position_embeddings - 1)
