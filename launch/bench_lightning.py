@@ -17,6 +17,7 @@ memory: the numbers show the pipeline's overhead and how far its tasks overlap, 
 reports 3.5-10.3x over FlexGen-style layer streaming at the same budget; our streamed is that baseline)."""
 from __future__ import annotations
 
+from moejax.sched.continuous import Stats
 from moejax.engine import Engine
 from collections.abc import Callable
 import argparse
@@ -80,7 +81,7 @@ def _run(engine: Engine, requests: list[GenRequest], max_rows: int) -> tuple[dic
     out: dict = {}
     failed: list[str] = []
 
-    def go():
+    def go() -> Stats:
         out.clear()
         sched = Scheduler(engine, size.blocks, **options)
         stats = sched.run(requests, lambda g, t, c: out.__setitem__(g.tag, list(t)), lambda g, m: failed.append(m))
@@ -106,7 +107,7 @@ def _summary(stats: dict) -> dict:
     return {k: v for k, v in stats.items() if k != "layers"}
 
 
-def lightning(args: argparse.Namespace, env, partial: Callable[[dict, str], None] = no_file) -> dict:
+def lightning(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.quick:
         args.requests, args.prompt_len, args.new_tokens = 8, 16, 8
     budget = args.budget_gb or _budget_gb(args)

@@ -245,6 +245,8 @@ def _speculative(args: argparse.Namespace, engine: Engine, texts: list[str], net
     from launch.bench_quality import token_stream
     from moejax.sched.requests import parse_lines
     cfg = engine.config
+    if engine.tokenizer is None:
+        raise SystemExit(f"predictors: --model {args.model} has no tokenizer.json; the speculative rows read text")
     stream = token_stream(engine.tokenizer, texts, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
     T = min(512, cfg.max_position_embeddings - 1)
     rows = np.stack([stream[i * T:i * T + T + 1] for i in range(min(args.speculative_windows, (len(stream) - 1) // T))])

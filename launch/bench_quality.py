@@ -10,6 +10,7 @@ Python's standard library, the embedded model's corpus): the floor to beat.
 """
 from __future__ import annotations
 
+from tokenizers import Tokenizer
 import argparse
 import os
 
@@ -61,8 +62,8 @@ def stdlib_texts(which: str) -> list[str]:
     return [corpus.read_source(os.path.join(root, f)) for f in (held_out if which == "held_out" else train)]
 
 
-def token_stream(tokenizer, texts: list[str], eos: int) -> np.ndarray:
-    ids = []
+def token_stream(tokenizer: Tokenizer, texts: list[str], eos: int) -> np.ndarray:
+    ids: list[int] = []
     for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
         ids += enc.ids + [eos]
     return np.asarray(ids, np.int32)

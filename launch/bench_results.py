@@ -17,7 +17,7 @@ def read_runs(path: str) -> list[dict]:
         return json.load(f)["runs"]
 
 
-def write_json(path: str, value) -> None:
+def write_json(path: str, value: object) -> None:
     """Whole or not at all (a scratch file renamed over `path`): a kill mid-write leaves the previous file."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)

@@ -49,7 +49,7 @@ def _engines(args: argparse.Namespace, vectors_path: str, slots: int) -> dict:
             for name, count in (("router_skipped", False), ("router_counted", True))}
 
 
-def _tpot(engine: Engine, prompts, n: int) -> float:
+def _tpot(engine: Engine, prompts: list[list[int]], n: int) -> float:
     times = []
     for length in (1 + n // 2, 1 + n):
         t0 = time.perf_counter()

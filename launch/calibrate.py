@@ -31,13 +31,13 @@ from moejax.presets import DEFAULT_MODEL
 from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
 
 
-def request_prompts(engine: Engine, lines) -> tuple[list[list[int]], int]:
+def request_prompts(engine: Engine, lines: list[str]) -> tuple[list[list[int]], int]:
     """Token ids of every prompt in requests lines (a score request's contexts each), and how many lines were bad."""
     prompts, bad = request_generations(engine, lines)
     return [p for p, _ in prompts], len(bad)
 
 
-def request_generations(engine: Engine, lines) -> tuple[list[tuple[list[int], int]], list[BadLine]]:
+def request_generations(engine: Engine, lines: list[str]) -> tuple[list[tuple[list[int], int]], list[BadLine]]:
     """(token ids, tokens to generate) of every prompt in requests lines: a completion's max_tokens, 0 for each
     context of a score request; and the bad lines (each says why)."""
     cfg = engine.config
@@ -131,7 +131,8 @@ def iteration_sequences(engine: Engine, generations: list[tuple[list[int], int]]
     return [p + f for p, f in zip(prompts, fed)], [len(p) for p in prompts]
 
 
-def _write_maps(engine: Engine, generations, args: argparse.Namespace, skipped: int) -> int:
+def _write_maps(engine: Engine, generations: list[tuple[list[int], int]], args: argparse.Namespace, skipped: int
+                ) -> int:
     from flax import nnx
 
     from moejax.offload.predict.expert_maps import build_store
