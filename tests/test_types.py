@@ -7,7 +7,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# Not marked slow: mypy checks the package and launch/ in about 30 s on one core, the fast tier's type check.
+# Not marked slow: mypy checks the package and launch/ in about 25 s of one core, the fast tier's type check.
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (pip install -e .[test])")
 def test_mypy_finds_nothing(monkeypatch):
     from mypy import api
