@@ -44,8 +44,10 @@ end to end on the devices present, with the logits against one device (launch/be
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 import argparse
 import gc
+from typing import Any
 import os
 import tempfile
 import time
@@ -64,7 +66,8 @@ from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
 
-def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) -> dict:
+def _result(engine: str, impl: str, tokens: int, flops: int, timing: tuple[float, list[float], float],
+            **extra: object) -> dict:
     first, runs, other = timing
     best, median = min(runs), float(np.median(runs))
     print(f"  {engine:12s} {impl:10s} {tokens / median:9.1f} tok/s  {flops / median / 1e12:7.4f} TFLOP/s  "
@@ -75,25 +78,28 @@ def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) ->
                 other_processes_cpu_share=other, **extra)
 
 
-def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[dict], np.ndarray]:
+def _transformers(model: Any, ids: np.ndarray, repeats: int, tokens: int, flops: int, hf_experts: list[str]
+                  ) -> tuple[list[dict], np.ndarray]:
     import torch
-    torch.set_num_threads(os.cpu_count())
-    results, logits = [], None
+    torch.set_num_threads(os.cpu_count() or 1)
+    results: list[dict] = []
+    logits: np.ndarray | None = None
     x = torch.from_numpy(np.asarray(ids, np.int64))
     for experts in hf_experts:
         if experts != "default":
             model.set_experts_implementation(experts)
         used = getattr(model.config, "_experts_implementation", None)
-        out = {}
+        out: dict[str, Any] = {}
         with torch.no_grad():
             timing = time_calls(lambda: out.__setitem__("logits", model(input_ids=x, use_cache=False).logits), repeats)
         logits = out["logits"].float().numpy() if logits is None else logits
         results.append(_result("transformers", str(used), tokens, flops, timing, attn_implementation="eager",
                                experts_implementation=used, torch_threads=torch.get_num_threads()))
+    assert logits is not None, "hf_experts names no implementation"
     return results, logits
 
 
-def prefill(args, env: dict, partial=no_file) -> dict:
+def prefill(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     is_dir = os.path.isdir(args.model)
     hf_config = read_config(args.model) if is_dir else preset_config(args.model)
     if args.num_layers:
@@ -110,7 +116,9 @@ def prefill(args, env: dict, partial=no_file) -> dict:
         except ImportError as e:
             print(f"transformers comparison skipped: {e}")
             use_hf = False
-    hf_results, hf_logits, tmp = [], None, None
+    hf_results: list[dict] = []
+    hf_logits: np.ndarray | None = None
+    tmp: tempfile.TemporaryDirectory[str] | None = None
     source = args.model
     load_avg = [os.getloadavg()]
     if use_hf:
@@ -130,7 +138,7 @@ def prefill(args, env: dict, partial=no_file) -> dict:
     flops = costs.prefill_flops(cfg, args.batch, args.seq)
     print(f"{args.model}: {cfg.num_layers} layers, batch {args.batch} x seq {args.seq}, {args.dtype}, "
           f"{flops.total / 1e9:.1f} GFLOP per prefill ({flops.experts / 1e9:.1f} in routed experts)", flush=True)
-    results = []
+    results: list[dict] = []
 
     def record() -> dict:
         return dict(**env, benchmark="prefill", load_average_before_after=load_avg,
@@ -150,7 +158,7 @@ def prefill(args, env: dict, partial=no_file) -> dict:
     for impl in args.impls.split(","):
         engine = moejax.load(source, dtype=args.dtype, kernels=f"experts={impl}", num_layers=args.num_layers,
                              compilation_cache=False)
-        out = {}
+        out: dict[str, np.ndarray] = {}
         timing = time_calls(lambda: out.__setitem__("logits", engine.logits(ids)), args.repeats)
         extra = {}
         if hf_logits is not None:
@@ -162,7 +170,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
         if extra:
             print(f"    max |logits - transformers| = {extra['max_abs_logits_diff_vs_transformers']:.3g} "
                   f"(relative {extra['rel_logits_diff_vs_transformers']:.3g})")
-        engine = out = None  # frees the weights before the next load (not del: the timed lambda names both)
+        # frees the weights before the next load (not del: the timed lambda names both; None is no Engine, no dict)
+        engine = out = None  # type: ignore[assignment]
         gc.collect()
     load_avg.append(os.getloadavg())
     if tmp is not None:
@@ -175,7 +184,7 @@ def prefill(args, env: dict, partial=no_file) -> dict:
     return record()
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--note", default=None,
                         help="a line the record keeps (e.g. that a CPU run is at small sizes); before the command")

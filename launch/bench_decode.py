@@ -20,6 +20,12 @@ The scheduler's own account of the timed run (Stats.times: host work against wai
 share of a decode step."""
 from __future__ import annotations
 
+from typing import Any, cast
+from moejax.kv_pool import Layer
+from moejax.step_inputs import PagedDecodeRows
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import gc
 import time
 
@@ -44,7 +50,7 @@ def batches_of(text: str) -> list[int]:
     return batches
 
 
-def _requests(engine, batch: int, prompt_len: int, output_len: int, seed: int) -> list[GenRequest]:
+def _requests(engine: Engine, batch: int, prompt_len: int, output_len: int, seed: int) -> list[GenRequest]:
     rng = np.random.default_rng(seed)
     key = jax.random.key(seed)
     return [GenRequest(rng.integers(1, engine.config.vocab_size, prompt_len).tolist(), output_len,
@@ -59,13 +65,15 @@ class LoggedDecode:
     """`engine` whose paged_decode logs each call's token iterations as it is dispatched: per iteration, the rows
     that make a token and the sum of the positions they attend to (every other attribute is the engine's)."""
 
-    def __init__(self, engine):
-        self._engine, self.iterations = engine, []  # [(rows, tokens attended in all)]
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.iterations: list[tuple[int, int]] = []  # [(rows, tokens attended in all)]
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def paged_decode(self, pool, carry, rows, *, steps: int):
+    def paged_decode(self, pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int
+                     ) -> tuple[list[Layer], jax.Array, jax.Array]:
         start, budget = np.asarray(rows.start), np.asarray(rows.budget)
         for j in range(int(budget.max(initial=0))):
             alive = budget > j
@@ -73,14 +81,16 @@ class LoggedDecode:
         return self._engine.paged_decode(pool, carry, rows, steps=steps)
 
 
-def _run(engine, reqs: list[GenRequest], batch: int, args) -> tuple[float, dict, int, list]:
+def _run(engine: Engine, reqs: list[GenRequest], batch: int, args: argparse.Namespace
+         ) -> tuple[float, dict, int, list[tuple[int, int]]]:
     """One scheduler run: (wall seconds, its Stats.as_dict(), output tokens, the decode iterations LoggedDecode
     logged). The pool holds B whole sequences in the prefill-only run too: a pool of another size is another
     program to compile, inside the timed run."""
     blocks = batch * -(-(args.prompt_len + args.output_len) // BLOCK)
-    made = []
+    made: list[int] = []
     logged = LoggedDecode(engine)
-    sched = Scheduler(logged, blocks, max_rows=batch, chunk_tokens=args.chunk_tokens,
+    # LoggedDecode passes for the Engine: every attribute but paged_decode is the engine's
+    sched = Scheduler(cast(Engine, logged), blocks, max_rows=batch, chunk_tokens=args.chunk_tokens,
                       row_tokens=min(args.row_tokens, args.chunk_tokens), decode_steps=args.decode_steps,
                       decode_calls=1)
     t0 = time.perf_counter()
@@ -107,7 +117,8 @@ def host_share(stats: dict) -> dict:
                     1e3 * d.get("dispatch", 0.0) / steps if steps else None), phases=HOST_PHASES)
 
 
-def decode_batches(engine, args, config: dict, environment: dict, partial) -> dict:
+def decode_batches(engine: Engine, args: argparse.Namespace, config: dict, environment: dict,
+                   partial: Callable[[dict, str], None]) -> dict:
     batches = batches_of(args.decode_batches)
     for flag in ("prompt_len", "requests_per_batch", "chunk_tokens", "row_tokens", "decode_steps", "repeats"):
         if getattr(args, flag) < 1:
@@ -166,7 +177,7 @@ def decode_batches(engine, args, config: dict, environment: dict, partial) -> di
     return record()
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     g = p.add_argument_group("--decode-batches: continuous batching alone at fixed batches (launch/bench_decode.py)")
     g.add_argument("--decode-batches", default=None, metavar="B,...",
                    help="run only this: each batch's requests at once, the batch as the scheduler's decode rows")

@@ -39,11 +39,17 @@ measured ms per layer against the HRM's prediction for the policy it runs (moeja
 attention kernel's GB/s against a streaming read of the same pool (moejax.lightning.host_attention_bench)."""
 from __future__ import annotations
 
+from moejax.lightning.probe import Probe
+from moejax.plan.lightning import LightningPolicy
+from moejax.sched.continuous import Stats
+from moejax.engine import Engine
+import argparse
+import functools
 import gc
 import os
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -61,7 +67,7 @@ PREDICTOR_MODES = {"cached-router": "prefetch", "cached-expert_map": "expert_map
                    "cached-router_free": "speculative"}
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--placements", default=None,
                    help=f"decode: run these placements side by side at one budget instead of the cached modes "
                         f"(in order; 'default' = {DEFAULT_PLACEMENTS}); choose from {', '.join(PLACEMENTS)}")
@@ -93,7 +99,7 @@ def parse_placements(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def check_arguments(args) -> None:
+def check_arguments(args: argparse.Namespace) -> None:
     """--placements and the calibration directories, before any work."""
     parse_placements(args.placements)
     if args.save_calibration and os.path.exists(args.save_calibration):
@@ -105,7 +111,7 @@ def check_arguments(args) -> None:
         raise ValueError(f"--budget-fraction must be in (0, 1], got {args.budget_fraction}")
 
 
-def workloads(args, gpu: bool) -> list[dict]:
+def workloads(args: argparse.Namespace, gpu: bool) -> list[dict]:
     batches = [int(b) for b in (args.batches or ("1,64,256" if gpu else "1,4")).split(",")]
     long = args.long_prompt if args.long_prompt is not None else (4096 if gpu else 128)
     rows = [dict(batch=b, prompt_len=args.prompt_len, new_tokens=args.new_tokens) for b in batches if b <= 64]
@@ -122,7 +128,8 @@ def _requests(work: dict, vocab: int, max_tokens: int, seed: int) -> list[GenReq
             for i in range(work["batch"])]
 
 
-def _serve(engine, requests: list[GenRequest], max_rows: int, before: Callable[[], None]) -> tuple[Any, list, dict]:
+def _serve(engine: Engine, requests: list[GenRequest], max_rows: int, before: Callable[[], None]
+           ) -> tuple[Stats, list, dict]:
     """One scheduler run of `requests` -> (its Stats, tokens per request, engine.stats() of the run)."""
     size = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in requests])
     out: dict = {}
@@ -139,16 +146,16 @@ def _totals(engine_stats: dict) -> dict:
     return {k: v for k, v in t.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def measure(engine, work: dict, seed: int, *, restart: Callable[[str], None] = lambda kind: None,
+def measure(engine: Engine, work: dict, seed: int, *, restart: Callable[[str], None] = lambda kind: None,
             compute_s: float | None = None, reference: list | None = None) -> dict:
     """One placement on one workload: a warm-up run (2 tokens), a one-token run (TTFT) and the full run."""
     vocab = engine.config.vocab_size
     rows = work["batch"]
-    runs = {}
+    runs: dict[str, tuple[Stats, list, dict]] = {}
     t_all = time.perf_counter()
     for kind, n in (("warm", 2), ("ttft", 1), ("full", work["new_tokens"])):
         requests = _requests(work, vocab, n, seed)
-        runs[kind] = _serve(engine, requests, rows, lambda kind=kind: restart(kind))
+        runs[kind] = _serve(engine, requests, rows, functools.partial(restart, kind))
     first, first_tokens, first_engine = runs["ttft"]
     stats, tokens, engine_stats = runs["full"]
     done = [t for t in tokens if isinstance(t, list)]
@@ -177,11 +184,11 @@ def measure(engine, work: dict, seed: int, *, restart: Callable[[str], None] = l
     return row
 
 
-def budget_gb(resident, fraction: float) -> float:
+def budget_gb(resident: Engine, fraction: float) -> float:
     return fraction * resident.param_bytes() / 2**30
 
 
-def claim_budget_gb(resident, rows: int, work: dict) -> float:
+def claim_budget_gb(resident: Engine, rows: int, work: dict) -> float:
     """The smallest budget lightning fits (the non-expert weights and three layers of experts, its double-buffered
     pages and the assembled layer, within the budget less its reserve), raised where needed so that streamed with
     the same three layers keeps room for `rows` sequences' KV (moejax.sched.pool_size: the budget less half the
@@ -192,7 +199,7 @@ def claim_budget_gb(resident, rows: int, work: dict) -> float:
     return max(weights / (1 - RESERVE_FRACTION), (weights + kv) / (1 - RESERVE_FRACTION / 2)) / 2**30
 
 
-def _rows_fit(engine, work: dict) -> int:
+def _rows_fit(engine: Engine, work: dict) -> int:
     """How many of the workload's sequences the engine's KV pool holds at once (at least 1)."""
     seqs = [(work["prompt_len"], work["new_tokens"])] * work["batch"]
     each = -(-(work["prompt_len"] + work["new_tokens"]) // BLOCK)
@@ -208,7 +215,7 @@ def lightning_options(work: dict) -> dict:
 class Calibration:
     """What the predictor placements need, built once from the resident engine or read from a directory."""
 
-    def __init__(self, resident, args, log: Callable[[str], None]) -> None:
+    def __init__(self, resident: Engine, args: argparse.Namespace, log: Callable[[str], None]) -> None:
         from launch import offload_modes
         self.directory = args.calibration or tempfile.mkdtemp(prefix="moejax-bench-calibration-")
         modes = ["prefetch", "expert_map"]
@@ -241,7 +248,8 @@ class Calibration:
         return options
 
 
-def _engine_options(name: str, budget: float, args, work: dict, recorder, oracle, calibration) -> dict:
+def _engine_options(name: str, budget: float, args: argparse.Namespace, work: dict, recorder: RoutingRecorder | None,
+                    oracle: LookAheadOracle | None, calibration: Calibration | None) -> dict:
     if name == "resident":
         return dict(placement="resident")
     if name == "streamed":
@@ -254,6 +262,7 @@ def _engine_options(name: str, budget: float, args, work: dict, recorder, oracle
     elif name == "cached-oracle":
         options.update(predictor=oracle, prefetch_distance=1)
     else:
+        assert calibration is not None, f"{name} needs the calibration"
         options.update(calibration.options(name))
     return options
 
@@ -272,7 +281,8 @@ def _print(name: str, row: dict) -> None:
           f"{hit}{split}{same}", flush=True)
 
 
-def run(args, resident, gpu: bool, save: Callable[[dict, str], None], load: Callable[..., Any]) -> dict:
+def run(args: argparse.Namespace, resident: Engine, gpu: bool, save: Callable[[dict, str], None],
+        load: Callable[..., Engine]) -> dict:
     """save(the section so far, last row) after each row; load(**options) loads the benchmark's model."""
     names = parse_placements(args.placements)
     works = workloads(args, gpu)
@@ -371,7 +381,8 @@ def _ratios(rows: list[dict]) -> dict:
             for r in rows if "error" not in r and (r["batch"], r["prompt_len"]) in base}
 
 
-def lightning_claim(args, resident, works: list[dict], load, save, record: dict) -> dict:
+def lightning_claim(args: argparse.Namespace, resident: Engine, works: list[dict], load: Callable[..., Engine],
+                    save: Callable[[dict, str], None], record: dict) -> dict:
     """Lightning, streamed and cached at a budget holding --device-rows rows' KV beside lightning's weights, on the
     largest batch workload at --prompt-len; lightning's measured ms per layer against the HRM's; host attention GB/s."""
     from moejax.lightning.host_attention_bench import measure_paged
@@ -435,7 +446,9 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
     return claim
 
 
-def _hrm(engine, explain_engine, args, row: dict) -> dict:
+def _hrm(engine: Engine,
+         explain_engine: Callable[[Engine, str | None], tuple[list[str], Probe, LightningPolicy | None]],
+         args: argparse.Namespace, row: dict) -> dict:
     """Lightning's probed ms per layer, the measured decode step per layer, and the HRM's prediction."""
     layers = engine.config.num_layers
     lines, probe, predicted = explain_engine(engine, getattr(args, "profile", None))

@@ -11,6 +11,9 @@ route's logits against the one-device float32 model. Simulated CPU devices
 (copies, programs, padding), not links; the byte counts carry over to GPUs."""
 from __future__ import annotations
 
+from typing import Any
+from collections.abc import Callable
+import argparse
 import time
 
 import jax
@@ -25,7 +28,7 @@ DEFAULT_LAYOUTS = ("attn=dp,experts=dep,attn_devices=4,expert_devices=4,r1=2,r2=
                    "attn=dp,experts=dep,attn_devices=2,expert_devices=4,r1=1,r2=1")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("dep-a2e", help="DEP: A2E straight to the experts' owners vs regrouped inside the expert group")
     p.add_argument("--model", default="tiny-qwen3-moe", help="preset or checkpoint directory")
     p.add_argument("--layouts", default=DEFAULT_LAYOUTS, help="';'-separated DEP layout specs")
@@ -43,7 +46,9 @@ def rel(out: np.ndarray, ref: np.ndarray) -> float:
 def measure_layout(model: str, spec: str, ids: np.ndarray, ref: np.ndarray, repeats: int) -> dict:
     engine = moejax.load(model, dtype="float32", compilation_cache=False, layout=spec)
     placement = engine.layered_steps.placement
-    errors, stats, seconds = {}, {}, {route: [] for route in A2E_ROUTES}
+    errors: dict[str, float] = {}
+    stats: dict[str, dict] = {}
+    seconds: dict[str, list[float]] = {route: [] for route in A2E_ROUTES}
     for route in A2E_ROUTES:  # warm-up: compile, check, count the bytes of one forward
         placement.a2e = route
         placement.stats.__init__()
@@ -55,7 +60,7 @@ def measure_layout(model: str, spec: str, ids: np.ndarray, ref: np.ndarray, repe
             start = time.perf_counter()
             engine.logits(ids)
             seconds[route].append(time.perf_counter() - start)
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}  # JSON rows
     for route in A2E_ROUTES:
         median = float(np.median(seconds[route]))
         rows[route] = dict(seconds=seconds[route], seconds_median=median, tokens_per_s=ids.size / median,
@@ -68,7 +73,7 @@ def measure_layout(model: str, spec: str, ids: np.ndarray, ref: np.ndarray, repe
     return dict(layout=str(engine.layout), routes=rows, straight_over_regroup=ratio)
 
 
-def dep_a2e(args, environment: dict, partial=no_file) -> dict:
+def dep_a2e(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if jax.device_count() < 2:
         raise SystemExit("dep-a2e needs 2 or more devices; simulate 8 with "
                          "XLA_FLAGS=--xla_force_host_platform_device_count=8")

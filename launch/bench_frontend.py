@@ -32,6 +32,9 @@ Target: prefix routing keeps >= 90% of the single engine's hit rate at every N, 
 computed FLOPs within 10% of the mean."""
 from __future__ import annotations
 
+from typing import Any
+from moejax.sched.prefix_cache import BlockHolder
+from collections.abc import Callable
 import argparse
 import dataclasses
 import time
@@ -100,10 +103,10 @@ def make_jobs(requests: list[ScoreRequest], cfg: ModelConfig) -> list[Job]:
     return jobs
 
 
-def _memo(job: Job):
+def _memo(job: Job) -> Callable[[BlockHolder], float]:
     table: dict[int, float] = {}
 
-    def cost(holder) -> float:
+    def cost(holder: BlockHolder) -> float:
         n = holder.readable(job.match)
         if n not in table:
             table[n] = job.cost(holder)
@@ -126,7 +129,7 @@ class Timing:
 class Replica:
     """One simulated engine: its prefix cache and what it computed."""
 
-    def __init__(self, capacity_blocks: int):
+    def __init__(self, capacity_blocks: int) -> None:
         self.cache = PrefixCache(capacity_blocks, record=True)
         self.flops = 0.0
         self.tokens = 0
@@ -181,13 +184,14 @@ def simulate_one(jobs: list[Job], n: int, routing: str, *, theta: float, timing:
         for e in sorted(e for e, (end, _, _) in running.items() if end <= now):
             _, keys, events = running.pop(e)
             frontend.finished(e, keys, events)
-    flops = [r.flops for r in replicas]
+    flops_each = [r.flops for r in replicas]
     tokens, cached = sum(r.tokens for r in replicas), sum(r.cached for r in replicas)
     routed = sum(m.routed_flops for m in frontend.mirrors)
     row = dict(routing=routing, replicas=n, theta_flops=theta, hit_rate=cached / tokens, prompt_tokens=tokens,
-               cached_tokens=cached, flops_balance=max(flops) / (sum(flops) / n), total_flops=sum(flops),
-               flops_per_replica=flops, routed_over_computed=routed / sum(flops), makespan_s=now,
-               tokens_per_s=tokens / now, rounds=rounds, shares=[r.shares for r in replicas],
+               cached_tokens=cached, flops_balance=max(flops_each) / (sum(flops_each) / n),
+               total_flops=sum(flops_each), flops_per_replica=flops_each,
+               routed_over_computed=routed / sum(flops_each), makespan_s=now, tokens_per_s=tokens / now,
+               rounds=rounds, shares=[r.shares for r in replicas],
                evictions=sum(r.cache.evictions for r in replicas), sim_s=time.perf_counter() - start)
     return Run(row, frontend, replicas)
 
@@ -219,7 +223,8 @@ def theta_for(cfg: ModelConfig, profile: Profile, n: int) -> tuple[float, float,
 
 def simulate(workloads: list[Workload], replicas: list[int], routings: list[str], *, model: str = "qwen3-30b-a3b",
              profile: str = "h100", efficiency: float = 0.5, overhead_ms: float = 5.0, cache_share: float = 0.5,
-             seed: int = 0, barrier: bool = True, record: dict | None = None, partial=no_file) -> dict:
+             seed: int = 0, barrier: bool = True, record: dict | None = None,
+             partial: Callable[[dict, str], None] = no_file) -> dict:
     """Every workload x routing x N, and the single engine (N = 1) per workload -> the record."""
     for r in routings:
         if r not in ROUTINGS:
@@ -230,14 +235,14 @@ def simulate(workloads: list[Workload], replicas: list[int], routings: list[str]
     prof = profile_for(profile, 1, profile)
     capacity, capacity_how = cache_blocks(cfg, prof, cache_share)
     rate = prof.device.flops * efficiency
-    out = dict(record or {}, benchmark="frontend-sim", note=NOTE, model=model, profile=prof.name,
+    out: dict[str, Any] = dict(record or {}, benchmark="frontend-sim", note=NOTE, model=model, profile=prof.name,
                profile_source=prof.source, efficiency=efficiency, rate_flops_per_s=rate, overhead_ms=overhead_ms,
                cache_blocks=capacity, cache_blocks_from=capacity_how, seed=seed,
                rounds="sync" if barrier else "async", workloads=[])
     for w in workloads:
         t0 = time.perf_counter()
         jobs = make_jobs(make_requests(w, cfg.vocab_size, seed), cfg)
-        entry = dict(workload=dataclasses.asdict(w), make_jobs_s=time.perf_counter() - t0, rows=[])
+        entry: dict[str, Any] = dict(workload=dataclasses.asdict(w), make_jobs_s=time.perf_counter() - t0, rows=[])
         out["workloads"].append(entry)
         for n in [1] + [n for n in replicas if n != 1]:
             theta, t_comm, source = theta_for(cfg, prof, n)
@@ -310,7 +315,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("frontend", help="the frontend's routing over N replicas, simulated from a hardware profile")
     p.add_argument("--workloads", default="short,long", help=f"of {', '.join(WORKLOADS)}")
     p.add_argument("--requests", type=_positive, default=None, help="requests per workload (default: the workload's)")
@@ -338,7 +343,7 @@ def add_parser(sub):
     return p
 
 
-def frontend(args, env, partial=no_file) -> dict:
+def frontend(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.real:
         from launch.bench_frontend_real import real_run
         return real_run(args, env, partial)

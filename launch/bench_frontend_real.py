@@ -11,6 +11,8 @@ simulation's hit rate), the tokens computed, each replica's requests and FLOPs l
 replicas and the driver share the cores: compare the routings with each other, not with the one engine's speed."""
 from __future__ import annotations
 
+from collections.abc import Callable
+import argparse
 import functools
 import json
 import tempfile
@@ -43,7 +45,7 @@ def score_lines(prefixes: int, prefix_len: int, suffix_len: int, requests: int, 
     return out
 
 
-def real_run(args, env: dict, partial) -> dict:
+def real_run(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None]) -> dict:
     make_engine = functools.partial(moejax.load, args.real_model, dtype="float32")
     options = ServingOptions(max_batch_tokens=args.real_batch_tokens)
     vocab = read_model(args.real_model)[0].vocab_size  # (the config alone: no weights loaded for it)

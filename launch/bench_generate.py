@@ -32,6 +32,11 @@ fixed batches, with TPOT and MBU (launch/bench_decode.py). `--max-rows`: the con
 time per step (launch/sched_overhead.py)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, cast
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import json
 import os
 import tempfile
@@ -49,7 +54,7 @@ from launch import bench_decode, generate_workloads, sched_overhead, step_overhe
 from launch.bench_results import no_file
 
 
-def _lines(reqs) -> list[str]:
+def _lines(reqs: list[dict]) -> list[str]:
     return [json.dumps({"custom_id": f"g{i}", "url": "/v1/completions",
                         "body": {"prompt": r["prompt"], "max_tokens": r["max_tokens"], "temperature": 0,
                                  "stop_token_ids": r["stop_token_ids"], "seed": 0}})
@@ -57,11 +62,13 @@ def _lines(reqs) -> list[str]:
 
 
 # moejax configurations: (name, serve_lines batching, scheduler options)
-MOEJAX = (("continuous", "continuous", {}), ("continuous, mixed steps", "continuous", {"mixed": True}),
-          ("static", "static", None))
+MOEJAX: tuple[tuple[str, str, dict | None], ...] = (
+    ("continuous", "continuous", {}), ("continuous, mixed steps", "continuous", {"mixed": True}),
+    ("static", "static", None))
 
 
-def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool_mb,
+def _moejax(engine: Engine, reqs: list[dict], batching: str, options: dict | None, max_batch_tokens: int,
+            kv_pool_mb: float | None,
             steps: bool = False, max_rows: int | None = None) -> tuple[dict, list]:
     """steps: record the scheduler's step calls and replay them after the run (step_overhead)."""
     recorder = step_overhead.StepRecorder(engine) if steps else None
@@ -90,10 +97,11 @@ def _moejax(engine, reqs, batching: str, options, max_batch_tokens: int, kv_pool
     return result, tokens
 
 
-def _transformers(model, reqs, batch: int, stop_ids, pad_id: int) -> tuple[float, list]:
+def _transformers(model: Any, reqs: list[dict], batch: int, stop_ids: Sequence[int], pad_id: int
+                  ) -> tuple[float, list[list[int]]]:
     import torch
     order = sorted(range(len(reqs)), key=lambda i: len(reqs[i]["prompt"]))
-    out = [None] * len(reqs)
+    out: list[list[int]] = [[] for _ in reqs]
     t0 = time.perf_counter()
     with torch.no_grad():
         for k in range(0, len(order), batch):
@@ -112,7 +120,7 @@ def _transformers(model, reqs, batch: int, stop_ids, pad_id: int) -> tuple[float
     return time.perf_counter() - t0, out
 
 
-def _cut(tokens, max_tokens: int, stop_ids) -> list[int]:
+def _cut(tokens: list[int], max_tokens: int, stop_ids: Sequence[int]) -> list[int]:
     """A row as a request delivers it: up to max_tokens, ending at (and keeping) the first stop token."""
     tokens = tokens[:max_tokens]
     end = next((j for j, t in enumerate(tokens) if t in stop_ids), None)
@@ -122,13 +130,13 @@ def _cut(tokens, max_tokens: int, stop_ids) -> list[int]:
 def full_size(model: str, num_layers: int | None) -> bool:
     """A real-shaped preset (not `tiny-*` or `micro-*`, moejax.presets) at its full depth: its transformers
     checkpoint would be the whole model in float32 on the host and the disk (about 122 GB for qwen3-30b-a3b)."""
-    from moejax.presets import PRESETS
+    from moejax.presets import PRESETS, preset_config
     if model not in PRESETS or model.startswith(("tiny-", "micro-")):
         return False
-    return num_layers is None or num_layers >= PRESETS[model]["num_hidden_layers"]
+    return num_layers is None or num_layers >= preset_config(model)["num_hidden_layers"]
 
 
-def _checkpoint(args, tmp: str) -> tuple[str, dict]:
+def _checkpoint(args: argparse.Namespace, tmp: str) -> tuple[str, dict]:
     """What both engines load, and moejax.load's extra options: --model's directory, or a preset's config built
     and saved by transformers (without transformers, or a real-shaped preset at full size: the preset itself, its
     weights drawn on the device, its --num-layers)."""
@@ -147,7 +155,7 @@ def _checkpoint(args, tmp: str) -> tuple[str, dict]:
     return tmp, {}
 
 
-def _workload(args, engine) -> tuple[list[dict], dict]:
+def _workload(args: argparse.Namespace, engine: Engine) -> tuple[list[dict], dict]:
     """The requests, and what describes them in the record's config."""
     cfg = engine.config
     if args.workload == "long-tail":
@@ -172,11 +180,12 @@ def _workload(args, engine) -> tuple[list[dict], dict]:
                       stop_fraction=args.stop_fraction)
 
 
-def _overhead(engine, reqs, args, record: dict) -> dict:
+def _overhead(engine: Engine, reqs: list[dict], args: argparse.Namespace, record: dict) -> dict:
     """Continuous batching with no-op steps: an untimed run (compiles the no-op programs), then --repeats timed runs;
     the last one's scheduler stats give the host time per step."""
     token = sched_overhead.free_token(reqs, engine.config.eos_token_ids, engine.config.vocab_size)
-    noop = sched_overhead.NoopSteps(engine, token)
+    # NoopSteps passes for the Engine: every attribute but the two steps is the engine's
+    noop = cast(Engine, sched_overhead.NoopSteps(engine, token))
     with compiles.counting() as first:
         t0 = time.perf_counter()
         _moejax(noop, reqs, "continuous", {}, args.max_batch_tokens, args.kv_pool_mb)
@@ -197,7 +206,7 @@ def _overhead(engine, reqs, args, record: dict) -> dict:
                 scheduler=result["summary"]["scheduler"])
 
 
-def _load(args, tmp: str):
+def _load(args: argparse.Namespace, tmp: str) -> tuple[Engine, str, dict]:
     """The engine with its weights in place, and how they came: their source and the seconds materializing took
     (a preset's drawn on the device, a checkpoint's read and copied)."""
     path, options = _checkpoint(args, tmp)
@@ -211,12 +220,13 @@ def _load(args, tmp: str):
     return engine, path, dict(source=source, materialize_s=seconds, bytes=engine.param_bytes())
 
 
-def generate(args, environment: dict, partial=no_file) -> dict:
+def generate(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
     if args.decode_batches:
         args.no_transformers = True  # moejax alone: no transformers checkpoint to build
     engine, path, weights = _load(args, tmp.name)
     cfg = engine.config
+    cache_dir = jax.config.jax_compilation_cache_dir or None  # type: ignore[attr-defined]  # Config types no options
     if args.decode_batches:
         tmp.cleanup()
         config = dict(model=args.model, num_layers=cfg.num_layers, dtype=args.dtype, weights=weights,
@@ -224,7 +234,7 @@ def generate(args, environment: dict, partial=no_file) -> dict:
                       prompt_len=args.prompt_len, output_len=args.output_len,
                       chunk_tokens=args.chunk_tokens, row_tokens=args.row_tokens, decode_steps=args.decode_steps,
                       repeats=args.repeats, seed=args.seed,
-                      persistent_compilation_cache=jax.config.jax_compilation_cache_dir or None)
+                      persistent_compilation_cache=cache_dir)
         return bench_decode.decode_batches(engine, args, config, environment, partial)
     if full_size(args.model, args.num_layers):
         args.no_transformers = True  # no transformers checkpoint of a whole real-shaped model (_checkpoint)
@@ -233,11 +243,12 @@ def generate(args, environment: dict, partial=no_file) -> dict:
                   max_batch_tokens=args.max_batch_tokens, kv_pool_mb=args.kv_pool_mb, max_rows=args.max_rows,
                   hf_batch=args.hf_batch, repeats=args.repeats, seed=args.seed, weights=weights,
                   transformers=not args.no_transformers,
-                  persistent_compilation_cache=jax.config.jax_compilation_cache_dir or None)
+                  persistent_compilation_cache=cache_dir)
     if args.overhead:
         tmp.cleanup()
         return _overhead(engine, reqs, args, dict(**environment, benchmark="generate --overhead", config=config))
-    results, outputs = [], {}
+    results: list[dict] = []
+    outputs: dict[str, list[list[int]]] = {}
 
     def record() -> dict:
         return dict(**environment, benchmark="generate", config=dict(config),
@@ -280,11 +291,12 @@ def generate(args, environment: dict, partial=no_file) -> dict:
     elif not args.no_transformers:
         import torch
         import transformers
-        torch.set_num_threads(os.cpu_count())
+        torch.set_num_threads(os.cpu_count() or 1)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         stop_ids = described["stop_ids"]
         _transformers(model, reqs[: args.hf_batch], args.hf_batch, stop_ids, 0)  # warm-up
-        walls, out = [], None
+        walls = []
+        out: list[list[int]] = []
         for _ in range(args.repeats):
             wall, out = _transformers(model, reqs, args.hf_batch, stop_ids, 0)
             walls.append(wall)
@@ -327,7 +339,7 @@ def generate(args, environment: dict, partial=no_file) -> dict:
     return dict(done, ratios=ratios)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="output tokens/s: continuous vs static batching vs transformers generate")
     p.add_argument("--model", default="pycode-moe",
                    help="preset (built with transformers; a real-shaped one at full depth: its weights drawn on the "

@@ -27,6 +27,10 @@ same program, so its row says so instead of being timed twice.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from jax.typing import DTypeLike
+from collections.abc import Callable
+import argparse
 import functools
 import itertools
 import os
@@ -52,7 +56,7 @@ SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, width=768, experts=128, top_k=8),
 ATTENTION = dict(heads=32, kv_heads=4, head_dim=128)  # Qwen3-30B-A3B
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("kernels", help="grouped GEMM, expert FFN and attention backends vs dense/ragged_dot/cuDNN")
     p.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b", help=f"expert shapes: {', '.join(SHAPES)}")
     p.add_argument("--tokens", default=None, help="routed token counts (default GPU 1K..32K; CPU 64,256, where "
@@ -76,7 +80,7 @@ def add_parser(sub):
     return p
 
 
-def before_start(args) -> None:
+def before_start(args: argparse.Namespace) -> None:
     """Before JAX starts its backend (XLA reads XLA_FLAGS once, then): turn on the cuDNN ragged-dot fusion. It
     changes nothing but ragged_dot's programs, and nothing off a GPU."""
     if not args.no_ragged_dot_fusion:
@@ -101,7 +105,7 @@ def ffn_bytes(T: int, D: int, I: int, experts: int, itemsize: int, out_itemsize:
     return T * D * itemsize + experts * 3 * D * I * itemsize + T * D * out_itemsize + routed * (4 + 4)
 
 
-def _ints(text, default):
+def _ints(text: str | None, default: list[int]) -> list[int]:
     return [int(v) for v in text.split(",")] if text else default
 
 
@@ -118,7 +122,8 @@ def timed_backends(backends: tuple[str, ...], gpu: bool) -> list[str]:
     return [b for b in backends if b not in GPU_ONLY and b != "pallas_interpret"]
 
 
-def _median_seconds(fn, inputs, repeats):
+def _median_seconds(fn: Callable[..., object], inputs: Sequence[tuple[object, ...]], repeats: int
+                    ) -> tuple[float, dict]:
     rotation = itertools.cycle(inputs)
     first, runs, other = time_calls(lambda: jax.block_until_ready(fn(*next(rotation))), repeats)
     return float(np.median(runs)), dict(seconds=runs, first_call_s=first, other_processes_cpu_share=other)
@@ -128,8 +133,9 @@ class Table:
     """The rows measured so far: each row is printed and saved (the run's partial record) as it is added.
     free() -> the device memory free for the next call (None: unknown)."""
 
-    def __init__(self, save, free=free_bytes):
-        self.rows, self.save, self.free = [], save, free
+    def __init__(self, save: Callable[[str], None], free: Callable[[], int | None] = free_bytes) -> None:
+        self.rows: list[dict] = []
+        self.save, self.free = save, free
 
     def _add(self, row: dict, line: str) -> dict:
         self.rows.append(row)
@@ -137,7 +143,8 @@ class Table:
         self.save(f"{row['section']} {row['case']} {row['name']}")
         return row
 
-    def timed(self, section, case, name, flops, seconds, timing, bytes_moved=None, **extra) -> dict:
+    def timed(self, section: str, case: str, name: str, flops: float, seconds: float, timing: dict,
+              bytes_moved: int | None = None, **extra: object) -> dict:
         row = dict(section=section, case=case, name=name, seconds_median=seconds,
                    tflops_per_s=flops / seconds / 1e12, flops=flops, **timing, **extra)
         if bytes_moved is not None:
@@ -145,18 +152,19 @@ class Table:
         rate = f"{row['tflops_per_s']:8.3f} TFLOP/s" + (f" {row['gb_per_s']:8.1f} GB/s" if bytes_moved else "")
         return self._add(row, f"{seconds * 1e3:10.3f} ms {rate}")
 
-    def part(self, section, case, name, seconds, timing, **extra) -> dict:
+    def part(self, section: str, case: str, name: str, seconds: float, timing: dict, **extra: object) -> dict:
         """A row timed without FLOPs of its own (a part of a call that is not a product)."""
         row = dict(section=section, case=case, name=name, seconds_median=seconds, **timing, **extra)
         return self._add(row, f"{seconds * 1e3:10.3f} ms")
 
-    def not_run(self, section, case, name, status: str, why: str, **extra) -> dict:
+    def not_run(self, section: str, case: str, name: str, status: str, why: str, **extra: object) -> dict:
         """A backend that did not run ("skipped": it would not fit) or did not finish ("failed")."""
         return self._add(dict(section=section, case=case, name=name, **{status: why}, **extra), f"{status}: {why}")
 
 
-def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats, vs_key, ref,
-                  bytes_moved=None) -> None:
+def _time_backend(table: Table, section: str, case: str, name: str, fn: Callable[..., object],
+                  inputs: Sequence[tuple[object, ...]], flops: float, needs: int, repeats: int, vs_key: str, ref: dict,
+                  bytes_moved: int | None = None) -> None:
     """One backend's row: skipped when its working memory would not fit or when it compiles to another row's
     program, failed when it raises (one backend must not lose the others' rows), else timed against the dense
     baseline `ref`."""
@@ -181,7 +189,7 @@ def _time_backend(table, section, case, name, fn, inputs, flops, needs, repeats,
 GATHERED = "_gather_in_kernel"  # the Pallas FFN whose gate/up kernel gathers the tokens (no copy in expert order)
 
 
-def parts_backends(gpu: bool, dtype) -> list[str]:
+def parts_backends(gpu: bool, dtype: DTypeLike) -> list[str]:
     """The FFN backends timed part by part: the GPU kernels (Mosaic GPU for 16-bit operands where it loads), and
     the Pallas FFN with the tokens gathered by its kernel (not a backend yet: timed here first)."""
     pallas = "pallas" if gpu else "pallas_interpret"
@@ -189,22 +197,23 @@ def parts_backends(gpu: bool, dtype) -> list[str]:
     return [pallas, pallas + GATHERED] + (["mosaic"] if mosaic else [])
 
 
-def _parts(name: str, state: dict) -> list:
+def _parts(name: str, state: ffn_parts.State) -> list[ffn_parts.Part]:
     if name == "mosaic":
         return ffn_parts.mosaic_parts(state, "silu", 7.0, 1.702)
     return ffn_parts.pallas_parts(state, "silu", 7.0, 1.702, interpret=name.startswith("pallas_interpret"),
                                   gather_in_kernel=name.endswith(GATHERED))
 
 
-def parts_call(name: str):
+def parts_call(name: str) -> Callable[..., jax.Array]:
     """The whole FFN of a parts backend, as one jitted call."""
-    def call(*a):
-        state = ffn_parts.start(*a, None, None)
+    def call(x: jax.Array, idx: jax.Array, w: jax.Array, wgu: jax.Array, wd: jax.Array) -> jax.Array:
+        state = ffn_parts.start(x, idx, w, wgu, wd, None, None)
         return ffn_parts.run(_parts(name, state), state)
     return jax.jit(call)
 
 
-def time_parts(table, case, name, sets, M, D, I, repeats) -> None:
+def time_parts(table: Table, case: str, name: str, sets: list[dict[str, jax.Array]], M: int, D: int, I: int,
+               repeats: int) -> None:
     """`name`'s expert FFN part by part, each part jitted alone on the previous parts' outputs, then the sum of the
     parts against the whole call's row (timed before, in the same run)."""
     states = [ffn_parts.start(d["x"], d["idx"], d["w"], d["wgu"], d["wd"], None, None) for d in sets]
@@ -234,14 +243,14 @@ def time_parts(table, case, name, sets, M, D, I, repeats) -> None:
     table.part("ffn_parts", case, f"{name}:sum_of_parts", total, {}, **extra)
 
 
-def _routing(rng, tokens, experts, top_k):
+def _routing(rng: np.random.Generator, tokens: int, experts: int, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     scores = rng.random((tokens, experts))
     idx = np.argsort(scores, axis=1)[:, :top_k].astype(np.int32)  # uniform random distinct experts per token
     weights = rng.random((tokens, top_k)).astype(np.float32)
     return idx, weights
 
 
-def grouped(args, dtype, table):
+def grouped(args: argparse.Namespace, dtype: DTypeLike, table: Table) -> None:
     gpu = on_gpu()
     itemsize = jnp.dtype(dtype).itemsize
     rng = np.random.default_rng(args.seed)
@@ -256,7 +265,7 @@ def grouped(args, dtype, table):
         for T in _ints(args.tokens, [1024, 2048, 4096, 8192, 16384, 32768] if gpu else [64, 256]):
             M = T * k
             case = f"{shape_name} T={T}"
-            sets = []
+            sets: list[dict[str, jax.Array]] = []
             for i in range(2):
                 idx, weights = _routing(rng, T, E, k)
                 x = jnp.asarray(rng.standard_normal((T, D), np.float32)).astype(dtype)
@@ -278,7 +287,7 @@ def grouped(args, dtype, table):
                               grouped_matmul_bytes(name, M, D, 2 * I, E, itemsize), args.repeats,
                               "vs_dense_matmul", ref, gemm_bytes(M, D, 2 * I, used, itemsize))
 
-            def dense_ffn(x, a, b):
+            def dense_ffn(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
                 h = jnp.dot(x, a, preferred_element_type=jnp.float32)
                 g, u = jnp.split(h, 2, axis=-1)
                 return jnp.dot((jax.nn.silu(g) * u).astype(x.dtype), b, preferred_element_type=jnp.float32)
@@ -301,7 +310,7 @@ def grouped(args, dtype, table):
                     time_parts(table, case, name, sets, M, D, I, args.repeats)
 
 
-def attention_cases(args, dtype, table):
+def attention_cases(args: argparse.Namespace, dtype: DTypeLike, table: Table) -> None:
     gpu = on_gpu()
     H, K, D = ATTENTION["heads"], ATTENTION["kv_heads"], ATTENTION["head_dim"]
     rng = np.random.default_rng(args.seed + 1)
@@ -336,10 +345,11 @@ def attention_cases(args, dtype, table):
             table.timed("attention", case, name, flops, sec, t, bytes_moved=moved)
 
 
-def kernels(args, env, partial=no_file) -> dict:
+def kernels(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     gpu = on_gpu()
     dtype = jnp.dtype(args.dtype or ("bfloat16" if gpu else "float32"))
     args.repeats = args.repeats or (20 if gpu else 3)
+    table: Table  # made below: record() reads its rows
     record = lambda: dict(**env, benchmark="kernels", dtype=str(dtype), repeats=args.repeats,  # noqa: E731
                           timing="host clock around block_until_ready, median",
                           xla_flags=os.environ.get("XLA_FLAGS", ""),

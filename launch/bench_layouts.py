@@ -26,6 +26,11 @@ cores and memory: their times and ratios say nothing about GPUs; only the byte c
 """
 from __future__ import annotations
 
+from typing import cast
+from typing import Any
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import dataclasses
 import gc
 import math
@@ -79,7 +84,7 @@ class Case:
         return name + ("" if lay.devices == jax.device_count() else f" ({lay.devices} dev)")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("layouts", help="each parallel layout: tokens/s vs one device, bytes per layer vs analytic")
     p.add_argument("--model", default=None, help=f"preset or HF directory (default GPU {GPU_MODEL}, CPU {CPU_MODEL})")
     p.add_argument("--num-layers", type=int, default=None, help="first N layers (default GPU 4, CPU all)")
@@ -170,10 +175,14 @@ def _per(by_kind: dict, times: int) -> dict:
     return {kind: v / times for kind, v in by_kind.items()} if times else {}
 
 
-def measured_hlo(engine, B: int, T: int) -> dict:
+def measured_hlo(engine: Engine, B: int, T: int) -> dict:
     """The compiled full-logits step's collectives: inside the expert programs per MoE layer, the rest per layer
     (means over the step); the pipeline's, all inside its stage program, per layer."""
-    text = engine.steps.logits.lower(engine.params, jax.ShapeDtypeStruct((B, T), jnp.int32)).compile().as_text()
+    logits = engine.steps.logits
+    if not hasattr(logits, "lower"):
+        raise ValueError(f"layout {engine.layout}: its logits step is no single program to lower")
+    text = logits.lower(engine.params, jax.ShapeDtypeStruct((B, T), jnp.int32)).compile().as_text()
+    assert text is not None, "XLA gives the compiled program's text"
     found = hlo_comm.collectives(text)
     if engine.layout is not None and engine.layout.attn == "pp":
         return dict(source="collectives of the compiled full-logits step (the pipeline's stage program)",
@@ -184,14 +193,14 @@ def measured_hlo(engine, B: int, T: int) -> dict:
                 experts=_per(hlo_comm.bytes_by_kind(found, in_shard_map=True), sum(engine.config.moe_layers)))
 
 
-def measured_dep(engine, run_forward) -> dict:
+def measured_dep(engine: Engine, run_forward: Callable[[], object]) -> dict:
     """One forward's counters between the groups (A->E per attention device + E->A per expert device, as
     moejax.costs counts DEP's "device_put"), and the collectives of the expert group's compiled program summed over
     every token chunk of the forward (compiled once per chunk shape). Means per MoE layer."""
     placement = engine.layered_steps.placement
-    chunks = []
+    chunks: list[tuple[int, tuple]] = []
 
-    def run(layer, *arrays):  # records each chunk's shapes on its way to the expert group
+    def run(layer: int, *arrays: jax.Array) -> Any:  # records each chunk's shapes on its way to the expert group
         chunks.append((layer, tuple((a.shape, a.dtype) for a in arrays)))
         return type(placement).run(placement, layer, *arrays)
     placement.run = run
@@ -202,6 +211,7 @@ def measured_dep(engine, run_forward) -> dict:
         del placement.run  # back to the class's method
     stats = engine.stats()["total"]
     lay, moe = engine.layout, sum(engine.config.moe_layers)
+    assert lay is not None, "a DEP layout"
     program: dict = {}  # chunk shapes -> bytes by kind of one run of the expert program
     inner: dict = {}
     for layer, shapes in chunks:
@@ -219,25 +229,29 @@ def measured_dep(engine, run_forward) -> dict:
                 experts={"device_put": a2e + e2a, **_per(inner, moe)}, attention={})
 
 
-def measured_streamed(engine, run_forward) -> dict:
+def measured_streamed(engine: Engine, run_forward: Callable[[], object]) -> dict:
     """AsyncEP streamed: the collectives of one MoE layer's compiled program (captured from a forward), and the
     host -> device bytes of one forward from engine.stats()."""
     placement = engine.layered_steps.placement
-    captured, call = {}, layered.Layer.__call__
+    captured: dict[str, tuple[layered.Layer, tuple, dict]] = {}
+    call = layered.Layer.__call__
 
-    def capture(self, fn, *args, **static):  # the arguments of one MoE layer's program, compiled below
+    # the arguments of one MoE layer's program, compiled below
+    def capture(self: layered.Layer, fn: Callable[..., Any], *args: Any, **static: Any) -> Any:
         if fn is placement._step and args[-1] is not None:
             captured.setdefault("call", (self, args, static))
         return call(self, fn, *args, **static)
-    layered.Layer.__call__ = capture
+    layered.Layer.__call__ = capture  # type: ignore[method-assign]  # every layer's call, capturing, until restored
     engine.reset_stats()
     try:
         run_forward()
     finally:
-        layered.Layer.__call__ = call
+        layered.Layer.__call__ = call  # type: ignore[method-assign]  # the class's own again
     stats = engine.stats()["total"]
     layer, args, static = captured["call"]
-    text = layer._mine[placement._step].lower(layer.state, *args, **static).compile().as_text()
+    program = cast(jax.stages.Wrapped, layer._mine[placement._step])  # a jit (layered.Layer)
+    text = program.lower(layer.state, *args, **static).compile().as_text()
+    assert text is not None, "XLA gives the compiled program's text"
     moe_layers = sum(engine.config.moe_layers)
     return dict(source="collectives of one MoE layer's compiled program; engine.stats() of one forward",
                 experts=hlo_comm.bytes_by_kind(hlo_comm.collectives(text)), attention={},
@@ -251,7 +265,7 @@ def _same(a: dict | None, b: dict | None) -> bool | None:
     return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=1e-6) for k in a)
 
 
-def _kib(v) -> str:
+def _kib(v: float | None) -> str:
     return "-" if v is None else f"{v / 1024:.1f}"
 
 
@@ -261,7 +275,7 @@ def _kinds(by_kind: dict | None) -> str:
     return ", ".join(f"{k} {v / 1024:.1f} KiB" for k, v in sorted(by_kind.items()) if v) or "none"
 
 
-def _defaults(args, gpu: bool):
+def _defaults(args: argparse.Namespace, gpu: bool) -> None:
     args.model = args.model or (GPU_MODEL if gpu else CPU_MODEL)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     args.call = args.call or ("prefill" if gpu else "logits")
@@ -272,7 +286,7 @@ def _defaults(args, gpu: bool):
         args.num_layers = 4
 
 
-def check_args(args) -> tuple[ModelConfig, list[Case], dict]:
+def check_args(args: argparse.Namespace) -> tuple[ModelConfig, list[Case], dict]:
     """Everything a run needs, checked before loading anything: (config, cases, analytic by spec)."""
     for flag in ("batch", "seq", "repeats", "num_layers"):
         value = getattr(args, flag)
@@ -302,7 +316,7 @@ def check_args(args) -> tuple[ModelConfig, list[Case], dict]:
     return cfg, cases, figures
 
 
-def _run_case(case: Case, args, ids, figures: dict, baseline_tps: float | None) -> dict:
+def _run_case(case: Case, args: argparse.Namespace, ids: np.ndarray, figures: dict, baseline_tps: float | None) -> dict:
     engine = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
                          compilation_cache=False, layout=case.layout if case.spec else None, **case.load)
     call = "logits" if case.layout.attn == "pp" else args.call  # the pipeline is prefill-only scoring
@@ -351,7 +365,7 @@ def _row_line(r: dict) -> str:
             f"{equal}")
 
 
-def layouts(args, env, partial=no_file) -> dict:
+def layouts(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     gpu = on_gpu()
     if jax.device_count() < 2:
         raise SystemExit("layouts: one device present; the layouts need two or more. "

@@ -17,6 +17,10 @@ memory: the numbers show the pipeline's overhead and how far its tasks overlap, 
 reports 3.5-10.3x over FlexGen-style layer streaming at the same budget; our streamed is that baseline)."""
 from __future__ import annotations
 
+from moejax.sched.continuous import Stats
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import time
 
 import jax
@@ -33,7 +37,7 @@ NOTE = ("On this CPU the accelerator and the host share the cores and the memory
         "its copies compete with the 'device' work, so these ratios show overhead and overlap only, not a GPU's gain")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("lightning", help="lightning vs streamed and cached generation at one device budget")
     p.add_argument("--model", default=CPU_MODEL, help="preset or checkpoint directory (default the embedded model)")
     p.add_argument("--num-layers", type=int, default=None)
@@ -55,14 +59,14 @@ def add_parser(sub):
     return p
 
 
-def _requests(args, vocab: int) -> list[GenRequest]:
+def _requests(args: argparse.Namespace, vocab: int) -> list[GenRequest]:
     rng = np.random.default_rng(0)
     key = np.asarray(jax.random.key_data(jax.random.key(0)))
     return [GenRequest(rng.integers(1, vocab, args.prompt_len).tolist(), args.new_tokens, key, tag=i)
             for i in range(args.requests)]
 
 
-def _budget_gb(args) -> float:
+def _budget_gb(args: argparse.Namespace) -> float:
     """Non-expert weights, three layers of experts and the KV of --device-rows sequences, over 0.9 (the reserve)."""
     probe = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, compilation_cache=False)
     b = probe.memory_budget
@@ -70,14 +74,14 @@ def _budget_gb(args) -> float:
     return (b.resident_bytes + 3 * b.layer_expert_bytes + kv) / 0.9 / 2**30
 
 
-def _run(engine, requests: list[GenRequest], max_rows: int) -> tuple[dict, list]:
+def _run(engine: Engine, requests: list[GenRequest], max_rows: int) -> tuple[dict, list]:
     sequences = [(len(r.prompt), r.max_tokens) for r in requests]
     size = pool_size(engine, sequences)
     options = {"max_rows": max_rows, **engine.placement.scheduler_defaults()}
     out: dict = {}
     failed: list[str] = []
 
-    def go():
+    def go() -> Stats:
         out.clear()
         sched = Scheduler(engine, size.blocks, **options)
         stats = sched.run(requests, lambda g, t, c: out.__setitem__(g.tag, list(t)), lambda g, m: failed.append(m))
@@ -103,7 +107,7 @@ def _summary(stats: dict) -> dict:
     return {k: v for k, v in stats.items() if k != "layers"}
 
 
-def lightning(args, env, partial=no_file) -> dict:
+def lightning(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.quick:
         args.requests, args.prompt_len, args.new_tokens = 8, 16, 8
     budget = args.budget_gb or _budget_gb(args)
@@ -140,7 +144,7 @@ def lightning(args, env, partial=no_file) -> dict:
     return record
 
 
-def _probe(engine, args) -> dict:
+def _probe(engine: Engine, args: argparse.Namespace) -> dict:
     """The probed decode at the policy's N (the engine was loaded with this run's prompt and generation lengths as
     its plan's), against the HRM's prediction where a hardware profile exists."""
     lines, probe, predicted = explain_engine(engine, args.profile)

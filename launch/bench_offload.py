@@ -29,6 +29,11 @@ asserted: the record states targets next to the measurements.
 """
 from __future__ import annotations
 
+from typing import Any
+from moejax.offload.saturation import Saturation
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import gc
 import tempfile
 import time
@@ -61,7 +66,7 @@ NOTE = ("On CPU the pinned_host and device memories are the same RAM and a 'copy
 TARGETS = dict(prefill_throughput_ratio_above_theta=0.9, prefill_h2d_fraction_below_theta=0.8)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("offload", help="H2D bandwidth; streamed vs resident prefill around Θ; cached decode TPOT")
     p.add_argument("--model", default=None, help=f"preset (default GPU {GPU_MODEL}, CPU {CPU_MODEL})")
     p.add_argument("--num-layers", type=int, default=None, help="first N layers (default GPU 8, CPU all)")
@@ -108,7 +113,7 @@ def add_parser(sub):
     return p
 
 
-def _defaults(args, gpu: bool):
+def _defaults(args: argparse.Namespace, gpu: bool) -> argparse.Namespace:
     args.model = args.model or (GPU_MODEL if gpu else CPU_MODEL)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     args.call = args.call or ("prefill" if gpu else "logits")
@@ -130,18 +135,18 @@ def _defaults(args, gpu: bool):
     return args
 
 
-def _load(args, **options):
+def _load(args: argparse.Namespace, **options: Any) -> Engine:
     return moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, seed=args.seed,
                        compilation_cache=False, **options)
 
 
-def _median(fn, repeats) -> tuple[float, dict]:
+def _median(fn: Callable[[], object], repeats: int) -> tuple[float, dict]:
     first, runs, other = time_calls(fn, repeats)
     return float(np.median(runs)), dict(seconds=runs, first_call_s=first, other_processes_cpu_share=other)
 
 
 # -- h2d ---------------------------------------------------------------------------------------------------------
-def h2d(args) -> dict:
+def h2d(args: argparse.Namespace) -> dict:
     device = jax.devices()[0]
     n = args.h2d_mib << 20
     host = jax.device_put(np.arange(n // 4, dtype=np.uint32),
@@ -156,7 +161,7 @@ def h2d(args) -> dict:
 
 
 # -- prefill -----------------------------------------------------------------------------------------------------
-def _sizes(args, theta_tokens: int) -> list[int]:
+def _sizes(args: argparse.Namespace, theta_tokens: int) -> list[int]:
     if args.tokens:
         sizes = [int(v) for v in args.tokens.split(",")]
     else:  # nearest power of two (a multiple of 16): no row or batch padding
@@ -171,13 +176,14 @@ def _rows(tokens: int, seq: int) -> tuple[int, int]:
     return max(1, tokens // T), T
 
 
-def _saturation_record(sat) -> dict:
+def _saturation_record(sat: Saturation) -> dict:
     return dict(theta_flops=sat.theta_flops, theta_tokens=sat.theta_tokens, ref_tokens=sat.ref_tokens,
                 ref_flops=sat.ref_flops, t0_s=sat.t0_s, epsilon=sat.epsilon, compute_s=sat.compute_s,
                 streamed_s=sat.streamed_s)
 
 
-def prefill(args, peak_gb_per_s: float, resident, save) -> dict:
+def prefill(args: argparse.Namespace, peak_gb_per_s: float, resident: Engine, save: Callable[[dict, str], None]
+            ) -> dict:
     """save(the section so far, row) after each measured row."""
     streamed = _load(args, placement="streamed", window=args.window)
     in_jit = _load(args, placement="streamed", stream="jit")  # the alternative: XLA schedules the copies
@@ -249,19 +255,20 @@ def _counters(stats: dict, tokens: int, top_k: int) -> dict:
     return out
 
 
-def _decode_loop(engine, prompt, n: int, temperature: float, seed: int) -> dict:
+def _decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int) -> dict:
     """One generate(prompt, n) of a cached engine with its counters reset when the decode loop starts (after
     the prefill), read when it ends: (tokens, decode-loop seconds, engine.stats() of the loop alone)."""
     steps = engine.layered_steps
-    seen, original = {}, steps.decode
+    seen: dict[str, Any] = {}
+    original = steps.decode
 
-    def decode(*args, **kwargs):
+    def decode(*args: Any, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
         engine.reset_stats()
         t0 = time.perf_counter()
         out = jax.block_until_ready(original(*args, **kwargs))
         seen.update(seconds=time.perf_counter() - t0, stats=engine.stats())
         return out
-    steps.decode = decode
+    steps.decode = decode  # type: ignore[method-assign]  # this instance's decode, timed, until the del below
     try:
         seen["tokens"] = engine.generate([prompt], n, temperature=temperature, seed=seed)[0]
     finally:
@@ -270,9 +277,11 @@ def _decode_loop(engine, prompt, n: int, temperature: float, seed: int) -> dict:
     return seen
 
 
-def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
+def _decode_case(name: str, engine: Engine, prompt: list[int], args: argparse.Namespace,
+                 reference: list[int] | None = None) -> dict:
     short, long = 1 + args.new_tokens // 2, 1 + args.new_tokens
-    out, times = {}, {}
+    out: dict[int, list[int]] = {}
+    times: dict[int, dict] = {}
     ttft, ttft_timing = _median(lambda: engine.generate([prompt], 1, temperature=args.temperature, seed=args.seed),
                                 args.repeats)
     for n in (short, long):
@@ -303,7 +312,8 @@ def _decode_case(name: str, engine, prompt, args, reference=None) -> dict:
     return row
 
 
-def decode(args, peak_gb_per_s: float, resident, save) -> dict:
+def decode(args: argparse.Namespace, peak_gb_per_s: float, resident: Engine, save: Callable[[dict, str], None]
+           ) -> dict:
     """save(the section so far, row) after each measured row."""
     cfg = resident.config
     moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
@@ -363,11 +373,11 @@ def decode(args, peak_gb_per_s: float, resident, save) -> dict:
                 analytic=analytic, rows=rows)
 
 
-def _fmt(v) -> str:
+def _fmt(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
-def offload(args, env, partial=no_file) -> dict:
+def offload(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     gpu = on_gpu()
     _defaults(args, gpu)
     t0 = time.perf_counter()
@@ -384,7 +394,7 @@ def offload(args, env, partial=no_file) -> dict:
                   timing="host clock around block_until_ready / host results, median after a warm-up call",
                   wall_s=None, h2d=peak, prefill=None, decode=None)
 
-    def saver(section: str):
+    def saver(section: str) -> Callable[[dict, str], None]:
         def save(part: dict, last: str) -> None:
             record[section] = part
             partial(dict(record, wall_s=time.perf_counter() - t0), last)

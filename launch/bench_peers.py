@@ -15,6 +15,7 @@ transformers and saved to a temporary directory, so torch and transformers must 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -71,28 +72,31 @@ def vllm_environment(python: str) -> dict:
 
 
 class Worker:
-    def __init__(self, name: str, python: str, model: str, workloads_file: str, dtype: str, env=None):
+    def __init__(self, name: str, python: str, model: str, workloads_file: str, dtype: str,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         t0 = time.perf_counter()
         self.proc = subprocess.Popen([python, WORKER, "--engine", name, "--model", model, "--workloads",
                                       workloads_file, "--dtype", dtype], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both piped
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self._read()
         self.startup_s = time.perf_counter() - t0
 
     def _read(self) -> dict:
-        for line in self.proc.stdout:  # engines may print their own lines; ours are JSON objects
+        for line in self.stdout:  # engines may print their own lines; ours are JSON objects
             if line.startswith("{"):
                 return json.loads(line)
         raise RuntimeError(f"{self.name} worker exited with {self.proc.wait()}")
 
     def run(self, workload: str) -> dict:
-        self.proc.stdin.write(json.dumps({"workload": workload}) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps({"workload": workload}) + "\n")
+        self.stdin.flush()
         return self._read()
 
-    def close(self):
-        self.proc.stdin.close()
+    def close(self) -> None:
+        self.stdin.close()
         self.proc.wait(timeout=60)
 
 
@@ -115,7 +119,7 @@ def agreement(results: dict, kind: str, reference: str) -> dict:
     return out
 
 
-def peers(args, environment: dict) -> dict:
+def peers(args: argparse.Namespace, environment: dict) -> dict:
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     names = args.workloads.split(",")
     with tempfile.TemporaryDirectory() as d:
@@ -138,12 +142,13 @@ def peers(args, environment: dict) -> dict:
         try:
             kinds = {"A": "score", "B": "score", "C": "generate"}
             runnable = {w: [e for e in engines if not (kinds[w] == "generate" and e == "moejax-serve")] for w in names}
-            first, outputs = {}, {w: {} for w in names}
+            first: dict[tuple[str, str], float] = {}
+            outputs: dict[str, dict[str, list]] = {w: {} for w in names}
             for w in names:  # warm-up: compiles, caches, first-touch
                 for e in runnable[w]:
                     r = workers[e].run(w)
                     first[w, e], outputs[w][e] = r["seconds"], r["result"]
-            seconds = {(w, e): [] for w in names for e in runnable[w]}
+            seconds: dict[tuple[str, str], list[float]] = {(w, e): [] for w in names for e in runnable[w]}
             for rep in range(args.repeats):
                 for w in names:
                     for e in runnable[w]:
@@ -185,7 +190,7 @@ def peers(args, environment: dict) -> dict:
                 results=rows, ratios=ratios)
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("peers", help="moejax vs transformers (and vLLM) on scoring and generation workloads")
     p.add_argument("--engines", default="moejax-serve,moejax,transformers,vllm",
                    help="comma-separated: moejax-serve, moejax, transformers, vllm (vllm only with --vllm-python)")

@@ -15,6 +15,10 @@ default and the PPPipe baseline, measured on the devices present.
    the overlap FinDEP is for; only real devices show that."""
 from __future__ import annotations
 
+from typing import Any
+from moejax.plan.hardware import Profile
+from collections.abc import Callable
+import argparse
 import time
 
 import jax
@@ -33,7 +37,7 @@ from launch.bench_results import no_file
 SOLVER_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("plans", help="planner run times; DEP as FinDEP chooses vs default vs PPPipe, measured")
     p.add_argument("--model", default="tiny-qwen3-moe", help="preset whose DEP layouts run on the devices present")
     p.add_argument("--tokens", type=int, default=4096, help="tokens per measured step")
@@ -49,7 +53,7 @@ def add_parser(sub):
     return p
 
 
-def _median_ms(fn, repeats: int) -> float:
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -64,7 +68,7 @@ def solver_times(repeats: int, quick: bool) -> dict:
     for name in SOLVER_MODELS[:1] if quick else SOLVER_MODELS:
         cfg = ModelConfig.from_hf(preset_config(name))
         for devices in (8, 64) if quick else (8, 16, 32, 64):
-            kw = dict(devices=devices, tokens=16384, seq_len=2048)
+            kw: dict[str, Any] = dict(devices=devices, tokens=16384, seq_len=2048)  # solve_dep's keywords
             plan = solve_dep(cfg, h100, exhaustive=not quick, **kw)
             ms = _median_ms(lambda: solve_dep(cfg, h100, **kw), repeats)
             ex_ms, same = None, None
@@ -92,7 +96,7 @@ def solver_times(repeats: int, quick: bool) -> dict:
     return out
 
 
-def measured_profile(cfg: ModelConfig, args):
+def measured_profile(cfg: ModelConfig, args: argparse.Namespace) -> tuple[Profile, float]:
     """The devices' profile at the model's shapes (or --profile's), and the seconds measuring took."""
     from moejax.measure_hardware import Shapes, measure_profile, sweep_for
     if args.profile:
@@ -102,9 +106,9 @@ def measured_profile(cfg: ModelConfig, args):
     return m.profile, m.seconds
 
 
-def dep_runs(args, cfg: ModelConfig, profile) -> dict:
+def dep_runs(args: argparse.Namespace, cfg: ModelConfig, profile: Profile) -> dict:
     devices = jax.device_count()
-    kw = dict(devices=devices, tokens=args.tokens, seq_len=args.seq)
+    kw: dict[str, Any] = dict(devices=devices, tokens=args.tokens, seq_len=args.seq)
     plans = {"findep": solve_dep(cfg, profile, **kw),
              "default": default_plan(cfg, profile, **kw),
              "pppipe": pppipe_plan(cfg, profile, **kw)}
@@ -113,13 +117,13 @@ def dep_runs(args, cfg: ModelConfig, profile) -> dict:
     for name, plan in plans.items():
         engines[name] = moejax.load(args.model, dtype=args.dtype, compilation_cache=False, layout=plan.layout_spec())
         engines[name].logits(ids)  # compile
-    seconds = {name: [] for name in plans}
+    seconds: dict[str, list[float]] = {name: [] for name in plans}
     for _ in range(args.repeats):  # interleaved: a slow stretch of the machine hits every layout alike
         for name, engine in engines.items():
             start = time.perf_counter()
             engine.logits(ids)
             seconds[name].append(time.perf_counter() - start)
-    results = []
+    results: list[dict[str, Any]] = []  # JSON rows
     for name, plan in plans.items():
         median = float(np.median(seconds[name]))
         results.append(dict(name=name, layout=plan.layout_spec(), seconds=seconds[name], seconds_median=median,
@@ -135,7 +139,7 @@ def dep_runs(args, cfg: ModelConfig, profile) -> dict:
     return dict(results=results, ratios=ratios)
 
 
-def plans(args, environment: dict, partial=no_file) -> dict:
+def plans(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     print("solver run times (h100 datasheet, 16384 tokens in sequences of 2048):", flush=True)
     record = dict(**environment, benchmark="plans", solvers=solver_times(args.solver_repeats, args.quick),
                   config=dict(model=args.model, tokens=args.tokens, seq=args.seq, dtype=args.dtype,

@@ -22,13 +22,21 @@ from --train-text / --train-stdlib (and the output says so).
 """
 from __future__ import annotations
 
+from moejax.offload.predict.estimator import EstimatorNet
+from moejax.offload.predict.expert_maps import ExpertMapStore
+from moejax.offload.predict.protocol import Predictor
+from moejax.offload.predict.router import DefaultVectors
+from moejax.sched.requests import ScoreRequest
+from collections.abc import Callable
+from moejax.engine import Engine
+import argparse
 import numpy as np
 
 from launch.bench_quality import read_texts, stdlib_texts
 from launch.distill import text_prompts
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("predictors", help="recall, cache hit rates and speculative accuracy of every predictor")
     p.add_argument("--model", default="pycode-moe", help="preset or HF checkpoint directory with a tokenizer")
     test = p.add_mutually_exclusive_group(required=True)
@@ -60,26 +68,31 @@ def add_parser(sub):
     return p
 
 
-def _predictors(nets, vectors, distance):
+def _predictors(nets: dict[int, EstimatorNet], vectors: DefaultVectors, distance: int) -> dict[str, Predictor]:
     from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
                                         RouterPredictor)
-    out = {"previous_hidden": PreviousHiddenPredictor(distance), "router": RouterPredictor(vectors, distance)}
+    out: dict[str, Predictor] = {"previous_hidden": PreviousHiddenPredictor(distance),
+                                 "router": RouterPredictor(vectors, distance)}
     if distance in nets:
         out.update(estimator=EstimatorPredictor(nets[distance]), hybrid=HybridPredictor(nets[distance]))
     return out
 
 
-def _build(args, engine, distances, log):
+def _build(args: argparse.Namespace, engine: Engine, distances: list[int], log: Callable[[str], None]
+           ) -> tuple[dict[int, EstimatorNet], DefaultVectors, dict[int, ExpertMapStore], str, np.ndarray | None]:
     """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made, the calibration
     requests' hit-count matrices or None)."""
     from flax import nnx
 
-    from moejax.offload.predict import EstimatorNet, replay
-    from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
+    from moejax.offload.predict import replay
+    from moejax.offload.predict.expert_maps import build_store
     from moejax.offload.predict.hit_counts import request_counts
     from moejax.offload.predict.traces import record
     from moejax.train.distill import distill
-    nets, vectors, stores, made = {}, None, {}, []
+    nets: dict[int, EstimatorNet] = {}
+    vectors: DefaultVectors | None = None
+    stores: dict[int, ExpertMapStore] = {}
+    made: list[str] = []
     if args.estimator:
         net = EstimatorNet.load(args.estimator)
         nets, vectors = {net.shape.distance: net}, net.vectors
@@ -89,6 +102,7 @@ def _build(args, engine, distances, log):
         stores = {store.distance: store}
         made.append(f"expert maps loaded from {args.maps}")
     if args.estimator and args.maps:
+        assert vectors is not None  # the estimator's
         return nets, vectors, stores, "; ".join(made), None
     if not (args.train_text or args.train_stdlib):
         raise SystemExit("predictors: give --estimator DIR and --maps DIR, or --train-text / --train-stdlib to "
@@ -110,10 +124,11 @@ def _build(args, engine, distances, log):
         stores = {d: build_store(traces, embed, capacity=args.capacity, distance=d) for d in distances}
         made.append(f"expert maps built from {source} ({traces.num_prompts} prompts)")
     counts = request_counts(traces, engine.config.num_experts_per_tok)
+    assert vectors is not None  # the estimator's, or built from the traces
     return nets, vectors, stores, "; ".join(made), counts
 
 
-def predictors(args, env: dict) -> dict:
+def predictors(args: argparse.Namespace, env: dict) -> dict:
     import moejax
     from moejax.offload.predict import OraclePredictor, replay
     from flax import nnx
@@ -217,17 +232,21 @@ def _keyed(r: dict) -> dict:
     return dict(overall=r["overall"], per_layer={str(t): v for t, v in r["per_layer"].items()})
 
 
-def _expert_bytes(engine) -> int:
+def _expert_bytes(engine: Engine) -> int:
     layer = next(i for i in range(engine.config.num_layers) if engine.config.is_moe(i))
     arrays = engine.layer_experts(layer)
     return int(sum(a.nbytes for a in arrays.values()) // engine.config.num_experts)
 
 
-def _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log) -> list[dict]:
+def _speculative(args: argparse.Namespace, engine: Engine, texts: list[str], nets: dict[int, EstimatorNet],
+                 vectors: DefaultVectors, best_answers: Callable[[Engine, list[ScoreRequest]], list[int]],
+                 window_quality: Callable[[Engine, np.ndarray], dict], log: Callable[[str], None]) -> list[dict]:
     import moejax
     from launch.bench_quality import token_stream
-    from moejax.sched.requests import ScoreRequest, parse_lines
+    from moejax.sched.requests import parse_lines
     cfg = engine.config
+    if engine.tokenizer is None:
+        raise SystemExit(f"predictors: --model {args.model} has no tokenizer.json; the speculative rows read text")
     stream = token_stream(engine.tokenizer, texts, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
     T = min(512, cfg.max_position_embeddings - 1)
     rows = np.stack([stream[i * T:i * T + T + 1] for i in range(min(args.speculative_windows, (len(stream) - 1) // T))])

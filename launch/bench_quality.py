@@ -10,6 +10,8 @@ Python's standard library, the embedded model's corpus): the floor to beat.
 """
 from __future__ import annotations
 
+from tokenizers import Tokenizer
+import argparse
 import os
 
 import numpy as np
@@ -20,7 +22,7 @@ from moejax.train.tokenizer import END_OF_TEXT
 TARGETS = dict(perplexity_over_bigram_at_most=0.5, expert_share_over_uniform_between=[0.25, 4.0])
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("quality", help="held-out perplexity, top-1 and expert load against a bigram floor")
     p.add_argument("--model", default="pycode-moe", help="preset or HF checkpoint directory with a tokenizer")
     src = p.add_mutually_exclusive_group(required=True)
@@ -60,14 +62,14 @@ def stdlib_texts(which: str) -> list[str]:
     return [corpus.read_source(os.path.join(root, f)) for f in (held_out if which == "held_out" else train)]
 
 
-def token_stream(tokenizer, texts: list[str], eos: int) -> np.ndarray:
-    ids = []
+def token_stream(tokenizer: Tokenizer, texts: list[str], eos: int) -> np.ndarray:
+    ids: list[int] = []
     for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
         ids += enc.ids + [eos]
     return np.asarray(ids, np.int32)
 
 
-def quality(args, env: dict) -> dict:
+def quality(args: argparse.Namespace, env: dict) -> dict:
     import moejax
     from moejax.train.quality import bigram_quality, model_quality
     engine = moejax.load(args.model, dtype=args.dtype)

@@ -17,7 +17,7 @@ def read_runs(path: str) -> list[dict]:
         return json.load(f)["runs"]
 
 
-def write_json(path: str, value) -> None:
+def write_json(path: str, value: object) -> None:
     """Whole or not at all (a scratch file renamed over `path`): a kill mid-write leaves the previous file."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -38,7 +38,7 @@ def write_runs(path: str, runs: list[dict]) -> None:
 class ResultsFile:
     """This run's record in `path`, after the runs already there."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self.path, self.earlier, self.rows, self.started = path, read_runs(path), 0, time.monotonic()
 
     def partial(self, record: dict, last: str) -> None:

@@ -9,6 +9,9 @@ engines alternate round by round, so they share the machine's state, and the med
 compared. Nothing is asserted."""
 from __future__ import annotations
 
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import os
 import tempfile
 import time
@@ -25,7 +28,7 @@ METHOD = ("TPOT = (s of generate(prompts, 1 + n) - s of generate(prompts, 1 + n 
           "rounds alternate the two engines; medians over rounds; saved = 1 - TPOT_skipped / TPOT_counted")
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("router-free", help="router-free speculation: decode step time with the router skipped "
                                            "against the router run for misprediction counts")
     p.add_argument("--model", default=DEFAULT_MODEL, help="preset, embedded model or checkpoint directory")
@@ -39,14 +42,14 @@ def add_parser(sub):
     return p
 
 
-def _engines(args, vectors_path: str, slots: int) -> dict:
+def _engines(args: argparse.Namespace, vectors_path: str, slots: int) -> dict:
     common = dict(dtype=args.dtype, placement="cached", cache_slots=slots, predictor="router", prefetch_distance=1,
                   default_vectors=vectors_path, speculative=True, router_free=True, compilation_cache=False)
     return {name: moejax.load(args.model, count_mispredictions=count, **common)
             for name, count in (("router_skipped", False), ("router_counted", True))}
 
 
-def _tpot(engine, prompts, n: int) -> float:
+def _tpot(engine: Engine, prompts: list[list[int]], n: int) -> float:
     times = []
     for length in (1 + n // 2, 1 + n):
         t0 = time.perf_counter()
@@ -55,7 +58,7 @@ def _tpot(engine, prompts, n: int) -> float:
     return (times[1] - times[0]) / (n - n // 2)
 
 
-def router_free(args, env: dict, partial=no_file) -> dict:
+def router_free(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.new_tokens < 4:
         raise ValueError(f"--new-tokens must be >= 4 (TPOT is a slope between two lengths), got {args.new_tokens}")
     t0 = time.perf_counter()

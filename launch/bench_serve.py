@@ -17,6 +17,11 @@ each, nothing padded), the distinct workload KV-free and auto and the shared one
 from the device; elsewhere (CPUs) today's small workload, every mode, batches of 2048 tokens."""
 from __future__ import annotations
 
+from typing import TypedDict
+from moejax.config import ModelConfig
+from moejax.engine import Engine
+from collections.abc import Callable
+import argparse
 import json
 import os
 import tempfile
@@ -35,10 +40,19 @@ from launch.bench_util import time_calls
 
 MODES = ("on", "off", "auto")
 WORKLOADS = ("distinct", "shared")
+
+
+class Defaults(TypedDict):
+    requests: int
+    prefix: int
+    modes: dict[str, tuple[str, ...]]  # per workload
+    max_batch_tokens: int | None
+
+
 # platform -> defaults of the flags left out: (requests, prefix, modes per workload, max batch tokens)
-DEFAULTS = {"gpu": dict(requests=2048, prefix=480, modes={"distinct": ("off", "auto"), "shared": ("auto",)},
-                        max_batch_tokens=None),
-            "cpu": dict(requests=64, prefix=512, modes={w: MODES for w in WORKLOADS}, max_batch_tokens=2048)}
+DEFAULTS = {"gpu": Defaults(requests=2048, prefix=480, modes={"distinct": ("off", "auto"), "shared": ("auto",)},
+                            max_batch_tokens=None),
+            "cpu": Defaults(requests=64, prefix=512, modes={w: MODES for w in WORKLOADS}, max_batch_tokens=2048)}
 
 
 def workload(kind: str, n: int, prefix: int, suffix: int, candidates: int, vocab: int, seed: int) -> list[str]:
@@ -53,7 +67,7 @@ def workload(kind: str, n: int, prefix: int, suffix: int, candidates: int, vocab
     return lines
 
 
-def _serve(engine, lines, mode: str, max_batch_tokens: int | None) -> dict:
+def _serve(engine: Engine, lines: list[str], mode: str, max_batch_tokens: int | None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         summary = serve_lines(engine, lines, os.path.join(d, "out.jsonl"),
@@ -62,14 +76,14 @@ def _serve(engine, lines, mode: str, max_batch_tokens: int | None) -> dict:
     return summary
 
 
-def matmul_flops(cfg, tokens: int, head: float) -> dict:
+def matmul_flops(cfg: ModelConfig, tokens: int, head: float) -> dict:
     """moejax.costs' matmul FLOPs of `tokens` computed tokens and `head` FLOPs of lm_head (2·D·V per position whose
     next-token distribution is read): what the runner's metrics count, attention scores apart."""
     layers = layer_flops_per_token(cfg) * tokens
     return dict(decoder_matmuls=layers, lm_head=head, total=layers + head)
 
 
-def peak(args, engine) -> dict:
+def peak(args: argparse.Namespace, engine: Engine) -> dict:
     """The FLOP/s MFU is taken against: --peak-tflops (measured), --measure-peak (the bf16 matmul ceiling measured
     now, launch/gpu_ceilings.py), else the hardware profile's, else none."""
     if args.peak_tflops:
@@ -88,7 +102,8 @@ def peak(args, engine) -> dict:
     return dict(flops_per_s=profile.device.flops, source=f"profile {profile.name} ({profile.source})")
 
 
-def resident_prefill(engine, lines: list[str], batch_tokens: int, repeats: int, peak_flops) -> dict:
+def resident_prefill(engine: Engine, lines: list[str], batch_tokens: int, repeats: int, peak_flops: float | None
+                     ) -> dict:
     """engine.generate(rows, 1) over the workload's prompt tokens laid end to end in rows of the largest power of two
     not longer than a prompt (the rest of the tokens, fewer than a row, is left out), `batch_tokens` per call."""
     prompts = [json.loads(line)["body"]["prompt_token_ids"] for line in lines]
@@ -113,7 +128,7 @@ def resident_prefill(engine, lines: list[str], batch_tokens: int, repeats: int, 
 LEAST = {"requests": 1, "prefix": 0, "suffix": 0, "candidates": 1, "max_batch_tokens": 16, "repeats": 1}
 
 
-def check_flags(args) -> None:
+def check_flags(args: argparse.Namespace) -> None:
     """SystemExit naming the first flag out of range."""
     for name, least in LEAST.items():
         value = getattr(args, name)
@@ -125,7 +140,7 @@ def check_flags(args) -> None:
         raise SystemExit("bench serve: --prefix and --suffix are both 0: a prompt needs a token")
 
 
-def serve(args, environment: dict, partial=None) -> dict:
+def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] | None = None) -> dict:
     """partial(record so far, row name), when given, after each measured row."""
     check_flags(args)
     platform = jax.devices()[0].platform
@@ -149,7 +164,8 @@ def serve(args, environment: dict, partial=None) -> dict:
         raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
                          f"{engine.config.vocab_size} tokens")
     top = peak(args, engine)
-    results, reference = [], None
+    results: list[dict] = []
+    reference: dict | None = None
 
     def record() -> dict:
         rate = {(r["workload"], r["kv_cache"]): r["tokens_per_s"] for r in results}
@@ -210,7 +226,7 @@ def serve(args, environment: dict, partial=None) -> dict:
     return out
 
 
-def add_parser(sub):
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="batch-runner tokens/s: prefix cache on/off, KV-free vs KV, against resident "
                                      "prefill")
     p.add_argument("--model", default="tiny-qwen3-moe")

@@ -8,8 +8,13 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # launch.gpu_check imports this module and must start where moejax does not import
+    from moejax.engine import Engine
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -23,13 +28,14 @@ def cpu_seconds() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
 
-def time_calls(fn, repeats: int) -> tuple[float, list[float], float]:
+def time_calls(fn: Callable[[], object], repeats: int) -> tuple[float, list[float], float]:
     """(first call incl. compilation, [seconds of each timed run], share of the CPUs other processes
     used during the timed runs -- a benchmark sharing its cores reads slow)."""
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0
-    runs, (all0, own0), start = [], cpu_seconds(), time.perf_counter()
+    runs: list[float] = []
+    (all0, own0), start = cpu_seconds(), time.perf_counter()
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
@@ -38,7 +44,7 @@ def time_calls(fn, repeats: int) -> tuple[float, list[float], float]:
     return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
 
 
-def timed_call(engine, call: str, ids):
+def timed_call(engine: Engine, call: str, ids: np.ndarray) -> Callable[[], object]:
     """The call a benchmark times: "logits" (every position's logits back on the host) or a one-token generation
     (a prefill that returns one token per row)."""
     if call == "logits":
@@ -98,7 +104,7 @@ def environment() -> dict:
                 command=shlex.join(["python", "-m", "launch.bench", *sys.argv[1:]]))  # no path of this machine
 
 
-def hf_checkpoint(hf_config: dict, directory: str, seed: int):
+def hf_checkpoint(hf_config: dict, directory: str, seed: int) -> Any:  # a transformers model
     """Build a transformers model from an HF config dict, init it from `seed`, save it to `directory`."""
     import torch
     import transformers

@@ -28,6 +28,8 @@ requests of --prompt-len tokens making --max-new tokens each, at once, with B de
 log-uniform requests, bench generate's GPU workload)."""
 from __future__ import annotations
 
+from typing import Any
+from moejax.kv_pool import Layer
 import argparse
 import functools
 import json
@@ -55,8 +57,9 @@ TFRT_NOTE = ("XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT=1 asks the CUDA plugin for i
              "and 0.11.1 pass it as the plugin option use_tfrt_gpu_client): --tfrt-gpu-client")
 
 
-def _timed(method, pool, carry, calls, on_device: bool) -> dict:
-    args = [step_overhead._as_run(c) for c in calls]
+def _timed(method: step_overhead.StepMethod, pool: list[Layer], carry: jax.Array, calls: list[step_overhead.Call],
+           on_device: bool) -> dict:
+    args: list[tuple] = [step_overhead._as_run(c) for c in calls]
     if on_device:
         args = jax.block_until_ready(jax.device_put(args))
     returns, t0 = [], time.perf_counter()
@@ -76,15 +79,15 @@ def loops() -> None:
     x = jax.random.normal(jax.random.key(0), (1024, 1024), jax.numpy.float32)
     w = jax.random.normal(jax.random.key(1), (1024, 1024), jax.numpy.float32) / 32
 
-    def fori(x):
+    def fori(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 8, lambda i, y: jax.numpy.tanh(y @ w), x)
 
-    def unrolled(x):
+    def unrolled(x: jax.Array) -> jax.Array:
         for _ in range(8):
             x = jax.numpy.tanh(x @ w)
         return x
 
-    def early(x):
+    def early(x: jax.Array) -> jax.Array:
         return jax.lax.while_loop(lambda c: (c[0] < 8) & (c[1].sum() != 0), lambda c: (c[0] + 1, jax.numpy.tanh(
             c[1] @ w)), (0, x))[1]
     for name, f in (("fori_loop", fori), ("unrolled", unrolled), ("while_loop, device predicate", early)):
@@ -136,9 +139,9 @@ def main() -> None:
     lines = bench_generate._lines(reqs)
     # --batch: a pool of what the batch needs (with a block a row to spare), not the device's free memory: the
     # replays hold a second pool of the same size
-    rows = {"max_rows": a.batch, "kv_pool_mb": a.batch * (a.prompt_len + a.max_new + 2 * BLOCK)
+    sizes: dict[str, Any] = {"max_rows": a.batch, "kv_pool_mb": a.batch * (a.prompt_len + a.max_new + 2 * BLOCK)
             * engine.kv_bytes_per_token() / 2**20} if a.batch else {}
-    serving = ServingOptions(batching="continuous", **rows)
+    serving = ServingOptions(batching="continuous", **sizes)
     with tempfile.TemporaryDirectory() as d:  # a fresh output file each run: an existing one is resumed
         serve_lines(engine, lines, os.path.join(d, "warm.jsonl"), serving, seed_nonce=0)  # compiles
         recorder = step_overhead.StepRecorder(engine)
@@ -154,16 +157,19 @@ def main() -> None:
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         (recorder.pool, recorder.carry))
 
-    def fresh(which: int):  # zeros of the run's pool (0) or carry (1): every pass starts from the same kind of input
+    # zeros of the run's pool (0) or carry (1): every pass starts from the same kind of input
+    def fresh(which: int) -> Any:
         return jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype, device=s.sharding), like[which])
     method = recorder.methods["paged_decode"]
 
-    def undonated():  # the step jitted anew without donate_argnums, traced under the token loop's setting of the time
+    # the step jitted anew without donate_argnums, traced under the token loop's setting of the time
+    def undonated() -> step_overhead.StepMethod:
         step = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels),
                        static_argnames=("steps",))
         return functools.partial(step, engine.params)
 
-    def twice(m, on_device: bool) -> dict:  # the first pass compiles what this variant's inputs need
+    # the first pass compiles what this variant's inputs need
+    def twice(m: step_overhead.StepMethod, on_device: bool) -> dict:
         _timed(m, fresh(0), fresh(1), calls, on_device)
         return _timed(m, fresh(0), fresh(1), calls, on_device)
     rows: dict = {"as run": twice(method, False), "inputs on device": twice(method, True),

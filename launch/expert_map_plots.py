@@ -7,8 +7,10 @@
   the hit rate (Fig. 14a)."""
 from __future__ import annotations
 
+from types import ModuleType
 
-def _pyplot():
+
+def _pyplot() -> ModuleType:  # matplotlib.pyplot
     try:
         import matplotlib
     except ImportError:

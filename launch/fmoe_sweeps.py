@@ -10,6 +10,10 @@ placement (fMoE, arXiv 2502.05370, §6.5-6.6):
 Each row runs bench_offload's decode case (TTFT, TPOT slope, the cache's counters)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+from moejax.engine import Engine
+import argparse
 import copy
 import gc
 import os
@@ -28,7 +32,8 @@ def _values(text: str, what: str) -> list[int]:
     return values
 
 
-def fmoe(args, resident, save, *, load, decode_case) -> dict:
+def fmoe(args: argparse.Namespace, resident: Engine, save: Callable[[dict, str], None], *,
+         load: Callable[..., Engine], decode_case: Callable[..., dict]) -> dict:
     """save(the section so far, row) after each measured row; load(args, **options) -> engine and
     decode_case(name, engine, prompt, args, reference) -> row are bench_offload's."""
     from flax import nnx
@@ -58,7 +63,7 @@ def fmoe(args, resident, save, *, load, decode_case) -> dict:
     rows: list[dict] = []
     reference = decode_case("resident", resident, prompt, args)["tokens"]
 
-    def run(name: str, sweep: str, value: int, cache_slots: int, **options) -> None:
+    def run(name: str, sweep: str, value: int, cache_slots: int, **options: Any) -> None:
         engine = load(args, placement="cached", cache_slots=cache_slots, eviction=args.eviction, **options)
         row = decode_case(f"{name} {sweep}={value}", engine, prompt, args, reference)
         predictor = engine.layered_steps.placement.predictor

@@ -5,22 +5,33 @@ long-tail: prompts of 6-40 tokens (uniform), max_tokens 160; seven in eight requ
 one in eight runs to 160. Nearly every step is host work on a small model: a scheduler's overhead cannot hide."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypedDict
+from moejax.engine import Engine
 import numpy as np
 
-LONG_TAIL = dict(prompt_range=(6, 40), max_tokens=160, stop_within=5, long_every=8)
+class LongTail(TypedDict):
+    prompt_range: tuple[int, int]
+    max_tokens: int
+    stop_within: int
+    long_every: int
 
 
-def log_uniform(n: int, vocab: int, prompt_range, max_range, stop_ids, seed: int) -> list[dict]:
+LONG_TAIL = LongTail(prompt_range=(6, 40), max_tokens=160, stop_within=5, long_every=8)
+
+
+def log_uniform(n: int, vocab: int, prompt_range: tuple[int, int], max_range: tuple[int, int], stop_ids: Iterable[int],
+                seed: int) -> list[dict]:
     """n requests: prompt lengths and max_tokens log-uniform over their ranges, random tokens."""
     rng = np.random.default_rng(seed)
 
-    def draw(lo, hi):
+    def draw(lo: int, hi: int) -> int:
         return int(round(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
     return [dict(prompt=rng.integers(1, vocab, draw(*prompt_range)).tolist(),
                  max_tokens=draw(*max_range), stop_token_ids=list(stop_ids)) for _ in range(n)]
 
 
-def long_tail(engine, n: int, seed: int) -> list[dict]:
+def long_tail(engine: Engine, n: int, seed: int) -> list[dict]:
     """n requests; the long ones (a 1/long_every share, at random places) have no stop ids of their own. Each other
     request stops at the token greedy generation makes at a position drawn uniformly from 1..stop_within: one
     batched `engine.generate` call finds them (run it before timing anything; it compiles its own programs)."""

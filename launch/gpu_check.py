@@ -61,7 +61,7 @@ import time
 
 from launch.bench_results import read_runs, write_json, write_runs
 from launch.bench_util import COMMIT_VARIABLE, device_tag, git_commit
-from launch.step_runner import UNFINISHED, Step, run_steps, table
+from launch.step_runner import UNFINISHED, Step, StepResult, run_steps, table
 
 PY = sys.executable
 DEPENDENCIES = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy", "ml_dtypes", "safetensors",
@@ -227,7 +227,7 @@ def _kept(record: dict, name: str) -> str:
 class Check:
     """The steps of one run and the record they fill."""
 
-    def __init__(self, args):
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.dry = args, args.dry_run
         self.work = tempfile.mkdtemp(prefix="moejax-gpu-check-")
         self.log = os.path.join(args.out, "gpu_check.log")
@@ -377,7 +377,7 @@ class Check:
         finally:
             shutil.rmtree(self.work, ignore_errors=True)
 
-    def _write_record(self, results, seconds: float, partial: bool) -> str:
+    def _write_record(self, results: list[StepResult], seconds: float, partial: bool) -> str:
         """The record as it stands, in --out (a call stopped between steps keeps it)."""
         record = dict(self.record, seconds=seconds, steps=[r.__dict__ for r in results],
                       **({"partial": True} if partial else {}))
@@ -389,7 +389,7 @@ class Check:
                 os.remove(stale)
         return path
 
-    def _finish(self, results, seconds: float) -> int:
+    def _finish(self, results: list[StepResult], seconds: float) -> int:
         out, name = self.args.out, f"gpu_check-{self.tag}"
         self.record.update(seconds=seconds, steps=[r.__dict__ for r in results])
         self._write_record(results, seconds, partial=False)
@@ -422,7 +422,7 @@ def _git() -> dict:
     return dict(commit=commit, named_by=COMMIT_VARIABLE) if named else dict(commit=commit)
 
 
-def _steps(text: str, parser) -> tuple[list[str], str | None]:
+def _steps(text: str, parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:
     """--only's steps, and the group it names (a group goes alone)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if any(n in GROUPS for n in names):
@@ -446,7 +446,7 @@ def _order(only: list[str] | None) -> list[str]:
     return [n for n in order if n in only or n in NEEDED_FIRST]
 
 
-def _limits(text: str | None, parser) -> dict[str, float]:
+def _limits(text: str | None, parser: argparse.ArgumentParser) -> dict[str, float]:
     limits = {}
     for part in (text or "").split(","):
         if not part.strip():
@@ -462,7 +462,7 @@ def _limits(text: str | None, parser) -> dict[str, float]:
     return limits
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))

@@ -8,6 +8,10 @@ A smaller store is the given store's maps added in order into an empty store of 
 deduplication decides what stays), which is what building it from the same prompts would keep."""
 from __future__ import annotations
 
+from moejax.offload.layered import LayeredSteps
+from moejax.offload.predict.expert_maps import ExpertMapStore
+from moejax.offload.predict.traces import Traces
+from collections.abc import Callable
 import numpy as np
 
 VARIANTS = {"T": dict(semantic=False, adaptive=False), "T+S": dict(semantic=True, adaptive=False),
@@ -19,7 +23,8 @@ def _sources(moe: list[int]) -> dict[int, int]:
     return {moe[t]: moe[max(t - 1, 0)] for t in range(len(moe))}
 
 
-def _cache_rows(truth_head, moe, predicted, n, slot_counts, expert_bytes) -> list[dict]:
+def _cache_rows(truth_head: list[np.ndarray], moe: list[int], predicted: dict[int, tuple], n: int,
+                slot_counts: list[int], expert_bytes: int) -> list[dict]:
     from moejax.offload.predict.cache_replay import replay_cache
     cut = {t: (i[:n], w[:n]) for t, (i, w) in predicted.items()}
     rows = []
@@ -31,8 +36,7 @@ def _cache_rows(truth_head, moe, predicted, n, slot_counts, expert_bytes) -> lis
     return rows
 
 
-def resized(store, capacity: int):
-    from moejax.offload.predict.expert_maps import ExpertMapStore
+def resized(store: ExpertMapStore, capacity: int) -> ExpertMapStore:
     out = ExpertMapStore.empty(capacity, store.distance, store.maps.shape[1], store.maps.shape[2],
                                store.embeddings.shape[1])
     for e, g in zip(store.embeddings, store.maps):
@@ -40,7 +44,7 @@ def resized(store, capacity: int):
     return out
 
 
-def similarity_scores(store, traces, embed_table: np.ndarray, tokens: int) -> dict:
+def similarity_scores(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, tokens: int) -> dict:
     """Mean best semantic score over the held-out prompts; mean best trajectory score over the first `tokens`
     tokens at every MoE layer a trajectory search runs at (the first M - d)."""
     from moejax.offload.predict.expert_maps import gate_probabilities
@@ -52,8 +56,9 @@ def similarity_scores(store, traces, embed_table: np.ndarray, tokens: int) -> di
     return dict(semantic_score=float(np.mean(sem)), trajectory_score=float(np.mean(traj)) if traj else None)
 
 
-def map_ablation(store, traces, embed_table: np.ndarray, steps, truth, *, slot_counts: list[int],
-                 cache_tokens: int, expert_bytes: int, capacities: list[int], log,
+def map_ablation(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, steps: LayeredSteps,
+                 truth: list[tuple[np.ndarray, np.ndarray]], *, slot_counts: list[int],
+                 cache_tokens: int, expert_bytes: int, capacities: list[int], log: Callable[[str], None],
                  hit_counts: np.ndarray | None = None) -> dict:
     """hit_counts: the calibration requests' hit-count matrices [R, M, E] (hit_counts.request_counts), or None
     (maps loaded from a file: no traces to count)."""

@@ -9,13 +9,17 @@ on-demand is the LRU-only baseline when --eviction is lru: the expert cache with
 loaded when its layer runs."""
 from __future__ import annotations
 
+from moejax.offload.predict.estimator import EstimatorNet
+from moejax.offload.predict.expert_maps import ExpertMapStore
+from collections.abc import Callable
+from moejax.engine import Engine
 import copy
 import dataclasses
 
 import numpy as np
 
 # mode -> (predictor, options of ExpertMapPredictor or of the cached placement)
-MODES = {
+MODES: dict[str, tuple[str | None, dict[str, bool]]] = {
     "on-demand": (None, {}),
     "prefetch": ("router", {}),
     "speculative": ("router", dict(speculative=True)),
@@ -38,7 +42,7 @@ def parse_modes(text: str) -> list[str]:
     return ["on-demand"] + [m for m in dict.fromkeys(modes) if m != "on-demand"]
 
 
-def calibration_prompts(engine, source: str, count: int, tokens: int, seed: int) -> tuple[list[list[int]], str]:
+def calibration_prompts(engine: Engine, source: str, count: int, tokens: int, seed: int) -> tuple[list[list[int]], str]:
     """`count` prompts of `tokens` ids: random ids, or windows of the stdlib corpus's training split (needs the
     model's tokenizer) -> (prompts, how they were made)."""
     rng = np.random.default_rng(seed)
@@ -47,7 +51,7 @@ def calibration_prompts(engine, source: str, count: int, tokens: int, seed: int)
     return stdlib_prompts(engine, "train", count, tokens, rng), "windows of the stdlib corpus (train split)"
 
 
-def stdlib_prompts(engine, split: str, count: int, tokens: int, rng: np.random.Generator) -> list[list[int]]:
+def stdlib_prompts(engine: Engine, split: str, count: int, tokens: int, rng: np.random.Generator) -> list[list[int]]:
     """`count` windows of `tokens` ids from a random sample of the stdlib split's files (one window each at most,
     so the prompts are different requests, as fMoE's maps assume)."""
     from launch.bench_quality import stdlib_texts
@@ -66,13 +70,13 @@ def stdlib_prompts(engine, split: str, count: int, tokens: int, rng: np.random.G
 @dataclasses.dataclass
 class Calibration:
     vectors_path: str  # default vectors (router modes)
-    estimator: object | None  # EstimatorNet (estimator mode)
-    store: object | None  # ExpertMapStore as built (each expert_map mode serves a copy: serving adds maps)
+    estimator: EstimatorNet | None  # estimator mode
+    store: ExpertMapStore | None  # as built (each expert_map mode serves a copy: serving adds maps)
     record: dict  # what was built from what, and how long it took
 
 
-def build(resident, prompts: list[list[int]], modes: list[str], directory: str, *, distill_steps: int,
-          capacity: int, log) -> Calibration:
+def build(resident: Engine, prompts: list[list[int]], modes: list[str], directory: str, *, distill_steps: int,
+          capacity: int, log: Callable[[str], None]) -> Calibration:
     """Trace `prompts` through the resident engine once; from the traces: default vectors (saved under
     `directory`), an estimator when a mode needs one, an expert-map store (one map per prompt) when one does."""
     import os
@@ -105,26 +109,29 @@ def build(resident, prompts: list[list[int]], modes: list[str], directory: str, 
     return Calibration(path, net, store, made)
 
 
-def store_size(store) -> dict:
+def store_size(store: ExpertMapStore) -> dict:
     return dict(maps=len(store), capacity=store.capacity, bytes=store.nbytes)
 
 
 def engine_options(mode: str, calibration: Calibration) -> dict:
     """The cached placement's options of `mode` (a fresh store copy for an expert_map mode)."""
     from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
-    from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
+    from moejax.offload.predict.expert_maps import ExpertMapPredictor
     name, options = MODES[mode]
     if name is None:
         return {}
     if name == "router":
         return dict(predictor="router", prefetch_distance=1, default_vectors=calibration.vectors_path, **options)
     if name == "estimator":
+        assert calibration.estimator is not None, "built for the estimator mode"
         return dict(predictor=EstimatorPredictor(calibration.estimator), prefetch_distance=1)
+    store = calibration.store
+    assert store is not None, "built for the expert_map modes"
     if options.get("online"):
-        store = calibration.store
         return dict(predictor=ExpertMapPredictor(ExpertMapStore.unsized(store.capacity, store.distance),
                                                  fallback=RouterPredictor(DefaultVectors.load(calibration.vectors_path))),
                     prefetch_distance=1)
     # update=False: every timed run serves the calibration store (serving would add the repeated prompt's own map)
-    return dict(predictor=ExpertMapPredictor(copy.deepcopy(calibration.store), update=False, **options),
+    return dict(predictor=ExpertMapPredictor(copy.deepcopy(store), update=False, semantic=options.get("semantic", True),
+                                             adaptive=options.get("adaptive", True)),
                 prefetch_distance=1)

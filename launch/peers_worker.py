@@ -13,6 +13,8 @@ or {"kind": "generate", "prompts": [ids], "max_new": N}. Engines:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 import argparse
 import json
 import os
@@ -23,23 +25,33 @@ import time
 import numpy as np
 
 
-def _log_softmax(x):
+Request = dict[str, list[int]]  # a scoring request: {"prompt": ids, "candidates": ids}
+T = TypeVar("T")
+
+
+class Peer(Protocol):
+    def score(self, requests: list[Request]) -> list[list[float]]: ...
+
+    def generate(self, prompts: list[list[int]], max_new: int) -> list[list[int]]: ...
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float64)
     m = x.max(-1, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
-def _batches(items, n):
+def _batches(items: list[T], n: int) -> list[list[T]]:
     return [items[i:i + n] for i in range(0, len(items), n)]
 
 
 class MoejaxServe:
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model: str, dtype: str, batch: int) -> None:
         import moejax
         from moejax.sched.batch import serve_lines
         self.engine, self.serve_lines = moejax.load(model, dtype=dtype), serve_lines
 
-    def score(self, requests):
+    def score(self, requests: list[Request]) -> list[list[float]]:
         lines = [json.dumps({"custom_id": str(i), "url": "/v1/score",
                              "body": {"prompt_token_ids": r["prompt"],
                                       "candidate_token_ids": [[c] for c in r["candidates"]]}})
@@ -51,16 +63,16 @@ class MoejaxServe:
                 results = [json.loads(line) for line in f]
         return [[c["logprob"] for c in r["response"]["body"]["results"][0]["candidates"]] for r in results]
 
-    def generate(self, prompts, max_new):
+    def generate(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
         return self.engine.generate(prompts, max_new_tokens=max_new, temperature=0.0)
 
 
 class Moejax(MoejaxServe):
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model: str, dtype: str, batch: int) -> None:
         super().__init__(model, dtype, batch)
         self.batch = batch
 
-    def score(self, requests):
+    def score(self, requests: list[Request]) -> list[list[float]]:
         out = []
         for group in _batches(requests, self.batch):
             logits = self.engine.logits([r["prompt"] for r in group])  # right-padded rows; read each row's last
@@ -71,14 +83,14 @@ class Moejax(MoejaxServe):
 
 
 class Transformers:
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model: str, dtype: str, batch: int) -> None:
         import torch
         import transformers
         torch.set_num_threads(os.cpu_count() or 1)
         self.torch, self.batch = torch, batch
         self.model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
 
-    def score(self, requests):
+    def score(self, requests: list[Request]) -> list[list[float]]:
         out = []
         with self.torch.inference_mode():
             for group in _batches(requests, self.batch):
@@ -90,7 +102,7 @@ class Transformers:
                     out.append([float(lp[c]) for c in r["candidates"]])
         return out
 
-    def generate(self, prompts, max_new):
+    def generate(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
         assert len({len(p) for p in prompts}) == 1, "equal prompt lengths (no padding) keep the engines comparable"
         with self.torch.inference_mode():
             ids = self.torch.tensor(prompts)
@@ -100,16 +112,16 @@ class Transformers:
 
 
 class Vllm:
-    def __init__(self, model, dtype, batch):
+    def __init__(self, model: str, dtype: str, batch: int) -> None:
         from vllm import LLM, SamplingParams
         self.SamplingParams = SamplingParams
         self.llm = LLM(model=model, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=True,
                        max_model_len=2048, seed=0)
 
-    def _prompts(self, ids):
+    def _prompts(self, ids: list[list[int]]) -> list[dict[str, list[int]]]:
         return [{"prompt_token_ids": p} for p in ids]
 
-    def score(self, requests):
+    def score(self, requests: list[Request]) -> list[list[float]]:
         self.llm.reset_prefix_cache()
         params = [self.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=r["candidates"])
                   for r in requests]
@@ -117,17 +129,18 @@ class Vllm:
         return [[float(o.outputs[0].logprobs[0][c].logprob) for c in r["candidates"]]
                 for r, o in zip(requests, outs)]
 
-    def generate(self, prompts, max_new):
+    def generate(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
         self.llm.reset_prefix_cache()
         params = self.SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
         outs = self.llm.generate(self._prompts(prompts), params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
 
-ENGINES = {"moejax-serve": MoejaxServe, "moejax": Moejax, "transformers": Transformers, "vllm": Vllm}
+ENGINES: dict[str, Callable[[str, str, int], Peer]] = {
+    "moejax-serve": MoejaxServe, "moejax": Moejax, "transformers": Transformers, "vllm": Vllm}
 
 
-def main():
+def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--engine", choices=list(ENGINES), required=True)
     p.add_argument("--model", required=True)

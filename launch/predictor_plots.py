@@ -3,6 +3,11 @@ Fig. 3 (cosine drift against layer distance) and Fig. 5 (hit rate by the true ex
 it. matplotlib is the optional `plots` extra, imported only here."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # matplotlib is imported where it draws: the optional plots extra
+    from matplotlib.axes import Axes
+
 
 def plot(recall: list[dict], analyses: dict | None, path: str) -> None:
     try:
@@ -22,7 +27,7 @@ def plot(recall: list[dict], analyses: dict | None, path: str) -> None:
     plt.close(fig)
 
 
-def _recall(ax, recall: list[dict]) -> None:
+def _recall(ax: Axes, recall: list[dict]) -> None:
     rows = [r for r in recall if r["distance"] == 1]
     for r in rows:
         layers = [int(t) for t in r["per_layer"]]
@@ -35,7 +40,7 @@ def _recall(ax, recall: list[dict]) -> None:
     ax.legend()
 
 
-def _drift(ax, drift: list[dict]) -> None:
+def _drift(ax: Axes, drift: list[dict]) -> None:
     """Mean cosine to the true router input against distance, one line per representation (d = 0: 1)."""
     start = next((r["mean"] for r in drift if r["distance"] == 0), None)
     for rep in ("previous_hidden", "quasi_hidden"):
@@ -51,7 +56,7 @@ def _drift(ax, drift: list[dict]) -> None:
     ax.legend()
 
 
-def _alignment(ax, alignment: list[dict]) -> None:
+def _alignment(ax: Axes, alignment: list[dict]) -> None:
     """Hit rate of the true rank-r expert in the quasi-hidden prediction, one line per distance."""
     for r in sorted((r for r in alignment if r["representation"] == "quasi_hidden"), key=lambda r: r["distance"]):
         ranks = list(range(1, len(r["hit_rate_by_rank"]) + 1))

@@ -14,6 +14,9 @@ of the devices present into an attention and an expert group, at a few token cou
 profile, where FinDEP's solver uses them. Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 from __future__ import annotations
 
+from moejax.measure_hardware import Measurement, Shapes
+from moejax.plan.hardware import DepTaskFits, Profile
+from collections.abc import Callable
 import argparse
 import os
 import statistics
@@ -46,11 +49,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_shapes(model: str | None, quick: bool):
+def model_shapes(model: str | None, quick: bool) -> Shapes:
     """The Shapes to measure at; ValueError naming the model when it cannot be read."""
     from moejax.config import ModelConfig
     from moejax.models.checkpoint import CheckpointError, read_config
-    from moejax.measure_hardware import Shapes
     from moejax.presets import preset_config, resolve_embedded
     if model is None:
         return Shapes.generic(quick)
@@ -89,7 +91,7 @@ def writable(path: str) -> bool:
         return False
 
 
-def report(measurement) -> str:
+def report(measurement: Measurement) -> str:
     """The fits' R² and samples and the curves' points, for the reader of stdout (the JSON holds only Profile)."""
     lines = [f"  {role:6s} {p.name}: best {p.flops / 1e9:.1f} GFLOP/s, memory {p.bandwidth / 1e9:.2f} GB/s, launch "
              f"{p.launch_s * 1e6:.1f} us" for role, p in (("device", measurement.profile.device),
@@ -107,7 +109,7 @@ def report(measurement) -> str:
     return "\n".join(lines)
 
 
-def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
+def with_dep_fits(profile: Profile, model: str, dtype: str, quick: bool, log: Callable[[str], None]) -> Profile:
     """The profile with DEP's task fits for every split of the devices present (none on one device)."""
     import dataclasses
 
@@ -124,7 +126,7 @@ def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
     return dataclasses.replace(profile, dep=fits, notes=(profile.notes + "; " if profile.notes else "") + note)
 
 
-def dep_report(fit) -> str:
+def dep_report(fit: DepTaskFits) -> str:
     """One split's fits, and how far they are from the points they were fitted to."""
     from moejax.plan.findep_costs import predict_point
     errors = [abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points if p[-1] > 0]
@@ -135,7 +137,7 @@ def dep_report(fit) -> str:
             f"worst {max(errors):.0%} over {len(errors)} points")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     started = time.perf_counter()
     try:

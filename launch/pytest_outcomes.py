@@ -3,23 +3,24 @@ JSON line as soon as it is known, so a run stopped at its time limit still says 
 report is written only at the end)."""
 from __future__ import annotations
 
+import pytest
 import json
 
 _path: list[str] = []  # the file this session writes to, once configured
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--outcomes", default=None, help="append each test's outcome to this JSON-lines file")
 
 
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     _path[:] = [config.getoption("outcomes")] if config.getoption("outcomes") else []
 
 
-def pytest_runtest_logreport(report):
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not _path or not (report.when == "call" or report.failed or report.skipped):
         return
-    outcome = "error" if report.failed and report.when != "call" else report.outcome
+    outcome: str = "error" if report.failed and report.when != "call" else report.outcome
     if hasattr(report, "wasxfail"):
         outcome = "xfailed" if report.skipped else "xpassed"
     line = dict(test=report.nodeid, outcome=outcome, when=report.when, seconds=round(report.duration, 3))

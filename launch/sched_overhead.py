@@ -6,6 +6,11 @@ decode_s) then hold is host work: bookkeeping, tables and sampling inputs, copie
 delivering finished requests; so is its whole loop's time."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+from moejax.kv_pool import Layer
+from moejax.step_inputs import ChunkRows, PagedDecodeRows
+from moejax.engine import Engine
 import functools
 
 import jax
@@ -20,13 +25,15 @@ TARGET_MS = 2.0  # the target for host overhead per scheduler step, no-op model,
 # pool would be a copy each step (the real steps donate it and write it in place). The carry is kept as the real
 # steps keep it, so chained rows make tokens only where their sequence goes on.
 @functools.partial(jax.jit, static_argnames=("fresh", "token"), keep_unused=True)
-def _chunk(pool, carry, rows, *, fresh, token):
+def _chunk(pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool, token: int
+           ) -> tuple[jax.Array, jax.Array]:
     tok = jnp.full(rows.tokens.shape[:1], token, jnp.int32)
     return carry.at[rows.slot].set(tok, mode="drop"), tok
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "token"), keep_unused=True)
-def _decode(pool, carry, rows, *, steps, token):
+def _decode(pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int, token: int
+            ) -> tuple[jax.Array, jax.Array]:
     live = paged_steps.decode_start(carry, rows, steps).live
     made = (jnp.arange(steps, dtype=jnp.int32)[None, :] < rows.budget[:, None]) & live[:, None]  # its whole budget
     out = jnp.where(made, token, -1).astype(jnp.int32)
@@ -37,21 +44,23 @@ class NoopSteps:
     """`engine` with paged_chunk and paged_decode (moejax.engine.Engine's, same signatures and results) replaced by
     no-ops making `token`; every other attribute is the engine's."""
 
-    def __init__(self, engine, token: int):
+    def __init__(self, engine: Engine, token: int) -> None:
         self._engine, self._token = engine, int(token)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def paged_chunk(self, pool, carry, rows, *, fresh: bool):
+    def paged_chunk(self, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
+                    ) -> tuple[list[Layer], jax.Array, jax.Array]:
         # the host rows straight into the jitted call, as Engine.paged_chunk passes them
         return pool, *_chunk(pool, carry, rows, fresh=fresh, token=self._token)
 
-    def paged_decode(self, pool, carry, rows, *, steps: int):
+    def paged_decode(self, pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int
+                     ) -> tuple[list[Layer], jax.Array, jax.Array]:
         return pool, *_decode(pool, carry, rows, steps=steps, token=self._token)
 
 
-def free_token(reqs: list[dict], eos_ids, vocab: int) -> int:
+def free_token(reqs: list[dict], eos_ids: Iterable[int], vocab: int) -> int:
     """The smallest token id no request stops at (nor the model's eos)."""
     stops = {t for r in reqs for t in r["stop_token_ids"]} | set(eos_ids)
     return next(t for t in range(vocab) if t not in stops)

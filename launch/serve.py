@@ -26,6 +26,9 @@ output made with other settings) exits 1 with a message before anything is writt
 """
 from __future__ import annotations
 
+from moejax.lightning.probe import Probe
+from moejax.sched.runner import Metrics, Progress
+from moejax.engine import Engine
 import argparse
 import contextlib
 import json
@@ -70,7 +73,7 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def parse_args(argv=None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags of the option dataclasses (moejax.options: their defaults, types, choices and help), and this
     command's own: files, Θ, the plots."""
     p = OneLineParser(prog="python -m launch.serve", description=__doc__,
@@ -134,7 +137,7 @@ def read_lines(path: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def check_numbers(args) -> str | None:
+def check_numbers(args: argparse.Namespace) -> str | None:
     """The first numeric flag out of its option's range, as a message naming it; None when all are fine."""
     problem = options.check_flags(args, *OPTION_CLASSES)
     if problem is None and args.process_id is not None and args.num_processes is not None \
@@ -143,7 +146,7 @@ def check_numbers(args) -> str | None:
     return problem
 
 
-def check_settings(args) -> str | None:
+def check_settings(args: argparse.Namespace) -> str | None:
     """The plan's options that go together (a predictor and its files, options that apply to another placement,
     a layout spec), checked as moejax.load would check them but before it, in a message naming the flags."""
     try:
@@ -154,7 +157,7 @@ def check_settings(args) -> str | None:
     return None
 
 
-def load_error(args, e: Exception) -> str:
+def load_error(args: argparse.Namespace, e: Exception) -> str:
     """A failed load as one line: when a flag of the plan caused it (moejax.load names its keyword), naming that
     flag; else naming --model."""
     text = str(e).removeprefix("moejax.load: ")
@@ -162,7 +165,7 @@ def load_error(args, e: Exception) -> str:
     return named if named.startswith("--") else f"--model {args.model}: {text}"
 
 
-def check_plot_extra(args) -> str | None:
+def check_plot_extra(args: argparse.Namespace) -> str | None:
     """--plot draws --explain's plans with matplotlib, an optional extra: without --explain, or without matplotlib,
     the flag is refused before the model loads (it would do nothing)."""
     if not args.plot:
@@ -188,7 +191,7 @@ def write_metrics(path: str | None, summary: dict) -> None:
         sys.exit(f"--metrics {path}: cannot write the run summary: {e.strerror or e} (the results are written)")
 
 
-def check_kernels(args) -> str | None:
+def check_kernels(args: argparse.Namespace) -> str | None:
     """A backend that cannot run on this platform is refused before the weights load."""
     try:
         why = Kernels.parse(args.kernels).unavailable()
@@ -197,7 +200,7 @@ def check_kernels(args) -> str | None:
     return None if why is None else f"--kernels {args.kernels}: {why}"
 
 
-def lightning_explain(engine, args):
+def lightning_explain(engine: Engine, args: argparse.Namespace) -> Probe:
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
     from moejax.lightning.probe import explain_engine
@@ -206,7 +209,7 @@ def lightning_explain(engine, args):
     return probe
 
 
-def plan_plots(engine, args, probe=None) -> list[str]:
+def plan_plots(engine: Engine, args: argparse.Namespace, probe: Probe | None = None) -> list[str]:
     """--explain --plot DIR: the engine's plans drawn (on its hardware profile; lightning: the probed decode call's
     measured pipeline); lines saying what was written."""
     import jax
@@ -248,7 +251,7 @@ def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
     return 1 if summary["requests_batch_failed"] or invalid else 0
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as held:  # the output locks taken below, released however the run ends
         try:
             return _main(parse_args(argv), held)
@@ -258,11 +261,12 @@ def main(argv=None) -> int:
             return 128 + signal.SIGINT
 
 
-def _main(args, held: contextlib.ExitStack) -> int:
-    multi = (args.coordinator, args.num_processes, args.process_id)
-    if None in multi:
-        if any(v is not None for v in multi):
-            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi) if v is None]
+def _main(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
+    given = (args.coordinator, args.num_processes, args.process_id)
+    multi: tuple[str, int, int] | None = given
+    if None in given:
+        if any(v is not None for v in given):
+            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), given) if v is None]
             refuse(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
         multi = None
     elif not args.output:  # and not stdout: CPU collectives (gloo) print their own lines there
@@ -347,7 +351,8 @@ def _main(args, held: contextlib.ExitStack) -> int:
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack) -> int:
+def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack
+                    ) -> int:
     """The run over engine replicas (launch.serve_replicas): the same output, journal, lock, summary and exit
     status as one engine's; --explain explains one engine (loaded here) as every replica would run it."""
     from launch.serve_replicas import format_summary, serve_replicas
@@ -371,7 +376,7 @@ def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: context
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:
+def lock_outputs(args: argparse.Namespace, multi: tuple[str, int, int] | None, held: contextlib.ExitStack) -> None:
     """Exit, before the model loads, when another runner is writing this --output (with its journal) or
     --error-file; else hold their locks until main ends (moejax.sched.output_lock). The error file is locked too:
     it is rewritten whole when a run ends, so two runs sharing one would silently drop the other's failed lines.
@@ -390,14 +395,14 @@ def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:
         sys.exit(refused)
 
 
-def _flag_of(args, path: str | None) -> str:
+def _flag_of(args: argparse.Namespace, path: str | None) -> str:
     """The flag (and value) that named `path`."""
     if args.error_file and path is not None and os.path.realpath(args.error_file) == path:
         return f"--error-file {args.error_file}"
     return f"--output {args.output}"
 
 
-def _check_processes_agree(args, lines: list[str]) -> None:
+def _check_processes_agree(args: argparse.Namespace, lines: list[str]) -> None:
     """Several processes must run the very same batches: each process feeds the rows its own devices hold, so
     different inputs would mix requests silently. Only process 0 keeps a journal, and the others cannot see it
     (other hosts), so a run does not resume: process 0 tells every process whether its output already exists."""
@@ -409,7 +414,7 @@ def _check_processes_agree(args, lines: list[str]) -> None:
                  "processes does not resume (the others cannot see it): remove it or write elsewhere")
 
 
-def _progress_bar(total: int):
+def _progress_bar(total: int) -> Progress | None:
     """A tqdm bar on a terminal (requests, tokens/s); nothing otherwise."""
     if not sys.stderr.isatty() or not total:
         return None
@@ -417,7 +422,7 @@ def _progress_bar(total: int):
     bar = tqdm(total=total, unit="req", file=sys.stderr)
     start = time.perf_counter()
 
-    def update(n, metrics):
+    def update(n: int | None, metrics: Metrics) -> None:
         if n is None:
             bar.close()
             return

@@ -2,6 +2,7 @@
 MoE-Prefill's frontend (moejax.sched.replicas); the output, its journal and resume are the one-engine run's."""
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 
@@ -11,7 +12,7 @@ from moejax.sched.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
 
 
-def serve_replicas(args, lines: list[str], serving: ServingOptions, plan: ReplicaPlan) -> dict:
+def serve_replicas(args: argparse.Namespace, lines: list[str], serving: ServingOptions, plan: ReplicaPlan) -> dict:
     """Start the replicas, serve `lines` into --output, stop them -> the run summary (exits with a message when no
     replica starts or every one dies; the journal keeps what was written)."""
     run = ReplicaRun(functools.partial(replica_engine, args, serving), serving, plan, model=args.model,

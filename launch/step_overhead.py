@@ -9,12 +9,18 @@ computing, and the replay runs each program compiled and warm, as the timed run 
 host's own cores, so the share is near zero and may come out negative (noise); only a GPU run says where it stands."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+from moejax.kv_pool import Layer
+from moejax.engine import Engine
 import dataclasses
 import time
 
 import jax
 import numpy as np
 
+StepMethod = Callable[..., tuple[list[Layer], jax.Array, jax.Array]]  # Engine.paged_chunk, .paged_decode
+T = TypeVar("T")
 STEPS = ("paged_chunk", "paged_decode")  # the Engine methods the scheduler's steps call
 KIND = {"paged_chunk": "chunk", "paged_decode": "decode"}
 
@@ -31,14 +37,18 @@ class Call:
 class StepRecorder:
     """Records the step calls made on `engine` (instance attributes shadow its methods until `close`)."""
 
-    def __init__(self, engine):
-        self.engine, self.calls, self.pool, self.carry = engine, [], None, None
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.calls: list[Call] = []
+        self.pool: list[Layer] | None = None
+        self.carry: jax.Array | None = None
         self.methods = {name: getattr(engine, name) for name in STEPS}
         for name, method in self.methods.items():
             setattr(engine, name, self._recording(name, method))
 
-    def _recording(self, name, method):
-        def call(pool, carry, *args, **kwargs):
+    def _recording(self, name: str, method: StepMethod) -> StepMethod:
+        def call(pool: list[Layer], carry: jax.Array, *args: object, **kwargs: object
+                 ) -> tuple[list[Layer], jax.Array, jax.Array]:
             t0 = time.perf_counter()
             self.pool, self.carry, out = method(pool, carry, *args, **kwargs)
             self.calls.append(Call(name, args, kwargs, out, time.perf_counter() - t0))
@@ -62,7 +72,7 @@ def _as_run(call: Call) -> tuple:
                                 stops=np.full_like(rows.stops, -1)),)
 
 
-def _live(pool):
+def _live(pool: T) -> T:
     """The run's last pool, or zeros of its shapes where a step consumed it (donated): the same compiled programs."""
     return jax.tree.map(lambda a: jax.numpy.zeros(a.shape, a.dtype, device=a.sharding) if a.is_deleted() else a, pool)
 
@@ -82,7 +92,7 @@ def replay(recorder: StepRecorder) -> list[float]:
 def step_times(recorder: StepRecorder, replayed: list[float], scheduler: dict, wall_s: float) -> dict:
     """Per step kind: steps, the scheduler's wall seconds and mean, the calls' own seconds, the replayed seconds and
     the overhead share; for the whole run: the replayed steps' share of its wall time and the rest."""
-    out = {}
+    out: dict[str, dict] = {}
     for name, kind in KIND.items():
         calls = [(c, s) for c, s in zip(recorder.calls, replayed) if c.method == name]
         wall, replay_s = scheduler[f"{kind}_s"], sum(s for _, s in calls)
@@ -97,7 +107,7 @@ def step_times(recorder: StepRecorder, replayed: list[float], scheduler: dict, w
 
 
 def describe(times: dict) -> str:
-    def share(v):
+    def share(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.0%}"
     parts = [f"{kind} {t['calls_recorded']} x {t['mean_step_ms'] or 0:.2f} ms "
              f"(replayed {t['mean_replayed_ms'] or 0:.2f}"

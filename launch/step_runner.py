@@ -86,7 +86,7 @@ def run_step(step: Step, log_path: str, deadline: float, env: dict | None = None
 
 def run_steps(steps: Iterable[Step], log_path: str, budget_s: float, env: dict | None = None,
               echo: Callable[[str], None] = print,
-              after: Callable[[list[StepResult]], None] | None = None) -> list[StepResult]:
+              after: Callable[[list[StepResult]], object] | None = None) -> list[StepResult]:
     """`steps` may be a generator: each step is built when its turn comes (after the steps before it ran).
     after(results so far) runs after each step (the caller writes what it has)."""
     deadline, results = time.monotonic() + budget_s, []

@@ -23,7 +23,7 @@ DEPRECATED_MEM_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 TFRT_GPU_CLIENT = "XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--command-buffers", action="store_true",
                    help=f"XLA:GPU command buffers with loops and conditionals ({COMMAND_BUFFER_FLAG}="
                         f"{COMMAND_BUFFERS}), set before JAX starts")

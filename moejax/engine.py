@@ -15,7 +15,7 @@ from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
 from moejax.models.decoder import MoEModel
-from moejax.placements.base import Placement
+from moejax.placements.base import Placement, Store
 from moejax.sampling import Sampling
 from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
@@ -60,7 +60,7 @@ class Engine:
         self.abstract_params = abstract_state
         self._materialize = materialize
         self._state: nnx.State | None = None
-        self.store = None  # the placement's store (HostStore, DEP's expert group), once the weights are loaded
+        self.store: Store = None  # the placement's store (HostStore, DEP's expert group), once the weights are loaded
         self.placement = placement
         self.plan = plan
         self.decisions = list(decisions)

@@ -23,6 +23,8 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 
+from moejax.sched.prefix_cache import BlockHolder
+
 ROUTINGS = ("prefix", "round_robin", "random")
 
 
@@ -34,7 +36,7 @@ class Job:
     key: int
     match: tuple[bytes, ...]
     stores: tuple[bytes, ...]
-    cost: Callable[[ReplicaMirror], float]
+    cost: Callable[[BlockHolder], float]
     tokens: int = 0  # prompt tokens, for hit rates
 
 

@@ -57,13 +57,16 @@ def recall(predicted: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.any(true[:, :, None] == predicted[:, None, :], axis=2)))
 
 
-def recall_by_layer(steps: LayeredSteps, predictor: Predictor, traces: Traces,
+def recall_by_layer(steps: LayeredSteps, predictor: Predictor | None, traces: Traces,
                     truth: list[tuple[np.ndarray, np.ndarray]] | None = None,
                     predicted: dict[int, tuple] | None = None) -> dict:
-    """-> {"per_layer": {target layer: recall}, "overall": recall over every predicted (token, layer)}."""
+    """-> {"per_layer": {target layer: recall}, "overall": recall over every predicted (token, layer)}. predictor:
+    None where `predicted` holds its predictions already."""
     truth = truth or true_routing(steps, traces)
     position = {layer: m for m, layer in enumerate(traces.moe_layers)}
-    predicted = predicted or predictions(steps, predictor, traces, truth)
+    if not predicted:
+        assert predictor is not None, "recall_by_layer: a predictor, or its predictions"
+        predicted = predictions(steps, predictor, traces, truth)
     per_layer = {t: recall(p, truth[position[t]][0]) for t, (p, _) in sorted(predicted.items())}
     overall = float(np.mean(list(per_layer.values()))) if per_layer else float("nan")  # equal tokens per layer
     return dict(per_layer=per_layer, overall=overall)
