@@ -26,8 +26,7 @@ cores and memory: their times and ratios say nothing about GPUs; only the byte c
 """
 from __future__ import annotations
 
-from typing import cast
-from typing import Any
+from typing import Any, cast
 from moejax.engine import Engine
 from collections.abc import Callable
 import argparse
@@ -50,6 +49,7 @@ from moejax.models.checkpoint import read_config
 from moejax.offload import layered
 from moejax.presets import preset_config
 from moejax.sharding import hlo_comm
+from moejax.sharding.gathered import GatheredStreamed
 from moejax.sharding.layout import Layout
 from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
@@ -197,7 +197,7 @@ def measured_dep(engine: Engine, run_forward: Callable[[], object]) -> dict:
     """One forward's counters between the groups (A->E per attention device + E->A per expert device, as
     moejax.costs counts DEP's "device_put"), and the collectives of the expert group's compiled program summed over
     every token chunk of the forward (compiled once per chunk shape). Means per MoE layer."""
-    placement = engine.layered_steps.placement
+    placement: Any = engine.layered_steps.placement  # Disaggregated, whose run the bench wraps to record chunks
     chunks: list[tuple[int, tuple]] = []
 
     def run(layer: int, *arrays: jax.Array) -> Any:  # records each chunk's shapes on its way to the expert group
@@ -233,6 +233,7 @@ def measured_streamed(engine: Engine, run_forward: Callable[[], object]) -> dict
     """AsyncEP streamed: the collectives of one MoE layer's compiled program (captured from a forward), and the
     host -> device bytes of one forward from engine.stats()."""
     placement = engine.layered_steps.placement
+    assert isinstance(placement, GatheredStreamed), "AsyncEP streamed runs its layers through GatheredStreamed"
     captured: dict[str, tuple[layered.Layer, tuple, dict]] = {}
     call = layered.Layer.__call__
 

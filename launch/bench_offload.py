@@ -32,6 +32,8 @@ from __future__ import annotations
 from typing import Any
 from moejax.offload.saturation import Saturation
 from moejax.engine import Engine
+from moejax.offload.cached import CachedExpertsRuntime
+from moejax.offload.predict.expert_maps import ExpertMapPredictor
 from collections.abc import Callable
 import argparse
 import gc
@@ -344,7 +346,10 @@ def decode(args: argparse.Namespace, peak_gb_per_s: float, resident: Engine, sav
             engine = _load(args, placement="cached", cache_slots=slots, eviction=args.eviction, **options)
             rows.append(_decode_case(name, engine, prompt, args, reference))
             if name.startswith("expert_map"):
-                rows[-1]["store"] = offload_modes.store_size(engine.layered_steps.placement.predictor.store)
+                runtime = engine.layered_steps.placement
+                assert isinstance(runtime, CachedExpertsRuntime), "placement cached"
+                assert isinstance(runtime.predictor, ExpertMapPredictor), "expert-map modes predict by maps"
+                rows[-1]["store"] = offload_modes.store_size(runtime.predictor.store)
             save(dict(rows=rows), f"decode {name}")
             del engine
             gc.collect()

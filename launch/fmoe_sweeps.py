@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 from moejax.engine import Engine
+from moejax.offload.cached import CachedExpertsRuntime
+from moejax.offload.predict.expert_maps import ExpertMapPredictor
 import argparse
 import copy
 import gc
@@ -66,8 +68,10 @@ def fmoe(args: argparse.Namespace, resident: Engine, save: Callable[[dict, str],
     def run(name: str, sweep: str, value: int, cache_slots: int, **options: Any) -> None:
         engine = load(args, placement="cached", cache_slots=cache_slots, eviction=args.eviction, **options)
         row = decode_case(f"{name} {sweep}={value}", engine, prompt, args, reference)
-        predictor = engine.layered_steps.placement.predictor
-        if predictor is not None:
+        runtime = engine.layered_steps.placement
+        assert isinstance(runtime, CachedExpertsRuntime), "placement cached"
+        predictor = runtime.predictor
+        if isinstance(predictor, ExpertMapPredictor):
             predictor.drain()
             row["store"] = dict(offload_modes.store_size(predictor.store), policy=predictor.store.policy,
                                 hits=int(predictor.store.hits.sum()))
