@@ -1,6 +1,7 @@
 """Sampling (moejax.sampling): the temperature, top_k, top_p and min_p filters against transformers' logits warpers,
 applied in the same order; per-row settings as arrays, so new values compile nothing; top_k 1 is greedy and seeded
 draws do not depend on a request's neighbours, end to end through Engine.generate and the batch runner."""
+import dataclasses
 import json
 
 import jax
@@ -12,6 +13,7 @@ import moejax
 from moejax import compiles
 from moejax.sampling import Sampling, SamplingParams, filtered, sample
 from moejax.sched.batch import serve_lines
+from moejax.sched.requests import parse_line
 from moejax.sched.serving_options import ServingOptions
 
 V = 64
@@ -64,6 +66,19 @@ def test_draws_stay_in_the_kept_tokens():
     assert abs((draws == 0).mean() - 0.4 / 0.8) < 0.03
     draws = np.asarray(sample(logits, ones, ones, keys, top_k=jnp.zeros(4000, jnp.int32), min_p=jnp.full(4000, 0.5)))
     assert set(draws.tolist()) == {0, 1}  # 0.15 < 0.5 * 0.4
+
+
+def test_each_field_is_a_request_field_and_a_row_array():
+    """Every SamplingParams field is read from a request by its name (the parser takes them from
+    moejax.sampling.RULES) and, but the seed (which makes the rows' keys), is a per-row array of the step's Sampling:
+    a new field needs neither the parser nor the steps changed."""
+    values = {"temperature": 0.5, "top_p": 0.9, "top_k": 7, "min_p": 0.1, "seed": 3}
+    assert set(values) == {f.name for f in dataclasses.fields(SamplingParams)}
+    line = json.dumps({"custom_id": "a", "url": "/v1/completions", "body": {"prompt_token_ids": [1], **values}})
+    assert parse_line(line, 1, tokenizer=None, vocab_size=V, max_context=64).sampling == SamplingParams(**values)
+    rows = Sampling.of([SamplingParams(**values)], np.zeros((2, 2), np.uint32), np.zeros(2, np.int32), rows=2)
+    for name in set(values) - {"seed"}:
+        np.testing.assert_allclose(getattr(rows, name), [values[name], getattr(SamplingParams(), name)], rtol=1e-6)
 
 
 def test_bad_values_name_the_field():
