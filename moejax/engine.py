@@ -1,8 +1,9 @@
 """Engine: a loaded model with jit-compiled full-sequence, packed-scoring, prefill and decode steps."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from moejax.kernels.backends import Kernels
 from moejax.kv_pool import BLOCK
 from moejax.models.decoder import MoEModel
 from moejax.placements.base import Placement, Store
-from moejax.sampling import Sampling
+from moejax.sampling import Sampling, SamplingParams
 from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 if TYPE_CHECKING:
@@ -266,15 +267,18 @@ class Engine:
             return group_rows(padded, make_mesh(self.layout.attn_devices))
         return shard_rows(padded, make_mesh(self.layout.devices))
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                 stop_token_ids: Sequence[int] | None = None, sampling: SamplingParams | None = None,
+                 **fields: Any) -> list[list[int]]:
         """New tokens for each prompt (greedy when temperature is 0). A sequence ends after
         `max_new_tokens` or after emitting one of `stop_token_ids` (kept as its last token).
-        Row r samples with the key fold_in(key(seed), r)."""
+        How tokens are drawn: `sampling`, with any of its fields given by keyword instead (temperature=0.7,
+        top_p, top_k, min_p, seed; moejax.sampling.SamplingParams). Row r samples with the key
+        fold_in(key(seed), r), seed 0 when none is given."""
         if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1; got {temperature}, {top_p}")
+        params = dataclasses.replace(sampling or SamplingParams(), **fields)  # checks each (ValueError naming it)
+        seed = 0 if params.seed is None else params.seed
         prompts = [list(p) for p in prompts]
         for i, p in enumerate(prompts):
             if not p:
@@ -287,12 +291,12 @@ class Engine:
             return [[] for _ in prompts]
         n = len(prompts)
         keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(seed), r))(jnp.arange(n, dtype=jnp.uint32))
-        out, _ = self.generate_rows(prompts, [max_new_tokens] * n, temperature=[temperature] * n,
-                                    top_p=[top_p] * n, keys=keys, stop_token_ids=[stop_token_ids or ()] * n)
+        out, _ = self.generate_rows(prompts, [max_new_tokens] * n, sampling=[params] * n, keys=keys,
+                                    stop_token_ids=[stop_token_ids or ()] * n)
         return out
 
     def generate_rows(self, prompts: Sequence[Sequence[int]], max_new: Sequence[int], *,
-                      temperature: Sequence[float], top_p: Sequence[float], keys: jax.Array,
+                      sampling: Sequence[SamplingParams], keys: jax.Array,
                       stop_token_ids: Sequence[Sequence[int]], pool: list[Layer] | None = None,
                       prior_blocks: Sequence[Sequence[int]] | None = None,
                       store_blocks: Sequence[Sequence[tuple[int, int]]] | None = None,
@@ -301,7 +305,8 @@ class Engine:
         With a prefix pool: prior_blocks[r] = pool blocks holding prompt r's first 16*len tokens (the prefill
         starts after them); store_blocks[r] = [(block id, first position)] of prompt blocks to keep in the pool.
         expand[j]: the prompt that output row j continues (several choices share one prefill); then max_new,
-        temperature, top_p, keys and stop_token_ids are per output row. Returns (new tokens per row, pool)."""
+        sampling, keys and stop_token_ids are per output row (sampling's seeds unused: keys are the rows'). Returns
+        (new tokens per row, pool)."""
         n = len(prompts)
         m = n if expand is None else len(expand)
         B, Bm = self.padded_rows(n), self.padded_rows(m)
@@ -334,14 +339,13 @@ class Engine:
         stops = _pad_rows([list(s) for s in stop_token_ids], Bm, bucket(max(map(len, stop_token_ids), default=0), 4),
                           -1)
         row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (Bm - m,))]) if Bm > m else keys
-        row = lambda values, fill: jnp.asarray(np.array(list(values) + [fill] * (Bm - m), np.float32))  # noqa: E731
-        sampling = Sampling(row(temperature, 0.0), row(top_p, 1.0), row_keys, jnp.zeros((Bm,), jnp.int32))
+        row_sampling = jax.tree.map(jnp.asarray, Sampling.of(sampling, row_keys, np.zeros((Bm,), np.int32), Bm))
         maxn = np.ones((Bm,), np.int32)
         maxn[:m] = max_new
-        prefill = PrefillRows(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(last), sampling,
+        prefill = PrefillRows(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(last), row_sampling,
                               **{k: jnp.asarray(v) for k, v in extra.items()})
         cache, first, pool = self.steps.prefill(self.params, pool, prefill, cache_len=cache_len)
-        decode = DecodeRows(first, jnp.asarray(lengths), jnp.asarray(stops), jnp.asarray(maxn), sampling)
+        decode = DecodeRows(first, jnp.asarray(lengths), jnp.asarray(stops), jnp.asarray(maxn), row_sampling)
         out, count = self.steps.decode(self.params, cache, decode, steps=steps)
         out, count = _to_host(out), _to_host(count)
         return [out[i, : count[i]].tolist() for i in range(m)], pool

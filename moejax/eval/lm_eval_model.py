@@ -26,6 +26,7 @@ from tqdm import tqdm
 from moejax.eval.generation import Completion, generate
 from moejax.eval.scoring import Scorer
 from moejax.eval.tokens import EvalTokenizer
+from moejax.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
@@ -256,8 +257,8 @@ class MoejaxLM(TemplateLM):
                 raise ValueError(f"generate_until request {i}: max_gen_toks {max_gen} leaves no room for the context "
                                  f"in max_length {self.max_length}")
             temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
-            jobs.append(Completion(tuple(self._context_tokens(context, room)), max_gen, tuple(until),
-                                   temperature, float(kwargs.get("top_p", 1.0)), self.seed + i))
+            sampling = SamplingParams(temperature, float(kwargs.get("top_p", 1.0)), seed=self.seed + i)
+            jobs.append(Completion(tuple(self._context_tokens(context, room)), max_gen, tuple(until), sampling))
             stops.append(until)
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="Running generate_until requests")
         outs = generate(self.engine, jobs, lambda ids: self.tok_decode(ids), kv_pool_mb=self.kv_pool_mb,

@@ -17,7 +17,7 @@ from moejax.lightning.pipeline import LightningSteps
 from moejax.lightning.trace import MeasuredEvent, Timeline, busy
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import profile_for
-from moejax.sampling import Sampling
+from moejax.sampling import Sampling, SamplingParams
 from moejax.step_inputs import PagedDecodeRows
 
 if TYPE_CHECKING:
@@ -74,8 +74,7 @@ def probe_decode(engine: Engine, rows: int, context: int, tokens: int = 2) -> Pr
     per_row = -(-(context + tokens) // BLOCK)
     pool = engine.init_pool(rows * per_row, decode=True)
     table = np.arange(rows * per_row, dtype=np.int32).reshape(rows, per_row)
-    sampling = Sampling(np.zeros(rows, np.float32), np.ones(rows, np.float32),
-                        np.zeros((rows, 2), np.uint32), np.zeros(rows, np.int32))
+    sampling = Sampling.of([SamplingParams()] * rows, np.zeros((rows, 2), np.uint32), np.zeros(rows, np.int32))
     inputs = PagedDecodeRows(np.zeros(rows, np.int32), np.zeros(rows, bool), np.full(rows, context, np.int32),
                              np.full(rows, tokens, np.int32), table, np.arange(rows, dtype=np.int32),
                              np.full((rows, 1), -1, np.int32), sampling)

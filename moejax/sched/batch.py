@@ -150,10 +150,11 @@ def engine_settings(engine: Engine) -> dict:
 def with_seed(request: Request, nonce: int, rid: str) -> Request:
     """A completion without a seed gets one of its own, drawn from the run's nonce and the request's id: different
     for every request and run, the same when a journal is resumed (it keeps its nonce). It is in the result."""
-    if not isinstance(request, CompletionRequest) or request.seed is not None:
+    if not isinstance(request, CompletionRequest) or request.sampling.seed is not None:
         return request
     digest = hashlib.blake2b(f"{nonce}:{rid}".encode(), digest_size=8).digest()
-    return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
+    seed = int.from_bytes(digest, "little") >> 1
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
 
 
 def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions = ServingOptions()) -> str:

@@ -87,7 +87,7 @@ class Bodies:
                          else self.completion_logprobs(req, c, prompt_logprobs)}
             out.append({**entry, "token_ids": c.tokens, "finish_reason": c.finish_reason})
         completion = sum(len(c.tokens) for c, _ in choices)
-        body.update(choices=out, seed=req.seed, usage={
+        body.update(choices=out, seed=req.sampling.seed, usage={
             "prompt_tokens": len(req.prompt), "completion_tokens": completion,
             "total_tokens": len(req.prompt) + completion, "prompt_tokens_details": {"cached_tokens": cached},
             "cached_prompt_tokens": cached})

@@ -37,7 +37,7 @@ import numpy as np
 from moejax.buckets import bucket, rows_bucket
 from moejax.kernels.attention.paged_xla import blocks_per_step
 from moejax.kv_pool import BLOCK, Layer
-from moejax.sampling import Sampling, StepArray
+from moejax.sampling import Sampling, SamplingParams, StepArray
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
@@ -74,8 +74,7 @@ class GenRequest:
     key: np.ndarray
     stop_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
-    temperature: float = 0.0
-    top_p: float = 1.0
+    sampling: SamplingParams = SamplingParams()  # its seed unused: `key` is this sequence's
     tag: object = None
     # the text stop strings are looked for in, of the generated tokens (None: the scheduler's decode_text)
     text: Callable[[Sequence[int]], str | None] | None = None
@@ -353,12 +352,10 @@ class Scheduler:
     def _sampling(self, seqs: Sequence[_Seq], rows: int) -> Sampling:
         """The rows' Sampling, its keys as raw key data (the steps wrap them on the device)."""
         pad = rows - len(seqs)  # built as lists, converted once: a row at a time costs more (host time per step)
-        temp = np.array([s.req.temperature for s in seqs] + [0.0] * pad, np.float32)
-        top_p = np.array([s.req.top_p for s in seqs] + [1.0] * pad, np.float32)
         count = np.array([len(s.out) + s.ahead for s in seqs] + [0] * pad, np.int32)
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
         keys[: len(seqs)] = [s.req.key for s in seqs]
-        return Sampling(temp, top_p, keys, count)
+        return Sampling.of([s.req.sampling for s in seqs], keys, count, rows)
 
     def _launch_chunk(self, riders: dict[_Seq, tuple[int, int]]) -> _ChunkLaunch | None:
         """Dispatch one chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of

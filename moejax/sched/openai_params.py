@@ -13,7 +13,7 @@ _ANY_BOOL = "true or false"
 # field -> the values that mean "not used" (numbers compare by value, booleans by identity: JSON 0 is not false)
 NO_OPS: dict[str, tuple | str] = {
     "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
-    "top_k": (-1, 0), "min_p": (0,), "min_tokens": (0,),
+    "min_tokens": (0,),
     "stream": (False,), "stream_options": _ANY_OBJECT, "logit_bias": ({},), "suffix": ("",),
     "ignore_eos": (False,), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
     "include_stop_str_in_output": (False,), "service_tier": ("auto", "default"), "store": (False,),

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from moejax.sampling import RULES, SamplingParams
 from moejax.sched.fields import Invalid, flag, is_int, nonempty_list, number, reject_unknown, show, string_field
 from moejax.sched.openai_params import NO_OP_KEYS, check_no_ops
 
@@ -28,7 +29,8 @@ MAX_N = 128  # choices per request
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's chat limit; vLLM's default max_logprobs)
 
 _ENVELOPE_KEYS = ("custom_id", "method", "url", "body")
-_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids", "n", "skip_special_tokens",
+# SamplingParams' fields (moejax.sampling.RULES: temperature, top_p, top_k, min_p, seed), then the rest
+_SAMPLING_KEYS = ("max_tokens", *RULES, "stop", "stop_token_ids", "n", "skip_special_tokens",
                   "spaces_between_special_tokens", "include_stop_str_in_output")
 _BODY_KEYS = {
     SCORE_URL: ("prompt", "prompt_token_ids", "candidates", "candidate_token_ids", "suffixes", "n", "model", "user"),
@@ -38,7 +40,6 @@ _BODY_KEYS = {
 }
 SGLANG_SCORE_KEYS = ("query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "user")
 _BODY_KEYS[VLLM_SCORE_URL] = SGLANG_SCORE_KEYS + ("add_special_tokens", "priority")
-_SEED_RANGE = (-2**63, 2**63)  # what jax.random.key accepts
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,8 @@ class CompletionRequest:
     custom_id: str
     prompt: tuple[int, ...]
     max_tokens: int  # 0 only with echo: the prompt's log-probabilities, nothing generated
-    temperature: float
-    top_p: float
-    seed: int | None  # None: the runner draws one (results.ResultStore.seed_nonce) and reports it
+    # how its tokens are drawn; seed None: the runner draws one (results.ResultStore.seed_nonce) and reports it
+    sampling: SamplingParams
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
     n: int = 1  # choices, sharing the prompt's prefill
@@ -330,16 +330,7 @@ class _Parser:
         return value
 
     def sampling(self, body: dict) -> dict:
-        """temperature, top_p, seed, stop, stop_token_ids, n and the text's options, checked."""
-        temperature = number(body.get("temperature", 0.0), "body.temperature")
-        if temperature < 0:
-            raise Invalid(f"body.temperature: must be >= 0; got {temperature}")
-        top_p = number(body.get("top_p", 1.0), "body.top_p")
-        if not 0 < top_p <= 1:
-            raise Invalid(f"body.top_p: must be in (0, 1]; got {top_p}")
-        seed = body.get("seed")
-        if seed is not None and (not is_int(seed) or not _SEED_RANGE[0] <= seed < _SEED_RANGE[1]):
-            raise Invalid(f"body.seed: must be an int in [-2**63, 2**63); got {show(seed)}")
+        """SamplingParams, stop, stop_token_ids, n and the text's options, checked."""
         n = body.get("n", 1)
         if not is_int(n) or not 1 <= n <= MAX_N:
             raise Invalid(f"body.n: must be an int in [1, {MAX_N}]; got {show(n)}")
@@ -351,9 +342,26 @@ class _Parser:
         # vLLM's spaces_between_special_tokens joins the pieces of a slow tokenizer's decode; a fast tokenizer (every
         # tokenizer.json, so moejax's) ignores it, in vLLM too: accepted, checked, and it changes nothing
         flag(body, "spaces_between_special_tokens", True)
-        return dict(temperature=temperature, top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_ids, n=n,
+        return dict(sampling=self.sampling_params(body), stop=stop, stop_token_ids=stop_ids, n=n,
                     skip_special_tokens=flag(body, "skip_special_tokens", True),
                     include_stop_str_in_output=flag(body, "include_stop_str_in_output", False))
+
+    def sampling_params(self, body: dict) -> SamplingParams:
+        """SamplingParams from the body's fields of the same names (moejax.sampling.RULES), defaults for the rest."""
+        values: dict[str, float] = {}
+        for key, (kind, rule, _) in RULES.items():
+            if key not in body:
+                continue
+            if kind is float:
+                values[key] = number(body[key], f"body.{key}")
+            elif is_int(body[key]):
+                values[key] = body[key]
+            else:
+                raise Invalid(f"body.{key}: must be {rule}; got {show(body[key])}")
+        try:
+            return SamplingParams(**values)  # type: ignore[arg-type]  # each value of its field's type, as RULES says
+        except ValueError as e:  # out of its range, named by field
+            raise Invalid(f"body.{e}") from None
 
     def check_context(self, body: dict, prompt: tuple[int, ...], prompt_path: str, key: str, max_tokens: int) -> None:
         """The prompt and max_tokens (under `key`, as sent; or its default) fit the model's context. A prompt that

@@ -6,7 +6,7 @@ import pytest
 
 import moejax
 from launch import bench, bench_generate, generate_workloads, sched_overhead
-from moejax.sampling import Sampling
+from moejax.sampling import Sampling, SamplingParams
 from moejax.step_inputs import ChunkRows, PagedDecodeRows
 from launch.bench_results import read_runs
 from conftest import fixture_dir
@@ -50,7 +50,7 @@ def test_noop_steps_keep_the_pool_and_fill_each_budget():
     keys = jax.random.split(jax.random.key(0), 4)
     rows, carry = np.zeros(4, np.int32), np.full(4, -1, np.int32)
     slot = np.array([0, 4, 2, 4], np.int32)  # rows 1 and 3 keep no token
-    sampling = Sampling(np.zeros(4, np.float32), np.ones(4, np.float32), keys, rows)
+    sampling = Sampling.of([SamplingParams()] * 4, keys, rows)
     same, carry, tok = noop.paged_chunk(pool, carry, ChunkRows(np.zeros((4, 16), np.int32), rows, rows,
                                                                np.zeros((4, 8), np.int32), slot, sampling), fresh=True)
     assert same[0]["k"] is pool[0]["k"] and tok.shape == (4,) and tok.dtype == np.int32 and set(np.asarray(tok)) == {7}

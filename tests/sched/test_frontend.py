@@ -10,6 +10,7 @@ from collections import Counter, deque
 
 import pytest
 
+from moejax.sampling import SamplingParams
 from moejax.config import ModelConfig
 from moejax.costs import true_prefill_flops
 from moejax.kv_pool import BLOCK
@@ -161,7 +162,7 @@ def tokens(n: int, seed: int) -> tuple[int, ...]:
 
 
 def completion(prompt: tuple[int, ...], max_tokens: int, n: int) -> CompletionRequest:
-    return CompletionRequest(1, "c", prompt, max_tokens, 0.0, 1.0, 0, (), (), n=n, echo=max_tokens == 0)
+    return CompletionRequest(1, "c", prompt, max_tokens, SamplingParams(seed=0), (), (), n=n, echo=max_tokens == 0)
 
 
 def score(prompt: tuple[int, ...], candidates: list[tuple[int, ...]],

@@ -10,6 +10,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 import moejax
+from moejax.sampling import SamplingParams
 from moejax.presets import embedded_dir
 from moejax.sched.batch import serve_lines
 from moejax.sched.bodies import Bodies, Choice
@@ -151,7 +152,7 @@ def test_chat_bytes_of_the_raw_byte_0xfe(tokenizer, kind):
         tok, fe, word = tokenizer, tokenizer.token_to_id("þ"), tokenizer.token_to_id("Ġthe")  # GPT-2: 0xFE is "þ"
     else:
         tok, fe, word = sentencepiece_tokenizer()
-    req = CompletionRequest(1, "c", (5, 6), 2, 0.0, 1.0, 0, (), (), logprobs=2, chat=True)
+    req = CompletionRequest(1, "c", (5, 6), 2, SamplingParams(seed=0), (), (), logprobs=2, chat=True)
     body = Bodies(tok, "m", "fp").completion(req, "1", [(Choice([fe, word], "length", [-0.5, -1.0],
                                                                 [[(fe, -0.5), (word, -2.0)], [(word, -1.0)]]), "x")],
                                              0, None)

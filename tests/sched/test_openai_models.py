@@ -12,6 +12,7 @@ from openai.types import BatchError, Completion, CompletionChoice, ErrorObject  
 from openai.types.chat import ChatCompletion  # noqa: E402
 from openai.types.completion_choice import Logprobs  # noqa: E402
 
+from moejax.sampling import SamplingParams  # noqa: E402
 from moejax.sched.batch import serve_lines  # noqa: E402
 from moejax.sched.bodies import Bodies, Choice  # noqa: E402
 from moejax.sched.requests import CompletionRequest  # noqa: E402
@@ -127,7 +128,7 @@ def test_chat_bodies_are_openai_chat_completions(lines, i):
 def test_a_model_without_tokenizer_answers_text_as_a_string():
     """A preset without a tokenizer (token ids in, token ids out): `text` is "" (vLLM's without detokenizing), not
     null, and the tokens are named token_id:N."""
-    req = CompletionRequest(1, "c", (5, 6, 7), 2, 0.0, 1.0, 0, (), (), logprobs=1, echo=True)
+    req = CompletionRequest(1, "c", (5, 6, 7), 2, SamplingParams(seed=0), (), (), logprobs=1, echo=True)
     choice = Choice([8, 9], "length", [-0.1, -0.2], [[(8, -0.1)], [(9, -0.2)]])
     body = Bodies(None, "preset", "fp").completion(req, "1", [(choice, None)], 0,
                                                    ([-1.0, -2.0], [[(6, -1.0)], [(7, -2.0)]]))

@@ -8,6 +8,7 @@ from tokenizers import Tokenizer
 
 from garbage import FORMAT_EXAMPLES, damage
 
+from moejax.sampling import SamplingParams
 from moejax.chat import ChatTemplate
 from moejax.sched.requests import (
     MAX_N, BadLine, Candidate, CompletionRequest, ScoreRequest, parse_line, parse_lines,
@@ -71,21 +72,30 @@ def test_score_suffixes_mixed_text_and_ids():
 
 def test_completion_defaults():
     r = complete({"prompt": "hello"})
-    assert r == CompletionRequest(7, "r1", tuple(TOKENIZER.encode("hello").ids), 16, 0.0, 1.0, None, (), (),
+    assert r == CompletionRequest(7, "r1", tuple(TOKENIZER.encode("hello").ids), 16, SamplingParams(), (), (),
                                  prompt_text="hello")  # seed None: the runner draws one
 
 
 def test_completion_all_fields_and_openai_keys():
     r = complete({"prompt_token_ids": [5], "max_tokens": 3, "temperature": 1, "top_p": 0.5, "seed": -4,
                   "stop": ["\n", "end"], "stop_token_ids": [0, 255], "model": "anything", "n": 1, "user": "u"})
-    assert r == CompletionRequest(7, "r1", (5,), 3, 1.0, 0.5, -4, ("\n", "end"), (0, 255), model="anything")
-    assert isinstance(r.temperature, float)
+    assert r == CompletionRequest(7, "r1", (5,), 3, SamplingParams(1.0, 0.5, seed=-4), ("\n", "end"), (0, 255),
+                                  model="anything")
+    assert isinstance(r.sampling.temperature, float)
     assert complete({"prompt_token_ids": [5], "stop": "x"}).stop == ("x",)
+
+
+@pytest.mark.parametrize("top_k, min_p", [(0, 0), (-1, 0.0), (1, 1), (40, 0.05), (10**30, 0.5)])
+def test_top_k_and_min_p_are_sampling_fields(top_k, min_p):
+    body = {"top_k": top_k, "min_p": min_p, "temperature": 0.5}
+    assert complete({"prompt_token_ids": [5], **body}).sampling == SamplingParams(0.5, top_k=top_k, min_p=min_p)
+    r = chat({"messages": [{"role": "user", "content": "fox"}], **body})
+    assert (r.sampling.top_k, r.sampling.min_p) == (top_k, min_p)
 
 
 def test_null_means_absent_and_method_may_be_missing():
     r = complete({"prompt_token_ids": [5], "stop": None, "temperature": None, "prompt": None})
-    assert r.stop == () and r.temperature == 0.0
+    assert r.stop == () and r.sampling.temperature == 0.0
     ok = parse(json.dumps({"custom_id": "a", "url": "/v1/score",
                            "body": {"prompt_token_ids": [1], "candidate_token_ids": [[2]]}}))
     assert isinstance(ok, ScoreRequest)
@@ -226,6 +236,12 @@ COMPLETE_OK = {"prompt_token_ids": [1, 2]}
     ({**COMPLETE_OK, "top_p": float("inf")}, "body.top_p: must be a finite number; got Infinity"),
     ({**COMPLETE_OK, "seed": 1.5}, "body.seed: must be an int in [-2**63, 2**63); got 1.5"),
     ({**COMPLETE_OK, "seed": 2**63}, "body.seed: must be an int in [-2**63, 2**63); got 9223372036854775808"),
+    ({**COMPLETE_OK, "top_k": -2}, "body.top_k: must be an int >= 1, or 0 or -1 (all tokens); got -2"),
+    ({**COMPLETE_OK, "top_k": 2.5}, "body.top_k: must be an int >= 1, or 0 or -1 (all tokens); got 2.5"),
+    ({**COMPLETE_OK, "top_k": True}, "body.top_k: must be an int >= 1, or 0 or -1 (all tokens); got true"),
+    ({**COMPLETE_OK, "min_p": 1.5}, "body.min_p: must be in [0, 1]; got 1.5"),
+    ({**COMPLETE_OK, "min_p": -0.1}, "body.min_p: must be in [0, 1]; got -0.1"),
+    ({**COMPLETE_OK, "min_p": "0.1"}, "body.min_p: must be a finite number; got '0.1'"),
     ({**COMPLETE_OK, "stop": 5}, "body.stop: must be a string or a list of strings; got 5"),
     ({**COMPLETE_OK, "stop": ""}, "body.stop: must be a non-empty string; got ''"),
     ({**COMPLETE_OK, "stop": ["a", ""]}, "body.stop[1]: must be a non-empty string; got ''"),
@@ -362,7 +378,7 @@ def test_completion_choices_logprobs_and_echo():
 
 
 @pytest.mark.parametrize("field, default", [
-    ("frequency_penalty", 0), ("presence_penalty", 0.0), ("stream", False), ("logit_bias", {}), ("top_k", -1),
+    ("frequency_penalty", 0), ("presence_penalty", 0.0), ("stream", False), ("logit_bias", {}), ("min_tokens", 0),
     ("repetition_penalty", 1), ("stream_options", {"include_usage": True}), ("metadata", {"a": "b"}),
     ("response_format", {"type": "text"}), ("service_tier", "auto"), ("suffix", ""),
 ])
@@ -394,7 +410,7 @@ def test_chat_fields():
     msgs = [{"role": "user", "content": "fox"}]
     r = chat({"messages": msgs, "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 3, "n": 2, "seed": 5,
               "temperature": 0.7, "stop": ["x"]})
-    assert (r.max_tokens, r.logprobs, r.n, r.seed, r.temperature, r.stop) == (4, 3, 2, 5, 0.7, ("x",))
+    assert (r.max_tokens, r.logprobs, r.n, r.sampling.seed, r.sampling.temperature, r.stop) == (4, 3, 2, 5, 0.7, ("x",))
     assert chat({"messages": msgs, "logprobs": True}).logprobs == 0
     assert chat({"messages": msgs, "logprobs": False}).logprobs is None
     assert error(chat({"messages": msgs, "top_logprobs": 2})) == "body.top_logprobs: needs logprobs: true"
