@@ -3,24 +3,29 @@ plan, Θ for placements that copy experts, the run's settings (the journal's fin
 run and each engine replica (moejax.serving.replicated), so every replica is the engine a one-engine run would load."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import sys
 
+import jax
+
 import moejax
-from moejax.serving.model_options import ModelOptions
 from moejax import options
+from moejax.engine import Engine
 from moejax.offload.saturation import profile_saturation
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
 from moejax.presets import resolve_embedded
+from moejax.replicas.run import ReplicaPlan
 from moejax.sched.batch import engine_settings, line_list, unservable_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.serving_options import ServingOptions
+from moejax.serving.model_options import ModelOptions
 
 
-def load(args, serving: ServingOptions):
+def load(args: argparse.Namespace, serving: ServingOptions) -> Engine:
     """The model with the flags' plan: placement, layout and profile, its auto choices made for batches of
     --max-batch-tokens."""
     model = options.from_args(ModelOptions, args)
@@ -30,7 +35,7 @@ def load(args, serving: ServingOptions):
     return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels, plan=plan)
 
 
-def refusal(engine, args, lines: list[str]) -> str | None:
+def refusal(engine: Engine, args: argparse.Namespace, lines: list[str]) -> str | None:
     """What the engine's placement cannot serve, as a one-line error, found before any weight loads: --kv-cache on
     without a prefix pool; completions that generate without generation (unless --allow-invalid-lines: they are
     answered 400 with the reason)."""
@@ -45,7 +50,7 @@ def refusal(engine, args, lines: list[str]) -> str | None:
     return None
 
 
-def replica_notes(replicas) -> list[str]:
+def replica_notes(replicas: ReplicaPlan) -> list[str]:
     """Replica options a one-engine run does not use (kept, said as ignored)."""
     if replicas.replicas == 1 and not replicas.ray and replicas.devices_per_replica != 1:
         return [f"--devices-per-replica {replicas.devices_per_replica} is ignored: it sizes each engine replica, and "
@@ -53,7 +58,7 @@ def replica_notes(replicas) -> list[str]:
     return []
 
 
-def set_saturation(engine, args) -> None:
+def set_saturation(engine: Engine, args: argparse.Namespace) -> None:
     """Θ of a placement that copies experts during a forward (its theta_mode): under --theta profile measured on the
     engine (Eq. 3) where its layer loop can be timed (profiles_theta: streamed, AsyncEP from the host); otherwise the
     one load made by Eq. 1 from the hardware profile (resident experts=async_ep: its all-gather), which needs a
@@ -64,7 +69,6 @@ def set_saturation(engine, args) -> None:
     if args.theta == "profile" and engine.placement.profiles_theta:
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens or 512))
     elif engine.saturation is None:  # load found no profile: say why
-        import jax
         try:
             profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
         except ValueError as e:
@@ -74,13 +78,13 @@ def set_saturation(engine, args) -> None:
                   f"needs a hardware profile: {e}; prefill batches follow the token budget alone", file=sys.stderr)
 
 
-def run_settings(args, engine) -> dict:
+def run_settings(args: argparse.Namespace, engine: Engine) -> dict[str, object]:
     """What decides this run's results (the journal records it; a resume must match): see settings_for."""
     return settings_for(args, engine_settings(engine),
                         engine.memory_budget.placement if engine.memory_budget is not None else None)
 
 
-def settings_for(args, base: dict, placement: str | None) -> dict:
+def settings_for(args: argparse.Namespace, base: dict[str, object], placement: str | None) -> dict[str, object]:
     """The run's settings from an engine's (base: engine_settings; placement: its memory budget's): the model's
     identity (its files' names, sizes and config, not just the path), dtype, kernels, layers, layout, the
     placement, and under --speculative the options that decide which experts run (moejax.options' fingerprint
@@ -113,7 +117,7 @@ def model_identity(model: str) -> str:
     return f"{model if path != model else os.path.realpath(path)}@{digest.hexdigest()}"
 
 
-def replica_engine(args, serving: ServingOptions):
+def replica_engine(args: argparse.Namespace, serving: ServingOptions) -> Engine:
     """One engine replica's engine (a Ray actor calls it on its own devices): loaded as a one-engine run loads it,
     with its Θ."""
     engine = load(args, serving)

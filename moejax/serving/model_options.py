@@ -24,7 +24,7 @@ class ModelOptions:
                           help="kernel backends: auto (Pallas on GPU, XLA on CPU), one name for every op (xla, "
                                "pallas, pallas_interpret) or per op, e.g. experts=ragged_dot,attention=xla")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self)
 
 
@@ -43,5 +43,5 @@ class Processes:
              "--layout experts=dep with its groups in different processes copies activations between them so on "
              "backends that cannot themselves (CPU)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         options.check(self)

@@ -2,8 +2,10 @@
 MoE-Prefill's frontend (moejax.replicas.run); the output, its journal and resume are the one-engine run's."""
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
+from typing import Any
 
 from moejax.serving.load_engine import replica_engine, settings_for
 from moejax.replicas.run import ReplicaPlan, ReplicaRun, ReplicasFailed
@@ -11,7 +13,8 @@ from moejax.requests.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
 
 
-def serve_replicas(args, lines: list[str], serving: ServingOptions, plan: ReplicaPlan) -> dict:
+def serve_replicas(args: argparse.Namespace, lines: list[str], serving: ServingOptions,
+                   plan: ReplicaPlan) -> dict[str, object]:
     """Start the replicas, serve `lines` into --output, stop them -> the run summary (exits with a message when no
     replica starts or every one dies; the journal keeps what was written)."""
     run = ReplicaRun(functools.partial(replica_engine, args, serving), serving, plan, model=args.model,
@@ -33,7 +36,7 @@ def serve_replicas(args, lines: list[str], serving: ServingOptions, plan: Replic
     return {"model": args.model, "dtype": base["dtype"], "device": infos[0]["device"], **summary}
 
 
-def format_summary(s: dict) -> str:
+def format_summary(s: dict[str, Any]) -> str:
     """The run's line, then one line per replica: its share of the work and how its prefix cache served it."""
     rate = s["tokens_per_s"]
     balance = s["flops_balance"]
