@@ -1,6 +1,6 @@
-"""Benchmarks: `python -m launch.bench <command> ...` (this module: the commands and their flags); each run is
-appended as JSON to bench/results/ (or --out), and rewritten there, marked partial, after each measured row
-(launch/bench/results.py).
+"""Benchmarks: `python -m launch.bench <command> ...`; each run is appended as JSON to bench/results/ (or --out), and
+rewritten there, marked partial, after each measured row (launch/bench/results.py). This module holds the commands
+and their flags; each command's code is the module of its name beside it.
 
 serve: the batch runner on synthetic scoring workloads (launch/bench/serve.py).
 kernels: grouped GEMM, expert FFN and attention backends against dense matmul, ragged_dot and cuDNN
