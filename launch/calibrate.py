@@ -28,7 +28,7 @@ from launch.serve import read_lines
 from moejax.offload.settings import PLACEMENTS
 from moejax.offload.predict import calibrate
 from moejax.presets import DEFAULT_MODEL
-from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
+from moejax.requests.parse import BadLine, CompletionRequest, parse_lines
 
 
 def request_prompts(engine: Engine, lines: list[str]) -> tuple[list[list[int]], int]:

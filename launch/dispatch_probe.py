@@ -4,8 +4,8 @@ waits for on this device.
 `bench generate` measured on an H200 that the continuous scheduler's decode call returns only after about as long as
 the device takes to run it: the dispatch is synchronous, so the scheduler's host work cannot overlap the device's.
 This runs bench generate's GPU workload once under continuous batching with the step recorder
-(launch/step_overhead.py), then replays its decode calls back to back without waiting between them, in variants that
-each remove one suspect, and times how long each call takes to return (the device's time is the wait at the end):
+(launch/bench/step_overhead.py), then replays its decode calls back to back without waiting between them, in variants
+that each remove one suspect, and times how long each call takes to return (the device's time is the wait at the end):
 
   as run           the recorded calls: numpy inputs, pool and carry donated
   inputs on device the rows put on the device before the timed loop
@@ -18,10 +18,10 @@ each remove one suspect, and times how long each call takes to return (the devic
                    dispatch raises, and the error says which
 
 A variant whose calls return in far less than the device's time per call has found the wait. The settings XLA
-reads at start-up are flags of the probe (launch/xla_startup.py: --command-buffers, --tfrt-gpu-client,
+reads at start-up are flags of the probe (moejax/serving/xla_startup.py: --command-buffers, --tfrt-gpu-client,
 --mem-fraction), applied before JAX starts: a run compares the variants under one setting, and the GPU check runs it
 with and without command buffers. The record also holds the continuous scheduler's own account of the recorded run
-(the host's share of a decode step: launch/bench_decode.py's host_share).
+(the host's share of a decode step: launch/bench/decode.py's host_share).
 
 --model, --num-layers, --dtype: the engine (a real-shaped preset's weights are drawn on the device). --batch B: B
 requests of --prompt-len tokens making --max-new tokens each, at once, with B decode rows (without it: --requests
@@ -29,7 +29,7 @@ log-uniform requests, bench generate's GPU workload)."""
 from __future__ import annotations
 
 from typing import Any
-from moejax.kv_pool import Layer
+from moejax.models.kv_pool import Layer
 import argparse
 import functools
 import json
@@ -43,12 +43,13 @@ import numpy as np
 
 import moejax
 from moejax import paged_steps, token_loop
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from launch.bench_results import ResultsFile
-from launch.bench_util import git_commit
-from launch import bench_decode, bench_generate, generate_workloads, step_overhead, xla_startup
+from launch.bench.results import ResultsFile
+from launch.bench.util import git_commit
+from launch.bench import decode as bench_decode, generate as bench_generate, generate_workloads, step_overhead
+from moejax.serving import xla_startup
 
 
 # jaxlib 0.10.2 and 0.11.1 (jaxlib/xla_client.py, generate_pjrt_gpu_plugin_options) pass this variable to the
@@ -207,7 +208,7 @@ def main() -> None:
     share = record["scheduler_host_share_of_decode"]
     print(f"scheduler: decode host share {share['share'] or 0:.1%} ({share['share_without_dispatch'] or 0:.1%} "
           f"without the dispatch), {share['host_ms_per_step'] or 0:.2f} ms host a step", flush=True)
-    if a.out:  # one more run in the file, as the benchmarks' results files (launch/bench_results.py)
+    if a.out:  # one more run in the file, as the benchmarks' results files (launch/bench/results.py)
         ResultsFile(a.out).complete(record)
 
 

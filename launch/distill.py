@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 import moejax
-from launch.bench_quality import read_texts, stdlib_texts, token_stream
+from launch.bench.quality import read_texts, stdlib_texts, token_stream
 from launch.calibrate import request_prompts
 from launch.serve import read_lines
 from moejax.offload.predict import replay

@@ -1,4 +1,4 @@
-"""Measure this machine's hardware profile for the planners (moejax/measure_hardware.py says what and how) and write it
+"""Measure this machine's hardware profile for the planners (moejax/measure/hardware.py says what and how) and write it
 as JSON that `moejax.plan.datasheets.load_profile(path)` reads.
 
   python -m launch.profile_devices [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
@@ -10,11 +10,11 @@ looks for a measured profile (moejax.plan.paths.default_profile_path). --model (
 checkpoint directory) measures at that model's shapes; without it, generic ones. --quick: fewer and smaller sizes
 (seconds on a CPU). --dep also micro-benchmarks DEP's four tasks (attention, expert FFN, A2E, E2A) for every split
 of the devices present into an attention and an expert group, at a few token counts, on --dep-model (default
---model, else tiny-qwen3-moe), and keeps their least-squares α-β (FinDEP Eq. 7-11, moejax.measure_dep) in the
+--model, else tiny-qwen3-moe), and keeps their least-squares α-β (FinDEP Eq. 7-11, moejax.measure.dep) in the
 profile, where FinDEP's solver uses them. Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 from __future__ import annotations
 
-from moejax.measure_hardware import Measurement, Shapes
+from moejax.measure.hardware import Measurement, Shapes
 from moejax.plan.hardware import DepTaskFits, Profile
 from collections.abc import Callable
 import argparse
@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from moejax.plan.paths import default_profile_path
-from moejax.quick_profile import write_profile
+from moejax.measure.quick_profile import write_profile
 
 GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
 
@@ -115,7 +115,7 @@ def with_dep_fits(profile: Profile, model: str, dtype: str, quick: bool, log: Ca
 
     import jax
 
-    from moejax.measure_dep import measure_dep
+    from moejax.measure.dep import measure_dep
     if jax.device_count() < 2:
         log("--dep: one device, no split into an attention and an expert group: nothing measured")
         return profile
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import jax
 
-    from moejax.measure_hardware import grouped_backend_refused, measure_profile, sweep_for
+    from moejax.measure.hardware import grouped_backend_refused, measure_profile, sweep_for
     refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
     if refused:
         print(f"launch.profile_devices: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)

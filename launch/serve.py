@@ -39,22 +39,22 @@ import sys
 import time
 from typing import NoReturn
 
-from launch import xla_startup
-from launch.serve_engine import load, refusal, replica_notes, run_settings, set_saturation
-from launch.serve_options import ModelOptions, Processes
-from launch.serve_paths import check_paths
+from moejax.serving import xla_startup
+from moejax.serving.load_engine import load, refusal, replica_notes, run_settings, set_saturation
+from moejax.serving.model_options import ModelOptions, Processes
+from moejax.serving.output_paths import check_paths
 from moejax import options
 from moejax.kernels.backends import Kernels
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
-from moejax.sched import output_lock
+from moejax.requests import output_lock
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.pool_size import PoolTooLarge
-from moejax.sched.replicas import ReplicaPlan
-from moejax.sched.results import SettingsMismatch, WriteFailed
+from moejax.replicas.run import ReplicaPlan
+from moejax.requests.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
 from moejax.sharding import multihost
 
@@ -99,9 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options.add_arguments(g, PlacementSettings, PlacementSettings.names()[1:])
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
     options.add_arguments(g, Processes)
-    g = p.add_argument_group("engine replicas behind MoE-Prefill's prefix-aware frontend (Ray; moejax.sched.replicas)")
+    g = p.add_argument_group("engine replicas behind MoE-Prefill's prefix-aware frontend (Ray; moejax.replicas.run)")
     options.add_arguments(g, ReplicaPlan)
-    g = p.add_argument_group("XLA settings read when JAX starts (launch.xla_startup)")
+    g = p.add_argument_group("XLA settings read when JAX starts (moejax.serving.xla_startup)")
     xla_startup.add_arguments(g)
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true",
@@ -353,12 +353,12 @@ def _main(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
 
 def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack
                     ) -> int:
-    """The run over engine replicas (launch.serve_replicas): the same output, journal, lock, summary and exit
+    """The run over engine replicas (moejax.serving.replicated): the same output, journal, lock, summary and exit
     status as one engine's; --explain explains one engine (loaded here) as every replica would run it."""
-    from launch.serve_replicas import format_summary, serve_replicas
+    from moejax.serving.replicated import format_summary, serve_replicas
     serving = options.from_args(ServingOptions, args)
     if args.explain:  # one engine, loaded here, as every replica would run it, and the frontend's routing
-        from moejax.sched.frontend_plan import routing_lines
+        from moejax.replicas.frontend_plan import routing_lines
         try:
             engine = load(args, serving)
             set_saturation(engine, args)
@@ -378,7 +378,7 @@ def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: Replic
 
 def lock_outputs(args: argparse.Namespace, multi: tuple[str, int, int] | None, held: contextlib.ExitStack) -> None:
     """Exit, before the model loads, when another runner is writing this --output (with its journal) or
-    --error-file; else hold their locks until main ends (moejax.sched.output_lock). The error file is locked too:
+    --error-file; else hold their locks until main ends (moejax.requests.output_lock). The error file is locked too:
     it is rewritten whole when a run ends, so two runs sharing one would silently drop the other's failed lines.
     Only process 0 writes, so only it locks; it tells the others whether to go on."""
     if args.explain:

@@ -13,7 +13,7 @@ the engine), on two input sets in turn. The results file is rewritten after ever
 the end), and the sweep stops starting configurations at --budget-s.
 
 Results go to bench/results/tune_gmm-<device>.json (`--out`), one run appended to its `runs`, written as it goes
-(launch.bench_results: marked partial until the end). `--write-table RESULTS.json` merges the last complete GPU
+(launch.bench.results: marked partial until the end). `--write-table RESULTS.json` merges the last complete GPU
 run's best configurations and fastest backends into the committed table (moejax/kernels/grouped_matmul/
 tuning.json) under the run's device kind, which the kernels read; a partial run only with --partial-ok.
 
@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from launch.bench_results import ResultsFile, read_runs
+from launch.bench.results import ResultsFile, read_runs
 
 if TYPE_CHECKING:  # jax is imported where it runs: --write-table merges results without starting it
     import jax
@@ -102,7 +102,7 @@ class Sweep:
         return time.monotonic() - self.t0 > self.args.budget_s
 
     def write(self, final: bool = False) -> None:
-        """The run's record in the results file, replacing its earlier partial self (launch.bench_results)."""
+        """The run's record in the results file, replacing its earlier partial self (launch.bench.results)."""
         self.record["seconds"] = time.monotonic() - self.t0
         if final:
             self.results.complete(self.record)
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from launch.bench_util import device_tag, environment
+    from launch.bench.util import device_tag, environment
     from moejax.kernels.platform import on_gpu
     env = environment()
     env["command"] = " ".join(["python", "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])

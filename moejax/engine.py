@@ -14,7 +14,7 @@ from jax.typing import DTypeLike
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.models.decoder import MoEModel
 from moejax.placements.base import Placement, Store
 from moejax.sampling import Sampling, SamplingParams
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from moejax.chat import ChatTemplate
     from moejax.costs import Transfer
-    from moejax.kv_pool import Layer
+    from moejax.models.kv_pool import Layer
     from moejax.offload.layered import LayeredSteps
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.plan.engine_plan import EnginePlan

@@ -26,7 +26,7 @@ from moejax.plan.auto import plan_layout
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.hardware import Profile
 from moejax.plan.resolve import NoProfile, profile_for
-from moejax.quick_profile import measure_quick_profile
+from moejax.measure.quick_profile import measure_quick_profile
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
 from moejax.weights import materializer
@@ -222,7 +222,7 @@ _profile_notes: list[str] = []  # what _profile measured during the current load
 def _profile(plan: EnginePlan, *, measure: bool = False) -> Profile:
     """The hardware profile `auto` choices consult. None for these devices (no measured file, no datasheet) and none
     asked for: with `measure` (a choice that cannot be made without one: the layout planner, DEP's auto fields and
-    online solver, lightning's policy search) a quick one measured now and cached (moejax.quick_profile), which
+    online solver, lightning's policy search) a quick one measured now and cached (moejax.measure.quick_profile), which
     says so; else ValueError (the choices with a fallback: bytes decide, no Θ)."""
     devices = jax.devices()
     try:

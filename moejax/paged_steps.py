@@ -1,5 +1,5 @@
 """The steps of continuous batching (moejax.sched.continuous): every sequence's KV lives in one paged block pool
-(per layer {name: [N, BLOCK, ...]}, moejax.kv_pool) and each row reads and writes it through its block table.
+(per layer {name: [N, BLOCK, ...]}, moejax.models.kv_pool) and each row reads and writes it through its block table.
 
 - chunk: a prompt chunk per row (chunked prefill; a preempted sequence's prompt + tokens so far on resume),
   sampling the next token after each row's last chunk token.
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.kernels.backends import Kernels
-from moejax.kv_pool import Layer, PagedCache, slots_of
+from moejax.models.kv_pool import Layer, PagedCache, slots_of
 from moejax.models.attention import Positions
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray

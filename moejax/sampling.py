@@ -54,7 +54,7 @@ def _of_kind(value: object, kind: type) -> bool:
 
 
 # field -> (its JSON type, the rule as a request's error names it, the check): the request parser
-# (moejax.sched.requests) reads its sampling fields from here
+# (moejax.requests.parse) reads its sampling fields from here
 RULES: dict[str, tuple[type, str, Callable[[float], bool]]] = {
     "temperature": (float, ">= 0", lambda v: v >= 0),
     "top_p": (float, "in (0, 1]", lambda v: 0 < v <= 1),

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax import kv_pool
+from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
-from moejax.kv_pool import Layer
+from moejax.models.kv_pool import Layer
 from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray

@@ -13,7 +13,7 @@ import moejax
 from moejax import compiles
 from moejax.sampling import Sampling, SamplingParams, filtered, sample
 from moejax.sched.batch import serve_lines
-from moejax.sched.requests import parse_line
+from moejax.requests.parse import parse_line
 from moejax.sched.serving_options import ServingOptions
 
 V = 64

@@ -17,7 +17,7 @@ from moejax.sched.batch import kv_cache_mode
 from moejax.sched.batch_size import score_batch_size
 from moejax.sched.batch_schedule import schedule_batches
 from moejax.sched.prefix_cache import cache_blocks
-from moejax.sched.requests import Candidate, ScoreRequest
+from moejax.requests.parse import Candidate, ScoreRequest
 from moejax.sched.runner import Runner
 
 from moejax.eval.greedy_step import GreedyScoreStep

@@ -17,7 +17,7 @@ import functools
 import jax
 from flax import nnx
 
-from moejax.kv_pool import PagedCache
+from moejax.models.kv_pool import PagedCache
 from moejax.models.attention import AttentionCore, Positions, store_kv
 
 Cache = dict[str, jax.Array] | PagedCache

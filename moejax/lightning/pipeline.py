@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import kv_pool, paged_steps
+from moejax import paged_steps
+from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
-from moejax.kv_pool import PagedCache
+from moejax.models.kv_pool import PagedCache
 from moejax.lightning import layer_parts
 from moejax.lightning.balance import balance
 from moejax.lightning.host_kv import host_device

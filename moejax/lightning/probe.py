@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.lightning.host_attention_bench import median_seconds_each, read_all
 from moejax.lightning.pipeline import LightningSteps
 from moejax.lightning.trace import MeasuredEvent, Timeline, busy

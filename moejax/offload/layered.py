@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import kv_pool, paged_steps, steps
+from moejax import paged_steps, steps
+from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
 from moejax.models.moe import MoEBlock
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from moejax.sched import output_lock
+from moejax.requests import output_lock
 from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, score_batch_size
 from moejax.sched.explain import describe
 from moejax.sched.batch_schedule import BatchSchedule, schedule_batches
 from moejax.sched.pool_size import PoolSize, pool_size
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
-from moejax.sched.requests import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
-from moejax.sched.results import ResultStore, error_line, request_id
+from moejax.requests.parse import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
+from moejax.requests.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Progress, Runner
 from moejax.sched.serving_options import ServingOptions
 

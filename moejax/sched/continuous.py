@@ -36,7 +36,7 @@ import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.kernels.attention.paged_xla import blocks_per_step
-from moejax.kv_pool import BLOCK, Layer
+from moejax.models.kv_pool import BLOCK, Layer
 from moejax.sampling import Sampling, SamplingParams, StepArray
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes

@@ -16,7 +16,7 @@ import numpy as np
 
 from moejax.buckets import bucket, fine_bucket, rows_bucket
 from moejax.kernels.attention import blocked
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 
 PAD_NODE = 1 << 30  # pad tokens form their own node: they see only each other

@@ -17,15 +17,15 @@ import numpy as np
 
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
-from moejax.kv_pool import BLOCK, Layer
+from moejax.models.kv_pool import BLOCK, Layer
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.batch_schedule import BatchSchedule, CompletionBatch, ScoreBatch
 from moejax.sched.pool_size import PoolSize
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
-from moejax.sched.bodies import Bodies, Choice
-from moejax.sched.requests import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
-from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
+from moejax.requests.bodies import Bodies, Choice
+from moejax.requests.parse import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
+from moejax.requests.results import ResultStore, WriteFailed, error_line, ok_line
 from moejax.sched.serving_options import ServingOptions
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class Runner:
         "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
         batch_size: how the schedule's scoring batches were sized (explain shows it). cache, pool: a prefix cache
         and its device pool that outlive this runner (an engine replica serving a run in shares,
-        moejax.sched.replica_session), used instead of the schedule's own; keep: blocks to store because a later
+        moejax.replicas.replica_session), used instead of the schedule's own; keep: blocks to store because a later
         share will read them (the schedule knows only its own batches)."""
         self.engine, self.schedule, self.requests, self.store = engine, schedule, requests, store
         self.progress = progress

@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.kv_pool import PagedCache
+from moejax.models.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered
 from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
@@ -121,7 +121,7 @@ class Disaggregated(layered.LayerRuntime):
 
     def route(self) -> tuple[NamedSharding, Callable[..., jax.Array], NamedSharding]:
         """The A2E route's (where a chunk is sent on the expert group, the expert program, where its output goes back
-        on the attention group): what `run` does, and what the micro-benchmarks (moejax.measure_dep) and the
+        on the attention group): what `run` does, and what the micro-benchmarks (moejax.measure.dep) and the
         layouts benchmark time and compile."""
         if self.a2e == "straight":
             if jax.process_count() > 1:  # a copy between processes keeps every shard's shape; straight reshapes
@@ -234,8 +234,8 @@ class MicroBatched(list):
 
 
 class SharedPool:
-    """A paged step's KV pool (moejax.kv_pool: one per layer, shared by every row) as its micro-batches use it: each
-    reads and writes it through its own rows' block tables and slots, in turn, so that micro-batch m + 1 of a layer
+    """A paged step's KV pool (moejax.models.kv_pool: one per layer, shared by every row) as its micro-batches use it:
+    each reads and writes it through its own rows' block tables and slots, in turn, so that micro-batch m + 1 of a layer
     reads what micro-batch m wrote there (a prompt cut into consecutive rows of one chunk step reads its earlier
     rows' keys; the micro-batches keep the rows' order)."""
 

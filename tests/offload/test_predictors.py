@@ -198,7 +198,7 @@ def test_cache_replay_counts_hits_misses_and_bytes():
 def test_bench_predictors_reports_every_measure(tmp_path):
     import argparse
 
-    from launch import bench_predictors
+    from launch.bench import predictors as bench_predictors
     parser = argparse.ArgumentParser()
     bench_predictors.add_parser(parser.add_subparsers())
     docs = tmp_path / "docs"
@@ -292,7 +292,7 @@ def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident
 
 def test_best_answers_pick_the_candidate_with_the_highest_log_probability(resident):
     from moejax.offload.predict.speculation_cost import best_answers
-    from moejax.sched.requests import Candidate, ScoreRequest
+    from moejax.requests.parse import Candidate, ScoreRequest
     prompt = (5, 9, 2, 7)
     candidates = tuple(Candidate(None, (t,)) for t in (3, 11, 17))
     request = ScoreRequest(1, "mc", prompt, (), candidates)
