@@ -42,7 +42,7 @@ from moejax.costs import by_kind, layout_comm
 from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kernels.platform import on_gpu
 from moejax.models.checkpoint import read_config
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.presets import preset_config
 from moejax.sharding import hlo_comm
 from moejax.sharding.layout import Layout
@@ -223,18 +223,18 @@ def measured_streamed(engine, run_forward) -> dict:
     """AsyncEP streamed: the collectives of one MoE layer's compiled program (captured from a forward), and the
     host -> device bytes of one forward from engine.stats()."""
     placement = engine.layered_steps.placement
-    captured, call = {}, layered.Layer.__call__
+    captured, call = {}, layered_steps.Layer.__call__
 
     def capture(self, fn, *args, **static):  # the arguments of one MoE layer's program, compiled below
         if fn is placement._step and args[-1] is not None:
             captured.setdefault("call", (self, args, static))
         return call(self, fn, *args, **static)
-    layered.Layer.__call__ = capture
+    layered_steps.Layer.__call__ = capture
     engine.reset_stats()
     try:
         run_forward()
     finally:
-        layered.Layer.__call__ = call
+        layered_steps.Layer.__call__ = call
     stats = engine.stats()["total"]
     layer, args, static = captured["call"]
     text = layer._mine[placement._step].lower(layer.state, *args, **static).compile().as_text()

@@ -11,7 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moejax import paged_steps
+from moejax.steps import paged_phases
 
 TARGET_MS = 2.0  # issue 29: host overhead per scheduler step, no-op model, CPU
 
@@ -27,10 +27,10 @@ def _chunk(pool, carry, rows, *, fresh, token):
 
 @functools.partial(jax.jit, static_argnames=("steps", "token"), keep_unused=True)
 def _decode(pool, carry, rows, *, steps, token):
-    live = paged_steps.decode_start(carry, rows, steps).live
+    live = paged_phases.decode_start(carry, rows, steps).live
     made = (jnp.arange(steps, dtype=jnp.int32)[None, :] < rows.budget[:, None]) & live[:, None]  # its whole budget
     out = jnp.where(made, token, -1).astype(jnp.int32)
-    return paged_steps.decode_finish(carry, rows.slot, out), out
+    return paged_phases.decode_finish(carry, rows.slot, out), out
 
 
 class NoopSteps:

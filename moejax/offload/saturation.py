@@ -23,7 +23,7 @@ from moejax.costs import layer_flops_per_token, true_prefill_flops
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.engine import Engine
-    from moejax.offload.layered import Layer, LayeredSteps
+    from moejax.offload.layered_steps import Layer, LayeredSteps
     from moejax.offload.streamed import Streamed
     from moejax.sharding.gathered import GatheredStreamed
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from moejax.lightning.pages import PagedExperts, PagedStore
-from moejax.lightning.pipeline import LightningSettings, LightningSteps, PipelineStats
+from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
 from moejax.lightning.policy import host_memory_bytes
 from moejax.offload.memory_budget import size
 from moejax.placements.base import LayerByLayer, Store
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.lightning.policy import LightningPlan
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup

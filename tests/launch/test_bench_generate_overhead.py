@@ -7,7 +7,7 @@ import pytest
 import moejax
 from launch import bench, bench_generate, generate_workloads, sched_overhead
 from moejax.sampling import Sampling
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 from launch.bench_results import read_runs
 from conftest import fixture_dir
 
