@@ -10,7 +10,7 @@ that each remove one suspect, and times how long each call takes to return (the 
   as run           the recorded calls: numpy inputs, pool and carry donated
   inputs on device the rows put on the device before the timed loop
   no donation      the same program jitted without donate_argnums
-  exit checked     that, with the token loop's early exit checked every token (moejax/token_loop.py): a while_loop
+  exit checked     that, with the token loop's early exit checked every token (moejax/steps/token_loop.py): a while_loop
                    whose trip count XLA cannot know
   fixed trip count that, with the exit never checked inside the call: a fori_loop of a known trip count, numpy
                    inputs and inputs on the device
@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 import moejax
-from moejax import paged_steps, token_loop
+from moejax.steps import paged_phases, token_loop
 from moejax.models.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
@@ -165,7 +165,7 @@ def main() -> None:
 
     # the step jitted anew without donate_argnums, traced under the token loop's setting of the time
     def undonated() -> step_overhead.StepMethod:
-        step = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels),
+        step = jax.jit(functools.partial(paged_phases.decode, engine._graphdef, engine.kernels),
                        static_argnames=("steps",))
         return functools.partial(step, engine.params)
 

@@ -18,7 +18,9 @@ from moejax.models.kv_pool import BLOCK
 from moejax.models.decoder import MoEModel
 from moejax.placements.base import Placement, Store
 from moejax.sampling import Sampling, SamplingParams
-from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
+from moejax.steps.phases import zeroed_pool
+from moejax.steps.protocol import Steps
+from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -27,13 +29,11 @@ if TYPE_CHECKING:
     from moejax.chat import ChatTemplate
     from moejax.costs import Transfer
     from moejax.models.kv_pool import Layer
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.plan.engine_plan import EnginePlan
     from moejax.plan.theta import Theta
     from moejax.sharding.layout import Layout
-    from moejax.sharding.pipeline import PipelineSteps
-    from moejax.whole_model_steps import WholeModelSteps
 
 MIN_SEQ_BUCKET = 16
 
@@ -67,7 +67,8 @@ class Engine:
         self.decisions = list(decisions)
         self.saturation = saturation
         # layer-by-layer placements build their loop with the weights (first use of `steps`), as the pipeline its stages
-        self._steps = None if placement.steps_need_weights else placement.make_steps(graphdef, kernels, config)
+        self._steps: Steps | None = None if placement.steps_need_weights else \
+            placement.make_steps(graphdef, kernels, config)
 
     # -- weights ---------------------------------------------------------------------------------
     @property
@@ -96,8 +97,9 @@ class Engine:
         return self.placement.layer_by_layer
 
     @property
-    def steps(self) -> WholeModelSteps | LayeredSteps | PipelineSteps:
-        """The steps a forward runs: whole-model jits, or the placement's layer loop (built with the weights)."""
+    def steps(self) -> Steps:
+        """The steps a forward runs (moejax.steps.protocol.Steps): whole-model jits, the placement's layer loop or
+        the pipeline's stage programs (built with the weights)."""
         if self._steps is None:
             params = self.params
             self._steps = self.placement.make_steps(self._graphdef, self.kernels, self.config, params, self.store)
@@ -105,7 +107,7 @@ class Engine:
 
     @property
     def layered_steps(self) -> LayeredSteps:
-        """The layer loop of a layer-by-layer placement (moejax.offload.layered.LayeredSteps)."""
+        """The layer loop of a layer-by-layer placement (moejax.offload.layered_steps.LayeredSteps)."""
         if not self.layer_by_layer:
             raise AttributeError(f"placement {self.placement.name} runs whole-model jits, not the layer loop")
         return cast("LayeredSteps", self.steps)  # a layer-by-layer placement's steps are its layer loop
@@ -190,9 +192,8 @@ class Engine:
                              "of every forward since, of its own shape)")
             return lines
         ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        steps = cast("WholeModelSteps", self.steps)  # not layer by layer (above): the whole-model jits
-        hlo = steps.logits.lower(self.params, ids).compile().as_text()
-        assert hlo is not None  # XLA's compiled programs have a text form
+        hlo = self.steps.logits_hlo(self.params, ids)
+        assert hlo is not None  # not layer by layer (above): one program runs the step
         found = hlo_comm.collectives(hlo)
         lines = [head + f"; measured: the {len(found)} collectives of the compiled full-logits step"]
         for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
@@ -346,8 +347,7 @@ class Engine:
                               **{k: jnp.asarray(v) for k, v in extra.items()})
         cache, first, pool = self.steps.prefill(self.params, pool, prefill, cache_len=cache_len)
         decode = DecodeRows(first, jnp.asarray(lengths), jnp.asarray(stops), jnp.asarray(maxn), row_sampling)
-        out, count = self.steps.decode(self.params, cache, decode, steps=steps)
-        out, count = _to_host(out), _to_host(count)
+        out, count = (_to_host(a) for a in self.steps.decode(self.params, cache, decode, steps=steps))
         return [out[i, : count[i]].tolist() for i in range(m)], pool
 
     def token_logprobs(self, sequences: Sequence[Sequence[int]], k: int, *, max_batch_tokens: int = 4096
@@ -375,22 +375,21 @@ class Engine:
     def init_pool(self, num_blocks: int, *, decode: bool = False) -> list[Layer]:
         """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer). decode: the
         continuous-batching pool, which a placement may keep elsewhere (lightning: in host memory)."""
-        if decode and hasattr(self.steps, "init_pool"):
-            return self.steps.init_pool(num_blocks)
-        model = nnx.merge(self._graphdef, self.abstract_params)
-        return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
+        if decode:
+            return self.steps.decode_pool(self.abstract_params, num_blocks)
+        return zeroed_pool(self._graphdef, self.abstract_params, num_blocks)
 
     def paged_chunk(self, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
                     ) -> tuple[list[Layer], jax.Array, jax.Array]:
-        """moejax.paged_steps.chunk (pool and carry donated) -> (pool, carry, next token per row, on device). Host
-        (numpy) rows go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
+        """moejax.steps.paged_phases.chunk (pool and carry donated) -> (pool, carry, next token per row, on device).
+        Host (numpy) rows go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
         where a device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or
         raw."""
         return self.steps.chunk(self.params, pool, carry, rows, fresh=fresh)
 
     def paged_decode(self, pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int
                      ) -> tuple[list[Layer], jax.Array, jax.Array]:
-        """moejax.paged_steps.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
+        """moejax.steps.paged_phases.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
         rows as for paged_chunk."""
         return self.steps.paged_decode(self.params, pool, carry, rows, steps=steps)
 
@@ -399,10 +398,18 @@ class Engine:
 
     def score_packed(self, batch: dict[str, np.ndarray], pool: list[Layer] | None = None,
                      span: Sequence[int | None] = (0, None)) -> tuple[jax.Array, list[Layer] | None]:
-        """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
+        """Run moejax.steps.phases.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
         device, pool) without waiting for them: `to_host` reads them (the batch runner dispatches the next batch
         first)."""
         return self.steps.score(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()}, span=tuple(span))
+
+    def score_packed_greedy(self, batch: dict[str, np.ndarray], pool: list[Layer] | None = None,
+                            span: Sequence[int | None] = (0, None)
+                            ) -> tuple[tuple[jax.Array, jax.Array], list[Layer] | None]:
+        """score_packed that also says whether each target token is its position's argmax (lm-eval's is_greedy):
+        -> ((logprobs [B, G], greedy [B, G]) on the device, pool)."""
+        arrays = {k: jnp.asarray(v) for k, v in batch.items()}
+        return self.steps.greedy_score(self.params, pool, arrays, span=tuple(span))
 
     @staticmethod
     def to_host(x: jax.Array) -> np.ndarray:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 from moejax.models.kv_pool import Layer
-from moejax.step_inputs import PagedDecodeRows
+from moejax.steps.rows import PagedDecodeRows
 from moejax.engine import Engine
 from collections.abc import Callable
 import argparse

@@ -46,7 +46,7 @@ from moejax.costs import by_kind, layout_comm
 from moejax.engine import MIN_SEQ_BUCKET
 from moejax.kernels.platform import on_gpu
 from moejax.models.checkpoint import read_config
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.presets import preset_config
 from moejax.sharding import hlo_comm
 from moejax.sharding.gathered import GatheredStreamed
@@ -234,23 +234,23 @@ def measured_streamed(engine: Engine, run_forward: Callable[[], object]) -> dict
     host -> device bytes of one forward from engine.stats()."""
     placement = engine.layered_steps.placement
     assert isinstance(placement, GatheredStreamed), "AsyncEP streamed runs its layers through GatheredStreamed"
-    captured: dict[str, tuple[layered.Layer, tuple, dict]] = {}
-    call = layered.Layer.__call__
+    captured: dict[str, tuple[layered_steps.Layer, tuple, dict]] = {}
+    call = layered_steps.Layer.__call__
 
     # the arguments of one MoE layer's program, compiled below
-    def capture(self: layered.Layer, fn: Callable[..., Any], *args: Any, **static: Any) -> Any:
+    def capture(self: layered_steps.Layer, fn: Callable[..., Any], *args: Any, **static: Any) -> Any:
         if fn is placement._step and args[-1] is not None:
             captured.setdefault("call", (self, args, static))
         return call(self, fn, *args, **static)
-    layered.Layer.__call__ = capture  # type: ignore[method-assign]  # every layer's call, capturing, until restored
+    layered_steps.Layer.__call__ = capture  # type: ignore[method-assign]  # every layer's call, capturing, until restored
     engine.reset_stats()
     try:
         run_forward()
     finally:
-        layered.Layer.__call__ = call  # type: ignore[method-assign]  # the class's own again
+        layered_steps.Layer.__call__ = call  # type: ignore[method-assign]  # the class's own again
     stats = engine.stats()["total"]
     layer, args, static = captured["call"]
-    program = cast(jax.stages.Wrapped, layer._mine[placement._step])  # a jit (layered.Layer)
+    program = cast(jax.stages.Wrapped, layer._mine[placement._step])  # a jit (layered_steps.Layer)
     text = program.lower(layer.state, *args, **static).compile().as_text()
     assert text is not None, "XLA gives the compiled program's text"
     moe_layers = sum(engine.config.moe_layers)

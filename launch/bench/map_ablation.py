@@ -8,7 +8,7 @@ A smaller store is the given store's maps added in order into an empty store of 
 deduplication decides what stays), which is what building it from the same prompts would keep."""
 from __future__ import annotations
 
-from moejax.offload.layered import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.expert_maps import ExpertMapStore
 from moejax.offload.predict.traces import Traces
 from collections.abc import Callable

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 from moejax.models.kv_pool import Layer
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 from moejax.engine import Engine
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from moejax import paged_steps
+from moejax.steps import paged_phases
 
 TARGET_MS = 2.0  # the target for host overhead per scheduler step, no-op model, CPU
 
@@ -34,10 +34,10 @@ def _chunk(pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool,
 @functools.partial(jax.jit, static_argnames=("steps", "token"), keep_unused=True)
 def _decode(pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int, token: int
             ) -> tuple[jax.Array, jax.Array]:
-    live = paged_steps.decode_start(carry, rows, steps).live
+    live = paged_phases.decode_start(carry, rows, steps).live
     made = (jnp.arange(steps, dtype=jnp.int32)[None, :] < rows.budget[:, None]) & live[:, None]  # its whole budget
     out = jnp.where(made, token, -1).astype(jnp.int32)
-    return paged_steps.decode_finish(carry, rows.slot, out), out
+    return paged_phases.decode_finish(carry, rows.slot, out), out
 
 
 class NoopSteps:

@@ -28,7 +28,7 @@ KIND = {"paged_chunk": "chunk", "paged_decode": "decode"}
 @dataclasses.dataclass
 class Call:
     method: str
-    args: tuple  # after the pool and the carry: the step's rows (moejax.step_inputs)
+    args: tuple  # after the pool and the carry: the step's rows (moejax.steps.rows)
     kwargs: dict
     out: object  # the call's result besides the pool (tokens, on the device)
     call_s: float  # host seconds until the call returned (inputs converted, program dispatched)

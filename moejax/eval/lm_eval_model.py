@@ -237,6 +237,9 @@ class MoejaxLM(TemplateLM):
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Greedy completions (sampled where the task asks: temperature / top_p), cut at `until` as hf cuts them."""
+        refusal = self.engine.placement.no_generation
+        if requests and refusal is not None:  # the pipeline layout: said once, before any request runs
+            raise ModelArgsError(f"{refusal}; generate_until tasks need another layout or placement")
         eot = self.eot_token_id
         assert eot is not None, "the tokenizer names no eos token"
         eos = self.tok_decode([eot], skip_special_tokens=False)

@@ -13,12 +13,12 @@ import numpy as np
 
 from moejax.models.kv_pool import BLOCK
 from moejax.lightning.host_attention_bench import median_seconds_each, read_all
-from moejax.lightning.pipeline import LightningSteps
+from moejax.lightning.cgopipe_steps import LightningSteps
 from moejax.lightning.trace import MeasuredEvent, Timeline, busy
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import profile_for
 from moejax.sampling import Sampling, SamplingParams
-from moejax.step_inputs import PagedDecodeRows
+from moejax.steps.rows import PagedDecodeRows
 
 if TYPE_CHECKING:
     from moejax.engine import Engine

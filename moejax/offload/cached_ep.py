@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.buckets import bucket
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.expert_cache import ExpertCache
 from moejax.offload.host_store import HostStore, pinned_host_limit_bytes, HOST_LIMIT_ENV
@@ -164,7 +164,7 @@ class CachedExpertsOverEPRuntime(CachedExpertsRuntime):
                 for d, shard in enumerate(self.shards)}
 
     # -- the hooks of Cached --------------------------------------------------------------------------------------
-    def _routed_out(self, handle: layered.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
+    def _routed_out(self, handle: layered_steps.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
                     ) -> jax.Array:
         """Each device requests the needed experts it owns, in passes of pass_experts; a pass's misses start on
         every device before any is waited for."""

@@ -19,12 +19,12 @@ import jax
 import numpy as np
 
 from moejax.costs import layer_flops_per_token, true_prefill_flops
-from moejax.offload.layered import LayerRuntime
+from moejax.offload.layered_steps import LayerRuntime
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.engine import Engine
-    from moejax.offload.layered import Layer, LayeredSteps
+    from moejax.offload.layered_steps import Layer, LayeredSteps
     from moejax.offload.streamed import StreamedExpertsRuntime
     from moejax.sharding.gathered import GatheredStreamed
 

@@ -10,7 +10,7 @@ from moejax.placements.cached import Cached
 from moejax.placements.cached_ep import CachedEP
 from moejax.placements.dep import DEP
 from moejax.placements.lightning import Lightning
-from moejax.placements.pipeline import Pipeline
+from moejax.placements.pipeline_parallel import Pipeline
 from moejax.placements.registry import load_registry
 from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit

@@ -11,10 +11,11 @@ import jax
 import jax.numpy as jnp
 
 from moejax.models.moe import LocalExperts, is_routed_expert
-from moejax.offload.layered import LayeredSteps, LayerRuntime
+from moejax.offload.layered_steps import LayeredSteps, LayerRuntime
 from moejax.plan.placement import PlacementOption, step_costs
 from moejax.plan.theta import theta_at_load
-from moejax.whole_model_steps import WholeModelSteps
+from moejax.steps.protocol import Steps
+from moejax.steps.whole_model import WholeModelSteps
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from moejax.plan.hardware import Profile
     from moejax.plan.theta import ThetaEstimate
     from moejax.sharding.layout import Layout
-    from moejax.sharding.pipeline import PipelineSteps
     from moejax.sharding.setup import LayoutSetup
 
 # What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
@@ -41,7 +41,7 @@ class Placement:
     """Resident behaviour; each placement overrides what differs. Answers, for `moejax.load` and the Engine:
     - how checkpoint tensors are placed: `new_store()` at materialize, then `place(path, array, store)` for each;
     - which steps run a forward (`make_steps`): the whole-model jits (`experts_runner()` tells each MoE block how to
-      run its experts inside them), or the layer loop of moejax.offload.layered (LayerByLayer);
+      run its experts inside them), or the layer loop of moejax.offload.layered_steps (LayerByLayer);
     - its saturation threshold Θ (`theta`; `theta_mode` names the weight channel Eq. 1 models, None: no copies);
     - its counters (`stats`) and how it describes itself (`describe`)."""
 
@@ -171,8 +171,8 @@ class Placement:
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
-                   store: Store = None) -> WholeModelSteps | LayeredSteps | PipelineSteps:
-        """The steps a forward runs (logits, score, prefill, decode, chunk, paged_decode): here the whole-model jits,
+                   store: Store = None) -> Steps:
+        """The steps a forward runs (moejax.steps.protocol.Steps): here the whole-model jits,
         which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
         return WholeModelSteps(graphdef, kernels)
 
@@ -212,8 +212,8 @@ class Placement:
 
 
 class LayerByLayer(Placement):
-    """A placement whose MoE layers run from Python (moejax.offload.layered): `layer_runtime` gives the object that
-    supplies each MoE layer's experts to the loop, and counters and description come from it."""
+    """A placement whose MoE layers run from Python (moejax.offload.layered_steps): `layer_runtime` gives the object
+    that supplies each MoE layer's experts to the loop, and counters and description come from it."""
 
     layer_by_layer = True
     steps_need_weights = True
@@ -228,7 +228,7 @@ class LayerByLayer(Placement):
         raise NotImplementedError
 
     def steps_class(self) -> type[LayeredSteps]:
-        """The layer loop's class (moejax.offload.layered.LayeredSteps unless the placement drives its own)."""
+        """The layer loop's class (moejax.offload.layered_steps.LayeredSteps unless the placement drives its own)."""
         return LayeredSteps
 
     def stats(self, steps: LayeredSteps | None) -> dict:

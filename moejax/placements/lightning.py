@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
 from moejax.lightning.pages import PagedExperts, PagedStore
-from moejax.lightning.pipeline import LightningSettings, LightningSteps, PipelineStats
+from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
 from moejax.lightning.policy import FIELDS, check_kv_fits, host_memory_bytes, resolve_plan
 from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
 from moejax.placements.budget import budget_for
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.lightning.policy import LightningPlan
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.settings import PlacementSettings
     from moejax.plan.engine_plan import EnginePlan
     from moejax.plan.hardware import Profile

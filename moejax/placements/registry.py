@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 REGISTRY = (
     "moejax.placements.dep:DEP",
-    "moejax.placements.pipeline:Pipeline",
+    "moejax.placements.pipeline_parallel:Pipeline",
     "moejax.placements.gathered:Gathered",
     "moejax.placements.streamed:StreamedInJit",
     "moejax.placements.streamed:Streamed",

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.models.moe import MoEBlock
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.settings import PlacementSettings
     from moejax.plan.hardware import Profile
     from moejax.sharding.setup import LayoutSetup

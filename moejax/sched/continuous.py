@@ -1,4 +1,5 @@
-"""Continuous batching: a Python loop feeding jit-compiled paged steps (moejax.paged_steps) over one KV block pool.
+"""Continuous batching: a Python loop feeding jit-compiled paged steps (moejax.steps.paged_phases) over one KV block
+pool.
 
 Each iteration
 1. admits waiting sequences, oldest first, while rows and blocks allow: a sequence takes the published blocks of
@@ -13,7 +14,7 @@ Each iteration
 Steps run one behind the host, as vLLM's async scheduling does: the decode step is dispatched right behind the
 chunk step, before the chunk's tokens are read, and in iterations without a chunk step before the previous decode
 step's tokens are read; a row's input token that the host has not read yet (a prompt's first from the chunk, the
-previous decode's last) is taken on the device, from the steps' `carry` (moejax.paged_steps). So the host reads a
+previous decode's last) is taken on the device, from the steps' `carry` (moejax.steps.paged_phases). So the host reads a
 step's tokens, retires, admits and prepares the next steps while the device runs the one after it, and an iteration
 waits on the device once. Where a chunk step runs, the previous decode step is read while the device runs the
 chunk, so no decode row is spent on a sequence that has ended; otherwise a row whose sequence ended on a stop token
@@ -41,7 +42,7 @@ from moejax.sampling import Sampling, SamplingParams, StepArray
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -332,7 +333,7 @@ class Scheduler:
 
     def _call(self, kind: str, shape: tuple, step: Callable[..., tuple[list[Layer], jax.Array, jax.Array]],
               rows: ChunkRows | PagedDecodeRows, **static: Any) -> jax.Array:
-        """Call a step on its rows (moejax.step_inputs, of numpy arrays: the jitted call copies them, the keys as raw
+        """Call a step on its rows (moejax.steps.rows, of numpy arrays: the jitted call copies them, the keys as raw
         data); the call of a shape not run before traces and compiles (timed apart)."""
         times = self.stats.times
         new = shape not in self.stats.shapes

@@ -265,7 +265,7 @@ def test_router_free_chains_each_prediction_from_the_previous_one(resident, dist
 def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident, distilled):
     """§6.4: a router-free layer whose experts were predicted attends without the router (LayeredSteps' attend);
     count_mispredictions runs it anyway, only to count, and the logits do not change."""
-    from moejax.offload import layered
+    from moejax.offload import layered_steps
     net, _ = distilled
     cfg = resident.config
     ids = np.random.default_rng(7).integers(0, cfg.vocab_size, (2, 9))
@@ -277,8 +277,9 @@ def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident
         logits[count] = engine.logits(ids)
         steps = engine.layered_steps
         first, *later = [steps.layers[i] for i in steps.moe_layers]
-        assert first.ran(layered.attend_route) and not first.ran(layered.attend)  # nothing predicted for it yet
-        assert later and all(layer.ran(layered.attend_route) == count != layer.ran(layered.attend)
+        # nothing predicted for it yet
+        assert first.ran(layered_steps.attend_route) and not first.ran(layered_steps.attend)
+        assert later and all(layer.ran(layered_steps.attend_route) == count != layer.ran(layered_steps.attend)
                              for layer in later)
         total = engine.stats()["total"]
         assert total["speculated_tokens"] > 0 and total["speculated_tokens"] % len(later) == 0  # padded rows too

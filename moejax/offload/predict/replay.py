@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moejax.offload.layered import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
 from moejax.offload.predict.protocol import Predictor, resolved
 from moejax.offload.predict.traces import Traces

@@ -18,7 +18,7 @@ from moejax.offload.predict.router import DefaultVectors, _Calibrating, run_prom
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
-    from moejax.offload.layered import Layer
+    from moejax.offload.layered_steps import Layer
 
 _f32 = jnp.float32
 

@@ -8,7 +8,7 @@ import moejax
 from launch import bench
 from launch.bench import generate as bench_generate, generate_workloads, sched_overhead
 from moejax.sampling import Sampling, SamplingParams
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 from launch.bench.results import read_runs
 from conftest import fixture_dir
 

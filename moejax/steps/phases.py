@@ -1,11 +1,12 @@
-"""The jit-compiled steps behind Engine: full-sequence logits, packed-tree scoring, prefill and decode.
+"""The phases of the Engine's steps (full-sequence logits, packed-tree scoring, prefill and decode) and the whole-model
+step each makes.
 
 Each step is a `begin` (inputs -> the first layer's inputs), the decoder layers, and an `end` (last hidden
 states -> outputs). A resident model runs all three in one jit (`resident`); an offloaded one runs begin and
-end as jits and the layers one by one from Python (moejax.offload.layered), with the same begin and end.
+end as jits and the layers one by one from Python (moejax.offload.layered_steps), with the same begin and end.
 begin(model, *args, **static) -> (layer inputs: dict of run_layers keywords, context for end);
 end(model, x, new per-layer caches or keys, context, *args, **static) -> the step's outputs.
-Prefill and decode take their rows as one pytree (moejax.step_inputs)."""
+Prefill and decode take their rows as one pytree (moejax.steps.rows)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,12 +22,18 @@ from moejax.models.kv_pool import Layer
 from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray
-from moejax.step_inputs import DecodeRows, PrefillRows
-from moejax.token_loop import token_loop
+from moejax.steps.rows import DecodeRows, PrefillRows
+from moejax.steps.token_loop import token_loop
 
 
 def model_of(graphdef: nnx.GraphDef, state: nnx.State) -> MoEModel:
     return nnx.merge(graphdef, state)
+
+
+def zeroed_pool(graphdef: nnx.GraphDef, state: nnx.State, num_blocks: int) -> list[Layer]:
+    """A zeroed KV pool of num_blocks blocks of kv_pool.BLOCK tokens (cache layout, per layer) on the default device;
+    state may be abstract (only the model's shapes are read)."""
+    return jax.tree.map(jnp.asarray, model_of(graphdef, state).init_cache(num_blocks, kv_pool.BLOCK))
 
 
 def resident(begin: Callable, end: Callable, read_cache: Callable[..., bool] = lambda *args, **static: True
@@ -92,6 +99,17 @@ def score_end(model: MoEModel, x: jax.Array, new: list[Layer], prior: list[Layer
               batch: dict, *, span: tuple = (0, None)) -> tuple[jax.Array, list[Layer]]:
     """-> (log-probabilities of the target tokens [B, G] float32, pool)."""
     return scored(model, model.head(x, batch["read_idx"]), new, prior, pool, batch)
+
+
+def greedy_score_end(model: MoEModel, x: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer],
+                     batch: dict, *, span: tuple = (0, None)) -> tuple[tuple[jax.Array, jax.Array], list[Layer]]:
+    """score_end that also says whether each target is its read position's argmax, as lm-eval's loglikelihood
+    answers (log-probability, is_greedy) -> ((log-probabilities [B, G] float32, greedy [B, G]), pool)."""
+    logits = model.head(x, batch["read_idx"])  # [B, U, V] float32
+    picked, pool = scored(model, logits, new, prior, pool, batch)
+    top = jnp.argmax(logits, axis=-1)  # [B, U]: the first maximum, as torch's argmax
+    greedy = jnp.take_along_axis(top, batch["tgt_u"], axis=1) == batch["tgt_tok"]
+    return (picked, greedy), pool
 
 
 def scored(model: MoEModel, logits: jax.Array, new: list[Layer], prior: list[Layer] | None, pool: list[Layer],
@@ -206,4 +224,5 @@ def is_stop(tok: StepArray, stops: StepArray) -> jax.Array:
 full_logits = resident(logits_begin, logits_end)
 token_logprobs = resident(logprobs_begin, logprobs_end)
 score = resident(score_begin, score_end)
+greedy_score = resident(score_begin, greedy_score_end)
 prefill = resident(prefill_begin, prefill_end, prefill_reads_cache)

@@ -16,7 +16,7 @@ pytree = jax.tree_util.register_dataclass
 @pytree
 @dataclasses.dataclass(frozen=True)
 class PrefillRows:
-    """moejax.steps.prefill: right-padded prompt rows. tokens, positions [B, T]: each row's prompt from its first
+    """moejax.steps.phases.prefill: right-padded prompt rows. tokens, positions [B, T]: each row's prompt from its first
     uncached position; last [B]: the index of its last prompt token. Optional (None: absent): prior_ids [B, NP], pool
     blocks holding positions [0, NP*BLOCK) of each row (a row whose prompt starts later has them all); store_ids
     [B, NS] and store_src [B, NS, BLOCK], prompt blocks to copy into the pool (src = slots); expand [B2], the prefill
@@ -37,8 +37,8 @@ class PrefillRows:
 @pytree
 @dataclasses.dataclass(frozen=True)
 class DecodeRows:
-    """moejax.steps.decode: first [B], each row's first new token (the prefill's); lengths [B], its prompt's length;
-    stops [B, S], its stop tokens (-1 pads); max_new [B], the most new tokens it makes, the first included."""
+    """moejax.steps.phases.decode: first [B], each row's first new token (the prefill's); lengths [B], its prompt's
+    length; stops [B, S], its stop tokens (-1 pads); max_new [B], the most new tokens it makes, the first included."""
     first: StepArray
     lengths: StepArray
     stops: StepArray
@@ -49,8 +49,8 @@ class DecodeRows:
 @pytree
 @dataclasses.dataclass(frozen=True)
 class ChunkRows:
-    """moejax.paged_steps.chunk: a prompt chunk per row. tokens [B, T]: row b's tokens at positions start[b].. (its
-    first n[b] are real; n = 0: an idle row); table [B, W]: its block table; slot [B]: the carry slot that takes
+    """moejax.steps.paged_phases.chunk: a prompt chunk per row. tokens [B, T]: row b's tokens at positions start[b]..
+    (its first n[b] are real; n = 0: an idle row); table [B, W]: its block table; slot [B]: the carry slot that takes
     the token sampled after its last real token (out of the carry's range: none is kept)."""
     tokens: StepArray
     start: StepArray
@@ -63,7 +63,7 @@ class ChunkRows:
 @pytree
 @dataclasses.dataclass(frozen=True)
 class PagedDecodeRows:
-    """moejax.paged_steps.decode: new tokens per row from position start[b]. last [B]: the row's input token, or,
+    """moejax.steps.paged_phases.decode: new tokens per row from position start[b]. last [B]: the row's input token, or,
     where chain[b], carry[slot[b]] (made by a step the host has not read); budget [B]: the most tokens it makes;
     table [B, W]: its block table; stops [B, S]: its stop tokens (-1 pads); slot [B]: its carry slot."""
     last: StepArray

@@ -1,11 +1,11 @@
 """Pipeline parallelism for prefill (layout attn=pp,experts=pp): each stage's decoder layers on its own device,
-micro-batches passed from stage to stage in one jit (moejax.sharding.pipeline). Prefill-only scoring."""
+micro-batches passed from stage to stage in one jit (moejax.sharding.pipeline_steps). Prefill-only scoring."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from moejax.placements.base import Placement, Store
-from moejax.sharding.pipeline import PipelineSteps, StageStore
+from moejax.sharding.pipeline_steps import PipelineSteps, StageStore
 
 if TYPE_CHECKING:
     from flax import nnx

@@ -1,4 +1,4 @@
-"""moejax.token_loop: however often the early exit is checked, the decode loops make the same tokens (the GPU's
+"""moejax.steps.token_loop: however often the early exit is checked, the decode loops make the same tokens (the GPU's
 fixed trip count and the chunked checks are run here on the CPU through MOEJAX_TOKEN_LOOP_CHECK)."""
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import moejax
-from moejax import token_loop
+from moejax.steps import token_loop
 from scheduling import run_scheduler
 
 TINY = "tiny-qwen3-moe"

@@ -30,12 +30,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import steps
 from moejax.kernels.backends import Kernels
 from moejax.models.decoder import MoEModel
 from moejax.sharding.experts import AXIS
 from moejax.sharding.layout import Layout
 from moejax.sharding.stages import slots, stage_layers
+from moejax.steps import phases
+from moejax.steps.protocol import Pool, Steps
 
 PREFILL_ONLY = ("layout attn=pp,experts=pp runs prefill-only scoring (Engine.logits, Engine.token_logprobs, "
                 "packed-tree scoring without a prefix cache: serve with --prefix-cache-mb 0); {what} would keep each "
@@ -62,16 +63,18 @@ class _Layer:
         self.graphdef, self.treedef, self.kind, self.slot = graphdef, treedef, kind, slot
 
 
-class PipelineSteps:
-    """`logits`, `logprobs` and `score` (without a prefix pool) with the signatures of the Engine's jitted steps
-    (moejax.whole_model_steps); the others raise. Each step has `.lower(params, rows, **static)` for the compiled
-    HLO (Engine.explain)."""
+class PipelineSteps(Steps):
+    """The Steps protocol (moejax.steps.protocol) for the pipeline layout: `logits`, `logprobs`, `score` and
+    `greedy_score` (without a prefix pool); the steps that keep a KV cache raise. Each stage program has
+    `.lower(params, rows, **static)` for the compiled HLO (Engine.explain)."""
+    logits: _Step
+    logprobs: _Step
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, store: StageStore,
                  layout: Layout, mesh: Mesh) -> None:
         assert layout.devices is not None and layout.microbatches is not None  # resolved
         self.layout, self.mesh, self.kernels, self.graphdef = layout, mesh, kernels, graphdef
-        model = steps.model_of(graphdef, params)
+        model = phases.model_of(graphdef, params)
         self.stages = stage_layers(len(model.layers), layout.devices)
         splits = [nnx.split(layer) for layer in model.layers]
         layer_arrays, kinds = [], []
@@ -89,6 +92,7 @@ class PipelineSteps:
         self.logits = _Step(self, _logits)
         self.logprobs = _Step(self, _logprobs)
         self._score = _Step(self, _score)
+        self._greedy_score = _Step(self, _greedy_score)
 
     def _stack(self, kind: tuple, n: int, members: list[int], layer_arrays: list[list[np.ndarray]]
                ) -> list[jax.Array]:
@@ -130,7 +134,7 @@ class PipelineSteps:
             return x
 
         def per_device(params: nnx.State, weights: list, rows: Any) -> Any:
-            model: MoEModel = steps.model_of(self.graphdef, params)
+            model: MoEModel = phases.model_of(self.graphdef, params)
             stage = jax.lax.axis_index(AXIS)
             micro = jax.tree.map(lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:]), rows)
             branches = [functools.partial(run_stage, s, weights) for s in range(S)] + [lambda x, at: x]
@@ -184,22 +188,29 @@ class PipelineSteps:
             return shard.data[0]
         return jax.tree.map(take, out)
 
-    # -- the steps a pipeline does not run -------------------------------------------------------------------------
-    def score(self, params: nnx.State, pool: Any, batch: dict, *, span: tuple = (0, None)) -> tuple[jax.Array, None]:
-        """moejax.steps.score without a prefix KV pool -> (target log-probabilities [B, G], None)."""
-        if pool is not None or "prior_ids" in batch or "store_ids" in batch:
-            raise ValueError(PREFILL_ONLY.format(what="packed-tree scoring with a prefix KV pool (prefix cache)"))
+    def score(self, params: nnx.State, pool: Pool | None, batch: dict, *, span: tuple = (0, None)
+              ) -> tuple[jax.Array, None]:
+        """moejax.steps.phases.score without a prefix KV pool -> (target log-probabilities [B, G], None)."""
+        _refuse_a_pool(pool, batch)
         return self._score(params, batch, span=span), None
+
+    def greedy_score(self, params: nnx.State, pool: Pool | None, batch: dict, *, span: tuple = (0, None)
+                     ) -> tuple[tuple[jax.Array, jax.Array], None]:
+        """moejax.steps.phases.greedy_score without a prefix KV pool -> ((log-probabilities, greedy) [B, G], None)."""
+        _refuse_a_pool(pool, batch)
+        return self._greedy_score(params, batch, span=span), None
 
     @property
     def score_step(self) -> _Step:
         """The packed-tree scoring step (`score`'s), for its compiled HLO."""
         return self._score
 
-    def score_with(self, end: Callable) -> _Step:
-        """A packed-tree scoring step without a prefix pool whose outputs are end(model, x, batch, span=...)'s
-        (moejax.eval's adds the greedy flags): called as (params, batch, span=...)."""
-        return _Step(self, (_score_begin, end))
+    def logits_hlo(self, params: nnx.State, tokens: jax.ShapeDtypeStruct, /) -> str | None:
+        return self.logits.lower(params, tokens).compile().as_text()
+
+    # -- the steps a pipeline does not run -------------------------------------------------------------------------
+    def decode_pool(self, params: nnx.State, num_blocks: int, /) -> Pool:
+        raise ValueError(PREFILL_ONLY.format(what="continuous batching's KV pool"))
 
     def prefill(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError(PREFILL_ONLY.format(what="generation's prefill"))
@@ -216,18 +227,25 @@ class PipelineSteps:
 
 # begin(model, rows, **static) -> (hidden states, Positions) of a micro-batch; end(model, x, rows, **static) -> outputs
 def _logits_begin(model: MoEModel, tokens: jax.Array, **static: Any) -> tuple[jax.Array, Any]:
-    inputs, _ = steps.logits_begin(model, tokens)  # static: logprobs' k, not needed here
+    inputs, _ = phases.logits_begin(model, tokens)  # static: logprobs' k, not needed here
     return inputs["x"], inputs["at"]
 
 
 def _score_begin(model: MoEModel, batch: dict, *, span: tuple) -> tuple[jax.Array, Any]:
-    inputs, _ = steps.score_begin(model, [], batch, span=span)
+    inputs, _ = phases.score_begin(model, [], batch, span=span)
     return inputs["x"], inputs["at"]
 
 
-_logits = (_logits_begin, lambda model, x, tokens: steps.logits_end(model, x, [], None, tokens))
-_logprobs = (_logits_begin, lambda model, x, tokens, *, k: steps.logprobs_end(model, x, [], None, tokens, k=k))
-_score = (_score_begin, lambda model, x, batch, *, span: steps.score_end(model, x, [], None, [], batch, span=span)[0])
+_logits = (_logits_begin, lambda model, x, tokens: phases.logits_end(model, x, [], None, tokens))
+_logprobs = (_logits_begin, lambda model, x, tokens, *, k: phases.logprobs_end(model, x, [], None, tokens, k=k))
+_score = (_score_begin, lambda model, x, batch, *, span: phases.score_end(model, x, [], None, [], batch, span=span)[0])
+_greedy_score = (_score_begin, lambda model, x, batch, *, span: phases.greedy_score_end(model, x, [], None, [], batch,
+                                                                                       span=span)[0])
+
+
+def _refuse_a_pool(pool: Pool | None, batch: dict) -> None:
+    if pool is not None or "prior_ids" in batch or "store_ids" in batch:
+        raise ValueError(PREFILL_ONLY.format(what="packed-tree scoring with a prefix KV pool (prefix cache)"))
 
 
 class _Step:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import paged_steps
+from moejax.steps import paged_phases
 from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
 from moejax.models.kv_pool import PagedCache
@@ -36,11 +36,11 @@ from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
 from moejax.lightning.trace import Timeline, busy
 from moejax.models.attention import AttentionCore
-from moejax.offload.layered import LayeredSteps, _phase
+from moejax.offload.layered_steps import LayeredSteps, _phase
 
 if TYPE_CHECKING:
     from moejax.models.attention import Cache, Positions
-    from moejax.step_inputs import ChunkRows, PagedDecodeRows, PrefillRows
+    from moejax.steps.rows import ChunkRows, PagedDecodeRows, PrefillRows
 
 KVLayer = dict[str, jax.Array]
 
@@ -95,10 +95,10 @@ class LightningSteps(LayeredSteps):
         self.cores: list[AttentionCore] = [jax.device_put(layer.attn.core, self.host) for layer in model.layers]
         self._attention_backend = kernels.attention
         phase = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
-        self._token_inputs = phase(paged_steps.token_inputs, static_argnames=("num_blocks",))
-        self._next_loop = phase(paged_steps.next_loop)
-        self._chunk_inputs = phase(paged_steps.chunk_inputs, static_argnames=("num_blocks",))
-        self._chunk_tokens = phase(paged_steps.chunk_tokens)
+        self._token_inputs = phase(paged_phases.token_inputs, static_argnames=("num_blocks",))
+        self._next_loop = phase(paged_phases.next_loop)
+        self._chunk_inputs = phase(paged_phases.chunk_inputs, static_argnames=("num_blocks",))
+        self._chunk_tokens = phase(paged_phases.chunk_tokens)
         self._embed = phase(lambda model, tokens, positions: model.embed_inputs(tokens, positions))
         self._first = phase(_first_tokens)
 
@@ -117,7 +117,7 @@ class LightningSteps(LayeredSteps):
     def kv_device(self, layer: int) -> jax.Device:
         return self.device if layer < self.settings.device_kv_layers else self.host
 
-    def init_pool(self, num_blocks: int) -> list[KVLayer]:
+    def decode_pool(self, params: nnx.State, num_blocks: int, /) -> list[KVLayer]:
         """The continuous-batching pool, zeroed: each layer's on the host, the first device_kv_layers' on the
         device."""
         return self._zeroed(num_blocks, kv_pool.BLOCK)

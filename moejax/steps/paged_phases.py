@@ -10,10 +10,10 @@ Both steps also thread `carry` [S]: each sequence's last sampled token by its sc
 the scheduler can dispatch a decode step before reading the step that samples its rows' input tokens (a `chain`
 row takes its input from carry[slot] on the device; one whose token there is -1 or a stop makes nothing).
 
-Each step takes its rows as one pytree (moejax.step_inputs: ChunkRows, PagedDecodeRows) with their Sampling.
+Each step takes its rows as one pytree (moejax.steps.rows: ChunkRows, PagedDecodeRows) with their Sampling.
 Token i of a sequence is sampled with fold_in(row key, i), as Engine.generate does, so a sequence's tokens do not
-depend on which rows share its steps or on being preempted and resumed. Like moejax.steps, each step is a begin,
-the layers and an end, so an offloaded model runs the same phases layer by layer (moejax.offload.layered)."""
+depend on which rows share its steps or on being preempted and resumed. Like moejax.steps.phases, each step is a begin,
+the layers and an end, so an offloaded model runs the same phases layer by layer (moejax.offload.layered_steps)."""
 from __future__ import annotations
 
 from typing import NamedTuple, cast
@@ -27,9 +27,9 @@ from moejax.models.kv_pool import Layer, PagedCache, slots_of
 from moejax.models.attention import Positions
 from moejax.models.decoder import MoEModel
 from moejax.sampling import StepArray
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
-from moejax.steps import is_stop, model_of
-from moejax.token_loop import token_loop
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
+from moejax.steps.phases import is_stop, model_of
+from moejax.steps.token_loop import token_loop
 
 
 def _paged(pool: list[Layer], table: StepArray, slots: jax.Array) -> list[PagedCache]:

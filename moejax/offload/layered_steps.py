@@ -1,5 +1,5 @@
 """The Engine's steps run layer by layer from Python, so a placement can move routed expert weights between
-layers: begin and end of each step (moejax.steps) are jits as in the resident model, each decoder layer is two
+layers: begin and end of each step (moejax.steps.phases) are jits as in the resident model, each decoder layer is two
 jits (attention + router, then experts + shared expert + residual) that all MoE layers of one shape share, and
 between them the placement's layer runtime (LayerRuntime) supplies the experts.
 
@@ -15,16 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax import paged_steps, steps
+from moejax.steps import paged_phases, phases
 from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
 from moejax.models.moe import MoEBlock
-
-from moejax.step_inputs import PrefillRows
+from moejax.steps.protocol import Pool, Steps
+from moejax.steps.rows import PrefillRows
 
 if TYPE_CHECKING:
     from moejax.models.attention import Cache, Positions
-    from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows
+    from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows
 
 T = TypeVar("T")
 
@@ -137,7 +137,7 @@ def run_moe(layer: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: j
 
 
 def _phase(fn: Callable[..., T], graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **static: Any) -> T:
-    return fn(steps.model_of(graphdef, state).unstacked(), *args, **static)
+    return fn(phases.model_of(graphdef, state).unstacked(), *args, **static)
 
 
 @jax.jit
@@ -159,14 +159,15 @@ def _rows_valid(live: jax.Array) -> jax.Array:
     return live[:, None]
 
 
-class LayeredSteps:
-    """logits / score / prefill / decode with the signatures of the Engine's jitted steps; `placement` runs the
+class LayeredSteps(Steps):
+    """The Steps protocol (moejax.steps.protocol) run layer by layer; `placement` runs the
     routed experts of every MoE layer (`placement.moe(layer: Layer, x, y, idx, weights) -> x`). A placement with
     `needs_router(layer index) -> bool` may skip a layer's router: its `moe` then gets idx = weights = None."""
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: LayerRuntime) -> None:
         # a resident model's stacks walked layer by layer (recording traces): each layer's weights sliced out
-        model = steps.model_of(graphdef, params).unstacked()
+        self.graphdef = graphdef
+        model = phases.model_of(graphdef, params).unstacked()
         shared: dict = {}
         self.layers = [Layer(i, *nnx.split(layer), shared) for i, layer in enumerate(model.layers)]
         self.moe_layers = [i for i, layer in enumerate(model.layers) if isinstance(layer.mlp, MoEBlock)]
@@ -174,20 +175,22 @@ class LayeredSteps:
         self.passes = 0  # forward passes through the layers so far (predictors key their state on it)
         self.valid: jax.Array | None = None  # the pass's valid tokens (run_layers)
         jit = lambda fn, **kw: jax.jit(functools.partial(_phase, fn, graphdef), **kw)  # noqa: E731
-        self._logits = jit(steps.logits_begin), jit(steps.logits_end)
-        self._logprobs = (jit(steps.logprobs_begin, static_argnames=("k",)),
-                          jit(steps.logprobs_end, static_argnames=("k",)))
-        self._score = (jit(steps.score_begin, static_argnames=("span",)),
-                       jit(steps.score_end, donate_argnums=(4,), static_argnames=("span",)))
-        self._prefill = (jit(steps.prefill_begin, static_argnames=("cache_len",)),
-                         jit(steps.prefill_end, static_argnames=("cache_len",), donate_argnums=(4,)))
-        self._decode_start = jax.jit(steps.decode_start, static_argnums=(1,))
-        self._decode = jit(steps.decode_begin), jit(steps.decode_end)
-        self._chunk = (jit(paged_steps.chunk_begin, static_argnames=("fresh",)),
-                       jit(paged_steps.chunk_end, static_argnames=("fresh",)))
-        self._token = jit(paged_steps.token_begin), jit(paged_steps.token_end)
-        self._paged_start = jax.jit(paged_steps.decode_start, static_argnums=(2,))
-        self._paged_finish = jax.jit(paged_steps.decode_finish, donate_argnums=(0,))
+        self._logits = jit(phases.logits_begin), jit(phases.logits_end)
+        self._logprobs = (jit(phases.logprobs_begin, static_argnames=("k",)),
+                          jit(phases.logprobs_end, static_argnames=("k",)))
+        self._score = (jit(phases.score_begin, static_argnames=("span",)),
+                       jit(phases.score_end, donate_argnums=(4,), static_argnames=("span",)))
+        self._greedy_score = (self._score[0],
+                              jit(phases.greedy_score_end, donate_argnums=(4,), static_argnames=("span",)))
+        self._prefill = (jit(phases.prefill_begin, static_argnames=("cache_len",)),
+                         jit(phases.prefill_end, static_argnames=("cache_len",), donate_argnums=(4,)))
+        self._decode_start = jax.jit(phases.decode_start, static_argnums=(1,))
+        self._decode = jit(phases.decode_begin), jit(phases.decode_end)
+        self._chunk = (jit(paged_phases.chunk_begin, static_argnames=("fresh",)),
+                       jit(paged_phases.chunk_end, static_argnames=("fresh",)))
+        self._token = jit(paged_phases.token_begin), jit(paged_phases.token_end)
+        self._paged_start = jax.jit(paged_phases.decode_start, static_argnums=(2,))
+        self._paged_finish = jax.jit(paged_phases.decode_finish, donate_argnums=(0,))
 
     def run_layers(self, x: jax.Array, at: Positions, cache: Sequence[Cache] | None = None, read_cache: bool = True,
                    prior: Sequence[kv_pool.Layer] | None = None, valid: jax.Array | None = None
@@ -234,9 +237,13 @@ class LayeredSteps:
               span: tuple = (0, None)) -> tuple[jax.Array, list[kv_pool.Layer] | None]:
         return self._run(self._score, state, pool, batch, span=span)
 
+    def greedy_score(self, state: nnx.State, pool: list[kv_pool.Layer] | None, batch: dict[str, jax.Array], *,
+                     span: tuple = (0, None)) -> tuple[tuple[jax.Array, jax.Array], list[kv_pool.Layer] | None]:
+        return self._run(self._greedy_score, state, pool, batch, span=span)
+
     def prefill(self, state: nnx.State, pool: list[kv_pool.Layer] | None, rows: PrefillRows, *, cache_len: int
-                ) -> tuple[list[kv_pool.Layer], jax.Array, list[kv_pool.Layer] | None]:
-        read_cache = steps.prefill_reads_cache(pool, rows)
+                ) -> tuple[Sequence[Cache], jax.Array, list[kv_pool.Layer] | None]:
+        read_cache = phases.prefill_reads_cache(pool, rows)
         return self._run(self._prefill, state, pool, rows, read_cache=read_cache, valid=_prefill_valid(rows),
                          cache_len=cache_len)
 
@@ -252,7 +259,7 @@ class LayeredSteps:
             loop = end(state, x, loop, rows)
         return loop.out, loop.counts
 
-    # -- the paged steps of continuous batching (moejax.paged_steps) -------------------------------------------
+    # -- the paged steps of continuous batching (moejax.steps.paged_phases) ----------------------------------------
     def chunk(self, state: nnx.State, pool: list[kv_pool.Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
               ) -> tuple[list[kv_pool.Layer], jax.Array, jax.Array]:
         return self._run(self._chunk, state, pool, carry, rows, read_cache=not fresh,
@@ -268,3 +275,9 @@ class LayeredSteps:
             x, caches = self.run_layers(**begin(state, pool, loop, rows), valid=_rows_valid(loop.live))
             pool, loop = end(state, x, caches, loop, rows)
         return pool, self._paged_finish(carry, rows.slot, loop.out), loop.out
+
+    def decode_pool(self, params: nnx.State, num_blocks: int, /) -> Pool:
+        return phases.zeroed_pool(self.graphdef, params, num_blocks)
+
+    def logits_hlo(self, params: nnx.State, tokens: jax.ShapeDtypeStruct, /) -> str | None:
+        return None  # the layers run from Python: no one program
