@@ -15,6 +15,7 @@ are one prefill each. The store holds --capacity maps, deduplicated as §4.4 say
 """
 from __future__ import annotations
 
+from moejax.engine import Engine
 import argparse
 import os
 import sys
@@ -24,19 +25,19 @@ import numpy as np
 
 import moejax
 from launch.serve import read_lines
-from moejax.offload.memory_budget import PLACEMENTS
+from moejax.offload.settings import PLACEMENTS
 from moejax.offload.predict import calibrate
 from moejax.presets import DEFAULT_MODEL
-from moejax.sched.requests import BadLine, CompletionRequest, parse_lines
+from moejax.requests.parse import BadLine, CompletionRequest, parse_lines
 
 
-def request_prompts(engine, lines) -> tuple[list[list[int]], int]:
+def request_prompts(engine: Engine, lines: list[str]) -> tuple[list[list[int]], int]:
     """Token ids of every prompt in requests lines (a score request's contexts each), and how many lines were bad."""
     prompts, bad = request_generations(engine, lines)
     return [p for p, _ in prompts], len(bad)
 
 
-def request_generations(engine, lines) -> tuple[list[tuple[list[int], int]], list[BadLine]]:
+def request_generations(engine: Engine, lines: list[str]) -> tuple[list[tuple[list[int], int]], list[BadLine]]:
     """(token ids, tokens to generate) of every prompt in requests lines: a completion's max_tokens, 0 for each
     context of a score request; and the bad lines (each says why)."""
     cfg = engine.config
@@ -63,7 +64,7 @@ def why_unusable(bad: list[BadLine]) -> str:
     return f"{len(bad)} bad lines; {count} of them, e.g. line {first}: {message}{more}"
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def iteration_sequences(engine, generations: list[tuple[list[int], int]], max_prompt: int, max_decode: int
+def iteration_sequences(engine: Engine, generations: list[tuple[list[int], int]], max_prompt: int, max_decode: int
                         ) -> tuple[list[list[int]], list[int]]:
     """Each prompt (cut to max_prompt tokens) followed by the tokens its decode iterations feed: greedy generation
     of min(its tokens to generate, max_decode, the context's room) tokens, all but the last (which no iteration
@@ -131,7 +132,8 @@ def iteration_sequences(engine, generations: list[tuple[list[int], int]], max_pr
     return [p + f for p, f in zip(prompts, fed, strict=True)], [len(p) for p in prompts]
 
 
-def _write_maps(engine, generations, args, skipped: int) -> int:
+def _write_maps(engine: Engine, generations: list[tuple[list[int], int]], args: argparse.Namespace, skipped: int
+                ) -> int:
     from flax import nnx
 
     from moejax.offload.predict.expert_maps import build_store

@@ -4,13 +4,13 @@ waits for on this device.
 `bench generate` measured on an H200 that the continuous scheduler's decode call returns only after about as long as
 the device takes to run it: the dispatch is synchronous, so the scheduler's host work cannot overlap the device's.
 This runs bench generate's GPU workload once under continuous batching with the step recorder
-(launch/step_overhead.py), then replays its decode calls back to back without waiting between them, in variants that
-each remove one suspect, and times how long each call takes to return (the device's time is the wait at the end):
+(launch/bench/step_overhead.py), then replays its decode calls back to back without waiting between them, in variants
+that each remove one suspect, and times how long each call takes to return (the device's time is the wait at the end):
 
   as run           the recorded calls: numpy inputs, pool and carry donated
   inputs on device the rows put on the device before the timed loop
   no donation      the same program jitted without donate_argnums
-  exit checked     that, with the token loop's early exit checked every token (moejax/token_loop.py): a while_loop
+  exit checked     that, with the token loop's early exit checked every token (moejax/steps/token_loop.py): a while_loop
                    whose trip count XLA cannot know
   fixed trip count that, with the exit never checked inside the call: a fori_loop of a known trip count, numpy
                    inputs and inputs on the device
@@ -18,16 +18,18 @@ each remove one suspect, and times how long each call takes to return (the devic
                    dispatch raises, and the error says which
 
 A variant whose calls return in far less than the device's time per call has found the wait. The settings XLA
-reads at start-up are flags of the probe (launch/xla_startup.py: --command-buffers, --tfrt-gpu-client,
+reads at start-up are flags of the probe (moejax/serving/xla_startup.py: --command-buffers, --tfrt-gpu-client,
 --mem-fraction), applied before JAX starts: a run compares the variants under one setting, and the GPU check runs it
 with and without command buffers. The record also holds the continuous scheduler's own account of the recorded run
-(the host's share of a decode step: launch/bench_decode.py's host_share).
+(the host's share of a decode step: launch/bench/decode.py's host_share).
 
 --model, --num-layers, --dtype: the engine (a real-shaped preset's weights are drawn on the device). --batch B: B
 requests of --prompt-len tokens making --max-new tokens each, at once, with B decode rows (without it: --requests
 log-uniform requests, bench generate's GPU workload)."""
 from __future__ import annotations
 
+from typing import Any
+from moejax.models.kv_pool import Layer
 import argparse
 import functools
 import json
@@ -40,13 +42,14 @@ import jax
 import numpy as np
 
 import moejax
-from moejax import paged_steps, token_loop
-from moejax.kv_pool import BLOCK
+from moejax.steps import paged_phases, token_loop
+from moejax.models.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from launch.bench_results import ResultsFile
-from launch.bench_util import git_commit
-from launch import bench_decode, bench_generate, generate_workloads, step_overhead, xla_startup
+from launch.bench.results import ResultsFile
+from launch.bench.util import git_commit
+from launch.bench import decode as bench_decode, generate as bench_generate, generate_workloads, step_overhead
+from moejax.serving import xla_startup
 
 
 # jaxlib 0.10.2 and 0.11.1 (jaxlib/xla_client.py, generate_pjrt_gpu_plugin_options) pass this variable to the
@@ -55,8 +58,9 @@ TFRT_NOTE = ("XLA_PYTHON_CLIENT_USE_TFRT_GPU_CLIENT=1 asks the CUDA plugin for i
              "and 0.11.1 pass it as the plugin option use_tfrt_gpu_client): --tfrt-gpu-client")
 
 
-def _timed(method, pool, carry, calls, on_device: bool) -> dict:
-    args = [step_overhead._as_run(c) for c in calls]
+def _timed(method: step_overhead.StepMethod, pool: list[Layer], carry: jax.Array, calls: list[step_overhead.Call],
+           on_device: bool) -> dict:
+    args: list[tuple] = [step_overhead._as_run(c) for c in calls]
     if on_device:
         args = jax.block_until_ready(jax.device_put(args))
     returns, t0 = [], time.perf_counter()
@@ -76,15 +80,15 @@ def loops() -> None:
     x = jax.random.normal(jax.random.key(0), (1024, 1024), jax.numpy.float32)
     w = jax.random.normal(jax.random.key(1), (1024, 1024), jax.numpy.float32) / 32
 
-    def fori(x):
+    def fori(x: jax.Array) -> jax.Array:
         return jax.lax.fori_loop(0, 8, lambda i, y: jax.numpy.tanh(y @ w), x)
 
-    def unrolled(x):
+    def unrolled(x: jax.Array) -> jax.Array:
         for _ in range(8):
             x = jax.numpy.tanh(x @ w)
         return x
 
-    def early(x):
+    def early(x: jax.Array) -> jax.Array:
         return jax.lax.while_loop(lambda c: (c[0] < 8) & (c[1].sum() != 0), lambda c: (c[0] + 1, jax.numpy.tanh(
             c[1] @ w)), (0, x))[1]
     for name, f in (("fori_loop", fori), ("unrolled", unrolled), ("while_loop, device predicate", early)):
@@ -136,9 +140,9 @@ def main() -> None:
     lines = bench_generate._lines(reqs)
     # --batch: a pool of what the batch needs (with a block a row to spare), not the device's free memory: the
     # replays hold a second pool of the same size
-    rows = {"max_rows": a.batch, "kv_pool_mb": a.batch * (a.prompt_len + a.max_new + 2 * BLOCK)
+    sizes: dict[str, Any] = {"max_rows": a.batch, "kv_pool_mb": a.batch * (a.prompt_len + a.max_new + 2 * BLOCK)
             * engine.kv_bytes_per_token() / 2**20} if a.batch else {}
-    serving = ServingOptions(batching="continuous", **rows)
+    serving = ServingOptions(batching="continuous", **sizes)
     with tempfile.TemporaryDirectory() as d:  # a fresh output file each run: an existing one is resumed
         serve_lines(engine, lines, os.path.join(d, "warm.jsonl"), serving, seed_nonce=0)  # compiles
         recorder = step_overhead.StepRecorder(engine)
@@ -154,16 +158,19 @@ def main() -> None:
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                         (recorder.pool, recorder.carry))
 
-    def fresh(which: int):  # zeros of the run's pool (0) or carry (1): every pass starts from the same kind of input
+    # zeros of the run's pool (0) or carry (1): every pass starts from the same kind of input
+    def fresh(which: int) -> Any:
         return jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype, device=s.sharding), like[which])
     method = recorder.methods["paged_decode"]
 
-    def undonated():  # the step jitted anew without donate_argnums, traced under the token loop's setting of the time
-        step = jax.jit(functools.partial(paged_steps.decode, engine._graphdef, engine.kernels),
+    # the step jitted anew without donate_argnums, traced under the token loop's setting of the time
+    def undonated() -> step_overhead.StepMethod:
+        step = jax.jit(functools.partial(paged_phases.decode, engine._graphdef, engine.kernels),
                        static_argnames=("steps",))
         return functools.partial(step, engine.params)
 
-    def twice(m, on_device: bool) -> dict:  # the first pass compiles what this variant's inputs need
+    # the first pass compiles what this variant's inputs need
+    def twice(m: step_overhead.StepMethod, on_device: bool) -> dict:
         _timed(m, fresh(0), fresh(1), calls, on_device)
         return _timed(m, fresh(0), fresh(1), calls, on_device)
     rows: dict = {"as run": twice(method, False), "inputs on device": twice(method, True),
@@ -201,7 +208,7 @@ def main() -> None:
     share = record["scheduler_host_share_of_decode"]
     print(f"scheduler: decode host share {share['share'] or 0:.1%} ({share['share_without_dispatch'] or 0:.1%} "
           f"without the dispatch), {share['host_ms_per_step'] or 0:.2f} ms host a step", flush=True)
-    if a.out:  # one more run in the file, as the benchmarks' results files (launch/bench_results.py)
+    if a.out:  # one more run in the file, as the benchmarks' results files (launch/bench/results.py)
         ResultsFile(a.out).complete(record)
 
 

@@ -10,6 +10,7 @@ validation recall printed as it trains) and picks the Hybrid-PF layers; writes a
 """
 from __future__ import annotations
 
+from moejax.engine import Engine
 import argparse
 import os
 import sys
@@ -17,7 +18,7 @@ import sys
 import numpy as np
 
 import moejax
-from launch.bench_quality import read_texts, stdlib_texts, token_stream
+from launch.bench.quality import read_texts, stdlib_texts, token_stream
 from launch.calibrate import request_prompts
 from launch.serve import read_lines
 from moejax.offload.predict import replay
@@ -25,7 +26,7 @@ from moejax.offload.predict.traces import record
 from moejax.train.distill import distill
 
 
-def text_prompts(engine, texts: list[str], window: int) -> list[list[int]]:
+def text_prompts(engine: Engine, texts: list[str], window: int) -> list[list[int]]:
     """Texts as one token stream (documents joined by end-of-text) cut into prompts of `window` tokens."""
     if engine.tokenizer is None:
         raise ValueError("the model has no tokenizer.json; give --input with token ids instead of text")
@@ -34,7 +35,7 @@ def text_prompts(engine, texts: list[str], window: int) -> list[list[int]]:
     return [stream[s:s + window].tolist() for s in range(0, len(stream) - 1, window)]
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="pycode-moe", help="HF checkpoint directory or preset")

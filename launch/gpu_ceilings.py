@@ -12,6 +12,8 @@ kernel, cudaMemcpyAsync from pinned memory). `--small` shrinks every size for th
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
 import argparse
 import json
 import statistics
@@ -25,7 +27,7 @@ SIZES = dict(full=dict(n=8192, batch=4, stream_mib=2048, h2d_mib=1024, repeats=1
              small=dict(n=128, batch=2, stream_mib=8, h2d_mib=8, repeats=3))
 
 
-def _host_seconds(fn, make_inputs, repeats: int) -> list[float]:
+def _host_seconds(fn: Callable[..., object], make_inputs: Callable[[], tuple], repeats: int) -> list[float]:
     """Seconds of each run of fn on inputs made fresh for it (not timed), after two warm-up runs."""
     for _ in range(2):
         jax.block_until_ready(fn(*make_inputs()))
@@ -38,7 +40,7 @@ def _host_seconds(fn, make_inputs, repeats: int) -> list[float]:
     return runs
 
 
-def _record(what: float, unit: str, runs: list[float], method: str, **extra) -> dict:
+def _record(what: float, unit: str, runs: list[float], method: str, **extra: object) -> dict:
     median = statistics.median(runs)
     return dict(value=what / median, unit=unit, seconds_median=median, seconds=runs, method=method, **extra)
 
@@ -52,12 +54,12 @@ def jax_ceilings(size: dict, only: tuple[str, ...] = CEILINGS) -> dict:
     keys = iter(jax.random.split(jax.random.key(0), 10_000))
     n, b, reps = size["n"], size["batch"], size["repeats"]
 
-    def matrices():
+    def matrices() -> tuple[jax.Array, jax.Array]:
         ka, kb = jax.random.split(next(keys))
         return (jax.random.normal(ka, (b, n, n), jnp.bfloat16), jax.random.normal(kb, (b, n, n), jnp.bfloat16))
     matmul = jax.jit(lambda a, c: jnp.einsum("bij,bjk->bik", a, c, preferred_element_type=jnp.float32
                                              ).astype(jnp.bfloat16))
-    out = {}
+    out: dict[str, dict] = {}
     if "matmul_bf16" in only:
         out["matmul_bf16"] = _record(2 * b * n ** 3 / 1e12, "TFLOP/s", _host_seconds(matmul, matrices, reps),
                                      "jax, host clock around block_until_ready", shape=[b, n, n])
@@ -68,7 +70,7 @@ def jax_ceilings(size: dict, only: tuple[str, ...] = CEILINGS) -> dict:
     return out
 
 
-def _stream(size: dict, keys) -> dict:
+def _stream(size: dict, keys: Iterator[jax.Array]) -> dict:
     words = (size["stream_mib"] << 20) // 4
     stream = jax.jit(lambda x: x + 1)
     return _record(
@@ -77,7 +79,7 @@ def _stream(size: dict, keys) -> dict:
         "jax, host clock around block_until_ready; y = x + 1, bytes read + written", bytes=words * 4)
 
 
-def _h2d(size: dict, device) -> dict:
+def _h2d(size: dict, device: jax.Device) -> dict:
     rng = np.random.default_rng(0)
     host_kind = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
     to_device = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
@@ -110,7 +112,7 @@ def torch_ceilings(size: dict) -> dict | str:
         return "torch sees no CUDA device"
     dev = torch.device("cuda")
 
-    def timed(fn, make_inputs, reps):
+    def timed(fn: Callable[..., object], make_inputs: Callable[[], tuple], reps: int) -> list[float]:
         for _ in range(2):
             fn(*make_inputs())
         runs = []
@@ -144,13 +146,13 @@ def torch_ceilings(size: dict) -> dict | str:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_ceilings", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--small", action="store_true", help="tiny sizes (the CPU dry run)")
     args = parser.parse_args(argv)
     size = SIZES["small" if args.small else "full"]
-    record = dict(sizes=size, jax=jax_ceilings(size), torch=torch_ceilings(size))
+    record: dict[str, Any] = dict(sizes=size, jax=jax_ceilings(size), torch=torch_ceilings(size))  # JSON
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     for source in ("jax", "torch"):

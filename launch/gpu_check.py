@@ -59,9 +59,9 @@ import sys
 import tempfile
 import time
 
-from launch.bench_results import read_runs, write_json, write_runs
-from launch.bench_util import COMMIT_VARIABLE, device_tag, git_commit
-from launch.step_runner import UNFINISHED, Step, run_steps, table
+from launch.bench.results import read_runs, write_json, write_runs
+from launch.bench.util import COMMIT_VARIABLE, device_tag, git_commit
+from launch.bench.step_runner import UNFINISHED, Step, StepResult, run_steps, table
 
 PY = sys.executable
 DEPENDENCIES = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "numpy", "ml_dtypes", "safetensors",
@@ -161,21 +161,21 @@ GROUP_RUNS = {  # name: (file stem, what, module, arguments on the GPU, in the d
                        FULL + ["--batch", "64", "--prompt-len", "64", "--max-new", "32", "--command-buffers"],
                        DEEP_TINY + ["--batch", "2", "--prompt-len", "16", "--max-new", "8", "--command-buffers"]),
     "bench_decode_full": ("generate-decode", "full-depth decode: continuous batching at batch 1, 64, 256, 1024 "
-                          "(prompt 512, output 128): tok/s, TPOT, MBU", "launch.bench_decode",
+                          "(prompt 512, output 128): tok/s, TPOT, MBU", "launch.bench.decode",
                           ["generate"] + FULL + ["--decode-batches", "1,64,256,1024", "--mem-fraction", "0.95",
                                                  "--command-buffers"],
                           ["generate"] + DEEP_TINY + ["--decode-batches", "1,4", "--prompt-len", "24", "--output-len",
                                                       "17", "--decode-steps", "4", "--chunk-tokens", "64",
                                                       "--row-tokens", "32", "--command-buffers"]),
     "bench_prefill_full": ("serve-full", "full-depth prefill: the batch runner on 2,048 x 512-token scoring rows, "
-                           "MFU", "launch.bench_serve",
+                           "MFU", "launch.bench.serve",
                            ["serve"] + FULL + ["--workloads", "distinct", "--kv-modes", "off", "--requests", "2048",
                                                "--prefix", "480", "--suffix", "32", "--repeats", "1", "--no-resident"],
                            ["serve"] + DEEP_TINY + ["--workloads", "distinct", "--kv-modes", "off", "--requests", "8",
                                                     "--prefix", "24", "--suffix", "8", "--repeats", "1",
                                                     "--no-resident"]),
 }
-# The decode placements side by side at one budget (launch/bench_decode_placements.py), a set of its own under 5
+# The decode placements side by side at one budget (launch/bench/decode_placements.py), a set of its own under 5
 # minutes with install and environment: qwen3-30b-a3b's first 8 layers, random weights, 40% of their bytes as the
 # device budget; batch 1 and 64 at a 512-token prompt, then one 4K-token prompt; 32 output tokens (64 outgrow the
 # limit: a streamed step copies every expert, ~0.2 s on an H200's link). The predictors' calibration is read from
@@ -227,7 +227,7 @@ def _kept(record: dict, name: str) -> str:
 class Check:
     """The steps of one run and the record they fill."""
 
-    def __init__(self, args):
+    def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.dry = args, args.dry_run
         self.work = tempfile.mkdtemp(prefix="moejax-gpu-check-")
         self.log = os.path.join(args.out, "gpu_check.log")
@@ -258,7 +258,7 @@ class Check:
             calibration = ["--calibration", OFFLOAD_DECODE_CALIBRATION] if os.path.isdir(
                 OFFLOAD_DECODE_CALIBRATION) and not self.dry else []
             return self._results_step(name, name, "decode placements side by side at one device budget",
-                                      "launch.bench_decode_placements",
+                                      "launch.bench.decode_placements",
                                       [PY, "-m", "launch.bench", "offload", *(dry if self.dry else gpu + calibration)])
         if name.startswith("bench_"):
             return self._bench_step(name.removeprefix("bench_"), *BENCHES[name.removeprefix("bench_")])
@@ -304,7 +304,7 @@ class Check:
 
     def _test_step(self, name: str, what: str, files: list[str], k_gpu: str, k_dry: str) -> Step:
         out = os.path.join(self.work, f"{name}.jsonl")
-        pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.pytest_outcomes",
+        pytest = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.bench.pytest_outcomes",
                   *[f for f in files if os.path.exists(f)], "-k", k_dry if self.dry else k_gpu,
                   "-W", "always::DeprecationWarning", "--outcomes", out]
         return Step(name, what, [pytest], self.limit(name), read=lambda: self._read_tests(name, out))
@@ -312,7 +312,7 @@ class Check:
     def _bench_step(self, cmd: str, gpu_args: list[str], dry_args: list[str]) -> Step:
         if getattr(self.args, "group", None) == "full_depth" and cmd in FULL_DEPTH_BENCHES:
             gpu_args, dry_args = FULL_DEPTH_BENCHES[cmd]
-        return self._results_step(f"bench_{cmd}", cmd, f"python -m launch.bench {cmd}", f"launch.bench_{cmd}",
+        return self._results_step(f"bench_{cmd}", cmd, f"python -m launch.bench {cmd}", f"launch.bench.{cmd}",
                                   [PY, "-m", "launch.bench", cmd, *(dry_args if self.dry else gpu_args)])
 
     def _results_step(self, name: str, cmd: str, what: str, module: str, argv: list[str]) -> Step:
@@ -377,7 +377,7 @@ class Check:
         finally:
             shutil.rmtree(self.work, ignore_errors=True)
 
-    def _write_record(self, results, seconds: float, partial: bool) -> str:
+    def _write_record(self, results: list[StepResult], seconds: float, partial: bool) -> str:
         """The record as it stands, in --out (a call stopped between steps keeps it)."""
         record = dict(self.record, seconds=seconds, steps=[r.__dict__ for r in results],
                       **({"partial": True} if partial else {}))
@@ -389,7 +389,7 @@ class Check:
                 os.remove(stale)
         return path
 
-    def _finish(self, results, seconds: float) -> int:
+    def _finish(self, results: list[StepResult], seconds: float) -> int:
         out, name = self.args.out, f"gpu_check-{self.tag}"
         self.record.update(seconds=seconds, steps=[r.__dict__ for r in results])
         self._write_record(results, seconds, partial=False)
@@ -422,7 +422,7 @@ def _git() -> dict:
     return dict(commit=commit, named_by=COMMIT_VARIABLE) if named else dict(commit=commit)
 
 
-def _steps(text: str, parser) -> tuple[list[str], str | None]:
+def _steps(text: str, parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:
     """--only's steps, and the group it names (a group goes alone)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if any(n in GROUPS for n in names):
@@ -446,7 +446,7 @@ def _order(only: list[str] | None) -> list[str]:
     return [n for n in order if n in only or n in NEEDED_FIRST]
 
 
-def _limits(text: str | None, parser) -> dict[str, float]:
+def _limits(text: str | None, parser: argparse.ArgumentParser) -> dict[str, float]:
     limits = {}
     for part in (text or "").split(","):
         if not part.strip():
@@ -462,7 +462,7 @@ def _limits(text: str | None, parser) -> dict[str, float]:
     return limits
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))

@@ -9,6 +9,8 @@ checks the same thing.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
 import argparse
 import importlib.metadata
 import json
@@ -30,7 +32,7 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "
 WARNING_KINDS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
 
-def versions() -> dict:
+def versions() -> dict[str, str]:
     out = dict(python=platform.python_version())
     for name in PACKAGES:
         try:
@@ -54,13 +56,14 @@ def nvidia_smi() -> list | dict | None:
             for line in run.stdout.splitlines()]
 
 
-def _kernel_cases() -> dict:
+def _kernel_cases() -> dict[str, tuple[Callable[..., object], tuple[jax.ShapeDtypeStruct, ...]]]:
     """One call of each Pallas kernel family at a real model's shape (Qwen3-30B-A3B experts, GQA attention,
     GPT-OSS sinks + sliding window, DeepSeek's absorbed MLA decode), bf16."""
     S, bf, i32, f32 = jax.ShapeDtypeStruct, jnp.bfloat16, jnp.int32, jnp.float32
     T, D, I, E, k = 512, 2048, 768, 128, 8
 
-    def attn(B, T, S_, Hq, Hkv, D, Dv, **kw):
+    def attn(B: int, T: int, S_: int, Hq: int, Hkv: int, D: int, Dv: int, **kw: Any
+             ) -> tuple[Callable[..., object], tuple[jax.ShapeDtypeStruct, ...]]:
         sinks = jnp.zeros(Hq, f32) if kw.pop("sinks", False) else None
         fn = lambda q, kk, v, off, n: attention(q, kk, v, q_offset=off, kv_lengths=n, sinks=sinks,  # noqa: E731
                                                 backend="pallas", **kw)
@@ -79,7 +82,8 @@ def _kernel_cases() -> dict:
 
 def kernel_lowering() -> dict:
     """Lower each kernel for CUDA; count its Triton calls and collect every warning raised meanwhile."""
-    lowered, errors = {}, {}
+    lowered: dict[str, int] = {}
+    errors: dict[str, str] = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for name, (fn, shapes) in _kernel_cases().items():
@@ -87,7 +91,8 @@ def kernel_lowering() -> dict:
                 lowered[name] = cuda_module(fn, *shapes).count(TRITON)
             except Exception as e:  # one kernel failing to lower must not hide the others
                 errors[name] = f"{type(e).__name__}: {e}"[:2000]
-    seen, found = set(), []
+    seen: set[tuple[str, str]] = set()
+    found: list[dict] = []
     for w in caught:
         key = (w.category.__name__, str(w.message))
         if key not in seen:
@@ -97,12 +102,12 @@ def kernel_lowering() -> dict:
     return dict(triton_calls=lowered, errors=errors, warnings=found)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.gpu_env", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     devices = jax.devices()
-    record = dict(
+    record: dict[str, Any] = dict(  # the JSON record
         device=dict(kind=devices[0].device_kind, platform=devices[0].platform, count=len(devices),
                     compute_capability=getattr(devices[0], "compute_capability", None),
                     memory=(devices[0].memory_stats() or {}).get("bytes_limit") if devices[0].platform == "gpu"

@@ -14,6 +14,10 @@ FIELD=VALUE` (repeatable) changes any field, dotted into groups (e.g. h2d.bandwi
 --json prints one JSON object; --plot DIR writes PNGs (matplotlib: the `plots` extra)."""
 from __future__ import annotations
 
+from typing import Any
+from moejax.config import ModelConfig
+from moejax.plan.findep import DepSchedule
+from moejax.plan.hardware import Profile
 import argparse
 import dataclasses
 import json
@@ -45,8 +49,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_config(model: str):
-    from moejax.config import ModelConfig
+def model_config(model: str) -> ModelConfig:
     from moejax.models.checkpoint import read_config
     from moejax.presets import PRESETS, preset_config, resolve_embedded
     path = resolve_embedded(model)
@@ -57,7 +60,7 @@ def model_config(model: str):
     return ModelConfig.from_hf(preset_config(model))
 
 
-def overrides(items: list[str]) -> dict:
+def overrides(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
         field, sep, value = item.partition("=")
@@ -67,8 +70,8 @@ def overrides(items: list[str]) -> dict:
     return out
 
 
-def _jsonable(x):
-    if dataclasses.is_dataclass(x):
+def _jsonable(x: object) -> Any:  # JSON values: dicts, lists, scalars
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return _jsonable(dataclasses.asdict(x))
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -79,12 +82,12 @@ def _jsonable(x):
     return x
 
 
-def run_dep(cfg, profile, args) -> tuple[dict, str, list]:
+def run_dep(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan import dep_sim
     from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
     from moejax.plan.plots import gantt
     seq = args.seq_len or min(args.tokens, 4096)
-    kw = dict(devices=args.devices, tokens=args.tokens, seq_len=seq)
+    kw: dict[str, Any] = dict(devices=args.devices, tokens=args.tokens, seq_len=seq)  # the planners' keywords
     plan = solve_dep(cfg, profile, exhaustive=args.exhaustive, **kw)
     baseline, default = pppipe_plan(cfg, profile, **kw), default_plan(cfg, profile, **kw)
     out = plan.as_dict() | {"layout": plan.layout_spec(), "pppipe": baseline.as_dict(), "default": default.as_dict(),
@@ -104,15 +107,16 @@ def run_dep(cfg, profile, args) -> tuple[dict, str, list]:
     return out, text, plots
 
 
-def _orders(cfg, profile, plan, baseline, kw):
+def _orders(cfg: ModelConfig, profile: Profile, plan: DepSchedule, baseline: DepSchedule, kw: dict[str, Any]
+            ) -> list[DepSchedule]:
     """The chosen plan, the same devices under the other order, and PPPipe: the three Gantt panels."""
     from moejax.plan.findep import solve_dep
     other = "aass" if plan.order == "asas" else "asas"
-    same = dict(attn_devices=plan.attn_devices, expert_devices=plan.expert_devices)
-    return [plan, solve_dep(cfg, profile, order=other, **same, **kw), baseline]
+    return [plan, solve_dep(cfg, profile, order=other, attn_devices=plan.attn_devices,
+                            expert_devices=plan.expert_devices, **kw), baseline]
 
 
-def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
+def run_lightning(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan.hrm import plot_roofline
     from moejax.plan.lightning import policy_roofline, search_policy
     policy = search_policy(cfg, profile, prompt_len=args.prompt_len, gen_len=args.gen_len, gpus=args.gpus)
@@ -123,7 +127,7 @@ def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
     return policy.as_dict(), policy.describe(), plots
 
 
-def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
+def run_theta(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan.plots import theta_plot
     from moejax.plan.theta import layer_time_curve, theta_eq1
     devices = 1 if args.mode == "streamed" else args.devices
@@ -137,7 +141,7 @@ def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
     return theta.as_dict(), theta.describe(), plots
 
 
-def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
+def run_layout(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
     from moejax.plan.layouts import choose_layout
     choice = choose_layout(cfg, profile, args.devices, args.tokens, args.seq_len or min(args.tokens, 4096))
     out = {"layout": choice.best.spec, "predicted_tokens_per_s": choice.best.tokens_per_s, "solve_ms": choice.solve_ms,
@@ -145,7 +149,7 @@ def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
     return out, choice.describe(), []
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from moejax.plan.datasheets import load_profile
     try:

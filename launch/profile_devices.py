@@ -1,4 +1,4 @@
-"""Measure this machine's hardware profile for the planners (moejax/measure_hardware.py says what and how) and write it
+"""Measure this machine's hardware profile for the planners (moejax/measure/hardware.py says what and how) and write it
 as JSON that `moejax.plan.datasheets.load_profile(path)` reads.
 
   python -m launch.profile_devices [--out FILE] [--model M] [--quick] [--dtype bfloat16] [--grouped-backend auto]
@@ -10,10 +10,13 @@ looks for a measured profile (moejax.plan.paths.default_profile_path). --model (
 checkpoint directory) measures at that model's shapes; without it, generic ones. --quick: fewer and smaller sizes
 (seconds on a CPU). --dep also micro-benchmarks DEP's four tasks (attention, expert FFN, A2E, E2A) for every split
 of the devices present into an attention and an expert group, at a few token counts, on --dep-model (default
---model, else tiny-qwen3-moe), and keeps their least-squares α-β (FinDEP Eq. 7-11, moejax.measure_dep) in the
+--model, else tiny-qwen3-moe), and keeps their least-squares α-β (FinDEP Eq. 7-11, moejax.measure.dep) in the
 profile, where FinDEP's solver uses them. Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 from __future__ import annotations
 
+from moejax.measure.hardware import Measurement, Shapes
+from moejax.plan.hardware import DepTaskFits, Profile
+from collections.abc import Callable
 import argparse
 import os
 import statistics
@@ -22,7 +25,7 @@ import tempfile
 import time
 
 from moejax.plan.paths import default_profile_path
-from moejax.quick_profile import write_profile
+from moejax.measure.quick_profile import write_profile
 
 GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
 
@@ -46,11 +49,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_shapes(model: str | None, quick: bool):
+def model_shapes(model: str | None, quick: bool) -> Shapes:
     """The Shapes to measure at; ValueError naming the model when it cannot be read."""
     from moejax.config import ModelConfig
     from moejax.models.checkpoint import CheckpointError, read_config
-    from moejax.measure_hardware import Shapes
     from moejax.presets import preset_config, resolve_embedded
     if model is None:
         return Shapes.generic(quick)
@@ -89,7 +91,7 @@ def writable(path: str) -> bool:
         return False
 
 
-def report(measurement) -> str:
+def report(measurement: Measurement) -> str:
     """The fits' R² and samples and the curves' points, for the reader of stdout (the JSON holds only Profile)."""
     lines = [f"  {role:6s} {p.name}: best {p.flops / 1e9:.1f} GFLOP/s, memory {p.bandwidth / 1e9:.2f} GB/s, launch "
              f"{p.launch_s * 1e6:.1f} us" for role, p in (("device", measurement.profile.device),
@@ -107,13 +109,13 @@ def report(measurement) -> str:
     return "\n".join(lines)
 
 
-def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
+def with_dep_fits(profile: Profile, model: str, dtype: str, quick: bool, log: Callable[[str], None]) -> Profile:
     """The profile with DEP's task fits for every split of the devices present (none on one device)."""
     import dataclasses
 
     import jax
 
-    from moejax.measure_dep import measure_dep
+    from moejax.measure.dep import measure_dep
     if jax.device_count() < 2:
         log("--dep: one device, no split into an attention and an expert group: nothing measured")
         return profile
@@ -124,7 +126,7 @@ def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
     return dataclasses.replace(profile, dep=fits, notes=(profile.notes + "; " if profile.notes else "") + note)
 
 
-def dep_report(fit) -> str:
+def dep_report(fit: DepTaskFits) -> str:
     """One split's fits, and how far they are from the points they were fitted to."""
     from moejax.plan.findep_costs import predict_point
     errors = [abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points if p[-1] > 0]
@@ -135,7 +137,7 @@ def dep_report(fit) -> str:
             f"worst {max(errors):.0%} over {len(errors)} points")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     started = time.perf_counter()
     try:
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
         return 2
     import jax
 
-    from moejax.measure_hardware import grouped_backend_refused, measure_profile, sweep_for
+    from moejax.measure.hardware import grouped_backend_refused, measure_profile, sweep_for
     refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
     if refused:
         print(f"launch.profile_devices: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)

@@ -26,6 +26,9 @@ output made with other settings) exits 1 with a message before anything is writt
 """
 from __future__ import annotations
 
+from moejax.lightning.probe import Probe
+from moejax.sched.runner import Metrics, Progress
+from moejax.engine import Engine
 import argparse
 import contextlib
 import json
@@ -36,22 +39,22 @@ import sys
 import time
 from typing import NoReturn
 
-from launch import xla_startup
-from launch.serve_engine import load, refusal, replica_notes, run_settings, set_saturation
-from launch.serve_options import ModelOptions, Processes
-from launch.serve_paths import check_paths
+from moejax.serving import xla_startup
+from moejax.serving.load_engine import load, refusal, replica_notes, run_settings, set_saturation
+from moejax.serving.model_options import ModelOptions, Processes
+from moejax.serving.output_paths import check_paths
 from moejax import options
 from moejax.kernels.backends import Kernels
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
-from moejax.sched import output_lock
+from moejax.requests import output_lock
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.pool_size import PoolTooLarge
-from moejax.sched.replicas import ReplicaPlan
-from moejax.sched.results import SettingsMismatch, WriteFailed
+from moejax.replicas.run import ReplicaPlan
+from moejax.requests.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
 from moejax.sharding import multihost
 
@@ -70,7 +73,7 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def parse_args(argv=None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags of the option dataclasses (moejax.options: their defaults, types, choices and help), and this
     command's own: files, Θ, the plots."""
     p = OneLineParser(prog="python -m launch.serve", description=__doc__,
@@ -96,9 +99,9 @@ def parse_args(argv=None):
     options.add_arguments(g, PlacementSettings, PlacementSettings.names()[1:])
     g = p.add_argument_group("several processes (hosts), one per host; all three flags or none")
     options.add_arguments(g, Processes)
-    g = p.add_argument_group("engine replicas behind MoE-Prefill's prefix-aware frontend (Ray; moejax.sched.replicas)")
+    g = p.add_argument_group("engine replicas behind MoE-Prefill's prefix-aware frontend (Ray; moejax.replicas.run)")
     options.add_arguments(g, ReplicaPlan)
-    g = p.add_argument_group("XLA settings read when JAX starts (launch.xla_startup)")
+    g = p.add_argument_group("XLA settings read when JAX starts (moejax.serving.xla_startup)")
     xla_startup.add_arguments(g)
     p.add_argument("--metrics", default=None, help="also write the run summary to this JSON file")
     p.add_argument("--explain", action="store_true",
@@ -117,7 +120,7 @@ OPTION_CLASSES = (ModelOptions, ServingOptions, EnginePlan, Workload, PlacementS
 
 
 def options_table() -> str:
-    """The README's table of the option flags, from their fields."""
+    """docs/options.md's table of the option flags, from their fields."""
     return options.markdown_table(*OPTION_CLASSES)
 
 
@@ -134,7 +137,7 @@ def read_lines(path: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def check_numbers(args) -> str | None:
+def check_numbers(args: argparse.Namespace) -> str | None:
     """The first numeric flag out of its option's range, as a message naming it; None when all are fine."""
     problem = options.check_flags(args, *OPTION_CLASSES)
     if problem is None and args.process_id is not None and args.num_processes is not None \
@@ -143,7 +146,7 @@ def check_numbers(args) -> str | None:
     return problem
 
 
-def check_settings(args) -> str | None:
+def check_settings(args: argparse.Namespace) -> str | None:
     """The plan's options that go together (a predictor and its files, options that apply to another placement,
     a layout spec), checked as moejax.load would check them but before it, in a message naming the flags."""
     try:
@@ -154,7 +157,7 @@ def check_settings(args) -> str | None:
     return None
 
 
-def load_error(args, e: Exception) -> str:
+def load_error(args: argparse.Namespace, e: Exception) -> str:
     """A failed load as one line: when a flag of the plan caused it (moejax.load names its keyword), naming that
     flag; else naming --model."""
     text = str(e).removeprefix("moejax.load: ")
@@ -162,7 +165,7 @@ def load_error(args, e: Exception) -> str:
     return named if named.startswith("--") else f"--model {args.model}: {text}"
 
 
-def check_plot_extra(args) -> str | None:
+def check_plot_extra(args: argparse.Namespace) -> str | None:
     """--plot draws --explain's plans with matplotlib, an optional extra: without --explain, or without matplotlib,
     the flag is refused before the model loads (it would do nothing)."""
     if not args.plot:
@@ -188,7 +191,7 @@ def write_metrics(path: str | None, summary: dict) -> None:
         sys.exit(f"--metrics {path}: cannot write the run summary: {e.strerror or e} (the results are written)")
 
 
-def check_kernels(args) -> str | None:
+def check_kernels(args: argparse.Namespace) -> str | None:
     """A backend that cannot run on this platform is refused before the weights load."""
     try:
         why = Kernels.parse(args.kernels).unavailable()
@@ -197,7 +200,7 @@ def check_kernels(args) -> str | None:
     return None if why is None else f"--kernels {args.kernels}: {why}"
 
 
-def lightning_explain(engine, args):
+def lightning_explain(engine: Engine, args: argparse.Namespace) -> Probe:
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
     from moejax.lightning.probe import explain_engine
@@ -206,7 +209,7 @@ def lightning_explain(engine, args):
     return probe
 
 
-def plan_plots(engine, args, probe=None) -> list[str]:
+def plan_plots(engine: Engine, args: argparse.Namespace, probe: Probe | None = None) -> list[str]:
     """--explain --plot DIR: the engine's plans drawn (on its hardware profile; lightning: the probed decode call's
     measured pipeline); lines saying what was written."""
     import jax
@@ -248,7 +251,7 @@ def exit_status(summary: dict, allow_invalid_lines: bool) -> int:
     return 1 if summary["requests_batch_failed"] or invalid else 0
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as held:  # the output locks taken below, released however the run ends
         try:
             return _main(parse_args(argv), held)
@@ -258,11 +261,12 @@ def main(argv=None) -> int:
             return 128 + signal.SIGINT
 
 
-def _main(args, held: contextlib.ExitStack) -> int:
-    multi = (args.coordinator, args.num_processes, args.process_id)
-    if None in multi:
-        if any(v is not None for v in multi):
-            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), multi, strict=True)
+def _main(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
+    given = (args.coordinator, args.num_processes, args.process_id)
+    multi: tuple[str, int, int] | None = given
+    if None in given:
+        if any(v is not None for v in given):
+            missing = [f for f, v in zip(("--coordinator", "--num-processes", "--process-id"), given, strict=True)
                        if v is None]
             refuse(f"--coordinator, --num-processes and --process-id go together; missing {', '.join(missing)}")
         multi = None
@@ -319,7 +323,7 @@ def _main(args, held: contextlib.ExitStack) -> int:
                 print(explain_lines(engine, lines, serving))
             except PoolTooLarge as e:
                 sys.exit(f"--kv-pool-mb {args.kv_pool_mb}: {e}")
-            probe = lightning_explain(engine, args) if engine.placement.name == "lightning" else None
+            probe = lightning_explain(engine, args) if engine.placement.probed_at_explain else None
             if args.plot:
                 for line in plan_plots(engine, args, probe):
                     print(line)
@@ -348,13 +352,14 @@ def _main(args, held: contextlib.ExitStack) -> int:
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack) -> int:
-    """The run over engine replicas (launch.serve_replicas): the same output, journal, lock, summary and exit
+def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: ReplicaPlan, held: contextlib.ExitStack
+                    ) -> int:
+    """The run over engine replicas (moejax.serving.replicated): the same output, journal, lock, summary and exit
     status as one engine's; --explain explains one engine (loaded here) as every replica would run it."""
-    from launch.serve_replicas import format_summary, serve_replicas
+    from moejax.serving.replicated import format_summary, serve_replicas
     serving = options.from_args(ServingOptions, args)
     if args.explain:  # one engine, loaded here, as every replica would run it, and the frontend's routing
-        from moejax.sched.frontend_plan import routing_lines
+        from moejax.replicas.frontend_plan import routing_lines
         try:
             engine = load(args, serving)
             set_saturation(engine, args)
@@ -372,9 +377,9 @@ def _serve_replicas(args, lines: list[str], replicas: ReplicaPlan, held: context
     return exit_status(summary, args.allow_invalid_lines)
 
 
-def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:
+def lock_outputs(args: argparse.Namespace, multi: tuple[str, int, int] | None, held: contextlib.ExitStack) -> None:
     """Exit, before the model loads, when another runner is writing this --output (with its journal) or
-    --error-file; else hold their locks until main ends (moejax.sched.output_lock). The error file is locked too:
+    --error-file; else hold their locks until main ends (moejax.requests.output_lock). The error file is locked too:
     it is rewritten whole when a run ends, so two runs sharing one would silently drop the other's failed lines.
     Only process 0 writes, so only it locks; it tells the others whether to go on."""
     if args.explain:
@@ -391,14 +396,14 @@ def lock_outputs(args, multi, held: contextlib.ExitStack) -> None:
         sys.exit(refused)
 
 
-def _flag_of(args, path: str | None) -> str:
+def _flag_of(args: argparse.Namespace, path: str | None) -> str:
     """The flag (and value) that named `path`."""
     if args.error_file and path is not None and os.path.realpath(args.error_file) == path:
         return f"--error-file {args.error_file}"
     return f"--output {args.output}"
 
 
-def _check_processes_agree(args, lines: list[str]) -> None:
+def _check_processes_agree(args: argparse.Namespace, lines: list[str]) -> None:
     """Several processes must run the very same batches: each process feeds the rows its own devices hold, so
     different inputs would mix requests silently. Only process 0 keeps a journal, and the others cannot see it
     (other hosts), so a run does not resume: process 0 tells every process whether its output already exists."""
@@ -410,7 +415,7 @@ def _check_processes_agree(args, lines: list[str]) -> None:
                  "processes does not resume (the others cannot see it): remove it or write elsewhere")
 
 
-def _progress_bar(total: int):
+def _progress_bar(total: int) -> Progress | None:
     """A tqdm bar on a terminal (requests, tokens/s); nothing otherwise."""
     if not sys.stderr.isatty() or not total:
         return None
@@ -418,7 +423,7 @@ def _progress_bar(total: int):
     bar = tqdm(total=total, unit="req", file=sys.stderr)
     start = time.perf_counter()
 
-    def update(n, metrics):
+    def update(n: int | None, metrics: Metrics) -> None:
         if n is None:
             bar.close()
             return

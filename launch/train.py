@@ -21,7 +21,7 @@ from moejax.train.loop import Run, Settings, train
 _FLAGS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launch.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (created; with --resume, an existing run)")

@@ -13,7 +13,7 @@ the engine), on two input sets in turn. The results file is rewritten after ever
 the end), and the sweep stops starting configurations at --budget-s.
 
 Results go to bench/results/tune_gmm-<device>.json (`--out`), one run appended to its `runs`, written as it goes
-(launch.bench_results: marked partial until the end). `--write-table RESULTS.json` merges the last complete GPU
+(launch.bench.results: marked partial until the end). `--write-table RESULTS.json` merges the last complete GPU
 run's best configurations and fastest backends into the committed table (moejax/kernels/grouped_matmul/
 tuning.json) under the run's device kind, which the kernels read; a partial run only with --partial-ok.
 
@@ -21,6 +21,8 @@ tuning.json) under the run's device kind, which the kernels read; a partial run 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 import argparse
 import json
 import os
@@ -30,28 +32,34 @@ import time
 
 import numpy as np
 
-from launch.bench_results import ResultsFile, read_runs
+from launch.bench.results import ResultsFile, read_runs
+
+if TYPE_CHECKING:  # jax is imported where it runs: --write-table merges results without starting it
+    import jax
+    from jax.typing import DTypeLike
 
 SHAPE = dict(hidden=2048, width=768, experts=128, top_k=8)  # Qwen3-30B-A3B
-TOKENS = (8192, 1024, 32768)  # the issue's targets first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
+TOKENS = (8192, 1024, 32768)  # the targets' sizes first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
 TINY = dict(hidden=64, width=32, experts=4, top_k=2)
 TINY_TOKENS = (64,)
 
 # Candidates in the order worth trying: the first H200 sweep's best first (bench/results/tune_gmm-NVIDIA_H200.json),
 # then today's choice before the sweep (row tiles minor), then the rest; --configs N keeps the first N of each.
-PALLAS_GLU = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
+Config = dict[str, Any]  # a PallasConfig's or MosaicConfig's keyword arguments, as the table keeps them
+PALLAS_GLU: list[Config] = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
               dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
               dict(bm=128, bn=128, bk=64, warps=8, stages=4, cols_minor=True),
               dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
               dict(bm=128, bn=64, bk=64, warps=4, stages=4, cols_minor=True),
               dict(bm=128, bn=64, bk=64, warps=8, stages=4, cols_minor=True),
               dict(bm=64, bn=64, bk=64, warps=4, stages=4, cols_minor=True)]
-PALLAS_GEMM = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
+PALLAS_GEMM: list[Config] = [dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=True),
                dict(bm=128, bn=256, bk=64, warps=8, stages=3, cols_minor=True),
                dict(bm=64, bn=256, bk=64, warps=8, stages=3, cols_minor=True),
                dict(bm=128, bn=128, bk=64, warps=8, stages=3, cols_minor=False),
                dict(bm=128, bn=128, bk=64, warps=4, stages=4, cols_minor=True),
                dict(bm=64, bn=128, bk=64, warps=4, stages=4, cols_minor=True)]
+MOSAIC: list[Config]
 MOSAIC = [dict(bm=128, bn=128, bk=64, stages=3, cols_minor=True, compute_wgs=2),  # warp-specialized (mosaic_ws.py)
           dict(bm=128, bn=128, bk=64, stages=4, cols_minor=True),
           dict(bm=64, bn=128, bk=64, stages=4, cols_minor=True, compute_wgs=2),
@@ -59,12 +67,12 @@ MOSAIC = [dict(bm=128, bn=128, bk=64, stages=3, cols_minor=True, compute_wgs=2),
           dict(bm=128, bn=128, bk=64, stages=6, cols_minor=True),
           dict(bm=128, bn=128, bk=64, stages=4, cols_minor=False),
           dict(bm=64, bn=128, bk=64, stages=4, cols_minor=True)]
-TINY_CONFIGS = dict(glu=[dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=False),
+TINY_CONFIGS: dict[str, list[Config]] = dict(glu=[dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=False),
                          dict(bm=16, bn=16, bk=16, warps=4, stages=3, cols_minor=True)],
                     gemm=[dict(bm=16, bn=32, bk=16, warps=4, stages=3, cols_minor=True)])
 
 
-def parse_args(argv):
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m launch.tune_gmm", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="results JSON (default bench/results/tune_gmm-<device>.json)")
     p.add_argument("--budget-s", type=float, default=170.0, help="start no configuration after this many seconds")
@@ -83,7 +91,7 @@ def parse_args(argv):
 class Sweep:
     """The measurements of one run and the file they are written to after each one."""
 
-    def __init__(self, args, env: dict):
+    def __init__(self, args: argparse.Namespace, env: dict) -> None:
         self.args, self.t0 = args, time.monotonic()
         self.results = ResultsFile(args.out)
         self.record = dict(**env, benchmark="tune_gmm", budget_s=args.budget_s, rows=[],
@@ -94,7 +102,7 @@ class Sweep:
         return time.monotonic() - self.t0 > self.args.budget_s
 
     def write(self, final: bool = False) -> None:
-        """The run's record in the results file, replacing its earlier partial self (launch.bench_results)."""
+        """The run's record in the results file, replacing its earlier partial self (launch.bench.results)."""
         self.record["seconds"] = time.monotonic() - self.t0
         if final:
             self.results.complete(self.record)
@@ -102,7 +110,7 @@ class Sweep:
             last = self.record["rows"][-1] if self.record["rows"] else {}
             self.results.partial(self.record, f"{last.get('class', '')} {last.get('what', '')}".strip())
 
-    def add(self, **row) -> dict:
+    def add(self, **row: Any) -> dict:
         self.record["rows"].append(row)
         rate = f"{row['tflops_per_s']:7.1f} TFLOP/s" if "tflops_per_s" in row else row.get("skipped", "")
         vs = f" {row['vs_dense']:.2f}x dense" if "vs_dense" in row else ""
@@ -113,7 +121,8 @@ class Sweep:
         return row
 
 
-def time_fn(fn, sets, rounds: int):
+def time_fn(fn: Callable[..., jax.Array], sets: list[tuple[jax.Array, ...]], rounds: int
+            ) -> tuple[float, float, jax.Array]:
     """(median seconds per call, seconds of the first call: compiling included, the first call's output)."""
     import jax
     t0 = time.perf_counter()
@@ -131,7 +140,7 @@ def time_fn(fn, sets, rounds: int):
 WRONG = 3e-2  # relative error against the float32 reference past which a configuration is wrong, not slow
 
 
-def relative_error(out, ref) -> float:
+def relative_error(out: jax.Array, ref: tuple[np.ndarray, jax.Array]) -> float:
     """ref: (row indices, float32 reference rows); `out`'s rows there against them."""
     import jax.numpy as jnp
     rows, want = ref
@@ -143,7 +152,7 @@ SAMPLED_GROUPS = 6  # the reference covers these groups' rows (first, last, betw
 SAMPLED_TOKENS = 256
 
 
-def references(d):
+def references(d: dict[str, jax.Array]) -> dict[str, tuple[np.ndarray, jax.Array]]:
     """float32 references on a sample of set d, by plain jnp.dot per group: the sweep's GPU call measured the
     plain-JAX backends' whole-problem references at over 70 s (the 2026-11-26 check), longer than its budget."""
     import jax
@@ -164,12 +173,13 @@ def references(d):
     return dict(gemm=(rows, gemm), glu=(rows, jax.nn.silu(gate) * up), ffn=(tokens, ffn))
 
 
-def make_sets(rng, T: int, shape: dict, dtype):
+def make_sets(rng: np.random.Generator, T: int, shape: dict[str, int], dtype: DTypeLike
+              ) -> list[dict[str, jax.Array]]:
     import jax.numpy as jnp
     D, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
     wgu = jnp.asarray(rng.standard_normal((E, D, 2 * I), np.float32) / np.sqrt(D)).astype(dtype)
     wd = jnp.asarray(rng.standard_normal((E, I, D), np.float32) / np.sqrt(I)).astype(dtype)
-    sets = []
+    sets: list[dict[str, jax.Array]] = []
     for _ in range(2):  # fresh data each set; one weight set (the weights are far larger than L2)
         idx = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int32)
         x = jnp.asarray(rng.standard_normal((T, D), np.float32)).astype(dtype)
@@ -180,7 +190,7 @@ def make_sets(rng, T: int, shape: dict, dtype):
     return sets
 
 
-def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
+def sweep_class(sweep: Sweep, T: int, shape: dict[str, int], dtype: DTypeLike, gpu: bool) -> None:
     import jax
     import jax.numpy as jnp
 
@@ -196,12 +206,16 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     print(f"T={T}: {M} routed rows, {M / E:.0f} per expert (class {cls})", flush=True)
     rounds = sweep.args.rounds
 
-    def measure(what, op, fn, args_of, flops, config=None, dense=None, ref=None):
+    def measure(what: str, op: str, fn: Callable[..., jax.Array],
+                args_of: Callable[[dict[str, jax.Array]], tuple[jax.Array, ...]], flops: float,
+                config: Config | None = None, dense: float | None = None,
+                ref: tuple[np.ndarray, jax.Array] | None = None) -> dict:
         try:
             sec, first, out = time_fn(jax.jit(fn), [args_of(d) for d in sets], rounds)
         except Exception as e:  # a configuration the compiler refuses (shared memory, registers) is a result too
             return sweep.add(**common, **{"class": f"{op}/{cls}", "what": what, "config": config,
                                           "skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+        row: dict[str, Any]
         row = dict(**common, **{"class": f"{op}/{cls}", "what": what, "config": config, "seconds": sec,
                                 "first_call_s": first, "tflops_per_s": flops / sec / 1e12})
         if dense:
@@ -211,7 +225,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
             row["wrong"] = not row["relative_error"] <= WRONG
         return sweep.add(**row)
 
-    def fastest(row) -> bool:
+    def fastest(row: dict) -> bool:
         return "seconds" in row and not row.get("wrong")
 
     refs = references(sets[0])
@@ -219,14 +233,14 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     dense = measure("dense", "gemm", lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
                     lambda d: (d["xs"], d["wgu"][0]), gemm_flops)["seconds"]
 
-    def dense_ffn(x, a, b):
+    def dense_ffn(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
         g, u = jnp.split(jnp.dot(x, a, preferred_element_type=jnp.float32), 2, axis=-1)
         return jnp.dot((jax.nn.silu(g) * u).astype(x.dtype), b, preferred_element_type=jnp.float32)
     dense_ffn_s = measure("dense_ffn", "glu", dense_ffn, lambda d: (d["xs"], d["wgu"][0], d["wd"][0]),
                           ffn_flops)["seconds"]
 
     interpret = not gpu
-    best = {}
+    best: dict[tuple[str, str], tuple[float, Config]] = {}  # (backend, op) -> (seconds, config)
 
     keep = slice(sweep.args.configs)
     candidates = {op: configs[keep] for op, configs in
@@ -238,7 +252,8 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
                 break
             c = tuning.PallasConfig(**cfg)
 
-            def run(xp, w, sizes, c=c, fused=fused):
+            def run(xp: jax.Array, w: jax.Array, sizes: jax.Array, c: tuning.PallasConfig = c, fused: bool = fused
+                    ) -> jax.Array:
                 return pallas.grouped_call(xp, w, None, sizes, cfg=c, out_dtype=xp.dtype, act="silu" if fused else None,
                                            interpret=interpret)
             row = measure("pallas", op, run, lambda d: (d["xs"], d["wgu"], d["sizes"]),
@@ -248,19 +263,19 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
     for cfg in (MOSAIC[keep] if gpu else []):
         if sweep.out_of_time():
             break
-        c = mosaic.MosaicConfig(**cfg)
-        row = measure("mosaic", "gemm", lambda xs, w, sizes, c=c: mosaic.grouped_matmul(xs, w, sizes, c),
+        mc = mosaic.MosaicConfig(**cfg)
+        row = measure("mosaic", "gemm", lambda xs, w, sizes, mc=mc: mosaic.grouped_matmul(xs, w, sizes, mc),
                       lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, cfg, dense, refs["gemm"])
         if fastest(row) and row["seconds"] < best.get(("mosaic", "gemm"), (np.inf,))[0]:
             best[("mosaic", "gemm")] = (row["seconds"], cfg)
     if not gpu:
         sweep.add(**common, **{"class": f"gemm/{cls}", "what": "mosaic", "skipped": "needs an NVIDIA Hopper GPU"})
     elif ("mosaic", "gemm") in best and not sweep.out_of_time():  # the kernel alone: input already aligned
-        c = mosaic.MosaicConfig(**best[("mosaic", "gemm")][1])
-        layouts = [aligned_layout(d["sizes"], M, c.bm) for d in sets]
+        mc = mosaic.MosaicConfig(**best[("mosaic", "gemm")][1])
+        layouts = [aligned_layout(d["sizes"], M, mc.bm) for d in sets]
         for d, lay in zip(sets, layouts, strict=True):
             d["aligned"], d["tile_group"] = to_aligned(d["xs"], lay), lay.tile_group
-        measure("mosaic_kernel", "gemm", lambda xa, w, tg, c=c: mosaic.aligned_call(xa, w, tg, c, xa.dtype),
+        measure("mosaic_kernel", "gemm", lambda xa, w, tg, mc=mc: mosaic.aligned_call(xa, w, tg, mc, xa.dtype),
                 lambda d: (d["aligned"], d["wgu"], d["tile_group"]), gemm_flops, best[("mosaic", "gemm")][1], dense,
                 None)
         for d in sets:
@@ -270,11 +285,11 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
         sweep.record["best"][backend][f"{op}/{cls}"] = cfg
     gemm_times = {b: s for (b, op), (s, _) in best.items() if op == "gemm"}
     if gemm_times:
-        sweep.record["best"]["fastest"][f"gemm/{cls}"] = min(gemm_times, key=gemm_times.get)
+        sweep.record["best"]["fastest"][f"gemm/{cls}"] = min(gemm_times, key=lambda b: gemm_times[b])
 
     entry = {"pallas": {f"{op}/{cls}": cfg for (b, op), (_, cfg) in best.items() if b == "pallas"},
              "mosaic": {f"gemm/{cls}": cfg for (b, op), (_, cfg) in best.items() if b == "mosaic"}}
-    ffn_times = {}
+    ffn_times: dict[str, float] = {}
     for backend in ["pallas", "mosaic"] if gpu else ["pallas_interpret"]:
         if sweep.out_of_time() or (backend == "mosaic" and not entry["mosaic"]):
             continue
@@ -286,7 +301,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
         if fastest(row):
             ffn_times[backend.removesuffix("_interpret")] = row["seconds"]
     if ffn_times:
-        sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=ffn_times.get)
+        sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=lambda b: ffn_times[b])
     # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
     if gpu and not sweep.args.no_anchor and not sweep.out_of_time():
         try:
@@ -294,7 +309,7 @@ def sweep_class(sweep: Sweep, T: int, shape: dict, dtype, gpu: bool) -> None:
         except ImportError as e:
             sweep.add(**common, **{"class": f"gemm/{cls}", "what": "jax_ragged_mgpu", "skipped": str(e)})
         else:
-            anchor = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
+            anchor: dict[str, Any] = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
             measure("jax_ragged_mgpu", "gemm", lambda xs, w, sizes: ragged_dot_mgpu.ragged_dot(
                 xs, w, group_sizes=sizes, **anchor), lambda d: (d["xs"], d["wgu"], d["sizes"]), gemm_flops, anchor,
                 dense)
@@ -312,7 +327,7 @@ def write_table(results_path: str, table_path: str, partial_ok: bool = False) ->
         raise SystemExit(f"tune_gmm --write-table: the last GPU run in {results_path} was stopped after "
                          f"{run.get('progress', {}).get('rows')} rows; pass --partial-ok to use what it measured")
     kind = run["device"]["kind"]
-    table = {}
+    table: dict = {}
     if os.path.exists(table_path):
         with open(table_path) as f:
             table = json.load(f)
@@ -327,7 +342,7 @@ def write_table(results_path: str, table_path: str, partial_ok: bool = False) ->
     return entry
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from moejax.kernels.grouped_matmul import tuning
     if args.write_table:
@@ -337,7 +352,7 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from launch.bench_util import device_tag, environment
+    from launch.bench.util import device_tag, environment
     from moejax.kernels.platform import on_gpu
     env = environment()
     env["command"] = " ".join(["python", "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])
@@ -348,6 +363,7 @@ def main(argv=None) -> int:
     args.out = args.out or os.path.join("bench", "results", f"tune_gmm-{device_tag(env['device']['kind'])}.json")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     sweep = Sweep(args, env)
+    tokens: tuple[int, ...]
     shape, tokens = (SHAPE, TOKENS) if gpu else (TINY, TINY_TOKENS)
     if args.tokens:
         tokens = tuple(int(t) for t in args.tokens.split(","))

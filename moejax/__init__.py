@@ -3,6 +3,7 @@ from moejax.config import ConfigError, ModelConfig
 from moejax.engine import Engine
 from moejax.loading import load, presets
 from moejax.models.checkpoint import CheckpointError
+from moejax.sampling import SamplingParams
 
-__all__ = ["CheckpointError", "ConfigError", "Engine", "ModelConfig", "load", "presets"]
+__all__ = ["CheckpointError", "ConfigError", "Engine", "ModelConfig", "SamplingParams", "load", "presets"]
 __version__ = "0.1.0"

@@ -24,9 +24,9 @@ Conventions (shared by cost models, planners and benchmarks):
   (uniform routing, model dtype, no routing metadata). Expert ids (int32), routing weights, row flags and
   partial sums (float32) count 4 bytes whatever the model dtype. XLA:CPU widens 16-bit collectives to float32.
   DEP's transfers between its groups are `device_put`s between meshes (kind "device_put"), per sending device.
-- Pipeline (attn=pp,experts=pp, moejax.sharding.pipeline): its sends happen at stage boundaries, not in every
+- Pipeline (attn=pp,experts=pp, moejax.sharding.pipeline_steps): its sends happen at stage boundaries, not in every
   layer; `attention` holds them as a mean per layer (the step's collective-permutes / the layers), `experts` is
-  empty. Table 1's PP+PP row ("2 Send/Recv", its formula lost from the seed's text) is reconstructed as the
+  empty. Table 1's PP+PP row ("2 Send/Recv", its formula missing from the paper's text) is reconstructed as the
   useful traffic: each of the P-1 boundaries carries the N tokens' hidden states once (a send and a receive),
   per device and layer (P-1)/P * N*D*b / L.
 """
@@ -278,7 +278,8 @@ def _dep_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) ->
 
 def _pipeline_comm(cfg: ModelConfig, layout: Layout, batch: int, seq: int, b: int) -> LayoutComm:
     """Pipeline: one collective-permute of a micro-batch's hidden states after each of the M+P-1 ticks but the last
-    (moejax.sharding.pipeline's schedule; every device's operand counts, the last stage's too, as the HLO has it)."""
+    (moejax.sharding.pipeline_steps's schedule; every device's operand counts, the last stage's too, as the HLO has
+    it)."""
     S, M, D, L = layout.devices, layout.microbatches, cfg.hidden_size, cfg.num_layers
     assert S is not None and M is not None  # resolved: layout_comm checked
     if batch % M:

@@ -1,8 +1,9 @@
 """Engine: a loaded model with jit-compiled full-sequence, packed-scoring, prefill and decode steps."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +14,13 @@ from jax.typing import DTypeLike
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.kernels.backends import AUTO_KERNELS, Kernels
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.models.decoder import MoEModel
-from moejax.placements.base import Placement
-from moejax.sampling import Sampling
-from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
+from moejax.placements.base import Placement, Store
+from moejax.sampling import Sampling, SamplingParams
+from moejax.steps.phases import zeroed_pool
+from moejax.steps.protocol import Steps
+from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -25,14 +28,12 @@ if TYPE_CHECKING:
 
     from moejax.chat import ChatTemplate
     from moejax.costs import Transfer
-    from moejax.kv_pool import Layer
-    from moejax.offload.layered import LayeredSteps
+    from moejax.models.kv_pool import Layer
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.plan.engine_plan import EnginePlan
     from moejax.plan.theta import Theta
     from moejax.sharding.layout import Layout
-    from moejax.sharding.pipeline import PipelineSteps
-    from moejax.whole_model_steps import WholeModelSteps
 
 MIN_SEQ_BUCKET = 16
 
@@ -60,13 +61,14 @@ class Engine:
         self.abstract_params = abstract_state
         self._materialize = materialize
         self._state: nnx.State | None = None
-        self.store = None  # the placement's store (HostStore, DEP's expert group), once the weights are loaded
+        self.store: Store = None  # the placement's store (HostStore, DEP's expert group), once the weights are loaded
         self.placement = placement
         self.plan = plan
         self.decisions = list(decisions)
         self.saturation = saturation
         # layer-by-layer placements build their loop with the weights (first use of `steps`), as the pipeline its stages
-        self._steps = None if placement.steps_need_weights else placement.make_steps(graphdef, kernels, config)
+        self._steps: Steps | None = None if placement.steps_need_weights else \
+            placement.make_steps(graphdef, kernels, config)
 
     # -- weights ---------------------------------------------------------------------------------
     @property
@@ -95,8 +97,9 @@ class Engine:
         return self.placement.layer_by_layer
 
     @property
-    def steps(self) -> WholeModelSteps | LayeredSteps | PipelineSteps:
-        """The steps a forward runs: whole-model jits, or the placement's layer loop (built with the weights)."""
+    def steps(self) -> Steps:
+        """The steps a forward runs (moejax.steps.protocol.Steps): whole-model jits, the placement's layer loop or
+        the pipeline's stage programs (built with the weights)."""
         if self._steps is None:
             params = self.params
             self._steps = self.placement.make_steps(self._graphdef, self.kernels, self.config, params, self.store)
@@ -104,7 +107,7 @@ class Engine:
 
     @property
     def layered_steps(self) -> LayeredSteps:
-        """The layer loop of a layer-by-layer placement (moejax.offload.layered.LayeredSteps)."""
+        """The layer loop of a layer-by-layer placement (moejax.offload.layered_steps.LayeredSteps)."""
         if not self.layer_by_layer:
             raise AttributeError(f"placement {self.placement.name} runs whole-model jits, not the layer loop")
         return cast("LayeredSteps", self.steps)  # a layer-by-layer placement's steps are its layer loop
@@ -189,9 +192,8 @@ class Engine:
                              "of every forward since, of its own shape)")
             return lines
         ids = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        steps = cast("WholeModelSteps", self.steps)  # not layer by layer (above): the whole-model jits
-        hlo = steps.logits.lower(self.params, ids).compile().as_text()
-        assert hlo is not None  # XLA's compiled programs have a text form
+        hlo = self.steps.logits_hlo(self.params, ids)
+        assert hlo is not None  # not layer by layer (above): one program runs the step
         found = hlo_comm.collectives(hlo)
         lines = [head + f"; measured: the {len(found)} collectives of the compiled full-logits step"]
         for part, per, transfers, ideal in (("attention", comm.layers, comm.attention, comm.ideal_attention),
@@ -266,15 +268,18 @@ class Engine:
             return group_rows(padded, make_mesh(self.layout.attn_devices))
         return shard_rows(padded, make_mesh(self.layout.devices))
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] | None = None) -> list[list[int]]:
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                 stop_token_ids: Sequence[int] | None = None, sampling: SamplingParams | None = None,
+                 **fields: Any) -> list[list[int]]:
         """New tokens for each prompt (greedy when temperature is 0). A sequence ends after
         `max_new_tokens` or after emitting one of `stop_token_ids` (kept as its last token).
-        Row r samples with the key fold_in(key(seed), r)."""
+        How tokens are drawn: `sampling`, with any of its fields given by keyword instead (temperature=0.7,
+        top_p, top_k, min_p, seed; moejax.sampling.SamplingParams). Row r samples with the key
+        fold_in(key(seed), r), seed 0 when none is given."""
         if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1; got {temperature}, {top_p}")
+        params = dataclasses.replace(sampling or SamplingParams(), **fields)  # checks each (ValueError naming it)
+        seed = 0 if params.seed is None else params.seed
         prompts = [list(p) for p in prompts]
         for i, p in enumerate(prompts):
             if not p:
@@ -287,12 +292,12 @@ class Engine:
             return [[] for _ in prompts]
         n = len(prompts)
         keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(seed), r))(jnp.arange(n, dtype=jnp.uint32))
-        out, _ = self.generate_rows(prompts, [max_new_tokens] * n, temperature=[temperature] * n,
-                                    top_p=[top_p] * n, keys=keys, stop_token_ids=[stop_token_ids or ()] * n)
+        out, _ = self.generate_rows(prompts, [max_new_tokens] * n, sampling=[params] * n, keys=keys,
+                                    stop_token_ids=[stop_token_ids or ()] * n)
         return out
 
     def generate_rows(self, prompts: Sequence[Sequence[int]], max_new: Sequence[int], *,
-                      temperature: Sequence[float], top_p: Sequence[float], keys: jax.Array,
+                      sampling: Sequence[SamplingParams], keys: jax.Array,
                       stop_token_ids: Sequence[Sequence[int]], pool: list[Layer] | None = None,
                       prior_blocks: Sequence[Sequence[int]] | None = None,
                       store_blocks: Sequence[Sequence[tuple[int, int]]] | None = None,
@@ -301,7 +306,8 @@ class Engine:
         With a prefix pool: prior_blocks[r] = pool blocks holding prompt r's first 16*len tokens (the prefill
         starts after them); store_blocks[r] = [(block id, first position)] of prompt blocks to keep in the pool.
         expand[j]: the prompt that output row j continues (several choices share one prefill); then max_new,
-        temperature, top_p, keys and stop_token_ids are per output row. Returns (new tokens per row, pool)."""
+        sampling, keys and stop_token_ids are per output row (sampling's seeds unused: keys are the rows'). Returns
+        (new tokens per row, pool)."""
         n = len(prompts)
         m = n if expand is None else len(expand)
         B, Bm = self.padded_rows(n), self.padded_rows(m)
@@ -334,16 +340,14 @@ class Engine:
         stops = _pad_rows([list(s) for s in stop_token_ids], Bm, bucket(max(map(len, stop_token_ids), default=0), 4),
                           -1)
         row_keys = jnp.concatenate([keys, jnp.broadcast_to(keys[:1], (Bm - m,))]) if Bm > m else keys
-        row = lambda values, fill: jnp.asarray(np.array(list(values) + [fill] * (Bm - m), np.float32))  # noqa: E731
-        sampling = Sampling(row(temperature, 0.0), row(top_p, 1.0), row_keys, jnp.zeros((Bm,), jnp.int32))
+        row_sampling = jax.tree.map(jnp.asarray, Sampling.of(sampling, row_keys, np.zeros((Bm,), np.int32), Bm))
         maxn = np.ones((Bm,), np.int32)
         maxn[:m] = max_new
-        prefill = PrefillRows(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(last), sampling,
+        prefill = PrefillRows(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(last), row_sampling,
                               **{k: jnp.asarray(v) for k, v in extra.items()})
         cache, first, pool = self.steps.prefill(self.params, pool, prefill, cache_len=cache_len)
-        decode = DecodeRows(first, jnp.asarray(lengths), jnp.asarray(stops), jnp.asarray(maxn), sampling)
-        out, count = self.steps.decode(self.params, cache, decode, steps=steps)
-        out, count = _to_host(out), _to_host(count)
+        decode = DecodeRows(first, jnp.asarray(lengths), jnp.asarray(stops), jnp.asarray(maxn), row_sampling)
+        out, count = (_to_host(a) for a in self.steps.decode(self.params, cache, decode, steps=steps))
         return [out[i, : count[i]].tolist() for i in range(m)], pool
 
     def token_logprobs(self, sequences: Sequence[Sequence[int]], k: int, *, max_batch_tokens: int = 4096
@@ -371,22 +375,21 @@ class Engine:
     def init_pool(self, num_blocks: int, *, decode: bool = False) -> list[Layer]:
         """A zeroed prefix-KV pool of `num_blocks` blocks of BLOCK tokens (cache layout, per layer). decode: the
         continuous-batching pool, which a placement may keep elsewhere (lightning: in host memory)."""
-        if decode and hasattr(self.steps, "init_pool"):
-            return self.steps.init_pool(num_blocks)
-        model = nnx.merge(self._graphdef, self.abstract_params)
-        return jax.tree.map(jnp.asarray, model.init_cache(num_blocks, BLOCK))
+        if decode:
+            return self.steps.decode_pool(self.abstract_params, num_blocks)
+        return zeroed_pool(self._graphdef, self.abstract_params, num_blocks)
 
     def paged_chunk(self, pool: list[Layer], carry: jax.Array, rows: ChunkRows, *, fresh: bool
                     ) -> tuple[list[Layer], jax.Array, jax.Array]:
-        """moejax.paged_steps.chunk (pool and carry donated) -> (pool, carry, next token per row, on device). Host
-        (numpy) rows go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
+        """moejax.steps.paged_phases.chunk (pool and carry donated) -> (pool, carry, next token per row, on device).
+        Host (numpy) rows go straight into the jitted call, which copies them (measured: 9 us for nine small arrays,
         where a device_put of them took 286 us and jnp.asarray compiled a program per new shape); keys typed or
         raw."""
         return self.steps.chunk(self.params, pool, carry, rows, fresh=fresh)
 
     def paged_decode(self, pool: list[Layer], carry: jax.Array, rows: PagedDecodeRows, *, steps: int
                      ) -> tuple[list[Layer], jax.Array, jax.Array]:
-        """moejax.paged_steps.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
+        """moejax.steps.paged_phases.decode (pool and carry donated) -> (pool, carry, tokens [B, steps], on device);
         rows as for paged_chunk."""
         return self.steps.paged_decode(self.params, pool, carry, rows, steps=steps)
 
@@ -395,10 +398,18 @@ class Engine:
 
     def score_packed(self, batch: dict[str, np.ndarray], pool: list[Layer] | None = None,
                      span: Sequence[int | None] = (0, None)) -> tuple[jax.Array, list[Layer] | None]:
-        """Run moejax.steps.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
+        """Run moejax.steps.phases.score on host arrays (span: their packing.TreeSpan); returns (logprobs [B, G] on the
         device, pool) without waiting for them: `to_host` reads them (the batch runner dispatches the next batch
         first)."""
         return self.steps.score(self.params, pool, {k: jnp.asarray(v) for k, v in batch.items()}, span=tuple(span))
+
+    def score_packed_greedy(self, batch: dict[str, np.ndarray], pool: list[Layer] | None = None,
+                            span: Sequence[int | None] = (0, None)
+                            ) -> tuple[tuple[jax.Array, jax.Array], list[Layer] | None]:
+        """score_packed that also says whether each target token is its position's argmax (lm-eval's is_greedy):
+        -> ((logprobs [B, G], greedy [B, G]) on the device, pool)."""
+        arrays = {k: jnp.asarray(v) for k, v in batch.items()}
+        return self.steps.greedy_score(self.params, pool, arrays, span=tuple(span))
 
     @staticmethod
     def to_host(x: jax.Array) -> np.ndarray:

@@ -9,7 +9,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.typing import DTypeLike
 from tokenizers import Tokenizer
 
 from moejax import options
@@ -17,19 +16,17 @@ from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
-from moejax.lightning.at_load import kv_fits_device, lightning_budget
 from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
-from moejax.offload.memory_budget import OFFLOADED, MemoryBudget, MemoryBudgetError, device_budget_bytes
+from moejax.offload.memory_budget import MemoryBudgetError, device_budget_bytes
 from moejax.offload.settings import PlacementSettings
-from moejax.offload.setup import budget_for
 from moejax.placements import placement_for
+from moejax.placements.budget import budget_at_load
+from moejax.plan.auto import plan_layout
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
-from moejax.plan.auto import PLACEMENT_WHAT_IF, plan_layout, what_would_change
-from moejax.plan.placement import choose_placement
 from moejax.plan.hardware import Profile
 from moejax.plan.resolve import NoProfile, profile_for
-from moejax.quick_profile import measure_quick_profile
+from moejax.measure.quick_profile import measure_quick_profile
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
 from moejax.weights import materializer
@@ -109,18 +106,9 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     _profile_notes.clear()
     engine_plan, decisions = plan_choices(cfg, engine_plan)
     settings = engine_plan.placement
-    if settings.placement == "lightning":
-        memory_budget, text = lightning_budget(cfg, shapes, settings, engine_plan.workload, dt,
-                                               lambda: _profile(engine_plan, measure=True))
-        decisions.append(text)
-    else:
-        memory_budget = budget_for(cfg, shapes, settings, with_layout=engine_plan.layout is not None)
-    if settings.placement == "auto" and memory_budget.offloads and engine_plan.layout is None:
-        memory_budget, text = choose_offload(cfg, shapes, settings, memory_budget, engine_plan)
-        decisions.append(text)
-    if settings.placement == "auto" and engine_plan.layout is None:
-        memory_budget, changed = auto_lightning(cfg, shapes, settings, memory_budget, engine_plan, dt)
-        decisions += [changed] if changed else []
+    memory_budget, chosen = budget_at_load(cfg, shapes, engine_plan, dt, lambda measure=False: _profile(
+        engine_plan, measure=measure))
+    decisions += chosen
     layout = layout_of(engine_plan.layout, cfg)
     if layout and not memory_budget.offloads:
         try:
@@ -128,7 +116,7 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
         except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
     placement = placement_for(memory_budget, settings, layout)
-    if settings.placement == "auto":
+    if settings.auto:
         ignored = ignored_options(settings, memory_budget.placement)
         if ignored:
             decisions.append(ignored)
@@ -234,7 +222,7 @@ _profile_notes: list[str] = []  # what _profile measured during the current load
 def _profile(plan: EnginePlan, *, measure: bool = False) -> Profile:
     """The hardware profile `auto` choices consult. None for these devices (no measured file, no datasheet) and none
     asked for: with `measure` (a choice that cannot be made without one: the layout planner, DEP's auto fields and
-    online solver, lightning's policy search) a quick one measured now and cached (moejax.quick_profile), which
+    online solver, lightning's policy search) a quick one measured now and cached (moejax.measure.quick_profile), which
     says so; else ValueError (the choices with a fallback: bytes decide, no Θ)."""
     devices = jax.devices()
     try:
@@ -256,38 +244,3 @@ def plan_choices(cfg: ModelConfig, plan: EnginePlan) -> tuple[EnginePlan, list[s
         return plan, []
     plan, text = plan_layout(cfg, plan, _profile(plan, measure=True), len(jax.devices()))
     return plan, [text]
-
-
-def auto_lightning(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, memory_budget: MemoryBudget,
-                   plan: EnginePlan, dtype: DTypeLike) -> tuple[MemoryBudget, str | None]:
-    """placement auto: lightning when the planned batch's KV cache does not fit beside the chosen placement's weights
-    (the policy search then decides its settings) -> (memory budget, decision or None: nothing changed)."""
-    why = kv_fits_device(cfg, memory_budget, plan.workload, dtype)
-    if why is None:
-        return memory_budget, None
-    try:
-        budget, text = lightning_budget(cfg, shapes, settings, plan.workload, dtype, lambda: _profile(plan))
-    except ValueError as e:
-        return memory_budget, f"placement auto: {memory_budget.placement}, though {why}: lightning cannot run ({e})"
-    return budget, f"placement auto: lightning, because {why}; {text}"
-
-
-def choose_offload(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, memory_budget: MemoryBudget,
-                   plan: EnginePlan) -> tuple[MemoryBudget, str]:
-    """placement auto, the experts not fitting: streamed or cached, whichever the profile predicts faster when both
-    fit (bytes decide when only one does, or when no profile is known) -> (memory budget, decision)."""
-    feasible = [memory_budget]
-    other = next(p for p in OFFLOADED if p != memory_budget.placement)
-    try:
-        feasible.append(budget_for(cfg, shapes, dataclasses.replace(settings, placement=other)))
-    except ValueError as e:
-        return memory_budget, f"placement auto: {memory_budget.placement} (bytes decide: {other} does not fit: {e})"
-    try:
-        profile = _profile(plan)
-    except ValueError as e:
-        return memory_budget, f"placement auto: {memory_budget.placement} by bytes alone ({e})"
-    chosen, text = choose_placement(cfg, profile, feasible, plan.workload.tokens)
-    changes = what_would_change(lambda p: choose_placement(cfg, p, feasible, plan.workload.tokens)[0].placement,
-                                profile, chosen.placement, PLACEMENT_WHAT_IF)
-    text += "\n  what would change it: " + "; ".join(changes)
-    return dataclasses.replace(chosen, reason=chosen.reason + "; " + text.splitlines()[0]), text

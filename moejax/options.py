@@ -1,6 +1,6 @@
 """Options defined once: an option's default, type, allowed values, help and command-line flag live in the metadata
 of its frozen dataclass field (`option(...)`). The checks (`check`, `check_flags`), the argparse flags
-(`add_arguments`), the settings a journal fingerprints or --explain lists (`settings`) and the README's table
+(`add_arguments`), the settings a journal fingerprints or --explain lists (`settings`) and the table in docs/options.md
 (`markdown_table`) are derived from it."""
 from __future__ import annotations
 

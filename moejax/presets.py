@@ -50,7 +50,7 @@ _TINY_QWEN3 = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=0)
 
 # A model whose compute per step is negligible, so a generation benchmark measures the scheduler's own work
-# (issue 29's workload).
+# (`launch.bench generate --workload long-tail`).
 _MICRO_QWEN3 = dict(
     model_type="qwen3_moe", vocab_size=320, hidden_size=48, intermediate_size=96, moe_intermediate_size=32,
     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=12, num_experts=8,

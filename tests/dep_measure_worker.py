@@ -1,5 +1,5 @@
 """Run by tests/plan/test_dep_measure.py in a process with 8 simulated CPU devices: DEP's two A2E routes against the
-one-device float32 model, and one split's task micro-benchmarks (moejax.measure_dep). Prints one JSON line."""
+one-device float32 model, and one split's task micro-benchmarks (moejax.measure.dep). Prints one JSON line."""
 import json
 import os
 import sys
@@ -8,7 +8,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import moejax  # noqa: E402
-from moejax.measure_dep import measure_split  # noqa: E402
+from moejax.measure.dep import measure_split  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "deepseek_v2_lite")
 SPEC = "attn=dp,experts=dep,attn_devices=3,expert_devices=4,r1=2,r2=2"

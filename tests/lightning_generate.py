@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from moejax.sampling import SamplingParams
 from moejax.sched.continuous import GenRequest, Scheduler
 
 NEW_TOKENS = 5
@@ -16,8 +17,8 @@ def scheduled(engine, prompts: list[list[int]], temperature: float = 0.0, new_to
     """Each prompt's tokens (row r samples with key(r)); a failed request fails the test."""
     out: dict = {}
     failed: list[str] = []
-    items = [GenRequest(p, new_tokens, np.asarray(jax.random.key_data(jax.random.key(r))), (), (), temperature,
-                        tag=r) for r, p in enumerate(prompts)]
+    items = [GenRequest(p, new_tokens, np.asarray(jax.random.key_data(jax.random.key(r))), (), (),
+                        SamplingParams(temperature), tag=r) for r, p in enumerate(prompts)]
     options = {"decode_steps": 2, **engine.placement.scheduler_defaults(), **scheduler}
     Scheduler(engine, 64, **options).run(items, lambda g, tokens, cached: out.__setitem__(g.tag, list(tokens)),
                                          lambda g, message: failed.append(message))

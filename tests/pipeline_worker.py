@@ -1,4 +1,4 @@
-"""Run by tests/sharding/test_pipeline.py in a process with 8 simulated CPU devices: the pipeline layout
+"""Run by tests/sharding/test_pipeline_steps.py in a process with 8 simulated CPU devices: the pipeline layout
 (attn=pp,experts=pp) against the one-device float32 model on fixtures whose layers split evenly and unevenly over
 the stages, where each stage's weights live, and what it refuses. Prints one JSON line of results."""
 import json

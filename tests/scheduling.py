@@ -2,6 +2,7 @@
 import jax
 import numpy as np
 
+from moejax.sampling import SamplingParams
 from moejax.sched.continuous import GenRequest, Scheduler
 
 
@@ -16,7 +17,7 @@ def run_scheduler(engine, prompts, max_tokens, *, num_blocks, seed=0, temperatur
     Prompt i samples with Engine.generate's key for row rows[i] (default i)."""
     maxn = max_tokens if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
     rows = range(len(prompts)) if rows is None else rows
-    reqs = [GenRequest(list(p), m, row_key(seed, r), tuple(stop_ids), temperature=temperature, tag=i)
+    reqs = [GenRequest(list(p), m, row_key(seed, r), tuple(stop_ids), sampling=SamplingParams(temperature), tag=i)
             for i, (p, m, r) in enumerate(zip(prompts, maxn, rows, strict=True))]
     out, failed = {}, {}
     sched = Scheduler(engine, num_blocks, **options)

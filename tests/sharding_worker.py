@@ -165,7 +165,7 @@ def collective_kinds(name):
 def two_channel(name):
     """AsyncEP streamed from pinned host memory: the one-device results, the host -> device bytes, and the
     compiled MoE-layer program whose all-gathers (the next layer's experts) read only its inputs."""
-    from moejax.offload import layered
+    from moejax.offload import layered_steps
     from moejax.offload.saturation import profile_saturation
     path = os.path.join(FIXTURES, name)
     ids = np.random.default_rng(0).integers(0, 100, (8, 11))  # a row per device: no activation moves between them
@@ -173,17 +173,17 @@ def two_channel(name):
     engine = moejax.load(path, dtype="float32", layout="attn=dp,experts=async_ep", placement="streamed", window=1)
     placement = engine.layered_steps.placement
     captured = {}
-    call = layered.Layer.__call__
+    call = layered_steps.Layer.__call__
 
     def capture(self, fn, *args, **static):  # the arguments of one MoE layer's program, to compile it below
         if fn is placement._step:
             captured.setdefault("call", (self, args, static))
         return call(self, fn, *args, **static)
-    layered.Layer.__call__ = capture
+    layered_steps.Layer.__call__ = capture
     try:
         logits = engine.logits(ids)
     finally:
-        layered.Layer.__call__ = call
+        layered_steps.Layer.__call__ = call
     stats = engine.stats()["total"]
     layer, args, static = captured["call"]
     text = layer._mine[placement._step].lower(layer.state, *args, **static).compile().as_text()

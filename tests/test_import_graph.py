@@ -1,4 +1,4 @@
-"""The import graph of moejax and launch has no circles (issue 31): every `import` and `from ... import`, at the top of
+"""The import graph of moejax and launch has no circles: every `import` and `from ... import`, at the top of
 a module or inside a function, read from the source; `from package import name` counts as importing the submodule
 `package.name` where there is one, else the package."""
 import ast

@@ -1,5 +1,5 @@
-"""Options defined once (moejax.options, issue 31): a bad value names the option and what it takes; launch.serve's
-flags, their checks, --help, the README's table and the journal's fingerprint come from the fields."""
+"""Options defined once (moejax.options): a bad value names the option and what it takes; launch.serve's
+flags, their checks, --help, docs/options.md's table and the journal's fingerprint come from the fields."""
 import argparse
 import dataclasses
 import json
@@ -9,12 +9,12 @@ import types
 import pytest
 
 from launch import serve as serve_cli
-from launch.serve_options import ModelOptions, Processes
+from moejax.serving.model_options import ModelOptions, Processes
 from moejax import options
 from moejax.offload.settings import PlacementSettings
 from moejax.options import option
 from moejax.plan.engine_plan import EnginePlan
-from moejax.sched.results import fingerprint
+from moejax.requests.results import fingerprint
 from moejax.sched.serving_options import SCHEDULER, ServingOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,16 +62,16 @@ def test_flags_come_from_the_fields():
     assert options.check_flags(p.parse_args(["--share", "0.5"]), Example) is None
 
 
-def test_every_serving_option_has_a_flag_and_the_readme_names_each_flag():
+def test_every_serving_option_has_a_flag_and_the_options_page_names_each_flag():
     """The scheduler's knobs are the only library-only serving options (--help: the next test)."""
     flagged = {f.name for f in options.fields(ServingOptions) if options.meta(f)["flag"]}
     assert flagged | set(SCHEDULER) == {f.name for f in dataclasses.fields(ServingOptions)}
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "options.md"), encoding="utf-8") as f:
+        page = f.read()
     for cls in serve_cli.OPTION_CLASSES:
         for f in options.fields(cls):
             if options.meta(f)["flag"]:
-                assert f"`{options.flag_of(f)}`" in readme, options.flag_of(f)
+                assert f"`{options.flag_of(f)}`" in page, options.flag_of(f)
 
 
 def test_help_lists_every_flag_of_the_option_classes(capsys):
@@ -85,12 +85,13 @@ def test_help_lists_every_flag_of_the_option_classes(capsys):
     assert "5%" in text and "5%%" not in text  # argparse's % escaping
 
 
-def test_the_readme_table_is_the_generated_one():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    start = readme.index("<!-- options table:")
-    block = readme[readme.index("\n", start) + 1: readme.index("<!-- end of options table -->")]
-    assert block.strip() == serve_cli.options_table(), "rewrite the README's table with launch.serve.options_table()"
+def test_the_options_page_table_is_the_generated_one():
+    with open(os.path.join(ROOT, "docs", "options.md"), encoding="utf-8") as f:
+        page = f.read()
+    start = page.index("<!-- options table:")
+    block = page[page.index("\n", start) + 1: page.index("<!-- end of options table -->")]
+    assert block.strip() == serve_cli.options_table(), \
+        "rewrite docs/options.md's table with launch.serve.options_table()"
 
 
 def test_serve_flags_build_the_option_dataclasses():

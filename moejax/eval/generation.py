@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, cast
 import jax
 import numpy as np
 
+from moejax.sampling import SamplingParams
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
 
@@ -22,9 +23,7 @@ class Completion:
     prompt: tuple[int, ...]
     max_tokens: int
     stop: tuple[str, ...]  # strings that end it (the text is cut at the first by the caller)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
+    sampling: SamplingParams = SamplingParams()  # seed None: 0
 
 
 def generate(engine: Engine, completions: Sequence[Completion], decode: Callable[[list[int]], str], *,
@@ -41,8 +40,8 @@ def generate(engine: Engine, completions: Sequence[Completion], decode: Callable
             raise ValueError(f"generate_until request {i}: {len(c.prompt)} context tokens + max_gen_toks "
                              f"{c.max_tokens} must fit the model's context of {limit} (max_gen_toks >= 1)")
     stop_ids = tuple(engine.config.eos_token_ids)
-    items = [GenRequest(c.prompt, c.max_tokens, np.asarray(jax.random.key_data(jax.random.key(c.seed))), stop_ids,
-                        tuple(s for s in c.stop if s), c.temperature, c.top_p, tag=i)
+    items = [GenRequest(c.prompt, c.max_tokens, np.asarray(jax.random.key_data(jax.random.key(c.sampling.seed or 0))),
+                        stop_ids, tuple(s for s in c.stop if s), c.sampling, tag=i)
              for i, c in enumerate(completions)]
     blocks = pool_size(engine, [(len(c.prompt), c.max_tokens) for c in completions], kv_pool_mb).blocks
     out: list = [None] * len(items)

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from moejax.eval.generation import Completion, generate
 from moejax.eval.scoring import Scorer
 from moejax.eval.tokens import EvalTokenizer
+from moejax.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
@@ -236,6 +237,9 @@ class MoejaxLM(TemplateLM):
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Greedy completions (sampled where the task asks: temperature / top_p), cut at `until` as hf cuts them."""
+        refusal = self.engine.placement.no_generation
+        if requests and refusal is not None:  # the pipeline layout: said once, before any request runs
+            raise ModelArgsError(f"{refusal}; generate_until tasks need another layout or placement")
         eot = self.eot_token_id
         assert eot is not None, "the tokenizer names no eos token"
         eos = self.tok_decode([eot], skip_special_tokens=False)
@@ -256,8 +260,8 @@ class MoejaxLM(TemplateLM):
                 raise ValueError(f"generate_until request {i}: max_gen_toks {max_gen} leaves no room for the context "
                                  f"in max_length {self.max_length}")
             temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
-            jobs.append(Completion(tuple(self._context_tokens(context, room)), max_gen, tuple(until),
-                                   temperature, float(kwargs.get("top_p", 1.0)), self.seed + i))
+            sampling = SamplingParams(temperature, float(kwargs.get("top_p", 1.0)), seed=self.seed + i)
+            jobs.append(Completion(tuple(self._context_tokens(context, room)), max_gen, tuple(until), sampling))
             stops.append(until)
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="Running generate_until requests")
         outs = generate(self.engine, jobs, lambda ids: self.tok_decode(ids), kv_pool_mb=self.kv_pool_mb,

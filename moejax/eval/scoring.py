@@ -17,10 +17,8 @@ from moejax.sched.batch import kv_cache_mode
 from moejax.sched.batch_size import score_batch_size
 from moejax.sched.batch_schedule import schedule_batches
 from moejax.sched.prefix_cache import cache_blocks
-from moejax.sched.requests import Candidate, ScoreRequest
+from moejax.requests.parse import Candidate, ScoreRequest
 from moejax.sched.runner import Runner
-
-from moejax.eval.greedy_step import GreedyScoreStep
 
 if TYPE_CHECKING:
     import jax
@@ -49,7 +47,6 @@ class Scorer:
         self.prefix_cache_mb = prefix_cache_mb
         self.kv_cache = kv_cache
         kv_cache_mode(engine, kv_cache)  # kv_cache on where the placement keeps no prefix pool: refused here
-        self.step = GreedyScoreStep(engine)
         self.stats = ScoringStats()
 
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -94,7 +91,7 @@ class Scorer:
         schedule = schedule_batches(list(enumerate(requests)), max_batch_tokens=sizing.tokens, kv_cache=kv_cache,
                                     cache_blocks=cache_blocks(engine, self.prefix_cache_mb), score_batch=sizing)
         # The batch runner's packing (prefix-cache table, blocks stored only while a later batch reads them), as
-        # explain uses it; the step is this module's.
+        # explain uses it; the step is the engine's greedy scoring (Engine.score_packed_greedy).
         packer = Runner(engine, schedule, requests, None)
         pool = engine.init_pool(schedule.pool_blocks) if schedule.pool_blocks else None
         logprob = np.zeros(n, np.float64)
@@ -105,7 +102,7 @@ class Scorer:
         def launch(k: int) -> tuple[list[Row], list[list[tuple[int, int, int]]], tuple[jax.Array, jax.Array]]:
             rows, (arrays, tags, span) = packer.prepare(k)
             nonlocal pool
-            out, pool = self.step(pool, arrays, span)
+            out, pool = engine.score_packed_greedy(arrays, pool, span)
             return rows, tags, out
 
         def finish(launched: tuple[list[Row], list[list[tuple[int, int, int]]], tuple[jax.Array, jax.Array]]

@@ -1,5 +1,5 @@
 """One decoder layer cut where CGOPipe's tasks cut it (moejax.lightning.schedule), each part a function of the
-layer's (graphdef, state) for moejax.offload.layered.Layer to jit per layer structure, except `host_attend`, which
+layer's (graphdef, state) for moejax.offload.layered_steps.Layer to jit per layer structure, except `host_attend`, which
 is jitted where its arguments are (the host) and takes the attention core, not the layer.
 
     pre_attention   PREATTN on the device: the norm and the QKV projection -> (query, this call's KV)
@@ -9,7 +9,7 @@ is jitted where its arguments are (the host) and takes the attention core, not t
     host_attend     CPUATTN on the host: store the new KV in the host cache, attention over it -> (output, cache)
     post_route      POSTATTN's first half: the output projection, the residual, the MLP norm and the router
     post_dense      POSTATTN of a dense layer: the output projection, the residual and the MLP
-The routed experts and the shared expert then run through moejax.offload.layered.run_moe."""
+The routed experts and the shared expert then run through moejax.offload.layered_steps.run_moe."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +17,7 @@ import functools
 import jax
 from flax import nnx
 
-from moejax.kv_pool import PagedCache
+from moejax.models.kv_pool import PagedCache
 from moejax.models.attention import AttentionCore, Positions, store_kv
 
 Cache = dict[str, jax.Array] | PagedCache

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.models.moe import is_routed_expert
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.offload.stats import OffloadStats
 
 Experts = dict[str, jax.Array]
@@ -98,7 +98,7 @@ class PagedStore:
         return sum(a.nbytes for pages in self.paged.values() for page in pages for a in page.values())
 
 
-class PagedExperts:
+class PagedExperts(layered_steps.LayerRuntime):
     """The pipeline's weight runtime: `fetch_page` starts a page's copy (W_PINTOG), `experts` assembles a layer
     (waiting only for its own pages), `release` drops it. `moe` and `begin_pass` serve LayeredSteps' own loop (the
     steps that run unpipelined: scoring, logits), one layer's pages ahead."""
@@ -107,7 +107,7 @@ class PagedExperts:
 
     def __init__(self, store: PagedStore, backend: str) -> None:
         self.store, self.backend = store, backend
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._pages: dict[int, dict[int, Experts]] = {}  # layer -> page -> arrays on the device or on their way
         self._ready: dict[int, tuple[list[Experts], tuple[int, ...]]] = {}  # layer -> its parts and page table
         self.peak_paged_bytes = 0  # the most bytes of pages held on the device at once (ready and on their way)
@@ -169,12 +169,12 @@ class PagedExperts:
         moving = sum(a.nbytes for pages in self._pages.values() for page in pages.values() for a in page.values())
         return ready + moving
 
-    def run_moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
+    def run_moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
                 ) -> jax.Array:
         """The experts half of the MoE layer, each expert read from its part."""
         parts, starts = self.experts(handle.index)
         out = handle(paged_routed, y, idx, weights, parts, starts=starts, backend=self.backend)
-        return handle(layered.finish, x, y, out)
+        return handle(layered_steps.finish, x, y, out)
 
     def release(self, layer: int) -> None:
         """The layer's FFN is dispatched for every micro-batch: drop its pages (those of its next pass, fetched
@@ -182,12 +182,14 @@ class PagedExperts:
         self._ready.pop(layer, None)
 
     # -- LayeredSteps' loop (unpipelined steps) --------------------------------------------------------------------
-    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         first = self.next_layer(-1)
         for p in range(self.store.pages):
             self.fetch_page(first, p)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers always run the router
         self.experts(handle.index)
         for p in range(self.store.pages):
             self.fetch_page(self.next_layer(handle.index), p)

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.lightning.host_attention_bench import median_seconds_each, read_all
-from moejax.lightning.pipeline import LightningSteps
-from moejax.lightning.trace import Event, Timeline, busy
+from moejax.lightning.cgopipe_steps import LightningSteps
+from moejax.lightning.trace import MeasuredEvent, Timeline, busy
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import profile_for
-from moejax.sampling import Sampling
-from moejax.step_inputs import PagedDecodeRows
+from moejax.sampling import Sampling, SamplingParams
+from moejax.steps.rows import PagedDecodeRows
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -33,7 +33,7 @@ class Probe:
     layers: int
     seconds: float  # the traced call's wall time
     busy_s: dict  # per resource, over the call
-    events: tuple[Event, ...]
+    events: tuple[MeasuredEvent, ...]
     host_kv_bytes: int = 0  # KV bytes the host's attention read over the call (each step reads each row's context)
     host_read_gb_per_s: float = 0.0  # a plain jitted sum over the host pool: what a streaming read reaches there
 
@@ -74,8 +74,7 @@ def probe_decode(engine: Engine, rows: int, context: int, tokens: int = 2) -> Pr
     per_row = -(-(context + tokens) // BLOCK)
     pool = engine.init_pool(rows * per_row, decode=True)
     table = np.arange(rows * per_row, dtype=np.int32).reshape(rows, per_row)
-    sampling = Sampling(np.zeros(rows, np.float32), np.ones(rows, np.float32),
-                        np.zeros((rows, 2), np.uint32), np.zeros(rows, np.int32))
+    sampling = Sampling.of([SamplingParams()] * rows, np.zeros((rows, 2), np.uint32), np.zeros(rows, np.int32))
     inputs = PagedDecodeRows(np.zeros(rows, np.int32), np.zeros(rows, bool), np.full(rows, context, np.int32),
                              np.full(rows, tokens, np.int32), table, np.arange(rows, dtype=np.int32),
                              np.full((rows, 1), -1, np.int32), sampling)

@@ -1,6 +1,6 @@
 """CGOPipe's launch order (MoE-Lightning Alg. 1, Figs. 5-6) as data: the sequence of tasks the host thread
 dispatches for one pass over the layers with `micro_batches` micro-batches. The executor
-(moejax.lightning.pipeline) walks this list and runs each task; nothing else decides the order.
+(moejax.lightning.cgopipe_steps) walks this list and runs each task; nothing else decides the order.
 
 Per layer i and micro-batch j (0-based here, 1-based in the paper):
     LOADH(i, j)       the attention output of (i, j) back to the device (D2)

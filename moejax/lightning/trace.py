@@ -23,7 +23,7 @@ POLL_S = 50e-6
 
 
 @dataclasses.dataclass(frozen=True)
-class Event:
+class MeasuredEvent:
     resource: str
     task: Task
     start: float  # seconds since the trace began
@@ -38,7 +38,7 @@ class Timeline:
     """start() -> record(task, outputs) for each task dispatched -> stop() -> events."""
 
     def __init__(self) -> None:
-        self.events: list[Event] = []
+        self.events: list[MeasuredEvent] = []
         self._queues: dict[str, collections.deque] = {r: collections.deque() for r in set(RESOURCES.values())}
         self._last_end: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -57,7 +57,7 @@ class Timeline:
         with self._lock:
             self._queues[RESOURCES[task.op]].append((task, time.perf_counter() - self.t0, arrays))
 
-    def stop(self) -> list[Event]:
+    def stop(self) -> list[MeasuredEvent]:
         """Wait for every recorded task, then end the thread."""
         for q in list(self._queues.values()):
             for _, _, arrays in list(q):
@@ -79,7 +79,7 @@ class Timeline:
                         task, dispatched, _ = q.popleft()
                         start = max(dispatched, self._last_end.get(resource, 0.0))
                         self._last_end[resource] = now
-                        self.events.append(Event(resource, task, start, max(now, start)))
+                        self.events.append(MeasuredEvent(resource, task, start, max(now, start)))
             time.sleep(POLL_S)
 
 
@@ -89,7 +89,7 @@ def _done(a: jax.Array) -> bool:
     return a.is_deleted() or a.is_ready()  # type: ignore[attr-defined]
 
 
-def busy(events: list[Event]) -> dict[str, float]:
+def busy(events: list[MeasuredEvent]) -> dict[str, float]:
     """Seconds each resource was busy (its tasks' spans, which do not overlap on one resource)."""
     out: dict[str, float] = collections.defaultdict(float)
     for e in events:

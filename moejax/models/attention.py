@@ -3,7 +3,7 @@
 Every block takes `x [B, T, D]`, `Positions` (absolute positions [B, T], consecutive within a row, and their
 rotary angles), the attention backend (moejax.kernels.attention) and either
 - an optional per-layer cache whose slot index equals the token position -> `(out [B, T, D], new_cache)`, or
-- a `PagedCache` (moejax.kv_pool: block pool, block tables, write slots) -> `(out, the cache with this call's
+- a `PagedCache` (moejax.models.kv_pool: block pool, block tables, write slots) -> `(out, the cache with this call's
   keys written)`; attention reads every key through the block tables, or only this call's keys when
   `read_cache` is False (a chunk that starts every row's sequence), or
 - a `TreeMask` (Positions.tree) and optional `prior` keys (KV of earlier tokens, cache layout [B, P, ...]) for packed
@@ -28,7 +28,7 @@ from moejax.config import ModelConfig
 from moejax.kernels.attention import attention, blocked
 from moejax.kernels.attention.paged import paged_attention
 from moejax.kernels.precision import f32_einsum
-from moejax.kv_pool import PagedCache, concat_prior
+from moejax.models.kv_pool import PagedCache, concat_prior
 from moejax.models.layers import RMSNorm, apply_rope
 
 _f32 = jnp.float32

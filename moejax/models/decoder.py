@@ -12,7 +12,7 @@ from jax.typing import DTypeLike
 from moejax.config import ModelConfig
 from moejax.kernels.backends import AUTO_KERNELS, Kernels
 from moejax.kernels.precision import f32_dot
-from moejax.kv_pool import PagedCache
+from moejax.models.kv_pool import PagedCache
 from moejax.models.attention import Cache, GQAttention, MLAttention, Positions, TreeMask
 from moejax.models.layer_runs import LayerRun, layer_kinds, layer_runs
 from moejax.models.layers import RMSNorm, rope_cos_sin

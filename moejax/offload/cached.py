@@ -11,7 +11,7 @@ copies overlap the compute.
   (stats: mispredicted_tokens, mispredicted_choices).
 - router_free (speculative only; Speculating Experts §6.4): where a layer runs predicted experts, the predictor
   also builds its next prediction from them, not from the true router's, so routing decisions chain from
-  prediction to prediction, and the layer's attention step skips the router (moejax.offload.layered.attend).
+  prediction to prediction, and the layer's attention step skips the router (moejax.offload.layered_steps.attend).
   With count_mispredictions the router runs anyway, only to count (a router and a host sync per MoE layer).
 
 With prefill="stream" (Speculating Experts' setting: prefill loads, decode predicts), a pass of more than one
@@ -37,7 +37,7 @@ from flax import nnx
 
 from moejax.buckets import bucket
 from moejax.offload.expert_cache import ExpertCache, prefetch_priority
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.offload.host_store import HostStore
 from moejax.offload.predict.protocol import Arrays, Predictor, resolved
 from moejax.offload.stats import OffloadStats
@@ -71,7 +71,7 @@ def _mispredicted(predicted: jax.Array, true: jax.Array) -> jax.Array:
     return jnp.stack([jnp.sum(jnp.any(wrong, axis=1)), jnp.sum(wrong)])
 
 
-class Cached:
+class CachedExpertsRuntime(layered_steps.LayerRuntime):
     name = "cached"
 
     def __init__(self, store: HostStore, cache_slots: int, eviction: str, backend: str, *,
@@ -93,7 +93,7 @@ class Cached:
         self.store, self.backend, self.predictor, self.speculative = store, backend, predictor, speculative
         self.cache = ExpertCache(cache_slots, eviction)
         self.pass_experts = min(pass_experts or cache_slots, cache_slots)
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._slots: list[dict[str, jax.Array] | None] = [None] * cache_slots
         self._planned: dict[int, tuple] = {}  # speculative: layer -> (idx, weights) predicted for this pass
         if prefill not in ("cache", "stream"):
@@ -109,7 +109,7 @@ class Cached:
         self._copying: list[dict[str, jax.Array]] = []  # prefetch copies started and maybe not done
         self._ran: set[int] = set()  # layers whose experts this pass has run: their queued guesses go last
 
-    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         self._planned.clear()
         self._ran.clear()
         self._steps = steps
@@ -124,7 +124,7 @@ class Cached:
         speculation already planned the layer's experts, unless mispredictions are counted."""
         return self._streaming or not (self.router_free and layer in self._planned and not self.counts_mispredictions)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+    def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
             weights: jax.Array | None) -> jax.Array:
         """idx, weights: the true router's choices, None where needs_router(layer) said it could be skipped."""
         if self._streaming:
@@ -155,14 +155,14 @@ class Cached:
             run_idx, run_weights = idx, weights
         self._ran.add(layer)  # from its request on, its guesses not requested are of no use to this pass
         out = self._routed_out(handle, y, run_idx, run_weights)
-        x = handle(layered.finish, x, y, out)
+        x = handle(layered_steps.finish, x, y, out)
         # after this layer's work is issued: the copies overlap it, and so does a predictor still matching (Pending)
         ahead = {target: resolved(p) for target, p in predicted.items() if target != layer}
         if ahead:
             self._prefetch_ahead(layer, ahead)
         return x
 
-    def _streamed_moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
+    def _streamed_moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
                       ) -> jax.Array:
         """A prefill pass with prefill="stream": every expert of the layer (copied during the previous MoE layer,
         else now), the true router's choices, the next MoE layer's experts started once this layer's work is
@@ -179,7 +179,7 @@ class Cached:
         experts = experts + [experts[-1]] * (bucket(n) - n)
         out = handle(routed_subset, y, idx, weights, jnp.arange(self.store.num_experts(layer), dtype=jnp.int32),
                      experts, backend=self.backend)
-        x = handle(layered.finish, x, y, out)
+        x = handle(layered_steps.finish, x, y, out)
         moe = self._steps.moe_layers
         position = moe.index(layer)
         if position + 1 < len(moe):  # after this layer's work is issued: the copies overlap it
@@ -264,7 +264,7 @@ class Cached:
         return arrays
 
     # hooks of moejax.offload.cached_ep (one cache per device): the routed output, a request split at its wait
-    def _routed_out(self, handle: layered.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
+    def _routed_out(self, handle: layered_steps.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
                     ) -> jax.Array:
         """The routed output [N, D] of the choices run_idx / run_weights, their experts requested from the cache
         in passes of pass_experts."""
@@ -299,6 +299,13 @@ class Cached:
         start = time.perf_counter()
         jax.block_until_ready(arrays)
         self.stats[layer].wait_s += time.perf_counter() - start
+
+    def cache_stats(self) -> dict:
+        return self.cache.stats()
+
+    def reset_stats(self) -> None:
+        self.stats = type(self.stats)()
+        self.cache.reset_stats()
 
     def describe(self) -> str:
         pred = "none" if self.predictor is None else self.predictor.describe()

@@ -1,8 +1,8 @@
 """Cached experts over several devices (fMoE §5: the expert cache "supports multi-GPU inference with expert
 parallelism ... The expert assignment follows a round-robin manner"): layout experts=ep (attn=dp) with placement
 'cached'. Expert e of every MoE layer belongs to device e % D. Each device has its own cache of `cache_slots` slots
-(the slot count is per device, as the memory budget is), kept by its own moejax.offload.cached.Cached (eviction,
-prefetch queue with prefetch_depth copies in flight) and filled from that device's share of the experts in pinned
+(the slot count is per device, as the memory budget is), kept by its own CachedExpertsRuntime (eviction, prefetch
+queue with prefetch_depth copies in flight) and filled from that device's share of the experts in pinned
 host memory: a miss is copied to the device that owns the expert. The predictor runs once, on the whole layer, and
 each predicted expert's prefetch joins its owner's queue.
 
@@ -24,11 +24,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.buckets import bucket
-from moejax.offload import layered
-from moejax.offload.cached import Cached
+from moejax.offload import layered_steps
+from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.expert_cache import ExpertCache
 from moejax.offload.host_store import HostStore, pinned_host_limit_bytes, HOST_LIMIT_ENV
-from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import AXIS
 
 _f32 = jnp.float32
@@ -125,9 +124,9 @@ def partial_routed(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: 
     return out[:n] if pad else out
 
 
-class CachedEP(Cached):
-    """moejax.offload.cached.Cached with its cache split round robin over the devices of a RoundRobinStore's mesh;
-    the same arguments (cache_slots: per device)."""
+class CachedExpertsOverEPRuntime(CachedExpertsRuntime):
+    """moejax.offload.cached.CachedExpertsRuntime with its cache split round robin over the devices of a
+    RoundRobinStore's mesh; the same arguments (cache_slots: per device)."""
 
     name = "ep+cached"
 
@@ -135,27 +134,23 @@ class CachedEP(Cached):
         if options.get("prefill", "cache") != "cache":
             raise ValueError("cached placement over several devices (experts=ep): prefill='stream' is not "
                              "supported; use prefill='cache'")
-        self.shards: list[Cached] = []
+        self.shards: list[CachedExpertsRuntime] = []
         super().__init__(store, cache_slots, eviction, backend, **options)  # type: ignore[arg-type]
         self.mesh = store.mesh
         # each device's bookkeeping: its cache, slots and prefetch queue, counted in this placement's stats
-        self.shards = [Cached(share, cache_slots, eviction, backend, prefetch_depth=self.prefetch_depth)
+        self.shards = [CachedExpertsRuntime(share, cache_slots, eviction, backend, prefetch_depth=self.prefetch_depth)
                        for share in store.shares]
-        self.stats = self.stats  # the shards count into it too
+        for shard in self.shards:
+            shard.stats = self.stats  # the shards count into it too
         self.cache = _Caches([shard.cache for shard in self.shards])  # type: ignore[assignment]
         self._step: Callable[..., jax.Array] = functools.partial(partial_routed, mesh=self.mesh)
         self._spread = NamedSharding(self.mesh, P(AXIS))
         self._blanks: dict[tuple, jax.Array] = {}
 
-    @property
-    def stats(self) -> OffloadStats:
-        return self._stats
-
-    @stats.setter
-    def stats(self, value: OffloadStats) -> None:  # a reset (LayerByLayer.reset_stats) reaches every device
-        self._stats = value
+    def reset_stats(self) -> None:
+        super().reset_stats()  # new counters, every device's cache reset
         for shard in self.shards:
-            shard.stats = value
+            shard.stats = self.stats
 
     @property
     def devices(self) -> int:
@@ -169,7 +164,7 @@ class CachedEP(Cached):
                 for d, shard in enumerate(self.shards)}
 
     # -- the hooks of Cached --------------------------------------------------------------------------------------
-    def _routed_out(self, handle: layered.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
+    def _routed_out(self, handle: layered_steps.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
                     ) -> jax.Array:
         """Each device requests the needed experts it owns, in passes of pass_experts; a pass's misses start on
         every device before any is waited for."""

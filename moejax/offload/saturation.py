@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import jax
 import numpy as np
 
 from moejax.costs import layer_flops_per_token, true_prefill_flops
+from moejax.offload.layered_steps import LayerRuntime
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.engine import Engine
-    from moejax.offload.layered import Layer, LayeredSteps
-    from moejax.offload.streamed import Streamed
+    from moejax.offload.layered_steps import Layer, LayeredSteps
+    from moejax.offload.streamed import StreamedExpertsRuntime
     from moejax.sharding.gathered import GatheredStreamed
 
 EPSILON = 0.1
@@ -60,16 +61,20 @@ class Saturation:
                 f"\n  streamed ms per MoE layer: {ms(self.streamed_s)}")
 
 
-class _Stopwatch:
-    """Wraps a streamed placement (Streamed, or AsyncEP's two-channel GatheredStreamed): waits for every MoE layer's
-    output and times it from the previous one's; with `compute_only`, the next layer's experts are put in place
-    (the placement's `ready_experts`) and waited for before its clock starts."""
+class _Stopwatch(LayerRuntime):
+    """Wraps a streamed runtime (StreamedExpertsRuntime, or AsyncEP's two-channel GatheredStreamed): waits for every
+    MoE layer's output and times it from the previous one's; with `compute_only`, the next layer's experts are put in
+    place (the runtime's `ready_experts`) and waited for before its clock starts."""
 
     name = "stopwatch"
 
-    def __init__(self, streamed: Streamed | GatheredStreamed, compute_only: bool) -> None:
+    def __init__(self, streamed: StreamedExpertsRuntime | GatheredStreamed, compute_only: bool) -> None:
         self.inner, self.compute_only = streamed, compute_only
         self.times: dict[int, float] = {}
+        self.stats = streamed.stats
+
+    def describe(self) -> str:
+        return self.inner.describe()
 
     def begin_pass(self, steps: LayeredSteps) -> None:
         self._order = steps.moe_layers
@@ -80,7 +85,9 @@ class _Stopwatch:
     def _load(self, layer: int) -> dict[str, jax.Array]:
         return self.inner.ready_experts(layer)
 
-    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None, weights: jax.Array | None
+            ) -> jax.Array:
+        assert idx is not None and weights is not None  # a streamed runtime's layers run their routers
         layer = handle.index
         if self.compute_only:
             assert self._ready is not None  # this layer's, loaded by begin_pass or the previous MoE layer
@@ -102,7 +109,7 @@ def profile_saturation(engine: Engine, *, tokens: int = 512, epsilon: float = EP
     if not engine.placement.profiles_theta:
         raise ValueError("profile_saturation: the engine's placement is not 'streamed' with stream='python'")
     steps = engine.layered_steps
-    streamed = steps.placement
+    streamed = cast("StreamedExpertsRuntime | GatheredStreamed", steps.placement)  # profiles_theta: one of these
     tokens = min(tokens, engine.config.max_position_embeddings)
     ids = np.random.default_rng(seed).integers(0, engine.config.vocab_size, (1, tokens))
     engine.logits(ids)  # compile every shape first

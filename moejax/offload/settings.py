@@ -8,9 +8,11 @@ import dataclasses
 from moejax import options
 from moejax.options import option
 from moejax.offload.expert_cache import POLICIES
-from moejax.offload.memory_budget import PLACEMENTS
 from moejax.offload.predict import PREDICTORS
 
+AUTO = "auto"  # the placement option's value that leaves the choice to moejax.load
+# the placement option's values: moejax.placements' classes that size budgets (a test holds the two together)
+PLACEMENTS = (AUTO, "resident", "streamed", "cached", "lightning")
 STREAMS = ("python", "jit")
 PREFILL_EXPERTS = ("cache", "stream")
 STREAMED, CACHED = ("placement", "streamed"), ("placement", "cached")  # what an option `applies` to
@@ -27,7 +29,7 @@ class PlacementSettings:
     """Where routed experts live on one device (moejax.offload) and the settings of that placement; None: not given
     (the memory budget or the placement decides). Each field's help says what it does (launch.serve's flags)."""
     placement: str = option(
-        "auto", choices=PLACEMENTS,
+        AUTO, choices=PLACEMENTS,
         help="where routed experts live: auto (resident when the model fits --device-memory-gb, else streamed, else "
              "cached; lightning when the planned batch's KV cache does not fit beside the weights), resident, "
              "streamed (layers copied ahead from host memory; prefill batches are packed to the profiled saturation "
@@ -119,10 +121,9 @@ class PlacementSettings:
         options.check(self, prefix="moejax.load: ")
         if self.prefill_experts == "cache":  # the default spelled out: the same runs, the same journal fingerprint
             object.__setattr__(self, "prefill_experts", None)
-        if self.pinned_staging_mb is not None and (self.placement not in ("auto", "streamed", "cached")
-                                                   or self.streams_in_jit):
+        if self.pinned_staging_mb is not None and self.streams_in_jit:  # the placements refuse the rest at load
             raise _error("pinned_staging_mb applies to placement 'streamed' (stream 'python') or 'cached', not "
-                         f"{self.placement!r}" + (" with stream 'jit'" if self.streams_in_jit else ""))
+                         f"{self.placement!r} with stream 'jit'")
         if self.stream == "jit" and self.window is not None:
             raise _error("window applies to stream='python' (inside the jit XLA schedules the copies)")
         self._check_predictor()
@@ -157,6 +158,11 @@ class PlacementSettings:
                          "the router, and counts, anyway)")
         if self.speculative and predictor is None:
             raise _error("speculative=True needs a predictor")
+
+    @property
+    def auto(self) -> bool:
+        """Whether moejax.load chooses the placement (the option's value auto)."""
+        return self.placement == AUTO
 
     @property
     def streams_in_jit(self) -> bool:

@@ -1,15 +1,11 @@
-"""`moejax.load`'s placement settings (checked where they are built, moejax.offload.settings) turned into a
-MemoryBudget, and the predictor they name."""
+"""The predictor `moejax.load`'s placement settings name (checked where they are built, moejax.offload.settings),
+built at load and checked against the model."""
 from __future__ import annotations
 
-import dataclasses
 from typing import cast
 
-import numpy as np
 
 from moejax.config import ModelConfig
-from moejax.offload.host_store import is_routed_expert
-from moejax.offload.memory_budget import MemoryBudget, MemoryBudgetError, device_budget_bytes, budget_memory
 from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
                                     OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
 from moejax.offload.predict import artifacts
@@ -22,37 +18,6 @@ ONLINE_MAP_CAPACITY = 1024  # maps an online store keeps (launch.calibrate --map
 
 def _error(message: str) -> ValueError:
     return ValueError(f"moejax.load: {message}")
-
-
-def budget_for(cfg: ModelConfig, shapes: dict, settings: PlacementSettings, *, with_layout: bool = False,
-               lightning: object = None) -> MemoryBudget:
-    """Abstract parameter shapes + placement settings -> MemoryBudget (ValueError naming the setting or the numbers).
-    with_layout: a layout spreads the weights over devices (placement auto: planned per device once it is
-    resolved). lightning: placement lightning's LightningPlan (moejax.lightning.policy.resolve_plan)."""
-    placement = settings.placement
-    spread = with_layout and placement == "auto"
-    nbytes = lambda a: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize  # noqa: E731
-    total = sum(nbytes(a) for a in shapes.values())
-    experts = sum(nbytes(a) for path, a in shapes.items() if is_routed_expert(path))
-    moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
-    E = cfg.num_experts or 1
-    try:
-        budget = budget_memory(total_bytes=total, expert_bytes=experts // max(moe_layers * E, 1), experts_per_layer=E,
-                               moe_layers=moe_layers, top_k=cfg.num_experts_per_tok or 1,
-                               budget_bytes=None if spread else device_budget_bytes(settings.device_memory_gb),
-                               placement=placement, window=settings.window, cache_slots=settings.cache_slots,
-                               lightning=lightning, prefill_stream=settings.prefill_experts == "stream")
-    except MemoryBudgetError as e:
-        raise _error(str(e)) from None
-    if spread:
-        budget = dataclasses.replace(budget, reason="a layout spreads the weights over devices")  # planned per device
-        # by moejax.sharding.setup once the layout is resolved
-    elif with_layout:
-        per_device = ("under experts=ep each device has its own cache of that many slots" if placement == "cached"
-                      else "under experts=async_ep each device holds the current and next layer's experts whole and "
-                      "window layers of its 1/devices shards")
-        budget = dataclasses.replace(budget, reason=budget.reason + "; budgeted as one device: " + per_device)
-    return budget
 
 
 def _same_distance(settings: PlacementSettings, built_for: int, what: str) -> int:

@@ -8,27 +8,29 @@ import time
 
 import jax
 
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 
 
-class Streamed:
+class StreamedExpertsRuntime(layered_steps.LayerRuntime):
     name = "streamed"
 
     def __init__(self, store: HostStore, window: int, backend: str) -> None:
         if window < 1:
             raise ValueError(f"streamed placement: window must be >= 1, got {window}")
         self.store, self.window, self.backend = store, int(window), backend
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._order = store.layers
         self._ahead: dict[int, dict[str, jax.Array]] = {}  # layer -> its experts, on the device or on their way
 
-    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         for layer in self._order[: self.window]:
             self._prefetch(layer)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers always run the router
         layer = handle.index
         experts = self._ahead.pop(layer, None)
         s = self.stats[layer]
@@ -43,16 +45,16 @@ class Streamed:
         start = time.perf_counter()
         jax.block_until_ready(experts)  # the only wait: the copies of later layers keep running
         s.wait_s += time.perf_counter() - start
-        return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
+        return layered_steps.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
     # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
     def ready_experts(self, layer: int) -> dict[str, jax.Array]:
         """A layer's experts where `moe_ready` wants them (on the device), waited for."""
         return jax.block_until_ready(self.store.fetch(layer))
 
-    def moe_ready(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
+    def moe_ready(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
                   experts: dict[str, jax.Array]) -> jax.Array:
-        return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
+        return layered_steps.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
     def _prefetch(self, layer: int, current: int | None = None) -> None:
         if layer != current and layer not in self._ahead:

@@ -1,5 +1,6 @@
 """Placements: where routed experts live and how a forward reaches them (moejax.placements.base.Placement). Adding one
-is writing its class and listing it in PLACEMENTS, where `placement_for` finds the first that applies."""
+is one file in this folder holding its class, and one line in moejax.placements.registry; `placement_for` tries the
+registry's classes in order and runs the first that applies."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,9 +9,9 @@ from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
 from moejax.placements.cached_ep import CachedEP
 from moejax.placements.dep import DEP
-from moejax.placements.gathered import Gathered
 from moejax.placements.lightning import Lightning
-from moejax.placements.pipeline import Pipeline
+from moejax.placements.pipeline_parallel import Pipeline
+from moejax.placements.registry import load_registry
 from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit
 
@@ -19,19 +20,22 @@ if TYPE_CHECKING:
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
-__all__ = ["PLACEMENTS", "Cached", "CachedEP", "DEP", "Gathered", "LayerByLayer", "Lightning", "Pipeline",
-           "Placement", "Resident", "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]
+__all__ = ["PLACEMENTS", "Cached", "CachedEP", "DEP", "LayerByLayer", "Lightning", "Pipeline", "Placement",
+           "Resident", "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]
 
-PLACEMENTS: tuple[type[Placement], ...] = (DEP, Pipeline, Gathered, StreamedInJit, Streamed, Cached, CachedEP,
-                                           Lightning, ResidentAsyncEP, Resident)
+PLACEMENTS: tuple[type[Placement], ...] = load_registry()
 
 
 def placement_for(budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None
                   ) -> Placement:
-    """The placement of a memory budget (moejax.offload.memory_budget: resident, streamed or cached), the placement
-    settings (moejax.offload.settings) and the checked layout (None on one device); ValueError when none applies."""
+    """The placement of a memory budget (moejax.placements.budget: resident, streamed, cached or lightning), the
+    placement settings (moejax.offload.settings) and the checked layout (None on one device); ValueError when none
+    applies, or when a setting given does not apply to it."""
     for cls in PLACEMENTS:
         if cls.applies(budget, settings, layout_setup):
+            if settings.pinned_staging_mb is not None and not settings.auto and not cls.takes_staging:
+                raise ValueError("moejax.load: pinned_staging_mb applies to placement 'streamed' (stream 'python') or "
+                                 f"'cached', not {budget.placement!r}")
             return cls.build(budget, settings, layout_setup)
     assert layout_setup is not None  # on one device Resident, Streamed or Cached applies
     in_jit = " (stream=jit)" if settings.streams_in_jit else ""

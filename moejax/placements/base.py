@@ -1,6 +1,7 @@
 """The Placement interface: where a model's routed experts live and how a forward reaches them. `moejax.load` picks
-one class (moejax.placements.placement_for) and the Engine asks it everything placement-specific; no other code
-compares placement names."""
+one class (moejax.placements.placement_for) and it, the memory budget and the Engine ask it everything
+placement-specific: the budget's rules, whether auto may choose it, the settings it takes, the layer runtime; no code
+outside moejax.placements compares placement names (tests/placements/test_placements.py holds to it)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,23 +11,26 @@ import jax
 import jax.numpy as jnp
 
 from moejax.models.moe import LocalExperts, is_routed_expert
-from moejax.offload.layered import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps, LayerRuntime
+from moejax.plan.placement import PlacementOption, step_costs
 from moejax.plan.theta import theta_at_load
-from moejax.whole_model_steps import WholeModelSteps
+from moejax.steps.protocol import Steps
+from moejax.steps.whole_model import WholeModelSteps
 
 if TYPE_CHECKING:
     from flax import nnx
+    from jax.typing import DTypeLike
 
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.models.moe import MoEBlock
-    from moejax.offload.memory_budget import MemoryBudget
+    from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, ModelBytes
     from moejax.offload.settings import PlacementSettings
     from moejax.plan.dep_sim import Simulation
+    from moejax.plan.engine_plan import EnginePlan
     from moejax.plan.hardware import Profile
     from moejax.plan.theta import ThetaEstimate
     from moejax.sharding.layout import Layout
-    from moejax.sharding.pipeline import PipelineSteps
     from moejax.sharding.setup import LayoutSetup
 
 # What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
@@ -37,7 +41,7 @@ class Placement:
     """Resident behaviour; each placement overrides what differs. Answers, for `moejax.load` and the Engine:
     - how checkpoint tensors are placed: `new_store()` at materialize, then `place(path, array, store)` for each;
     - which steps run a forward (`make_steps`): the whole-model jits (`experts_runner()` tells each MoE block how to
-      run its experts inside them), or the layer loop of moejax.offload.layered (LayerByLayer);
+      run its experts inside them), or the layer loop of moejax.offload.layered_steps (LayerByLayer);
     - its saturation threshold Θ (`theta`; `theta_mode` names the weight channel Eq. 1 models, None: no copies);
     - its counters (`stats`) and how it describes itself (`describe`)."""
 
@@ -58,6 +62,16 @@ class Placement:
     # Whether a static generation batch's prefill reads and stores prefix-pool blocks (else it computes every prompt
     # token: the same results, the pool serving scoring and continuous batching only).
     static_prefill_pool: ClassVar[bool] = True
+    # --explain runs one decode call and sets it beside the plan's prediction (launch.serve: lightning's probe)
+    probed_at_explain: ClassVar[bool] = False
+    # The memory budget (moejax.offload.memory_budget.BudgetRules): a class that defines `budget` is a value of the
+    # `placement` option and sizes budgets; the classes that run its budgets under a layout or settings inherit or
+    # name it. auto_rank: placement auto tries the budget sizers in this order (None: auto never sizes it).
+    offloads: ClassVar[bool] = False  # routed experts live in host memory (all or a share of them)
+    takes_staging: ClassVar[bool] = False  # pinned_staging_mb applies: its HostStore copies through a pinned buffer
+    auto_rank: ClassVar[int | None] = None
+    # how a layout's devices share a budget sized as for one device (said in the budget's reason)
+    per_device: ClassVar[str] = "each device holds its share of the weights"
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None) -> None:
         self.memory_budget = budget  # moejax.offload.memory_budget.MemoryBudget
@@ -78,6 +92,49 @@ class Placement:
         mb = settings.pinned_staging_mb
         self.staging_bytes = None if mb is None else int(mb * 2**20)
         return self
+
+    # -- the memory budget ----------------------------------------------------------------------------------------
+    @classmethod
+    def sizes_budgets(cls) -> bool:
+        """Whether this class is a value of the `placement` option (it defines `budget` itself)."""
+        return "budget" in vars(cls)
+
+    @classmethod
+    def budget(cls, model: ModelBytes, ask: BudgetAsk, auto: bool) -> MemoryBudget | None:
+        """The memory budget of this placement for the model's bytes and what the settings ask, or None: placement
+        auto (`auto`) passes it over here; MemoryBudgetError with the numbers when it does not fit."""
+        raise NotImplementedError
+
+    @classmethod
+    def budget_at_load(cls, cfg: ModelConfig, shapes: dict, settings: PlacementSettings, plan: EnginePlan,
+                       dtype: DTypeLike, profile: Callable[[], Profile]) -> tuple[MemoryBudget, str] | None:
+        """moejax.load's budget of this placement when it is made its own way: -> (budget, a decision to report),
+        or None (the default): the budget its `budget` sizes (moejax.placements.budget.budget_for)."""
+        return None
+
+    @classmethod
+    def auto_instead(cls, cfg: ModelConfig, shapes: dict, settings: PlacementSettings, chosen: MemoryBudget,
+                     plan: EnginePlan, dtype: DTypeLike, profile: Callable[[], Profile]
+                     ) -> tuple[MemoryBudget, str] | None:
+        """placement auto on one device, after bytes and step times chose `chosen`: this placement's budget instead
+        and why, or None (the default: bytes and step times decide alone)."""
+        return None
+
+    @classmethod
+    def expert_device_bytes(cls, budget: MemoryBudget) -> int:
+        return budget.moe_layers * budget.layer_expert_bytes
+
+    @classmethod
+    def describe_experts(cls, budget: MemoryBudget) -> str:
+        return "all routed experts on the device"
+
+    @classmethod
+    def predicted_step(cls, cfg: ModelConfig, profile: Profile, budget: MemoryBudget, tokens: int
+                       ) -> PlacementOption:
+        """Predicted seconds of a prefill step of `tokens` tokens under `budget` (moejax.plan.placement): compute
+        only."""
+        c = step_costs(cfg, profile, budget, tokens)
+        return PlacementOption(cls.name, c.dense + c.moe * c.per_layer, "compute only")
 
     @property
     def layout(self) -> Layout | None:
@@ -114,8 +171,8 @@ class Placement:
 
     # -- the steps ------------------------------------------------------------------------------------------------
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
-                   store: Store = None) -> WholeModelSteps | LayeredSteps | PipelineSteps:
-        """The steps a forward runs (logits, score, prefill, decode, chunk, paged_decode): here the whole-model jits,
+                   store: Store = None) -> Steps:
+        """The steps a forward runs (moejax.steps.protocol.Steps): here the whole-model jits,
         which need no weights; a layer-by-layer placement builds its loop over `params` and `store`."""
         return WholeModelSteps(graphdef, kernels)
 
@@ -155,8 +212,8 @@ class Placement:
 
 
 class LayerByLayer(Placement):
-    """A placement whose MoE layers run from Python (moejax.offload.layered): `layer_runtime` gives the object that
-    supplies each MoE layer's experts to the loop, and counters and description come from it."""
+    """A placement whose MoE layers run from Python (moejax.offload.layered_steps): `layer_runtime` gives the object
+    that supplies each MoE layer's experts to the loop, and counters and description come from it."""
 
     layer_by_layer = True
     steps_need_weights = True
@@ -166,26 +223,24 @@ class LayerByLayer(Placement):
         assert params is not None  # a layer loop is built with the weights (Engine.steps)
         return self.steps_class()(graphdef, params, kernels, self.layer_runtime(store, kernels, config))
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> object:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> LayerRuntime:
         """What supplies each MoE layer's experts to the loop (LayeredSteps' `placement`)."""
         raise NotImplementedError
 
     def steps_class(self) -> type[LayeredSteps]:
-        """The layer loop's class (moejax.offload.layered.LayeredSteps unless the placement drives its own)."""
+        """The layer loop's class (moejax.offload.layered_steps.LayeredSteps unless the placement drives its own)."""
         return LayeredSteps
 
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert steps is not None  # a layer loop's
         runtime = steps.placement
         # the expert cache's own bookkeeping (its hits count a prefetch still queued; LayerStats' count it a miss)
-        extra = {"cache": runtime.cache.stats()} if hasattr(runtime, "cache") else {}
-        return {"placement": runtime.name, **runtime.stats.as_dict(extra)}
+        cache = runtime.cache_stats()
+        return {"placement": runtime.name, **runtime.stats.as_dict({} if cache is None else {"cache": cache})}
 
     def reset_stats(self, steps: LayeredSteps | None) -> None:
         assert steps is not None
-        steps.placement.stats = type(steps.placement.stats)()
-        if hasattr(steps.placement, "cache"):
-            steps.placement.cache.reset_stats()
+        steps.placement.reset_stats()
 
     def describe(self, steps: LayeredSteps | None) -> str:
         assert steps is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from moejax.offload.cached_ep import CachedEP as CachedEPRuntime, RoundRobinStore
+from moejax.offload.cached_ep import CachedExpertsOverEPRuntime, RoundRobinStore
 from moejax.placements.cached import Cached
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 class CachedEP(Cached):
     name = "ep+cached"
-    runtime = CachedEPRuntime
+    runtime = CachedExpertsOverEPRuntime
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:

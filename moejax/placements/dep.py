@@ -15,7 +15,7 @@ from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.plan.dep_sim import Simulation

@@ -3,34 +3,112 @@ on the host CPU, the experts paged in with a resident share r_w, and CGOPipe's s
 (moejax.lightning). Its policy (N, μ, A_g, F_g, r_w, r_c) is the budget's LightningPlan."""
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import jax.numpy as jnp
+
+from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
 from moejax.lightning.pages import PagedExperts, PagedStore
-from moejax.lightning.pipeline import LightningSettings, LightningSteps, PipelineStats
-from moejax.lightning.policy import host_memory_bytes
-from moejax.offload.memory_budget import size
+from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
+from moejax.lightning.policy import FIELDS, check_kv_fits, host_memory_bytes, resolve_plan
+from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
+from moejax.placements.budget import budget_for
 from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.lightning import CPU_USABLE
 
 if TYPE_CHECKING:
     from flax import nnx
+    from jax.typing import DTypeLike
 
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.lightning.policy import LightningPlan
-    from moejax.offload.layered import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.settings import PlacementSettings
+    from moejax.plan.engine_plan import EnginePlan
+    from moejax.plan.hardware import Profile
     from moejax.sharding.setup import LayoutSetup
 
 # the host's paged attention kernel: Pallas does not run on a CPU, and 'cpu' (moejax.kernels.attention.paged_cpu)
-# read the pool 1.1-5x faster than 'xla' there (the cpuattn measurements, README "Placement lightning")
+# read the pool 1.1-5x faster than 'xla' there (bench/README.md, "Lightning against streamed and cached")
 HOST_BACKEND = "cpu"
 
 
 class Lightning(LayerByLayer):
     name = "lightning"
     static_prefill_pool = False  # its static prefill writes each row's KV straight to the host
+    offloads = True
+    probed_at_explain = True
+    # auto_rank None: bytes never choose it; auto_instead does, when the planned batch's KV does not fit the device
+
+    # -- the memory budget ----------------------------------------------------------------------------------------
+    @classmethod
+    def budget(cls, model: ModelBytes, ask: BudgetAsk, auto: bool) -> MemoryBudget:
+        plan = ask.lightning
+        if plan is None:
+            raise MemoryBudgetError("placement 'lightning' needs its policy (moejax.lightning.policy.resolve_plan)")
+        budget = MemoryBudget(cls, **model.fields(), lightning=plan, reason=f"policy {plan.describe()}")
+        if model.budget_bytes is not None and budget.device_bytes > model.budget_bytes - model.reserve:
+            raise MemoryBudgetError(
+                f"placement 'lightning' with r_w = {plan.r_w:.2f}: resident weights {size(model.resident)} + experts "
+                f"{size(budget.expert_device_bytes)} = {size(budget.device_bytes)} exceed the budget "
+                f"{size(model.budget_bytes)} less the reserve {size(model.reserve)}; give a smaller resident_share")
+        return budget
+
+    @classmethod
+    def expert_device_bytes(cls, budget: MemoryBudget) -> int:
+        """The resident share of every layer and the pages of two layers (the double buffer; the FFN reads each
+        expert from its page, moejax.lightning.pages.paged_routed)."""
+        keep = int(round(budget.lightning.r_w * budget.experts_per_layer))
+        paged = budget.experts_per_layer - keep
+        return budget.expert_bytes * (keep * budget.moe_layers + 2 * paged)
+
+    @classmethod
+    def describe_experts(cls, budget: MemoryBudget) -> str:
+        return (f"r_w = {budget.lightning.r_w:.2f} of the experts resident, the rest paged: two layers' pages, read in "
+                "place through a page table")
+
+    @classmethod
+    def budget_at_load(cls, cfg: ModelConfig, shapes: dict, settings: PlacementSettings, plan: EnginePlan,
+                       dtype: DTypeLike, profile: Callable[[], Profile]) -> tuple[MemoryBudget, str]:
+        """Its policy resolved from the options and the search, the KV cache of its batch checked against host and
+        device memory -> (budget, a line on its KV cache); ValueError naming what does not fit."""
+        workload = plan.workload
+        host_bytes = host_memory_bytes(settings.host_memory_gb)
+
+        def here() -> Profile:  # the search sizes the KV as the check below does: this dtype, this host's memory
+            found = profile()
+            return dataclasses.replace(found, dtype_bytes=jnp.dtype(dtype).itemsize,
+                                       host=dataclasses.replace(found.host, memory_bytes=float(host_bytes)))
+        try:
+            policy = resolve_plan(cfg, {f: getattr(settings, f) for f in FIELDS}, prompt_len=workload.seq_len,
+                                  gen_len=workload.gen_len, profile=here)
+            budget = budget_for(cfg, shapes, dataclasses.replace(settings, placement=cls.name), lightning=policy)
+            free = None if budget.budget_bytes is None else \
+                budget.budget_bytes - budget.reserve_bytes - budget.device_bytes
+            text = check_kv_fits(policy, kv_bytes_per_token(cfg, dtype), cfg.num_layers,
+                                 workload.seq_len + workload.gen_len, host_bytes=host_bytes, device_free=free,
+                                 where="placement 'lightning'")
+        except MemoryBudgetError as e:
+            raise ValueError(f"moejax.load: {e}") from None
+        return budget, f"placement lightning: {policy.describe()}; {text}"
+
+    @classmethod
+    def auto_instead(cls, cfg: ModelConfig, shapes: dict, settings: PlacementSettings, chosen: MemoryBudget,
+                     plan: EnginePlan, dtype: DTypeLike, profile: Callable[[], Profile]
+                     ) -> tuple[MemoryBudget, str] | None:
+        """Lightning when the planned batch's KV cache does not fit beside the chosen placement's weights (the
+        policy search then decides its settings); the chosen one, said so, when lightning cannot run either."""
+        why = kv_fits_device(cfg, chosen, plan.workload, dtype)
+        if why is None:
+            return None
+        try:
+            budget, text = cls.budget_at_load(cfg, shapes, settings, plan, dtype, profile)
+        except ValueError as e:
+            return chosen, f"placement auto: {chosen.placement}, though {why}: lightning cannot run ({e})"
+        return budget, f"placement auto: lightning, because {why}; {text}"
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:

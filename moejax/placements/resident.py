@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
 from moejax.placements.base import Placement
 
 if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
     from moejax.sharding.setup import LayoutSetup
 
@@ -14,6 +14,20 @@ if TYPE_CHECKING:
 class Resident(Placement):
     name = "resident"
     stacks_layers = True
+    auto_rank = 0  # auto's first choice: every expert on the device when they fit
+
+    @classmethod
+    def budget(cls, model: ModelBytes, ask: BudgetAsk, auto: bool) -> MemoryBudget | None:
+        if model.budget_bytes is None:
+            return MemoryBudget(cls, **model.fields(), reason="no device memory cap")
+        free, fits = model.free(), model.fits()
+        if model.all_experts > free:
+            if auto:
+                return None
+            raise MemoryBudgetError(f"placement 'resident': all routed experts need {size(model.all_experts)} but "
+                                    f"{fits} leaves {size(free)}; use placement 'streamed' or 'cached'")
+        return MemoryBudget(cls, **model.fields(), reason=f"the whole model fits: experts {size(model.all_experts)} "
+                                                          f"<= {size(free)} free ({fits})")
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:

@@ -10,16 +10,19 @@ import jax
 
 from moejax.models.moe import HostExperts, is_routed_expert
 from moejax.offload.host_store import HostStore
-from moejax.offload.streamed import Streamed as StreamedRuntime
+from moejax.offload.memory_budget import (DEFAULT_WINDOW, BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes,
+                                          size)
+from moejax.offload.streamed import StreamedExpertsRuntime
 from moejax.placements.base import LayerByLayer, Placement, Store
+from moejax.plan.placement import PlacementOption, step_costs
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
     from moejax.kernels.backends import Kernels
     from moejax.models.moe import MoEBlock
-    from moejax.offload.layered import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.settings import PlacementSettings
+    from moejax.plan.hardware import Profile
     from moejax.sharding.setup import LayoutSetup
 
 
@@ -27,6 +30,55 @@ class Streamed(LayerByLayer):
     name = "streamed"
     theta_mode = "streamed"
     profiles_theta = True
+    takes_staging = True
+    offloads = True
+    auto_rank = 1  # when the experts do not all fit: a window of layers, if two layers fit
+    per_device = ("under experts=async_ep each device holds the current and next layer's experts whole and window "
+                  "layers of its 1/devices shards")
+
+    @classmethod
+    def budget(cls, model: ModelBytes, ask: BudgetAsk, auto: bool) -> MemoryBudget | None:
+        if model.budget_bytes is None:
+            return cls._sized(model, ask.window or DEFAULT_WINDOW, "no device memory cap; window as asked or default")
+        free, fits, layer_bytes = model.free(), model.fits(), model.layer_bytes
+        max_window = min(free // layer_bytes - 1, model.moe_layers - 1)
+        if auto and max_window < 1:
+            return None
+        window = ask.window
+        if window is not None and window > max_window:
+            raise MemoryBudgetError(f"streamed window {window} needs {window + 1} layers of experts = "
+                                    f"{size((window + 1) * layer_bytes)} but {fits} leaves {size(free)} "
+                                    f"(window {max(max_window, 0)} at most)")
+        if max_window < 1:
+            raise MemoryBudgetError(f"streamed placement needs 2 layers of experts ({size(2 * layer_bytes)}) on the "
+                                    f"device but {fits} leaves {size(free)}; use placement 'cached' or a larger budget")
+        return cls._sized(model, window or min(DEFAULT_WINDOW, max_window), f"experts {size(model.all_experts)} > "
+                          f"{size(free)} free ({fits}); window {max_window} at most")
+
+    @classmethod
+    def _sized(cls, model: ModelBytes, window: int, reason: str) -> MemoryBudget:
+        if window < 1:
+            raise MemoryBudgetError(f"streamed window must be >= 1, got {window}")
+        return MemoryBudget(cls, **model.fields(), window=int(window), reason=reason)
+
+    @classmethod
+    def expert_device_bytes(cls, budget: MemoryBudget) -> int:
+        assert budget.window is not None  # a streamed budget has its window
+        return (budget.window + 1) * budget.layer_expert_bytes
+
+    @classmethod
+    def describe_experts(cls, budget: MemoryBudget) -> str:
+        assert budget.window is not None
+        return f"window {budget.window}: {budget.window + 1} layers of experts on the device"
+
+    @classmethod
+    def predicted_step(cls, cfg: ModelConfig, profile: Profile, budget: MemoryBudget, tokens: int
+                       ) -> PlacementOption:
+        """The window hides each layer's copy behind the compute: max(compute, copy) per MoE layer."""
+        c = step_costs(cfg, profile, budget, tokens)
+        return PlacementOption(cls.name, c.dense + c.moe * max(c.per_layer, c.layer_copy),
+                               f"per MoE layer max(compute {c.per_layer * 1e3:.2f} ms, copy "
+                               f"{c.layer_copy * 1e3:.2f} ms)")
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:
@@ -35,9 +87,9 @@ class Streamed(LayerByLayer):
     def new_store(self) -> HostStore:
         return HostStore(per_expert=False, staging_bytes=self.staging_bytes)
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedRuntime:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> StreamedExpertsRuntime:
         assert self.memory_budget.window is not None  # a streamed budget has its window
-        return StreamedRuntime(store, self.memory_budget.window, kernels.experts)
+        return StreamedExpertsRuntime(store, self.memory_budget.window, kernels.experts)
 
 
 class StreamedInJit(Placement):

@@ -1,6 +1,6 @@
 """FinDEP (Pan et al., "Efficient MoE Inference with Fine-Grained Scheduling of Disaggregated Expert Parallelism"):
 choose DEP's attention/expert group sizes (A, B), micro-batches r1, token chunks r2 and the order (ASAS or AASS)
-for a fixed prefill workload, as pure functions of a ModelConfig and a hardware Profile (DESIGN.md: plans are data).
+for a fixed prefill workload, as pure functions of a ModelConfig and a hardware Profile (docs/design.md).
 PPPipe (MegaScale-Infer's ping-pong pipeline) is the same model with r2 = 1 and the shared expert run as part of
 attention before the sends (`pppipe_plan`).
 

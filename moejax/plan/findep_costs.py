@@ -318,7 +318,7 @@ def fit_coefficients(cfg: ModelConfig, profile: Profile, *, attn_devices: int, e
         fits=(ag.gemm_a, ag.attn, ag.gemm_s, ag.gemm_d, ag.attn_d, experts, comm))
 
 
-# -- 3. α-β of the tasks measured on the devices (`launch.profile --dep`, moejax.measure_dep) ----------------------
+# -- 3. α-β of the tasks measured on the devices (`launch.profile --dep`, moejax.measure.dep) ----------------------
 
 def attention_work(cfg: ModelConfig, tokens: float, sequences: float, seq_len: int) -> tuple[float, float]:
     """(x, y) of Eq. 10-11 for one attention device's MoE-layer attention segment: the projections' and router's

@@ -79,7 +79,7 @@ class Processor:
 class DepTaskFits:
     """FinDEP's α-β (Eq. 7-11) of DEP's four tasks for one split of the devices (A attention, B expert devices),
     fitted by least squares on micro-benchmarks of the tasks themselves (`python -m launch.profile --dep`,
-    moejax.measure_dep), in work units that carry over to other shapes of the same model family:
+    moejax.measure.dep), in work units that carry over to other shapes of the same model family:
     attention t_a = alpha_a + beta_gm x + beta_attn y (x: the projections' and router's m k n, y: causal pairs x
     heads x (d_qk + d_v)); shared expert t_s = alpha_s + beta_s x_s (its GEMMs' m k n); routed experts on one
     expert device t_e = alpha_e + beta_e w (w: rows that device runs x the m k n of one row through an expert);

@@ -8,7 +8,7 @@ import re
 
 def device_tag(device_kind: str) -> str:
     """A device kind as file names carry it ('NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'): the same rule
-    as launch.bench_util.device_tag, repeated here because moejax does not import the launch scripts."""
+    as launch.bench.util.device_tag, repeated here because moejax does not import the launch scripts."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", device_kind.strip()) or "unknown-device"
 
 

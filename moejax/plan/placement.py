@@ -1,15 +1,13 @@
 """Which offloading placement serves a step fastest on one device, when the memory budget leaves a choice (the experts
 do not all fit, and both a streaming window and an expert cache do): predicted step times from the analytic costs
-and the profile. What `placement="auto"` asks once bytes alone no longer decide.
-
-Model for a prefill step of `tokens` tokens (per MoE layer; dense work at the profile's roofline):
-  resident  compute only
-  streamed  max(compute, one layer's experts host -> device): the window hides the copy behind the compute
-  cached    compute + the misses loaded on demand: a step touches E·(1 - (1 - k/E)^tokens) experts of a layer
-            (uniform routing), of which the cache holds slots / (E·layers) (no predictor assumed)"""
+and the profile. What `placement="auto"` asks once bytes alone no longer decide. Each placement adds up the parts
+(StepCosts) its own way (moejax.placements: Placement.predicted_step), per MoE layer of a prefill step of `tokens`
+tokens, dense work at the profile's roofline: resident computes only, streamed hides each layer's copy behind its
+compute, cached loads its misses on demand."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
@@ -27,33 +25,32 @@ class PlacementOption:
     detail: str
 
 
-def predict_placement(cfg: ModelConfig, profile: Profile, memory_budget: MemoryBudget, tokens: int) -> PlacementOption:
-    """Predicted seconds of one step of `tokens` tokens under `memory_budget` (a MemoryBudget of any placement)."""
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """The parts of a prefill step's time every placement's prediction is made of (seconds)."""
+    dense: float  # everything but the routed experts, at the profile's roofline
+    per_layer: float  # one MoE layer's routed experts computing
+    layer_copy: float  # one layer's routed experts copied host -> device
+    moe: int  # MoE layers
+
+
+def step_costs(cfg: ModelConfig, profile: Profile, memory_budget: MemoryBudget, tokens: int) -> StepCosts:
+    """The parts of a step of `tokens` tokens under `memory_budget`; each placement adds them up its own way
+    (moejax.placements: Placement.predicted_step)."""
     moe = max(memory_budget.moe_layers, 1)
     E, k = max(cfg.num_experts, 1), max(cfg.num_experts_per_tok, 1)
     flops = prefill_flops(cfg, 1, tokens, all_logits=False)
     dense = profile.device.op_time(flops.total - flops.experts, memory_budget.resident_bytes, "matmul", tokens)
     per_layer = profile.device.op_time(flops.experts / moe, memory_budget.layer_expert_bytes, "grouped",
                                        tokens * k / E)
-    layer_copy = profile.h2d.time(memory_budget.layer_expert_bytes)
-    if memory_budget.placement == "resident":
-        return PlacementOption("resident", dense + moe * per_layer, "compute only")
-    if memory_budget.placement == "streamed":
-        return PlacementOption("streamed", dense + moe * max(per_layer, layer_copy),
-                               f"per MoE layer max(compute {per_layer * 1e3:.2f} ms, copy {layer_copy * 1e3:.2f} ms)")
-    touched = E * (1 - (1 - k / E) ** tokens)
-    assert memory_budget.cache_slots is not None  # the cached placement's budget has its slots
-    held = min(1.0, memory_budget.cache_slots / (E * moe))
-    loads = touched * (1 - held) * profile.h2d.time(memory_budget.expert_bytes)
-    return PlacementOption("cached", dense + moe * (per_layer + loads),
-                           f"per MoE layer compute {per_layer * 1e3:.2f} ms + {touched * (1 - held):.1f} misses "
-                           f"loaded {loads * 1e3:.2f} ms")
+    return StepCosts(dense, per_layer, profile.h2d.time(memory_budget.layer_expert_bytes), moe)
 
 
-def choose_placement(cfg: ModelConfig, profile: Profile, plans: list[MemoryBudget], tokens: int
-                     ) -> tuple[MemoryBudget, str]:
-    """plans: the feasible MemoryBudgets -> (the fastest, the decision as text)."""
-    options = sorted(((predict_placement(cfg, profile, p, tokens), p) for p in plans), key=lambda o: o[0].predicted_s)
+def choose_placement(profile: Profile, plans: list[MemoryBudget], tokens: int,
+                     predict: Callable[[Profile, MemoryBudget], PlacementOption]) -> tuple[MemoryBudget, str]:
+    """plans: the feasible MemoryBudgets; predict: a budget's step time on a profile (its placement's
+    predicted_step) -> (the fastest, the decision as text)."""
+    options = sorted(((predict(profile, p), p) for p in plans), key=lambda o: o[0].predicted_s)
     best = options[0][0]
     lines = [f"placement auto: {best.placement} predicted {tokens / best.predicted_s:,.0f} tokens/s for steps of "
              f"{tokens} tokens on profile {profile.name} ({profile.source}): {best.detail}"]

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from moejax.sched import output_lock
+from moejax.requests import output_lock
 from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, score_batch_size
 from moejax.sched.explain import describe
 from moejax.sched.batch_schedule import BatchSchedule, schedule_batches
 from moejax.sched.pool_size import PoolSize, pool_size
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
-from moejax.sched.requests import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
-from moejax.sched.results import ResultStore, error_line, request_id
+from moejax.requests.parse import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
+from moejax.requests.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Progress, Runner
 from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
 
@@ -150,10 +150,11 @@ def engine_settings(engine: Engine) -> dict:
 def with_seed(request: Request, nonce: int, rid: str) -> Request:
     """A completion without a seed gets one of its own, drawn from the run's nonce and the request's id: different
     for every request and run, the same when a journal is resumed (it keeps its nonce). It is in the result."""
-    if not isinstance(request, CompletionRequest) or request.seed is not None:
+    if not isinstance(request, CompletionRequest) or request.sampling.seed is not None:
         return request
     digest = hashlib.blake2b(f"{nonce}:{rid}".encode(), digest_size=8).digest()
-    return dataclasses.replace(request, seed=int.from_bytes(digest, "little") >> 1)
+    seed = int.from_bytes(digest, "little") >> 1
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
 
 
 def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions = SERVING_DEFAULTS) -> str:

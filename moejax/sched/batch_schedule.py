@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from moejax.buckets import bucket, fine_bucket
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import BlockHolder, PrefixCache, block_hashes
-from moejax.sched.requests import CompletionRequest, ScoreRequest
+from moejax.requests.parse import CompletionRequest, ScoreRequest
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig

@@ -1,4 +1,4 @@
-"""Host-side accounting of the paged KV pool (moejax.kv_pool) for continuous batching: which blocks are free,
+"""Host-side accounting of the paged KV pool (moejax.models.kv_pool) for continuous batching: which blocks are free,
 how many sequences hold each block, and an index of full prompt blocks by content (prefix_cache.block_hashes)
 so that sequences with a common prefix share its blocks instead of computing and storing them again.
 

@@ -1,4 +1,5 @@
-"""Continuous batching: a Python loop feeding jit-compiled paged steps (moejax.paged_steps) over one KV block pool.
+"""Continuous batching: a Python loop feeding jit-compiled paged steps (moejax.steps.paged_phases) over one KV block
+pool.
 
 Each iteration
 1. admits waiting sequences, oldest first, while rows and blocks allow: a sequence takes the published blocks of
@@ -13,7 +14,7 @@ Each iteration
 Steps run one behind the host, as vLLM's async scheduling does: the decode step is dispatched right behind the
 chunk step, before the chunk's tokens are read, and in iterations without a chunk step before the previous decode
 step's tokens are read; a row's input token that the host has not read yet (a prompt's first from the chunk, the
-previous decode's last) is taken on the device, from the steps' `carry` (moejax.paged_steps). So the host reads a
+previous decode's last) is taken on the device, from the steps' `carry` (moejax.steps.paged_phases). So the host reads a
 step's tokens, retires, admits and prepares the next steps while the device runs the one after it, and an iteration
 waits on the device once. Where a chunk step runs, the previous decode step is read while the device runs the
 chunk, so no decode row is spent on a sequence that has ended; otherwise a row whose sequence ended on a stop token
@@ -36,12 +37,12 @@ import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
 from moejax.kernels.attention.paged_xla import blocks_per_step
-from moejax.kv_pool import BLOCK, Layer
-from moejax.sampling import Sampling, StepArray
+from moejax.models.kv_pool import BLOCK, Layer
+from moejax.sampling import Sampling, SamplingParams, StepArray
 from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
-from moejax.step_inputs import ChunkRows, PagedDecodeRows
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
@@ -74,8 +75,7 @@ class GenRequest:
     key: np.ndarray
     stop_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
-    temperature: float = 0.0
-    top_p: float = 1.0
+    sampling: SamplingParams = SamplingParams()  # its seed unused: `key` is this sequence's
     tag: object = None
     # the text stop strings are looked for in, of the generated tokens (None: the scheduler's decode_text)
     text: Callable[[Sequence[int]], str | None] | None = None
@@ -333,7 +333,7 @@ class Scheduler:
 
     def _call(self, kind: str, shape: tuple, step: Callable[..., tuple[list[Layer], jax.Array, jax.Array]],
               rows: ChunkRows | PagedDecodeRows, **static: Any) -> jax.Array:
-        """Call a step on its rows (moejax.step_inputs, of numpy arrays: the jitted call copies them, the keys as raw
+        """Call a step on its rows (moejax.steps.rows, of numpy arrays: the jitted call copies them, the keys as raw
         data); the call of a shape not run before traces and compiles (timed apart)."""
         times = self.stats.times
         new = shape not in self.stats.shapes
@@ -353,12 +353,10 @@ class Scheduler:
     def _sampling(self, seqs: Sequence[_Seq], rows: int) -> Sampling:
         """The rows' Sampling, its keys as raw key data (the steps wrap them on the device)."""
         pad = rows - len(seqs)  # built as lists, converted once: a row at a time costs more (host time per step)
-        temp = np.array([s.req.temperature for s in seqs] + [0.0] * pad, np.float32)
-        top_p = np.array([s.req.top_p for s in seqs] + [1.0] * pad, np.float32)
         count = np.array([len(s.out) + s.ahead for s in seqs] + [0] * pad, np.int32)
         keys = np.zeros((rows, *np.shape(seqs[0].req.key)), np.uint32)
         keys[: len(seqs)] = [s.req.key for s in seqs]
-        return Sampling(temp, top_p, keys, count)
+        return Sampling.of([s.req.sampling for s in seqs], keys, count, rows)
 
     def _launch_chunk(self, riders: dict[_Seq, tuple[int, int]]) -> _ChunkLaunch | None:
         """Dispatch one chunked-prefill step: the prefilling sequences' next tokens (oldest first) cut into rows of

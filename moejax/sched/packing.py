@@ -1,4 +1,4 @@
-"""Pack scoring sequences into rows of token trees (forests) for moejax.steps.score.
+"""Pack scoring sequences into rows of token trees (forests) for moejax.steps.phases.score.
 
 Sequences (context + candidate tokens) that share a prefix share its tokens: they are inserted into a radix
 trie, whose nodes are laid out in DFS preorder; each node spans [pre, post) over its subtree, which is all the
@@ -16,7 +16,7 @@ import numpy as np
 
 from moejax.buckets import bucket, fine_bucket, rows_bucket
 from moejax.kernels.attention import blocked
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
 
 PAD_NODE = 1 << 30  # pad tokens form their own node: they see only each other
@@ -274,7 +274,7 @@ def _reach(row: Row, head: int, T: int, block: int) -> int:
 
 def assemble(rows: Sequence[Row], pool_size: int = 0, row_multiple: int = 1
              ) -> tuple[dict[str, np.ndarray], list[list[Hashable]], TreeSpan]:
-    """Rows -> (host arrays for moejax.steps.score with bucketed shapes, target tags [row][g], TreeSpan); the row
+    """Rows -> (host arrays for moejax.steps.phases.score with bucketed shapes, target tags [row][g], TreeSpan); the row
     count is padded to a multiple of `row_multiple` (Engine.row_multiple)."""
     B = rows_bucket(len(rows), row_multiple)
     T = fine_bucket(max(len(r.tokens) for r in rows), MIN_ROW)

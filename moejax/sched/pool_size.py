@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudget, device_budget_bytes, size
 
 if TYPE_CHECKING:

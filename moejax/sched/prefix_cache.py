@@ -1,5 +1,5 @@
 """Prefix KV cache table: blocks of BLOCK tokens named by a hash chained over the parent block, held in a
-fixed number of pool slots with LRU eviction. Host-side only: the KV lives in the device pool (moejax.kv_pool);
+fixed number of pool slots with LRU eviction. Host-side only: the KV lives in the device pool (moejax.models.kv_pool);
 this table says which hash is in which slot. Deterministic, so `--explain` can replay it without a model."""
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
 
 
 class BlockHolder(Protocol):
-    """What holds prefix blocks: a PrefixCache, or a frontend's mirror of a replica's (moejax.sched.frontend)."""
+    """What holds prefix blocks: a PrefixCache, or a frontend's mirror of a replica's (moejax.replicas.frontend)."""
     def readable(self, hashes: Sequence[bytes]) -> int:
         """How many of the leading `hashes` it holds."""
         ...
@@ -47,7 +47,7 @@ def _chain(tokens: tuple[int, ...]) -> tuple[bytes, ...]:
 class PrefixCache:
     def __init__(self, capacity_blocks: int, *, record: bool = False):
         """record: keep the table's lifecycle events (`take_events`) for a frontend that mirrors it
-        (moejax.sched.frontend): ("stored", hash), ("evicted", hash), ("cleared",)."""
+        (moejax.replicas.frontend): ("stored", hash), ("evicted", hash), ("cleared",)."""
         self.capacity = int(capacity_blocks)
         self._events: list[tuple] | None = [] if record else None
         self._slots: OrderedDict[bytes, int] = OrderedDict()  # hash -> pool slot, least recently used first

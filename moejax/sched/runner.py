@@ -17,15 +17,15 @@ import numpy as np
 
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
-from moejax.kv_pool import BLOCK, Layer
+from moejax.models.kv_pool import BLOCK, Layer
 from moejax.sched import packing
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.batch_schedule import BatchSchedule, CompletionBatch, ScoreBatch
 from moejax.sched.pool_size import PoolSize
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
-from moejax.sched.bodies import Bodies, Choice
-from moejax.sched.requests import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
-from moejax.sched.results import ResultStore, WriteFailed, error_line, ok_line
+from moejax.requests.bodies import Bodies, Choice
+from moejax.requests.parse import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
+from moejax.requests.results import ResultStore, WriteFailed, error_line, ok_line
 from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class Runner:
         "static" runs each planned completion batch as one prefill and one decode loop until its longest row ends.
         batch_size: how the schedule's scoring batches were sized (explain shows it). cache, pool: a prefix cache
         and its device pool that outlive this runner (an engine replica serving a run in shares,
-        moejax.sched.replica_session), used instead of the schedule's own; keep: blocks to store because a later
+        moejax.replicas.replica_session), used instead of the schedule's own; keep: blocks to store because a later
         share will read them (the schedule knows only its own batches)."""
         self.engine, self.schedule, self.requests, self.store = engine, schedule, requests, store
         self.progress = progress
@@ -256,11 +256,11 @@ class Runner:
         stops = [self._stop_ids(reqs[k]) for k, _ in rows]
         outs: list[list[int]] = []
         if gen:  # (with_seed gave every request its seed)
-            keys = jnp.stack([jax.random.fold_in(jax.random.key(cast(int, reqs[k].seed)), c) for k, c in rows])
+            keys = jnp.stack([jax.random.fold_in(jax.random.key(cast(int, reqs[k].sampling.seed)), c) for k, c in rows])
             several = any(reqs[k].n > 1 for k in gen)
             outs, self.pool = self.engine.generate_rows(
                 [list(reqs[k].prompt) for k in gen], [reqs[k].max_tokens for k, _ in rows],
-                temperature=[reqs[k].temperature for k, _ in rows], top_p=[reqs[k].top_p for k, _ in rows], keys=keys,
+                sampling=[reqs[k].sampling for k, _ in rows], keys=keys,
                 stop_token_ids=stops, pool=self.pool,
                 prior_blocks=[prior[k] for k in gen] if self._pooled_prefill else None,
                 store_blocks=[stores[k] for k in gen] if self._pooled_prefill else None,
@@ -309,11 +309,11 @@ class Runner:
         done: defaultdict[int, dict[int, tuple[list[int], int]]] = defaultdict(dict)
         failed: set[int] = set()
         for i, r in enumerate(reqs):
-            assert r.seed is not None  # with_seed gave every request its seed
+            assert r.sampling.seed is not None  # with_seed gave every request its seed
             for c in range(r.n if r.max_tokens else 1):
-                key = jax.random.key_data(jax.random.fold_in(jax.random.key(r.seed), c))
+                key = jax.random.key_data(jax.random.fold_in(jax.random.key(r.sampling.seed), c))
                 items.append(GenRequest(r.prompt, r.max_tokens, np.asarray(key), self._stop_ids(r), tuple(r.stop),
-                                        r.temperature, r.top_p, tag=(i, c),
+                                        r.sampling, tag=(i, c),
                                         text=functools.partial(self.bodies.generated_text, r)))
 
         def on_finish(g: GenRequest, tokens: list[int], cached: int) -> None:

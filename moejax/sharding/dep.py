@@ -4,7 +4,7 @@ routed experts split by expert index and runs them as EP inside the group (moeja
 layer sends its normalized hidden states with their routing A -> E and the routed outputs E -> A.
 
 The two groups run different programs, so DEP is driven from Python like the offloaded steps
-(moejax.offload.layered): each group's work is a jit on its own mesh, the transfers are `device_put`s between the
+(moejax.offload.layered_steps): each group's work is a jit on its own mesh, the transfers are `device_put`s between the
 meshes, and JAX's asynchronous dispatch lets both groups and the copies run at once. The batch is split into r1
 micro-batches (rows) and each expert step into r2 token chunks; the order of the attention group's work in a layer
 is ASAS (attention i, shared expert i, attention i+1, ...) or AASS (every attention, then every shared expert),
@@ -33,9 +33,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.kv_pool import PagedCache
+from moejax.models.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
 from moejax.sharding import multihost
 from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from moejax.kernels.backends import Kernels
     from moejax.models.attention import Cache, Positions
     from moejax.plan.findep_online import OnlineDep
-    from moejax.step_inputs import DecodeRows
+    from moejax.steps.rows import DecodeRows
 
 
 class ExpertGroup:
@@ -87,7 +87,7 @@ class TransferStats:
         return {"total": total | (extra or {}), "layers": layers}
 
 
-class Disaggregated:
+class Disaggregated(layered_steps.LayerRuntime):
     """The expert group's side of DEP: its experts program, the transfers to and from it, and their counters.
 
     `a2e` says how a chunk reaches the experts' owners (A2E_DEFAULT, regroup, measured faster on 8 simulated CPU
@@ -107,7 +107,7 @@ class Disaggregated:
         self.store, self.layout, self.a2e = store, layout, a2e
         self.online = online  # FinDEP's online phase: r1, r2, order per step shape (None: the layout's, always)
         self.has_shared = bool(cfg.shared_expert_size)  # MoEBlock.shared exists
-        self.stats = TransferStats()
+        self.stats: TransferStats = TransferStats()
         self.attn_rows = NamedSharding(store.attn_mesh, P(AXIS))
         self.expert_rows = NamedSharding(store.expert_mesh, P(AXIS))
         self.expert_all = NamedSharding(store.expert_mesh, P())
@@ -121,7 +121,7 @@ class Disaggregated:
 
     def route(self) -> tuple[NamedSharding, Callable[..., jax.Array], NamedSharding]:
         """The A2E route's (where a chunk is sent on the expert group, the expert program, where its output goes back
-        on the attention group): what `run` does, and what the micro-benchmarks (moejax.measure_dep) and the
+        on the attention group): what `run` does, and what the micro-benchmarks (moejax.measure.dep) and the
         layouts benchmark time and compile."""
         if self.a2e == "straight":
             if jax.process_count() > 1:  # a copy between processes keeps every shard's shape; straight reshapes
@@ -142,6 +142,13 @@ class Disaggregated:
         self.stats.e2a_bytes[layer] += back.nbytes
         self.stats.chunks[layer] += 1
         return back
+
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
+        pass  # DisaggregatedSteps runs the layers and sends each chunk itself (run)
+
+    def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        raise NotImplementedError("DEP's layers run through DisaggregatedSteps, which calls run() per token chunk")
 
     def describe(self) -> str:
         lay = self.layout
@@ -180,14 +187,14 @@ def add_partials(out: jax.Array) -> jax.Array:
     return out.astype(jnp.float32).sum(0).astype(out.dtype) if out.ndim == 3 else out
 
 
-# -- the attention group's per-layer jits (graphdef, state, ...) as layered.Layer runs them -------------------------
+# -- the attention group's per-layer jits (graphdef, state, ...) as layered_steps.Layer runs them ----------------------
 def attend_chunks(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, at: Positions, cache: Cache,
                   prior: dict[str, jax.Array] | None, *, kernels: Kernels, read_cache: bool,
                   chunks: Sequence[tuple[int, int]], split: Callable[[jax.Array], jax.Array]
                   ) -> tuple[jax.Array, jax.Array, Cache, list[tuple[jax.Array, ...]]]:
     """Attention + router, then the MoE input cut into token chunks [(y2, idx, weights)] padded as `chunks` says,
     each split by rows over the group (what a transfer to the expert group starts from)."""
-    x, y, cache, idx, weights = layered.attend_route(graphdef, state, x, at, cache, prior, kernels=kernels,
+    x, y, cache, idx, weights = layered_steps.attend_route(graphdef, state, x, at, cache, prior, kernels=kernels,
                                                      read_cache=read_cache)
     y2 = y.reshape(-1, y.shape[-1])
     out, start = [], 0
@@ -227,8 +234,8 @@ class MicroBatched(list):
 
 
 class SharedPool:
-    """A paged step's KV pool (moejax.kv_pool: one per layer, shared by every row) as its micro-batches use it: each
-    reads and writes it through its own rows' block tables and slots, in turn, so that micro-batch m + 1 of a layer
+    """A paged step's KV pool (moejax.models.kv_pool: one per layer, shared by every row) as its micro-batches use it:
+    each reads and writes it through its own rows' block tables and slots, in turn, so that micro-batch m + 1 of a layer
     reads what micro-batch m wrote there (a prompt cut into consecutive rows of one chunk step reads its earlier
     rows' keys; the micro-batches keep the rows' order)."""
 
@@ -255,8 +262,10 @@ class PoolRows:
         self.shared.layers[layer] = cache.pool
 
 
-class DisaggregatedSteps(layered.LayeredSteps):
+class DisaggregatedSteps(layered_steps.LayeredSteps):
     """The Engine's steps under DEP: begin and end on the attention group, the layers as FinDEP's pipeline."""
+
+    placement: Disaggregated
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, placement: Disaggregated) -> None:
         super().__init__(graphdef, params, kernels, placement)
@@ -338,7 +347,7 @@ class DisaggregatedSteps(layered.LayeredSteps):
                 combine(m)
                 a = (p["x"], p["at"], None if c is None else c[i], None if p["prior"] is None else p["prior"][i])
                 if i not in self.moe_layers:
-                    p["x"], c = layer(layered.whole_layer, *a, kernels=self.kernels, read_cache=read_cache)
+                    p["x"], c = layer(layered_steps.whole_layer, *a, kernels=self.kernels, read_cache=read_cache)
                     keep(m, i, c)
                     continue
                 chunks = lay.token_chunks(a[0].shape[0] * a[0].shape[1])

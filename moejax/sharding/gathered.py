@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.moe import local_expert_ffn
-from moejax.offload import layered
+from moejax.offload import layered_steps
 from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
@@ -37,12 +37,12 @@ def moe_and_gather(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array, y: ja
                    ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
     """Layer l's routed experts (whole on every device) + shared expert + residual, and layer l+1's experts
     gathered whole from their shards (None: nothing to gather)."""
-    out = layered.finish(graphdef, state, x, y, run(y.reshape(-1, y.shape[-1]), idx, weights, experts))
+    out = layered_steps.finish(graphdef, state, x, y, run(y.reshape(-1, y.shape[-1]), idx, weights, experts))
     gathered = None if next_shards is None else jax.lax.with_sharding_constraint(next_shards, whole)
     return out, gathered
 
 
-class GatheredStreamed:
+class GatheredStreamed(layered_steps.LayerRuntime):
     """Placement for `layout="attn=dp,experts=async_ep", placement="streamed", window=W`."""
     name = "async_ep+streamed"
 
@@ -54,12 +54,12 @@ class GatheredStreamed:
         run = functools.partial(sharded_routed, _LOCAL, mesh, local_expert_ffn(cfg, backend))
         self._step = functools.partial(moe_and_gather, run=run, whole=whole)
         self._gather = jax.jit(lambda shards: jax.lax.with_sharding_constraint(shards, whole))
-        self.stats = OffloadStats()
+        self.stats: OffloadStats = OffloadStats()
         self._order = store.layers
         self._shards: dict[int, dict] = {}  # layer -> its shards on the devices (or on their way)
         self._whole: dict[int, dict] = {}  # layer -> its experts whole on every device
 
-    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         first = self._order[0]
         if first not in self._whole:  # nothing computes before the first MoE layer: its gather waits
             self._whole[first] = self._gather(self._take(first))
@@ -67,7 +67,9 @@ class GatheredStreamed:
         for layer in self._order[1:self.window + 2]:
             self._prefetch(layer)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers always run the router
         layer = handle.index
         p = self._order.index(layer)
         experts = self._whole.pop(layer, None)
@@ -93,7 +95,7 @@ class GatheredStreamed:
         """A layer's experts whole on every device, waited for."""
         return jax.block_until_ready(self._gather(self.store.fetch(layer)))
 
-    def moe_ready(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
+    def moe_ready(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array,
                   experts: dict[str, jax.Array]) -> jax.Array:
         return handle(self._step, x, y, idx, weights, experts, None)[0]
 

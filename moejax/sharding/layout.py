@@ -11,7 +11,7 @@ order left auto are also re-solved for each step's shape while the engine runs (
 attn=pp,experts=pp (MoE-Prefill Table 1's PP+PP): pipeline parallelism, the decoder layers split contiguously over
 the devices (stages; the first stages take one more layer when they do not divide) and each batch's rows over
 microbatches=M micro-batches (default: one per stage) that flow through the stages GPipe-style
-(moejax.sharding.pipeline); prefill-only: full logits and token log-probabilities."""
+(moejax.sharding.pipeline_steps); prefill-only: full logits and token log-probabilities."""
 from __future__ import annotations
 
 import dataclasses

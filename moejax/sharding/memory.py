@@ -4,7 +4,7 @@ Routed experts: whole on every device (replicated), 1/P each (ep, tp), 1/P plus 
 one gathered layer whole (async_ep: the layer being computed; XLA may hold more at once), or 1/B on each of
 DEP's expert devices. Attention arrays split by heads under attn=tp count 1/P; everything else is whole on every
 device (on DEP's attention devices only). Pipeline (attn=pp): each device holds its stage's decoder layers, padded
-as moejax.sharding.pipeline stacks them, and the embedding, final norm and head."""
+as moejax.sharding.pipeline_steps stacks them, and the embedding, final norm and head."""
 from __future__ import annotations
 
 import dataclasses

@@ -113,7 +113,7 @@ def layout_of(spec: Layout | str | None, cfg: ModelConfig) -> LayoutSetup | None
         return LayoutSetup(layout, attn_mesh, None, cfg.num_kv_heads or 0, expert_mesh)
     assert layout.devices is not None  # resolved
     mesh = make_mesh(layout.devices)
-    if layout.attn == "pp":  # each stage runs its layers' experts locally (moejax.sharding.pipeline)
+    if layout.attn == "pp":  # each stage runs its layers' experts locally (moejax.sharding.pipeline_steps)
         if jax.process_count() > 1:
             raise ValueError("moejax.load: attn=pp,experts=pp runs in one process")
         return LayoutSetup(layout, mesh, None, cfg.num_kv_heads or 0)

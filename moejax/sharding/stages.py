@@ -3,7 +3,7 @@ stack into one array per parameter and layer kind, and the bytes a stage's devic
 
 Layers with the same parameter names, shapes and dtypes are one kind (a dense first layer and the MoE layers
 after it are two). A stage's layers of one kind are stacked along a slot axis, padded to the most any stage
-has, so that every stage's block of the stacked array has one shape (moejax.sharding.pipeline shards it over
+has, so that every stage's block of the stacked array has one shape (moejax.sharding.pipeline_steps shards it over
 the stages): an uneven split or kinds spread unevenly over the stages cost padding slots of zeros."""
 from __future__ import annotations
 

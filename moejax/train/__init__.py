@@ -1,1 +1,1 @@
-"""Training moejax's embedded model (issue 16): the corpus, the tokenizer, and (to come) the optax loop."""
+"""Training moejax's embedded model: the corpus, the tokenizer, and (to come) the optax loop."""

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from moejax.offload.layered import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict import estimator as est
 from moejax.offload.predict.layer_ops import quasi_hidden, route_logits
 from moejax.offload.predict.learned import EstimatorPredictor

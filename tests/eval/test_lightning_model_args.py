@@ -8,12 +8,14 @@ pytest.importorskip("lm_eval")
 from conftest import fixture_dir  # noqa: E402
 from moejax.eval.generation import Completion, generate  # noqa: E402
 from moejax.eval.scoring import Scorer  # noqa: E402
+from moejax.sampling import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiles the lightning placement's steps (about 30 s)
 
 POLICY = "decode_batch=4,micro_batch=2,resident_share=0.5,kv_device_share=0.0,attention_on=host"
 PAIRS = [([1, 2, 3, 4, 5], [6, 7]), ([1, 2, 3, 9], [10])]
-JOBS = [Completion((1, 2, 3, 4), 5, (), 0.0, 1.0, 0), Completion((5, 6, 7), 5, (), 0.0, 1.0, 1)]
+JOBS = [Completion((1, 2, 3, 4), 5, (), SamplingParams(seed=0)),
+        Completion((5, 6, 7), 5, (), SamplingParams(seed=1))]
 
 
 def test_lightning_model_args_beside_lm_evals_batch_size(qwen3_engine):

@@ -15,7 +15,7 @@ from moejax.kernels.attention.paged import gather_blocks, paged_attention
 from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
 
-P = 16  # moejax.kv_pool.BLOCK
+P = 16  # moejax.models.kv_pool.BLOCK
 
 
 def make(rng, *, B, T, Hkv, G, widths, Dv, offsets, mla=False, extra_blocks=3):

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from launch.bench_kernels import NOT_TIMED_ON_GPU, timed_backends
-from launch.kernel_memory import GiB, expert_ffn_bytes, grouped_matmul_bytes, too_large
+from launch.bench.kernels import NOT_TIMED_ON_GPU, timed_backends
+from launch.bench.kernel_memory import GiB, expert_ffn_bytes, grouped_matmul_bytes, too_large
 from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
 from moejax.kernels import platform
 from moejax.kernels.grouped_matmul import auto
-from moejax.measure_hardware import grouped_backend_refused
+from moejax.measure.hardware import grouped_backend_refused
 
 QWEN3 = dict(K=2048, N=1536, G=128, itemsize=2)  # the gate/up projection of qwen3-30b-a3b's experts, bf16
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from launch import tune_gmm
-from launch.bench_results import read_runs, write_runs
+from launch.bench.results import read_runs, write_runs
 from moejax.kernels.grouped_matmul import tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

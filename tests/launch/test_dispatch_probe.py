@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from launch import dispatch_probe, xla_startup
-from launch.bench_results import read_runs
+from launch import dispatch_probe
+from moejax.serving import xla_startup
+from launch.bench.results import read_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -16,8 +16,8 @@ import pytest
 from jax._src import deprecations
 
 from launch import gpu_check
-from launch.bench_results import ResultsFile, read_runs, write_runs
-from launch.step_runner import Step, run_steps, table
+from launch.bench.results import ResultsFile, read_runs, write_runs
+from launch.bench.step_runner import Step, run_steps, table
 from moejax.kernels.backends import Kernels
 from moejax.kernels.platform import TRITON_DEPRECATION_ID, pallas_unavailable, resolve
 
@@ -105,7 +105,7 @@ def test_a_benchmark_stopped_at_its_limit_leaves_its_rows_and_the_check_keeps_th
     step = check.step("bench_kernels")
     path = step.commands[0][-1]  # --out: the benchmark writes into the check's --out as it goes
     assert path == str(tmp_path / "out" / "kernels-cpu.json")
-    slow = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from launch.bench_results import ResultsFile\n"
+    slow = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from launch.bench.results import ResultsFile\n"
             f"r = ResultsFile({path!r})\n"
             "r.partial({'benchmark': 'kernels', 'results': [1]}, 'gemm T=32 dense_matmul')\n"
             "r.partial({'benchmark': 'kernels', 'results': [1, 2]}, 'gemm T=32 xla')\n"
@@ -215,7 +215,8 @@ def test_outcomes_plugin_records_each_test_as_it_ends(tmp_path):
         "def broken(): raise RuntimeError('fixture broke')\n"
         "def test_setup_error(broken): pass\n")
     out = tmp_path / "outcomes.jsonl"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "launch.pytest_outcomes",
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "-p", "launch.bench.pytest_outcomes",
                     str(tmp_path / "test_sample.py"), "--outcomes", str(out), "--rootdir", str(tmp_path)],
                    cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                    capture_output=True, timeout=120)

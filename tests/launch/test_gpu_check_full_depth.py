@@ -11,8 +11,9 @@ import pytest
 from flax import nnx
 
 import moejax
-from launch import decode_bytes, gpu_check
-from launch.bench_results import read_runs
+from launch import gpu_check
+from launch.bench import decode_bytes
+from launch.bench.results import read_runs
 
 GROUP = ["install", "environment", "ceilings", "depth_tests", "dispatch_probe", "bench_decode_full",
          "bench_prefill_full", "bench_kernels"]

@@ -1,4 +1,4 @@
-"""MoE-Lightning's request batching (moejax.lightning.balance, seeds/moe-lightning.txt App. A.2, Alg. 2) on cases
+"""MoE-Lightning's request batching (moejax.lightning.balance; MoE-Lightning App. A.2, Alg. 2) on cases
 worked out by hand: each comment walks the greedy request by request (P0, P1, ...: the partitions; a sum in
 parentheses: the partition's input tokens before the request is placed). Pure Python, no jax."""
 import pytest

@@ -3,6 +3,7 @@ the resident single-device float32 model's (greedy and sampled, static generate 
 transformers' greedy tokens; the tasks run in Alg. 1's order; stats, --explain's lines and the pool's sizing; the
 options' checks and placement auto's choice. Every family, with the cache on a second device, is in
 test_lightning_families.py."""
+import glob
 import os
 
 import numpy as np
@@ -145,8 +146,11 @@ def test_decode_batch_was_batch_size_which_still_works_with_a_warning(capsys):
     args = parse_args(["--input", "x", "--batch-size", "3"])
     assert args.decode_batch == 3
     assert "note: --batch-size is renamed --decode-batch" in capsys.readouterr().err
-    assert "--batch-size" not in open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), "README.md")).read()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pages = [os.path.join(root, "README.md")] + glob.glob(os.path.join(root, "docs", "*.md"))
+    assert len(pages) > 1
+    for page in pages:
+        assert "--batch-size" not in open(page, encoding="utf-8").read(), page
 
 
 def test_auto_chooses_lightning_when_the_planned_kv_does_not_fit(resident):

@@ -1,4 +1,4 @@
-"""The shipped model (moejax/assets/pycode-moe, issue 16): loaded by name, it gives transformers' logits and
+"""The shipped model (moejax/assets/pycode-moe): loaded by name, it gives transformers' logits and
 its tokenizer gives AutoTokenizer's ids (references made by tests/make_fixtures.py --embedded)."""
 import os
 

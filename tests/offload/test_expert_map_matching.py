@@ -1,4 +1,4 @@
-"""fMoE's matching as the paper runs it (issue 34 items 7, 8): asynchronous (the layer loop never waits on the
+"""fMoE's matching as the paper runs it: asynchronous (the layer loop never waits on the
 device for it), per request inside a batch, and the union of the requests' sets prefetched."""
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""fMoE expert maps (issue 17): the store's search, dedup and persistence, Eq. 6-8's selection, §4.5's
+"""fMoE expert maps: the store's search, dedup and persistence, Eq. 6-8's selection, §4.5's
 priorities, and the predictor in the cached placement against the resident float32 model."""
 import numpy as np
 import pytest
@@ -113,7 +113,7 @@ def test_a_batch_of_new_iterations_replaces_distinct_maps():
 
 
 def test_build_store_keeps_one_map_per_iteration():
-    """Issue 34 item 8: a prompt's prefill is one map (its mean gate distribution, keyed by its mean embedding), and
+    """fMoE §4.1: a prompt's prefill is one map (its mean gate distribution, keyed by its mean embedding), and
     each decode iteration after it one more (its token's own); before, one mean map per prompt (this failed)."""
     rng = np.random.default_rng(4)
     logits = rng.standard_normal((7, 2, 4)).astype(np.float32)
@@ -173,7 +173,7 @@ def test_calibrate_maps_cli_then_exact_cached_equals_resident(tmp_path, capsys):
 
 
 def test_prefetch_priority_orders_the_copies_across_the_layers_ahead(tmp_path):
-    """fMoE §4.5 (issue 34 item 6): at the first MoE layer, a distance-2 store predicts the next two MoE layers; the
+    """fMoE §4.5: at the first MoE layer, a distance-2 store predicts the next two MoE layers; the
     cached placement queues their experts together by p / (MoE layers ahead), so the likely expert two layers on
     goes before the unlikely one of the next layer. Before, each layer's set was queued whole, nearest layer first
     (and the predictor re-sorted one layer's set by p / a constant, which changed nothing): this test failed."""

@@ -6,7 +6,7 @@ import pytest
 
 import moejax
 from conftest import fixture_dir
-from launch.bench_offload import _decode_loop
+from launch.bench.offload import _decode_loop
 from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
 
 NAME = "qwen3_moe"  # MoE layers 0 and 2 (layer 1 dense): the oracle predicts layer 2 at layer 0

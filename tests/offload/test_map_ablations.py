@@ -1,4 +1,4 @@
-"""fMoE §6.5's ablation switches of the expert-map predictor (issue 34 item 11): Map (T) drops the semantic search
+"""fMoE §6.5's ablation switches of the expert-map predictor: Map (T) drops the semantic search
 of the first d layers, Map (T+S) drops δ's similarity-aware set size; both on is the default, Map (T+S+δ)."""
 import numpy as np
 

@@ -2,7 +2,8 @@
 import pytest
 
 import moejax
-from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError, budget_memory
+from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError
+from moejax.placements.budget import budget_memory
 
 GiB = 2**30
 # a model of 48 MoE layers x 128 experts of 9 MiB (Qwen3-30B-A3B in bf16) + 3 GiB of other weights

@@ -11,7 +11,7 @@ from conftest import FIXTURE_NAMES, fast_tier, fixture_dir
 from moejax.costs import true_prefill_flops
 from moejax.offload import ExpertCache
 from moejax.offload.predict import DefaultVectors, calibrate
-from moejax.offload.streamed import Streamed
+from moejax.offload.streamed import StreamedExpertsRuntime
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11, 12, 13, 14]]
 TOL = 1e-6
@@ -88,7 +88,7 @@ def test_speculative_with_the_oracle_equals_resident(name, resident_runs):
     assert total["prefetches"] > 0
 
 
-class _Recording(Streamed):
+class _Recording(StreamedExpertsRuntime):
     """A real streamed run that also writes down which experts each MoE layer's tokens used."""
 
     def __init__(self, *args):

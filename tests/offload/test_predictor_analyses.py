@@ -1,4 +1,4 @@
-"""Speculating Experts' analyses (issue 34 item 13): cosine drift per layer distance and rank alignment of
+"""Speculating Experts' analyses (Fig. 3 and 5): cosine drift per layer distance and rank alignment of
 predicted and true expert scores, on recorded traces of a fixture model."""
 import numpy as np
 import pytest

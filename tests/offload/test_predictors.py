@@ -1,4 +1,4 @@
-"""Learned expert predictors (issue 17): routing traces, the distilled estimator and the predictors built on it,
+"""Learned expert predictors: routing traces, the distilled estimator and the predictors built on it,
 replayed over traces and run in the cached placement against the resident float32 model."""
 import json
 import os
@@ -198,7 +198,7 @@ def test_cache_replay_counts_hits_misses_and_bytes():
 def test_bench_predictors_reports_every_measure(tmp_path):
     import argparse
 
-    from launch import bench_predictors
+    from launch.bench import predictors as bench_predictors
     parser = argparse.ArgumentParser()
     bench_predictors.add_parser(parser.add_subparsers())
     docs = tmp_path / "docs"
@@ -265,7 +265,7 @@ def test_router_free_chains_each_prediction_from_the_previous_one(resident, dist
 def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident, distilled):
     """§6.4: a router-free layer whose experts were predicted attends without the router (LayeredSteps' attend);
     count_mispredictions runs it anyway, only to count, and the logits do not change."""
-    from moejax.offload import layered
+    from moejax.offload import layered_steps
     net, _ = distilled
     cfg = resident.config
     ids = np.random.default_rng(7).integers(0, cfg.vocab_size, (2, 9))
@@ -277,8 +277,9 @@ def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident
         logits[count] = engine.logits(ids)
         steps = engine.layered_steps
         first, *later = [steps.layers[i] for i in steps.moe_layers]
-        assert first.ran(layered.attend_route) and not first.ran(layered.attend)  # nothing predicted for it yet
-        assert later and all(layer.ran(layered.attend_route) == count != layer.ran(layered.attend)
+        # nothing predicted for it yet
+        assert first.ran(layered_steps.attend_route) and not first.ran(layered_steps.attend)
+        assert later and all(layer.ran(layered_steps.attend_route) == count != layer.ran(layered_steps.attend)
                              for layer in later)
         total = engine.stats()["total"]
         assert total["speculated_tokens"] > 0 and total["speculated_tokens"] % len(later) == 0  # padded rows too
@@ -292,7 +293,7 @@ def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident
 
 def test_best_answers_pick_the_candidate_with_the_highest_log_probability(resident):
     from moejax.offload.predict.speculation_cost import best_answers
-    from moejax.sched.requests import Candidate, ScoreRequest
+    from moejax.requests.parse import Candidate, ScoreRequest
     prompt = (5, 9, 2, 7)
     candidates = tuple(Candidate(None, (t,)) for t in (3, 11, 17))
     request = ScoreRequest(1, "mc", prompt, (), candidates)

@@ -1,6 +1,6 @@
 """Θ and the batches admitted at Θ are counted in one unit, true FLOPs (moejax.costs.true_prefill_flops): Eq. 3's
 reference row is counted as the scheduler counts a batch, so a long-context batch admitted at Θ holds the compute
-that Θ stands for (issue 33). Pure functions over the tiny config: no engine, no compile."""
+that Θ stands for. Pure functions over the tiny config: no engine, no compile."""
 import numpy as np
 import pytest
 

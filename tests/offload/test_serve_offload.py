@@ -1,7 +1,7 @@
 """launch.serve with the routed experts offloaded: a model over the device budget serves the same results as
 the resident model (float32: same tokens, log-probabilities within 1e-5), scoring with the prefix KV cache
 and completions alike, and the run metrics carry the offloading counters. The CLIs (launch.serve,
-launch.calibrate, launch.distill) run in this process, through their main(argv): tests/sched/test_serve.py runs
+launch.calibrate, launch.distill) run in this process, through their main(argv): tests/serving/test_serve.py runs
 launch.serve as a process where the process is the point."""
 import json
 

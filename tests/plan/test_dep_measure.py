@@ -1,5 +1,5 @@
 """DEP's two A2E routes (moejax.sharding.dep: regroup, the default, and straight to the experts' owners) and FinDEP's
-α-β fitted to micro-benchmarks of the DEP tasks (moejax.measure_dep, moejax.plan.findep_costs): both routes give the
+α-β fitted to micro-benchmarks of the DEP tasks (moejax.measure.dep, moejax.plan.findep_costs): both routes give the
 one-device float32 logits and move what the time model says; the fits reproduce the points they were fitted to; the
 solver plans with them."""
 import dataclasses

@@ -98,7 +98,7 @@ def _serve_on_two_devices(tmp_path, *flags):
 
 @pytest.mark.slow
 def test_serve_fills_resident_asyncep_batches_to_eq1(tmp_path):
-    """Issue 33: resident experts=async_ep takes Θ by Eq. 1 in its all-gather channel under the default --theta
+    """Resident experts=async_ep takes Θ by Eq. 1 in its all-gather channel under the default --theta
     (profile: not measurable on whole-model jits), --explain prints it and the scoring batches fill to it (40 short
     sequences in one batch, past the 32-token budget); without a hardware profile serve says it applies no Θ."""
     run = _serve_on_two_devices(tmp_path, "--profile", "h100")

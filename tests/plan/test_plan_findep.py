@@ -357,7 +357,7 @@ def test_solver_wall_time_is_reported():
 
 
 def test_the_default_takes_the_nearest_split_the_experts_divide_over(capsys):
-    """Issue 34 item 4: Mixtral's 8 experts do not divide over 6 of 12 devices; the default (the executor's and the
+    """Mixtral's 8 experts do not divide over 6 of 12 devices; the default (the executor's and the
     plan's baseline) takes 4 + 8, the nearest expert group they divide over (ties: the larger), says so, and the
     plan CLI prints the plan instead of exiting on it."""
     from launch.plan import main

@@ -14,7 +14,7 @@ from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
 
 MIXTRAL = ModelConfig.from_hf(preset_config("mixtral-8x7b"))
-# the constants of the authors' artifact optimizer for S1 (fastmoe/backend/optimizer.py; /tmp/papers/lightning.md)
+# the constants of the authors' artifact optimizer for S1 (fastmoe/backend/optimizer.py in the paper's code release)
 ARTIFACT_T4 = {"device.memory_bytes": 15 * GiB, "device.bandwidth": 300 * GiB, "h2d.bandwidth": 16 * GiB,
                "host.flops": 0.8e12, "host.bandwidth": 100 * GiB, "host.memory_bytes": 192 * GiB}
 MTBENCH_PADDED = dict(prompt_len=418, gen_len=128)  # MTBench's longest prompt: MoE-Lightning (p) pads to it
@@ -96,7 +96,7 @@ SETTINGS = [("t4", 1, 418, 128), ("t4", 1, 77, 32), ("l4", 1, 1984, 64), ("a100"
 @pytest.mark.parametrize("profile,gpus,s,n", SETTINGS)
 def test_policies_respect_memory_limits_and_their_ranges(profile, gpus, s, n):
     p = search_policy(MIXTRAL, load_profile(profile), prompt_len=s, gen_len=n, gpus=gpus)
-    assert p.solve_ms < 1000  # the issue's bound; about 0.15 s here
+    assert p.solve_ms < 1000  # the bound a planner at load must meet; about 0.15 s here
     for q in (p,) + p.alternatives:
         assert q.gpu_memory_bytes <= q.gpu_memory_limit * (1 + 1e-9), q.label
         assert q.cpu_memory_bytes <= q.cpu_memory_limit * (1 + 1e-9), q.label

@@ -110,7 +110,7 @@ def test_an_unprofiled_streamed_engine_falls_back_to_eq1():
     from moejax.sched.batch import explain_lines
     from moejax.sched.serving_options import ServingOptions
     engine = moejax.load("tiny-qwen3-moe", placement="streamed", window=1, profile="h100")
-    assert engine.saturation.source == "Eq. 1 from profile h100 (datasheet)"  # Θ is made at load (issue 31)
+    assert engine.saturation.source == "Eq. 1 from profile h100 (datasheet)"  # Θ is made at load
     lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/score",
                          "body": {"prompt_token_ids": [i + 1] * 24, "candidate_token_ids": [[9], [10]]}})
              for i in range(40)]
@@ -127,18 +127,18 @@ def _resident_on(spec: str, devices: int):
     has one CPU device; moejax.load under a real 8-device mesh runs in tests/sharding)."""
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.offload.settings import PlacementSettings
-    from moejax.placements import placement_for
+    from moejax.placements import Resident, placement_for
     from moejax.sharding import Layout
     from moejax.sharding.setup import LayoutSetup
     layout = Layout.parse(spec).resolve(MIXTRAL.num_experts, devices, expert_width=MIXTRAL.moe_intermediate_size,
                                         heads=MIXTRAL.num_heads)
     setup = LayoutSetup(layout, None, None, MIXTRAL.num_kv_heads, first_moe=0)  # type: ignore[arg-type]
-    budget = MemoryBudget("resident", None, 0, 0, 0, 0, 0)
+    budget = MemoryBudget(Resident, None, 0, 0, 0, 0, 0)
     return placement_for(budget, PlacementSettings(placement="resident"), setup)
 
 
 def test_resident_asyncep_fills_batches_to_eq1_of_its_all_gather():
-    """Issue 33: resident experts=async_ep all-gathers each later MoE layer's expert shards during the forward, so
+    """Resident experts=async_ep all-gathers each later MoE layer's expert shards during the forward, so
     its Θ is Eq. 1 in that device-to-device channel (as placement streamed's is in its host channel); resident
     layouts that copy no weights during a forward, and async_ep on one device (nothing to gather), have none."""
     h100 = load_profile("h100")

@@ -1,5 +1,5 @@
 """The FLOPs floor (MoE-Prefill's Θ) counts a batch's FLOPs by Eq. 2 as the steps compute them: context whose KV
-an earlier batch left in the cross-batch prefix cache is attended to, not computed again (issue 33). Pure
+an earlier batch left in the cross-batch prefix cache is attended to, not computed again. Pure
 scheduling over the tiny preset's config: no model, no compile."""
 import json
 
@@ -8,12 +8,12 @@ import pytest
 
 from moejax.config import ModelConfig
 from moejax.costs import true_prefill_flops
-from moejax.kv_pool import BLOCK
+from moejax.models.kv_pool import BLOCK
 from moejax.presets import preset_config
 from moejax.sched.batch_schedule import schedule_batches, tree_flops
 from moejax.sched.packing import pack_row
 from moejax.sched.prefix_cache import PrefixCache
-from moejax.sched.requests import parse_lines
+from moejax.requests.parse import parse_lines
 
 TINY = ModelConfig.from_hf(preset_config("tiny-qwen3-moe"))
 PREFIX, OWN = 6 * BLOCK, BLOCK  # each prompt: a shared 96-token prefix and 16 tokens of its own

@@ -140,7 +140,7 @@ def test_completions_equal_engine_generate(engine, tmp_path, kv_cache):
 def test_auto_policy_and_kv_free_plan():
     """auto turns the cache on only when a prefix block recurs across batches; off allocates no pool."""
     from moejax.sched.batch_schedule import schedule_batches
-    from moejax.sched.requests import parse_lines
+    from moejax.requests.parse import parse_lines
     engine = moejax.load("tiny-qwen3-moe", dtype="float32")
 
     def plan(lines, mode):

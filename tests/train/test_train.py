@@ -1,4 +1,4 @@
-"""Training the embedded model (issue 16) on a micro config: the loss falls, a run stopped by SIGTERM or killed
+"""Training the embedded model on a micro config: the loss falls, a run stopped by SIGTERM or killed
 with SIGKILL resumes to the very parameters of an uninterrupted run, and the export loads back into moejax with
 the training forward's logits."""
 import dataclasses
@@ -129,7 +129,7 @@ def test_export_loads_into_moejax_with_the_training_logits(reference, exported):
 
 @pytest.mark.slow  # the quality bench end to end (about 10 s)
 def test_quality_bench_measures_what_the_logits_say(reference, exported, tmp_path):
-    from launch.bench import main
+    from launch.bench.cli import main
     texts = tmp_path / "texts"
     texts.mkdir()
     (texts / "a.py").write_text("import os\n\ndef main():\n    print(os.getcwd())\n" * 6)

@@ -1,4 +1,4 @@
-"""The embedded model's data (issue 16): the standard-library corpus and its held-out split by file, and the
+"""The embedded model's data: the standard-library corpus and its held-out split by file, and the
 byte-level BPE trained on it, saved so that moejax reads it back."""
 import json
 import os

@@ -22,7 +22,7 @@ from moejax.offload.predict.layer_ops import mlp_norm, route_logits
 from moejax.offload.predict.router import DefaultVectors, _hop
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.predict.traces import Traces
 
 _f32 = jnp.float32

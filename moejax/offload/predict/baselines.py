@@ -8,7 +8,7 @@ from moejax.offload.predict.layer_ops import route_input
 from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
 
 
 class PreviousHiddenPredictor:

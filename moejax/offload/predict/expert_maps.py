@@ -38,7 +38,7 @@ from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Pending, Prediction, Predictor
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
     from moejax.offload.predict.traces import Traces
 
 

@@ -6,7 +6,7 @@ the current token up to the layer it has reached) is matched to the most similar
 experts that request used most at the layer d ahead are predicted.
 
 Replayed on recorded traces as batch-1 decode iterations (`replay_hit_counts`), beside the expert maps' own
-ablation rows (launch/map_ablation.py), so the three trackings are compared on the same held-out tokens."""
+ablation rows (launch/bench/map_ablation.py), so the three trackings are compared on the same held-out tokens."""
 from __future__ import annotations
 
 import numpy as np

@@ -19,7 +19,7 @@ from moejax.offload.predict.protocol import Arrays, Prediction
 from moejax.offload.predict.router import RouterPredictor
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
 
 
 @functools.partial(jax.jit, static_argnames=("source",))

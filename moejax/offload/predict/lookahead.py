@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
 
 # (pass number since restart, MoE layer) -> the true (expert ids [N, k], weights [N, k]) as computed
 RoutingTrace = dict[tuple[int, int], tuple[Any, Any]]

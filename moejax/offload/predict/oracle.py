@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from moejax.offload.predict.protocol import Arrays, Prediction
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
 
 
 class OraclePredictor:

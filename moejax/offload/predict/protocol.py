@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 if TYPE_CHECKING:
-    from moejax.offload.layered import LayeredSteps
+    from moejax.offload.layered_steps import LayeredSteps
 
 Arrays = jax.Array | np.ndarray  # on the device, or replayed from recorded traces (moejax.offload.predict.replay)
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moejax.offload.layered import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
 from moejax.offload.predict.protocol import Predictor, resolved
 from moejax.offload.predict.traces import Traces
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def steps_of(engine: Engine) -> LayeredSteps:
     """The engine's layers as per-layer jits (no placement: predictors only call norms and routers)."""
-    return LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement=None)
+    return LayeredSteps(engine.graphdef, engine.params, engine.kernels,
+                        placement=None)  # type: ignore[arg-type]  # no MoE layer runs: no runtime
 
 
 def true_routing(steps: LayeredSteps, traces: Traces, chunk: int = 8192) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -56,13 +57,16 @@ def recall(predicted: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.any(true[:, :, None] == predicted[:, None, :], axis=2)))
 
 
-def recall_by_layer(steps: LayeredSteps, predictor: Predictor, traces: Traces,
+def recall_by_layer(steps: LayeredSteps, predictor: Predictor | None, traces: Traces,
                     truth: list[tuple[np.ndarray, np.ndarray]] | None = None,
                     predicted: dict[int, tuple] | None = None) -> dict:
-    """-> {"per_layer": {target layer: recall}, "overall": recall over every predicted (token, layer)}."""
+    """-> {"per_layer": {target layer: recall}, "overall": recall over every predicted (token, layer)}. predictor:
+    None where `predicted` holds its predictions already."""
     truth = truth or true_routing(steps, traces)
     position = {layer: m for m, layer in enumerate(traces.moe_layers)}
-    predicted = predicted or predictions(steps, predictor, traces, truth)
+    if not predicted:
+        assert predictor is not None, "recall_by_layer: a predictor, or its predictions"
+        predicted = predictions(steps, predictor, traces, truth)
     per_layer = {t: recall(p, truth[position[t]][0]) for t, (p, _) in sorted(predicted.items())}
     overall = float(np.mean(list(per_layer.values()))) if per_layer else float("nan")  # equal tokens per layer
     return dict(per_layer=per_layer, overall=overall)

@@ -17,7 +17,8 @@ import numpy as np
 from flax import nnx
 
 from moejax.buckets import bucket
-from moejax.offload import layered
+from moejax.offload import layered_steps
+from moejax.offload.stats import OffloadStats
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Prediction
@@ -80,7 +81,7 @@ class RouterPredictor:
         self.vectors, self.distance = vectors, int(distance)
         self._device_vectors = jnp.asarray(vectors.vectors)
 
-    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         self._steps = steps
         if self.vectors.vectors.shape[0] != len(steps.layers):
             raise ValueError(f"router predictor: default vectors cover {self.vectors.vectors.shape[0]} layers, "
@@ -115,7 +116,7 @@ def _expert_sums(graphdef: nnx.GraphDef, state: nnx.State, y: jax.Array, idx: ja
     return sums, counts
 
 
-class _Calibrating:
+class _Calibrating(layered_steps.LayerRuntime):
     """A placement that runs each MoE layer exactly (experts from `experts_of`) and sums per-expert outputs."""
 
     name = "calibrating"
@@ -125,30 +126,35 @@ class _Calibrating:
         self.experts_of, self.backend = experts_of, backend
         self.sums, self.counts = np.zeros(shape, np.float64), np.zeros(shape[:2], np.int64)
         self.valid: jax.Array | None = None  # the pass's valid-token mask [N] (run_prompts sets it)
+        self.stats = OffloadStats()  # nothing moves: empty
 
-    def begin_pass(self, steps: layered.LayeredSteps) -> None:
+    def describe(self) -> str:
+        return "calibrating: every expert run exactly, per-expert outputs summed"
+
+    def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         pass
 
     def vectors(self) -> "DefaultVectors":
         return DefaultVectors((self.sums / np.maximum(self.counts, 1)[..., None]).astype(np.float32), self.counts)
 
-    def moe(self, handle: layered.Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array
-            ) -> jax.Array:
+    def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,
+            weights: jax.Array | None) -> jax.Array:
+        assert idx is not None and weights is not None  # its layers run their routers
         layer = handle.index
         experts = self.experts_of(layer)
         sums, counts = handle(_expert_sums, y, idx, self.valid, experts, backend=self.backend)
         self.sums[layer] += np.asarray(sums)
         self.counts[layer] += np.asarray(counts).astype(np.int64)
-        return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
+        return layered_steps.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
 
 def run_prompts(engine: _Engine, placement: _Calibrating, prompts: Iterable[Sequence[int]], *,
                 max_tokens_per_prompt: int, max_tokens: int | None = None
-                ) -> tuple[layered.LayeredSteps, list[int], list[int]]:
+                ) -> tuple[layered_steps.LayeredSteps, list[int], list[int]]:
     """Run each prompt (cut to max_tokens_per_prompt; stop once max_tokens are run) alone through `engine`'s
     layer-by-layer steps with `placement` (which sees the valid-token mask as `placement.valid`) -> (steps, the
     token ids run, each prompt's length)."""
-    steps = layered.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
+    steps = layered_steps.LayeredSteps(engine.graphdef, engine.params, engine.kernels, placement)
     tokens: list[int] = []
     lengths: list[int] = []
     for prompt in prompts:

@@ -9,7 +9,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
-    from moejax.sched.requests import ScoreRequest
+    from moejax.requests.parse import ScoreRequest
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -31,7 +31,7 @@ def window_quality(engine: Engine, rows: np.ndarray, batch: int = 4) -> dict:
 
 
 def best_answers(engine: Engine, requests: Iterable[ScoreRequest]) -> list[int]:
-    """Score requests (moejax.sched.requests.ScoreRequest) -> per (request, context) the index of the candidate
+    """Score requests (moejax.requests.parse.ScoreRequest) -> per (request, context) the index of the candidate
     with the highest summed log-probability."""
     best = []
     for request in requests:

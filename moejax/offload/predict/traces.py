@@ -18,7 +18,7 @@ from moejax.offload.predict.router import DefaultVectors, _Calibrating, run_prom
 
 if TYPE_CHECKING:
     from moejax.engine import Engine
-    from moejax.offload.layered import Layer
+    from moejax.offload.layered_steps import Layer
 
 _f32 = jnp.float32
 
@@ -76,7 +76,8 @@ class _Recording(_Calibrating):
         super().__init__(*args)
         self.rows: dict[int, list] = {}
 
-    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array, weights: jax.Array) -> jax.Array:
+    def moe(self, handle: Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None, weights: jax.Array | None
+            ) -> jax.Array:
         keep = np.asarray(self.valid) > 0
         logits = np.asarray(handle(_router_logits, y), np.float32)[keep]
         residual = np.asarray(x.reshape(-1, x.shape[-1]), np.float32)[keep]
