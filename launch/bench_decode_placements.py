@@ -375,7 +375,7 @@ def lightning_claim(args, resident, works: list[dict], load, save, record: dict)
     """Lightning, streamed and cached at a budget holding --device-rows rows' KV beside lightning's weights, on the
     largest batch workload at --prompt-len; lightning's measured ms per layer against the HRM's; host attention GB/s."""
     from moejax.lightning.host_attention_bench import measure_paged
-    from moejax.lightning.probe import explain_engine
+    from moejax.measure_lightning import explain_engine
     work = max((w for w in works if w["prompt_len"] == args.prompt_len), key=lambda w: w["batch"])
     budget = claim_budget_gb(resident, args.device_rows, work)
     claim: dict = dict(budget_gb=budget, device_rows=args.device_rows, workload=work, rows=[],

@@ -4,7 +4,7 @@
   `block_until_ready`, median of repeats): the peak the other sections are compared with.
 - prefill: a resident and a streamed engine of the same preset and seed (and a streamed one with stream='jit',
   where XLA schedules the copies inside the whole-model jit: the alternative to compare on a GPU). The streamed
-  one's saturation threshold Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4
+  one's saturation threshold Θ is profiled (moejax.measure_saturation), then both run the same batches from Θ/4
   to 4Θ tokens (each rounded to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens):
   throughput of streamed vs resident, routed-expert bytes moved per pass and the H2D rate that implies
   (bytes / streamed seconds).
@@ -40,7 +40,7 @@ import moejax
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
 from moejax.kernels.platform import on_gpu
-from moejax.offload.saturation import profile_saturation
+from moejax.measure_saturation import profile_saturation
 from moejax.placements import Cached
 from launch import bench_decode_placements, offload_modes
 from launch.bench_results import no_file

@@ -121,7 +121,7 @@ def predictors(args, env: dict) -> dict:
     from moejax.offload.predict.cache_replay import replay_cache
     from moejax.offload.predict.expert_maps import replay_predictions
     from moejax.offload.predict.analyses import drift_and_alignment
-    from moejax.offload.predict.speculation_cost import best_answers, window_quality
+    from moejax.eval.speculation_cost import best_answers, window_quality
 
     from launch.map_ablation import map_ablation
     from launch.predictor_plots import plot

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 
+import moejax
 from moejax.plan.paths import default_profile_path
 from moejax.quick_profile import write_profile
 
@@ -117,7 +118,7 @@ def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
     if jax.device_count() < 2:
         log("--dep: one device, no split into an attention and an expert group: nothing measured")
         return profile
-    fits = measure_dep(model, dtype=dtype, sequences=(1, 2) if quick else (1, 2, 4),
+    fits = measure_dep(moejax.load, model, dtype=dtype, sequences=(1, 2) if quick else (1, 2, 4),
                        seq_lens=(16, 64) if quick else (32, 128), repeats=2 if quick else 3, log=log)
     splits = ", ".join(f"{f.attn_devices}+{f.expert_devices}" for f in fits)
     note = f"DEP task fits measured on {model} for splits {splits}"

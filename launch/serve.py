@@ -200,7 +200,7 @@ def check_kernels(args) -> str | None:
 def lightning_explain(engine, args):
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
-    from moejax.lightning.probe import explain_engine
+    from moejax.measure_lightning import explain_engine
     lines, probe, _ = explain_engine(engine, args.profile)
     print("\n".join(lines))
     return probe

@@ -10,7 +10,7 @@ import sys
 import moejax
 from launch.serve_options import ModelOptions
 from moejax import options
-from moejax.offload.saturation import profile_saturation
+from moejax.measure_saturation import profile_saturation
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from moejax.offload.memory_budget import MemoryBudget
     from moejax.plan.engine_plan import EnginePlan
     from moejax.plan.theta import Theta
-    from moejax.sharding.layout import Layout
+    from moejax.layout import Layout
     from moejax.sharding.pipeline import PipelineSteps
     from moejax.whole_model_steps import WholeModelSteps
 
@@ -110,7 +110,7 @@ class Engine:
         return cast("LayeredSteps", self.steps)  # a layer-by-layer placement's steps are its layer loop
 
     def use_theta(self, saturation: Theta) -> None:
-        """Replace the load-time Θ by one measured on this engine (moejax.offload.saturation.profile_saturation)."""
+        """Replace the load-time Θ by one measured on this engine (moejax.measure_saturation.profile_saturation)."""
         self.saturation = saturation
 
     def layer_experts(self, layer: int) -> dict:

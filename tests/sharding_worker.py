@@ -165,7 +165,7 @@ def two_channel(name):
     """AsyncEP streamed from pinned host memory: the one-device results, the host -> device bytes, and the
     compiled MoE-layer program whose all-gathers (the next layer's experts) read only its inputs."""
     from moejax.offload import layered
-    from moejax.offload.saturation import profile_saturation
+    from moejax.measure_saturation import profile_saturation
     path = os.path.join(FIXTURES, name)
     ids = np.random.default_rng(0).integers(0, 100, (8, 11))  # a row per device: no activation moves between them
     ref = moejax.load(path, dtype="float32")

@@ -1,12 +1,62 @@
-"""The import graph of moejax and launch has no circles (issue 31): every `import` and `from ... import`, at the top of
-a module or inside a function, read from the source; `from package import name` counts as importing the submodule
-`package.name` where there is one, else the package."""
+"""The import graph of moejax and launch: no circles, and every import follows the layer order below.
+
+Every `import` and `from ... import` counts, at the top of a module, inside a function or under `TYPE_CHECKING`, read
+from the source; `from package import name` counts as importing the submodule `package.name` where there is one, else
+the package. Imports inside functions are kept for optional dependencies only (those not in `[project.dependencies]`),
+each with a comment saying so."""
 import ast
+import importlib.metadata
 import os
+import re
 import sys
+import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("moejax", "launch")
+
+# The layers, bottom first: a unit imports only units in its own layer or below it. Units in one layer may import each
+# other (the circles test still forbids circles between their modules).
+LAYERS: list[tuple[str, ...]] = [
+    ("config", "options", "buckets", "compiles", "sampling", "chat", "layout"),
+    ("kernels",),
+    ("models",),
+    ("steps",),
+    ("costs",),
+    ("offload",),
+    ("plan",),
+    ("sharding",),
+    ("lightning",),
+    ("placements",),
+    ("presets", "weights"),
+    ("engine",),
+    ("measure",),
+    ("loading",),
+    ("moejax",),  # the package's __init__: the public API
+    ("requests",),
+    ("sched",),
+    ("replicas",),
+    ("eval", "train"),
+    ("launch",),
+]
+
+# Root modules and folders that sit in a layer named differently from themselves (until they move into it)
+UNIT_OF = {
+    "kv_pool": "models",
+    "steps": "steps", "whole_model_steps": "steps", "paged_steps": "steps", "token_loop": "steps",
+    "step_inputs": "steps",
+    "measure_hardware": "measure", "quick_profile": "measure", "measure_dep": "measure",
+    "measure_saturation": "measure", "measure_lightning": "measure",
+}
+
+
+def unit(module: str) -> str:
+    """The layer unit of a module of moejax or launch: its first folder or root module below the package."""
+    parts = module.split(".")
+    if parts[0] == "launch":
+        return "launch"
+    if len(parts) == 1:
+        return "moejax"
+    return UNIT_OF.get(parts[1], parts[1])
 
 
 def _modules() -> dict[str, str]:
@@ -21,6 +71,21 @@ def _modules() -> dict[str, str]:
     return mods
 
 
+def _parse(path: str) -> ast.Module:
+    with open(path) as f:
+        return ast.parse(f.read())
+
+
+def _absolute(node: ast.ImportFrom, name: str, path: str) -> str:
+    """The module an `ImportFrom` names, relative imports resolved against the importing module `name`."""
+    if node.level == 0:
+        return node.module or ""
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
 def import_graph() -> dict[str, set[str]]:
     mods = _modules()
 
@@ -31,14 +96,13 @@ def import_graph() -> dict[str, set[str]]:
 
     graph = {}
     for name, path in mods.items():
-        with open(path) as f:
-            tree = ast.parse(f.read())
         deps = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.ImportFrom):
+                module = _absolute(node, name, path)
                 for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    deps.add(sub if sub in mods else known(node.module))
+                    sub = f"{module}.{alias.name}"
+                    deps.add(sub if sub in mods else known(module))
             elif isinstance(node, ast.Import):
                 deps.update(known(alias.name) for alias in node.names)
         graph[name] = {d for d in deps if d and d != name}
@@ -81,6 +145,18 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, ...]], unit_of=unit) -> list[str]:
+    """Every import of a unit from a layer above its own, as 'importer -> imported (unit < unit)'."""
+    height = {u: i for i, layer in enumerate(layers) for u in layer}
+    found = []
+    for importer, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            low, high = unit_of(importer), unit_of(dep)
+            if height[high] > height[low]:
+                found.append(f"{importer} -> {dep} ({low} below {high})")
+    return found
+
+
 def test_circles_are_found():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
@@ -90,3 +166,78 @@ def test_moejax_and_launch_import_without_circles():
     graph = import_graph()
     assert "moejax.kernels.backends" in graph and "launch.bench" in graph  # the walk found the packages
     assert circles(graph) == []
+
+
+def test_upward_imports_are_found():
+    layers = [("a", "b"), ("c",)]
+    graph = {"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}
+    assert layer_violations(graph, layers, unit_of=lambda m: m) == ["a -> c (a below c)"]
+
+
+def test_every_unit_has_a_layer():
+    units = {unit(m) for m in import_graph()}
+    declared = [u for layer in LAYERS for u in layer]
+    assert len(declared) == len(set(declared))
+    assert units <= set(declared), sorted(units - set(declared))
+
+
+def test_imports_follow_the_layers():
+    assert layer_violations(import_graph(), LAYERS) == []
+
+
+def _declared_dependencies() -> set[str]:
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    return {_normalized(re.match(r"[A-Za-z0-9_.\-]+", d).group()) for d in deps}
+
+
+def _normalized(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _optional(top: str, declared: set[str], distributions: dict[str, list[str]]) -> bool:
+    """Whether the top-level import name `top` is neither the standard library, this project, nor a declared
+    dependency (by the installed distribution that provides it, else by its own name)."""
+    if top in sys.stdlib_module_names or top in PACKAGES:
+        return False
+    return not ({_normalized(d) for d in distributions.get(top, [])} | {_normalized(top)}) & declared
+
+
+def _local_imports(tree: ast.Module):
+    """Imports inside function bodies: (node, top-level names)."""
+    for func in ast.walk(tree):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for node in ast.walk(func):
+                if isinstance(node, ast.Import):
+                    yield node, [a.name.split(".")[0] for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    yield node, [(node.module or "").split(".")[0] if node.level == 0 else "moejax"]
+
+
+def local_import_findings() -> list[str]:
+    declared = _declared_dependencies()
+    distributions = importlib.metadata.packages_distributions()
+    found = set()
+    for name, path in _modules().items():
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for node, tops in _local_imports(ast.parse("\n".join(lines))):
+            where = f"{os.path.relpath(path, ROOT)}:{node.lineno}"
+            if not all(_optional(top, declared, distributions) for top in tops):
+                found.add(f"{where}: {', '.join(tops)} is imported at the top of the module, not in a function")
+            elif "#" not in lines[node.lineno - 1] and not lines[node.lineno - 2].lstrip().startswith("#"):
+                found.add(f"{where}: an optional dependency's import inside a function says why in a comment")
+    return sorted(found)
+
+
+def test_optional_dependencies_are_told_apart():
+    declared = _declared_dependencies()
+    distributions = importlib.metadata.packages_distributions()
+    assert {"jax", "numpy", "orbax-checkpoint"} <= declared
+    assert not _optional("orbax", declared, distributions) and not _optional("json", declared, distributions)
+    assert not _optional("moejax", declared, distributions)
+    assert _optional("ray", declared, distributions) and _optional("vllm", declared, distributions)
+
+
+def test_imports_inside_functions_are_optional_dependencies_with_a_comment():
+    assert local_import_findings() == []

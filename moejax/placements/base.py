@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from moejax.plan.dep_sim import Simulation
     from moejax.plan.hardware import Profile
     from moejax.plan.theta import ThetaEstimate
-    from moejax.sharding.layout import Layout
+    from moejax.layout import Layout
     from moejax.sharding.pipeline import PipelineSteps
     from moejax.sharding.setup import LayoutSetup
 
@@ -44,7 +44,7 @@ class Placement:
     name: ClassVar[str] = "resident"
     layer_by_layer: ClassVar[bool] = False  # the steps run MoE layers from Python (layer_runtime)
     theta_mode: ClassVar[str | None] = None  # moejax.plan.theta.MODES: Θ applies to this placement
-    profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
+    profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.measure_saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
     steps_need_weights: ClassVar[bool] = False  # make_steps takes the weights (the Engine builds them on first use)
     # the model holds runs of like layers as stacked weights and its whole-model jits scan over them (one program

@@ -1,11 +1,11 @@
 """Cached experts over several devices (fMoE §5, layout experts=ep with placement 'cached'): expert e of every MoE
-layer on device e % D, each device with its own cache of cache_slots slots (moejax.offload.cached_ep)."""
+layer on device e % D, each device with its own cache of cache_slots slots (moejax.sharding.cached_ep)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
 
-from moejax.offload.cached_ep import CachedEP as CachedEPRuntime, RoundRobinStore
+from moejax.sharding.cached_ep import CachedEP as CachedEPRuntime, RoundRobinStore
 from moejax.placements.cached import Cached
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from moejax.plan.findep import solve_step
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig

@@ -24,7 +24,7 @@ from moejax.config import ModelConfig
 from moejax.costs import Transfer, layout_comm, param_count, prefill_flops
 from moejax.plan.hardware import Profile
 from moejax.plan.theta import layer_expert_bytes
-from moejax.sharding.layout import ATTN, IMPLEMENTED, Layout
+from moejax.layout import ATTN, IMPLEMENTED, Layout
 
 if TYPE_CHECKING:
     from moejax.plan.findep import DepSchedule

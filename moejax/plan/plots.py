@@ -23,7 +23,7 @@ def _pyplot() -> ModuleType:  # matplotlib.pyplot
 
 def gantt(schedules: dict, path: str, title: str = "") -> str:
     """schedules: name (e.g. ASAS) -> (makespan, [(resource, label, start, end)]) from moejax.plan.dep_sim or a
-    lightning probe (moejax.lightning.probe); one panel per schedule, one row per resource. Writes a PNG; returns its
+    lightning probe (moejax.measure_lightning); one panel per schedule, one row per resource. Writes a PNG; returns its
     path."""
     plt = _pyplot()
     fig, axes = plt.subplots(len(schedules), 1, figsize=(12, 2.2 * len(schedules)), squeeze=False)

@@ -39,7 +39,7 @@ from moejax.offload import layered
 from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
 from moejax.sharding import multihost
 from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.mesh import make_mesh
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh

@@ -23,7 +23,7 @@ from moejax.offload import layered
 from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
 if TYPE_CHECKING:
     from moejax.config import ModelConfig
@@ -88,7 +88,7 @@ class GatheredStreamed:
             self._whole[nxt] = gathered
         return out
 
-    # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
+    # Θ's profile (moejax.measure_saturation) times each layer's compute with its experts already in place:
     def ready_experts(self, layer: int) -> dict[str, jax.Array]:
         """A layer's experts whole on every device, waited for."""
         return jax.block_until_ready(self._gather(self.store.fetch(layer)))

@@ -34,7 +34,7 @@ from moejax import steps
 from moejax.kernels.backends import Kernels
 from moejax.models.decoder import MoEModel
 from moejax.sharding.experts import AXIS
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.stages import slots, stage_layers
 
 PREFILL_ONLY = ("layout attn=pp,experts=pp runs prefill-only scoring (Engine.logits, Engine.token_logprobs, "

@@ -15,7 +15,7 @@ from moejax.models.moe import is_routed_expert
 from moejax.sharding import multihost
 from moejax.sharding.dep import ExpertGroup, check_group_processes, group_meshes
 from moejax.sharding.experts import AXIS, TP_SPECS, ShardedExperts, tp_columns
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.memory import check_fits, device_weights
 from moejax.sharding.mesh import make_mesh
 

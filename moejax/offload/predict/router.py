@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 _f32 = jnp.float32
 
 
-class _Engine(Protocol):
-    """What calibration reads of a moejax.engine.Engine (not imported: moejax.engine's imports reach this module)."""
+class EngineModel(Protocol):
+    """What calibration, trace recording (traces) and replay read of an engine: moejax.engine.Engine is one (it sits
+    above this package, which takes it as this protocol)."""
 
     @property
     def config(self) -> ModelConfig: ...
@@ -142,7 +143,7 @@ class _Calibrating:
         return layered.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
 
-def run_prompts(engine: _Engine, placement: _Calibrating, prompts: Iterable[Sequence[int]], *,
+def run_prompts(engine: EngineModel, placement: _Calibrating, prompts: Iterable[Sequence[int]], *,
                 max_tokens_per_prompt: int, max_tokens: int | None = None
                 ) -> tuple[layered.LayeredSteps, list[int], list[int]]:
     """Run each prompt (cut to max_tokens_per_prompt; stop once max_tokens are run) alone through `engine`'s
@@ -168,7 +169,7 @@ def run_prompts(engine: _Engine, placement: _Calibrating, prompts: Iterable[Sequ
     return steps, tokens, lengths
 
 
-def calibrate(engine: _Engine, prompts: Iterable[Sequence[int]], *, max_tokens: int = 512) -> DefaultVectors:
+def calibrate(engine: EngineModel, prompts: Iterable[Sequence[int]], *, max_tokens: int = 512) -> DefaultVectors:
     """Default vectors from running `prompts` (lists of token ids, each cut to `max_tokens`) through `engine`
     (any placement: its experts are read layer by layer from wherever they live)."""
     cfg = engine.config
