@@ -76,7 +76,7 @@ def _result(engine: str, impl: str, tokens: int, flops: int, timing, **extra) ->
 
 
 def _transformers(model, ids, repeats, tokens, flops, hf_experts) -> tuple[list[dict], np.ndarray]:
-    import torch
+    import torch  # optional: transformers' reference only
     torch.set_num_threads(os.cpu_count())
     results, logits = [], None
     x = torch.from_numpy(np.asarray(ids, np.int64))
@@ -117,8 +117,8 @@ def prefill(args, env: dict, partial=no_file) -> dict:
         tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
         t0 = time.perf_counter()
         if is_dir:  # transformers 5 reads every hub layout; load the checkpoint itself
-            import torch
-            import transformers
+            import torch  # optional: transformers' reference only
+            import transformers  # optional: transformers' reference only
             hf_model = transformers.AutoModelForCausalLM.from_pretrained(
                 args.model, attn_implementation="eager", dtype=torch.float32,
                 num_hidden_layers=hf_config["num_hidden_layers"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import json.decoder
 import os
 import random
 import shutil
@@ -23,6 +24,13 @@ import tempfile
 import time
 
 from launch.bench_util import cpu_seconds
+import collections
+import email.message
+import moejax.eval.lm_eval_model  # noqa: F401
+import textwrap
+from launch.bench_peers import vllm_environment
+from moejax.loading import enable_compilation_cache
+from moejax.presets import resolve_embedded
 
 ENGINES = ("moejax", "hf", "vllm")
 TASK = "moejax_bench_mc"
@@ -46,10 +54,6 @@ def add_parser(sub):
 
 def make_task(folder: str, questions: int, choices: int, context_lines: int, seed: int) -> dict:
     """The task's JSONL and YAML in `folder` (absolute paths); -> what it holds."""
-    import collections
-    import email.message
-    import json.decoder
-    import textwrap
     modules = (textwrap, json.decoder, collections, email.message, random, inspect)
     lines = [ln.rstrip() for m in modules for ln in inspect.getsource(m).splitlines()]
     rng = random.Random(seed)
@@ -83,14 +87,14 @@ def make_task(folder: str, questions: int, choices: int, context_lines: int, see
 
 def task_manager(folder: str):
     """lm-eval's task index of the task's folder alone (indexing lm-eval's own tasks takes seconds)."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # optional: the eval extra
     return TaskManager(include_path=folder, include_defaults=False)
 
 
 def evaluate(lm, tasks) -> tuple[float, float, dict]:
     """One lm-eval run of the task on a built model -> (seconds of the whole run, seconds inside the model's
     loglikelihood call, {"acc", "answers": [[ll, greedy] per request, in document and choice order]})."""
-    import lm_eval
+    import lm_eval  # optional: the eval extra
     inner = type(lm).loglikelihood
     spent = []
 
@@ -115,13 +119,11 @@ def evaluate(lm, tasks) -> tuple[float, float, dict]:
 
 def build(engine: str, args):
     import lm_eval.models  # noqa: F401  (lm-eval's registry first)
-    from lm_eval.api.registry import get_model
+    from lm_eval.api.registry import get_model  # optional: the eval extra
     if engine == "moejax":
-        import moejax.eval.lm_eval_model  # noqa: F401
         return get_model("moejax")(pretrained=args.model, dtype=args.dtype)
-    import torch
+    import torch  # optional: transformers' reference only
     torch.set_num_threads(os.cpu_count() or 1)
-    from moejax.presets import resolve_embedded
     return get_model("hf")(pretrained=resolve_embedded(args.model), dtype=args.dtype, batch_size=args.hf_batch_size,
                            device="cpu")
 
@@ -162,8 +164,6 @@ def _files(folder: str) -> int:
 def run_vllm(args, folder: str) -> dict | str:
     """vLLM through lm-eval in the --vllm-python environment (its own process, not interleaved) -> its timings,
     or why it did not run."""
-    from launch.bench_peers import vllm_environment
-    from moejax.presets import resolve_embedded
     python = args.vllm_python
     check = subprocess.run([python, "-c", "import vllm, lm_eval; print(vllm.__version__, lm_eval.__version__)"],
                            capture_output=True, text=True)
@@ -191,7 +191,7 @@ def eval_bench(args, env: dict, partial) -> dict:
 
 
 def _eval_bench(args, env: dict, partial, folder: str) -> dict:
-    import lm_eval
+    import lm_eval  # optional: the eval extra
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
@@ -230,7 +230,6 @@ def _eval_bench(args, env: dict, partial, folder: str) -> dict:
                 out[f"moejax_over_vllm{'_' + part[:-1] if part else ''}"] = rate["moejax"] / rate["vllm"]
         return out
 
-    from moejax.loading import enable_compilation_cache
     cache = enable_compilation_cache()  # moejax.load's default: the run says whether it started with compiled programs
     compiled = {"dir": cache, "files_before": _files(cache)}
     tasks = task_manager(folder)

@@ -53,6 +53,8 @@ from moejax.sched.frontend_jobs import request_job
 from moejax.sched.prefix_cache import PrefixCache
 from moejax.sched.requests import Candidate, ScoreRequest
 from launch.bench_results import no_file
+from launch.bench_frontend_real import real_run
+from moejax.lightning.at_load import kv_bytes_per_token  # imports flax: only here
 
 NOTE = ("A simulation from a hardware profile, no devices: the replicas' caches and the frontend are the real "
         "moejax objects, the time is FLOPs at the profile's peak x efficiency (launch/bench_frontend.py)")
@@ -194,7 +196,6 @@ def simulate_one(jobs: list[Job], n: int, routing: str, *, theta: float, timing:
 
 def cache_blocks(cfg: ModelConfig, profile: Profile, share: float) -> tuple[int, str]:
     """Blocks of `share` of what moejax.sched.pool_size leaves a KV pool beside the whole model's weights."""
-    from moejax.lightning.at_load import kv_bytes_per_token  # imports flax: only here
     dtype = {2: "bfloat16", 4: "float32"}[profile.dtype_bytes]
     weights = param_count(cfg) * profile.dtype_bytes
     room = profile.device.memory_bytes * (1 - RESERVE_FRACTION / 2) - weights
@@ -340,7 +341,6 @@ def add_parser(sub):
 
 def frontend(args, env, partial=no_file) -> dict:
     if args.real:
-        from launch.bench_frontend_real import real_run
         return real_run(args, env, partial)
     workloads = []
     for name in args.workloads.split(","):

@@ -45,6 +45,8 @@ from moejax.placements import Cached
 from launch import bench_decode_placements, offload_modes
 from launch.bench_results import no_file
 from launch.bench_util import time_calls, timed_call
+from launch import expert_map_plots
+from launch.fmoe_sweeps import fmoe
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)
@@ -402,11 +404,9 @@ def offload(args, env, partial=no_file) -> dict:
     elif "decode" in sections:
         record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
         if args.plot:
-            from launch import expert_map_plots
             expert_map_plots.decode(record["decode"], args.plot)
             record["plot"] = args.plot
     if "fmoe" in sections:
-        from launch.fmoe_sweeps import fmoe
         record["fmoe"] = fmoe(args, resident, saver("fmoe"), load=_load, decode_case=_decode_case)
     if not gpu:
         print(f"(note: {NOTE})")

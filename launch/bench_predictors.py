@@ -26,6 +26,26 @@ import numpy as np
 
 from launch.bench_quality import read_texts, stdlib_texts
 from launch.distill import text_prompts
+import moejax
+from flax import nnx
+from launch import expert_map_plots
+from launch.bench_quality import token_stream
+from launch.map_ablation import map_ablation
+from launch.predictor_plots import plot
+from launch.serve import read_lines
+from moejax.eval.speculation_cost import best_answers, window_quality
+from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
+                                    RouterPredictor)
+from moejax.offload.predict import EstimatorNet, replay
+from moejax.offload.predict import OraclePredictor
+from moejax.offload.predict.analyses import drift_and_alignment
+from moejax.offload.predict.cache_replay import replay_cache
+from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
+from moejax.offload.predict.expert_maps import replay_predictions
+from moejax.offload.predict.hit_counts import request_counts
+from moejax.offload.predict.traces import record
+from moejax.sched.requests import ScoreRequest, parse_lines
+from moejax.train.distill import distill
 
 
 def add_parser(sub):
@@ -61,8 +81,6 @@ def add_parser(sub):
 
 
 def _predictors(nets, vectors, distance):
-    from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
-                                        RouterPredictor)
     out = {"previous_hidden": PreviousHiddenPredictor(distance), "router": RouterPredictor(vectors, distance)}
     if distance in nets:
         out.update(estimator=EstimatorPredictor(nets[distance]), hybrid=HybridPredictor(nets[distance]))
@@ -72,13 +90,6 @@ def _predictors(nets, vectors, distance):
 def _build(args, engine, distances, log):
     """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made, the calibration
     requests' hit-count matrices or None)."""
-    from flax import nnx
-
-    from moejax.offload.predict import EstimatorNet, replay
-    from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
-    from moejax.offload.predict.hit_counts import request_counts
-    from moejax.offload.predict.traces import record
-    from moejax.train.distill import distill
     nets, vectors, stores, made = {}, None, {}, []
     if args.estimator:
         net = EstimatorNet.load(args.estimator)
@@ -114,18 +125,6 @@ def _build(args, engine, distances, log):
 
 
 def predictors(args, env: dict) -> dict:
-    import moejax
-    from moejax.offload.predict import OraclePredictor, replay
-    from flax import nnx
-
-    from moejax.offload.predict.cache_replay import replay_cache
-    from moejax.offload.predict.expert_maps import replay_predictions
-    from moejax.offload.predict.analyses import drift_and_alignment
-    from moejax.eval.speculation_cost import best_answers, window_quality
-
-    from launch.map_ablation import map_ablation
-    from launch.predictor_plots import plot
-    from moejax.offload.predict.traces import record
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     engine = moejax.load(args.model, dtype=args.dtype)
     cfg = engine.config
@@ -207,7 +206,6 @@ def predictors(args, env: dict) -> dict:
         plot(recall, analyses, args.plot)
         result["plot"] = args.plot
     if args.maps_plot and ablation is not None:
-        from launch import expert_map_plots
         expert_map_plots.ablation(ablation, args.maps_plot)
         result["maps_plot"] = args.maps_plot
     return result
@@ -224,9 +222,6 @@ def _expert_bytes(engine) -> int:
 
 
 def _speculative(args, engine, texts, nets, vectors, best_answers, window_quality, log) -> list[dict]:
-    import moejax
-    from launch.bench_quality import token_stream
-    from moejax.sched.requests import ScoreRequest, parse_lines
     cfg = engine.config
     stream = token_stream(engine.tokenizer, texts, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
     T = min(512, cfg.max_position_embeddings - 1)
@@ -234,7 +229,6 @@ def _speculative(args, engine, texts, nets, vectors, best_answers, window_qualit
     exact = window_quality(engine, rows)
     mc = []
     if args.input:
-        from launch.serve import read_lines
         mc = [e for e in parse_lines(read_lines(args.input), tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                                      max_context=cfg.max_position_embeddings, chat=engine.chat_template)
               if isinstance(e, ScoreRequest)]

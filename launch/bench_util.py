@@ -10,6 +10,10 @@ import sys
 import time
 
 import numpy as np
+import flax
+import jax
+import jaxlib
+import moejax
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -71,11 +75,7 @@ def device_tag(kind: str) -> str:
 
 def environment() -> dict:
     # Imported here: launch.gpu_check uses device_tag and must start even where jax or moejax would not import.
-    import flax
-    import jax
-    import jaxlib
 
-    import moejax
     dev = jax.devices()[0]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
@@ -100,8 +100,8 @@ def environment() -> dict:
 
 def hf_checkpoint(hf_config: dict, directory: str, seed: int):
     """Build a transformers model from an HF config dict, init it from `seed`, save it to `directory`."""
-    import torch
-    import transformers
+    import torch  # optional: transformers' reference only
+    import transformers  # optional: transformers' reference only
     fields = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures", "transformers_version")}
     config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
     config.initializer_range = 0.02

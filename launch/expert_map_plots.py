@@ -10,11 +10,11 @@ from __future__ import annotations
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
     except ImportError:
         raise SystemExit("plots need matplotlib: pip install -e '.[plots]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plots extra
     return plt
 
 

@@ -9,6 +9,12 @@ deduplication decides what stays), which is what building it from the same promp
 from __future__ import annotations
 
 import numpy as np
+from moejax.offload.predict import replay
+from moejax.offload.predict.cache_replay import replay_cache
+from moejax.offload.predict.expert_maps import ExpertMapStore
+from moejax.offload.predict.expert_maps import gate_probabilities
+from moejax.offload.predict.expert_maps import replay_predictions
+from moejax.offload.predict.hit_counts import replay_hit_counts
 
 VARIANTS = {"T": dict(semantic=False, adaptive=False), "T+S": dict(semantic=True, adaptive=False),
             "T+S+δ": dict(semantic=True, adaptive=True)}
@@ -20,7 +26,6 @@ def _sources(moe: list[int]) -> dict[int, int]:
 
 
 def _cache_rows(truth_head, moe, predicted, n, slot_counts, expert_bytes) -> list[dict]:
-    from moejax.offload.predict.cache_replay import replay_cache
     cut = {t: (i[:n], w[:n]) for t, (i, w) in predicted.items()}
     rows = []
     for policy in ("lru", "priority"):
@@ -32,7 +37,6 @@ def _cache_rows(truth_head, moe, predicted, n, slot_counts, expert_bytes) -> lis
 
 
 def resized(store, capacity: int):
-    from moejax.offload.predict.expert_maps import ExpertMapStore
     out = ExpertMapStore.empty(capacity, store.distance, store.maps.shape[1], store.maps.shape[2],
                                store.embeddings.shape[1])
     for e, g in zip(store.embeddings, store.maps):
@@ -43,7 +47,6 @@ def resized(store, capacity: int):
 def similarity_scores(store, traces, embed_table: np.ndarray, tokens: int) -> dict:
     """Mean best semantic score over the held-out prompts; mean best trajectory score over the first `tokens`
     tokens at every MoE layer a trajectory search runs at (the first M - d)."""
-    from moejax.offload.predict.expert_maps import gate_probabilities
     sem = [store.semantic(embed_table[traces.tokens[traces.starts[r]:traces.starts[r + 1]]].mean(axis=0))[1]
            for r in range(traces.num_prompts)]
     probs = gate_probabilities(traces.router_logits[:tokens])
@@ -57,9 +60,6 @@ def map_ablation(store, traces, embed_table: np.ndarray, steps, truth, *, slot_c
                  hit_counts: np.ndarray | None = None) -> dict:
     """hit_counts: the calibration requests' hit-count matrices [R, M, E] (hit_counts.request_counts), or None
     (maps loaded from a file: no traces to count)."""
-    from moejax.offload.predict import replay
-    from moejax.offload.predict.expert_maps import replay_predictions
-    from moejax.offload.predict.hit_counts import replay_hit_counts
     k = truth[0][0].shape[1]
     n = min(cache_tokens, len(traces.tokens))
     head = [idx[:n] for idx, _ in truth]

@@ -13,6 +13,17 @@ import copy
 import dataclasses
 
 import numpy as np
+import os
+import time
+from flax import nnx
+from launch.bench_quality import stdlib_texts
+from launch.distill import text_prompts
+from moejax.offload.predict import replay
+from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
+from moejax.offload.predict.expert_maps import build_store
+from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
+from moejax.offload.predict.traces import record
+from moejax.train.distill import distill
 
 # mode -> (predictor, options of ExpertMapPredictor or of the cached placement)
 MODES = {
@@ -50,8 +61,6 @@ def calibration_prompts(engine, source: str, count: int, tokens: int, seed: int)
 def stdlib_prompts(engine, split: str, count: int, tokens: int, rng: np.random.Generator) -> list[list[int]]:
     """`count` windows of `tokens` ids from a random sample of the stdlib split's files (one window each at most,
     so the prompts are different requests, as fMoE's maps assume)."""
-    from launch.bench_quality import stdlib_texts
-    from launch.distill import text_prompts
     texts = stdlib_texts(split)
     prompts: list[list[int]] = []
     for i in rng.permutation(len(texts)):
@@ -75,15 +84,6 @@ def build(resident, prompts: list[list[int]], modes: list[str], directory: str, 
           capacity: int, log) -> Calibration:
     """Trace `prompts` through the resident engine once; from the traces: default vectors (saved under
     `directory`), an estimator when a mode needs one, an expert-map store (one map per prompt) when one does."""
-    import os
-    import time
-
-    from flax import nnx
-
-    from moejax.offload.predict import replay
-    from moejax.offload.predict.expert_maps import build_store
-    from moejax.offload.predict.traces import record
-    from moejax.train.distill import distill
     t0 = time.perf_counter()
     traces, vectors = record(resident, prompts, max_tokens_per_prompt=max(len(p) for p in prompts),
                              max_tokens=2 ** 62)
@@ -111,8 +111,6 @@ def store_size(store) -> dict:
 
 def engine_options(mode: str, calibration: Calibration) -> dict:
     """The cached placement's options of `mode` (a fresh store copy for an expert_map mode)."""
-    from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
-    from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
     name, options = MODES[mode]
     if name is None:
         return {}

@@ -21,6 +21,8 @@ import tempfile
 import time
 
 import numpy as np
+import moejax
+from moejax.sched.batch import serve_lines
 
 
 def _log_softmax(x):
@@ -35,8 +37,6 @@ def _batches(items, n):
 
 class MoejaxServe:
     def __init__(self, model, dtype, batch):
-        import moejax
-        from moejax.sched.batch import serve_lines
         self.engine, self.serve_lines = moejax.load(model, dtype=dtype), serve_lines
 
     def score(self, requests):
@@ -72,8 +72,8 @@ class Moejax(MoejaxServe):
 
 class Transformers:
     def __init__(self, model, dtype, batch):
-        import torch
-        import transformers
+        import torch  # optional: transformers' reference only
+        import transformers  # optional: transformers' reference only
         torch.set_num_threads(os.cpu_count() or 1)
         self.torch, self.batch = torch, batch
         self.model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
@@ -101,7 +101,7 @@ class Transformers:
 
 class Vllm:
     def __init__(self, model, dtype, batch):
-        from vllm import LLM, SamplingParams
+        from vllm import LLM, SamplingParams  # optional: the peer measured against
         self.SamplingParams = SamplingParams
         self.llm = LLM(model=model, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=True,
                        max_model_len=2048, seed=0)

@@ -21,6 +21,18 @@ import os
 import sys
 
 import numpy as np
+from moejax.config import ModelConfig
+from moejax.models.checkpoint import read_config
+from moejax.plan import dep_sim
+from moejax.plan.datasheets import load_profile
+from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
+from moejax.plan.hrm import plot_roofline
+from moejax.plan.layouts import choose_layout
+from moejax.plan.lightning import policy_roofline, search_policy
+from moejax.plan.plots import gantt
+from moejax.plan.plots import theta_plot
+from moejax.plan.theta import layer_time_curve, theta_eq1
+from moejax.presets import PRESETS, preset_config, resolve_embedded
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,9 +58,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def model_config(model: str):
-    from moejax.config import ModelConfig
-    from moejax.models.checkpoint import read_config
-    from moejax.presets import PRESETS, preset_config, resolve_embedded
     path = resolve_embedded(model)
     if os.path.isdir(path):
         return ModelConfig.from_hf(read_config(path))
@@ -80,9 +89,6 @@ def _jsonable(x):
 
 
 def run_dep(cfg, profile, args) -> tuple[dict, str, list]:
-    from moejax.plan import dep_sim
-    from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
-    from moejax.plan.plots import gantt
     seq = args.seq_len or min(args.tokens, 4096)
     kw = dict(devices=args.devices, tokens=args.tokens, seq_len=seq)
     plan = solve_dep(cfg, profile, exhaustive=args.exhaustive, **kw)
@@ -106,15 +112,12 @@ def run_dep(cfg, profile, args) -> tuple[dict, str, list]:
 
 def _orders(cfg, profile, plan, baseline, kw):
     """The chosen plan, the same devices under the other order, and PPPipe: the three Gantt panels."""
-    from moejax.plan.findep import solve_dep
     other = "aass" if plan.order == "asas" else "asas"
     same = dict(attn_devices=plan.attn_devices, expert_devices=plan.expert_devices)
     return [plan, solve_dep(cfg, profile, order=other, **same, **kw), baseline]
 
 
 def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
-    from moejax.plan.hrm import plot_roofline
-    from moejax.plan.lightning import policy_roofline, search_policy
     policy = search_policy(cfg, profile, prompt_len=args.prompt_len, gen_len=args.gen_len, gpus=args.gpus)
     plots = []
     if args.plot:
@@ -124,8 +127,6 @@ def run_lightning(cfg, profile, args) -> tuple[dict, str, list]:
 
 
 def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
-    from moejax.plan.plots import theta_plot
-    from moejax.plan.theta import layer_time_curve, theta_eq1
     devices = 1 if args.mode == "streamed" else args.devices
     theta = theta_eq1(cfg, profile, mode=args.mode, devices=devices)
     plots = []
@@ -138,7 +139,6 @@ def run_theta(cfg, profile, args) -> tuple[dict, str, list]:
 
 
 def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
-    from moejax.plan.layouts import choose_layout
     choice = choose_layout(cfg, profile, args.devices, args.tokens, args.seq_len or min(args.tokens, 4096))
     out = {"layout": choice.best.spec, "predicted_tokens_per_s": choice.best.tokens_per_s, "solve_ms": choice.solve_ms,
            "options": [dict(spec=o.spec, predicted_tokens_per_s=o.tokens_per_s, why=o.why) for o in choice.options]}
@@ -147,7 +147,6 @@ def run_layout(cfg, profile, args) -> tuple[dict, str, list]:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from moejax.plan.datasheets import load_profile
     try:
         cfg = model_config(args.model)
         profile = load_profile(args.profile, overrides(args.override))

@@ -24,6 +24,15 @@ import time
 import moejax
 from moejax.plan.paths import default_profile_path
 from moejax.quick_profile import write_profile
+import dataclasses
+import jax
+from moejax.config import ModelConfig
+from moejax.measure_dep import measure_dep
+from moejax.measure_hardware import Shapes
+from moejax.measure_hardware import grouped_backend_refused, measure_profile, sweep_for
+from moejax.models.checkpoint import CheckpointError, read_config
+from moejax.plan.findep_costs import predict_point
+from moejax.presets import preset_config, resolve_embedded
 
 GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
 
@@ -49,10 +58,6 @@ def parser() -> argparse.ArgumentParser:
 
 def model_shapes(model: str | None, quick: bool):
     """The Shapes to measure at; ValueError naming the model when it cannot be read."""
-    from moejax.config import ModelConfig
-    from moejax.models.checkpoint import CheckpointError, read_config
-    from moejax.measure_hardware import Shapes
-    from moejax.presets import preset_config, resolve_embedded
     if model is None:
         return Shapes.generic(quick)
     path = resolve_embedded(model)
@@ -110,11 +115,6 @@ def report(measurement) -> str:
 
 def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
     """The profile with DEP's task fits for every split of the devices present (none on one device)."""
-    import dataclasses
-
-    import jax
-
-    from moejax.measure_dep import measure_dep
     if jax.device_count() < 2:
         log("--dep: one device, no split into an attention and an expert group: nothing measured")
         return profile
@@ -127,7 +127,6 @@ def with_dep_fits(profile, model: str, dtype: str, quick: bool, log):
 
 def dep_report(fit) -> str:
     """One split's fits, and how far they are from the points they were fitted to."""
-    from moejax.plan.findep_costs import predict_point
     errors = [abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points if p[-1] > 0]
     return (f"  dep A={fit.attn_devices} B={fit.expert_devices}: attention {fit.alpha_a * 1e6:.1f} us + "
             f"{fit.beta_gm:.3g} s/mkn + {fit.beta_attn:.3g} s/attn-unit; shared {fit.alpha_s * 1e6:.1f} us + "
@@ -146,9 +145,7 @@ def main(argv=None) -> int:
         return 2
     if args.out and not writable(args.out):  # before measuring: a bad path fails at once
         return 2
-    import jax
 
-    from moejax.measure_hardware import grouped_backend_refused, measure_profile, sweep_for
     refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
     if refused:
         print(f"launch.profile_devices: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)

@@ -18,6 +18,7 @@ from moejax.presets import resolve_embedded
 from moejax.sched.batch import engine_settings, line_list, unservable_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.serving_options import ServingOptions
+import jax
 
 
 def load(args, serving: ServingOptions):
@@ -64,7 +65,6 @@ def set_saturation(engine, args) -> None:
     if args.theta == "profile" and engine.placement.profiles_theta:
         profile_saturation(engine, tokens=min(512, args.max_batch_tokens or 512))
     elif engine.saturation is None:  # load found no profile: say why
-        import jax
         try:
             profile_for(jax.devices()[0].device_kind, len(jax.devices()), args.profile)
         except ValueError as e:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -19,20 +19,24 @@ from moejax.placements.base import Placement
 from moejax.sampling import Sampling
 from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
-if TYPE_CHECKING:
-    from numpy.typing import ArrayLike
-    from tokenizers import Tokenizer
-
-    from moejax.chat import ChatTemplate
-    from moejax.costs import Transfer
-    from moejax.kv_pool import Layer
-    from moejax.offload.layered import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.plan.engine_plan import EnginePlan
-    from moejax.plan.theta import Theta
-    from moejax.layout import Layout
-    from moejax.sharding.pipeline import PipelineSteps
-    from moejax.whole_model_steps import WholeModelSteps
+from moejax.chat import ChatTemplate
+from moejax.costs import Transfer
+from moejax.costs import by_kind, layout_comm
+from moejax.kv_pool import Layer
+from moejax.layout import Layout
+from moejax.offload.layered import LayeredSteps
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.memory_budget import size
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.theta import Theta
+from moejax.sharding import hlo_comm
+from moejax.sharding.mesh import make_mesh
+from moejax.sharding.multihost import to_host
+from moejax.sharding.multihost import group_rows, shard_rows
+from moejax.sharding.pipeline import PipelineSteps
+from moejax.whole_model_steps import WholeModelSteps
+from numpy.typing import ArrayLike
+from tokenizers import Tokenizer
 
 MIN_SEQ_BUCKET = 16
 
@@ -139,7 +143,6 @@ class Engine:
         implemented and MoE-Prefill Table 1's) next to the collectives of the compiled full-logits step, which
         this compiles (loading the weights first if they are not yet: the compiled step depends on how they are
         placed)."""
-        from moejax.offload.memory_budget import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
         lines += self.decisions
@@ -158,9 +161,6 @@ class Engine:
         """explain(): a layout's communication, analytic next to measured (moejax.sharding.hlo_comm; split into
         the routed experts' programs and the rest by op metadata). DEP: its transfer counters instead, if a
         forward has run since load or reset_stats (they cover every forward since, of whatever shape)."""
-        from moejax.costs import by_kind, layout_comm
-        from moejax.offload.memory_budget import size
-        from moejax.sharding import hlo_comm
         lay = self.layout
         assert lay is not None and lay.devices is not None  # explain() asks with a layout, resolved at load
         default_batch = {"dep": lay.attn_devices, "pp": lay.microbatches}.get(lay.experts, lay.devices)
@@ -258,8 +258,6 @@ class Engine:
         through _to_host."""
         if not self._rows_span_processes:
             return jnp.asarray(padded)
-        from moejax.sharding.mesh import make_mesh
-        from moejax.sharding.multihost import group_rows, shard_rows
         assert self.layout is not None and self.layout.devices is not None  # _rows_span_processes: a resolved layout
         if self.layout.experts == "dep":  # the rows go to the attention group, which may leave out processes
             assert self.layout.attn_devices is not None  # resolved
@@ -427,6 +425,5 @@ def _to_host(x: jax.Array) -> np.ndarray:
     """A step's output as numpy; with several processes it may span devices of other processes (multihost)."""
     if jax.process_count() == 1:
         return np.asarray(x)
-    from moejax.sharding.multihost import to_host
     return to_host(x)
 

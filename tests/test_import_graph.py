@@ -203,11 +203,21 @@ def _optional(top: str, declared: set[str], distributions: dict[str, list[str]])
     return not ({_normalized(d) for d in distributions.get(top, [])} | {_normalized(top)}) & declared
 
 
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _local_imports(tree: ast.Module):
-    """Imports inside function bodies: (node, top-level names)."""
-    for func in ast.walk(tree):
-        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            for node in ast.walk(func):
+    """Imports inside function bodies or under `if TYPE_CHECKING:`: (node, top-level names)."""
+    seen = set()
+    for scope in ast.walk(tree):
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or _type_checking(scope):
+            for node in ast.walk(scope):
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
                 if isinstance(node, ast.Import):
                     yield node, [a.name.split(".")[0] for a in node.names]
                 elif isinstance(node, ast.ImportFrom):
@@ -237,6 +247,11 @@ def test_optional_dependencies_are_told_apart():
     assert not _optional("orbax", declared, distributions) and not _optional("json", declared, distributions)
     assert not _optional("moejax", declared, distributions)
     assert _optional("ray", declared, distributions) and _optional("vllm", declared, distributions)
+
+
+def test_imports_inside_functions_are_found():
+    tree = ast.parse("import os\nif TYPE_CHECKING:\n    import jax\ndef f():\n    import ray\n    from . import x\n")
+    assert [tops for _, tops in _local_imports(tree)] == [["jax"], ["ray"], ["moejax"]]
 
 
 def test_imports_inside_functions_are_optional_dependencies_with_a_comment():

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 
 from moejax import steps
 
-if TYPE_CHECKING:
-    from flax import nnx
-
-    from moejax.engine import Engine
-    from moejax.models.decoder import MoEModel
+from flax import nnx
+from moejax.engine import Engine
+from moejax.models.decoder import MoEModel
+from moejax.sharding.pipeline import PipelineSteps
 
 T = TypeVar("T")
 
@@ -75,7 +74,6 @@ class GreedyScoreStep:
 
     def _pipeline_step(self, pool: list | None, arrays: dict[str, jax.Array], span: tuple[int | None, ...]
                        ) -> tuple[tuple[jax.Array, jax.Array], None]:
-        from moejax.sharding.pipeline import PipelineSteps
         pipeline = self.engine.steps
         assert isinstance(pipeline, PipelineSteps)  # the one placement without a prefix pool
         if pool is not None or "prior_ids" in arrays or "store_ids" in arrays:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,11 +21,9 @@ from moejax.sched.runner import Runner
 
 from moejax.eval.greedy_step import GreedyScoreStep
 
-if TYPE_CHECKING:
-    import jax
-
-    from moejax.engine import Engine
-    from moejax.sched.packing import Row
+import jax
+from moejax.engine import Engine
+from moejax.sched.packing import Row
 
 
 @dataclasses.dataclass

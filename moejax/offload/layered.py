@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +21,8 @@ from moejax.models.moe import MoEBlock
 
 from moejax.step_inputs import PrefillRows
 
-if TYPE_CHECKING:
-    from moejax.models.attention import Cache, Positions
-    from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows
+from moejax.models.attention import Cache, Positions
+from moejax.step_inputs import ChunkRows, DecodeRows, PagedDecodeRows
 
 T = TypeVar("T")
 

@@ -2,7 +2,6 @@
 is writing its class and listing it in PLACEMENTS, where `placement_for` finds the first that applies."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
@@ -14,10 +13,9 @@ from moejax.placements.pipeline import Pipeline
 from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit
 
-if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 __all__ = ["PLACEMENTS", "Cached", "CachedEP", "DEP", "Gathered", "LayerByLayer", "Lightning", "Pipeline",
            "Placement", "Resident", "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]

@@ -4,7 +4,7 @@ compares placement names."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -14,20 +14,18 @@ from moejax.offload.layered import LayeredSteps
 from moejax.plan.theta import theta_at_load
 from moejax.whole_model_steps import WholeModelSteps
 
-if TYPE_CHECKING:
-    from flax import nnx
-
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.models.moe import MoEBlock
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.plan.dep_sim import Simulation
-    from moejax.plan.hardware import Profile
-    from moejax.plan.theta import ThetaEstimate
-    from moejax.layout import Layout
-    from moejax.sharding.pipeline import PipelineSteps
-    from moejax.sharding.setup import LayoutSetup
+from flax import nnx
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.layout import Layout
+from moejax.models.moe import MoEBlock
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.plan.dep_sim import Simulation
+from moejax.plan.hardware import Profile
+from moejax.plan.theta import ThetaEstimate
+from moejax.sharding.pipeline import PipelineSteps
+from moejax.sharding.setup import LayoutSetup
 
 # What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
 Store = Any

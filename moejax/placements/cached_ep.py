@@ -3,15 +3,13 @@ layer on device e % D, each device with its own cache of cache_slots slots (moej
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from moejax.sharding.cached_ep import CachedEP as CachedEPRuntime, RoundRobinStore
 from moejax.placements.cached import Cached
 
-if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 
 class CachedEP(Cached):

@@ -3,7 +3,6 @@ on the host CPU, the experts paged in with a resident share r_w, and CGOPipe's s
 (moejax.lightning). Its policy (N, μ, A_g, F_g, r_w, r_c) is the budget's LightningPlan."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from moejax.lightning.pages import PagedExperts, PagedStore
 from moejax.lightning.pipeline import LightningSettings, LightningSteps, PipelineStats
@@ -12,16 +11,14 @@ from moejax.offload.memory_budget import size
 from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.lightning import CPU_USABLE
 
-if TYPE_CHECKING:
-    from flax import nnx
-
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.lightning.policy import LightningPlan
-    from moejax.offload.layered import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from flax import nnx
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.lightning.policy import LightningPlan
+from moejax.offload.layered import LayeredSteps
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 # the host's paged attention kernel: Pallas does not run on a CPU, and 'cpu' (moejax.kernels.attention.paged_cpu)
 # read the pool 1.1-5x faster than 'xla' there (the cpuattn measurements, README "Placement lightning")

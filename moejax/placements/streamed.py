@@ -4,7 +4,7 @@ stream='jit': the experts are host-memory inputs of the whole-model jits and XLA
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
@@ -13,14 +13,13 @@ from moejax.offload.host_store import HostStore
 from moejax.offload.streamed import Streamed as StreamedRuntime
 from moejax.placements.base import LayerByLayer, Placement, Store
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.models.moe import MoEBlock
-    from moejax.offload.layered import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.models.moe import MoEBlock
+from moejax.offload.layered import LayeredSteps
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 
 class Streamed(LayerByLayer):

@@ -68,6 +68,7 @@ from moejax.costs import param_count
 from moejax.plan.dep_sim import TaskTimes
 from moejax.plan.findep_costs import R2_MAX, DepCoefficients, _fit_attention_group, attention_gemms, fit_coefficients
 from moejax.plan.hardware import GiB, Profile
+from moejax.layout import dep_default_split
 
 ORDERS = ("asas", "aass")  # FinDEP's two dispatch orders (§4.1)
 PLAN_ORDERS = ORDERS + ("pppipe",)
@@ -606,7 +607,6 @@ def default_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: in
     """What `layout=attn=dp,experts=dep` runs without a plan (moejax.layout.dep_default_split): half the
     devices each (the expert group the larger half), or the nearest split whose expert group the experts divide
     over (its `searched` says so), r1 = r2 = 1, ASAS; predicted under the same model."""
-    from moejax.layout import dep_default_split
     try:
         A, B, moved = dep_default_split(cfg.num_experts, devices)
     except ValueError as e:

@@ -10,14 +10,12 @@ Model for a prefill step of `tokens` tokens (per MoE layer; dense work at the pr
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
 from moejax.costs import prefill_flops
 from moejax.plan.hardware import Profile
 
-if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,16 +8,16 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # optional: the plots extra (annotations only)
 
 
 def _pyplot() -> ModuleType:  # matplotlib.pyplot
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
     except ImportError:
         raise RuntimeError("plots need matplotlib: pip install 'moejax[plots]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plots extra
     return plt
 
 

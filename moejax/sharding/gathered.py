@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Container
-from typing import TYPE_CHECKING
 
 import jax
 from flax import nnx
@@ -25,8 +24,7 @@ from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
 from moejax.layout import Layout
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
+from moejax.config import ModelConfig
 
 _LOCAL = Layout(attn="dp", experts="replicated")  # each device its own tokens against whole experts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -19,9 +19,8 @@ from moejax.layout import Layout
 from moejax.sharding.memory import check_fits, device_weights
 from moejax.sharding.mesh import make_mesh
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.offload.memory_budget import MemoryBudget
+from moejax.config import ModelConfig
+from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +16,7 @@ from flax import nnx
 
 from moejax.offload.predict.router import DefaultVectors, EngineModel, _Calibrating, run_prompts
 
-if TYPE_CHECKING:
-    from moejax.offload.layered import Layer
+from moejax.offload.layered import Layer
 
 _f32 = jnp.float32
 
