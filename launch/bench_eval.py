@@ -26,7 +26,6 @@ import time
 from launch.bench_util import cpu_seconds
 import collections
 import email.message
-import moejax.eval.lm_eval_model  # noqa: F401
 import textwrap
 from launch.bench_peers import vllm_environment
 from moejax.loading import enable_compilation_cache
@@ -121,6 +120,7 @@ def build(engine: str, args):
     import lm_eval.models  # noqa: F401  (lm-eval's registry first)
     from lm_eval.api.registry import get_model  # optional: the eval extra
     if engine == "moejax":
+        import moejax.eval.lm_eval_model  # noqa: F401  # optional: imports lm-eval (the eval extra); registers moejax
         return get_model("moejax")(pretrained=args.model, dtype=args.dtype)
     import torch  # optional: transformers' reference only
     torch.set_num_threads(os.cpu_count() or 1)

@@ -54,7 +54,7 @@ from moejax.sched.prefix_cache import PrefixCache
 from moejax.sched.requests import Candidate, ScoreRequest
 from launch.bench_results import no_file
 from launch.bench_frontend_real import real_run
-from moejax.lightning.at_load import kv_bytes_per_token  # imports flax: only here
+from moejax.lightning.at_load import kv_bytes_per_token
 
 NOTE = ("A simulation from a hardware profile, no devices: the replicas' caches and the frontend are the real "
         "moejax objects, the time is FLOPs at the profile's peak x efficiency (launch/bench_frontend.py)")

@@ -195,12 +195,31 @@ def _normalized(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def _optional(top: str, declared: set[str], distributions: dict[str, list[str]]) -> bool:
-    """Whether the top-level import name `top` is neither the standard library, this project, nor a declared
-    dependency (by the installed distribution that provides it, else by its own name)."""
-    if top in sys.stdlib_module_names or top in PACKAGES:
+def _optional(module: str, declared: set[str], distributions: dict[str, list[str]],
+              optional_here: frozenset[str] = frozenset()) -> bool:
+    """Whether importing `module` needs an optional dependency: one neither in the standard library nor declared (by
+    the installed distribution that provides it, else by its own name), or a module of this project that imports one
+    at its top (`optional_here`)."""
+    top = module.split(".")[0]
+    if top in PACKAGES:
+        return module in optional_here
+    if top in sys.stdlib_module_names:
         return False
     return not ({_normalized(d) for d in distributions.get(top, [])} | {_normalized(top)}) & declared
+
+
+def _top_level_imports(tree: ast.Module):
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def optional_modules(declared: set[str], distributions: dict[str, list[str]]) -> frozenset[str]:
+    """This project's modules that import an optional dependency at their top."""
+    return frozenset(name for name, path in _modules().items()
+                     if any(_optional(m, declared, distributions) for m in _top_level_imports(_parse(path))))
 
 
 def _type_checking(node: ast.AST) -> bool:
@@ -209,8 +228,9 @@ def _type_checking(node: ast.AST) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _local_imports(tree: ast.Module):
-    """Imports inside function bodies or under `if TYPE_CHECKING:`: (node, top-level names)."""
+def _local_imports(tree: ast.Module, modules: frozenset[str] = frozenset()):
+    """Imports inside function bodies or under `if TYPE_CHECKING:`: (node, the modules each imports: for `from package
+    import name`, the submodule package.name where `modules` has it)."""
     seen = set()
     for scope in ast.walk(tree):
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or _type_checking(scope):
@@ -219,22 +239,26 @@ def _local_imports(tree: ast.Module):
                     continue
                 seen.add(id(node))
                 if isinstance(node, ast.Import):
-                    yield node, [a.name.split(".")[0] for a in node.names]
+                    yield node, [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom):
-                    yield node, [(node.module or "").split(".")[0] if node.level == 0 else "moejax"]
+                    module = (node.module or "") if node.level == 0 else "moejax"
+                    yield node, [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
+                                 for a in node.names]
 
 
 def local_import_findings() -> list[str]:
     declared = _declared_dependencies()
     distributions = importlib.metadata.packages_distributions()
+    modules = _modules()
+    optional_here = optional_modules(declared, distributions)
     found = set()
-    for name, path in _modules().items():
+    for path in modules.values():
         with open(path) as f:
             lines = f.read().splitlines()
-        for node, tops in _local_imports(ast.parse("\n".join(lines))):
+        for node, imported in _local_imports(ast.parse("\n".join(lines)), frozenset(modules)):
             where = f"{os.path.relpath(path, ROOT)}:{node.lineno}"
-            if not all(_optional(top, declared, distributions) for top in tops):
-                found.add(f"{where}: {', '.join(tops)} is imported at the top of the module, not in a function")
+            if not all(_optional(m, declared, distributions, optional_here) for m in imported):
+                found.add(f"{where}: {', '.join(imported)} is imported at the top of the module, not in a function")
             elif "#" not in lines[node.lineno - 1] and not lines[node.lineno - 2].lstrip().startswith("#"):
                 found.add(f"{where}: an optional dependency's import inside a function says why in a comment")
     return sorted(found)
@@ -245,13 +269,16 @@ def test_optional_dependencies_are_told_apart():
     distributions = importlib.metadata.packages_distributions()
     assert {"jax", "numpy", "orbax-checkpoint"} <= declared
     assert not _optional("orbax", declared, distributions) and not _optional("json", declared, distributions)
-    assert not _optional("moejax", declared, distributions)
-    assert _optional("ray", declared, distributions) and _optional("vllm", declared, distributions)
+    assert not _optional("moejax", declared, distributions) and not _optional("jax.numpy", declared, distributions)
+    assert _optional("ray", declared, distributions) and _optional("vllm.config", declared, distributions)
+    assert optional_modules(declared, distributions) == {"moejax.eval.lm_eval_model"}  # it imports lm-eval
 
 
 def test_imports_inside_functions_are_found():
-    tree = ast.parse("import os\nif TYPE_CHECKING:\n    import jax\ndef f():\n    import ray\n    from . import x\n")
-    assert [tops for _, tops in _local_imports(tree)] == [["jax"], ["ray"], ["moejax"]]
+    tree = ast.parse("import os\nif TYPE_CHECKING:\n    import jax.numpy\ndef f():\n    import ray\n"
+                     "    from moejax.eval import lm_eval_model, scoring\n")
+    found = [imported for _, imported in _local_imports(tree, frozenset({"moejax.eval.lm_eval_model"}))]
+    assert found == [["jax.numpy"], ["ray"], ["moejax.eval.lm_eval_model", "moejax.eval"]]
 
 
 def test_imports_inside_functions_are_optional_dependencies_with_a_comment():
