@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
 # Root modules and folders that sit in a layer named differently from themselves (until they move into it)
 UNIT_OF = {
     "kv_pool": "models",
-    "steps": "steps", "whole_model_steps": "steps", "paged_steps": "steps", "token_loop": "steps",
+    "whole_model_steps": "steps", "paged_steps": "steps", "token_loop": "steps",
     "step_inputs": "steps",
     "measure_hardware": "measure", "quick_profile": "measure", "measure_dep": "measure",
     "measure_saturation": "measure", "measure_lightning": "measure",
