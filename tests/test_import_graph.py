@@ -279,3 +279,13 @@ def test_imports_inside_functions_are_found():
 
 def test_imports_inside_functions_are_optional_dependencies_with_a_comment():
     assert local_import_findings() == []
+
+
+def test_the_design_page_lists_the_same_layers():
+    """docs/design.md's numbered list under "The folders are layers" names each layer's units, in this order."""
+    with open(os.path.join(ROOT, "docs", "design.md")) as f:
+        text = f.read().split("## The folders are layers", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^\d+\. \*\*(.+?)\*\*", text, re.M)
+    listed = [tuple("moejax" if n == "moejax/__init__" else n for n in re.findall(r"`([\w/]+)`", item))
+              for item in items]
+    assert listed == LAYERS
