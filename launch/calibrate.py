@@ -29,6 +29,9 @@ from moejax.offload.settings import PLACEMENTS
 from moejax.offload.predict import calibrate
 from moejax.presets import DEFAULT_MODEL
 from moejax.requests.parse import BadLine, CompletionRequest, parse_lines
+from flax import nnx
+from moejax.offload.predict.expert_maps import build_store
+from moejax.offload.predict.traces import record
 
 
 def request_prompts(engine: Engine, lines: list[str]) -> tuple[list[list[int]], int]:
@@ -134,10 +137,6 @@ def iteration_sequences(engine: Engine, generations: list[tuple[list[int], int]]
 
 def _write_maps(engine: Engine, generations: list[tuple[list[int], int]], args: argparse.Namespace, skipped: int
                 ) -> int:
-    from flax import nnx
-
-    from moejax.offload.predict.expert_maps import build_store
-    from moejax.offload.predict.traces import record
     if args.capacity < 1 or args.distance < 1 or args.max_decode < 0:
         sys.exit("--capacity and --distance must be >= 1, --max-decode >= 0")
     sequences, prefill = iteration_sequences(engine, generations, args.max_tokens, args.max_decode)

@@ -47,7 +47,7 @@ from moejax.models.kv_pool import BLOCK
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
 from launch.bench.results import ResultsFile
-from launch.bench.util import git_commit
+from launch.bench.provenance import git_commit
 from launch.bench import decode as bench_decode, generate as bench_generate, generate_workloads, step_overhead
 from moejax.serving import xla_startup
 

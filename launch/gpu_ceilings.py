@@ -105,7 +105,7 @@ def measured(name: str, given: float | None = None) -> dict:
 def torch_ceilings(size: dict) -> dict | str:
     """The same three through torch with CUDA events, or why not."""
     try:
-        import torch
+        import torch  # optional: torch's own ceilings, beside JAX's
     except ImportError:
         return "torch is not installed"
     if not torch.cuda.is_available():

@@ -60,7 +60,7 @@ import tempfile
 import time
 
 from launch.bench.results import read_runs, write_json, write_runs
-from launch.bench.util import COMMIT_VARIABLE, device_tag, git_commit
+from launch.bench.provenance import COMMIT_VARIABLE, device_tag, git_commit
 from launch.bench.step_runner import UNFINISHED, Step, StepResult, run_steps, table
 
 PY = sys.executable

@@ -25,6 +25,17 @@ import os
 import sys
 
 import numpy as np
+from moejax.models.checkpoint import read_config
+from moejax.plan import dep_sim
+from moejax.plan.datasheets import load_profile
+from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
+from moejax.plan.hrm import plot_roofline
+from moejax.plan.layouts import choose_layout
+from moejax.plan.lightning import policy_roofline, search_policy
+from moejax.plan.plots import gantt
+from moejax.plan.plots import theta_plot
+from moejax.plan.theta import layer_time_curve, theta_eq1
+from moejax.presets import PRESETS, preset_config, resolve_embedded
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,8 +61,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def model_config(model: str) -> ModelConfig:
-    from moejax.models.checkpoint import read_config
-    from moejax.presets import PRESETS, preset_config, resolve_embedded
     path = resolve_embedded(model)
     if os.path.isdir(path):
         return ModelConfig.from_hf(read_config(path))
@@ -83,9 +92,6 @@ def _jsonable(x: object) -> Any:  # JSON values: dicts, lists, scalars
 
 
 def run_dep(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
-    from moejax.plan import dep_sim
-    from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
-    from moejax.plan.plots import gantt
     seq = args.seq_len or min(args.tokens, 4096)
     kw: dict[str, Any] = dict(devices=args.devices, tokens=args.tokens, seq_len=seq)  # the planners' keywords
     plan = solve_dep(cfg, profile, exhaustive=args.exhaustive, **kw)
@@ -110,15 +116,12 @@ def run_dep(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tup
 def _orders(cfg: ModelConfig, profile: Profile, plan: DepSchedule, baseline: DepSchedule, kw: dict[str, Any]
             ) -> list[DepSchedule]:
     """The chosen plan, the same devices under the other order, and PPPipe: the three Gantt panels."""
-    from moejax.plan.findep import solve_dep
     other = "aass" if plan.order == "asas" else "asas"
     return [plan, solve_dep(cfg, profile, order=other, attn_devices=plan.attn_devices,
                             expert_devices=plan.expert_devices, **kw), baseline]
 
 
 def run_lightning(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
-    from moejax.plan.hrm import plot_roofline
-    from moejax.plan.lightning import policy_roofline, search_policy
     policy = search_policy(cfg, profile, prompt_len=args.prompt_len, gen_len=args.gen_len, gpus=args.gpus)
     plots = []
     if args.plot:
@@ -128,8 +131,6 @@ def run_lightning(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) 
 
 
 def run_theta(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
-    from moejax.plan.plots import theta_plot
-    from moejax.plan.theta import layer_time_curve, theta_eq1
     devices = 1 if args.mode == "streamed" else args.devices
     theta = theta_eq1(cfg, profile, mode=args.mode, devices=devices)
     plots = []
@@ -142,7 +143,6 @@ def run_theta(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> t
 
 
 def run_layout(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> tuple[dict, str, list]:
-    from moejax.plan.layouts import choose_layout
     choice = choose_layout(cfg, profile, args.devices, args.tokens, args.seq_len or min(args.tokens, 4096))
     out = {"layout": choice.best.spec, "predicted_tokens_per_s": choice.best.tokens_per_s, "solve_ms": choice.solve_ms,
            "options": [dict(spec=o.spec, predicted_tokens_per_s=o.tokens_per_s, why=o.why) for o in choice.options]}
@@ -151,7 +151,6 @@ def run_layout(cfg: ModelConfig, profile: Profile, args: argparse.Namespace) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from moejax.plan.datasheets import load_profile
     try:
         cfg = model_config(args.model)
         profile = load_profile(args.profile, overrides(args.override))

@@ -24,8 +24,17 @@ import sys
 import tempfile
 import time
 
+import moejax
 from moejax.plan.paths import default_profile_path
 from moejax.measure.quick_profile import write_profile
+import dataclasses
+import jax
+from moejax.config import ModelConfig
+from moejax.measure.dep import measure_dep
+from moejax.measure.hardware import grouped_backend_refused, measure_profile, sweep_for
+from moejax.models.checkpoint import CheckpointError, read_config
+from moejax.plan.findep_costs import predict_point
+from moejax.presets import preset_config, resolve_embedded
 
 GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")
 
@@ -51,9 +60,6 @@ def parser() -> argparse.ArgumentParser:
 
 def model_shapes(model: str | None, quick: bool) -> Shapes:
     """The Shapes to measure at; ValueError naming the model when it cannot be read."""
-    from moejax.config import ModelConfig
-    from moejax.models.checkpoint import CheckpointError, read_config
-    from moejax.presets import preset_config, resolve_embedded
     if model is None:
         return Shapes.generic(quick)
     path = resolve_embedded(model)
@@ -111,15 +117,10 @@ def report(measurement: Measurement) -> str:
 
 def with_dep_fits(profile: Profile, model: str, dtype: str, quick: bool, log: Callable[[str], None]) -> Profile:
     """The profile with DEP's task fits for every split of the devices present (none on one device)."""
-    import dataclasses
-
-    import jax
-
-    from moejax.measure.dep import measure_dep
     if jax.device_count() < 2:
         log("--dep: one device, no split into an attention and an expert group: nothing measured")
         return profile
-    fits = measure_dep(model, dtype=dtype, sequences=(1, 2) if quick else (1, 2, 4),
+    fits = measure_dep(moejax.load, model, dtype=dtype, sequences=(1, 2) if quick else (1, 2, 4),
                        seq_lens=(16, 64) if quick else (32, 128), repeats=2 if quick else 3, log=log)
     splits = ", ".join(f"{f.attn_devices}+{f.expert_devices}" for f in fits)
     note = f"DEP task fits measured on {model} for splits {splits}"
@@ -128,7 +129,6 @@ def with_dep_fits(profile: Profile, model: str, dtype: str, quick: bool, log: Ca
 
 def dep_report(fit: DepTaskFits) -> str:
     """One split's fits, and how far they are from the points they were fitted to."""
-    from moejax.plan.findep_costs import predict_point
     errors = [abs(predict_point(fit, p) / p[-1] - 1) for p in fit.points if p[-1] > 0]
     return (f"  dep A={fit.attn_devices} B={fit.expert_devices}: attention {fit.alpha_a * 1e6:.1f} us + "
             f"{fit.beta_gm:.3g} s/mkn + {fit.beta_attn:.3g} s/attn-unit; shared {fit.alpha_s * 1e6:.1f} us + "
@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out and not writable(args.out):  # before measuring: a bad path fails at once
         return 2
-    import jax
 
-    from moejax.measure.hardware import grouped_backend_refused, measure_profile, sweep_for
     refused = grouped_backend_refused(args.grouped_backend, jax.local_devices()[0].platform)
     if refused:
         print(f"launch.profile_devices: --grouped-backend {args.grouped_backend}: {refused}", file=sys.stderr)

@@ -26,7 +26,7 @@ output made with other settings) exits 1 with a message before anything is writt
 """
 from __future__ import annotations
 
-from moejax.lightning.probe import Probe
+from moejax.measure.lightning_probe import Probe
 from moejax.sched.runner import Metrics, Progress
 from moejax.engine import Engine
 import argparse
@@ -57,6 +57,14 @@ from moejax.replicas.run import ReplicaPlan
 from moejax.requests.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
 from moejax.sharding import multihost
+import jax
+import numpy as np
+from moejax.serving.replicated import format_summary, serve_replicas
+from moejax.measure.lightning_probe import explain_engine
+from moejax.plan import plots
+from moejax.plan.theta import layer_time_curve
+from moejax.replicas.frontend_plan import routing_lines
+from tqdm import tqdm
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -203,7 +211,6 @@ def check_kernels(args: argparse.Namespace) -> str | None:
 def lightning_explain(engine: Engine, args: argparse.Namespace) -> Probe:
     """--explain of placement lightning: one probed decode call (it compiles and runs one: a plan is only as good as
     its prediction) against the HRM's prediction on the hardware profile, printed; -> the probe (--plot draws it)."""
-    from moejax.lightning.probe import explain_engine
     lines, probe, _ = explain_engine(engine, args.profile)
     print("\n".join(lines))
     return probe
@@ -212,10 +219,6 @@ def lightning_explain(engine: Engine, args: argparse.Namespace) -> Probe:
 def plan_plots(engine: Engine, args: argparse.Namespace, probe: Probe | None = None) -> list[str]:
     """--explain --plot DIR: the engine's plans drawn (on its hardware profile; lightning: the probed decode call's
     measured pipeline); lines saying what was written."""
-    import jax
-    import numpy as np
-
-    from moejax.plan import plots
     if probe is not None:
         path = plots.gantt({f"{probe.rows} rows, {probe.context} tokens of context, {probe.tokens} decode steps":
                             (probe.seconds, probe.gantt_events())}, os.path.join(args.plot, "lightning-gantt.png"),
@@ -232,7 +235,6 @@ def plan_plots(engine: Engine, args: argparse.Namespace, probe: Probe | None = N
                            f"predicted on profile {profile.name}")
         out.append(f"plot: {path}")
     if engine.saturation is not None:
-        from moejax.plan.theta import layer_time_curve
         eq1 = engine.placement.theta(cfg, lambda: profile)  # Eq. 1 in the placement's channel, on this profile
         assert eq1 is not None  # a placement with a Θ copies experts, so it has a channel
         theta = engine.saturation.theta_flops
@@ -356,10 +358,8 @@ def _serve_replicas(args: argparse.Namespace, lines: list[str], replicas: Replic
                     ) -> int:
     """The run over engine replicas (moejax.serving.replicated): the same output, journal, lock, summary and exit
     status as one engine's; --explain explains one engine (loaded here) as every replica would run it."""
-    from moejax.serving.replicated import format_summary, serve_replicas
     serving = options.from_args(ServingOptions, args)
     if args.explain:  # one engine, loaded here, as every replica would run it, and the frontend's routing
-        from moejax.replicas.frontend_plan import routing_lines
         try:
             engine = load(args, serving)
             set_saturation(engine, args)
@@ -419,7 +419,6 @@ def _progress_bar(total: int) -> Progress | None:
     """A tqdm bar on a terminal (requests, tokens/s); nothing otherwise."""
     if not sys.stderr.isatty() or not total:
         return None
-    from tqdm import tqdm
     bar = tqdm(total=total, unit="req", file=sys.stderr)
     start = time.perf_counter()
 

@@ -17,6 +17,7 @@ import sys
 
 from moejax.train.configs import TRAIN_CONFIGS
 from moejax.train.loop import Run, Settings, train
+from moejax.train.export import export
 
 _FLAGS = {f.name: f for f in dataclasses.fields(Settings)}
 
@@ -56,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     result = train(run, progress=False if args.no_progress else None)
     if result["stopped_by"] is not None or args.no_export:
         return 0
-    from moejax.train.export import export
     target = args.export or os.path.join(args.out, "export")
     export(run, result, target, dtype=args.export_dtype)
     print(f"exported step {result['step']} to {target}")

@@ -22,7 +22,7 @@ tuning.json) under the run's device kind, which the kernels read; a partial run 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 import argparse
 import json
 import os
@@ -33,10 +33,21 @@ import time
 import numpy as np
 
 from launch.bench.results import ResultsFile, read_runs
+import jax
+from jax.typing import DTypeLike
+import jax.numpy as jnp
+from launch.bench.provenance import device_tag
+from launch.bench.util import environment
+from moejax.kernels import expert_ffn
+from moejax.kernels.grouped_matmul import mosaic, pallas, tuning
+from moejax.kernels.grouped_matmul.aligned import aligned_layout, to_aligned
+from moejax.kernels.platform import on_gpu
 
-if TYPE_CHECKING:  # jax is imported where it runs: --write-table merges results without starting it
-    import jax
-    from jax.typing import DTypeLike
+try:  # JAX's own Mosaic GPU ragged dot, an anchor only: not in every JAX release
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+    MGPU_MISSING = ""
+except ImportError as e:
+    ragged_dot_mgpu, MGPU_MISSING = None, str(e)  # type: ignore[assignment]  # checked before use
 
 SHAPE = dict(hidden=2048, width=768, experts=128, top_k=8)  # Qwen3-30B-A3B
 TOKENS = (8192, 1024, 32768)  # the targets' sizes first: >= 0.8x dense at >= 8K, >= 0.6x at 1K
@@ -124,7 +135,6 @@ class Sweep:
 def time_fn(fn: Callable[..., jax.Array], sets: list[tuple[jax.Array, ...]], rounds: int
             ) -> tuple[float, float, jax.Array]:
     """(median seconds per call, seconds of the first call: compiling included, the first call's output)."""
-    import jax
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn(*sets[0]))
     first = time.perf_counter() - t0
@@ -142,7 +152,6 @@ WRONG = 3e-2  # relative error against the float32 reference past which a config
 
 def relative_error(out: jax.Array, ref: tuple[np.ndarray, jax.Array]) -> float:
     """ref: (row indices, float32 reference rows); `out`'s rows there against them."""
-    import jax.numpy as jnp
     rows, want = ref
     got = out[rows, : want.shape[1]].astype(jnp.float32)
     return float(jnp.linalg.norm(got - want) / jnp.maximum(jnp.linalg.norm(want), 1e-30))
@@ -155,10 +164,6 @@ SAMPLED_TOKENS = 256
 def references(d: dict[str, jax.Array]) -> dict[str, tuple[np.ndarray, jax.Array]]:
     """float32 references on a sample of set d, by plain jnp.dot per group: the sweep's GPU call measured the
     plain-JAX backends' whole-problem references at over 70 s (the 2026-11-26 check), longer than its budget."""
-    import jax
-    import jax.numpy as jnp
-
-    from moejax.kernels import expert_ffn
     sizes = np.asarray(d["sizes"])
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     groups = np.unique(np.linspace(0, len(sizes) - 1, SAMPLED_GROUPS).astype(int))
@@ -175,7 +180,6 @@ def references(d: dict[str, jax.Array]) -> dict[str, tuple[np.ndarray, jax.Array
 
 def make_sets(rng: np.random.Generator, T: int, shape: dict[str, int], dtype: DTypeLike
               ) -> list[dict[str, jax.Array]]:
-    import jax.numpy as jnp
     D, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
     wgu = jnp.asarray(rng.standard_normal((E, D, 2 * I), np.float32) / np.sqrt(D)).astype(dtype)
     wd = jnp.asarray(rng.standard_normal((E, I, D), np.float32) / np.sqrt(I)).astype(dtype)
@@ -191,12 +195,6 @@ def make_sets(rng: np.random.Generator, T: int, shape: dict[str, int], dtype: DT
 
 
 def sweep_class(sweep: Sweep, T: int, shape: dict[str, int], dtype: DTypeLike, gpu: bool) -> None:
-    import jax
-    import jax.numpy as jnp
-
-    from moejax.kernels import expert_ffn
-    from moejax.kernels.grouped_matmul import mosaic, pallas, tuning
-    from moejax.kernels.grouped_matmul.aligned import aligned_layout, to_aligned
     D, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
     M = T * k
     cls = tuning.rows_class(M, E)
@@ -304,10 +302,8 @@ def sweep_class(sweep: Sweep, T: int, shape: dict[str, int], dtype: DTypeLike, g
         sweep.record["best"]["fastest"][f"glu/{cls}"] = min(ffn_times, key=lambda b: ffn_times[b])
     # an anchor, not a candidate: JAX's own Mosaic GPU ragged dot
     if gpu and not sweep.args.no_anchor and not sweep.out_of_time():
-        try:
-            from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
-        except ImportError as e:
-            sweep.add(**common, **{"class": f"gemm/{cls}", "what": "jax_ragged_mgpu", "skipped": str(e)})
+        if ragged_dot_mgpu is None:
+            sweep.add(**common, **{"class": f"gemm/{cls}", "what": "jax_ragged_mgpu", "skipped": MGPU_MISSING})
         else:
             anchor: dict[str, Any] = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
             measure("jax_ragged_mgpu", "gemm", lambda xs, w, sizes: ragged_dot_mgpu.ragged_dot(
@@ -344,16 +340,11 @@ def write_table(results_path: str, table_path: str, partial_ok: bool = False) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from moejax.kernels.grouped_matmul import tuning
     if args.write_table:
         entry = write_table(args.write_table, args.table or tuning.TABLE_PATH, args.partial_ok)
         print(json.dumps(entry, indent=1))
         return 0
-    import jax
-    import jax.numpy as jnp
 
-    from launch.bench.util import device_tag, environment
-    from moejax.kernels.platform import on_gpu
     env = environment()
     env["command"] = " ".join(["python", "-m", "launch.tune_gmm", *(sys.argv[1:] if argv is None else argv)])
     gpu = on_gpu()

@@ -8,11 +8,13 @@ import datetime
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-if TYPE_CHECKING:
-    import jinja2
-    import jinja2.parser
+import jinja2
+import jinja2.parser
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class ChatTemplate:
@@ -41,7 +43,6 @@ class ChatTemplate:
                ) -> str:
         """messages: OpenAI chat messages -> the prompt text; kwargs: more template variables (vLLM's
         chat_template_kwargs). Raises ValueError naming the bad field."""
-        import jinja2
         kwargs = kwargs or {}
         taken = sorted({"messages", "add_generation_prompt"} & set(kwargs))
         if taken:
@@ -96,11 +97,6 @@ def _messages(messages: object) -> list[dict]:  # body.messages as JSON gave it
 
 
 def _compile(source: str) -> jinja2.Template:
-    import jinja2
-    from jinja2 import nodes
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class GenerationTag(Extension):
         """transformers' `{% generation %}...{% endgeneration %}` (marks assistant tokens): rendered as its body."""
         tags = {"generation"}

@@ -36,7 +36,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from moejax.config import ModelConfig
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -22,18 +22,22 @@ from moejax.steps.phases import zeroed_pool
 from moejax.steps.protocol import Steps
 from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
-if TYPE_CHECKING:
-    from numpy.typing import ArrayLike
-    from tokenizers import Tokenizer
-
-    from moejax.chat import ChatTemplate
-    from moejax.costs import Transfer
-    from moejax.models.kv_pool import Layer
-    from moejax.offload.layered_steps import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.plan.engine_plan import EnginePlan
-    from moejax.plan.theta import Theta
-    from moejax.sharding.layout import Layout
+from moejax.chat import ChatTemplate
+from moejax.costs import Transfer
+from moejax.costs import by_kind, layout_comm
+from moejax.models.kv_pool import Layer
+from moejax.layout import Layout
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.memory_budget import size
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.theta import Theta
+from moejax.sharding import hlo_comm
+from moejax.sharding.mesh import make_mesh
+from moejax.sharding.multihost import to_host
+from moejax.sharding.multihost import group_rows, shard_rows
+from numpy.typing import ArrayLike
+from tokenizers import Tokenizer
 
 MIN_SEQ_BUCKET = 16
 
@@ -113,7 +117,7 @@ class Engine:
         return cast("LayeredSteps", self.steps)  # a layer-by-layer placement's steps are its layer loop
 
     def use_theta(self, saturation: Theta) -> None:
-        """Replace the load-time Θ by one measured on this engine (moejax.offload.saturation.profile_saturation)."""
+        """Replace the load-time Θ by one measured on this engine (moejax.measure.saturation.profile_saturation)."""
         self.saturation = saturation
 
     def layer_experts(self, layer: int) -> dict:
@@ -142,7 +146,6 @@ class Engine:
         implemented and MoE-Prefill Table 1's) next to the collectives of the compiled full-logits step, which
         this compiles (loading the weights first if they are not yet: the compiled step depends on how they are
         placed)."""
-        from moejax.offload.memory_budget import size
         lines = [f"model {self.name}: {self.config.num_layers} layers, {size(self.param_bytes())} of weights "
                  f"({self.dtype.name})"]
         lines += self.decisions
@@ -161,9 +164,6 @@ class Engine:
         """explain(): a layout's communication, analytic next to measured (moejax.sharding.hlo_comm; split into
         the routed experts' programs and the rest by op metadata). DEP: its transfer counters instead, if a
         forward has run since load or reset_stats (they cover every forward since, of whatever shape)."""
-        from moejax.costs import by_kind, layout_comm
-        from moejax.offload.memory_budget import size
-        from moejax.sharding import hlo_comm
         lay = self.layout
         assert lay is not None and lay.devices is not None  # explain() asks with a layout, resolved at load
         default_batch = {"dep": lay.attn_devices, "pp": lay.microbatches}.get(lay.experts, lay.devices)
@@ -260,8 +260,6 @@ class Engine:
         through _to_host."""
         if not self._rows_span_processes:
             return jnp.asarray(padded)
-        from moejax.sharding.mesh import make_mesh
-        from moejax.sharding.multihost import group_rows, shard_rows
         assert self.layout is not None and self.layout.devices is not None  # _rows_span_processes: a resolved layout
         if self.layout.experts == "dep":  # the rows go to the attention group, which may leave out processes
             assert self.layout.attn_devices is not None  # resolved
@@ -438,6 +436,5 @@ def _to_host(x: jax.Array) -> np.ndarray:
     """A step's output as numpy; with several processes it may span devices of other processes (multihost)."""
     if jax.process_count() == 1:
         return np.asarray(x)
-    from moejax.sharding.multihost import to_host
     return to_host(x)
 

@@ -84,7 +84,7 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     its placement, plan, planners' decisions and Θ are made here.
 
     plan: where the experts live (placement and its settings, moejax.offload.settings.PlacementSettings), how the
-    model spreads over devices (layout, moejax.sharding.layout), the hardware profile `auto` choices consult and the
+    model spreads over devices (layout, moejax.layout), the hardware profile `auto` choices consult and the
     workload they are made for: one moejax.plan.engine_plan.EnginePlan, whose fields document each setting. Its
     fields may instead be given as keywords (placement="cached", cache_slots=32, layout="attn=dp,experts=ep",
     profile="h100", plan_tokens=8192, ...): a convenience that builds the same EnginePlan.

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+    from _typeshed import DataclassInstance  # typeshed's, for type checkers only
+import sys
 
 _KEY = "moejax.option"
 T = TypeVar("T")
@@ -156,7 +157,6 @@ class _OldFlag(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        import sys
         print(f"note: {renamed_note(str(option_string).lstrip('-'), self.dest, flags=True)}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +16,8 @@ from jax.typing import DTypeLike
 
 from moejax.models.checkpoint import checkpoint_reader
 
-if TYPE_CHECKING:
-    from moejax.models.decoder import MoEModel
-    from moejax.placements.base import Placement
+from moejax.models.decoder import MoEModel
+from moejax.placements.base import Placement
 
 
 def materializer(abstract: MoEModel, shapes: dict, placement: Placement, *, checkpoint: str | None = None,

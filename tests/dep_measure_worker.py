@@ -32,7 +32,7 @@ def routes():
 
 
 def fits():
-    fit = measure_split(FIXTURE, 4, 4, sequences=(1, 2), seq_lens=(16, 32), dtype="float32", repeats=5)
+    fit = measure_split(moejax.load, FIXTURE, 4, 4, sequences=(1, 2), seq_lens=(16, 32), dtype="float32", repeats=5)
     return dict(fit=dict(vars(fit), points=[list(p) for p in fit.points]))
 
 

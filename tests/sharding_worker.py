@@ -16,6 +16,7 @@ from flax import nnx  # noqa: E402
 from moejax.kernels import expert_ffn  # noqa: E402
 from moejax.sharding import Layout, make_mesh  # noqa: E402
 from moejax.sharding.experts import sharded_routed, tp_columns  # noqa: E402
+from moejax.offload import layered_steps  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",
@@ -165,8 +166,7 @@ def collective_kinds(name):
 def two_channel(name):
     """AsyncEP streamed from pinned host memory: the one-device results, the host -> device bytes, and the
     compiled MoE-layer program whose all-gathers (the next layer's experts) read only its inputs."""
-    from moejax.offload import layered_steps
-    from moejax.offload.saturation import profile_saturation
+    from moejax.measure.saturation import profile_saturation
     path = os.path.join(FIXTURES, name)
     ids = np.random.default_rng(0).integers(0, 100, (8, 11))  # a row per device: no activation moves between them
     ref = moejax.load(path, dtype="float32")

@@ -55,7 +55,8 @@ from launch.bench import (dep as bench_dep, dep_online as bench_dep_online, dept
                           peers as bench_peers, plans as bench_plans, predictors as bench_predictors, prefill,
                           quality as bench_quality, router_free as bench_router_free, serve as bench_serve)
 from launch.bench.results import ResultsFile
-from launch.bench.util import device_tag, environment
+from launch.bench.provenance import device_tag
+from launch.bench.util import environment
 from moejax.serving import xla_startup
 
 

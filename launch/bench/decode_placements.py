@@ -39,7 +39,7 @@ measured ms per layer against the HRM's prediction for the policy it runs (moeja
 attention kernel's GB/s against a streaming read of the same pool (moejax.lightning.host_attention_bench)."""
 from __future__ import annotations
 
-from moejax.lightning.probe import Probe
+from moejax.measure.lightning_probe import Probe
 from moejax.plan.lightning import LightningPolicy
 from moejax.sched.continuous import Stats
 from moejax.engine import Engine
@@ -58,6 +58,11 @@ from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError
 from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import BLOCK, pool_size
+import shutil
+from launch.bench import offload_modes
+from moejax.lightning.host_attention_bench import measure_paged
+from moejax.measure.lightning_probe import explain_engine
+from moejax.offload.predict.expert_maps import ExpertMapStore
 
 PLACEMENTS = ("resident", "streamed", "cached-lru", "cached-oracle", "lightning", "cached-router", "cached-expert_map",
               "cached-speculative", "cached-router_free")
@@ -216,11 +221,9 @@ class Calibration:
     """What the predictor placements need, built once from the resident engine or read from a directory."""
 
     def __init__(self, resident: Engine, args: argparse.Namespace, log: Callable[[str], None]) -> None:
-        from launch.bench import offload_modes
         self.directory = args.calibration or tempfile.mkdtemp(prefix="moejax-bench-calibration-")
         modes = ["prefetch", "expert_map"]
         if args.calibration:  # made beforehand (--save-calibration) for the same model, seed and layers
-            from moejax.offload.predict.expert_maps import ExpertMapStore
             store = ExpertMapStore.load(os.path.join(args.calibration, "store"))
             self.value = offload_modes.Calibration(os.path.join(args.calibration, "vectors"), None, store,
                                                    dict(read_from=args.calibration,
@@ -233,7 +236,6 @@ class Calibration:
                                          capacity=args.capacity, log=log)
         self.value.record.update(source=source, tokens_each=tokens)
         if args.save_calibration:
-            import shutil
             os.makedirs(args.save_calibration, exist_ok=True)
             shutil.copytree(self.value.vectors_path, os.path.join(args.save_calibration, "vectors"),
                             dirs_exist_ok=True)
@@ -241,7 +243,6 @@ class Calibration:
             self.value.store.save(os.path.join(args.save_calibration, "store"))
 
     def options(self, name: str) -> dict:
-        from launch.bench import offload_modes
         options = offload_modes.engine_options(PREDICTOR_MODES[name], self.value)
         if name == "cached-router_free":
             options.update(router_free=True)
@@ -385,8 +386,6 @@ def lightning_claim(args: argparse.Namespace, resident: Engine, works: list[dict
                     save: Callable[[dict, str], None], record: dict) -> dict:
     """Lightning, streamed and cached at a budget holding --device-rows rows' KV beside lightning's weights, on the
     largest batch workload at --prompt-len; lightning's measured ms per layer against the HRM's; host attention GB/s."""
-    from moejax.lightning.host_attention_bench import measure_paged
-    from moejax.lightning.probe import explain_engine
     work = max((w for w in works if w["prompt_len"] == args.prompt_len), key=lambda w: w["batch"])
     budget = claim_budget_gb(resident, args.device_rows, work)
     claim: dict = dict(budget_gb=budget, device_rows=args.device_rows, workload=work, rows=[],

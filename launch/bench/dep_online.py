@@ -31,7 +31,7 @@ from moejax.plan.findep import solve_dep, solve_step
 from moejax.plan.findep_online import ONLINE_FIELDS, OnlineDep, even_micro_batches
 from moejax.presets import preset_config
 from moejax.sched.continuous import GenRequest, Scheduler
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from launch.bench.results import no_file
 
 # (rows, tokens per row): chunked-prefill steps (rows of up to 512 tokens) and decode steps (one token per row)

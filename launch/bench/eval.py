@@ -18,6 +18,7 @@ from collections.abc import Callable
 import argparse
 import inspect
 import json
+import json.decoder
 import os
 import random
 import shutil
@@ -26,6 +27,12 @@ import tempfile
 import time
 
 from launch.bench.util import cpu_seconds
+import collections
+import email.message
+import textwrap
+from launch.bench.peers import vllm_environment
+from moejax.loading import enable_compilation_cache
+from moejax.presets import resolve_embedded
 
 ENGINES = ("moejax", "hf", "vllm")
 TASK = "moejax_bench_mc"
@@ -49,10 +56,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 def make_task(folder: str, questions: int, choices: int, context_lines: int, seed: int) -> dict:
     """The task's JSONL and YAML in `folder` (absolute paths); -> what it holds."""
-    import collections
-    import email.message
-    import json.decoder
-    import textwrap
     modules = (textwrap, json.decoder, collections, email.message, random, inspect)
     lines = [ln.rstrip() for m in modules for ln in inspect.getsource(m).splitlines()]
     rng = random.Random(seed)
@@ -86,14 +89,14 @@ def make_task(folder: str, questions: int, choices: int, context_lines: int, see
 
 def task_manager(folder: str) -> Any:  # lm_eval.tasks.TaskManager (lm-eval ships no types)
     """lm-eval's task index of the task's folder alone (indexing lm-eval's own tasks takes seconds)."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # optional: the eval extra
     return TaskManager(include_path=folder, include_defaults=False)
 
 
 def evaluate(lm: Any, tasks: Any) -> tuple[float, float, dict]:  # an lm-eval model and TaskManager
     """One lm-eval run of the task on a built model -> (seconds of the whole run, seconds inside the model's
     loglikelihood call, {"acc", "answers": [[ll, greedy] per request, in document and choice order]})."""
-    import lm_eval
+    import lm_eval  # optional: the eval extra
     inner = type(lm).loglikelihood
     spent: list[float] = []
 
@@ -118,13 +121,12 @@ def evaluate(lm: Any, tasks: Any) -> tuple[float, float, dict]:  # an lm-eval mo
 
 def build(engine: str, args: argparse.Namespace) -> Any:  # an lm-eval model (lm-eval ships no types)
     import lm_eval.models  # noqa: F401  (lm-eval's registry first)
-    from lm_eval.api.registry import get_model
+    from lm_eval.api.registry import get_model  # optional: the eval extra
     if engine == "moejax":
-        import moejax.eval.lm_eval_model  # noqa: F401
+        import moejax.eval.lm_eval_model  # noqa: F401  # optional: imports lm-eval (the eval extra); registers moejax
         return get_model("moejax")(pretrained=args.model, dtype=args.dtype)
-    import torch
+    import torch  # optional: transformers' reference only
     torch.set_num_threads(os.cpu_count() or 1)
-    from moejax.presets import resolve_embedded
     return get_model("hf")(pretrained=resolve_embedded(args.model), dtype=args.dtype, batch_size=args.hf_batch_size,
                            device="cpu")
 
@@ -165,8 +167,6 @@ def _files(folder: str) -> int:
 def run_vllm(args: argparse.Namespace, folder: str) -> dict | str:
     """vLLM through lm-eval in the --vllm-python environment (its own process, not interleaved) -> its timings,
     or why it did not run."""
-    from launch.bench.peers import vllm_environment
-    from moejax.presets import resolve_embedded
     python = args.vllm_python
     check = subprocess.run([python, "-c", "import vllm, lm_eval; print(vllm.__version__, lm_eval.__version__)"],
                            capture_output=True, text=True)
@@ -194,7 +194,7 @@ def eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, str
 
 
 def _eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None], folder: str) -> dict:
-    import lm_eval
+    import lm_eval  # optional: the eval extra
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
@@ -233,7 +233,6 @@ def _eval_bench(args: argparse.Namespace, env: dict, partial: Callable[[dict, st
                 out[f"moejax_over_vllm{'_' + part[:-1] if part else ''}"] = rate["moejax"] / rate["vllm"]
         return out
 
-    from moejax.loading import enable_compilation_cache
     cache = enable_compilation_cache()  # moejax.load's default: the run says whether it started with compiled programs
     compiled = {"dir": cache, "files_before": _files(cache)}
     tasks = task_manager(folder)

@@ -12,11 +12,11 @@ from types import ModuleType
 
 def _pyplot() -> ModuleType:  # matplotlib.pyplot
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
     except ImportError:
         raise SystemExit("plots need matplotlib: pip install -e '.[plots]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plots extra
     return plt
 
 

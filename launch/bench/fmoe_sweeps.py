@@ -22,6 +22,11 @@ import os
 import tempfile
 
 import numpy as np
+from flax import nnx
+from launch.bench import offload_modes
+from moejax.offload.predict import DefaultVectors, RouterPredictor
+from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
+from moejax.offload.predict.traces import record
 
 
 def _values(text: str, what: str) -> list[int]:
@@ -38,12 +43,6 @@ def fmoe(args: argparse.Namespace, resident: Engine, save: Callable[[dict, str],
          load: Callable[..., Engine], decode_case: Callable[..., dict]) -> dict:
     """save(the section so far, row) after each measured row; load(args, **options) -> engine and
     decode_case(name, engine, prompt, args, reference) -> row are bench_offload's."""
-    from flax import nnx
-
-    from launch.bench import offload_modes
-    from moejax.offload.predict import DefaultVectors, RouterPredictor
-    from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, build_store
-    from moejax.offload.predict.traces import record
     cfg = resident.config
     moe_layers = sum(cfg.is_moe(i) for i in range(cfg.num_layers))
     k, E = cfg.num_experts_per_tok, cfg.num_experts

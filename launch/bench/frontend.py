@@ -56,6 +56,8 @@ from moejax.replicas.frontend_jobs import request_job
 from moejax.sched.prefix_cache import PrefixCache
 from moejax.requests.parse import Candidate, ScoreRequest
 from launch.bench.results import no_file
+from launch.bench.frontend_real import real_run
+from moejax.lightning.at_load import kv_bytes_per_token
 
 NOTE = ("A simulation from a hardware profile, no devices: the replicas' caches and the frontend are the real "
         "moejax objects, the time is FLOPs at the profile's peak x efficiency (launch/bench/frontend.py)")
@@ -198,7 +200,6 @@ def simulate_one(jobs: list[Job], n: int, routing: str, *, theta: float, timing:
 
 def cache_blocks(cfg: ModelConfig, profile: Profile, share: float) -> tuple[int, str]:
     """Blocks of `share` of what moejax.sched.pool_size leaves a KV pool beside the whole model's weights."""
-    from moejax.lightning.at_load import kv_bytes_per_token  # imports flax: only here
     dtype = {2: "bfloat16", 4: "float32"}[profile.dtype_bytes]
     weights = param_count(cfg) * profile.dtype_bytes
     room = profile.device.memory_bytes * (1 - RESERVE_FRACTION / 2) - weights
@@ -345,7 +346,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 def frontend(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.real:
-        from launch.bench.frontend_real import real_run
         return real_run(args, env, partial)
     workloads = []
     for name in args.workloads.split(","):

@@ -53,6 +53,9 @@ from moejax.sched.serving_options import ServingOptions
 from launch.bench import decode as bench_decode, generate_workloads, sched_overhead, step_overhead
 from moejax.serving import xla_startup
 from launch.bench.results import no_file
+from launch.bench.util import hf_checkpoint
+from moejax.presets import PRESETS
+from moejax.presets import preset_config, resolve_embedded
 
 
 def _lines(reqs: list[dict]) -> list[str]:
@@ -100,7 +103,7 @@ def _moejax(engine: Engine, reqs: list[dict], batching: str, options: dict | Non
 
 def _transformers(model: Any, reqs: list[dict], batch: int, stop_ids: Sequence[int], pad_id: int
                   ) -> tuple[float, list[list[int]]]:
-    import torch
+    import torch  # optional: transformers' reference only
     order = sorted(range(len(reqs)), key=lambda i: len(reqs[i]["prompt"]))
     out: list[list[int]] = [[] for _ in reqs]
     t0 = time.perf_counter()
@@ -131,7 +134,6 @@ def _cut(tokens: list[int], max_tokens: int, stop_ids: Sequence[int]) -> list[in
 def full_size(model: str, num_layers: int | None) -> bool:
     """A real-shaped preset (not `tiny-*` or `micro-*`, moejax.presets) at its full depth: its transformers
     checkpoint would be the whole model in float32 on the host and the disk (about 122 GB for qwen3-30b-a3b)."""
-    from moejax.presets import PRESETS, preset_config
     if model not in PRESETS or model.startswith(("tiny-", "micro-")):
         return False
     return num_layers is None or num_layers >= preset_config(model)["num_hidden_layers"]
@@ -141,12 +143,10 @@ def _checkpoint(args: argparse.Namespace, tmp: str) -> tuple[str, dict]:
     """What both engines load, and moejax.load's extra options: --model's directory, or a preset's config built
     and saved by transformers (without transformers, or a real-shaped preset at full size: the preset itself, its
     weights drawn on the device, its --num-layers)."""
-    from moejax.presets import preset_config, resolve_embedded
     if os.path.isdir(resolve_embedded(args.model)):
         return resolve_embedded(args.model), {}
     if args.no_transformers or full_size(args.model, args.num_layers):
         return args.model, {} if args.num_layers is None else {"num_layers": args.num_layers}
-    from launch.bench.util import hf_checkpoint
     hf_config = preset_config(args.model)
     if args.num_layers:
         hf_config["num_hidden_layers"] = args.num_layers
@@ -290,8 +290,8 @@ def generate(args: argparse.Namespace, environment: dict, partial: Callable[[dic
     if not args.no_transformers and args.workload == "long-tail":
         print("  transformers skipped: its generate takes one stop list per call, long-tail's stops are per request")
     elif not args.no_transformers:
-        import torch
-        import transformers
+        import torch  # optional: transformers' reference only
+        import transformers  # optional: transformers' reference only
         torch.set_num_threads(os.cpu_count() or 1)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         stop_ids = described["stop_ids"]

@@ -7,11 +7,8 @@ masked, [M, G, K] in the operand dtype before a [M, G*K] x [G*K, N] dot (the fir
 and 128 groups asked for bf16[262144, 128, 2048], 128 GiB). The all-experts baselines (`reference`, `dense`) hold
 every expert's product, [G, M, N] in float32."""
 from __future__ import annotations
+import jax
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # jax is imported where it runs: the estimates need none
-    import jax
 
 GiB = 1 << 30
 FREE_FRACTION = 0.8  # of the free memory a call may plan for: XLA's autotuner and scratch buffers take the rest
@@ -44,7 +41,6 @@ def expert_ffn_bytes(backend: str, N_tokens: int, top_k: int, D: int, I: int, G:
 
 def free_bytes(device: jax.Device | None = None) -> int | None:
     """The device's free memory (bytes_limit - bytes_in_use), or None where it does not say (CPU)."""
-    import jax
     device = device or jax.devices()[0]
     try:
         stats = device.memory_stats()

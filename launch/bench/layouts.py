@@ -1,4 +1,4 @@
-"""`python -m launch.bench layouts`: each parallel layout (moejax.sharding.layout) on the devices present, against
+"""`python -m launch.bench layouts`: each parallel layout (moejax.layout) on the devices present, against
 the one-device resident model loaded in the same run.
 
 Per layout: load, one warm-up call (compilation), then --repeats timed calls of the forward (`engine.logits` on
@@ -50,7 +50,7 @@ from moejax.offload import layered_steps
 from moejax.presets import preset_config
 from moejax.sharding import hlo_comm
 from moejax.sharding.gathered import GatheredStreamed
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from launch.bench.results import no_file
 from launch.bench.util import time_calls, timed_call
 

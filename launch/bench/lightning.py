@@ -7,8 +7,9 @@ token) through the continuous-batching scheduler, as launch.serve does: the KV p
 (streamed and cached: in what the device budget leaves beside their weights; lightning: in host memory), the decode
 batch as large as that pool and --max-rows allow (lightning: its policy's N). One untimed run compiles; the timed
 run's output tokens/s, the largest batch a decode step carried, and whether its tokens equal the first placement's
-are reported. For lightning, one probed decode call at its N and the average context (moejax.lightning.probe) gives
-the share of the time each resource was busy, and with a hardware profile the HRM's predicted per-layer time.
+are reported. For lightning, one probed decode call at its N and the average context
+(moejax.measure.lightning_probe) gives the share of the time each resource was busy, and with a hardware profile
+the HRM's predicted per-layer time.
 
 The default budget fits the non-expert weights, three layers of experts (a streamed window of 2, lightning's
 double-buffered pages) and the KV of --device-rows sequences: streamed and cached can batch
@@ -27,7 +28,7 @@ import jax
 import numpy as np
 
 import moejax
-from moejax.lightning.probe import explain_engine
+from moejax.measure.lightning_probe import explain_engine
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
 from launch.bench.results import no_file

@@ -13,6 +13,11 @@ from moejax.offload.predict.expert_maps import ExpertMapStore
 from moejax.offload.predict.traces import Traces
 from collections.abc import Callable
 import numpy as np
+from moejax.offload.predict import replay
+from moejax.offload.predict.cache_replay import replay_cache
+from moejax.offload.predict.expert_maps import gate_probabilities
+from moejax.offload.predict.expert_maps import replay_predictions
+from moejax.offload.predict.hit_counts import replay_hit_counts
 
 VARIANTS = {"T": dict(semantic=False, adaptive=False), "T+S": dict(semantic=True, adaptive=False),
             "T+S+δ": dict(semantic=True, adaptive=True)}
@@ -25,7 +30,6 @@ def _sources(moe: list[int]) -> dict[int, int]:
 
 def _cache_rows(truth_head: list[np.ndarray], moe: list[int], predicted: dict[int, tuple], n: int,
                 slot_counts: list[int], expert_bytes: int) -> list[dict]:
-    from moejax.offload.predict.cache_replay import replay_cache
     cut = {t: (i[:n], w[:n]) for t, (i, w) in predicted.items()}
     rows = []
     for policy in ("lru", "priority"):
@@ -47,7 +51,6 @@ def resized(store: ExpertMapStore, capacity: int) -> ExpertMapStore:
 def similarity_scores(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray, tokens: int) -> dict:
     """Mean best semantic score over the held-out prompts; mean best trajectory score over the first `tokens`
     tokens at every MoE layer a trajectory search runs at (the first M - d)."""
-    from moejax.offload.predict.expert_maps import gate_probabilities
     sem = [store.semantic(embed_table[traces.tokens[traces.starts[r]:traces.starts[r + 1]]].mean(axis=0))[1]
            for r in range(traces.num_prompts)]
     probs = gate_probabilities(traces.router_logits[:tokens])
@@ -62,9 +65,6 @@ def map_ablation(store: ExpertMapStore, traces: Traces, embed_table: np.ndarray,
                  hit_counts: np.ndarray | None = None) -> dict:
     """hit_counts: the calibration requests' hit-count matrices [R, M, E] (hit_counts.request_counts), or None
     (maps loaded from a file: no traces to count)."""
-    from moejax.offload.predict import replay
-    from moejax.offload.predict.expert_maps import replay_predictions
-    from moejax.offload.predict.hit_counts import replay_hit_counts
     k = truth[0][0].shape[1]
     n = min(cache_tokens, len(traces.tokens))
     head = [idx[:n] for idx, _ in truth]

@@ -4,7 +4,7 @@
   `block_until_ready`, median of repeats): the peak the other sections are compared with.
 - prefill: a resident and a streamed engine of the same preset and seed (and a streamed one with stream='jit',
   where XLA schedules the copies inside the whole-model jit: the alternative to compare on a GPU). The streamed
-  one's saturation threshold Θ is profiled (moejax.offload.saturation), then both run the same batches from Θ/4
+  one's saturation threshold Θ is profiled (moejax.measure.saturation), then both run the same batches from Θ/4
   to 4Θ tokens (each rounded to a power of two, at least 16, so no batch is padded; rows of at most --seq tokens):
   throughput of streamed vs resident, routed-expert bytes moved per pass and the H2D rate that implies
   (bytes / streamed seconds).
@@ -47,11 +47,13 @@ import moejax
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
 from moejax.kernels.platform import on_gpu
-from moejax.offload.saturation import profile_saturation
+from moejax.measure.saturation import profile_saturation
 from moejax.placements import Cached
 from launch.bench import decode_placements as bench_decode_placements, offload_modes
 from launch.bench.results import no_file
 from launch.bench.util import time_calls, timed_call
+from launch.bench import expert_map_plots
+from launch.bench.fmoe_sweeps import fmoe
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)
@@ -417,11 +419,9 @@ def offload(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], 
     elif "decode" in sections:
         record["decode"] = decode(args, peak["gb_per_s"], resident, saver("decode"))
         if args.plot:
-            from launch.bench import expert_map_plots
             expert_map_plots.decode(record["decode"], args.plot)
             record["plot"] = args.plot
     if "fmoe" in sections:
-        from launch.bench.fmoe_sweeps import fmoe
         record["fmoe"] = fmoe(args, resident, saver("fmoe"), load=_load, decode_case=_decode_case)
     if not gpu:
         print(f"(note: {NOTE})")

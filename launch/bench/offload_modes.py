@@ -17,6 +17,17 @@ import copy
 import dataclasses
 
 import numpy as np
+import os
+import time
+from flax import nnx
+from launch.bench.quality import stdlib_texts
+from launch.distill import text_prompts
+from moejax.offload.predict import replay
+from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
+from moejax.offload.predict.expert_maps import build_store
+from moejax.offload.predict.expert_maps import ExpertMapPredictor
+from moejax.offload.predict.traces import record
+from moejax.train.distill import distill
 
 # mode -> (predictor, options of ExpertMapPredictor or of the cached placement)
 MODES: dict[str, tuple[str | None, dict[str, bool]]] = {
@@ -54,8 +65,6 @@ def calibration_prompts(engine: Engine, source: str, count: int, tokens: int, se
 def stdlib_prompts(engine: Engine, split: str, count: int, tokens: int, rng: np.random.Generator) -> list[list[int]]:
     """`count` windows of `tokens` ids from a random sample of the stdlib split's files (one window each at most,
     so the prompts are different requests, as fMoE's maps assume)."""
-    from launch.bench.quality import stdlib_texts
-    from launch.distill import text_prompts
     texts = stdlib_texts(split)
     prompts: list[list[int]] = []
     for i in rng.permutation(len(texts)):
@@ -79,15 +88,6 @@ def build(resident: Engine, prompts: list[list[int]], modes: list[str], director
           capacity: int, log: Callable[[str], None]) -> Calibration:
     """Trace `prompts` through the resident engine once; from the traces: default vectors (saved under
     `directory`), an estimator when a mode needs one, an expert-map store (one map per prompt) when one does."""
-    import os
-    import time
-
-    from flax import nnx
-
-    from moejax.offload.predict import replay
-    from moejax.offload.predict.expert_maps import build_store
-    from moejax.offload.predict.traces import record
-    from moejax.train.distill import distill
     t0 = time.perf_counter()
     traces, vectors = record(resident, prompts, max_tokens_per_prompt=max(len(p) for p in prompts),
                              max_tokens=2 ** 62)
@@ -115,8 +115,6 @@ def store_size(store: ExpertMapStore) -> dict:
 
 def engine_options(mode: str, calibration: Calibration) -> dict:
     """The cached placement's options of `mode` (a fresh store copy for an expert_map mode)."""
-    from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
-    from moejax.offload.predict.expert_maps import ExpertMapPredictor
     name, options = MODES[mode]
     if name is None:
         return {}

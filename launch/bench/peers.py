@@ -47,8 +47,8 @@ def workloads(n_score: int, n_gen: int, vocab: int, seed: int) -> dict:
 
 
 def make_checkpoint(directory: str, seed: int) -> None:
-    import torch
-    import transformers
+    import torch  # optional: transformers' reference only
+    import transformers  # optional: transformers' reference only
     fields = {k: v for k, v in BENCH_CONFIG.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(BENCH_CONFIG["model_type"], **fields)
     config.initializer_range = 0.02

@@ -23,6 +23,8 @@ import tempfile
 import time
 
 import numpy as np
+import moejax
+from moejax.sched.batch import serve_lines
 
 
 Request = dict[str, list[int]]  # a scoring request: {"prompt": ids, "candidates": ids}
@@ -47,8 +49,6 @@ def _batches(items: list[T], n: int) -> list[list[T]]:
 
 class MoejaxServe:
     def __init__(self, model: str, dtype: str, batch: int) -> None:
-        import moejax
-        from moejax.sched.batch import serve_lines
         self.engine, self.serve_lines = moejax.load(model, dtype=dtype), serve_lines
 
     def score(self, requests: list[Request]) -> list[list[float]]:
@@ -84,8 +84,8 @@ class Moejax(MoejaxServe):
 
 class Transformers:
     def __init__(self, model: str, dtype: str, batch: int) -> None:
-        import torch
-        import transformers
+        import torch  # optional: transformers' reference only
+        import transformers  # optional: transformers' reference only
         torch.set_num_threads(os.cpu_count() or 1)
         self.torch, self.batch = torch, batch
         self.model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
@@ -113,7 +113,7 @@ class Transformers:
 
 class Vllm:
     def __init__(self, model: str, dtype: str, batch: int) -> None:
-        from vllm import LLM, SamplingParams
+        from vllm import LLM, SamplingParams  # optional: the peer measured against
         self.SamplingParams = SamplingParams
         self.llm = LLM(model=model, dtype=dtype, skip_tokenizer_init=True, enable_prefix_caching=True,
                        max_model_len=2048, seed=0)

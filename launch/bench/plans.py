@@ -33,6 +33,7 @@ from moejax.plan.datasheets import load_profile
 from moejax.plan.theta import theta_eq1
 from moejax.presets import preset_config
 from launch.bench.results import no_file
+from moejax.measure.hardware import Shapes, measure_profile, sweep_for
 
 SOLVER_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
 
@@ -98,7 +99,6 @@ def solver_times(repeats: int, quick: bool) -> dict:
 
 def measured_profile(cfg: ModelConfig, args: argparse.Namespace) -> tuple[Profile, float]:
     """The devices' profile at the model's shapes (or --profile's), and the seconds measuring took."""
-    from moejax.measure.hardware import Shapes, measure_profile, sweep_for
     if args.profile:
         return load_profile(args.profile), 0.0
     sweep = sweep_for(jax.devices()[0].platform, quick=args.quick)

@@ -6,16 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # matplotlib is imported where it draws: the optional plots extra
-    from matplotlib.axes import Axes
+    from matplotlib.axes import Axes  # optional: the plots extra
 
 
 def plot(recall: list[dict], analyses: dict | None, path: str) -> None:
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install -e '.[plots]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plots extra
     panels = 1 if analyses is None else 3
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4), squeeze=False)
     _recall(axes[0][0], recall)

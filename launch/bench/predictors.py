@@ -34,6 +34,26 @@ import numpy as np
 
 from launch.bench.quality import read_texts, stdlib_texts
 from launch.distill import text_prompts
+import moejax
+from flax import nnx
+from launch.bench import expert_map_plots
+from launch.bench.quality import token_stream
+from launch.bench.map_ablation import map_ablation
+from launch.bench.predictor_plots import plot
+from launch.serve import read_lines
+from moejax.eval.speculation_cost import best_answers, window_quality
+from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
+                                    RouterPredictor)
+from moejax.offload.predict import replay
+from moejax.offload.predict import OraclePredictor
+from moejax.offload.predict.analyses import drift_and_alignment
+from moejax.offload.predict.cache_replay import replay_cache
+from moejax.offload.predict.expert_maps import build_store
+from moejax.offload.predict.expert_maps import replay_predictions
+from moejax.offload.predict.hit_counts import request_counts
+from moejax.offload.predict.traces import record
+from moejax.requests.parse import parse_lines
+from moejax.train.distill import distill
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -69,8 +89,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
 
 
 def _predictors(nets: dict[int, EstimatorNet], vectors: DefaultVectors, distance: int) -> dict[str, Predictor]:
-    from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
-                                        RouterPredictor)
     out: dict[str, Predictor] = {"previous_hidden": PreviousHiddenPredictor(distance),
                                  "router": RouterPredictor(vectors, distance)}
     if distance in nets:
@@ -82,13 +100,6 @@ def _build(args: argparse.Namespace, engine: Engine, distances: list[int], log: 
            ) -> tuple[dict[int, EstimatorNet], DefaultVectors, dict[int, ExpertMapStore], str, np.ndarray | None]:
     """-> ({distance: EstimatorNet}, DefaultVectors, {distance: ExpertMapStore}, how they were made, the calibration
     requests' hit-count matrices or None)."""
-    from flax import nnx
-
-    from moejax.offload.predict import replay
-    from moejax.offload.predict.expert_maps import build_store
-    from moejax.offload.predict.hit_counts import request_counts
-    from moejax.offload.predict.traces import record
-    from moejax.train.distill import distill
     nets: dict[int, EstimatorNet] = {}
     vectors: DefaultVectors | None = None
     stores: dict[int, ExpertMapStore] = {}
@@ -129,18 +140,6 @@ def _build(args: argparse.Namespace, engine: Engine, distances: list[int], log: 
 
 
 def predictors(args: argparse.Namespace, env: dict) -> dict:
-    import moejax
-    from moejax.offload.predict import OraclePredictor, replay
-    from flax import nnx
-
-    from moejax.offload.predict.cache_replay import replay_cache
-    from moejax.offload.predict.expert_maps import replay_predictions
-    from moejax.offload.predict.analyses import drift_and_alignment
-    from moejax.offload.predict.speculation_cost import best_answers, window_quality
-
-    from launch.bench.map_ablation import map_ablation
-    from launch.bench.predictor_plots import plot
-    from moejax.offload.predict.traces import record
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     engine = moejax.load(args.model, dtype=args.dtype)
     cfg = engine.config
@@ -222,7 +221,6 @@ def predictors(args: argparse.Namespace, env: dict) -> dict:
         plot(recall, analyses, args.plot)
         result["plot"] = args.plot
     if args.maps_plot and ablation is not None:
-        from launch.bench import expert_map_plots
         expert_map_plots.ablation(ablation, args.maps_plot)
         result["maps_plot"] = args.maps_plot
     return result
@@ -241,9 +239,6 @@ def _expert_bytes(engine: Engine) -> int:
 def _speculative(args: argparse.Namespace, engine: Engine, texts: list[str], nets: dict[int, EstimatorNet],
                  vectors: DefaultVectors, best_answers: Callable[[Engine, list[ScoreRequest]], list[int]],
                  window_quality: Callable[[Engine, np.ndarray], dict], log: Callable[[str], None]) -> list[dict]:
-    import moejax
-    from launch.bench.quality import token_stream
-    from moejax.requests.parse import parse_lines
     cfg = engine.config
     if engine.tokenizer is None:
         raise SystemExit(f"predictors: --model {args.model} has no tokenizer.json; the speculative rows read text")
@@ -253,7 +248,6 @@ def _speculative(args: argparse.Namespace, engine: Engine, texts: list[str], net
     exact = window_quality(engine, rows)
     mc = []
     if args.input:
-        from launch.serve import read_lines
         mc = [e for e in parse_lines(read_lines(args.input), tokenizer=engine.tokenizer, vocab_size=cfg.vocab_size,
                                      max_context=cfg.max_position_embeddings, chat=engine.chat_template)
               if isinstance(e, ScoreRequest)]

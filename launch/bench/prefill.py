@@ -36,7 +36,7 @@ def _result(engine: str, impl: str, tokens: int, flops: int, timing: tuple[float
 
 def _transformers(model: Any, ids: np.ndarray, repeats: int, tokens: int, flops: int, hf_experts: list[str]
                   ) -> tuple[list[dict], np.ndarray]:
-    import torch
+    import torch  # optional: transformers' reference only
     torch.set_num_threads(os.cpu_count() or 1)
     results: list[dict] = []
     logits: np.ndarray | None = None
@@ -81,8 +81,8 @@ def prefill(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], 
         tmp = tempfile.TemporaryDirectory(prefix="moejax-bench-")
         t0 = time.perf_counter()
         if is_dir:  # transformers 5 reads every hub layout; load the checkpoint itself
-            import torch
-            import transformers
+            import torch  # optional: transformers' reference only
+            import transformers  # optional: transformers' reference only
             hf_model = transformers.AutoModelForCausalLM.from_pretrained(
                 args.model, attn_implementation="eager", dtype=torch.float32,
                 num_hidden_layers=hf_config["num_hidden_layers"])

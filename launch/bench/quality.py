@@ -18,6 +18,8 @@ import numpy as np
 
 from moejax.train import corpus
 from moejax.train.tokenizer import END_OF_TEXT
+import moejax
+from moejax.train.quality import bigram_quality, model_quality
 
 TARGETS = dict(perplexity_over_bigram_at_most=0.5, expert_share_over_uniform_between=[0.25, 4.0])
 
@@ -70,8 +72,6 @@ def token_stream(tokenizer: Tokenizer, texts: list[str], eos: int) -> np.ndarray
 
 
 def quality(args: argparse.Namespace, env: dict) -> dict:
-    import moejax
-    from moejax.train.quality import bigram_quality, model_quality
     engine = moejax.load(args.model, dtype=args.dtype)
     if engine.tokenizer is None:
         raise SystemExit(f"quality: {args.model} has no tokenizer.json; text cannot be scored")

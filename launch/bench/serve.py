@@ -37,6 +37,8 @@ from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
 
 from launch.bench.util import time_calls
+from launch.gpu_ceilings import measured
+from moejax.plan.resolve import profile_for
 
 MODES = ("on", "off", "auto")
 WORKLOADS = ("distinct", "shared")
@@ -89,10 +91,8 @@ def peak(args: argparse.Namespace, engine: Engine) -> dict:
     if args.peak_tflops:
         return dict(flops_per_s=args.peak_tflops * 1e12, source="--peak-tflops (measured ceiling)")
     if args.measure_peak:
-        from launch.gpu_ceilings import measured
         m = measured("matmul_bf16")
         return dict(flops_per_s=m["value"] * 1e12, source=f"measured now: bf16 matmul, {m['method']}", measured=m)
-    from moejax.plan.resolve import profile_for
     try:
         profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()))
     except ValueError as e:

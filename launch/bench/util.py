@@ -3,18 +3,21 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import flax
+import jax
+import jaxlib
+import moejax
 
-if TYPE_CHECKING:  # launch.gpu_check imports this module and must start where moejax does not import
-    from moejax.engine import Engine
+from launch.bench.provenance import git_commit
+from moejax.engine import Engine
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -53,35 +56,7 @@ def timed_call(engine: Engine, call: str, ids: np.ndarray) -> Callable[[], objec
     return lambda: engine.generate(rows, 1)
 
 
-# A copy of the tree (the device tool sends one) may sit in another repository's checkout, whose HEAD is not the
-# code's: the caller names the commit it sent.
-COMMIT_VARIABLE = "MOEJAX_GIT_COMMIT"
-
-
-def git_commit() -> tuple[str, bool]:
-    """(the code's commit, whether COMMIT_VARIABLE named it): the variable's value where set, else git's HEAD, else
-    ""."""
-    if os.environ.get(COMMIT_VARIABLE):
-        return os.environ[COMMIT_VARIABLE], True
-    try:
-        run = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "", False
-    return (run.stdout.strip() if run.returncode == 0 else ""), False
-
-
-def device_tag(kind: str) -> str:
-    """A device kind as result file names carry it ('NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3')."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", kind.strip()) or "unknown-device"
-
-
 def environment() -> dict:
-    # Imported here: launch.gpu_check uses device_tag and must start even where jax or moejax would not import.
-    import flax
-    import jax
-    import jaxlib
-
-    import moejax
     dev = jax.devices()[0]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
@@ -106,8 +81,8 @@ def environment() -> dict:
 
 def hf_checkpoint(hf_config: dict, directory: str, seed: int) -> Any:  # a transformers model
     """Build a transformers model from an HF config dict, init it from `seed`, save it to `directory`."""
-    import torch
-    import transformers
+    import torch  # optional: transformers' reference only
+    import transformers  # optional: transformers' reference only
     fields = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures", "transformers_version")}
     config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
     config.initializer_range = 0.02

@@ -5,14 +5,18 @@ lm-eval finds models only in its own registry (lm_eval.models.MODEL_MAPPING, no 
 CLI unchanged (same arguments, same output)."""
 import sys
 
+try:  # lm-evaluation-harness is the optional extra moejax[eval]; lm_eval_model registers "moejax" in its registry
+    from lm_eval.__main__ import cli_evaluate
+
+    from moejax.eval.lm_eval_model import ModelArgsError
+    MISSING: ImportError | None = None
+except ImportError as e:
+    MISSING = e
+
 
 def main() -> None:
-    try:
-        from lm_eval.__main__ import cli_evaluate
-
-        from moejax.eval.lm_eval_model import ModelArgsError  # registers "moejax" in lm-eval's model registry
-    except ImportError as e:
-        sys.exit(f"python -m moejax.eval needs lm-evaluation-harness: pip install 'moejax[eval]' ({e})")
+    if MISSING is not None:
+        sys.exit(f"python -m moejax.eval needs lm-evaluation-harness: pip install 'moejax[eval]' ({MISSING})")
     try:
         cli_evaluate()
     except ModelArgsError as e:  # the user's --model_args: one line naming the key, exit status 2 as argparse's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import jax
 import numpy as np
@@ -14,8 +14,7 @@ from moejax.sampling import SamplingParams
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lm_eval.models  # noqa: F401  (lm-eval's own models first: it fills an empty registry only)
 from lm_eval import utils as lm_utils
+from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
@@ -28,10 +29,12 @@ from moejax.eval.scoring import Scorer
 from moejax.eval.tokens import EvalTokenizer
 from moejax.sampling import SamplingParams
 
-if TYPE_CHECKING:
-    from lm_eval.api.instance import Instance
-
-    from moejax.engine import Engine
+import moejax
+from moejax.engine import Engine
+from moejax.loading import OPTIONS
+from moejax.models.checkpoint import load_tokenizer
+from moejax.presets import resolve_embedded
+from moejax.sched.serving_options import ServingOptions
 
 # What lm-eval passes every model besides --model_args; batches here are sized in tokens, not requests.
 _HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
@@ -58,7 +61,6 @@ def _int_arg(name: str, value: object, least: int | None) -> int:
 
 def _serving_args(max_batch_tokens: object, prefix_cache_mb: object, kv_cache: object, kv_pool_mb: object) -> None:
     """The scoring and generation settings checked as launch.serve's flags of the same names are (ServingOptions)."""
-    from moejax.sched.serving_options import ServingOptions
     try:
         ServingOptions(max_batch_tokens=max_batch_tokens, prefix_cache_mb=prefix_cache_mb,  # type: ignore[arg-type]
                        kv_cache=kv_cache, kv_pool_mb=kv_pool_mb)  # type: ignore[arg-type]
@@ -81,9 +83,6 @@ class MoejaxLM(TemplateLM):
                  kv_pool_mb: float | None = None, add_bos_token: bool | None = None, prefix_token_id: int | None = None,
                  seed: int = 0, **options: Any) -> None:
         super().__init__()
-        import moejax
-        from moejax.loading import OPTIONS
-        from moejax.presets import resolve_embedded
         unknown = sorted(set(options) - set(OPTIONS) - set(_HARNESS_ARGS))
         if unknown:
             load_keys = ", ".join(k for k in OPTIONS if k != "seed")
@@ -115,7 +114,6 @@ class MoejaxLM(TemplateLM):
         tok_dir = tokenizer or (directory if directory and os.path.isdir(directory) else None)
         raw = self.engine.tokenizer
         if tokenizer is not None:
-            from moejax.models.checkpoint import load_tokenizer
             raw = load_tokenizer(tokenizer)
             if raw is None:
                 raise ModelArgsError(f"tokenizer={tokenizer!r} has no tokenizer.json")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,11 +19,10 @@ from moejax.sched.prefix_cache import cache_blocks
 from moejax.requests.parse import Candidate, ScoreRequest
 from moejax.sched.runner import Runner
 
-if TYPE_CHECKING:
-    import jax
 
-    from moejax.engine import Engine
-    from moejax.sched.packing import Row
+import jax
+from moejax.engine import Engine
+from moejax.sched.packing import Row
 
 
 @dataclasses.dataclass

@@ -4,12 +4,10 @@ eos / bos tokens named by tokenizer_config.json (or special_tokens_map.json)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from moejax.chat import named_tokens
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from tokenizers import Tokenizer
 
 
 class EvalTokenizer:

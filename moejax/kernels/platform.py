@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 import jax
+from jax._src import deprecations
 
 
 TRITON_DEPRECATION_ID = "jax-pallas-triton"  # JAX 0.11 warns under this id at every Triton lowering
@@ -22,7 +23,6 @@ def pallas_unavailable() -> str | None:
         importlib.import_module("jax.experimental.pallas.triton")
     except ImportError as e:
         return f"this JAX ({jax.__version__}) has no Pallas Triton backend ({e})"
-    from jax._src import deprecations
     try:
         accelerated = deprecations.is_accelerated(TRITON_DEPRECATION_ID)
     except (ValueError, AttributeError):  # not registered: a JAX from before the deprecation

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +38,8 @@ from moejax.lightning.trace import Timeline, busy
 from moejax.models.attention import AttentionCore
 from moejax.offload.layered_steps import LayeredSteps, _phase
 
-if TYPE_CHECKING:
-    from moejax.models.attention import Cache, Positions
-    from moejax.steps.rows import ChunkRows, PagedDecodeRows, PrefillRows
+from moejax.models.attention import Cache, Positions
+from moejax.steps.rows import ChunkRows, PagedDecodeRows, PrefillRows
 
 KVLayer = dict[str, jax.Array]
 

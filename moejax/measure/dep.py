@@ -1,6 +1,6 @@
 """Micro-benchmarks of DEP's four tasks on the devices present, and FinDEP's α-β (Eq. 7-11) fitted to them
 (`python -m launch.profile --dep`; moejax.plan.findep_costs.fit_dep_tasks). Needs devices: the planners never
-import it.
+import it. The engines come from the `load` passed in (moejax.load: it sits above this module).
 
 Per split (A attention, B expert devices; A + B the devices present, the experts dividing over B) an engine of the
 model runs DEP with that split (r1 = r2 = 1) and one forward per token count, which gives the first MoE layer's
@@ -13,19 +13,23 @@ attention device x `seq_lens`; two sequence lengths at least, so that the attent
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
+from moejax.config import ModelConfig
+from moejax.engine import Engine
+from moejax.layout import Layout
+from moejax.models.checkpoint import read_config
 from moejax.plan.findep_costs import (a2e_bytes, attention_work, e2a_bytes, expert_device_rows, expert_row_work,
                                       fit_dep_tasks, shared_work)
 from moejax.plan.hardware import DepTaskFits
-
-if TYPE_CHECKING:
-    from moejax.sharding.layout import Layout
+from moejax.presets import preset_config, resolve_embedded
+from moejax.sharding.dep import DisaggregatedSteps, shared_expert
 
 
 def _seconds(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -45,14 +49,12 @@ def dep_splits(num_experts: int, devices: int) -> list[tuple[int, int]]:
     return [(devices - b, b) for b in range(1, devices) if num_experts % b == 0]
 
 
-def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequences: Sequence[int] = (1, 2, 4),
-                  seq_lens: Sequence[int] = (32, 128), dtype: str = "bfloat16", repeats: int = 3,
-                  log: Callable[[str], None] = lambda _: None) -> DepTaskFits:
-    """The four tasks' points of one split at each token count, and their fits."""
-    import moejax
-    from moejax.sharding.dep import DisaggregatedSteps, shared_expert
+def measure_split(load: Callable[..., Engine], model: str, attn_devices: int, expert_devices: int, *,
+                  sequences: Sequence[int] = (1, 2, 4), seq_lens: Sequence[int] = (32, 128), dtype: str = "bfloat16",
+                  repeats: int = 3, log: Callable[[str], None] = lambda _: None) -> DepTaskFits:
+    """The four tasks' points of one split at each token count, and their fits; `load` is moejax.load."""
     A, B = attn_devices, expert_devices
-    engine = moejax.load(model, dtype=dtype, compilation_cache=False,
+    engine = load(model, dtype=dtype, compilation_cache=False,
                          layout=f"attn=dp,experts=dep,attn_devices={A},expert_devices={B},r1=1,r2=1")
     cfg, steps = engine.config, engine.layered_steps
     assert isinstance(steps, DisaggregatedSteps), "a DEP layout runs DisaggregatedSteps"
@@ -101,17 +103,12 @@ def measure_split(model: str, attn_devices: int, expert_devices: int, *, sequenc
     return fit_dep_tasks(points, attn_devices=A, expert_devices=B, model=model, a2e=placement.a2e)
 
 
-def measure_dep(model: str, *, devices: int | None = None, splits: Sequence[tuple[int, int]] | None = None,
-                **kw: Any) -> tuple[DepTaskFits, ...]:
-    """measure_split for every split of the devices present (or `splits`)."""
-    import os
-
-    from moejax.config import ModelConfig
-    from moejax.models.checkpoint import read_config
-    from moejax.presets import preset_config, resolve_embedded
+def measure_dep(load: Callable[..., Engine], model: str, *, devices: int | None = None,
+                splits: Sequence[tuple[int, int]] | None = None, **kw: Any) -> tuple[DepTaskFits, ...]:
+    """measure_split for every split of the devices present (or `splits`); `load` is moejax.load."""
     n = devices or jax.device_count()
     if splits is None:
         path = resolve_embedded(model)
         config = read_config(path) if os.path.isdir(path) else preset_config(model)
         splits = dep_splits(ModelConfig.from_hf(config).num_experts, n)
-    return tuple(measure_split(model, a, b_, **kw) for a, b_ in splits)
+    return tuple(measure_split(load, model, a, b_, **kw) for a, b_ in splits)

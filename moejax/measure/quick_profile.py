@@ -13,13 +13,13 @@ import jax
 
 from moejax.plan.hardware import Profile
 from moejax.plan.paths import default_profile_path
+from moejax.measure.hardware import QUICK, Shapes, measure_profile
 
 _MEASURED: dict[str, Profile] = {}  # by device kind: when the cache folder cannot be written, this process's one
 
 
 def measure_quick_profile(device_kind: str) -> tuple[Profile, str]:
     """-> (the profile, a line saying what was measured, how long it took and where it was cached)."""
-    from moejax.measure.hardware import QUICK, Shapes, measure_profile
     path = default_profile_path(device_kind)
     if device_kind in _MEASURED:
         return _MEASURED[device_kind], f"a quick profile measured earlier in this process (not cached: {path})"

@@ -12,7 +12,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Container, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from safetensors import safe_open
@@ -20,8 +20,7 @@ from safetensors import safe_open
 from moejax.config import ModelConfig
 from moejax.models.families import NON_PARAMETERS, Experts, Tensor, normalize_key, source
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from tokenizers import Tokenizer
 
 
 class CheckpointError(ValueError):
@@ -205,5 +204,4 @@ def load_tokenizer(path: str) -> Tokenizer | None:
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
         return None
-    from tokenizers import Tokenizer
     return Tokenizer.from_file(file)

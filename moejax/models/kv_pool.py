@@ -7,13 +7,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:
-    from moejax.sampling import StepArray
+from moejax.sampling import StepArray
 
 BLOCK = 16
 Layer = dict[str, jax.Array]  # one layer's keys (or pool) by name

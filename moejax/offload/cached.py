@@ -263,7 +263,7 @@ class CachedExpertsRuntime(layered_steps.LayerRuntime):
         self.stats[layer].bytes_h2d += self.store.expert_bytes(layer)
         return arrays
 
-    # hooks of moejax.offload.cached_ep (one cache per device): the routed output, a request split at its wait
+    # hooks of moejax.sharding.cached_ep (one cache per device): the routed output, a request split at its wait
     def _routed_out(self, handle: layered_steps.Layer, y: jax.Array, run_idx: jax.Array, run_weights: jax.Array
                     ) -> jax.Array:
         """The routed output [N, D] of the choices run_idx / run_weights, their experts requested from the cache

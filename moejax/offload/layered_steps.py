@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +22,8 @@ from moejax.models.moe import MoEBlock
 from moejax.steps.protocol import Pool, Steps
 from moejax.steps.rows import PrefillRows
 
-if TYPE_CHECKING:
-    from moejax.models.attention import Cache, Positions
-    from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows
+from moejax.models.attention import Cache, Positions
+from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows
 
 T = TypeVar("T")
 

@@ -47,7 +47,7 @@ class StreamedExpertsRuntime(layered_steps.LayerRuntime):
         s.wait_s += time.perf_counter() - start
         return layered_steps.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
-    # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
+    # Θ's profile (moejax.measure.saturation) times each layer's compute with its experts already in place:
     def ready_experts(self, layer: int) -> dict[str, jax.Array]:
         """A layer's experts where `moe_ready` wants them (on the device), waited for."""
         return jax.block_until_ready(self.store.fetch(layer))

@@ -3,7 +3,6 @@ is one file in this folder holding its class, and one line in moejax.placements.
 registry's classes in order and runs the first that applies."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
@@ -15,10 +14,9 @@ from moejax.placements.registry import load_registry
 from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit
 
-if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 __all__ = ["PLACEMENTS", "Cached", "CachedEP", "DEP", "LayerByLayer", "Lightning", "Pipeline", "Placement",
            "Resident", "ResidentAsyncEP", "Streamed", "StreamedInJit", "placement_for"]

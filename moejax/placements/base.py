@@ -5,7 +5,7 @@ outside moejax.placements compares placement names (tests/placements/test_placem
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -17,21 +17,20 @@ from moejax.plan.theta import theta_at_load
 from moejax.steps.protocol import Steps
 from moejax.steps.whole_model import WholeModelSteps
 
-if TYPE_CHECKING:
-    from flax import nnx
-    from jax.typing import DTypeLike
-
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.models.moe import MoEBlock
-    from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, ModelBytes
-    from moejax.offload.settings import PlacementSettings
-    from moejax.plan.dep_sim import Simulation
-    from moejax.plan.engine_plan import EnginePlan
-    from moejax.plan.hardware import Profile
-    from moejax.plan.theta import ThetaEstimate
-    from moejax.sharding.layout import Layout
-    from moejax.sharding.setup import LayoutSetup
+from flax import nnx
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.layout import Layout
+from moejax.models.moe import MoEBlock
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.memory_budget import BudgetAsk, ModelBytes
+from moejax.plan.engine_plan import EnginePlan
+from jax.typing import DTypeLike
+from moejax.offload.settings import PlacementSettings
+from moejax.plan.dep_sim import Simulation
+from moejax.plan.hardware import Profile
+from moejax.plan.theta import ThetaEstimate
+from moejax.sharding.setup import LayoutSetup
 
 # What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
 Store = Any
@@ -48,7 +47,7 @@ class Placement:
     name: ClassVar[str] = "resident"
     layer_by_layer: ClassVar[bool] = False  # the steps run MoE layers from Python (layer_runtime)
     theta_mode: ClassVar[str | None] = None  # moejax.plan.theta.MODES: Θ applies to this placement
-    profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.offload.saturation)
+    profiles_theta: ClassVar[bool] = False  # Θ may be measured on it (moejax.measure.saturation)
     continuous_batching: ClassVar[bool] = True  # its steps share one paged KV pool across a step's rows
     steps_need_weights: ClassVar[bool] = False  # make_steps takes the weights (the Engine builds them on first use)
     # the model holds runs of like layers as stacked weights and its whole-model jits scan over them (one program

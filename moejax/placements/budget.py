@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,13 +17,11 @@ from moejax.plan.auto import PLACEMENT_WHAT_IF, what_would_change
 from moejax.placements.registry import load_registry
 from moejax.plan.placement import choose_placement
 
-if TYPE_CHECKING:
-    from jax.typing import DTypeLike
-
-    from moejax.placements.base import Placement
-    from moejax.plan.engine_plan import EnginePlan
-    from moejax.plan.hardware import Profile
-    from moejax.plan.placement import PlacementOption
+from jax.typing import DTypeLike
+from moejax.placements.base import Placement
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.hardware import Profile
+from moejax.plan.placement import PlacementOption
 
 
 def budget_sizers() -> list[type[Placement]]:

@@ -3,7 +3,7 @@ memory by demand and by a predictor's prefetches (moejax.offload.cached)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from moejax.offload.cached import PREFETCH_DEPTH, CachedExpertsRuntime
 from moejax.offload.host_store import HostStore
@@ -13,13 +13,12 @@ from moejax.offload.setup import check_predictor, predictor_of
 from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.placement import PlacementOption, step_costs
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.offload.predict.protocol import Predictor
-    from moejax.offload.settings import PlacementSettings
-    from moejax.plan.hardware import Profile
-    from moejax.sharding.setup import LayoutSetup
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.offload.predict.protocol import Predictor
+from moejax.offload.settings import PlacementSettings
+from moejax.plan.hardware import Profile
+from moejax.sharding.setup import LayoutSetup
 
 
 class Cached(LayerByLayer):

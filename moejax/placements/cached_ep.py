@@ -1,17 +1,15 @@
 """Cached experts over several devices (fMoE §5, layout experts=ep with placement 'cached'): expert e of every MoE
-layer on device e % D, each device with its own cache of cache_slots slots (moejax.offload.cached_ep)."""
+layer on device e % D, each device with its own cache of cache_slots slots (moejax.sharding.cached_ep)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from moejax.offload.cached_ep import CachedExpertsOverEPRuntime, RoundRobinStore
+from moejax.sharding.cached_ep import CachedExpertsOverEPRuntime, RoundRobinStore
 from moejax.placements.cached import Cached
 
-if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 
 class CachedEP(Cached):

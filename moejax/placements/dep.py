@@ -3,7 +3,7 @@ experts on another, activations exchanged per token chunk (moejax.sharding.dep).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moejax.models.moe import is_routed_expert
 from moejax.placements.base import LayerByLayer, Store
@@ -12,15 +12,14 @@ from moejax.plan.findep import solve_dep
 from moejax.plan.findep_online import OnlineDep
 from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.offload.layered_steps import LayeredSteps
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.plan.dep_sim import Simulation
-    from moejax.plan.hardware import Profile
-    from moejax.sharding.setup import LayoutSetup
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.plan.dep_sim import Simulation
+from moejax.plan.hardware import Profile
+from moejax.sharding.setup import LayoutSetup
 
 
 class DEP(LayerByLayer):

@@ -2,10 +2,12 @@
 on the host CPU, the experts paged in with a resident share r_w, and CGOPipe's schedule over micro-batches
 (moejax.lightning). Its policy (N, μ, A_g, F_g, r_w, r_c) is the budget's LightningPlan."""
 from __future__ import annotations
+from jax.typing import DTypeLike
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.hardware import Profile
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 
@@ -18,18 +20,13 @@ from moejax.placements.budget import budget_for
 from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.lightning import CPU_USABLE
 
-if TYPE_CHECKING:
-    from flax import nnx
-    from jax.typing import DTypeLike
-
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.lightning.policy import LightningPlan
-    from moejax.offload.layered_steps import LayeredSteps
-    from moejax.offload.settings import PlacementSettings
-    from moejax.plan.engine_plan import EnginePlan
-    from moejax.plan.hardware import Profile
-    from moejax.sharding.setup import LayoutSetup
+from flax import nnx
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.lightning.policy import LightningPlan
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 # the host's paged attention kernel: Pallas does not run on a CPU, and 'cpu' (moejax.kernels.attention.paged_cpu)
 # read the pool 1.1-5x faster than 'xla' there (bench/README.md, "Lightning against streamed and cached")

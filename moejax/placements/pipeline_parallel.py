@@ -2,19 +2,17 @@
 micro-batches passed from stage to stage in one jit (moejax.sharding.pipeline_steps). Prefill-only scoring."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moejax.placements.base import Placement, Store
 from moejax.sharding.pipeline_steps import PipelineSteps, StageStore
 
-if TYPE_CHECKING:
-    from flax import nnx
-
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.offload.memory_budget import MemoryBudget
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from flax import nnx
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 
 class Pipeline(Placement):

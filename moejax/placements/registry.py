@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-if TYPE_CHECKING:
-    from moejax.placements.base import Placement
+from moejax.placements.base import Placement
 
 REGISTRY = (
     "moejax.placements.dep:DEP",

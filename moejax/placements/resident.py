@@ -1,14 +1,12 @@
 """Every weight on the device (or spread over a layout's devices): the whole-model jits run every step."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
 from moejax.placements.base import Placement
 
-if TYPE_CHECKING:
-    from moejax.offload.settings import PlacementSettings
-    from moejax.sharding.setup import LayoutSetup
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 
 class Resident(Placement):

@@ -2,9 +2,10 @@
 `window` layers ahead. stream='python': a loop over per-layer jits moves them (moejax.offload.streamed);
 stream='jit': the experts are host-memory inputs of the whole-model jits and XLA schedules their copies."""
 from __future__ import annotations
+from moejax.plan.hardware import Profile
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
@@ -16,14 +17,12 @@ from moejax.offload.streamed import StreamedExpertsRuntime
 from moejax.placements.base import LayerByLayer, Placement, Store
 from moejax.plan.placement import PlacementOption, step_costs
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.models.moe import MoEBlock
-    from moejax.offload.layered_steps import LayeredSteps
-    from moejax.offload.settings import PlacementSettings
-    from moejax.plan.hardware import Profile
-    from moejax.sharding.setup import LayoutSetup
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.models.moe import MoEBlock
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.settings import PlacementSettings
+from moejax.sharding.setup import LayoutSetup
 
 
 class Streamed(LayerByLayer):

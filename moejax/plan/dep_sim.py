@@ -25,11 +25,10 @@ resource."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.plan.hardware import Profile
+from moejax.config import ModelConfig
+from moejax.plan.hardware import Profile
 
 RESOURCES = ("AG", "A2E", "EG", "E2A")
 SIM_ORDERS = ("asas", "aass", "pppipe")

@@ -9,7 +9,7 @@ import dataclasses
 from moejax import options
 from moejax.offload.settings import PlacementSettings
 from moejax.options import option
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
 @dataclasses.dataclass(frozen=True)
 class Workload:

@@ -68,6 +68,7 @@ from moejax.costs import param_count
 from moejax.plan.dep_sim import TaskTimes
 from moejax.plan.findep_costs import R2_MAX, DepCoefficients, _fit_attention_group, attention_gemms, fit_coefficients
 from moejax.plan.hardware import GiB, Profile
+from moejax.layout import dep_default_split
 
 ORDERS = ("asas", "aass")  # FinDEP's two dispatch orders (§4.1)
 PLAN_ORDERS = ORDERS + ("pppipe",)
@@ -326,7 +327,7 @@ class DepChoice:
 
 
 def layout_spec(c: DepChoice | DepSchedule) -> str:
-    """The moejax layout string (moejax.sharding.layout) of a DepChoice or DepSchedule."""
+    """The moejax layout string (moejax.layout) of a DepChoice or DepSchedule."""
     return (f"attn=dp,experts=dep,attn_devices={c.attn_devices},expert_devices={c.expert_devices},r1={c.r1},"
             f"r2={c.r2},order={c.order}")
 
@@ -603,10 +604,9 @@ def pppipe_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int
 
 def default_plan(cfg: ModelConfig, profile: Profile, *, devices: int, tokens: int, seq_len: int,
                  memory_bytes: float | None = None) -> DepSchedule:
-    """What `layout=attn=dp,experts=dep` runs without a plan (moejax.sharding.layout.dep_default_split): half the
+    """What `layout=attn=dp,experts=dep` runs without a plan (moejax.layout.dep_default_split): half the
     devices each (the expert group the larger half), or the nearest split whose expert group the experts divide
     over (its `searched` says so), r1 = r2 = 1, ASAS; predicted under the same model."""
-    from moejax.sharding.layout import dep_default_split
     try:
         A, B, moved = dep_default_split(cfg.num_experts, devices)
     except ValueError as e:

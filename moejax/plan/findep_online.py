@@ -16,14 +16,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from moejax.plan.findep import solve_step
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.plan.hardware import Profile
+from moejax.config import ModelConfig
+from moejax.plan.hardware import Profile
 
 ONLINE_FIELDS = ("r1", "r2", "order")  # what a step may change; the groups (A, B) hold the weights and stay
 

@@ -14,7 +14,7 @@ import math
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+    from _typeshed import DataclassInstance  # typeshed's, for type checkers only
 
 D = TypeVar("D", bound="DataclassInstance")  # a profile or one of its groups of fields
 

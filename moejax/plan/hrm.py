@@ -20,7 +20,6 @@ Profile); lightning.py builds the latency model and the policy search on both.""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -28,8 +27,7 @@ from numpy.typing import ArrayLike
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs, param_count, prefill_flops
 
-if TYPE_CHECKING:
-    from moejax.plan.hardware import Profile
+from moejax.plan.hardware import Profile
 
 Num = float | np.ndarray  # a count or size, or an array of them (elementwise)
 
@@ -224,8 +222,8 @@ def plot_roofline(hrm_data: RooflineData, policy: object, path: str) -> str:
     """Write a PNG: the five roofs (log-log), P1 and P2, and `policy.operating_points` ((label, I, FLOP/s)
     triples; a LightningPolicy has them). matplotlib is an optional extra (`pip install moejax[plots]`)."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # optional: the plots extra
+        from matplotlib.figure import Figure  # optional: the plots extra
     except ImportError:
         raise ImportError("plot_roofline needs matplotlib: pip install 'moejax[plots]'") from None
     points = [p for p in getattr(policy, "operating_points", ()) if np.isfinite(p[1]) and p[1] > 0]

@@ -18,16 +18,15 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
 from moejax.costs import Transfer, layout_comm, param_count, prefill_flops
 from moejax.plan.hardware import Profile
 from moejax.plan.theta import layer_expert_bytes
-from moejax.sharding.layout import ATTN, IMPLEMENTED, Layout
+from moejax.layout import ATTN, IMPLEMENTED, Layout
 
-if TYPE_CHECKING:
-    from moejax.plan.findep import DepSchedule
+from moejax.plan.findep import DepSchedule
+from moejax.plan.findep import solve_dep
 
 FIT_FRACTION = 0.9
 _LINK = {"all-to-all": "all_to_all", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
@@ -139,7 +138,6 @@ def candidates(cfg: ModelConfig, devices: int) -> list[Layout]:
 def dep_option(cfg: ModelConfig, profile: Profile, devices: int, tokens: int, seq_len: int,
                fixed: Layout | None = None) -> tuple[LayoutOption, DepSchedule | None]:
     """FinDEP's best DEP layout (fields of `fixed` that are not "auto" held), as an option, and its DepSchedule."""
-    from moejax.plan.findep import solve_dep
     fields = ("attn_devices", "expert_devices", "r1", "r2", "order")
     held = {} if fixed is None else {k: getattr(fixed, k) for k in fields if getattr(fixed, k) not in ("auto", None)}
     try:

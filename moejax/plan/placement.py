@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from moejax.config import ModelConfig
 from moejax.costs import prefill_flops
 from moejax.plan.hardware import Profile
 
-if TYPE_CHECKING:
-    from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,23 +8,23 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # optional: the plots extra (annotations only)
 
 
 def _pyplot() -> ModuleType:  # matplotlib.pyplot
     try:
-        import matplotlib
+        import matplotlib  # optional: the plots extra
     except ImportError:
         raise RuntimeError("plots need matplotlib: pip install 'moejax[plots]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: the plots extra
     return plt
 
 
 def gantt(schedules: dict, path: str, title: str = "") -> str:
     """schedules: name (e.g. ASAS) -> (makespan, [(resource, label, start, end)]) from moejax.plan.dep_sim or a
-    lightning probe (moejax.lightning.probe); one panel per schedule, one row per resource. Writes a PNG; returns its
-    path."""
+    lightning probe (moejax.measure.lightning_probe); one panel per schedule, one row per resource. Writes a PNG;
+    returns its path."""
     plt = _pyplot()
     fig, axes = plt.subplots(len(schedules), 1, figsize=(12, 2.2 * len(schedules)), squeeze=False)
     colors = {"attn": "tab:blue", "shared": "tab:cyan", "a2e": "tab:orange", "experts": "tab:green",

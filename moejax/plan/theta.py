@@ -33,7 +33,7 @@ MODES = ("streamed", "async_ep", "two_channel")
 
 class Theta(Protocol):
     """Θ as an Engine holds it (Engine.saturation): a ThetaEstimate made at load, or one measured on the engine
-    (moejax.offload.saturation.Saturation, which cannot be named here: that module imports the Engine)."""
+    (moejax.offload.saturation.Saturation)."""
 
     @property
     def theta_flops(self) -> float: ...

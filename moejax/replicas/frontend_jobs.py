@@ -3,7 +3,6 @@ running one leaves there, and its MoE-Prefill Eq. 2 cost in true FLOPs given wha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from moejax.costs import true_prefill_flops
 from moejax.models.kv_pool import BLOCK
@@ -12,8 +11,7 @@ from moejax.replicas.frontend import Job
 from moejax.sched.prefix_cache import BlockHolder, block_hashes
 from moejax.requests.parse import CompletionRequest, ScoreRequest
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
+from moejax.config import ModelConfig
 
 
 def request_job(key: int, req: ScoreRequest | CompletionRequest, cfg: ModelConfig,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from moejax.costs import true_prefill_flops
 from moejax.sched.batch_size import DEFAULT_TOKENS
@@ -13,8 +12,7 @@ from moejax.replicas.frontend import Frontend, Job, ReplicaMirror
 from moejax.replicas.frontend_jobs import request_job
 from moejax.requests.parse import CompletionRequest, ScoreRequest, parse_lines
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 
 def plan_routing(jobs: Sequence[Job], thetas: Sequence[float], routing: str) -> tuple[Frontend, int]:

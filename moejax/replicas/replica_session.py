@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from moejax.compiles import counting
 from moejax.models.kv_pool import Layer
@@ -19,8 +18,7 @@ from moejax.requests.results import ResultStore
 from moejax.sched.runner import Runner
 from moejax.sched.serving_options import ServingOptions
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 
 @dataclasses.dataclass

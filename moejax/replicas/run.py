@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moejax import options
 from moejax.costs import true_prefill_flops
@@ -37,9 +37,12 @@ from moejax.requests.results import ResultStore, error_line
 from moejax.sched.serving_options import ServingOptions
 from moejax.replicas.watchdog import Watchdog
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.replicas.replica_session import ShareDone
+import jax
+from moejax.engine import Engine
+from moejax.loading import read_model
+from moejax.sched.batch import engine_settings
+from moejax.replicas.replica_session import ShareDone
+from moejax.replicas.replica_session import ReplicaSession
 
 
 SHARES_AHEAD = 2  # shares routed to a replica and not finished: the one it runs and the next, queued behind it
@@ -77,7 +80,7 @@ class ReplicaPlan:
 
 def import_ray() -> Any:
     try:
-        import ray
+        import ray  # optional: the ray extra
     except ImportError:
         raise ReplicasFailed("engine replicas run as Ray actors, and Ray is not installed: "
                              "pip install 'moejax[ray]'") from None
@@ -93,9 +96,7 @@ class ReplicaWorker:
             flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
                      if not f.startswith("--xla_force_host_platform_device_count")]
             os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
-        import jax
 
-        from moejax.sched.batch import engine_settings
         self.engine = make_engine()
         self.options = options
         self.session: Any = None
@@ -115,7 +116,6 @@ class ReplicaWorker:
         return self.info
 
     def begin(self, settings: dict) -> None:
-        from moejax.replicas.replica_session import ReplicaSession
         self.session = ReplicaSession(self.engine, self.options, settings)
 
     def serve(self, requests: list[Request], ids: dict[int, str], keep: frozenset[bytes]) -> ShareDone:
@@ -246,7 +246,6 @@ class ReplicaRun:
               on_round: Callable[[ReplicaRun], None] | None = None) -> dict:
         """Serve `lines` into `store_path` (None: stdout) -> the run summary. run_settings: what decides the results
         (the journal's header; a resume must match). on_round(self): called after each round is dispatched."""
-        from moejax.loading import read_model
         cfg, tokenizer, chat = read_model(self.model, self.num_layers)
         entries = parse_lines(lines, tokenizer=tokenizer, vocab_size=cfg.vocab_size,
                               max_context=cfg.max_position_embeddings, chat=chat)

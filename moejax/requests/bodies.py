@@ -8,13 +8,11 @@ import math
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from moejax.requests.parse import CompletionRequest, ScoreRequest
 from moejax.requests.token_text import TokenText
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from tokenizers import Tokenizer
 
 
 @dataclass

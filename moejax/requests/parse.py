@@ -9,16 +9,13 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from moejax.sampling import RULES, SamplingParams
 from moejax.requests.fields import Invalid, flag, is_int, nonempty_list, number, reject_unknown, show, string_field
 from moejax.requests.openai_params import NO_OP_KEYS, check_no_ops
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-    from moejax.chat import ChatTemplate
+from moejax.chat import ChatTemplate
+from tokenizers import Tokenizer
 
 SCORE_URL = "/v1/score"
 COMPLETIONS_URL = "/v1/completions"

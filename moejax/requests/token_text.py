@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from tokenizers import Tokenizer
 
 
 def byte_level_table() -> dict[str, int]:

@@ -6,7 +6,6 @@ import dataclasses
 import hashlib
 import secrets
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import jax
 
@@ -21,8 +20,7 @@ from moejax.requests.results import ResultStore, error_line, request_id
 from moejax.sched.runner import Progress, Runner
 from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 
 def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, options: ServingOptions, *,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from moejax.buckets import bucket, fine_bucket
 from moejax.models.kv_pool import BLOCK
@@ -15,8 +15,8 @@ from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import BlockHolder, PrefixCache, block_hashes
 from moejax.requests.parse import CompletionRequest, ScoreRequest
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
+from moejax.config import ModelConfig
+from moejax.costs import true_prefill_flops
 
 KV_MODES = ("auto", "on", "off")
 
@@ -148,8 +148,6 @@ def tree_flops(cfg: ModelConfig) -> Callable[[list[ScoreSeq], BlockHolder | None
     recomputed (packing.pack_row). The cache is counted per sequence, by its own context's blocks. True FLOPs,
     attention included (moejax.costs.true_prefill_flops): the unit Θ is in, Eq. 1 and Eq. 3 alike, so a batch
     admitted at Θ holds the compute Θ stands for."""
-    from moejax.costs import true_prefill_flops
-
     def flops_of(tree: list[ScoreSeq], cache: BlockHolder | None = None) -> float:
         total = 0.0
         prev: tuple[int, ...] = ()

@@ -15,7 +15,6 @@ unrolls as many query blocks."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 
@@ -23,9 +22,10 @@ from moejax.config import ModelConfig
 from moejax.kernels.attention.blocked import BLOCK as QUERY_BLOCK
 from moejax.offload.memory_budget import size
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.plan.hardware import Profile
+from moejax.engine import Engine
+from moejax.plan.hardware import Profile
+from moejax.plan.resolve import profile_for
+from moejax.plan.theta import theta_eq1
 
 DEFAULT_TOKENS = 8192  # launch.serve's budget before batches were sized from the device; CPUs and completions keep it
 _F32 = 4
@@ -81,8 +81,6 @@ def score_batch_size(engine: Engine, asked: int | None, *, longest: int, reserve
         floor = f"Θ of the streamed experts, {theta.source}"
         tokens = theta.theta_tokens
     else:
-        from moejax.plan.resolve import profile_for
-        from moejax.plan.theta import theta_eq1
         if profile is None:
             try:
                 profile = profile_for(jax.devices()[0].device_kind, len(jax.devices()),

@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -44,8 +44,7 @@ from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
 from moejax.steps.rows import ChunkRows, PagedDecodeRows
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 # Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
 # most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables

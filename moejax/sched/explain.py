@@ -2,16 +2,14 @@
 MFU estimate. Replays the exact packing the runner would do, without touching the model."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import jax
 
 from moejax import options
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.sched.batch_schedule import BatchSchedule
-    from moejax.sched.runner import Runner
+from moejax.engine import Engine
+from moejax.sched.batch_schedule import BatchSchedule
+from moejax.sched.runner import Runner
 
 # Dense (no sparsity) 16-bit tensor-core peaks from NVIDIA datasheets, FLOP/s.
 DATASHEET_PEAKS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12, "B200": 2250e12}

@@ -8,13 +8,11 @@ log-probabilities come from a scoring pass)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from moejax.models.kv_pool import BLOCK
 from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudget, device_budget_bytes, size
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 DEFAULT_MB = 1024.0
 

@@ -7,12 +7,11 @@ import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from moejax.models.kv_pool import BLOCK
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
+from moejax.engine import Engine
 
 
 class BlockHolder(Protocol):

@@ -9,7 +9,7 @@ import time
 import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +28,9 @@ from moejax.requests.parse import MAX_LOGPROBS, CompletionRequest, Request, Scor
 from moejax.requests.results import ResultStore, WriteFailed, error_line, ok_line
 from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.sched.continuous import GenRequest
+from moejax.engine import Engine
+from moejax.sched.continuous import GenRequest
+from moejax.sched.continuous import Scheduler
 
 
 @dataclasses.dataclass
@@ -303,7 +303,6 @@ class Runner:
     def _run_continuous(self, reqs: list[CompletionRequest]) -> None:
         """Every completion through one continuous-batching scheduler; a request's result is written when its
         last choice ends (while the next step runs)."""
-        from moejax.sched.continuous import GenRequest, Scheduler
         items: list[GenRequest] = []
         # request -> choice -> (tokens, cached prompt tokens)
         done: defaultdict[int, dict[int, tuple[list[int], int]]] = defaultdict(dict)

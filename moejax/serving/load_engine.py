@@ -14,7 +14,7 @@ import jax
 
 import moejax
 from moejax import options
-from moejax.offload.saturation import profile_saturation
+from moejax.measure.saturation import profile_saturation
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for

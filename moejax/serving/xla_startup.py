@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from jax._src import xla_bridge
 
 COMMAND_BUFFERS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
 COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
@@ -61,7 +62,6 @@ def apply(args: argparse.Namespace) -> dict:
     wanted = environment(getattr(args, "command_buffers", False), getattr(args, "mem_fraction", None),
                          getattr(args, "tfrt_gpu_client", False))
     if wanted:
-        from jax._src import xla_bridge
         if xla_bridge.backends_are_initialized():
             raise SystemExit(f"{', '.join(wanted)}: JAX's backend has started already; these must be set before")
         os.environ.update(wanted)

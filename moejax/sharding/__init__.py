@@ -1,5 +1,5 @@
-"""Parallel layouts as shard_map programs on a jax.sharding.Mesh (see layout.py for the spec)."""
-from moejax.sharding.layout import Layout
+"""Parallel layouts as shard_map programs on a jax.sharding.Mesh (see moejax.layout for the spec)."""
+from moejax.layout import Layout
 from moejax.sharding.mesh import make_mesh
 
 __all__ = ["Layout", "make_mesh"]

@@ -24,7 +24,7 @@ import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,15 +39,14 @@ from moejax.offload import layered_steps
 from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
 from moejax.sharding import multihost
 from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.mesh import make_mesh
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
-    from moejax.models.attention import Cache, Positions
-    from moejax.plan.findep_online import OnlineDep
-    from moejax.steps.rows import DecodeRows
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.models.attention import Cache, Positions
+from moejax.plan.findep_online import OnlineDep
+from moejax.steps.rows import DecodeRows
 
 
 class ExpertGroup:

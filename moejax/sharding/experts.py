@@ -20,7 +20,7 @@ replicated input and all-gather their outputs back."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +28,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
-if TYPE_CHECKING:
-    from jax.sharding import Mesh
-
-    from moejax.models.moe import ExpertFFN, MoEBlock
+from jax.sharding import Mesh
+from moejax.models.moe import ExpertFFN, MoEBlock
 
 AXIS = "x"
 ArrayT = TypeVar("ArrayT", np.ndarray, jax.Array)  # a checkpoint's numpy array or a jax one

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Container
-from typing import TYPE_CHECKING
 
 import jax
 from flax import nnx
@@ -23,10 +22,9 @@ from moejax.offload import layered_steps
 from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
+from moejax.config import ModelConfig
 
 _LOCAL = Layout(attn="dp", experts="replicated")  # each device its own tokens against whole experts
 
@@ -90,7 +88,7 @@ class GatheredStreamed(layered_steps.LayerRuntime):
             self._whole[nxt] = gathered
         return out
 
-    # Θ's profile (moejax.offload.saturation) times each layer's compute with its experts already in place:
+    # Θ's profile (moejax.measure.saturation) times each layer's compute with its experts already in place:
     def ready_experts(self, layer: int) -> dict[str, jax.Array]:
         """A layer's experts whole on every device, waited for."""
         return jax.block_until_ready(self._gather(self.store.fetch(layer)))

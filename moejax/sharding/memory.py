@@ -13,7 +13,7 @@ import numpy as np
 
 from moejax.models.moe import is_routed_expert
 from moejax.offload.memory_budget import RESERVE_FRACTION, size
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.stages import stage_bytes
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax._src import distributed  # the client of jax.distributed's coordination service (orbax uses it so too)
 
 
 def initialize(coordinator: str, num_processes: int, process_id: int, *, init_timeout_s: int = 300,
@@ -183,7 +184,6 @@ def _wait_for_every_process(timeout_s: int = 600) -> None:
     past it no copy is in flight. A process that enters a CPU collective while a peer still copies from it never
     leaves it (gloo holds the threads the copy needs): 2 processes x 4 CPU devices hung in about half of the runs
     there, none of 6 with this barrier."""
-    from jax._src import distributed  # the client of jax.distributed's coordination service (orbax uses it so too)
     client = distributed.global_state.client
     if client is not None:
         client.wait_at_barrier(f"moejax_from_owners_{next(_barriers)}", timeout_s * 1000)

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 from moejax.kernels.backends import Kernels
 from moejax.models.decoder import MoEModel
 from moejax.sharding.experts import AXIS
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.stages import slots, stage_layers
 from moejax.steps import phases
 from moejax.steps.protocol import Pool, Steps

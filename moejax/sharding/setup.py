@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -15,13 +15,12 @@ from moejax.models.moe import is_routed_expert
 from moejax.sharding import multihost
 from moejax.sharding.dep import ExpertGroup, check_group_processes, group_meshes
 from moejax.sharding.experts import AXIS, TP_SPECS, ShardedExperts, tp_columns
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.memory import check_fits, device_weights
 from moejax.sharding.mesh import make_mesh
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.offload.memory_budget import MemoryBudget
+from moejax.config import ModelConfig
+from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,16 +14,14 @@ shape the compiled program). A step may donate the pool and carry it is given: u
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from moejax.models.kv_pool import Layer
 
-if TYPE_CHECKING:
-    import jax
-    from flax import nnx
-
-    from moejax.models.attention import Cache
-    from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
+import jax
+from flax import nnx
+from moejax.models.attention import Cache
+from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 Pool = list[Layer]  # a KV pool: per layer {name: [blocks, BLOCK, ...]} (moejax.models.kv_pool)
 Span = tuple[int | None, ...]  # a packed batch's TreeSpan (head, window): which keys attention reads

@@ -4,14 +4,12 @@ exactly the batches an uninterrupted one would."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from moejax.train import corpus
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from tokenizers import Tokenizer
 
 
 def tokenize_files(tok: Tokenizer, root: str, files: list[str], eos_id: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from moejax.offload.predict.learned import EstimatorPredictor
 from moejax.offload.predict.replay import recall, recall_by_layer, true_routing
 from moejax.offload.predict.router import DefaultVectors, RouterPredictor
 from moejax.offload.predict.traces import Traces
+from tqdm import tqdm
 
 
 def estimator_pairs(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors, distance: int,
@@ -117,7 +118,6 @@ def distill(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors, *, dis
     n = len(pairs[0])
     log(f"distill: {len(train.tokens)} training tokens ({n} pairs), {len(validation.tokens)} validation tokens, "
         f"distance {distance}, {train_steps} steps of {batch}")
-    from tqdm import tqdm
     bar = tqdm(total=train_steps, disable=None if progress is None else not progress, unit="step", dynamic_ncols=True)
     history, t0 = [], time.time()
     for i in range(1, train_steps + 1):

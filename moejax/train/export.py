@@ -7,7 +7,6 @@ import json
 import os
 import platform
 import shutil
-from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
@@ -16,8 +15,9 @@ from moejax.config import ModelConfig
 from moejax.models.families import Experts, source
 from moejax.train.model import LOAD_BALANCE_COEF, Z_LOSS_COEF, TrainModel
 
-if TYPE_CHECKING:
-    from moejax.train.loop import Run
+from moejax.train.loop import Run
+from moejax.train.quality import run_quality
+from safetensors.numpy import save_file
 
 _NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
@@ -48,7 +48,6 @@ def hf_tensors(cfg: ModelConfig, model: TrainModel, params: dict, dtype: str) ->
 def export(run: Run, result: dict, target: str, *, dtype: str = "bfloat16", quality: dict | None = None) -> None:
     """Write the checkpoint of `result` (train()'s return) into `target` (replaced if it exists), then measure
     it on the run's held-out split (moejax.train.quality) for the model card unless `quality` is given."""
-    from safetensors.numpy import save_file
     if run.cfg.model_type != "qwen3_moe":
         raise NotImplementedError(f"export writes qwen3_moe checkpoints; the run is {run.cfg.model_type}")
     model = TrainModel(run.cfg)
@@ -64,7 +63,6 @@ def export(run: Run, result: dict, target: str, *, dtype: str = "bfloat16", qual
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(run.out, "tokenizer", name), os.path.join(target, name))
     if quality is None:
-        from moejax.train.quality import run_quality
         quality = run_quality(target, run)
     with open(os.path.join(target, "README.md"), "w") as f:
         f.write(model_card(run, result, quality, dtype))

@@ -29,6 +29,8 @@ from moejax.train.configs import train_config
 from moejax.train.data import batch_at, eval_windows, tokenize_files
 from moejax.train.model import LOAD_BALANCE_COEF, Z_LOSS_COEF, TrainModel, loss_fn
 from moejax.train.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
+from tokenizers import Tokenizer
+from tqdm import tqdm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,6 @@ class Run:
             self.settings = settings or Settings()
             self.settings.validate()
             self._prepare()
-        from tokenizers import Tokenizer
         self.tokenizer = Tokenizer.from_file(os.path.join(out, "tokenizer", "tokenizer.json"))
         eos_id = self.tokenizer.token_to_id(END_OF_TEXT)
         assert eos_id is not None, f"{END_OF_TEXT} is not in the run's tokenizer"  # _prepare trains it in
@@ -202,7 +203,6 @@ def train(run: Run, *, progress: bool | None = None) -> dict:
                     wall_s=wall_before + time.time() - t_start)
 
     metrics_file = open(os.path.join(run.out, "metrics.jsonl"), "a")
-    from tqdm import tqdm
     bar = tqdm(total=s.steps, initial=step, disable=None if progress is None else not progress, unit="step",
                dynamic_ncols=True)
     t_start = last_save = time.time()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +14,9 @@ from flax import nnx
 from moejax.models.moe import route
 from moejax.train.model import forward_with_router
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.train.loop import Run
+import moejax
+from moejax.engine import Engine
+from moejax.train.loop import Run
 
 
 def _windows(tokens: np.ndarray, window: int) -> np.ndarray:
@@ -126,7 +125,6 @@ def greedy_samples(engine: Engine, prompts: Sequence[str] = GREEDY_PROMPTS, *, m
 def run_quality(checkpoint: str, run: Run) -> dict:
     """The model card's numbers: the exported checkpoint (as served: its own dtype) on the run's held-out split,
     the bigram fit on its training split."""
-    import moejax
     engine = moejax.load(checkpoint)
     window = min(run.settings.seq_len, engine.config.max_position_embeddings - 1)
     out = model_quality(engine, run.held_out_tokens, window=window)

@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+from tokenizers import Tokenizer
+from tokenizers import decoders
+from tokenizers import models
+from tokenizers import pre_tokenizers
+from tokenizers import processors
+from tokenizers import trainers
 
 END_OF_TEXT = "<|endoftext|>"  # separates documents in training and ends generation
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> Tokenizer:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     if vocab_size < 257 + 1:
         raise ValueError(f"vocab_size must hold the 256 bytes and {END_OF_TEXT}: at least 258, got {vocab_size}")
     tok = Tokenizer(models.BPE())

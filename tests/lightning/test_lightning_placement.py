@@ -12,7 +12,7 @@ import pytest
 import moejax
 from conftest import fixture_dir, reference
 from lightning_generate import NEW_TOKENS, scheduled
-from moejax.lightning.probe import explain_lines, probe_decode
+from moejax.measure.lightning_probe import explain_lines, probe_decode
 from moejax.lightning.schedule import PAGE, cgopipe_order
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import load_profile

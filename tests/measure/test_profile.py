@@ -149,7 +149,7 @@ def test_default_profile_path_follows_xdg_cache_home(monkeypatch, tmp_path):
 
 
 def test_device_tag_matches_the_benchmarks():
-    from launch.bench.util import device_tag as bench_tag
+    from launch.bench.provenance import device_tag as bench_tag
     for kind in ("NVIDIA H100 80GB HBM3", "cpu", "  TPU v5 lite ", "a/b:c", ""):
         assert device_tag(kind) == bench_tag(kind)
 

@@ -196,7 +196,7 @@ def test_bad_offload_options_are_clear_errors(options, message):
 
 
 def test_saturation_profile_and_explain():
-    from moejax.offload.saturation import profile_saturation
+    from moejax.measure.saturation import profile_saturation
     engine = moejax.load("tiny-qwen3-moe", dtype="float32", placement="streamed", window=1)
     sat = profile_saturation(engine, tokens=64)
     assert sat.theta_flops == pytest.approx((1 + sat.epsilon) * max(sat.streamed_s.values()) / sat.t0_s * sat.ref_flops)

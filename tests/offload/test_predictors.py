@@ -292,7 +292,7 @@ def test_router_free_skips_the_router_unless_mispredictions_are_counted(resident
 
 
 def test_best_answers_pick_the_candidate_with_the_highest_log_probability(resident):
-    from moejax.offload.predict.speculation_cost import best_answers
+    from moejax.eval.speculation_cost import best_answers
     from moejax.requests.parse import Candidate, ScoreRequest
     prompt = (5, 9, 2, 7)
     candidates = tuple(Candidate(None, (t,)) for t in (3, 11, 17))

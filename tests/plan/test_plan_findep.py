@@ -12,7 +12,7 @@ from moejax.plan import findep, findep_costs
 from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_schedule
 from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 
 
 def _preset(name: str) -> ModelConfig:

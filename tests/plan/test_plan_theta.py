@@ -96,7 +96,7 @@ def test_eq1_and_the_profiled_eq3_agree_on_the_cpu_profile(cpu_profile):
     compute and its copy take a few milliseconds, mostly Python and XLA dispatch, which Eq. 3's timings include and
     Eq. 1's peak rate and link fit do not; and Eq. 3 can only say Θ is about its reference batch when that batch
     already hides the copy."""
-    from moejax.offload.saturation import profile_saturation
+    from moejax.measure.saturation import profile_saturation
     engine = moejax.load("tiny-qwen3-moe", dtype="float32", placement="streamed", window=1)
     profiled = profile_saturation(engine, tokens=128)
     eq1 = theta_eq1(engine.config, cpu_profile.with_overrides({"dtype_bytes": 4}))

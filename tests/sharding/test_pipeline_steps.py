@@ -16,7 +16,7 @@ import pytest
 import moejax
 from moejax.config import ModelConfig
 from moejax.costs import layout_comm
-from moejax.sharding.layout import Layout
+from moejax.layout import Layout
 from moejax.sharding.stages import slots, stage_bytes, stage_layers
 from workers import run_workers
 

@@ -20,6 +20,10 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from moejax.kernels.platform import resolve
+from moejax.kernels.attention import paged_pallas
+from moejax.kernels.attention import paged_xla
+from moejax.kernels.attention import paged_cpu
+from moejax.kernels.attention import attention
 
 BACKENDS = ("reference", "xla", "cpu", "pallas", "pallas_interpret")
 
@@ -34,20 +38,16 @@ def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Arra
     window = None if sliding_window is None else int(sliding_window)
     q_offset = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (q.shape[0],))
     if backend == "xla":
-        from moejax.kernels.attention import paged_xla
         return paged_xla.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
                                    scale=scale)
     if backend == "cpu":
-        from moejax.kernels.attention import paged_cpu
         return paged_cpu.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
                                    scale=scale)
     if backend == "reference":
-        from moejax.kernels.attention import attention
         k = jnp.concatenate([gather_blocks(p, block_table) for p in k_parts], axis=-1)
         v = gather_blocks(v_pool, block_table)
         return attention(q, k, v, sliding_window=window, sinks=sinks, q_offset=q_offset, scale=scale,
                          backend=backend)
-    from moejax.kernels.attention import paged_pallas
     return paged_pallas.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
                                   scale=scale, interpret=backend == "pallas_interpret")
 

@@ -29,6 +29,7 @@ from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, 
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
 from moejax.kernels.padding import pad_axis, round_up
+from moejax.kernels.grouped_matmul.mosaic_ws import warp_specialized_body
 
 HOPPER_SMS = 132  # H100 SXM / H200: the grid when lowering on a machine without the GPU
 
@@ -59,7 +60,6 @@ def aligned_call(xa: jax.Array, w: jax.Array, tile_group: jax.Array, cfg: Mosaic
                          f"{cfg.block_n}")
     threads: dict[str, Any]  # plgpu.kernel's thread keywords
     if cfg.compute_wgs == 2:
-        from moejax.kernels.grouped_matmul.mosaic_ws import warp_specialized_body
         body, threads = warp_specialized_body(cfg, K, N, out_dtype), dict(num_threads=3, thread_name="wg")
     elif cfg.compute_wgs == 1:
         body, threads = _one_warpgroup_body(cfg, K, N, out_dtype), {}

@@ -14,8 +14,11 @@ from collections.abc import Callable
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.typing import DTypeLike
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so (mosaic.py imports this module)
+    plgpu = None  # type: ignore[assignment]  # a module or None: checked before use
 
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
 

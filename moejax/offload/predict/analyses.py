@@ -11,7 +11,6 @@
   rates over ranks is the recall of `replay.recall`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +20,8 @@ from flax import nnx
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
 from moejax.offload.predict.router import DefaultVectors, _hop
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
-    from moejax.offload.predict.traces import Traces
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.predict.traces import Traces
 
 _f32 = jnp.float32
 

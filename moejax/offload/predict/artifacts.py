@@ -4,12 +4,10 @@ routed experts, hidden size). Each error is one line naming the option (field an
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
+from moejax.config import ModelConfig
 
 # the arrays each kind's directory holds, and the option (PlacementSettings field, launch.serve flag) that takes it
 KINDS = {"default vectors": (frozenset({"vectors", "counts"}), "default_vectors (--default-vectors)"),

@@ -2,13 +2,11 @@
 is to the router of MoE layer l + d. No default vectors, no training: what the quasi-hidden state must beat."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from moejax.offload.predict.layer_ops import route_input
 from moejax.offload.predict.protocol import Arrays, Prediction
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 
 
 class PreviousHiddenPredictor:

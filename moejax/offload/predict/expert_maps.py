@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,9 +37,8 @@ from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Pending, Prediction, Predictor
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
-    from moejax.offload.predict.traces import Traces
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.predict.traces import Traces
 
 
 POLICIES = ("redundancy", "hits")  # ExpertMapStore.policy

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +17,7 @@ from moejax.offload.predict.layer_ops import quasi_hidden, route_logits
 from moejax.offload.predict.protocol import Arrays, Prediction
 from moejax.offload.predict.router import RouterPredictor
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 
 
 @functools.partial(jax.jit, static_argnames=("source",))

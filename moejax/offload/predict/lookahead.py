@@ -9,12 +9,11 @@ or one whose rows differ from the recorded pass's, gets no prediction (counted i
 of a pass is never predicted (the token it routes is not known before the previous pass ends)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from moejax.offload.predict.protocol import Arrays, Prediction
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 
 # (pass number since restart, MoE layer) -> the true (expert ids [N, k], weights [N, k]) as computed
 RoutingTrace = dict[tuple[int, int], tuple[Any, Any]]

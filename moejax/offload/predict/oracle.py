@@ -2,12 +2,10 @@
 0. A speculative run with it must equal the resident model; its hit rate is the ceiling of any predictor."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from moejax.offload.predict.protocol import Arrays, Prediction
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 
 
 class OraclePredictor:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
-if TYPE_CHECKING:
-    from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.layered_steps import LayeredSteps
 
 Arrays = jax.Array | np.ndarray  # on the device, or replayed from recorded traces (moejax.offload.predict.replay)
 

@@ -3,20 +3,16 @@ predictor's own `predict` (the code the cached placement runs), and what it pred
 compared with that layer's true top-k. Recall = the share of true (token, layer, expert) choices predicted."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
 from moejax.offload.predict.protocol import Predictor, resolved
+from moejax.offload.predict.router import EngineModel
 from moejax.offload.predict.traces import Traces
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
 
-
-def steps_of(engine: Engine) -> LayeredSteps:
+def steps_of(engine: EngineModel) -> LayeredSteps:
     """The engine's layers as per-layer jits (no placement: predictors only call norms and routers)."""
     return LayeredSteps(engine.graphdef, engine.params, engine.kernels,
                         placement=None)  # type: ignore[arg-type]  # no MoE layer runs: no runtime

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +23,15 @@ from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Prediction
 
-if TYPE_CHECKING:
-    from moejax.config import ModelConfig
-    from moejax.kernels.backends import Kernels
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
 
 _f32 = jnp.float32
 
 
-class _Engine(Protocol):
-    """What calibration reads of a moejax.engine.Engine (not imported: moejax.engine's imports reach this module)."""
+class EngineModel(Protocol):
+    """What calibration, trace recording (traces) and replay read of an engine: moejax.engine.Engine is one (it sits
+    above this package, which takes it as this protocol)."""
 
     @property
     def config(self) -> ModelConfig: ...
@@ -148,7 +148,7 @@ class _Calibrating(layered_steps.LayerRuntime):
         return layered_steps.run_moe(handle, x, y, idx, weights, experts, self.backend)
 
 
-def run_prompts(engine: _Engine, placement: _Calibrating, prompts: Iterable[Sequence[int]], *,
+def run_prompts(engine: EngineModel, placement: _Calibrating, prompts: Iterable[Sequence[int]], *,
                 max_tokens_per_prompt: int, max_tokens: int | None = None
                 ) -> tuple[layered_steps.LayeredSteps, list[int], list[int]]:
     """Run each prompt (cut to max_tokens_per_prompt; stop once max_tokens are run) alone through `engine`'s
@@ -174,7 +174,7 @@ def run_prompts(engine: _Engine, placement: _Calibrating, prompts: Iterable[Sequ
     return steps, tokens, lengths
 
 
-def calibrate(engine: _Engine, prompts: Iterable[Sequence[int]], *, max_tokens: int = 512) -> DefaultVectors:
+def calibrate(engine: EngineModel, prompts: Iterable[Sequence[int]], *, max_tokens: int = 512) -> DefaultVectors:
     """Default vectors from running `prompts` (lists of token ids, each cut to `max_tokens`) through `engine`
     (any placement: its experts are read layer by layer from wherever they live)."""
     cfg = engine.config

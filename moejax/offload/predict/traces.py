@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.offload.predict.router import DefaultVectors, _Calibrating, run_prompts
+from moejax.offload.predict.router import DefaultVectors, EngineModel, _Calibrating, run_prompts
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.offload.layered_steps import Layer
+from moejax.offload.layered_steps import Layer
 
 _f32 = jnp.float32
 
@@ -85,7 +83,7 @@ class _Recording(_Calibrating):
         return super().moe(handle, x, y, idx, weights)
 
 
-def record(engine: Engine, prompts: Iterable[Sequence[int]], *, max_tokens_per_prompt: int = 512,
+def record(engine: EngineModel, prompts: Iterable[Sequence[int]], *, max_tokens_per_prompt: int = 512,
            max_tokens: int = 65536) -> tuple[Traces, DefaultVectors]:
     """Run `prompts` (lists of token ids, each cut to max_tokens_per_prompt; recording stops once max_tokens
     are held, which bounds memory at max_tokens * M * (D + E) * 4 bytes) -> (Traces, DefaultVectors of the

@@ -3,13 +3,11 @@ engine (exact or speculative placements alike), and the best answer of each mult
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.requests.parse import ScoreRequest
+from moejax.engine import Engine
+from moejax.requests.parse import ScoreRequest
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -20,9 +19,8 @@ from moejax.plan.resolve import profile_for
 from moejax.sampling import Sampling, SamplingParams
 from moejax.steps.rows import PagedDecodeRows
 
-if TYPE_CHECKING:
-    from moejax.engine import Engine
-    from moejax.plan.lightning import LightningPolicy
+from moejax.engine import Engine
+from moejax.plan.lightning import LightningPolicy
 
 
 @dataclasses.dataclass(frozen=True)
