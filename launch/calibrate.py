@@ -15,23 +15,23 @@ are one prefill each. The store holds --capacity maps, deduplicated as §4.4 say
 """
 from __future__ import annotations
 
-from moejax.engine import Engine
 import argparse
 import os
 import sys
 from collections import Counter
 
 import numpy as np
+from flax import nnx
 
 import moejax
 from launch.serve import read_lines
-from moejax.offload.settings import PLACEMENTS
+from moejax.engine import Engine
 from moejax.offload.predict import calibrate
-from moejax.presets import DEFAULT_MODEL
-from moejax.requests.parse import BadLine, CompletionRequest, parse_lines
-from flax import nnx
 from moejax.offload.predict.expert_maps import build_store
 from moejax.offload.predict.traces import record
+from moejax.offload.settings import PLACEMENTS
+from moejax.presets import DEFAULT_MODEL
+from moejax.requests.parse import BadLine, CompletionRequest, parse_lines
 
 
 def request_prompts(engine: Engine, lines: list[str]) -> tuple[list[list[int]], int]:

@@ -28,8 +28,6 @@ requests of --prompt-len tokens making --max-new tokens each, at once, with B de
 log-uniform requests, bench generate's GPU workload)."""
 from __future__ import annotations
 
-from typing import Any
-from moejax.models.kv_pool import Layer
 import argparse
 import functools
 import json
@@ -37,20 +35,22 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 import jax
 import numpy as np
 
 import moejax
-from moejax.steps import paged_phases, token_loop
-from moejax.models.kv_pool import BLOCK
+from launch.bench import decode as bench_decode
+from launch.bench import generate as bench_generate
+from launch.bench import generate_workloads, step_overhead
+from launch.bench.provenance import git_commit
+from launch.bench.results import ResultsFile
+from moejax.models.kv_pool import BLOCK, Layer
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from launch.bench.results import ResultsFile
-from launch.bench.provenance import git_commit
-from launch.bench import decode as bench_decode, generate as bench_generate, generate_workloads, step_overhead
 from moejax.serving import xla_startup
-
+from moejax.steps import paged_phases, token_loop
 
 # jaxlib 0.10.2 and 0.11.1 (jaxlib/xla_client.py, generate_pjrt_gpu_plugin_options) pass this variable to the
 # CUDA plugin as its `use_tfrt_gpu_client` option: the probe's --tfrt-gpu-client sets it.

@@ -10,7 +10,6 @@ validation recall printed as it trains) and picks the Hybrid-PF layers; writes a
 """
 from __future__ import annotations
 
-from moejax.engine import Engine
 import argparse
 import os
 import sys
@@ -21,6 +20,7 @@ import moejax
 from launch.bench.quality import read_texts, stdlib_texts, token_stream
 from launch.calibrate import request_prompts
 from launch.serve import read_lines
+from moejax.engine import Engine
 from moejax.offload.predict import replay
 from moejax.offload.predict.traces import record
 from moejax.train.distill import distill

@@ -12,12 +12,12 @@ kernel, cudaMemcpyAsync from pinned memory). `--small` shrinks every size for th
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
 import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -59,8 +59,8 @@ import sys
 import tempfile
 import time
 
-from launch.bench.results import read_runs, write_json, write_runs
 from launch.bench.provenance import COMMIT_VARIABLE, device_tag, git_commit
+from launch.bench.results import read_runs, write_json, write_runs
 from launch.bench.step_runner import UNFINISHED, Step, StepResult, run_steps, table
 
 PY = sys.executable
@@ -234,7 +234,7 @@ class Check:
         open(self.log, "w").close()
         # a cache the caller names (--cache-dir, or JAX's own variable) outlives the run; else it is the run's own
         self.cache = args.cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(self.work, "jax")
-        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         self.record: dict = dict(mode="dry-run" if self.dry else "gpu", started=started, budget_s=args.budget_s,
                                  command=shlex.join([PY, "-m", "launch.gpu_check", *sys.argv[1:]]), git=_git(),
                                  only=args.only, compilation_cache=self.cache, environment=None, ceilings=None,

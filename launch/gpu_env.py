@@ -9,22 +9,22 @@ checks the same thing.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
 import argparse
 import importlib.metadata
 import json
 import platform
 import subprocess
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from moejax.kernels import expert_ffn, grouped_matmul
 from moejax.kernels.attention import attention
-from moejax.kernels.platform import pallas_unavailable
 from moejax.kernels.lowering import TRITON, cuda_module
+from moejax.kernels.platform import pallas_unavailable
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
             "ml_dtypes", "safetensors", "tokenizers", "jinja2", "tqdm", "pytest", "hypothesis", "torch", "transformers",

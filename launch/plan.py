@@ -14,26 +14,25 @@ FIELD=VALUE` (repeatable) changes any field, dotted into groups (e.g. h2d.bandwi
 --json prints one JSON object; --plot DIR writes PNGs (matplotlib: the `plots` extra)."""
 from __future__ import annotations
 
-from typing import Any
-from moejax.config import ModelConfig
-from moejax.plan.findep import DepSchedule
-from moejax.plan.hardware import Profile
 import argparse
 import dataclasses
 import json
 import os
 import sys
+from typing import Any
 
 import numpy as np
+
+from moejax.config import ModelConfig
 from moejax.models.checkpoint import read_config
 from moejax.plan import dep_sim
 from moejax.plan.datasheets import load_profile
-from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
+from moejax.plan.findep import DepSchedule, default_plan, pppipe_plan, solve_dep
+from moejax.plan.hardware import Profile
 from moejax.plan.hrm import plot_roofline
 from moejax.plan.layouts import choose_layout
 from moejax.plan.lightning import policy_roofline, search_policy
-from moejax.plan.plots import gantt
-from moejax.plan.plots import theta_plot
+from moejax.plan.plots import gantt, theta_plot
 from moejax.plan.theta import layer_time_curve, theta_eq1
 from moejax.presets import PRESETS, preset_config, resolve_embedded
 

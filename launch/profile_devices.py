@@ -14,26 +14,26 @@ of the devices present into an attention and an expert group, at a few token cou
 profile, where FinDEP's solver uses them. Simulated CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=8."""
 from __future__ import annotations
 
-from moejax.measure.hardware import Measurement, Shapes
-from moejax.plan.hardware import DepTaskFits, Profile
-from collections.abc import Callable
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+
+import jax
 
 import moejax
-from moejax.plan.paths import default_profile_path
-from moejax.measure.quick_profile import write_profile
-import dataclasses
-import jax
 from moejax.config import ModelConfig
 from moejax.measure.dep import measure_dep
-from moejax.measure.hardware import grouped_backend_refused, measure_profile, sweep_for
+from moejax.measure.hardware import Measurement, Shapes, grouped_backend_refused, measure_profile, sweep_for
+from moejax.measure.quick_profile import write_profile
 from moejax.models.checkpoint import CheckpointError, read_config
 from moejax.plan.findep_costs import predict_point
+from moejax.plan.hardware import DepTaskFits, Profile
+from moejax.plan.paths import default_profile_path
 from moejax.presets import preset_config, resolve_embedded
 
 GROUPED_BACKENDS = ("auto", "xla", "pallas", "ragged_dot", "einsum")

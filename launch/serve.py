@@ -26,9 +26,6 @@ output made with other settings) exits 1 with a message before anything is writt
 """
 from __future__ import annotations
 
-from moejax.measure.lightning_probe import Probe
-from moejax.sched.runner import Metrics, Progress
-from moejax.engine import Engine
 import argparse
 import contextlib
 import json
@@ -39,32 +36,35 @@ import sys
 import time
 from typing import NoReturn
 
-from moejax.serving import xla_startup
-from moejax.serving.load_engine import load, refusal, replica_notes, run_settings, set_saturation
-from moejax.serving.model_options import ModelOptions, Processes
-from moejax.serving.output_paths import check_paths
+import jax
+import numpy as np
+from tqdm import tqdm
+
 from moejax import options
+from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
+from moejax.measure.lightning_probe import Probe, explain_engine
 from moejax.offload.settings import PlacementSettings
+from moejax.plan import plots
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
+from moejax.plan.theta import layer_time_curve
+from moejax.replicas.frontend_plan import routing_lines
+from moejax.replicas.run import ReplicaPlan
 from moejax.requests import output_lock
+from moejax.requests.results import SettingsMismatch, WriteFailed
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.explain import peak_flops
 from moejax.sched.pool_size import PoolTooLarge
-from moejax.replicas.run import ReplicaPlan
-from moejax.requests.results import SettingsMismatch, WriteFailed
+from moejax.sched.runner import Metrics, Progress
 from moejax.sched.serving_options import ServingOptions
-from moejax.sharding import multihost
-import jax
-import numpy as np
+from moejax.serving import xla_startup
+from moejax.serving.load_engine import load, refusal, replica_notes, run_settings, set_saturation
+from moejax.serving.model_options import ModelOptions, Processes
+from moejax.serving.output_paths import check_paths
 from moejax.serving.replicated import format_summary, serve_replicas
-from moejax.measure.lightning_probe import explain_engine
-from moejax.plan import plots
-from moejax.plan.theta import layer_time_curve
-from moejax.replicas.frontend_plan import routing_lines
-from tqdm import tqdm
+from moejax.sharding import multihost
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -16,8 +16,8 @@ import os
 import sys
 
 from moejax.train.configs import TRAIN_CONFIGS
-from moejax.train.loop import Run, Settings, train
 from moejax.train.export import export
+from moejax.train.loop import Run, Settings, train
 
 _FLAGS = {f.name: f for f in dataclasses.fields(Settings)}
 

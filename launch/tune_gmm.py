@@ -21,22 +21,22 @@ tuning.json) under the run's device kind, which the kernels read; a partial run 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
 import argparse
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
-
-from launch.bench.results import ResultsFile, read_runs
 import jax
-from jax.typing import DTypeLike
 import jax.numpy as jnp
+import numpy as np
+from jax.typing import DTypeLike
+
 from launch.bench.provenance import device_tag
+from launch.bench.results import ResultsFile, read_runs
 from launch.bench.util import environment
 from moejax.kernels import expert_ffn
 from moejax.kernels.grouped_matmul import mosaic, pallas, tuning

@@ -94,7 +94,7 @@ class ModelConfig:
     def is_moe(self, layer: int) -> bool:
         return self.moe_layers[layer]
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with fields changed; a smaller `num_layers` also trims the per-layer tables."""
         n = changes.get("num_layers", self.num_layers)
         if n > self.num_layers:
@@ -104,7 +104,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> "ModelConfig":
+    def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         return _from_hf(config)
 
 

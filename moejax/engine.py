@@ -10,34 +10,29 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.typing import DTypeLike
+from numpy.typing import ArrayLike
+from tokenizers import Tokenizer
 
 from moejax.buckets import bucket, rows_bucket
+from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
+from moejax.costs import Transfer, by_kind, layout_comm
 from moejax.kernels.backends import AUTO_KERNELS, Kernels
-from moejax.models.kv_pool import BLOCK
+from moejax.layout import Layout
 from moejax.models.decoder import MoEModel
+from moejax.models.kv_pool import BLOCK, Layer
+from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.memory_budget import MemoryBudget, size
 from moejax.placements.base import Placement, Store
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.theta import Theta
 from moejax.sampling import Sampling, SamplingParams
+from moejax.sharding import hlo_comm
+from moejax.sharding.mesh import make_mesh
+from moejax.sharding.multihost import group_rows, shard_rows, to_host
 from moejax.steps.phases import zeroed_pool
 from moejax.steps.protocol import Steps
 from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
-
-from moejax.chat import ChatTemplate
-from moejax.costs import Transfer
-from moejax.costs import by_kind, layout_comm
-from moejax.models.kv_pool import Layer
-from moejax.layout import Layout
-from moejax.offload.layered_steps import LayeredSteps
-from moejax.offload.memory_budget import MemoryBudget
-from moejax.offload.memory_budget import size
-from moejax.plan.engine_plan import EnginePlan
-from moejax.plan.theta import Theta
-from moejax.sharding import hlo_comm
-from moejax.sharding.mesh import make_mesh
-from moejax.sharding.multihost import to_host
-from moejax.sharding.multihost import group_rows, shard_rows
-from numpy.typing import ArrayLike
-from tokenizers import Tokenizer
 
 MIN_SEQ_BUCKET = 16
 

@@ -48,7 +48,7 @@ class Layout:
     microbatches: int | None = None  # pp: how many micro-batches a step's rows split into (resolve: the stages)
 
     @classmethod
-    def parse(cls, spec: str) -> "Layout":
+    def parse(cls, spec: str) -> Layout:
         """"attn=dp,experts=ep,devices=8" -> Layout (ValueError naming the bad key or value)."""
         fields = {f.name for f in dataclasses.fields(cls)} - {"online"}  # online: set by the planner, from auto
         values: dict = {}
@@ -84,7 +84,7 @@ class Layout:
         return tuple(k for k in AUTO if getattr(self, k) == "auto")
 
     def resolve(self, num_experts: int, available: int, *, expert_width: int = 0, heads: int = 0, layers: int = 0
-                ) -> "Layout":
+                ) -> Layout:
         """Check against the model and the devices present; fill in `devices` (pp: and `microbatches`). A count
         of 0 (expert_width, heads, layers) is not checked."""
         if self.auto_fields:
@@ -112,7 +112,7 @@ class Layout:
             raise ValueError(f"layout: attn=tp needs the {heads} attention heads to divide over {n} devices")
         return dataclasses.replace(self, devices=n)
 
-    def _resolve_dep(self, num_experts: int, available: int) -> "Layout":
+    def _resolve_dep(self, num_experts: int, available: int) -> Layout:
         if self.attn != "dp":
             raise ValueError("layout: experts=dep runs attention data-parallel inside its attention group (attn=dp)")
         a, b, n = self.attn_devices, self.expert_devices, self.devices

@@ -16,6 +16,7 @@ from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.kernels.backends import Kernels
+from moejax.measure.quick_profile import measure_quick_profile
 from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
 from moejax.models.decoder import MoEModel
 from moejax.offload.memory_budget import MemoryBudgetError, device_budget_bytes
@@ -26,7 +27,6 @@ from moejax.plan.auto import plan_layout
 from moejax.plan.engine_plan import PLAN_OPTIONS, EnginePlan
 from moejax.plan.hardware import Profile
 from moejax.plan.resolve import NoProfile, profile_for
-from moejax.measure.quick_profile import measure_quick_profile
 from moejax.presets import EMBEDDED, PRESETS, preset_config, resolve_embedded
 from moejax.sharding.setup import layout_of
 from moejax.weights import materializer

@@ -15,7 +15,6 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import DTypeLike
 
 from moejax.models.checkpoint import checkpoint_reader
-
 from moejax.models.decoder import MoEModel
 from moejax.placements.base import Placement
 

@@ -12,9 +12,10 @@ sys.path.insert(0, HERE)
 import json  # noqa: E402
 import tempfile  # noqa: E402
 
+from scheduling import run_scheduler  # noqa: E402
+
 import moejax  # noqa: E402
 from moejax.plan.datasheets import load_profile  # noqa: E402
-from scheduling import run_scheduler  # noqa: E402
 
 FIXTURE = os.path.join(HERE, "fixtures", "deepseek_v2_lite")  # a dense first layer, shared experts, 8 experts
 ONLINE = "attn=dp,experts=dep,attn_devices=4,expert_devices=4,r1=auto,r2=auto,order=auto"

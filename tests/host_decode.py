@@ -10,10 +10,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from conftest import fixture_dir, reference
 from flax import nnx
 
 import moejax
-from conftest import fixture_dir, reference
 from moejax.kernels.backends import Kernels
 from moejax.lightning import host_kv
 from moejax.lightning.host_attention import HostAttention

@@ -10,9 +10,10 @@ import sys
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import moejax  # noqa: E402
 from conftest import fixture_dir, reference  # noqa: E402
 from lightning_generate import NEW_TOKENS, scheduled  # noqa: E402
+
+import moejax  # noqa: E402
 
 # (μ, r_w, r_c, attention_on) per family; N = 4 rows, the three prompts and one padding row
 POLICIES = {"qwen3_moe": (1, 0.0, 0.0, "host"), "mixtral": (2, 0.5, 0.34, "host"), "gpt_oss": (3, 1.0, 0.0, "host"),

@@ -9,11 +9,11 @@ import sys
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import fixture_dir  # noqa: E402
 from flax import nnx  # noqa: E402
+from host_decode import run_family  # noqa: E402
 
 import moejax  # noqa: E402
-from conftest import fixture_dir  # noqa: E402
-from host_decode import run_family  # noqa: E402
 from moejax.lightning.host_attention import HostAttention  # noqa: E402
 
 

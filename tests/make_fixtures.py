@@ -19,8 +19,8 @@ import argparse
 import dataclasses
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

@@ -32,8 +32,8 @@ GREEDY_TOKENS = 3
 
 def source_lines(seed: int) -> list[str]:
     import json.encoder
-    import textwrap
     import string
+    import textwrap
     lines = [ln.rstrip() for mod in (textwrap, json.encoder, string) for ln in inspect.getsource(mod).splitlines()]
     lines = [ln for ln in lines if 24 <= len(ln.strip()) <= 90 and not ln.strip().startswith("#")]
     random.Random(seed).shuffle(lines)
@@ -160,6 +160,7 @@ def run_lm_eval(model: str, model_args: dict, tasks=TASKS, limit=None) -> dict:
 
 def write_reference() -> None:
     import importlib.metadata as md
+
     import torch
     import transformers as tf
     reference = {"made_by": "tests/make_lm_eval_reference.py", "hf_model": "lm_eval --model hf",

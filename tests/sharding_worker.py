@@ -11,12 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import moejax  # noqa: E402
 from flax import nnx  # noqa: E402
+
+import moejax  # noqa: E402
 from moejax.kernels import expert_ffn  # noqa: E402
+from moejax.offload import layered_steps  # noqa: E402
 from moejax.sharding import Layout, make_mesh  # noqa: E402
 from moejax.sharding.experts import sharded_routed, tp_columns  # noqa: E402
-from moejax.offload import layered_steps  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 LAYOUTS = ["attn=dp,experts=replicated", "attn=dp,experts=ep", "attn=dp,experts=ep,exchange=gather",

@@ -1,9 +1,9 @@
 """Engine behaviour beyond parity: bucketing, batching, stopping, sampling, presets, input errors."""
 import jax
 import jax.numpy as jnp
-from flax import nnx
 import numpy as np
 import pytest
+from flax import nnx
 
 import moejax
 from moejax.sampling import sample

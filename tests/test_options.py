@@ -9,13 +9,13 @@ import types
 import pytest
 
 from launch import serve as serve_cli
-from moejax.serving.model_options import ModelOptions, Processes
 from moejax import options
 from moejax.offload.settings import PlacementSettings
 from moejax.options import option
 from moejax.plan.engine_plan import EnginePlan
 from moejax.requests.results import fingerprint
 from moejax.sched.serving_options import SCHEDULER, ServingOptions
+from moejax.serving.model_options import ModelOptions, Processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

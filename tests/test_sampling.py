@@ -11,9 +11,9 @@ import pytest
 
 import moejax
 from moejax import compiles
+from moejax.requests.parse import parse_line
 from moejax.sampling import Sampling, SamplingParams, filtered, sample
 from moejax.sched.batch import serve_lines
-from moejax.requests.parse import parse_line
 from moejax.sched.serving_options import ServingOptions
 
 V = 64

@@ -49,13 +49,25 @@ from __future__ import annotations
 import argparse
 import os
 
-from launch.bench import (dep as bench_dep, dep_online as bench_dep_online, depth as bench_depth, eval as bench_eval,
-                          frontend as bench_frontend, generate as bench_generate, kernels as bench_kernels,
-                          layouts as bench_layouts, lightning as bench_lightning, offload as bench_offload,
-                          peers as bench_peers, plans as bench_plans, predictors as bench_predictors, prefill,
-                          quality as bench_quality, router_free as bench_router_free, serve as bench_serve)
-from launch.bench.results import ResultsFile
+from launch.bench import dep as bench_dep
+from launch.bench import dep_online as bench_dep_online
+from launch.bench import depth as bench_depth
+from launch.bench import eval as bench_eval
+from launch.bench import frontend as bench_frontend
+from launch.bench import generate as bench_generate
+from launch.bench import kernels as bench_kernels
+from launch.bench import layouts as bench_layouts
+from launch.bench import lightning as bench_lightning
+from launch.bench import offload as bench_offload
+from launch.bench import peers as bench_peers
+from launch.bench import plans as bench_plans
+from launch.bench import predictors as bench_predictors
+from launch.bench import prefill
+from launch.bench import quality as bench_quality
+from launch.bench import router_free as bench_router_free
+from launch.bench import serve as bench_serve
 from launch.bench.provenance import device_tag
+from launch.bench.results import ResultsFile
 from launch.bench.util import environment
 from moejax.serving import xla_startup
 

@@ -20,23 +20,22 @@ The scheduler's own account of the timed run (Stats.times: host work against wai
 share of a decode step."""
 from __future__ import annotations
 
-from typing import Any, cast
-from moejax.models.kv_pool import Layer
-from moejax.steps.rows import PagedDecodeRows
-from moejax.engine import Engine
-from collections.abc import Callable
 import argparse
 import gc
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 import jax
 import numpy as np
 
-from moejax import compiles
-from moejax.models.kv_pool import BLOCK
-from moejax.sched.continuous import GenRequest, Scheduler
 from launch import gpu_ceilings
 from launch.bench import decode_bytes
+from moejax import compiles
+from moejax.engine import Engine
+from moejax.models.kv_pool import BLOCK, Layer
+from moejax.sched.continuous import GenRequest, Scheduler
+from moejax.steps.rows import PagedDecodeRows
 
 HOST_PHASES = ("prepare", "dispatch", "update", "deliver")  # a decode step's host work (Stats.times' phases)
 

@@ -39,30 +39,28 @@ measured ms per layer against the HRM's prediction for the policy it runs (moeja
 attention kernel's GB/s against a streaming read of the same pool (moejax.lightning.host_attention_bench)."""
 from __future__ import annotations
 
-from moejax.measure.lightning_probe import Probe
-from moejax.plan.lightning import LightningPolicy
-from moejax.sched.continuous import Stats
-from moejax.engine import Engine
 import argparse
 import functools
 import gc
 import os
+import shutil
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
-from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError
-from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
-from moejax.sched.continuous import GenRequest, Scheduler
-from moejax.sched.pool_size import BLOCK, pool_size
-import shutil
 from launch.bench import offload_modes
+from moejax.engine import Engine
 from moejax.lightning.host_attention_bench import measure_paged
-from moejax.measure.lightning_probe import explain_engine
+from moejax.measure.lightning_probe import Probe, explain_engine
+from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudgetError
 from moejax.offload.predict.expert_maps import ExpertMapStore
+from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
+from moejax.plan.lightning import LightningPolicy
+from moejax.sched.continuous import GenRequest, Scheduler, Stats
+from moejax.sched.pool_size import BLOCK, pool_size
 
 PLACEMENTS = ("resident", "streamed", "cached-lru", "cached-oracle", "lightning", "cached-router", "cached-expert_map",
               "cached-speculative", "cached-router_free")

@@ -11,17 +11,17 @@ route's logits against the one-device float32 model. Simulated CPU devices
 (copies, programs, padding), not links; the byte counts carry over to GPUs."""
 from __future__ import annotations
 
-from typing import Any
-from collections.abc import Callable
 import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 import moejax
-from moejax.sharding.dep import A2E_ROUTES
 from launch.bench.results import no_file
+from moejax.sharding.dep import A2E_ROUTES
 
 DEFAULT_LAYOUTS = ("attn=dp,experts=dep,attn_devices=4,expert_devices=4,r1=2,r2=2;"
                    "attn=dp,experts=dep,attn_devices=6,expert_devices=2,r1=2,r2=2;"

@@ -15,24 +15,24 @@ step shape.
    overlap; the solver's share of it is the point."""
 from __future__ import annotations
 
-from collections.abc import Callable
 import argparse
 import dataclasses
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 import moejax
+from launch.bench.results import no_file
 from moejax.config import ModelConfig
+from moejax.layout import Layout
 from moejax.models.kv_pool import BLOCK
 from moejax.plan.datasheets import load_profile
 from moejax.plan.findep import solve_dep, solve_step
 from moejax.plan.findep_online import ONLINE_FIELDS, OnlineDep, even_micro_batches
 from moejax.presets import preset_config
 from moejax.sched.continuous import GenRequest, Scheduler
-from moejax.layout import Layout
-from launch.bench.results import no_file
 
 # (rows, tokens per row): chunked-prefill steps (rows of up to 512 tokens) and decode steps (one token per row)
 SHAPES = ((8, 512), (16, 512), (32, 512), (64, 256), (8, 2048), (16, 1), (64, 1), (256, 1), (1024, 1))

@@ -7,7 +7,6 @@ Most of such a run is compiling: a model whose like layers are one scan over sta
 each kind of layer (moejax.models.layer_runs), so its first run should cost about what the cut model's does."""
 from __future__ import annotations
 
-from collections.abc import Callable
 import argparse
 import json
 import os
@@ -16,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 

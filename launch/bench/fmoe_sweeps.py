@@ -10,22 +10,22 @@ placement (fMoE, arXiv 2502.05370, §6.5-6.6):
 Each row runs bench_offload's decode case (TTFT, TPOT slope, the cache's counters)."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-from moejax.engine import Engine
-from moejax.offload.cached import CachedExpertsRuntime
-from moejax.offload.predict.expert_maps import ExpertMapPredictor
 import argparse
 import copy
 import gc
 import os
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from flax import nnx
+
 from launch.bench import offload_modes
+from moejax.engine import Engine
+from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.predict import DefaultVectors, RouterPredictor
-from moejax.offload.predict.expert_maps import ExpertMapStore, build_store
+from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, build_store
 from moejax.offload.predict.traces import record
 
 

@@ -32,32 +32,31 @@ Target: prefix routing keeps >= 90% of the single engine's hit rate at every N, 
 computed FLOPs within 10% of the mean."""
 from __future__ import annotations
 
-from typing import Any
-from moejax.sched.prefix_cache import BlockHolder
-from collections.abc import Callable
 import argparse
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from launch.bench.frontend_real import real_run
+from launch.bench.results import no_file
 from moejax.config import ModelConfig
 from moejax.costs import param_count, true_prefill_flops
+from moejax.lightning.at_load import kv_bytes_per_token
 from moejax.models.kv_pool import BLOCK
 from moejax.offload.memory_budget import RESERVE_FRACTION
 from moejax.plan.hardware import Profile
 from moejax.plan.resolve import profile_for
 from moejax.plan.theta import theta_eq1
 from moejax.presets import preset_config
-from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.replicas.frontend import ROUTINGS, Frontend, Job
 from moejax.replicas.frontend_jobs import request_job
-from moejax.sched.prefix_cache import PrefixCache
 from moejax.requests.parse import Candidate, ScoreRequest
-from launch.bench.results import no_file
-from launch.bench.frontend_real import real_run
-from moejax.lightning.at_load import kv_bytes_per_token
+from moejax.sched.batch_size import DEFAULT_TOKENS
+from moejax.sched.prefix_cache import BlockHolder, PrefixCache
 
 NOTE = ("A simulation from a hardware profile, no devices: the replicas' caches and the frontend are the real "
         "moejax objects, the time is FLOPs at the profile's peak x efficiency (launch/bench/frontend.py)")

@@ -11,20 +11,20 @@ simulation's hit rate), the tokens computed, each replica's requests and FLOPs l
 replicas and the driver share the cores: compare the routings with each other, not with the one engine's speed."""
 from __future__ import annotations
 
-from collections.abc import Callable
 import argparse
 import functools
 import json
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 import moejax
 from moejax.compiles import counting
 from moejax.loading import read_model
-from moejax.sched.batch import engine_settings, serve_lines
 from moejax.replicas.run import ReplicaPlan, ReplicaRun
+from moejax.sched.batch import engine_settings, serve_lines
 from moejax.sched.serving_options import ServingOptions
 
 NOTE = ("Real replicas (Ray actors) on this machine against one engine; on a CPU the replicas share its cores, so "

@@ -32,30 +32,29 @@ fixed batches, with TPOT and MBU (launch/bench/decode.py). `--max-rows`: the con
 time per step (launch/bench/sched_overhead.py)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, cast
-from moejax.engine import Engine
-from collections.abc import Callable
 import argparse
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import jax
 import numpy as np
 
 import moejax
+from launch.bench import decode as bench_decode
+from launch.bench import generate_workloads, sched_overhead, step_overhead
+from launch.bench.results import no_file
+from launch.bench.util import hf_checkpoint
 from moejax import compiles
+from moejax.engine import Engine
+from moejax.presets import PRESETS, preset_config, resolve_embedded
 from moejax.sched import step_times
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from launch.bench import decode as bench_decode, generate_workloads, sched_overhead, step_overhead
 from moejax.serving import xla_startup
-from launch.bench.results import no_file
-from launch.bench.util import hf_checkpoint
-from moejax.presets import PRESETS
-from moejax.presets import preset_config, resolve_embedded
 
 
 def _lines(reqs: list[dict]) -> list[str]:

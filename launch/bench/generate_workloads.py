@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TypedDict
-from moejax.engine import Engine
+
 import numpy as np
+
+from moejax.engine import Engine
+
 
 class LongTail(TypedDict):
     prompt_range: tuple[int, int]

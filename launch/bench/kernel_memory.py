@@ -7,8 +7,8 @@ masked, [M, G, K] in the operand dtype before a [M, G*K] x [G*K, N] dot (the fir
 and 128 groups asked for bf16[262144, 128, 2048], 128 GiB). The all-experts baselines (`reference`, `dense`) hold
 every expert's product, [G, M, N] in float32."""
 from __future__ import annotations
-import jax
 
+import jax
 
 GiB = 1 << 30
 FREE_FRACTION = 0.8  # of the free memory a call may plan for: XLA's autotuner and scratch buffers take the rest

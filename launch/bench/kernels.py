@@ -27,28 +27,27 @@ same program, so its row says so instead of being timed twice.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from jax.typing import DTypeLike
-from collections.abc import Callable
 import argparse
 import functools
 import itertools
 import os
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
+from launch.bench.kernel_memory import FREE_FRACTION, GiB, expert_ffn_bytes, free_bytes, grouped_matmul_bytes, too_large
+from launch.bench.results import no_file
+from launch.bench.util import time_calls
 from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
+from moejax.kernels.attention import attention
+from moejax.kernels.attention import cudnn as cudnn_attention
 from moejax.kernels.expert_ffn import parts as ffn_parts
 from moejax.kernels.grouped_matmul import ragged_cudnn
 from moejax.kernels.grouped_matmul.mosaic_plan import mosaic_unavailable
-from moejax.kernels.attention import attention
-from moejax.kernels.attention import cudnn as cudnn_attention
 from moejax.kernels.platform import GPU_ONLY, on_gpu
-from launch.bench.results import no_file
-from launch.bench.util import time_calls
-from launch.bench.kernel_memory import FREE_FRACTION, GiB, expert_ffn_bytes, free_bytes, grouped_matmul_bytes, too_large
 
 SHAPES = {"qwen3-30b-a3b": dict(hidden=2048, width=768, experts=128, top_k=8),
           "mixtral-8x7b": dict(hidden=4096, width=14336, experts=8, top_k=2),
@@ -258,9 +257,9 @@ def grouped(args: argparse.Namespace, dtype: DTypeLike, table: Table) -> None:
         s = SHAPES[shape_name]
         D, I, E, k = s["hidden"], s["width"], s["experts"], s["top_k"]
         wsets = 2 if gpu else 1  # CPU: weights are far larger than its caches; save host memory
-        wgu = [jnp.asarray((rng.standard_normal((E, D, 2 * I), np.float32) / np.sqrt(D))).astype(dtype)
+        wgu = [jnp.asarray(rng.standard_normal((E, D, 2 * I), np.float32) / np.sqrt(D)).astype(dtype)
                for _ in range(wsets)]
-        wd = [jnp.asarray((rng.standard_normal((E, I, D), np.float32) / np.sqrt(I))).astype(dtype)
+        wd = [jnp.asarray(rng.standard_normal((E, I, D), np.float32) / np.sqrt(I)).astype(dtype)
               for _ in range(wsets)]
         for T in _ints(args.tokens, [1024, 2048, 4096, 8192, 16384, 32768] if gpu else [64, 256]):
             M = T * k

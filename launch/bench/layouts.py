@@ -26,33 +26,32 @@ cores and memory: their times and ratios say nothing about GPUs; only the byte c
 """
 from __future__ import annotations
 
-from typing import Any, cast
-from moejax.engine import Engine
-from collections.abc import Callable
 import argparse
 import dataclasses
 import gc
 import math
 import os
+from collections.abc import Callable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import moejax
+from launch.bench.results import no_file
+from launch.bench.util import time_calls, timed_call
 from moejax.buckets import bucket, rows_bucket
 from moejax.config import ModelConfig
 from moejax.costs import by_kind, layout_comm
-from moejax.engine import MIN_SEQ_BUCKET
+from moejax.engine import MIN_SEQ_BUCKET, Engine
 from moejax.kernels.platform import on_gpu
+from moejax.layout import Layout
 from moejax.models.checkpoint import read_config
 from moejax.offload import layered_steps
 from moejax.presets import preset_config
 from moejax.sharding import hlo_comm
 from moejax.sharding.gathered import GatheredStreamed
-from moejax.layout import Layout
-from launch.bench.results import no_file
-from launch.bench.util import time_calls, timed_call
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 SIMULATE = "XLA_FLAGS=--xla_force_host_platform_device_count=8"

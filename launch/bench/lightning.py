@@ -18,20 +18,19 @@ memory: the numbers show the pipeline's overhead and how far its tasks overlap, 
 reports 3.5-10.3x over FlexGen-style layer streaming at the same budget; our streamed is that baseline)."""
 from __future__ import annotations
 
-from moejax.sched.continuous import Stats
-from moejax.engine import Engine
-from collections.abc import Callable
 import argparse
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 
 import moejax
-from moejax.measure.lightning_probe import explain_engine
-from moejax.sched.continuous import GenRequest, Scheduler
-from moejax.sched.pool_size import pool_size
 from launch.bench.results import no_file
+from moejax.engine import Engine
+from moejax.measure.lightning_probe import explain_engine
+from moejax.sched.continuous import GenRequest, Scheduler, Stats
+from moejax.sched.pool_size import pool_size
 
 CPU_MODEL = "pycode-moe"
 NOTE = ("On this CPU the accelerator and the host share the cores and the memory: lightning's host attention and "

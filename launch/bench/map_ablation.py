@@ -8,16 +8,16 @@ A smaller store is the given store's maps added in order into an empty store of 
 deduplication decides what stays), which is what building it from the same prompts would keep."""
 from __future__ import annotations
 
-from moejax.offload.layered_steps import LayeredSteps
-from moejax.offload.predict.expert_maps import ExpertMapStore
-from moejax.offload.predict.traces import Traces
 from collections.abc import Callable
+
 import numpy as np
+
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict import replay
 from moejax.offload.predict.cache_replay import replay_cache
-from moejax.offload.predict.expert_maps import gate_probabilities
-from moejax.offload.predict.expert_maps import replay_predictions
+from moejax.offload.predict.expert_maps import ExpertMapStore, gate_probabilities, replay_predictions
 from moejax.offload.predict.hit_counts import replay_hit_counts
+from moejax.offload.predict.traces import Traces
 
 VARIANTS = {"T": dict(semantic=False, adaptive=False), "T+S": dict(semantic=True, adaptive=False),
             "T+S+δ": dict(semantic=True, adaptive=True)}

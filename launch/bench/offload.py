@@ -29,31 +29,31 @@ asserted: the record states targets next to the measurements.
 """
 from __future__ import annotations
 
-from typing import Any
-from moejax.offload.saturation import Saturation
-from moejax.engine import Engine
-from moejax.offload.cached import CachedExpertsRuntime
-from moejax.offload.predict.expert_maps import ExpertMapPredictor
-from collections.abc import Callable
 import argparse
 import gc
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 import moejax
-from moejax.buckets import bucket
-from moejax.costs import layer_flops_per_token
-from moejax.kernels.platform import on_gpu
-from moejax.measure.saturation import profile_saturation
-from moejax.placements import Cached
-from launch.bench import decode_placements as bench_decode_placements, offload_modes
+from launch.bench import decode_placements as bench_decode_placements
+from launch.bench import expert_map_plots, offload_modes
+from launch.bench.fmoe_sweeps import fmoe
 from launch.bench.results import no_file
 from launch.bench.util import time_calls, timed_call
-from launch.bench import expert_map_plots
-from launch.bench.fmoe_sweeps import fmoe
+from moejax.buckets import bucket
+from moejax.costs import layer_flops_per_token
+from moejax.engine import Engine
+from moejax.kernels.platform import on_gpu
+from moejax.measure.saturation import profile_saturation
+from moejax.offload.cached import CachedExpertsRuntime
+from moejax.offload.predict.expert_maps import ExpertMapPredictor
+from moejax.offload.saturation import Saturation
+from moejax.placements import Cached
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
 THETA_MULTIPLES = (0.25, 0.5, 1, 2, 4)

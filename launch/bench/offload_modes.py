@@ -9,23 +9,21 @@ on-demand is the LRU-only baseline when --eviction is lru: the expert cache with
 loaded when its layer runs."""
 from __future__ import annotations
 
-from moejax.offload.predict.estimator import EstimatorNet
-from moejax.offload.predict.expert_maps import ExpertMapStore
-from collections.abc import Callable
-from moejax.engine import Engine
 import copy
 import dataclasses
-
-import numpy as np
 import os
 import time
+from collections.abc import Callable
+
+import numpy as np
 from flax import nnx
+
 from launch.bench.quality import stdlib_texts
 from launch.distill import text_prompts
-from moejax.offload.predict import replay
-from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor
-from moejax.offload.predict.expert_maps import build_store
-from moejax.offload.predict.expert_maps import ExpertMapPredictor
+from moejax.engine import Engine
+from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor, replay
+from moejax.offload.predict.estimator import EstimatorNet
+from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, build_store
 from moejax.offload.predict.traces import record
 from moejax.train.distill import distill
 

@@ -13,19 +13,19 @@ or {"kind": "generate", "prompts": [ids], "max_new": N}. Engines:
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, TypeVar
 import argparse
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import numpy as np
+
 import moejax
 from moejax.sched.batch import serve_lines
-
 
 Request = dict[str, list[int]]  # a scoring request: {"prompt": ids, "candidates": ids}
 T = TypeVar("T")

@@ -15,25 +15,25 @@ default and the PPPipe baseline, measured on the devices present.
    the overlap FinDEP is for; only real devices show that."""
 from __future__ import annotations
 
-from typing import Any
-from moejax.plan.hardware import Profile
-from collections.abc import Callable
 import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 import moejax
+from launch.bench.results import no_file
 from moejax.config import ModelConfig
+from moejax.measure.hardware import Shapes, measure_profile, sweep_for
+from moejax.plan.datasheets import load_profile
 from moejax.plan.findep import default_plan, pppipe_plan, solve_dep
+from moejax.plan.hardware import Profile
 from moejax.plan.layouts import choose_layout
 from moejax.plan.lightning import search_policy
-from moejax.plan.datasheets import load_profile
 from moejax.plan.theta import theta_eq1
 from moejax.presets import preset_config
-from launch.bench.results import no_file
-from moejax.measure.hardware import Shapes, measure_profile, sweep_for
 
 SOLVER_MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite", "mixtral-8x7b")
 

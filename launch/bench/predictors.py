@@ -22,37 +22,38 @@ from --train-text / --train-stdlib (and the output says so).
 """
 from __future__ import annotations
 
-from moejax.offload.predict.estimator import EstimatorNet
-from moejax.offload.predict.expert_maps import ExpertMapStore
-from moejax.offload.predict.protocol import Predictor
-from moejax.offload.predict.router import DefaultVectors
-from moejax.requests.parse import ScoreRequest
-from collections.abc import Callable
-from moejax.engine import Engine
 import argparse
-import numpy as np
+from collections.abc import Callable
 
-from launch.bench.quality import read_texts, stdlib_texts
-from launch.distill import text_prompts
-import moejax
+import numpy as np
 from flax import nnx
+
+import moejax
 from launch.bench import expert_map_plots
-from launch.bench.quality import token_stream
 from launch.bench.map_ablation import map_ablation
 from launch.bench.predictor_plots import plot
+from launch.bench.quality import read_texts, stdlib_texts, token_stream
+from launch.distill import text_prompts
 from launch.serve import read_lines
+from moejax.engine import Engine
 from moejax.eval.speculation_cost import best_answers, window_quality
-from moejax.offload.predict import (EstimatorPredictor, HybridPredictor, PreviousHiddenPredictor,
-                                    RouterPredictor)
-from moejax.offload.predict import replay
-from moejax.offload.predict import OraclePredictor
+from moejax.offload.predict import (
+    EstimatorPredictor,
+    HybridPredictor,
+    OraclePredictor,
+    PreviousHiddenPredictor,
+    RouterPredictor,
+    replay,
+)
 from moejax.offload.predict.analyses import drift_and_alignment
 from moejax.offload.predict.cache_replay import replay_cache
-from moejax.offload.predict.expert_maps import build_store
-from moejax.offload.predict.expert_maps import replay_predictions
+from moejax.offload.predict.estimator import EstimatorNet
+from moejax.offload.predict.expert_maps import ExpertMapStore, build_store, replay_predictions
 from moejax.offload.predict.hit_counts import request_counts
+from moejax.offload.predict.protocol import Predictor
+from moejax.offload.predict.router import DefaultVectors
 from moejax.offload.predict.traces import record
-from moejax.requests.parse import parse_lines
+from moejax.requests.parse import ScoreRequest, parse_lines
 from moejax.train.distill import distill
 
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import argparse
 import gc
-from collections.abc import Callable
-from typing import Any
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 import moejax
+from launch.bench.results import no_file
+from launch.bench.util import hf_checkpoint, time_calls
 from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
-
-from launch.bench.results import no_file
-from launch.bench.util import hf_checkpoint, time_calls
 
 
 def _result(engine: str, impl: str, tokens: int, flops: int, timing: tuple[float, list[float], float],

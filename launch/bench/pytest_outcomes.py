@@ -3,8 +3,9 @@ JSON line as soon as it is known, so a run stopped at its time limit still says 
 report is written only at the end)."""
 from __future__ import annotations
 
-import pytest
 import json
+
+import pytest
 
 _path: list[str] = []  # the file this session writes to, once configured
 

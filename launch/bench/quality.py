@@ -10,16 +10,16 @@ Python's standard library, the embedded model's corpus): the floor to beat.
 """
 from __future__ import annotations
 
-from tokenizers import Tokenizer
 import argparse
 import os
 
 import numpy as np
+from tokenizers import Tokenizer
 
-from moejax.train import corpus
-from moejax.train.tokenizer import END_OF_TEXT
 import moejax
+from moejax.train import corpus
 from moejax.train.quality import bigram_quality, model_quality
+from moejax.train.tokenizer import END_OF_TEXT
 
 TARGETS = dict(perplexity_over_bigram_at_most=0.5, expert_share_over_uniform_between=[0.25, 4.0])
 

@@ -9,20 +9,20 @@ engines alternate round by round, so they share the machine's state, and the med
 compared. Nothing is asserted."""
 from __future__ import annotations
 
-from moejax.engine import Engine
-from collections.abc import Callable
 import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 import moejax
-from moejax.offload.predict import calibrate
-from moejax.presets import DEFAULT_MODEL
 from launch.bench.results import no_file
 from launch.bench.util import cpu_seconds
+from moejax.engine import Engine
+from moejax.offload.predict import calibrate
+from moejax.presets import DEFAULT_MODEL
 
 METHOD = ("TPOT = (s of generate(prompts, 1 + n) - s of generate(prompts, 1 + n // 2)) / (n - n // 2) per round; "
           "rounds alternate the two engines; medians over rounds; saved = 1 - TPOT_skipped / TPOT_counted")

@@ -6,17 +6,17 @@ decode_s) then hold is host work: bookkeeping, tables and sampling inputs, copie
 delivering finished requests; so is its whole loop's time."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
-from moejax.models.kv_pool import Layer
-from moejax.steps.rows import ChunkRows, PagedDecodeRows
-from moejax.engine import Engine
-import functools
 
 import jax
 import jax.numpy as jnp
 
+from moejax.engine import Engine
+from moejax.models.kv_pool import Layer
 from moejax.steps import paged_phases
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 
 TARGET_MS = 2.0  # the target for host overhead per scheduler step, no-op model, CPU
 

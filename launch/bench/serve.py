@@ -17,28 +17,27 @@ each, nothing padded), the distinct workload KV-free and auto and the shared one
 from the device; elsewhere (CPUs) today's small workload, every mode, batches of 2048 tokens."""
 from __future__ import annotations
 
-from typing import TypedDict
-from moejax.config import ModelConfig
-from moejax.engine import Engine
-from collections.abc import Callable
 import argparse
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TypedDict
 
 import jax
 import numpy as np
 
 import moejax
-from moejax import compiles
-from moejax.costs import layer_flops_per_token, prefill_flops
-from moejax.sched.batch import serve_lines
-from moejax.sched.serving_options import ServingOptions
-
 from launch.bench.util import time_calls
 from launch.gpu_ceilings import measured
+from moejax import compiles
+from moejax.config import ModelConfig
+from moejax.costs import layer_flops_per_token, prefill_flops
+from moejax.engine import Engine
 from moejax.plan.resolve import profile_for
+from moejax.sched.batch import serve_lines
+from moejax.sched.serving_options import ServingOptions
 
 MODES = ("on", "off", "auto")
 WORKLOADS = ("distinct", "shared")

@@ -9,15 +9,16 @@ computing, and the replay runs each program compiled and warm, as the timed run 
 host's own cores, so the share is near zero and may come out negative (noise); only a GPU run says where it stands."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-from moejax.models.kv_pool import Layer
-from moejax.engine import Engine
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import numpy as np
+
+from moejax.engine import Engine
+from moejax.models.kv_pool import Layer
 
 StepMethod = Callable[..., tuple[list[Layer], jax.Array, jax.Array]]  # Engine.paged_chunk, .paged_decode
 T = TypeVar("T")

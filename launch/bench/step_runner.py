@@ -9,7 +9,8 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, Iterable, TextIO
+from collections.abc import Callable, Iterable
+from typing import TextIO
 
 MIN_START_S = 15.0  # a step needs at least this much of the budget left to start
 UNFINISHED = ("failed", "timeout", "skipped")  # the statuses a second call would run again

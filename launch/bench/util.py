@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import flax
 import jax
 import jaxlib
-import moejax
+import numpy as np
 
+import moejax
 from launch.bench.provenance import git_commit
 from moejax.engine import Engine
 

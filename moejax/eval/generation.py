@@ -10,11 +10,10 @@ from typing import cast
 import jax
 import numpy as np
 
+from moejax.engine import Engine
 from moejax.sampling import SamplingParams
 from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
-
-from moejax.engine import Engine
 
 
 @dataclasses.dataclass(frozen=True)

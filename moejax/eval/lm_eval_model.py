@@ -24,16 +24,15 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm import tqdm
 
+import moejax
+from moejax.engine import Engine
 from moejax.eval.generation import Completion, generate
 from moejax.eval.scoring import Scorer
 from moejax.eval.tokens import EvalTokenizer
-from moejax.sampling import SamplingParams
-
-import moejax
-from moejax.engine import Engine
 from moejax.loading import OPTIONS
 from moejax.models.checkpoint import load_tokenizer
 from moejax.presets import resolve_embedded
+from moejax.sampling import SamplingParams
 from moejax.sched.serving_options import ServingOptions
 
 # What lm-eval passes every model besides --model_args; batches here are sized in tokens, not requests.

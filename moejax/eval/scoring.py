@@ -10,19 +10,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 
-from moejax.sched.batch import kv_cache_mode
-from moejax.sched.batch_size import score_batch_size
-from moejax.sched.batch_schedule import schedule_batches
-from moejax.sched.prefix_cache import cache_blocks
-from moejax.requests.parse import Candidate, ScoreRequest
-from moejax.sched.runner import Runner
-
-
-import jax
 from moejax.engine import Engine
+from moejax.requests.parse import Candidate, ScoreRequest
+from moejax.sched.batch import kv_cache_mode
+from moejax.sched.batch_schedule import schedule_batches
+from moejax.sched.batch_size import score_batch_size
 from moejax.sched.packing import Row
+from moejax.sched.prefix_cache import cache_blocks
+from moejax.sched.runner import Runner
 
 
 @dataclasses.dataclass

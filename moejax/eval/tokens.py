@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from moejax.chat import named_tokens
-
 from tokenizers import Tokenizer
+
+from moejax.chat import named_tokens
 
 
 class EvalTokenizer:

@@ -53,7 +53,7 @@ class Kernels:
         return f"{self}; experts auto: tuning table {source.get('commit') or 'none (pallas)'}"
 
     @classmethod
-    def parse(cls, spec: "str | dict | Kernels | None") -> "Kernels":
+    def parse(cls, spec: str | dict | Kernels | None) -> Kernels:
         """None/"auto"; one backend name for every op ("xla", "pallas", "pallas_interpret"); or per op as a dict or
         "experts=ragged_dot,attention=xla". Names are checked against each op's backends."""
         if isinstance(spec, Kernels):

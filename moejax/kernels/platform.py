@@ -7,7 +7,6 @@ import importlib
 import jax
 from jax._src import deprecations
 
-
 TRITON_DEPRECATION_ID = "jax-pallas-triton"  # JAX 0.11 warns under this id at every Triton lowering
 
 

@@ -2,7 +2,6 @@
 per token, and whether the requested batch's KV cache fits the device at all beside a budget's weights."""
 from __future__ import annotations
 
-
 from flax import nnx
 from jax.typing import DTypeLike
 

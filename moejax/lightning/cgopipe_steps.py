@@ -25,20 +25,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.steps import paged_phases
-from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
-from moejax.models.kv_pool import PagedCache
 from moejax.lightning import layer_parts
 from moejax.lightning.balance import balance
 from moejax.lightning.host_kv import host_device
 from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
 from moejax.lightning.trace import Timeline, busy
-from moejax.models.attention import AttentionCore
+from moejax.models import kv_pool
+from moejax.models.attention import AttentionCore, Cache, Positions
+from moejax.models.kv_pool import PagedCache
 from moejax.offload.layered_steps import LayeredSteps, _phase
-
-from moejax.models.attention import Cache, Positions
+from moejax.steps import paged_phases
 from moejax.steps.rows import ChunkRows, PagedDecodeRows, PrefillRows
 
 KVLayer = dict[str, jax.Array]

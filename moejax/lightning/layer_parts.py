@@ -17,8 +17,8 @@ import functools
 import jax
 from flax import nnx
 
-from moejax.models.kv_pool import PagedCache
 from moejax.models.attention import AttentionCore, Positions, store_kv
+from moejax.models.kv_pool import PagedCache
 
 Cache = dict[str, jax.Array] | PagedCache
 

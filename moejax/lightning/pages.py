@@ -15,7 +15,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import nnx
 
 from moejax.models.moe import is_routed_expert

@@ -25,8 +25,15 @@ from moejax.config import ModelConfig
 from moejax.engine import Engine
 from moejax.layout import Layout
 from moejax.models.checkpoint import read_config
-from moejax.plan.findep_costs import (a2e_bytes, attention_work, e2a_bytes, expert_device_rows, expert_row_work,
-                                      fit_dep_tasks, shared_work)
+from moejax.plan.findep_costs import (
+    a2e_bytes,
+    attention_work,
+    e2a_bytes,
+    expert_device_rows,
+    expert_row_work,
+    fit_dep_tasks,
+    shared_work,
+)
 from moejax.plan.hardware import DepTaskFits
 from moejax.presets import preset_config, resolve_embedded
 from moejax.sharding.dep import DisaggregatedSteps, shared_expert

@@ -30,8 +30,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +43,8 @@ from moejax.config import ModelConfig
 from moejax.costs import causal_pairs
 from moejax.kernels.grouped_matmul import grouped_matmul
 from moejax.kernels.precision import for_operands
-from moejax.plan.paths import device_tag
 from moejax.plan.hardware import Curve, Link, Processor, Profile
+from moejax.plan.paths import device_tag
 from moejax.sharding.mesh import make_mesh
 
 AXIS = "x"  # the mesh axis of moejax.sharding.mesh.make_mesh
@@ -67,7 +66,7 @@ class Shapes:
     model: str = "generic"
 
     @classmethod
-    def of(cls, cfg: ModelConfig, name: str) -> "Shapes":
+    def of(cls, cfg: ModelConfig, name: str) -> Shapes:
         mla = cfg.attention == "mla"
         return cls(cfg.hidden_size, cfg.intermediate_size or cfg.moe_intermediate_size, max(cfg.num_experts, 1),
                    cfg.moe_intermediate_size or cfg.intermediate_size, cfg.num_heads,
@@ -75,7 +74,7 @@ class Shapes:
                    name)
 
     @classmethod
-    def generic(cls, quick: bool) -> "Shapes":
+    def generic(cls, quick: bool) -> Shapes:
         if quick:
             return cls(512, 2048, 8, 512, 8, 2, 64, 64)
         return cls(1024, 4096, 8, 1024, 16, 4, 128, 128)

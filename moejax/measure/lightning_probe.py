@@ -10,17 +10,15 @@ import time
 import jax
 import numpy as np
 
-from moejax.models.kv_pool import BLOCK
-from moejax.lightning.host_attention_bench import median_seconds_each, read_all
+from moejax.engine import Engine
 from moejax.lightning.cgopipe_steps import LightningSteps
+from moejax.lightning.host_attention_bench import median_seconds_each, read_all
 from moejax.lightning.trace import MeasuredEvent, Timeline, busy
-from moejax.plan.lightning import predict_policy
+from moejax.models.kv_pool import BLOCK
+from moejax.plan.lightning import LightningPolicy, predict_policy
 from moejax.plan.resolve import profile_for
 from moejax.sampling import Sampling, SamplingParams
 from moejax.steps.rows import PagedDecodeRows
-
-from moejax.engine import Engine
-from moejax.plan.lightning import LightningPolicy
 
 
 @dataclasses.dataclass(frozen=True)

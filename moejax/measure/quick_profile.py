@@ -11,9 +11,9 @@ import time
 
 import jax
 
+from moejax.measure.hardware import QUICK, Shapes, measure_profile
 from moejax.plan.hardware import Profile
 from moejax.plan.paths import default_profile_path
-from moejax.measure.hardware import QUICK, Shapes, measure_profile
 
 _MEASURED: dict[str, Profile] = {}  # by device kind: when the cache folder cannot be written, this process's one
 

@@ -190,7 +190,7 @@ class AttentionCore:
                          backend=backend)
 
 
-def cached_attention(block: "GQAttention | MLAttention", x: jax.Array, at: Positions,
+def cached_attention(block: GQAttention | MLAttention, x: jax.Array, at: Positions,
                      cache: dict[str, jax.Array] | PagedCache, backend: str = "auto"
                      ) -> tuple[jax.Array, dict[str, jax.Array] | PagedCache]:
     """A cached call through the three stages, all on x's device -> (out [B, T, D], the cache with this call's KV)."""

@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 from safetensors import safe_open
+from tokenizers import Tokenizer
 
 from moejax.config import ModelConfig
 from moejax.models.families import NON_PARAMETERS, Experts, Tensor, normalize_key, source
-
-from tokenizers import Tokenizer
 
 
 class CheckpointError(ValueError):

@@ -12,13 +12,12 @@ from jax.typing import DTypeLike
 from moejax.config import ModelConfig
 from moejax.kernels.backends import AUTO_KERNELS, Kernels
 from moejax.kernels.precision import f32_dot
-from moejax.models.kv_pool import PagedCache
 from moejax.models.attention import Cache, GQAttention, MLAttention, Positions, TreeMask
+from moejax.models.kv_pool import PagedCache
 from moejax.models.layer_runs import LayerRun, layer_kinds, layer_runs
 from moejax.models.layers import RMSNorm, rope_cos_sin
 from moejax.models.moe import LOCAL_EXPERTS, DenseMLP, MoEBlock
 from moejax.sampling import StepArray
-
 
 
 class DecoderLayer(nnx.Module):

@@ -39,7 +39,7 @@ class PagedCache:
         n = jax.tree.leaves(self.pool)[0].shape[1]
         return {name: a.reshape(-1, *a.shape[2:]) for name, a in self.pool.items()}, self.table + self.layer * n
 
-    def write(self, new: dict) -> "PagedCache":
+    def write(self, new: dict) -> PagedCache:
         """This call's keys {name: [B, T, ...]} stored at their slots."""
         if self.layer is None:
             return dataclasses.replace(self, pool={name: write_slots(a, self.slots, new[name])

@@ -36,8 +36,8 @@ import numpy as np
 from flax import nnx
 
 from moejax.buckets import bucket
-from moejax.offload.expert_cache import ExpertCache, prefetch_priority
 from moejax.offload import layered_steps
+from moejax.offload.expert_cache import ExpertCache, prefetch_priority
 from moejax.offload.host_store import HostStore
 from moejax.offload.predict.protocol import Arrays, Predictor, resolved
 from moejax.offload.stats import OffloadStats

@@ -15,15 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.steps import paged_phases, phases
-from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
-from moejax.models.moe import MoEBlock
-from moejax.steps.protocol import Pool, Steps
-from moejax.steps.rows import PrefillRows
-
+from moejax.models import kv_pool
 from moejax.models.attention import Cache, Positions
-from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows
+from moejax.models.moe import MoEBlock
+from moejax.steps import paged_phases, phases
+from moejax.steps.protocol import Pool, Steps
+from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 T = TypeVar("T")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from moejax import options
-from moejax.options import option
 from moejax.offload.expert_cache import POLICIES
 from moejax.offload.predict import PREDICTORS
+from moejax.options import option
 
 AUTO = "auto"  # the placement option's value that leaves the choice to moejax.load
 # the placement option's values: moejax.placements' classes that size budgets (a test holds the two together)

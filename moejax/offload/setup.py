@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import cast
 
-
 from moejax.config import ModelConfig
-from moejax.offload.predict import (DefaultVectors, EstimatorNet, EstimatorPredictor, HybridPredictor,
-                                    OraclePredictor, PreviousHiddenPredictor, RouterPredictor)
-from moejax.offload.predict import artifacts
+from moejax.offload.predict import (
+    DefaultVectors,
+    EstimatorNet,
+    EstimatorPredictor,
+    HybridPredictor,
+    OraclePredictor,
+    PreviousHiddenPredictor,
+    RouterPredictor,
+    artifacts,
+)
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
 from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings

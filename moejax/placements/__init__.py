@@ -3,7 +3,8 @@ is one file in this folder holding its class, and one line in moejax.placements.
 registry's classes in order and runs the first that applies."""
 from __future__ import annotations
 
-
+from moejax.offload.memory_budget import MemoryBudget
+from moejax.offload.settings import PlacementSettings
 from moejax.placements.base import LayerByLayer, Placement
 from moejax.placements.cached import Cached
 from moejax.placements.cached_ep import CachedEP
@@ -13,9 +14,6 @@ from moejax.placements.pipeline_parallel import Pipeline
 from moejax.placements.registry import load_registry
 from moejax.placements.resident import Resident, ResidentAsyncEP
 from moejax.placements.streamed import Streamed, StreamedInJit
-
-from moejax.offload.memory_budget import MemoryBudget
-from moejax.offload.settings import PlacementSettings
 from moejax.sharding.setup import LayoutSetup
 
 __all__ = ["PLACEMENTS", "Cached", "CachedEP", "DEP", "LayerByLayer", "Lightning", "Pipeline", "Placement",

@@ -9,28 +9,24 @@ from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
-
-from moejax.models.moe import LocalExperts, is_routed_expert
-from moejax.offload.layered_steps import LayeredSteps, LayerRuntime
-from moejax.plan.placement import PlacementOption, step_costs
-from moejax.plan.theta import theta_at_load
-from moejax.steps.protocol import Steps
-from moejax.steps.whole_model import WholeModelSteps
-
 from flax import nnx
+from jax.typing import DTypeLike
+
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.layout import Layout
-from moejax.models.moe import MoEBlock
-from moejax.offload.memory_budget import MemoryBudget
-from moejax.offload.memory_budget import BudgetAsk, ModelBytes
-from moejax.plan.engine_plan import EnginePlan
-from jax.typing import DTypeLike
+from moejax.models.moe import LocalExperts, MoEBlock, is_routed_expert
+from moejax.offload.layered_steps import LayeredSteps, LayerRuntime
+from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, ModelBytes
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.dep_sim import Simulation
+from moejax.plan.engine_plan import EnginePlan
 from moejax.plan.hardware import Profile
-from moejax.plan.theta import ThetaEstimate
+from moejax.plan.placement import PlacementOption, step_costs
+from moejax.plan.theta import ThetaEstimate, theta_at_load
 from moejax.sharding.setup import LayoutSetup
+from moejax.steps.protocol import Steps
+from moejax.steps.whole_model import WholeModelSteps
 
 # What a placement keeps the routed experts in at materialize (a HostStore, DEP's ExpertGroup), or None
 Store = Any

@@ -7,21 +7,18 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.offload.host_store import is_routed_expert
-from moejax.offload.memory_budget import (BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes,
-                                          device_budget_bytes)
+from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, device_budget_bytes
 from moejax.offload.settings import AUTO, PlacementSettings
-from moejax.plan.auto import PLACEMENT_WHAT_IF, what_would_change
-from moejax.placements.registry import load_registry
-from moejax.plan.placement import choose_placement
-
-from jax.typing import DTypeLike
 from moejax.placements.base import Placement
+from moejax.placements.registry import load_registry
+from moejax.plan.auto import PLACEMENT_WHAT_IF, what_would_change
 from moejax.plan.engine_plan import EnginePlan
 from moejax.plan.hardware import Profile
-from moejax.plan.placement import PlacementOption
+from moejax.plan.placement import PlacementOption, choose_placement
 
 
 def budget_sizers() -> list[type[Placement]]:

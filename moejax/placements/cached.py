@@ -5,19 +5,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
-from moejax.offload.cached import PREFETCH_DEPTH, CachedExpertsRuntime
-from moejax.offload.host_store import HostStore
-from moejax.offload.memory_budget import (MIN_PASS_EXPERTS, PREFILL_STREAM_LAYERS, BudgetAsk, MemoryBudget,
-                                          MemoryBudgetError, ModelBytes, size)
-from moejax.offload.setup import check_predictor, predictor_of
-from moejax.placements.base import LayerByLayer, Store
-from moejax.plan.placement import PlacementOption, step_costs
-
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
+from moejax.offload.cached import PREFETCH_DEPTH, CachedExpertsRuntime
+from moejax.offload.host_store import HostStore
+from moejax.offload.memory_budget import (
+    MIN_PASS_EXPERTS,
+    PREFILL_STREAM_LAYERS,
+    BudgetAsk,
+    MemoryBudget,
+    MemoryBudgetError,
+    ModelBytes,
+    size,
+)
 from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings
+from moejax.offload.setup import check_predictor, predictor_of
+from moejax.placements.base import LayerByLayer, Store
 from moejax.plan.hardware import Profile
+from moejax.plan.placement import PlacementOption, step_costs
 from moejax.sharding.setup import LayoutSetup
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from moejax.sharding.cached_ep import CachedExpertsOverEPRuntime, RoundRobinStore
-from moejax.placements.cached import Cached
-
 from moejax.offload.memory_budget import MemoryBudget
 from moejax.offload.settings import PlacementSettings
+from moejax.placements.cached import Cached
+from moejax.sharding.cached_ep import CachedExpertsOverEPRuntime, RoundRobinStore
 from moejax.sharding.setup import LayoutSetup
 
 

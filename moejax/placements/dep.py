@@ -5,20 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from moejax.models.moe import is_routed_expert
-from moejax.placements.base import LayerByLayer, Store
-from moejax.plan.dep_sim import simulate_schedule
-from moejax.plan.findep import solve_dep
-from moejax.plan.findep_online import OnlineDep
-from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
-
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
+from moejax.models.moe import is_routed_expert
 from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.memory_budget import MemoryBudget
 from moejax.offload.settings import PlacementSettings
-from moejax.plan.dep_sim import Simulation
+from moejax.placements.base import LayerByLayer, Store
+from moejax.plan.dep_sim import Simulation, simulate_schedule
+from moejax.plan.findep import solve_dep
+from moejax.plan.findep_online import OnlineDep
 from moejax.plan.hardware import Profile
+from moejax.sharding.dep import Disaggregated, DisaggregatedSteps, ExpertGroup
 from moejax.sharding.setup import LayoutSetup
 
 

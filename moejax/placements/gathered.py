@@ -12,15 +12,13 @@ the `placement` option also defines `budget` (its memory budget rules, moejax.of
 the option is checked where the settings are built, below the placements)."""
 from __future__ import annotations
 
-
-from moejax.offload.host_store import HostStore
-from moejax.placements.base import LayerByLayer, Store
-from moejax.sharding.gathered import GatheredStreamed
-
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
+from moejax.offload.host_store import HostStore
 from moejax.offload.memory_budget import MemoryBudget
 from moejax.offload.settings import PlacementSettings
+from moejax.placements.base import LayerByLayer, Store
+from moejax.sharding.gathered import GatheredStreamed
 from moejax.sharding.setup import LayoutSetup
 
 

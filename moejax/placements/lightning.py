@@ -2,30 +2,28 @@
 on the host CPU, the experts paged in with a resident share r_w, and CGOPipe's schedule over micro-batches
 (moejax.lightning). Its policy (N, μ, A_g, F_g, r_w, r_c) is the budget's LightningPlan."""
 from __future__ import annotations
-from jax.typing import DTypeLike
-from moejax.plan.engine_plan import EnginePlan
-from moejax.plan.hardware import Profile
 
 import dataclasses
 from collections.abc import Callable
 
 import jax.numpy as jnp
-
-from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
-from moejax.lightning.pages import PagedExperts, PagedStore
-from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
-from moejax.lightning.policy import FIELDS, check_kv_fits, host_memory_bytes, resolve_plan
-from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
-from moejax.placements.budget import budget_for
-from moejax.placements.base import LayerByLayer, Store
-from moejax.plan.lightning import CPU_USABLE
-
 from flax import nnx
+from jax.typing import DTypeLike
+
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
-from moejax.lightning.policy import LightningPlan
+from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
+from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
+from moejax.lightning.pages import PagedExperts, PagedStore
+from moejax.lightning.policy import FIELDS, LightningPlan, check_kv_fits, host_memory_bytes, resolve_plan
 from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
 from moejax.offload.settings import PlacementSettings
+from moejax.placements.base import LayerByLayer, Store
+from moejax.placements.budget import budget_for
+from moejax.plan.engine_plan import EnginePlan
+from moejax.plan.hardware import Profile
+from moejax.plan.lightning import CPU_USABLE
 from moejax.sharding.setup import LayoutSetup
 
 # the host's paged attention kernel: Pallas does not run on a CPU, and 'cpu' (moejax.kernels.attention.paged_cpu)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from moejax.placements.base import Placement, Store
-from moejax.sharding.pipeline_steps import PipelineSteps, StageStore
-
 from flax import nnx
+
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.offload.memory_budget import MemoryBudget
 from moejax.offload.settings import PlacementSettings
+from moejax.placements.base import Placement, Store
+from moejax.sharding.pipeline_steps import PipelineSteps, StageStore
 from moejax.sharding.setup import LayoutSetup
 
 

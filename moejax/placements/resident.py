@@ -1,11 +1,9 @@
 """Every weight on the device (or spread over a layout's devices): the whole-model jits run every step."""
 from __future__ import annotations
 
-
 from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
-from moejax.placements.base import Placement
-
 from moejax.offload.settings import PlacementSettings
+from moejax.placements.base import Placement
 from moejax.sharding.setup import LayoutSetup
 
 

@@ -2,26 +2,23 @@
 `window` layers ahead. stream='python': a loop over per-layer jits moves them (moejax.offload.streamed);
 stream='jit': the experts are host-memory inputs of the whole-model jits and XLA schedules their copies."""
 from __future__ import annotations
-from moejax.plan.hardware import Profile
 
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from moejax.models.moe import HostExperts, is_routed_expert
-from moejax.offload.host_store import HostStore
-from moejax.offload.memory_budget import (DEFAULT_WINDOW, BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes,
-                                          size)
-from moejax.offload.streamed import StreamedExpertsRuntime
-from moejax.placements.base import LayerByLayer, Placement, Store
-from moejax.plan.placement import PlacementOption, step_costs
-
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
-from moejax.models.moe import MoEBlock
+from moejax.models.moe import HostExperts, MoEBlock, is_routed_expert
+from moejax.offload.host_store import HostStore
 from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.memory_budget import DEFAULT_WINDOW, BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
 from moejax.offload.settings import PlacementSettings
+from moejax.offload.streamed import StreamedExpertsRuntime
+from moejax.placements.base import LayerByLayer, Placement, Store
+from moejax.plan.hardware import Profile
+from moejax.plan.placement import PlacementOption, step_costs
 from moejax.sharding.setup import LayoutSetup
 
 

@@ -8,11 +8,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from moejax.config import ModelConfig
+from moejax.layout import Layout
 from moejax.plan.engine_plan import EnginePlan
 from moejax.plan.findep_online import ONLINE_FIELDS
-from moejax.plan.layouts import choose_layout, dep_option
 from moejax.plan.hardware import Profile
-from moejax.layout import Layout
+from moejax.plan.layouts import choose_layout, dep_option
 
 # profile fields whose scaling may flip a decision, and how they read
 LAYOUT_WHAT_IF = (("d2d.bandwidth", "device-to-device bandwidth"), ("all_to_all.bandwidth", "all-to-all bandwidth"),

@@ -25,7 +25,8 @@ resource."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from moejax.config import ModelConfig
 from moejax.plan.hardware import Profile

@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 from moejax import options
+from moejax.layout import Layout
 from moejax.offload.settings import PlacementSettings
 from moejax.options import option
-from moejax.layout import Layout
+
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
@@ -53,7 +54,7 @@ class EnginePlan:
             raise TypeError(f"moejax.load: plan.placement must be a PlacementSettings, got {type(self.placement)}")
 
     @classmethod
-    def from_options(cls, given: dict) -> "EnginePlan":
+    def from_options(cls, given: dict) -> EnginePlan:
         """load's keyword options (those of PLAN_OPTIONS; None means not given) -> EnginePlan."""
         given = {k: v for k, v in given.items() if v is not None}
         placement = PlacementSettings(**{k: v for k, v in given.items() if k in PlacementSettings.names()})

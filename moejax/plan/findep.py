@@ -65,10 +65,10 @@ import numpy as np
 
 from moejax.config import ModelConfig
 from moejax.costs import param_count
+from moejax.layout import dep_default_split
 from moejax.plan.dep_sim import TaskTimes
 from moejax.plan.findep_costs import R2_MAX, DepCoefficients, _fit_attention_group, attention_gemms, fit_coefficients
 from moejax.plan.hardware import GiB, Profile
-from moejax.layout import dep_default_split
 
 ORDERS = ("asas", "aass")  # FinDEP's two dispatch orders (§4.1)
 PLAN_ORDERS = ORDERS + ("pppipe",)

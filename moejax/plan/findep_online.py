@@ -17,10 +17,9 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from moejax.plan.findep import solve_step
-from moejax.layout import Layout
-
 from moejax.config import ModelConfig
+from moejax.layout import Layout
+from moejax.plan.findep import solve_step
 from moejax.plan.hardware import Profile
 
 ONLINE_FIELDS = ("r1", "r2", "order")  # what a step may change; the groups (A, B) hold the weights and stay

@@ -101,7 +101,7 @@ class DepTaskFits:
     points: tuple = ()
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DepTaskFits":
+    def from_dict(cls, d: dict) -> DepTaskFits:
         return cls(**{**d, "points": tuple(tuple(p) for p in d.get("points", ()))})
 
 
@@ -130,7 +130,7 @@ class Profile:
         return next((f for f in self.dep if (f.attn_devices, f.expert_devices) == (attn_devices, expert_devices)),
                     None)
 
-    def with_overrides(self, overrides: dict[str, str | float]) -> "Profile":
+    def with_overrides(self, overrides: dict[str, str | float]) -> Profile:
         """FIELD=VALUE what-ifs, dotted into nested fields: {"h2d.bandwidth": 100e9, "device.flops": 5e14}.
         ValueError naming a field that does not exist or a value that is not a number."""
         out = self
@@ -145,7 +145,7 @@ class Profile:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Profile":
+    def from_dict(cls, d: dict) -> Profile:
         def curve(c: dict) -> Curve:
             return Curve(tuple(c.get("sizes", ())), tuple(c.get("rates", ())))
 

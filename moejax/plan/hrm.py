@@ -26,7 +26,6 @@ from numpy.typing import ArrayLike
 
 from moejax.config import ModelConfig
 from moejax.costs import causal_pairs, param_count, prefill_flops
-
 from moejax.plan.hardware import Profile
 
 Num = float | np.ndarray  # a count or size, or an array of them (elementwise)
@@ -54,7 +53,7 @@ class Hardware:
                    h.bandwidth, profile.h2d.bandwidth, d.flops * gpus, h.flops, gpus)
 
     @property
-    def hrm(self) -> "HRM":
+    def hrm(self) -> HRM:
         return HRM(self.p_g, self.b_g, self.p_c, self.b_c, self.b_cg)
 
 
@@ -116,7 +115,7 @@ class ModelShape:
     kv_token: float  # KV cache bytes per token per layer
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, dt: int = 2, name: str = "") -> "ModelShape":
+    def from_config(cls, cfg: ModelConfig, dt: int = 2, name: str = "") -> ModelShape:
         l, D, I, E = cfg.num_layers, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
         routed = sum(cfg.moe_layers) * E * (3 * D * I + (2 * I + D) * cfg.expert_bias)
         f = prefill_flops(cfg, 1, 1, all_logits=False)  # one token: FLOPs per token by part (moejax.costs)

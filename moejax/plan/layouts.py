@@ -21,12 +21,10 @@ from collections.abc import Iterable
 
 from moejax.config import ModelConfig
 from moejax.costs import Transfer, layout_comm, param_count, prefill_flops
+from moejax.layout import ATTN, IMPLEMENTED, Layout
+from moejax.plan.findep import DepSchedule, solve_dep
 from moejax.plan.hardware import Profile
 from moejax.plan.theta import layer_expert_bytes
-from moejax.layout import ATTN, IMPLEMENTED, Layout
-
-from moejax.plan.findep import DepSchedule
-from moejax.plan.findep import solve_dep
 
 FIT_FRACTION = 0.9
 _LINK = {"all-to-all": "all_to_all", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}

@@ -11,9 +11,8 @@ from collections.abc import Callable
 
 from moejax.config import ModelConfig
 from moejax.costs import prefill_flops
-from moejax.plan.hardware import Profile
-
 from moejax.offload.memory_budget import MemoryBudget
+from moejax.plan.hardware import Profile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from moejax.plan.datasheets import DATASHEETS
-from moejax.plan.paths import default_profile_path
+from moejax.plan.datasheets import DATASHEETS, load_profile
 from moejax.plan.hardware import Profile
-from moejax.plan.datasheets import load_profile
+from moejax.plan.paths import default_profile_path
 
 # device_kind substrings -> datasheet (more specific first)
 _KINDS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("L4", "l4"), ("T4", "t4"))

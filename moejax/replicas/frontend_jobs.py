@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from moejax.config import ModelConfig
 from moejax.costs import true_prefill_flops
 from moejax.models.kv_pool import BLOCK
-from moejax.sched.batch_schedule import score_sequences, tree_flops
 from moejax.replicas.frontend import Job
-from moejax.sched.prefix_cache import BlockHolder, block_hashes
 from moejax.requests.parse import CompletionRequest, ScoreRequest
-
-from moejax.config import ModelConfig
+from moejax.sched.batch_schedule import score_sequences, tree_flops
+from moejax.sched.prefix_cache import BlockHolder, block_hashes
 
 
 def request_job(key: int, req: ScoreRequest | CompletionRequest, cfg: ModelConfig,

@@ -7,12 +7,11 @@ from collections import deque
 from collections.abc import Sequence
 
 from moejax.costs import true_prefill_flops
-from moejax.sched.batch_size import DEFAULT_TOKENS
+from moejax.engine import Engine
 from moejax.replicas.frontend import Frontend, Job, ReplicaMirror
 from moejax.replicas.frontend_jobs import request_job
 from moejax.requests.parse import CompletionRequest, ScoreRequest, parse_lines
-
-from moejax.engine import Engine
+from moejax.sched.batch_size import DEFAULT_TOKENS
 
 
 def plan_routing(jobs: Sequence[Job], thetas: Sequence[float], routing: str) -> tuple[Frontend, int]:

@@ -9,16 +9,15 @@ import time
 from collections.abc import Sequence
 
 from moejax.compiles import counting
+from moejax.engine import Engine
 from moejax.models.kv_pool import Layer
+from moejax.requests.parse import Request
+from moejax.requests.results import ResultStore
 from moejax.sched.batch import kv_cache_mode, plan_requests
 from moejax.sched.prefix_cache import PrefixCache
 from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
-from moejax.requests.parse import Request
-from moejax.requests.results import ResultStore
 from moejax.sched.runner import Runner
 from moejax.sched.serving_options import ServingOptions
-
-from moejax.engine import Engine
 
 
 @dataclasses.dataclass

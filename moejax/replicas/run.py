@@ -24,26 +24,23 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from moejax import options
 from moejax.costs import true_prefill_flops
-from moejax.options import option
-from moejax.sched.batch import open_results, refuse_generation, write_invalid
-from moejax.sched.batch_size import DEFAULT_TOKENS
-from moejax.replicas.frontend import ROUTINGS, Frontend, Job
-from moejax.replicas.frontend_jobs import request_job
-from moejax.sched.prefix_cache import block_hashes
-from moejax.requests.parse import BadLine, Request, ScoreRequest, parse_lines
-from moejax.requests.results import ResultStore, error_line
-from moejax.sched.serving_options import ServingOptions
-from moejax.replicas.watchdog import Watchdog
-
-import jax
 from moejax.engine import Engine
 from moejax.loading import read_model
-from moejax.sched.batch import engine_settings
-from moejax.replicas.replica_session import ShareDone
-from moejax.replicas.replica_session import ReplicaSession
-
+from moejax.options import option
+from moejax.replicas.frontend import ROUTINGS, Frontend, Job
+from moejax.replicas.frontend_jobs import request_job
+from moejax.replicas.replica_session import ReplicaSession, ShareDone
+from moejax.replicas.watchdog import Watchdog
+from moejax.requests.parse import BadLine, Request, ScoreRequest, parse_lines
+from moejax.requests.results import ResultStore, error_line
+from moejax.sched.batch import engine_settings, open_results, refuse_generation, write_invalid
+from moejax.sched.batch_size import DEFAULT_TOKENS
+from moejax.sched.prefix_cache import block_hashes
+from moejax.sched.serving_options import ServingOptions
 
 SHARES_AHEAD = 2  # shares routed to a replica and not finished: the one it runs and the next, queued behind it
 CONNECT_TIMEOUT_S = 30.0  # --ray HOST:PORT: how long its TCP connection may take

@@ -9,10 +9,10 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from tokenizers import Tokenizer
+
 from moejax.requests.parse import CompletionRequest, ScoreRequest
 from moejax.requests.token_text import TokenText
-
-from tokenizers import Tokenizer
 
 
 @dataclass

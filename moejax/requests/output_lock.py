@@ -13,7 +13,6 @@ This module imports only the standard library (tests load it in a subprocess wit
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 import errno
 import json
 import os
@@ -21,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 try:
     import fcntl

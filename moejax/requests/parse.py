@@ -10,12 +10,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from moejax.sampling import RULES, SamplingParams
-from moejax.requests.fields import Invalid, flag, is_int, nonempty_list, number, reject_unknown, show, string_field
-from moejax.requests.openai_params import NO_OP_KEYS, check_no_ops
+from tokenizers import Tokenizer
 
 from moejax.chat import ChatTemplate
-from tokenizers import Tokenizer
+from moejax.requests.fields import Invalid, flag, is_int, nonempty_list, number, reject_unknown, show, string_field
+from moejax.requests.openai_params import NO_OP_KEYS, check_no_ops
+from moejax.sampling import RULES, SamplingParams
 
 SCORE_URL = "/v1/score"
 COMPLETIONS_URL = "/v1/completions"

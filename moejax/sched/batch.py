@@ -9,18 +9,17 @@ from collections.abc import Callable, Sequence
 
 import jax
 
+from moejax.engine import Engine
 from moejax.requests import output_lock
-from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, score_batch_size
-from moejax.sched.explain import describe
-from moejax.sched.batch_schedule import BatchSchedule, schedule_batches
-from moejax.sched.pool_size import PoolSize, pool_size
-from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.requests.parse import BadLine, CompletionRequest, Request, ScoreRequest, parse_lines
 from moejax.requests.results import ResultStore, error_line, request_id
+from moejax.sched.batch_schedule import BatchSchedule, schedule_batches
+from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, score_batch_size
+from moejax.sched.explain import describe
+from moejax.sched.pool_size import PoolSize, pool_size
+from moejax.sched.prefix_cache import cache_blocks as prefix_cache_blocks
 from moejax.sched.runner import Progress, Runner
 from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
-
-from moejax.engine import Engine
 
 
 def _prepare(engine: Engine, lines: Sequence[str], store_path: str | None, options: ServingOptions, *,

@@ -9,14 +9,13 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from moejax.buckets import bucket, fine_bucket
+from moejax.config import ModelConfig
+from moejax.costs import true_prefill_flops
 from moejax.models.kv_pool import BLOCK
+from moejax.requests.parse import CompletionRequest, ScoreRequest
 from moejax.sched.batch_size import ScoreBatchSize
 from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import BlockHolder, PrefixCache, block_hashes
-from moejax.requests.parse import CompletionRequest, ScoreRequest
-
-from moejax.config import ModelConfig
-from moejax.costs import true_prefill_flops
 
 KV_MODES = ("auto", "on", "off")
 

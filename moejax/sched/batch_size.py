@@ -19,10 +19,9 @@ import dataclasses
 import jax
 
 from moejax.config import ModelConfig
+from moejax.engine import Engine
 from moejax.kernels.attention.blocked import BLOCK as QUERY_BLOCK
 from moejax.offload.memory_budget import size
-
-from moejax.engine import Engine
 from moejax.plan.hardware import Profile
 from moejax.plan.resolve import profile_for
 from moejax.plan.theta import theta_eq1

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from moejax.buckets import bucket, rows_bucket
+from moejax.engine import Engine
 from moejax.kernels.attention.paged_xla import blocks_per_step
 from moejax.models.kv_pool import BLOCK, Layer
 from moejax.sampling import Sampling, SamplingParams, StepArray
@@ -43,8 +44,6 @@ from moejax.sched.block_pool import BlockPool
 from moejax.sched.prefix_cache import block_hashes
 from moejax.sched.step_times import StepTimes
 from moejax.steps.rows import ChunkRows, PagedDecodeRows
-
-from moejax.engine import Engine
 
 # Step shapes come from a small fixed set, whatever the number of requests: chunk steps always have the chunk's
 # most rows of row_tokens tokens; decode steps 16, 32, 64, ... rows (at most max_rows, bucketed); block tables

@@ -2,11 +2,9 @@
 MFU estimate. Replays the exact packing the runner would do, without touching the model."""
 from __future__ import annotations
 
-
 import jax
 
 from moejax import options
-
 from moejax.engine import Engine
 from moejax.sched.batch_schedule import BatchSchedule
 from moejax.sched.runner import Runner

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from moejax.engine import Engine
 from moejax.models.kv_pool import BLOCK
 from moejax.offload.memory_budget import RESERVE_FRACTION, MemoryBudget, device_budget_bytes, size
-
-from moejax.engine import Engine
 
 DEFAULT_MB = 1024.0
 

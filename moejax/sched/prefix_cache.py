@@ -9,9 +9,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
-from moejax.models.kv_pool import BLOCK
-
 from moejax.engine import Engine
+from moejax.models.kv_pool import BLOCK
 
 
 class BlockHolder(Protocol):

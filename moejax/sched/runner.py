@@ -17,20 +17,18 @@ import numpy as np
 
 from moejax.buckets import bucket
 from moejax.costs import layer_flops_per_token
+from moejax.engine import Engine
 from moejax.models.kv_pool import BLOCK, Layer
-from moejax.sched import packing
-from moejax.sched.batch_size import ScoreBatchSize
-from moejax.sched.batch_schedule import BatchSchedule, CompletionBatch, ScoreBatch
-from moejax.sched.pool_size import PoolSize
-from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.requests.bodies import Bodies, Choice
 from moejax.requests.parse import MAX_LOGPROBS, CompletionRequest, Request, ScoreRequest
 from moejax.requests.results import ResultStore, WriteFailed, error_line, ok_line
+from moejax.sched import packing
+from moejax.sched.batch_schedule import BatchSchedule, CompletionBatch, ScoreBatch
+from moejax.sched.batch_size import ScoreBatchSize
+from moejax.sched.continuous import GenRequest, Scheduler
+from moejax.sched.pool_size import PoolSize
+from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.sched.serving_options import SERVING_DEFAULTS, ServingOptions
-
-from moejax.engine import Engine
-from moejax.sched.continuous import GenRequest
-from moejax.sched.continuous import Scheduler
 
 
 @dataclasses.dataclass

@@ -8,8 +8,8 @@ import dataclasses
 
 from moejax import options
 from moejax.options import option
-from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.batch_schedule import KV_MODES
+from moejax.sched.batch_size import DEFAULT_TOKENS
 
 BATCHING = ("continuous", "static")
 SCHEDULER = ("max_rows", "chunk_tokens", "row_tokens", "decode_steps", "mixed")  # the Scheduler's keywords

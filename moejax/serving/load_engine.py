@@ -3,8 +3,6 @@ plan, Θ for placements that copy experts, the run's settings (the journal's fin
 run and each engine replica (moejax.serving.replicated), so every replica is the engine a one-engine run would load."""
 from __future__ import annotations
 
-from moejax.replicas.run import ReplicaPlan
-from moejax.engine import Engine
 import argparse
 import hashlib
 import os
@@ -14,11 +12,13 @@ import jax
 
 import moejax
 from moejax import options
+from moejax.engine import Engine
 from moejax.measure.saturation import profile_saturation
 from moejax.offload.settings import PlacementSettings
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.resolve import profile_for
 from moejax.presets import resolve_embedded
+from moejax.replicas.run import ReplicaPlan
 from moejax.sched.batch import engine_settings, line_list, unservable_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 from moejax.sched.serving_options import ServingOptions

@@ -7,10 +7,10 @@ import functools
 import sys
 from typing import Any
 
-from moejax.serving.load_engine import replica_engine, settings_for
 from moejax.replicas.run import ReplicaPlan, ReplicaRun, ReplicasFailed
 from moejax.requests.results import SettingsMismatch, WriteFailed
 from moejax.sched.serving_options import ServingOptions
+from moejax.serving.load_engine import replica_engine, settings_for
 
 
 def serve_replicas(args: argparse.Namespace, lines: list[str], serving: ServingOptions, plan: ReplicaPlan) -> dict:

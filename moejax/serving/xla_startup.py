@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+
 from jax._src import xla_bridge
 
 COMMAND_BUFFERS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"

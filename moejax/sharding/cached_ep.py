@@ -27,7 +27,7 @@ from moejax.buckets import bucket
 from moejax.offload import layered_steps
 from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.expert_cache import ExpertCache
-from moejax.offload.host_store import HostStore, pinned_host_limit_bytes, HOST_LIMIT_ENV
+from moejax.offload.host_store import HOST_LIMIT_ENV, HostStore, pinned_host_limit_bytes
 from moejax.sharding.experts import AXIS
 
 _f32 = jnp.float32

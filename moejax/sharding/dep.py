@@ -33,19 +33,18 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
+from moejax.layout import Layout
+from moejax.models.attention import Cache, Positions
 from moejax.models.kv_pool import PagedCache
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered_steps
 from moejax.plan.findep_costs import A2E_DEFAULT, A2E_ROUTES
+from moejax.plan.findep_online import OnlineDep
 from moejax.sharding import multihost
 from moejax.sharding.experts import AXIS, owned_choices, sharded_routed
-from moejax.layout import Layout
 from moejax.sharding.mesh import make_mesh
-
-from moejax.config import ModelConfig
-from moejax.kernels.backends import Kernels
-from moejax.models.attention import Cache, Positions
-from moejax.plan.findep_online import OnlineDep
 from moejax.steps.rows import DecodeRows
 
 

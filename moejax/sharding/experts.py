@@ -25,12 +25,10 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.layout import Layout
-
-from jax.sharding import Mesh
 from moejax.models.moe import ExpertFFN, MoEBlock
 
 AXIS = "x"

@@ -17,14 +17,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.config import ModelConfig
+from moejax.layout import Layout
 from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered_steps
 from moejax.offload.host_store import HostStore
 from moejax.offload.stats import OffloadStats
 from moejax.sharding.experts import sharded_routed
-from moejax.layout import Layout
-
-from moejax.config import ModelConfig
 
 _LOCAL = Layout(attn="dp", experts="replicated")  # each device its own tokens against whole experts
 

@@ -11,9 +11,9 @@ import dataclasses
 
 import numpy as np
 
+from moejax.layout import Layout
 from moejax.models.moe import is_routed_expert
 from moejax.offload.memory_budget import RESERVE_FRACTION, size
-from moejax.layout import Layout
 from moejax.sharding.stages import stage_bytes
 
 

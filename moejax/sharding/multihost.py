@@ -15,10 +15,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import distributed  # the client of jax.distributed's coordination service (orbax uses it so too)
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jax._src import distributed  # the client of jax.distributed's coordination service (orbax uses it so too)
 
 
 def initialize(coordinator: str, num_processes: int, process_id: int, *, init_timeout_s: int = 300,
@@ -199,6 +199,6 @@ def _per_process_mesh(sharding: jax.sharding.Sharding) -> Mesh | None:
     return Mesh(devices, ("processes", "local"), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _copy_to(sharding: NamedSharding) -> Callable[[jax.Array], jax.Array]:
     return jax.jit(lambda a: a, out_shardings=sharding)  # one jit per target: cached, not retraced per call

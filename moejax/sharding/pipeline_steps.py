@@ -31,9 +31,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.kernels.backends import Kernels
+from moejax.layout import Layout
 from moejax.models.decoder import MoEModel
 from moejax.sharding.experts import AXIS
-from moejax.layout import Layout
 from moejax.sharding.stages import slots, stage_layers
 from moejax.steps import phases
 from moejax.steps.protocol import Pool, Steps

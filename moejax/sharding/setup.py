@@ -11,16 +11,15 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.config import ModelConfig
+from moejax.layout import Layout
 from moejax.models.moe import is_routed_expert
+from moejax.offload.memory_budget import MemoryBudget
 from moejax.sharding import multihost
 from moejax.sharding.dep import ExpertGroup, check_group_processes, group_meshes
 from moejax.sharding.experts import AXIS, TP_SPECS, ShardedExperts, tp_columns
-from moejax.layout import Layout
 from moejax.sharding.memory import check_fits, device_weights
 from moejax.sharding.mesh import make_mesh
-
-from moejax.config import ModelConfig
-from moejax.offload.memory_budget import MemoryBudget
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,12 +23,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.kernels.backends import Kernels
-from moejax.models.kv_pool import Layer, PagedCache, slots_of
 from moejax.models.attention import Positions
 from moejax.models.decoder import MoEModel
+from moejax.models.kv_pool import Layer, PagedCache, slots_of
 from moejax.sampling import StepArray
-from moejax.steps.rows import ChunkRows, PagedDecodeRows
 from moejax.steps.phases import is_stop, model_of
+from moejax.steps.rows import ChunkRows, PagedDecodeRows
 from moejax.steps.token_loop import token_loop
 
 

@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models import kv_pool
 from moejax.kernels.backends import Kernels
-from moejax.models.kv_pool import Layer
+from moejax.models import kv_pool
 from moejax.models.attention import TreeMask, cache_positions, write_cache
 from moejax.models.decoder import MoEModel
+from moejax.models.kv_pool import Layer
 from moejax.sampling import StepArray
 from moejax.steps.rows import DecodeRows, PrefillRows
 from moejax.steps.token_loop import token_loop

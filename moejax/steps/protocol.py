@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from moejax.models.kv_pool import Layer
-
 import jax
 from flax import nnx
+
 from moejax.models.attention import Cache
+from moejax.models.kv_pool import Layer
 from moejax.steps.rows import ChunkRows, DecodeRows, PagedDecodeRows, PrefillRows
 
 Pool = list[Layer]  # a KV pool: per layer {name: [blocks, BLOCK, ...]} (moejax.models.kv_pool)

@@ -12,7 +12,8 @@ every N iterations (rounded down to a divisor of its count), for such comparison
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 

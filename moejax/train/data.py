@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from moejax.train import corpus
-
-from tokenizers import Tokenizer
 
 
 def tokenize_files(tok: Tokenizer, root: str, files: list[str], eos_id: int) -> np.ndarray:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tqdm import tqdm
 
 from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict import estimator as est
@@ -23,7 +24,6 @@ from moejax.offload.predict.learned import EstimatorPredictor
 from moejax.offload.predict.replay import recall, recall_by_layer, true_routing
 from moejax.offload.predict.router import DefaultVectors, RouterPredictor
 from moejax.offload.predict.traces import Traces
-from tqdm import tqdm
 
 
 def estimator_pairs(steps: LayeredSteps, traces: Traces, vectors: DefaultVectors, distance: int,

@@ -10,14 +10,13 @@ import shutil
 
 import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from moejax.config import ModelConfig
 from moejax.models.families import Experts, source
-from moejax.train.model import LOAD_BALANCE_COEF, Z_LOSS_COEF, TrainModel
-
 from moejax.train.loop import Run
+from moejax.train.model import LOAD_BALANCE_COEF, Z_LOSS_COEF, TrainModel
 from moejax.train.quality import run_quality
-from safetensors.numpy import save_file
 
 _NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tokenizers import Tokenizer
+from tqdm import tqdm
 
 from moejax.config import ModelConfig
 from moejax.train import corpus
@@ -29,8 +31,6 @@ from moejax.train.configs import train_config
 from moejax.train.data import batch_at, eval_windows, tokenize_files
 from moejax.train.model import LOAD_BALANCE_COEF, Z_LOSS_COEF, TrainModel, loss_fn
 from moejax.train.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
-from tokenizers import Tokenizer
-from tqdm import tqdm
 
 
 @dataclasses.dataclass(frozen=True)

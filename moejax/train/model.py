@@ -18,9 +18,9 @@ from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
-from moejax.weights import random_param
 from moejax.models.decoder import MoEModel
 from moejax.models.moe import MoEBlock
+from moejax.weights import random_param
 
 LOAD_BALANCE_COEF = 0.02
 Z_LOSS_COEF = 0.001

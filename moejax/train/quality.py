@@ -11,12 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.models.moe import route
-from moejax.train.model import forward_with_router
-
 import moejax
 from moejax.engine import Engine
+from moejax.models.moe import route
 from moejax.train.loop import Run
+from moejax.train.model import forward_with_router
 
 
 def _windows(tokens: np.ndarray, window: int) -> np.ndarray:

@@ -7,12 +7,7 @@ import json
 import os
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer
-from tokenizers import decoders
-from tokenizers import models
-from tokenizers import pre_tokenizers
-from tokenizers import processors
-from tokenizers import trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 END_OF_TEXT = "<|endoftext|>"  # separates documents in training and ends generation
 

@@ -6,6 +6,7 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from conftest import fixture_dir  # noqa: E402
+
 from moejax.eval.generation import Completion, generate  # noqa: E402
 from moejax.eval.scoring import Scorer  # noqa: E402
 from moejax.sampling import SamplingParams  # noqa: E402

@@ -118,6 +118,7 @@ def test_scorer_shares_contexts_across_batches(qwen3_engine):
     prefix cache, and every answer equals a plain forward over the pair (Engine.token_logprobs: log-probabilities
     and the top token at each position)."""
     import numpy as np
+
     from moejax.eval.scoring import Scorer
     rng = np.random.default_rng(3)
     prefix = rng.integers(1, 256, 48).tolist()

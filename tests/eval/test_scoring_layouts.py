@@ -3,9 +3,9 @@
 running off there (the pipeline keeps no prefix KV) and `on` refused up front."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from moejax.eval.scoring import Scorer
 
 # two contexts of 40 tokens sharing their first 32 (two 16-token blocks), each with two continuations; batches of

@@ -3,10 +3,10 @@ fills kernel outputs with NaN first, so a row the kernels never write shows up a
 import jax
 import numpy as np
 import pytest
+from conftest import fast_tier
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import fast_tier
 from moejax.kernels import EXPERT_BACKENDS, expert_ffn
 from moejax.kernels.platform import on_gpu
 

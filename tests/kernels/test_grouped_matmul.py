@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import fast_tier
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import fast_tier
 from moejax.kernels import GROUPED_MATMUL_BACKENDS, combine, dispatch, expert_ffn, gather_rows, grouped_matmul
-from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
+from moejax.kernels.platform import on_gpu
 
 # Compiled Pallas: GPU only. Mosaic GPU takes 16-bit operands only: tests/kernels/test_grouped_matmul_mosaic.py.
 # ragged_dot_cudnn on a GPU: a few fixed cases in tests/kernels/test_grouped_matmul_masked.py (each shape is a cuDNN

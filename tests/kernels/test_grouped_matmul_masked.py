@@ -10,6 +10,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from test_expert_ffn import make as make_ffn
+from test_expert_ffn import reference as ffn_reference
+from test_grouped_matmul import reference
 
 from moejax.kernels import expert_ffn, grouped_matmul
 from moejax.kernels.backends import Kernels
@@ -18,9 +21,6 @@ from moejax.kernels.grouped_matmul import pallas, ragged_cudnn
 from moejax.kernels.grouped_matmul.tuning import PallasConfig
 from moejax.kernels.lowering import TRITON, cuda_module
 from moejax.kernels.platform import on_gpu
-from test_expert_ffn import make as make_ffn
-from test_expert_ffn import reference as ffn_reference
-from test_grouped_matmul import reference
 
 SMALL = PallasConfig(bm=16, bn=16, bk=16, warps=4, stages=2)  # tiles smaller than the groups: several per group
 

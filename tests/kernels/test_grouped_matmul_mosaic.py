@@ -7,19 +7,18 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from moejax.kernels import expert_ffn, grouped_matmul
-from moejax.kernels.backends import Kernels
-from moejax.kernels.grouped_matmul.auto import expert_auto
-from moejax.kernels.platform import on_gpu
-from moejax.kernels.grouped_matmul import tuning
-from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, max_tiles, to_aligned
-from moejax.kernels import platform
-from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig
-from moejax.kernels.lowering import MOSAIC_GPU, cuda_module
 from test_expert_ffn import make as make_ffn
 from test_expert_ffn import reference as ffn_reference
 from test_grouped_matmul import lowered_for_gpu, make, reference
+
+from moejax.kernels import expert_ffn, grouped_matmul, platform
+from moejax.kernels.backends import Kernels
+from moejax.kernels.grouped_matmul import tuning
+from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, max_tiles, to_aligned
+from moejax.kernels.grouped_matmul.auto import expert_auto
+from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig
+from moejax.kernels.lowering import MOSAIC_GPU, cuda_module
+from moejax.kernels.platform import on_gpu
 
 gpu = pytest.mark.skipif(not on_gpu(), reason="Mosaic GPU kernels run on an NVIDIA Hopper GPU only")
 

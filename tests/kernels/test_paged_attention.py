@@ -12,8 +12,8 @@ import pytest
 
 from moejax.kernels.attention import attention
 from moejax.kernels.attention.paged import gather_blocks, paged_attention
-from moejax.kernels.platform import on_gpu
 from moejax.kernels.lowering import TRITON, cuda_module
+from moejax.kernels.platform import on_gpu
 
 P = 16  # moejax.models.kv_pool.BLOCK
 

@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from launch.bench.kernels import NOT_TIMED_ON_GPU, timed_backends
 from launch.bench.kernel_memory import GiB, expert_ffn_bytes, grouped_matmul_bytes, too_large
-from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul
-from moejax.kernels import platform
+from launch.bench.kernels import NOT_TIMED_ON_GPU, timed_backends
+from moejax.kernels import EXPERT_BACKENDS, GROUPED_MATMUL_BACKENDS, expert_ffn, grouped_matmul, platform
 from moejax.kernels.grouped_matmul import auto
 from moejax.measure.hardware import grouped_backend_refused
 

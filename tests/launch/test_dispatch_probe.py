@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from launch import dispatch_probe
-from moejax.serving import xla_startup
 from launch.bench.results import read_runs
+from moejax.serving import xla_startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

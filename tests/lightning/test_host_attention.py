@@ -10,16 +10,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fixture_dir
 from flax import nnx
+from host_decode import FAMILIES, run_family
+from workers import run_workers
 
 import moejax
-from conftest import fixture_dir
-from host_decode import FAMILIES, run_family
 from moejax.lightning import host_kv
 from moejax.lightning.host_attention import HostAttention
 from moejax.models.attention import AttentionCore
 from moejax.models.decoder import MoEModel
-from workers import run_workers
 
 TOL = 1e-5
 HOST = "SingleDeviceSharding(device=CpuDevice(id=0), memory_kind=device)"

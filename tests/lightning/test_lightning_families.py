@@ -4,7 +4,6 @@
 with attention on the device). The greedy tokens equal the resident single-device float32 model's and
 transformers'."""
 import pytest
-
 from host_decode import FAMILIES
 from lightning_placement_worker import POLICIES
 from workers import run_workers

@@ -8,12 +8,12 @@ import os
 
 import numpy as np
 import pytest
-
-import moejax
 from conftest import fixture_dir, reference
 from lightning_generate import NEW_TOKENS, scheduled
-from moejax.measure.lightning_probe import explain_lines, probe_decode
+
+import moejax
 from moejax.lightning.schedule import PAGE, cgopipe_order
+from moejax.measure.lightning_probe import explain_lines, probe_decode
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import load_profile
 from moejax.sched.pool_size import pool_size

@@ -15,9 +15,9 @@ import pytest
 from jax.sharding import SingleDeviceSharding
 
 from moejax.measure import hardware as measure
-from moejax.plan.paths import default_profile_path, device_tag
-from moejax.plan.hardware import LINKS
 from moejax.plan.datasheets import load_profile
+from moejax.plan.hardware import LINKS
+from moejax.plan.paths import default_profile_path, device_tag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FACTOR = 3.0  # predicted vs fresh timing

@@ -6,11 +6,11 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import fixture_dir, reference
 from safetensors.numpy import load_file, save_file
 
 import moejax
 from moejax import CheckpointError
-from conftest import fixture_dir, reference
 
 
 def copy_fixture(name, tmp_path, transform=None):

@@ -6,12 +6,12 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import fast_tier
 from flax import nnx
+from scheduling import run_scheduler
 
 import moejax
 from moejax import compiles
-from conftest import fast_tier
-from scheduling import run_scheduler
 
 DEEP_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures_deep")
 DEEP = sorted(d for d in os.listdir(DEEP_DIR) if os.path.isfile(os.path.join(DEEP_DIR, d, "config.json")))

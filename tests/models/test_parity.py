@@ -1,10 +1,10 @@
 """Every family fixture (written by tests/make_fixtures.py with transformers) against its reference."""
 import numpy as np
 import pytest
-
-import moejax
 from conftest import FIXTURE_NAMES, fast_tier, fixture_dir, reference
 from scheduling import run_scheduler
+
+import moejax
 
 EXPECTED = {"qwen3_moe", "qwen3_moe_nonorm", "mixtral", "qwen2_moe", "deepseek_v2_lite", "deepseek_v2_group",
             "deepseek_v3", "deepseek_v3_nonorm", "gpt_oss"}

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, _row_gates, predict_sets
 from moejax.offload.predict.protocol import Pending, resolved
 from moejax.offload.predict.replay import steps_of
@@ -184,9 +184,10 @@ def test_padding_rows_and_tokens_are_neither_matched_nor_stored(resident):
     own tokens and its key their mean embedding (as build_store makes them from the resident model's traces),
     and the padding row gets no prediction. Before, padded tokens entered the means and padding rows were
     matched and stored: this failed."""
+    from flax import nnx
+
     from moejax.offload.predict.expert_maps import build_store
     from moejax.offload.predict.traces import record
-    from flax import nnx
     cfg = resident.config
     prompts = [list(range(3, 12)), list(range(40, 47)), list(range(60, 65))]
     engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,

@@ -2,9 +2,9 @@
 priorities, and the predictor in the cached placement against the resident float32 model."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from moejax.offload.expert_cache import ExpertCache, prefetch_priority
 from moejax.offload.predict.expert_maps import ExpertMapStore, build_store, predict_sets, select_experts
 from moejax.offload.predict.traces import Traces

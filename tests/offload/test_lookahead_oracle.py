@@ -3,9 +3,9 @@ decode equal to the resident float32 model, and every layer it predicts hits the
 layers' experts, where the same cache loading on demand misses."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from launch.bench.offload import _decode_loop
 from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
 

@@ -5,9 +5,9 @@ fit, sums passes, which may reorder float additions) and the same greedy tokens 
 families)."""
 import numpy as np
 import pytest
+from conftest import FIXTURE_NAMES, fast_tier, fixture_dir
 
 import moejax
-from conftest import FIXTURE_NAMES, fast_tier, fixture_dir
 from moejax.costs import true_prefill_flops
 from moejax.offload import ExpertCache
 from moejax.offload.predict import DefaultVectors, calibrate

@@ -2,9 +2,9 @@
 predicted and true expert scores, on recorded traces of a fixture model."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from moejax.offload.predict import RouterPredictor, replay
 from moejax.offload.predict.analyses import drift_and_alignment, hit_rate_by_rank, spearman
 from moejax.offload.predict.traces import record

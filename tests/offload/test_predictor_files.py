@@ -3,9 +3,9 @@ expert maps or an estimator made for another model's shape, or one kind given wh
 line naming the option and the mismatch before any request (they used to fail each request, or raise KeyError)."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from launch.serve import main
 from moejax.offload.predict import DefaultVectors
 from moejax.offload.predict.expert_maps import ExpertMapStore

@@ -5,11 +5,18 @@ import os
 
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
-from moejax.offload.predict import (EstimatorNet, EstimatorPredictor, HybridPredictor, OraclePredictor,
-                                    PreviousHiddenPredictor, RouterPredictor, replay)
+from moejax.offload.predict import (
+    EstimatorNet,
+    EstimatorPredictor,
+    HybridPredictor,
+    OraclePredictor,
+    PreviousHiddenPredictor,
+    RouterPredictor,
+    replay,
+)
 from moejax.offload.predict.traces import Traces, record
 from moejax.train.distill import choose_hybrid, distill
 from moejax.train.model import forward_with_router

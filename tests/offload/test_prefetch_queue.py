@@ -2,9 +2,9 @@
 and a miss is copied ahead of the queued ones (moejax.offload.cached)."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 
 NAME = "gpt_oss"  # 8 experts, top-2, three MoE layers
 IDS = np.array([[5]])  # one token: a few experts per layer, so most of a layer's experts are unused

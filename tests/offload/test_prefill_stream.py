@@ -2,9 +2,9 @@
 streams every expert of each layer into prefill passes and keeps its cache and predictor for decode."""
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 
 NAME = "gpt_oss"  # 8 experts, top-2, three MoE layers
 PROMPTS = [[5, 9, 2, 7, 11, 3], [4, 8]]

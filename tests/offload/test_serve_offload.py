@@ -6,9 +6,9 @@ launch.serve as a process where the process is the point."""
 import json
 
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from launch import calibrate as calibrate_cli
 from launch import distill as distill_cli
 from launch import serve as serve_cli

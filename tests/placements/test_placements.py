@@ -101,7 +101,8 @@ def test_the_check_passes_what_names_no_placement(line):
 
 def test_the_placement_option_names_the_placements_that_size_budgets():
     """The option is checked where the settings are built (below the placements), so it lists the names itself."""
-    from moejax.offload.settings import AUTO, PLACEMENTS as CHOICES
+    from moejax.offload.settings import AUTO
+    from moejax.offload.settings import PLACEMENTS as CHOICES
     from moejax.placements.budget import budget_sizers
     assert sorted(CHOICES) == sorted([AUTO] + [cls.name for cls in budget_sizers()])
 

@@ -5,8 +5,8 @@ import pytest
 
 import moejax
 from moejax import costs
-from moejax.presets import preset_config
 from moejax.config import ModelConfig
+from moejax.presets import preset_config
 
 
 def test_causal_pairs():

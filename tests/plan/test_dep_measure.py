@@ -6,15 +6,25 @@ import dataclasses
 import os
 
 import pytest
+from workers import run_workers
 
 from moejax.config import ModelConfig
 from moejax.models.checkpoint import read_config
 from moejax.plan.datasheets import load_profile
 from moejax.plan.findep import solve_dep
-from moejax.plan.findep_costs import (A2E_DEFAULT, a2e_bytes, attention_work, e2a_bytes, experts_seconds, fit_affine,
-                                      fit_dep_tasks, predict_point, transfer_bytes_per_device, transfer_seconds)
+from moejax.plan.findep_costs import (
+    A2E_DEFAULT,
+    a2e_bytes,
+    attention_work,
+    e2a_bytes,
+    experts_seconds,
+    fit_affine,
+    fit_dep_tasks,
+    predict_point,
+    transfer_bytes_per_device,
+    transfer_seconds,
+)
 from moejax.plan.hardware import DepTaskFits, Profile
-from workers import run_workers
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig.from_hf(read_config(os.path.join(HERE, "fixtures", "deepseek_v2_lite")))

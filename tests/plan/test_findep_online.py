@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 
 from moejax.config import ModelConfig
+from moejax.layout import Layout
+from moejax.plan.auto import plan_layout
 from moejax.plan.datasheets import load_profile
 from moejax.plan.engine_plan import EnginePlan
 from moejax.plan.findep import solve_step
 from moejax.plan.findep_online import OnlineDep, even_micro_batches
-from moejax.plan.auto import plan_layout
 from moejax.presets import preset_config
-from moejax.layout import Layout
 
 CFG = ModelConfig.from_hf(preset_config("deepseek-v2-lite"))  # 64 experts, shared experts
 H100 = load_profile("h100")

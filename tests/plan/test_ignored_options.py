@@ -2,9 +2,9 @@
 ignored, with why, on stderr and in --explain; under an explicit placement they stay refused. --devices-per-replica
 without replicas is said as ignored too."""
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from launch.serve import main
 
 MODEL = fixture_dir("qwen3_moe")  # fits any device: auto chooses resident

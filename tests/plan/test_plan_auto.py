@@ -7,9 +7,9 @@ import pytest
 import moejax
 from moejax.config import ModelConfig
 from moejax.offload.settings import PlacementSettings
+from moejax.plan.datasheets import load_profile
 from moejax.plan.engine_plan import EnginePlan, Workload
 from moejax.plan.layouts import candidates, choose_layout, predict_layout
-from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
 
 QWEN3 = ModelConfig.from_hf(preset_config("qwen3-30b-a3b"))

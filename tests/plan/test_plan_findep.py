@@ -8,11 +8,11 @@ import pytest
 
 from moejax.config import ModelConfig
 from moejax.costs import _attn_proj_params
-from moejax.plan import findep, findep_costs
-from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_schedule
-from moejax.plan.datasheets import load_profile
-from moejax.presets import preset_config
 from moejax.layout import Layout
+from moejax.plan import findep, findep_costs
+from moejax.plan.datasheets import load_profile
+from moejax.plan.dep_sim import RESOURCES, TaskTimes, simulate, simulate_schedule
+from moejax.presets import preset_config
 
 
 def _preset(name: str) -> ModelConfig:

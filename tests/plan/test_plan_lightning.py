@@ -7,10 +7,10 @@ import pytest
 
 from moejax.config import ModelConfig
 from moejax.plan import lightning
+from moejax.plan.datasheets import load_profile
+from moejax.plan.hardware import GB, GiB
 from moejax.plan.hrm import HRM, Hardware, ModelShape, plot_roofline, roofline_data
 from moejax.plan.lightning import LightningPolicy, policy_roofline, search_policy
-from moejax.plan.hardware import GB, GiB
-from moejax.plan.datasheets import load_profile
 from moejax.presets import preset_config
 
 MIXTRAL = ModelConfig.from_hf(preset_config("mixtral-8x7b"))

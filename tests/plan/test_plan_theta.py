@@ -14,8 +14,8 @@ from moejax.costs import layer_flops_per_token, true_prefill_flops
 from moejax.plan.datasheets import load_profile
 from moejax.plan.theta import channel_times, layer_expert_bytes, theta_eq1
 from moejax.presets import preset_config
-from moejax.sched.packing import ScoreSeq
 from moejax.sched.batch_schedule import pack_score_batches, tree_flops
+from moejax.sched.packing import ScoreSeq
 
 MIXTRAL = ModelConfig.from_hf(preset_config("mixtral-8x7b"))
 TINY = ModelConfig.from_hf(preset_config("tiny-qwen3-moe"))

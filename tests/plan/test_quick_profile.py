@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
 from moejax.plan.paths import default_profile_path
 
 pytestmark = pytest.mark.slow  # measures the device (about 10 s on one CPU device), then two CLI runs

@@ -10,15 +10,15 @@ from collections import Counter, deque
 
 import pytest
 
-from moejax.sampling import SamplingParams
 from moejax.config import ModelConfig
 from moejax.costs import true_prefill_flops
 from moejax.models.kv_pool import BLOCK
 from moejax.presets import preset_config
 from moejax.replicas.frontend import Frontend, Job, ReplicaMirror
 from moejax.replicas.frontend_jobs import request_job
-from moejax.sched.prefix_cache import PrefixCache, block_hashes
 from moejax.requests.parse import Candidate, CompletionRequest, ScoreRequest
+from moejax.sampling import SamplingParams
+from moejax.sched.prefix_cache import PrefixCache, block_hashes
 
 TINY = ModelConfig.from_hf(preset_config("tiny-qwen3-moe"))
 BIG = 1e18  # a Θ no test's queue reaches: one round takes the whole queue

@@ -14,8 +14,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import moejax  # noqa: E402
-from moejax.sched.batch import serve_lines  # noqa: E402
 from moejax.replicas.run import ReplicaPlan, ReplicaRun, ReplicasFailed  # noqa: E402
+from moejax.sched.batch import serve_lines  # noqa: E402
 from moejax.sched.serving_options import ServingOptions  # noqa: E402
 
 pytestmark = pytest.mark.slow

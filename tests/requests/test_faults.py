@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from moejax.sched.batch import serve_lines
 from moejax.requests.results import ResultStore, WriteFailed, ok_line
+from moejax.sched.batch import serve_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,13 +8,13 @@ import time
 
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
-from conftest import fixture_dir
+from moejax.requests.results import SettingsMismatch
 from moejax.sampling import SamplingParams
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
-from moejax.requests.results import SettingsMismatch
 
 QWEN3 = fixture_dir("qwen3_moe")  # vocab 256, a tokenizer and a chat template
 
@@ -239,8 +239,8 @@ def test_settings_name_the_model_files_dtype_and_kernels(tmp_path):
 
 
 def test_the_planner_counts_a_row_per_choice():
-    from moejax.sched.batch_schedule import pack_completion_batches
     from moejax.requests.parse import CompletionRequest
+    from moejax.sched.batch_schedule import pack_completion_batches
     reqs = [CompletionRequest(i, f"c{i}", (1,) * 10, 6, SamplingParams(seed=0), (), (), n=4) for i in range(4)]
     # each row caches 16 + 16 tokens: 8 rows, two requests of 4 choices, fill a 256-token batch
     assert [len(b.requests) for b in pack_completion_batches(reqs, max_batch_tokens=256)] == [2, 2]

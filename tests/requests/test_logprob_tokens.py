@@ -10,12 +10,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 import moejax
-from moejax.sampling import SamplingParams
 from moejax.presets import embedded_dir
-from moejax.sched.batch import serve_lines
 from moejax.requests.bodies import Bodies, Choice
 from moejax.requests.parse import CompletionRequest
 from moejax.requests.token_text import TokenText, byte_level_table
+from moejax.sampling import SamplingParams
+from moejax.sched.batch import serve_lines
 
 EMBEDDED = embedded_dir("pycode-moe")
 ACCENTS = "Café à la crème 😀 ok"  # accents and an emoji: several tokens are parts of one character

@@ -2,7 +2,6 @@
 logprobs, echo, n > 1, and lm-eval's echo-only scoring), ChatCompletion (with logprobs, n > 1), and the batch output
 line around them, an error line included."""
 import json
-from typing import Dict, List, Optional
 
 import pydantic
 import pytest
@@ -12,10 +11,10 @@ from openai.types import BatchError, Completion, CompletionChoice, ErrorObject  
 from openai.types.chat import ChatCompletion  # noqa: E402
 from openai.types.completion_choice import Logprobs  # noqa: E402
 
-from moejax.sampling import SamplingParams  # noqa: E402
-from moejax.sched.batch import serve_lines  # noqa: E402
 from moejax.requests.bodies import Bodies, Choice  # noqa: E402
 from moejax.requests.parse import CompletionRequest  # noqa: E402
+from moejax.sampling import SamplingParams  # noqa: E402
+from moejax.sched.batch import serve_lines  # noqa: E402
 
 
 class BatchResponse(pydantic.BaseModel):
@@ -30,8 +29,8 @@ class BatchRequestOutput(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="allow")  # moejax's `line` on failed lines
     id: str
     custom_id: str
-    response: Optional[BatchResponse]
-    error: Optional[BatchError]
+    response: BatchResponse | None
+    error: BatchError | None
 
 
 class ErrorBody(pydantic.BaseModel):
@@ -42,16 +41,16 @@ class ErrorBody(pydantic.BaseModel):
 # before it to predict it from), as vLLM does and lm-eval reads; the package's Logprobs types those lists' items as
 # non-null. These three models are the package's own with only that changed.
 class EchoLogprobs(Logprobs):
-    token_logprobs: Optional[List[Optional[float]]] = None
-    top_logprobs: Optional[List[Optional[Dict[str, float]]]] = None
+    token_logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
 
 
 class EchoChoice(CompletionChoice):
-    logprobs: Optional[EchoLogprobs] = None
+    logprobs: EchoLogprobs | None = None
 
 
 class EchoCompletion(Completion):
-    choices: List[EchoChoice]
+    choices: list[EchoChoice]
 
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The clever fox?"}]

@@ -13,8 +13,8 @@ import sys
 import threading
 
 import pytest
-
 from conftest import serve_stopped
+
 from launch import serve as serve_cli
 from moejax.requests import output_lock
 

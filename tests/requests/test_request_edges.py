@@ -7,8 +7,8 @@ import pytest
 
 import moejax
 from moejax.sched.batch import serve_lines
-from moejax.sched.serving_options import ServingOptions
 from moejax.sched.pool_size import PoolTooLarge, pool_size
+from moejax.sched.serving_options import ServingOptions
 
 TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024, context 2048
 QWEN3_CONTEXT = 256  # tests/fixtures/qwen3_moe: a tokenizer and a chat template

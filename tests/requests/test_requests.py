@@ -2,17 +2,22 @@ import json
 import os
 
 import pytest
+from garbage import FORMAT_EXAMPLES, damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from garbage import FORMAT_EXAMPLES, damage
-
-from moejax.sampling import SamplingParams
 from moejax.chat import ChatTemplate
 from moejax.requests.parse import (
-    MAX_N, BadLine, Candidate, CompletionRequest, ScoreRequest, parse_line, parse_lines,
+    MAX_N,
+    BadLine,
+    Candidate,
+    CompletionRequest,
+    ScoreRequest,
+    parse_line,
+    parse_lines,
 )
+from moejax.sampling import SamplingParams
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "qwen3_moe")
 TOKENIZER = Tokenizer.from_file(os.path.join(FIXTURE, "tokenizer.json"))

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import kill_when_journal_has
+
 from moejax.requests.results import ResultStore, SettingsMismatch, error_line, fingerprint, ok_line
 
 RESULTS_PY = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "moejax", "requests", "results.py")

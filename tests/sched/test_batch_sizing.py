@@ -10,11 +10,11 @@ import pytest
 import moejax
 from moejax.plan.datasheets import DATASHEETS
 from moejax.plan.theta import theta_eq1
-from moejax.sched.batch import explain_lines, serve_lines
-from moejax.sched.serving_options import ServingOptions
-from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, activation_bytes_per_token, score_batch_size
-from moejax.sched.batch_schedule import schedule_batches
 from moejax.requests.parse import parse_lines
+from moejax.sched.batch import explain_lines, serve_lines
+from moejax.sched.batch_schedule import schedule_batches
+from moejax.sched.batch_size import DEFAULT_TOKENS, ScoreBatchSize, activation_bytes_per_token, score_batch_size
+from moejax.sched.serving_options import ServingOptions
 
 SLICE = dict(num_layers=4, dtype="bfloat16")  # the qwen3-30b-a3b slice the GPU benchmarks run (allocates nothing)
 

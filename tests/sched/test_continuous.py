@@ -5,13 +5,13 @@ import json
 
 import numpy as np
 import pytest
+from scheduling import row_key, run_scheduler
 
 import moejax
 from moejax.sched.batch import serve_lines
-from moejax.sched.serving_options import ServingOptions
 from moejax.sched.block_pool import BlockPool, PoolExhausted
 from moejax.sched.continuous import GenRequest, Scheduler
-from scheduling import row_key, run_scheduler
+from moejax.sched.serving_options import ServingOptions
 
 TINY = "tiny-qwen3-moe"  # no tokenizer, vocab 1024
 

@@ -10,10 +10,10 @@ from moejax.config import ModelConfig
 from moejax.costs import true_prefill_flops
 from moejax.models.kv_pool import BLOCK
 from moejax.presets import preset_config
+from moejax.requests.parse import parse_lines
 from moejax.sched.batch_schedule import schedule_batches, tree_flops
 from moejax.sched.packing import pack_row
 from moejax.sched.prefix_cache import PrefixCache
-from moejax.requests.parse import parse_lines
 
 TINY = ModelConfig.from_hf(preset_config("tiny-qwen3-moe"))
 PREFIX, OWN = 6 * BLOCK, BLOCK  # each prompt: a shared 96-token prefix and 16 tokens of its own

@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import fast_tier, fixture_dir
 
 import moejax
-from conftest import fast_tier, fixture_dir
 from moejax.sched.batch import serve_lines
 from moejax.sched.serving_options import ServingOptions
 
@@ -139,8 +139,8 @@ def test_completions_equal_engine_generate(engine, tmp_path, kv_cache):
 
 def test_auto_policy_and_kv_free_plan():
     """auto turns the cache on only when a prefix block recurs across batches; off allocates no pool."""
-    from moejax.sched.batch_schedule import schedule_batches
     from moejax.requests.parse import parse_lines
+    from moejax.sched.batch_schedule import schedule_batches
     engine = moejax.load("tiny-qwen3-moe", dtype="float32")
 
     def plan(lines, mode):

@@ -14,17 +14,17 @@ import tempfile
 
 import numpy as np
 import pytest
+from conftest import fixture_dir, kill_when_journal_has, serve_stopped
+from garbage import FORMAT_EXAMPLES, damage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moejax
-from conftest import fixture_dir, kill_when_journal_has, serve_stopped
-from garbage import FORMAT_EXAMPLES, damage
 from launch import serve as serve_cli
 from moejax.kernels.platform import on_gpu
+from moejax.requests.parse import CompletionRequest, parse_lines
 from moejax.sched.batch import explain_lines, serve_lines
 from moejax.sched.serving_options import ServingOptions
-from moejax.requests.parse import CompletionRequest, parse_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples", "requests.jsonl")

@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import fixture_dir
+
 from launch.serve import main
 
 MODEL = fixture_dir("qwen3_moe")

@@ -6,7 +6,6 @@ import os
 import sys
 
 import pytest
-
 from conftest import serve_stopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import serve_stopped
+
 from launch import serve as serve_cli
 from moejax import options
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from workers import run_workers
 
 import moejax
-from workers import run_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = 1e-5

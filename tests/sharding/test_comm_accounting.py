@@ -12,9 +12,9 @@ import pytest
 
 from moejax.config import ModelConfig
 from moejax.costs import TABLE_1, layout_comm, table_1
+from moejax.layout import Layout
 from moejax.offload.memory_budget import size
 from moejax.sharding import hlo_comm
-from moejax.layout import Layout
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,7 +2,6 @@
 continuous batching (paged steps whose rows split into micro-batches over the one KV pool), each against the
 one-device float32 model, in a process with 8 simulated CPU devices (tests/dep_online_worker.py)."""
 import pytest
-
 from workers import run_workers
 
 TOL = 1e-5

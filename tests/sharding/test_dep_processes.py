@@ -10,12 +10,12 @@ import json
 import os
 import socket
 
+import dep_procs_worker as worker  # tests/ is on sys.path under pytest
 import numpy as np
 import pytest
-
-import dep_procs_worker as worker  # tests/ is on sys.path under pytest
-import moejax
 from test_multihost import HERE, TOL, assert_same_results, rel, report, run_workers, write_requests
+
+import moejax
 
 
 def free_ports(n: int) -> list[int]:

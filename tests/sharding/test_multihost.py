@@ -16,11 +16,11 @@ import subprocess
 import sys
 import time
 
+import multihost_worker as worker  # tests/ is on sys.path under pytest
 import numpy as np
 import pytest
 
 import moejax
-import multihost_worker as worker  # tests/ is on sys.path under pytest
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5

@@ -12,13 +12,13 @@ import sys
 
 import numpy as np
 import pytest
+from workers import run_workers
 
 import moejax
 from moejax.config import ModelConfig
 from moejax.costs import layout_comm
 from moejax.layout import Layout
 from moejax.sharding.stages import slots, stage_bytes, stage_layers
-from workers import run_workers
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5

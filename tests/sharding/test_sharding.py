@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from workers import run_workers
 
 import moejax
 from moejax.costs import layout_comm
 from moejax.sharding import Layout
-from workers import run_workers
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5

@@ -6,6 +6,7 @@ import inspect
 import os
 
 import pytest
+from workers import run_workers
 
 from moejax import placements
 from moejax.lightning.cgopipe_steps import LightningSteps
@@ -14,7 +15,6 @@ from moejax.sharding.dep import DisaggregatedSteps
 from moejax.sharding.pipeline_steps import PipelineSteps
 from moejax.steps import Steps
 from moejax.steps.whole_model import WholeModelSteps
-from workers import run_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMPLEMENTATIONS = [WholeModelSteps, LayeredSteps, DisaggregatedSteps, LightningSteps, PipelineSteps]

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scheduling import run_scheduler
 
 import moejax
 from moejax.steps import token_loop
-from scheduling import run_scheduler
 
 TINY = "tiny-qwen3-moe"
 

@@ -12,9 +12,9 @@ import threading
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import kill_when_journal_has
 
 import moejax
-from conftest import kill_when_journal_has
 from moejax.train.checkpoints import RunCheckpoints
 from moejax.train.export import export
 from moejax.train.loop import Run, Settings, train

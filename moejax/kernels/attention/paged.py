@@ -19,11 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from moejax.kernels.attention import attention, paged_cpu, paged_pallas, paged_xla
 from moejax.kernels.platform import resolve
-from moejax.kernels.attention import paged_pallas
-from moejax.kernels.attention import paged_xla
-from moejax.kernels.attention import paged_cpu
-from moejax.kernels.attention import attention
 
 BACKENDS = ("reference", "xla", "cpu", "pallas", "pallas_interpret")
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
 try:
     from jax.experimental.pallas import triton as plt
 except ImportError:  # a JAX without the Triton backend: platform.pallas_unavailable() refuses these kernels

@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from moejax.kernels.expert_ffn import baselines, grouped, tiled
 from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.platform import resolve
-from moejax.kernels.expert_ffn import baselines, grouped, tiled
 
 BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "tiled", "ragged_dot", "ragged_dot_cudnn", "dense")
 

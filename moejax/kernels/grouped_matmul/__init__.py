@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from moejax.kernels.grouped_matmul.auto import expert_auto
-from moejax.kernels.platform import resolve
 from moejax.kernels.grouped_matmul import mosaic, pallas, ragged_cudnn, reference, xla
+from moejax.kernels.grouped_matmul.auto import expert_auto
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
+from moejax.kernels.platform import resolve
 from moejax.kernels.precision import for_operands
 
 BACKENDS = ("pallas", "pallas_interpret", "mosaic", "xla", "ragged_dot", "ragged_dot_cudnn", "reference")

@@ -9,7 +9,6 @@ from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.mosaic_plan import mosaic_unavailable
 from moejax.kernels.platform import on_gpu, pallas_unavailable
 
-
 # On a CPU, the expert FFN of a batch of at most this many tokens runs dense (every token through every expert)
 # where experts are at most CPU_DENSE_MAX_RATIO x top-k: its run time is the weights' read either way, and it
 # compiles in half the time of the XLA path's capacity tiers (2026-11-26, a decode step program of 8 tokens,

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.typing import DTypeLike
+
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so
@@ -28,8 +29,8 @@ from moejax.kernels.grouped_matmul import tuning
 from moejax.kernels.grouped_matmul.aligned import aligned_layout, from_aligned, to_aligned
 from moejax.kernels.grouped_matmul.groups import zero_rows_of_no_group
 from moejax.kernels.grouped_matmul.mosaic_plan import MosaicConfig, fitted_stages, work_items
-from moejax.kernels.padding import pad_axis, round_up
 from moejax.kernels.grouped_matmul.mosaic_ws import warp_specialized_body
+from moejax.kernels.padding import pad_axis, round_up
 
 HOPPER_SMS = 132  # H100 SXM / H200: the grid when lowering on a machine without the GPU
 

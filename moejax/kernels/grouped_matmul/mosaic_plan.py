@@ -9,6 +9,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
+
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so

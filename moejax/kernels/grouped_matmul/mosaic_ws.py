@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.typing import DTypeLike
+
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # a JAX without Mosaic GPU: mosaic_unavailable() says so (mosaic.py imports this module)

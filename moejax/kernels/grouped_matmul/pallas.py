@@ -22,8 +22,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.typing import DTypeLike
 from jax.experimental import pallas as pl
+from jax.typing import DTypeLike
+
 try:
     from jax.experimental.pallas import triton as plt
 except ImportError:  # a JAX without the Triton backend: platform.pallas_unavailable() refuses these kernels

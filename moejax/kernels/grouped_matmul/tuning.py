@@ -43,7 +43,7 @@ def class_key(op: str, rows: int, groups: int) -> str:
     return f"{op}/{rows_class(rows, groups)}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(path: str = TABLE_PATH) -> dict:
     if not os.path.exists(path):
         return {}

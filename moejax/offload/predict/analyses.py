@@ -11,16 +11,14 @@
   rates over ranks is the recall of `replay.recall`."""
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.layer_ops import mlp_norm, route_logits
 from moejax.offload.predict.router import DefaultVectors, _hop
-
-from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.traces import Traces
 
 _f32 = jnp.float32

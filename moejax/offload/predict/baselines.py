@@ -2,11 +2,9 @@
 is to the router of MoE layer l + d. No default vectors, no training: what the quasi-hidden state must beat."""
 from __future__ import annotations
 
-
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.layer_ops import route_input
 from moejax.offload.predict.protocol import Arrays, Prediction
-
-from moejax.offload.layered_steps import LayeredSteps
 
 
 class PreviousHiddenPredictor:

@@ -87,7 +87,7 @@ class EstimatorNet:
         return path
 
     @classmethod
-    def load(cls, path: str) -> "EstimatorNet":
+    def load(cls, path: str) -> EstimatorNet:
         meta = os.path.join(os.path.abspath(path), "estimator.json")
         if not os.path.isfile(meta):
             if os.path.isdir(path):  # another predictor's files given here: say which

@@ -33,13 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Pending, Prediction, Predictor
-
-from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict.traces import Traces
-
 
 POLICIES = ("redundancy", "hits")  # ExpertMapStore.policy
 
@@ -81,14 +79,14 @@ class ExpertMapStore:
 
     @classmethod
     def empty(cls, capacity: int, distance: int, moe_layers: int, experts: int, hidden: int,
-              policy: str = "redundancy") -> "ExpertMapStore":
+              policy: str = "redundancy") -> ExpertMapStore:
         if capacity < 1 or distance < 1:
             raise ValueError(f"expert maps: capacity and distance must be >= 1, got {capacity}, {distance}")
         return cls(capacity, distance, np.zeros((0, hidden), np.float32), np.zeros((0, moe_layers, experts),
                                                                                    np.float32), policy)
 
     @classmethod
-    def unsized(cls, capacity: int, distance: int, policy: str = "redundancy") -> "ExpertMapStore":
+    def unsized(cls, capacity: int, distance: int, policy: str = "redundancy") -> ExpertMapStore:
         """An empty store whose shapes its first maps set: fMoE's online setting (§6.3), maps collected while
         serving a model the caller has not sized the store for."""
         return cls.empty(capacity, distance, 0, 0, 0, policy)
@@ -171,7 +169,7 @@ class ExpertMapStore:
                                                            POLICIES.index(self.policy)], np.int64)))
 
     @classmethod
-    def load(cls, path: str) -> "ExpertMapStore":
+    def load(cls, path: str) -> ExpertMapStore:
         tree = load_arrays(path, "expert maps")
         expect_kind(tree, path, "expert maps")
         capacity, distance, *policy = (int(v) for v in tree["settings"])  # stores saved before policies: 2 values

@@ -12,12 +12,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from moejax.offload.layered_steps import LayeredSteps
 from moejax.offload.predict import estimator as est
 from moejax.offload.predict.layer_ops import quasi_hidden, route_logits
 from moejax.offload.predict.protocol import Arrays, Prediction
 from moejax.offload.predict.router import RouterPredictor
-
-from moejax.offload.layered_steps import LayeredSteps
 
 
 @functools.partial(jax.jit, static_argnames=("source",))

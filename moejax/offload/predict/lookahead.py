@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from moejax.offload.predict.protocol import Arrays, Prediction
-
 from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 # (pass number since restart, MoE layer) -> the true (expert ids [N, k], weights [N, k]) as computed
 RoutingTrace = dict[tuple[int, int], tuple[Any, Any]]

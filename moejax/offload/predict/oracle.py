@@ -2,10 +2,8 @@
 0. A speculative run with it must equal the resident model; its hit rate is the ceiling of any predictor."""
 from __future__ import annotations
 
-
-from moejax.offload.predict.protocol import Arrays, Prediction
-
 from moejax.offload.layered_steps import LayeredSteps
+from moejax.offload.predict.protocol import Arrays, Prediction
 
 
 class OraclePredictor:

@@ -17,14 +17,13 @@ import numpy as np
 from flax import nnx
 
 from moejax.buckets import bucket
+from moejax.config import ModelConfig
+from moejax.kernels.backends import Kernels
 from moejax.offload import layered_steps
-from moejax.offload.stats import OffloadStats
 from moejax.offload.predict.arrays_io import load_arrays, save_arrays
 from moejax.offload.predict.artifacts import expect_kind
 from moejax.offload.predict.protocol import Arrays, Prediction
-
-from moejax.config import ModelConfig
-from moejax.kernels.backends import Kernels
+from moejax.offload.stats import OffloadStats
 
 _f32 = jnp.float32
 
@@ -58,7 +57,7 @@ class DefaultVectors:
         return save_arrays(path, {"vectors": self.vectors, "counts": self.counts})
 
     @classmethod
-    def load(cls, path: str) -> "DefaultVectors":
+    def load(cls, path: str) -> DefaultVectors:
         tree = load_arrays(path, "default vectors")
         expect_kind(tree, path, "default vectors")
         return cls(np.asarray(tree["vectors"], np.float32), np.asarray(tree["counts"]))
@@ -134,7 +133,7 @@ class _Calibrating(layered_steps.LayerRuntime):
     def begin_pass(self, steps: layered_steps.LayeredSteps) -> None:
         pass
 
-    def vectors(self) -> "DefaultVectors":
+    def vectors(self) -> DefaultVectors:
         return DefaultVectors((self.sums / np.maximum(self.counts, 1)[..., None]).astype(np.float32), self.counts)
 
     def moe(self, handle: layered_steps.Layer, x: jax.Array, y: jax.Array, idx: jax.Array | None,

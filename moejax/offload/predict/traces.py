@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from moejax.offload.predict.router import DefaultVectors, EngineModel, _Calibrating, run_prompts
-
 from moejax.offload.layered_steps import Layer
+from moejax.offload.predict.router import DefaultVectors, EngineModel, _Calibrating, run_prompts
 
 _f32 = jnp.float32
 
@@ -40,7 +39,7 @@ class Traces:
         return Traces(self.residual[rows], self.router_logits[rows], self.tokens[rows],
                       np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), list(self.moe_layers))
 
-    def split(self, every: int = 10) -> tuple["Traces", "Traces"]:
+    def split(self, every: int = 10) -> tuple[Traces, Traces]:
         """(train, held out) by prompt: prompt r is held out when r % every == every - 1 (every is capped at the
         number of prompts, so at least one is held out)."""
         if self.num_prompts < 2:
@@ -55,7 +54,7 @@ class Traces:
                  starts=self.starts, moe_layers=np.asarray(self.moe_layers, np.int32))
 
     @classmethod
-    def load(cls, path: str) -> "Traces":
+    def load(cls, path: str) -> Traces:
         with np.load(path) as f:
             return cls(f["residual"], f["router_logits"], f["tokens"], f["starts"], f["moe_layers"].tolist())
 

@@ -6,7 +6,8 @@ import argparse
 import pytest
 
 from launch.bench import cli as bench
-from launch.bench import generate as bench_generate, util as bench_util
+from launch.bench import generate as bench_generate
+from launch.bench import util as bench_util
 from launch.bench.results import read_runs
 
 

@@ -4,13 +4,13 @@ import sys
 
 import pytest
 
+from launch.bench import cli as bench
+from launch.bench import frontend as bf
+from launch.bench.results import read_runs
 from moejax.config import ModelConfig
 from moejax.presets import preset_config
 from moejax.replicas.frontend_jobs import request_job
 from moejax.sched.prefix_cache import PrefixCache
-from launch.bench import cli as bench
-from launch.bench import frontend as bf
-from launch.bench.results import read_runs
 
 TINY = bf.Workload("tiny", prefixes=6, prefix_len=64, suffix_len=16, requests=300)
 

@@ -3,14 +3,15 @@ micro preset cut to one layer, a few requests."""
 import jax
 import numpy as np
 import pytest
+from conftest import fixture_dir
 
 import moejax
 from launch import bench
-from launch.bench import generate as bench_generate, generate_workloads, sched_overhead
+from launch.bench import generate as bench_generate
+from launch.bench import generate_workloads, sched_overhead
+from launch.bench.results import read_runs
 from moejax.sampling import Sampling, SamplingParams
 from moejax.steps.rows import ChunkRows, PagedDecodeRows
-from launch.bench.results import read_runs
-from conftest import fixture_dir
 
 TINY_RUN = ["generate", "--model", "micro-qwen3-moe", "--num-layers", "1", "--workload", "long-tail", "--requests",
             "4", "--no-transformers", "--max-batch-tokens", "1024"]

@@ -3,8 +3,8 @@ ablations against the router, the estimator and LRU-only caching, end to end on 
 import json
 
 import pytest
-
 from conftest import fixture_dir
+
 from launch.bench import cli as bench
 from launch.bench.offload_modes import parse_modes
 
