@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
 
 from moejax import paged_steps, steps
+from moejax.kernels import invariant
 from moejax.kernels.backends import Kernels
 
 
 class WholeModelSteps:
     def __init__(self, graphdef: nnx.GraphDef, kernels: Kernels) -> None:
-        bind = functools.partial
+        def bind(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+            step = functools.partial(fn, *args)
+            return invariant.traced(step) if kernels.invariant else step
         self.logits = jax.jit(bind(steps.full_logits, graphdef, kernels))
         self.logprobs = jax.jit(bind(steps.token_logprobs, graphdef, kernels), static_argnames=("k",))
         self.score = jax.jit(bind(steps.score, graphdef, kernels), donate_argnums=(1,), static_argnames=("span",))

@@ -13,10 +13,17 @@ def for_operands(dtype: DTypeLike) -> jax.lax.Precision | None:
 
 
 def f32_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """jnp.einsum with a float32 result, at the precision `a`'s dtype asks for."""
+    """jnp.einsum with a float32 result, at the precision `a`'s dtype asks for (batch_invariant: a row-wise product
+    with a weight matrix in fixed row tiles)."""
+    from moejax.kernels import invariant
+    if invariant.active() and (out := invariant.einsum(spec, a, b)) is not None:
+        return out
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
 
 
 def f32_dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    """jnp.dot with a float32 result, at the precision `a`'s dtype asks for."""
+    """jnp.dot with a float32 result, at the precision `a`'s dtype asks for (batch_invariant: in fixed row tiles)."""
+    from moejax.kernels import invariant
+    if invariant.active() and b.ndim == 2:
+        return invariant.dot(a, b, for_operands(a.dtype))
     return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
