@@ -98,6 +98,11 @@ def by_rows(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     return out.reshape(-1, *shape.shape[1:])[:rows].reshape(*lead, *shape.shape[1:])
 
 
+def log_softmax(x: jax.Array) -> jax.Array:
+    """jax.nn.log_softmax over the last axis; in the mode, per fixed row tile."""
+    return by_rows(lambda t: jax.nn.log_softmax(t, axis=-1), x) if active() else jax.nn.log_softmax(x, axis=-1)
+
+
 def dot(a: jax.Array, b: jax.Array, precision: lax.Precision | None = None) -> jax.Array:
     """a [..., K] @ b [K, N] -> float32 [..., N], in fixed [ROWS, K] row tiles."""
     return by_rows(lambda t: jnp.dot(t, b, preferred_element_type=_f32, precision=precision), a)
@@ -220,3 +225,55 @@ def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Arra
     lengths = q_offset + q.shape[1]
     return attention(q, k, v, q_offset, lengths, sinks, causal=True, window=window, scale=scale,
                      return_lse=False)[0]
+
+
+def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, scale: float, k_pos: jax.Array,
+                   q_pre: jax.Array, k_pre: jax.Array, k_post: jax.Array, window: int | None,
+                   sinks: jax.Array | None) -> jax.Array:
+    """tree_attend's arguments (rows packing token trees, keys = prior keys then this call's) -> [B,T,Hq,Dv]. A
+    request's keys sit at offsets that follow its neighbours in the pack, so blocks of keys cannot be aligned to
+    it: each tile of ROWS queries takes the keys one loop step each, in key order (its visible keys are its
+    ancestors, in position order wherever they are packed), and a key it cannot see changes no bit. Each score is
+    a product and a sum over the head dim, the same arithmetic for every query and key. (Keys unrolled within a
+    step were measured to differ by a rounding with the step a key fell in.)"""
+    B, T, Hq, D = q.shape
+    S, Hkv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    G, P = Hq // Hkv, S - T
+    nT = -(-T // ROWS)
+    pad_q = ((0, 0), (0, nT * ROWS - T))
+    qp = jnp.pad(q, pad_q + ((0, 0), (0, 0))).reshape(B, nT, ROWS, Hkv, G, D).astype(_f32)
+    qpos = jnp.pad(q_pos, pad_q, constant_values=-1).reshape(B, nT, ROWS)  # padding queries see no key
+    qpre = jnp.pad(q_pre, pad_q, constant_values=-1).reshape(B, nT, ROWS)
+    kp, vp, kpos, kpre, kpost = k.astype(_f32), v, k_pos, k_pre, k_post
+
+    def piece(i: jax.Array) -> jax.Array:
+        b, t = i // nT, i % nT
+        qt, pos, pre = qp[b, t], qpos[b, t], qpre[b, t]  # [ROWS, Hkv, G, D], [ROWS], [ROWS]
+
+        def key(j: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+            m, l, acc = carry
+            dist = pos - kpos[b, j]
+            vis = (dist >= 0) & (kpre[b, j] <= pre) & (pre < kpost[b, j])
+            if window is not None:
+                vis &= dist < window
+            s = jnp.sum(qt * kp[b, j][None, :, None, :], axis=-1).transpose(1, 2, 0) * scale  # [Hkv, G, ROWS]
+            s = jnp.where(vis[None, None], s, -jnp.inf)
+            m_new = jnp.maximum(m, s)
+            safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
+            p, alpha = jnp.exp(s - safe), jnp.exp(m - safe)
+            value = jnp.where(jnp.any(vis), vp[b, j], 0).astype(_f32)  # [Hkv, Dv]: never a stray NaN
+            return m_new, l * alpha + p, acc * alpha[..., None] + p[..., None] * value[:, None, None, :]
+        init = (jnp.full((Hkv, G, ROWS), -jnp.inf, _f32), jnp.zeros((Hkv, G, ROWS), _f32),
+                jnp.zeros((Hkv, G, ROWS, Dv), _f32))
+        # a query's ancestors precede it: the tile sees keys before P + its last query's index only
+        last = lax.optimization_barrier(jnp.minimum(P + (t + 1) * ROWS, S))
+        m, l, acc = lax.fori_loop(0, last, key, init)
+        if sinks is not None:
+            sink = sinks.astype(_f32).reshape(Hkv, G)[..., None]
+            top = jnp.maximum(m, sink)
+            drop = jnp.exp(m - top)
+            l, acc = l * drop + jnp.exp(sink - top), acc * drop[..., None]
+        out = jnp.where((l > 0)[..., None], acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+        return out.transpose(2, 0, 1, 3).reshape(ROWS, Hq, Dv)
+    out = _loop(B * nT, piece, jax.ShapeDtypeStruct((B * nT, ROWS, Hq, Dv), _f32))
+    return out.reshape(B, nT * ROWS, Hq, Dv)[:, :T].astype(q.dtype)
