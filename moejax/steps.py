@@ -34,10 +34,11 @@ def resident(begin: Callable, end: Callable, read_cache: Callable[..., bool] = l
              ) -> Callable:
     """One jit-able step (graphdef, kernels, state, *args, **static) from a begin and an end."""
     def step(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, *args: Any, **static: Any) -> Any:
-        model = model_of(graphdef, state)
-        inputs, context = begin(model, *args, **static)
-        x, new = model.run_layers(**inputs, read_cache=read_cache(*args, **static), kernels=kernels)
-        return end(model, x, new, context, *args, **static)
+        with invariant.scope(kernels.invariant):  # traced batch-invariantly when asked (moejax.kernels.invariant)
+            model = model_of(graphdef, state)
+            inputs, context = begin(model, *args, **static)
+            x, new = model.run_layers(**inputs, read_cache=read_cache(*args, **static), kernels=kernels)
+            return end(model, x, new, context, *args, **static)
     return step
 
 
