@@ -57,12 +57,16 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, 
     B = q.shape[0]
     if invariant.active():  # fixed query tiles and key blocks, whatever the batch (batch_invariant)
         S = k.shape[1]
+        offsets = jnp.full((B,), S - q.shape[1], jnp.int32) if q_offset is None else _per_row(q_offset, B, "q_offset")
+        lengths = jnp.full((B,), S, jnp.int32) if kv_lengths is None else _per_row(kv_lengths, B, "kv_lengths")
         out, lse = invariant.attention(
-            q, k, v, jnp.full((B,), S - q.shape[1], jnp.int32) if q_offset is None else _per_row(q_offset, B, "q_offset"),
-            jnp.full((B,), S, jnp.int32) if kv_lengths is None else _per_row(kv_lengths, B, "kv_lengths"), sinks,
-            causal=bool(causal), window=None if sliding_window is None else int(sliding_window),
+            q, k, v, offsets, lengths, sinks, causal=bool(causal),
+            window=None if sliding_window is None else int(sliding_window),
             scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale), return_lse=bool(return_lse))
-        return (out, lse) if return_lse else out
+        if return_lse:
+            assert lse is not None  # asked for
+            return out, lse
+        return out
     out, lse = _run(q, k, v, None if q_offset is None else _per_row(q_offset, B, "q_offset"),
                     None if kv_lengths is None else _per_row(kv_lengths, B, "kv_lengths"), sinks,
                     causal=bool(causal), window=None if sliding_window is None else int(sliding_window),
