@@ -11,11 +11,7 @@ The mode is switched on while a step is traced (`scope`, `traced`: the whole-mod
 Kernels(invariant=True)); the model's matmuls, norms, router, expert FFN and attention ask `active()`."""
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import functools
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,36 +19,15 @@ from jax import lax
 
 from moejax.config import ModelConfig
 from moejax.kernels.activation import glu_of
+from moejax.kernels.expert_ffn.tiled import tile_layout
+from moejax.kernels.invariant_rows import ROWS, active, by_rows, dot, log_softmax, loop, scope, traced
 from moejax.kernels.precision import for_operands
 from moejax.kernels.routing import dispatch, gather_rows
 
-ROWS = 8  # rows of a matmul / norm / expert tile, and queries of an attention tile
+__all__ = ["ROWS", "KEY_BLOCK", "active", "attention", "by_rows", "dot", "expert_ffn", "log_softmax",
+           "paged_attention", "scope", "traced", "tree_attention", "unsupported"]
 KEY_BLOCK = 16  # keys per attention block, from key position 0
 _f32 = jnp.float32
-_active = contextvars.ContextVar("moejax_batch_invariant", default=False)
-
-
-def active() -> bool:
-    """Whether the step being traced computes batch-invariantly."""
-    return _active.get()
-
-
-@contextlib.contextmanager
-def scope(on: bool = True) -> Iterator[None]:
-    token = _active.set(on)
-    try:
-        yield
-    finally:
-        _active.reset(token)
-
-
-def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn run (traced, under jit) with the mode on."""
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with scope():
-            return fn(*args, **kwargs)
-    return run
 
 
 def unsupported(cfg: ModelConfig, placement: str, layout: object, layer_by_layer: bool) -> str | None:
@@ -68,62 +43,11 @@ def unsupported(cfg: ModelConfig, placement: str, layout: object, layer_by_layer
     return None
 
 
-def _loop(count: jax.Array | int, piece: Callable[[jax.Array], jax.Array], out: jax.ShapeDtypeStruct) -> jax.Array:
-    """[count, *piece's shape]: piece(i) for i < count (the rest zeros), in a loop whose trip count XLA cannot see,
-    so the body is compiled once for its own shapes (never unrolled or fused with its neighbours by batch size)."""
-    n = lax.optimization_barrier(jnp.asarray(count, jnp.int32))
-
-    def body(i: jax.Array, acc: jax.Array) -> jax.Array:
-        return lax.dynamic_update_index_in_dim(acc, piece(i).astype(acc.dtype), i, 0)
-    return lax.fori_loop(0, n, body, jnp.zeros(out.shape, out.dtype))
-
-
-def _pad_rows(x: jax.Array, multiple: int) -> jax.Array:
-    pad = -x.shape[0] % multiple
-    return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) if pad else x
-
-
-def by_rows(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
-    """fn ([ROWS, *row] -> [ROWS, *out row]) over x [..., *row] with `row_dims` trailing, in fixed row tiles: each
-    row's result is what it would be alone. x's last axis is the row; every leading axis is a row index."""
-    lead, row = x.shape[:-1], x.shape[-1:]
-    flat = _pad_rows(x.reshape(-1, *row), ROWS)
-    tiles = flat.reshape(-1, ROWS, *row)
-    shape = jax.eval_shape(fn, jax.ShapeDtypeStruct(tiles.shape[1:], tiles.dtype))
-    out = _loop(tiles.shape[0], lambda i: fn(lax.dynamic_index_in_dim(tiles, i, keepdims=False)),
-                jax.ShapeDtypeStruct((tiles.shape[0], *shape.shape), shape.dtype))
-    rows = 1
-    for d in lead:
-        rows *= d
-    return out.reshape(-1, *shape.shape[1:])[:rows].reshape(*lead, *shape.shape[1:])
-
-
-def log_softmax(x: jax.Array) -> jax.Array:
-    """jax.nn.log_softmax over the last axis; in the mode, per fixed row tile."""
-    return by_rows(lambda t: jax.nn.log_softmax(t, axis=-1), x) if active() else jax.nn.log_softmax(x, axis=-1)
-
-
-def dot(a: jax.Array, b: jax.Array, precision: lax.Precision | None = None) -> jax.Array:
-    """a [..., K] @ b [K, N] -> float32 [..., N], in fixed [ROWS, K] row tiles."""
-    return by_rows(lambda t: jnp.dot(t, b, preferred_element_type=_f32, precision=precision), a)
-
-
-def einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array | None:
-    """f32_einsum's batch-invariant form for a row-wise product with a weight matrix ('btd,df->btf': a's last
-    index contracted with b's first, the output a's other indices then b's second); None for other specs."""
-    inputs, out = spec.replace(" ", "").split("->")
-    lhs, rhs = inputs.split(",")
-    if len(rhs) != 2 or b.ndim != 2 or rhs[0] != lhs[-1] or out != lhs[:-1] + rhs[1] or rhs[1] in lhs:
-        return None
-    return dot(a, b, for_operands(a.dtype))
-
-
 # -- routed experts -----------------------------------------------------------------------------------------------
 def expert_ffn(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array, wd: jax.Array,
                bgu: jax.Array | None, bd: jax.Array | None, act: str, limit: float, alpha: float) -> jax.Array:
     """expert_ffn's arguments -> float32 [N, D]: rows sorted by expert, each expert's padded to whole ROWS tiles,
     each tile one fixed-shape product with its expert's weights; a token's k outputs added in rank order."""
-    from moejax.kernels.expert_ffn.tiled import tile_layout
     (N, k), E, D = idx.shape, wgu.shape[0], x.shape[1]
     routing = dispatch(idx, E)
     position, tile_expert = tile_layout(routing.group_sizes, N * k, ROWS)
@@ -140,7 +64,7 @@ def expert_ffn(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array,
             h = h + bgu[e].astype(_f32)
         y = jnp.dot(glu_of(h, act, limit, alpha).astype(x.dtype), wd[e], preferred_element_type=_f32, precision=prec)
         return y if bd is None else y + bd[e].astype(_f32)
-    y = _loop(used, tile, jax.ShapeDtypeStruct((tiles, ROWS, D), _f32)).reshape(tiles * ROWS, D)
+    y = loop(used, tile, jax.ShapeDtypeStruct((tiles, ROWS, D), _f32)).reshape(tiles * ROWS, D)
     per_rank = y[position][routing.inverse].reshape(N, k, D)
     w = weights.astype(_f32)
     out = per_rank[:, 0] * w[:, :1]
@@ -209,7 +133,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_
         # [Hkv, G, ROWS, Dv] -> [ROWS, Hq, Dv], lse [ROWS, Hq] riding as one more column
         packed = jnp.concatenate([out, lse[..., None]], axis=-1)
         return packed.transpose(2, 0, 1, 3).reshape(ROWS, Hq, Dv + 1)
-    packed = _loop(B * nT, piece, jax.ShapeDtypeStruct((B * nT, ROWS, Hq, Dv + 1), _f32))
+    packed = loop(B * nT, piece, jax.ShapeDtypeStruct((B * nT, ROWS, Hq, Dv + 1), _f32))
     packed = packed.reshape(B, nT * ROWS, Hq, Dv + 1)[:, :T]
     out, lse = packed[..., :Dv].astype(q.dtype), packed[..., Dv]
     return out, (lse if return_lse else None)
@@ -219,9 +143,12 @@ def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Arra
                     q_offset: jax.Array, sinks: jax.Array | None, *, window: int | None, scale: float) -> jax.Array:
     """paged_attention's arguments: each row's blocks gathered in order (keys at their positions), then
     `attention` over the keys up to the row's last query."""
-    from moejax.kernels.attention.paged import gather_blocks
-    k = jnp.concatenate([gather_blocks(p, block_table) for p in k_parts], axis=-1)
-    v = gather_blocks(v_pool, block_table)
+    B, NB = block_table.shape
+
+    def gather(pool: jax.Array) -> jax.Array:  # [N, P, ...] -> each row's blocks in order, [B, NB*P, ...]
+        return pool[block_table.reshape(-1)].reshape(B, NB * pool.shape[1], *pool.shape[2:])
+    k = jnp.concatenate([gather(p) for p in k_parts], axis=-1)
+    v = gather(v_pool)
     lengths = q_offset + q.shape[1]
     return attention(q, k, v, q_offset, lengths, sinks, causal=True, window=window, scale=scale,
                      return_lse=False)[0]
@@ -275,5 +202,5 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, s
             l, acc = l * drop + jnp.exp(sink - top), acc * drop[..., None]
         out = jnp.where((l > 0)[..., None], acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
         return out.transpose(2, 0, 1, 3).reshape(ROWS, Hq, Dv)
-    out = _loop(B * nT, piece, jax.ShapeDtypeStruct((B * nT, ROWS, Hq, Dv), _f32))
+    out = loop(B * nT, piece, jax.ShapeDtypeStruct((B * nT, ROWS, Hq, Dv), _f32))
     return out.reshape(B, nT * ROWS, Hq, Dv)[:, :T].astype(q.dtype)

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
+from moejax.kernels import invariant_rows
+
 
 def for_operands(dtype: DTypeLike) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
@@ -15,15 +17,13 @@ def for_operands(dtype: DTypeLike) -> jax.lax.Precision | None:
 def f32_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     """jnp.einsum with a float32 result, at the precision `a`'s dtype asks for (batch_invariant: a row-wise product
     with a weight matrix in fixed row tiles)."""
-    from moejax.kernels import invariant
-    if invariant.active() and (out := invariant.einsum(spec, a, b)) is not None:
+    if invariant_rows.active() and (out := invariant_rows.einsum(spec, a, b, for_operands(a.dtype))) is not None:
         return out
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
 
 
 def f32_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """jnp.dot with a float32 result, at the precision `a`'s dtype asks for (batch_invariant: in fixed row tiles)."""
-    from moejax.kernels import invariant
-    if invariant.active() and b.ndim == 2:
-        return invariant.dot(a, b, for_operands(a.dtype))
+    if invariant_rows.active() and b.ndim == 2:
+        return invariant_rows.dot(a, b, for_operands(a.dtype))
     return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=for_operands(a.dtype))
