@@ -39,6 +39,8 @@ presets, no devices), and DEP with r1/r2/order re-solved per step under continuo
 (launch/bench_dep_online.py).
 depth: launch.serve's first run on a deep checkpoint of tiny widths against the same model cut to a few layers,
 each with an empty compilation cache (launch/bench_depth.py).
+invariant: batch_invariant's cost, prefill and decode throughput with the mode and without, alternating
+(launch/bench_invariant.py).
 dep-a2e: DEP's A2E straight to the experts' owners against regrouped by an all-to-all inside the expert group,
 end to end on the devices present, with the logits against one device (launch/bench_dep.py).
 """
@@ -57,9 +59,9 @@ from moejax import costs
 from moejax.models.checkpoint import read_config
 from moejax.presets import preset_config
 
-from launch import (bench_dep, bench_dep_online, bench_depth, bench_eval, bench_frontend, bench_generate, bench_kernels,
-                    bench_layouts, bench_lightning, bench_offload, bench_peers, bench_plans, bench_predictors,
-                    bench_quality, bench_router_free, bench_serve, xla_startup)
+from launch import (bench_dep, bench_dep_online, bench_depth, bench_eval, bench_frontend, bench_generate,
+                    bench_invariant, bench_kernels, bench_layouts, bench_lightning, bench_offload, bench_peers,
+                    bench_plans, bench_predictors, bench_quality, bench_router_free, bench_serve, xla_startup)
 from launch.bench_results import ResultsFile, no_file
 from launch.bench_util import device_tag, environment, hf_checkpoint, time_calls
 
@@ -213,6 +215,7 @@ def main(argv=None):
     bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)
     bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
     bench_depth.add_parser(sub).set_defaults(run=bench_depth.depth)
+    bench_invariant.add_parser(sub).set_defaults(run=bench_invariant.invariant)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
