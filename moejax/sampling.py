@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.kernels import invariant_rows
+
 # A step input's array: on the device, or host numpy that the jitted call copies over with the rest of its pytree
 StepArray = jax.Array | np.ndarray
 
@@ -38,6 +40,15 @@ def _fold(keys: StepArray, index: StepArray) -> jax.Array:
 
 def sample(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: jax.Array) -> jax.Array:
     """logits [B, V] float32; temperature, top_p [B]; keys [B] PRNG keys -> token ids [B] int32."""
+    if invariant_rows.active():  # per fixed row tile: a row's softmax and cumulative sum whatever the batch
+        data = jax.random.key_data(keys)
+        return invariant_rows.by_row_tiles(
+            lambda lg, t, p, k: _sample(lg, t, p, jax.random.wrap_key_data(k, impl=jax.random.key_impl(keys))),
+            logits, jnp.asarray(temperature), jnp.asarray(top_p), data)
+    return _sample(logits, temperature, top_p, keys)
+
+
+def _sample(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: jax.Array) -> jax.Array:
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     # Sorting the vocabulary is most of a small decode step on CPU (30 ms of ~175 for 32 rows of 4096 here):
     # only a batch with a sampling row pays it.

@@ -71,6 +71,16 @@ def by_rows(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
     return out.reshape(-1, *shape.shape[1:])[:rows].reshape(*lead, *shape.shape[1:])
 
 
+def by_row_tiles(fn: Callable[..., jax.Array], *arrays: jax.Array) -> jax.Array:
+    """fn(*tiles) -> [ROWS, ...] over fixed tiles of ROWS rows of `arrays` (each [B, ...], one B) -> [B, ...]."""
+    B = arrays[0].shape[0]
+    tiled = [_pad_rows(a, ROWS).reshape(-1, ROWS, *a.shape[1:]) for a in arrays]
+    shape = jax.eval_shape(fn, *(jax.ShapeDtypeStruct(t.shape[1:], t.dtype) for t in tiled))
+    out = loop(tiled[0].shape[0], lambda i: fn(*(lax.dynamic_index_in_dim(t, i, keepdims=False) for t in tiled)),
+               jax.ShapeDtypeStruct((tiled[0].shape[0], *shape.shape), shape.dtype))
+    return out.reshape(-1, *shape.shape[1:])[:B]
+
+
 def log_softmax(x: jax.Array) -> jax.Array:
     """jax.nn.log_softmax over the last axis; in the mode, per fixed row tile."""
     return by_rows(lambda t: jax.nn.log_softmax(t, axis=-1), x) if active() else jax.nn.log_softmax(x, axis=-1)

@@ -129,3 +129,18 @@ def test_served_scores_alone_equal_those_packed_with_others(engines, kv_cache, t
                 os.remove(tmp_path / name)
     assert differs[:4] == [False] * 4
     assert any(differs[4:])  # without the mode the packing moves the last bits
+
+
+def test_sampled_tokens_follow_the_request_not_its_neighbours(engines):
+    """Sampling (temperature, top-p) stays per request: with its own key, a request's sampled tokens alone equal
+    those among others under the continuous scheduler."""
+    rng = np.random.default_rng(4)
+    invariant, _ = engines
+    V = invariant.config.vocab_size
+    request = list(rng.integers(0, V, 21))
+    others = [list(rng.integers(0, V, n)) for n in (30, 9, 44)]
+    sample = dict(num_blocks=64, temperature=0.9, seed=7)
+    alone, _ = run_scheduler(invariant, [request], 10, rows=[2], chunk_tokens=64, row_tokens=32, **sample)
+    mixed, _ = run_scheduler(invariant, others[:2] + [request] + others[2:], 10, chunk_tokens=48, row_tokens=16,
+                             **sample)
+    assert mixed[2] == alone[0]
