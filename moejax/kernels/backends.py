@@ -95,6 +95,6 @@ def invariant_unavailable(kernels: Kernels) -> str | None:
     tuning table would choose by shape)."""
     named = [f"{op}={name}" for op, name in kernels.ops().items() if name not in ("auto", "xla")]
     if named:
-        return (f"{', '.join(named)} with batch_invariant: the mode runs its own fixed-tile kernels; use kernels "
-                "auto or xla")
+        return (f"{', '.join(named)} with batch_invariant: the mode runs its own fixed-tile kernels; use auto or "
+                "xla")
     return None

@@ -83,7 +83,7 @@ def test_greedy_tokens_through_the_scheduler_alone_and_among_others(engines):
 def test_the_mode_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="batch_invariant covers placement resident"):
         moejax.load(fixture_dir("qwen3_moe"), dtype="float32", batch_invariant=True, placement="streamed")
-    with pytest.raises(ValueError, match="experts=pallas_interpret, attention=pallas_interpret with batch_invariant"):
+    with pytest.raises(ValueError, match="attention=pallas_interpret with batch_invariant: the mode runs its own"):
         moejax.load(fixture_dir("qwen3_moe"), dtype="float32", batch_invariant=True, kernels="pallas_interpret")
     with pytest.raises(ValueError, match="batch_invariant must be True or False"):
         moejax.load(fixture_dir("qwen3_moe"), batch_invariant="yes")
@@ -144,3 +144,11 @@ def test_sampled_tokens_follow_the_request_not_its_neighbours(engines):
     mixed, _ = run_scheduler(invariant, others[:2] + [request] + others[2:], 10, chunk_tokens=48, row_tokens=16,
                              **sample)
     assert mixed[2] == alone[0]
+
+
+def test_launch_serve_refuses_kernels_the_mode_replaces_naming_both_flags():
+    from launch import serve
+    args = serve.parse_args(["--input", "x", "--batch-invariant", "--kernels", "pallas_interpret"])
+    message = serve.check_kernels(args)
+    assert message is not None and message.startswith("--kernels pallas_interpret: ") and "--batch-invariant" in message
+    assert serve.check_kernels(serve.parse_args(["--input", "x", "--batch-invariant", "--kernels", "xla"])) is None
