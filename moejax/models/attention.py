@@ -25,8 +25,8 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
-from moejax.kernels.attention import attention, blocked
 from moejax.kernels import invariant
+from moejax.kernels.attention import attention, blocked
 from moejax.kernels.attention.paged import paged_attention
 from moejax.kernels.precision import f32_einsum
 from moejax.kv_pool import PagedCache, concat_prior
