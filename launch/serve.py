@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -92,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--error-file", default=None,
                    help="also write the failed lines (4xx, 5xx; as in --output) to this file, as the OpenAI Batch API "
                         "does")
-    options.add_arguments(p, ModelOptions, ("dtype", "num_layers", "kernels"))
+    options.add_arguments(p, ModelOptions, ("dtype", "num_layers", "kernels", "batch_invariant"))
     options.add_arguments(p, ServingOptions)
     options.add_arguments(p, EnginePlan)
     options.add_arguments(p, Workload)
@@ -202,10 +203,11 @@ def write_metrics(path: str | None, summary: dict) -> None:
 def check_kernels(args: argparse.Namespace) -> str | None:
     """A backend that cannot run on this platform is refused before the weights load."""
     try:
-        why = Kernels.parse(args.kernels).unavailable()
+        kernels = Kernels.parse(args.kernels)
+        why = dataclasses.replace(kernels, invariant=bool(getattr(args, "batch_invariant", False))).unavailable()
     except ValueError as e:
         why = str(e).removeprefix("kernels: ")
-    return None if why is None else f"--kernels {args.kernels}: {why}"
+    return None if why is None else f"--kernels {args.kernels}: {why}".replace("batch_invariant", "--batch-invariant")
 
 
 def lightning_explain(engine: Engine, args: argparse.Namespace) -> Probe:

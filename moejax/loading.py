@@ -15,6 +15,7 @@ from moejax import options
 from moejax.chat import ChatTemplate
 from moejax.config import ModelConfig
 from moejax.engine import Engine
+from moejax.kernels import invariant
 from moejax.kernels.backends import Kernels
 from moejax.measure.quick_profile import measure_quick_profile
 from moejax.models.checkpoint import load_tokenizer, read_config, read_generation_eos
@@ -32,7 +33,7 @@ from moejax.sharding.setup import layout_of
 from moejax.weights import materializer
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-OPTIONS = ("num_layers", "seed", "kernels", "compilation_cache") + PLAN_OPTIONS
+OPTIONS = ("num_layers", "seed", "kernels", "batch_invariant", "compilation_cache") + PLAN_OPTIONS
 
 
 def presets() -> list[str]:
@@ -78,8 +79,8 @@ def ignored_options(settings: PlacementSettings, chosen: str) -> str | None:
 
 
 def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num_layers: int | None = None,
-         seed: int = 0, kernels: str | None = None, compilation_cache: bool | str = True, **plan_options: object
-         ) -> Engine:
+         seed: int = 0, kernels: str | None = None, batch_invariant: bool = False,
+         compilation_cache: bool | str = True, **plan_options: object) -> Engine:
     """Load `model` (a HF checkpoint directory or a preset name; see `presets()`) as an Engine that is complete:
     its placement, plan, planners' decisions and Θ are made here.
 
@@ -91,9 +92,13 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
     dtype: "auto" (the checkpoint's own, bfloat16 for presets), "float32", "bfloat16" or "float16"; num_layers: run
     the first N layers only; seed: the presets' weights; kernels: backends of the expert FFN and attention ("auto",
     one name for both such as "xla" or "pallas", or per op, e.g. "experts=ragged_dot,attention=reference"; see
-    moejax.kernels); compilation_cache: True, False or a directory."""
+    moejax.kernels); batch_invariant: each request's results bit-identical whatever it is batched with (fixed-shape
+    kernels, moejax.kernels.invariant; one device's whole-model steps); compilation_cache: True, False or a
+    directory."""
     engine_plan = _plan_of(plan, plan_options)
-    kernel_choice = _kernels(kernels)
+    if not isinstance(batch_invariant, bool):
+        raise ValueError(f"moejax.load: batch_invariant must be True or False, got {batch_invariant!r}")
+    kernel_choice = _kernels(kernels, batch_invariant)
     if compilation_cache:
         enable_compilation_cache(compilation_cache if isinstance(compilation_cache, str) else None)
     name, path = model, resolve_embedded(model)
@@ -116,6 +121,11 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
         except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
     placement = placement_for(memory_budget, settings, layout)
+    why = invariant.unsupported(cfg, layout) if batch_invariant else None
+    if batch_invariant and why is None and (placement.layer_by_layer or not placement.runs_batch_invariant):
+        why = f"covers placement resident (the whole model in one device's jits); got placement {placement.name}"
+    if why:
+        raise ValueError(f"moejax.load: batch_invariant {why}")
     if settings.auto:
         ignored = ignored_options(settings, memory_budget.placement)
         if ignored:
@@ -182,11 +192,11 @@ def _plan_of(plan: EnginePlan | None, options: dict) -> EnginePlan:
     return plan or EnginePlan.from_options({k: options.get(k) for k in PLAN_OPTIONS})
 
 
-def _kernels(spec: str | None) -> Kernels:
+def _kernels(spec: str | None, batch_invariant: bool = False) -> Kernels:
     """The kernels option checked; `auto` stays per call (attention's and the experts' choices depend on shapes and,
     for the experts on a GPU, on the tuning table's measurements)."""
     try:
-        kernels = Kernels.parse(spec)
+        kernels = dataclasses.replace(Kernels.parse(spec), invariant=batch_invariant)
     except ValueError as e:
         raise ValueError(f"moejax.load: {e}") from None
     unavailable = kernels.unavailable()

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax import row_tiles
+
 # A step input's array: on the device, or host numpy that the jitted call copies over with the rest of its pytree
 StepArray = jax.Array | np.ndarray
 
@@ -121,6 +123,17 @@ def sample(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: ja
     B = logits.shape[0]
     top_k = jnp.zeros((B,), jnp.int32) if top_k is None else top_k
     min_p = jnp.zeros((B,), jnp.float32) if min_p is None else min_p
+    if row_tiles.active():  # per fixed row tile: a row's softmax and cumulative sum whatever the batch
+        impl = jax.random.key_impl(keys)
+        return row_tiles.by_row_tiles(
+            lambda lg, t, p, k, m, key: _sample(lg, t, p, jax.random.wrap_key_data(key, impl=impl), k, m),
+            logits, jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), jnp.asarray(min_p),
+            jax.random.key_data(keys))
+    return _sample(logits, temperature, top_p, keys, top_k, min_p)
+
+
+def _sample(logits: jax.Array, temperature: StepArray, top_p: StepArray, keys: jax.Array, top_k: StepArray,
+            min_p: StepArray) -> jax.Array:
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     # Sorting the vocabulary is most of a small decode step on CPU (30 ms of ~175 for 32 rows of 4096 here):
     # only a batch with a sampling row pays it.

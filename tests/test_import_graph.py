@@ -17,7 +17,7 @@ PACKAGES = ("moejax", "launch")
 # The layers, bottom first: a unit imports only units in its own layer or below it. Units in one layer may import each
 # other (the circles test still forbids circles between their modules).
 LAYERS: list[tuple[str, ...]] = [
-    ("config", "options", "buckets", "compiles", "sampling", "chat", "layout"),
+    ("config", "options", "buckets", "compiles", "row_tiles", "sampling", "chat", "layout"),
     ("kernels",),
     ("models",),
     ("steps",),

@@ -41,6 +41,8 @@ presets, no devices), and DEP with r1/r2/order re-solved per step under continuo
 (launch/bench/dep_online.py).
 depth: launch.serve's first run on a deep checkpoint of tiny widths against the same model cut to a few layers,
 each with an empty compilation cache (launch/bench/depth.py).
+invariant: batch_invariant's cost, prefill and decode throughput with the mode and without, alternating
+(launch/bench/invariant.py).
 dep-a2e: DEP's A2E straight to the experts' owners against regrouped by an all-to-all inside the expert group,
 end to end on the devices present, with the logits against one device (launch/bench/dep.py).
 """
@@ -55,6 +57,7 @@ from launch.bench import depth as bench_depth
 from launch.bench import eval as bench_eval
 from launch.bench import frontend as bench_frontend
 from launch.bench import generate as bench_generate
+from launch.bench import invariant as bench_invariant
 from launch.bench import kernels as bench_kernels
 from launch.bench import layouts as bench_layouts
 from launch.bench import lightning as bench_lightning
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)
     bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
     bench_depth.add_parser(sub).set_defaults(run=bench_depth.depth)
+    bench_invariant.add_parser(sub).set_defaults(run=bench_invariant.invariant)
     args = parser.parse_args(argv)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")

@@ -20,10 +20,15 @@ class Kernels:
     """Which backend each op of the model uses; hashable, so jit can take it as a static argument."""
     experts: str = "auto"
     attention: str = "auto"
+    # batch-invariant steps (moejax.kernels.invariant): load's batch_invariant; out of the repr, so records of runs
+    # without it read as before
+    invariant: bool = dataclasses.field(default=False, repr=False)
 
     def unavailable(self) -> str | None:
         """Why a backend asked for by name cannot run on this platform (before anything loads), or None."""
-        pallas = [f"{op}={name}" for op, name in dataclasses.asdict(self).items() if name.startswith("pallas")]
+        if self.invariant:
+            return invariant_unavailable(self)
+        pallas = [f"{op}={name}" for op, name in self.ops().items() if name.startswith("pallas")]
         why = pallas_unavailable() if pallas else None
         if why:
             return f"{', '.join(pallas)} needs Pallas's Triton backend, but {why}; use auto or xla"
@@ -35,15 +40,21 @@ class Kernels:
             return f"experts=ragged_dot_cudnn: {why}"
         if on_gpu():
             return None
-        wrong = [f"{op}={name}" for op, name in dataclasses.asdict(self).items() if name in GPU_ONLY]
+        wrong = [f"{op}={name}" for op, name in self.ops().items() if name in GPU_ONLY]
         if not wrong:
             return None
         return (f"{', '.join(wrong)} needs an NVIDIA GPU and JAX runs on {jax.default_backend()} here; use auto, "
                 "xla (or pallas_interpret to run the Pallas kernels interpreted)")
 
+    def ops(self) -> dict[str, str]:
+        """{op: backend}."""
+        return {"experts": self.experts, "attention": self.attention}
+
     def describe(self) -> str:
         """These choices and what `auto` resolves by, for records of what decided a run's results: on a CPU the
         experts' auto is the XLA path; on a GPU it follows the tuning table, named by the run it came from."""
+        if self.invariant:
+            return f"{self}; batch_invariant: fixed row tiles and key blocks (moejax.kernels.invariant)"
         if self.experts != "auto":
             return str(self)
         if not on_gpu():
@@ -79,3 +90,14 @@ class Kernels:
 
 
 AUTO_KERNELS = Kernels()  # every op `auto`: the default of what takes kernels (frozen, so one instance serves)
+
+
+def invariant_unavailable(kernels: Kernels) -> str | None:
+    """Why batch_invariant cannot run with these kernel choices, or None: its own fixed-tile XLA kernels replace
+    the experts' and attention's backends, so it takes only auto or xla (a Pallas tile, a cuDNN call or the GPU
+    tuning table would choose by shape)."""
+    named = [f"{op}={name}" for op, name in kernels.ops().items() if name not in ("auto", "xla")]
+    if named:
+        return (f"{', '.join(named)} with batch_invariant: the mode runs its own fixed-tile kernels; use auto or "
+                "xla")
+    return None

@@ -25,6 +25,7 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
+from moejax.kernels import invariant
 from moejax.kernels.attention import attention, blocked
 from moejax.kernels.attention.paged import paged_attention
 from moejax.kernels.precision import f32_einsum
@@ -79,6 +80,9 @@ class Positions:
 def tree_attend(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, scale: float, tree: TreeMask,
                 window: int | None = None, sinks: jax.Array | None = None) -> jax.Array:
     """`attend` over a packed tree, reading only the key ranges the tree's static span allows (blocked)."""
+    if invariant.active():  # keys one at a time in key order, whatever the pack (batch_invariant)
+        return invariant.tree_attention(q, k, v, q_pos, scale, tree.k_pos, tree.q_pre, tree.k_pre, tree.k_post,
+                                        window, sinks)
     T, S = q.shape[1], k.shape[1]
     P = S - T
 

@@ -10,6 +10,7 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from moejax.config import RopeConfig, yarn_mscale
+from moejax.kernels import invariant
 from moejax.sampling import StepArray
 
 
@@ -19,6 +20,11 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        if invariant.active():  # per fixed row tile: XLA's row reduction could follow the number of rows
+            return invariant.by_rows(self._norm, x)
+        return self._norm(x)
+
+    def _norm(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (self.weight[...].astype(jnp.float32) * normed).astype(x.dtype)

@@ -10,7 +10,8 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from moejax.config import ModelConfig
-from moejax.kernels import expert_ffn
+from moejax.kernels import invariant
+from moejax.kernels.expert_ffn import expert_ffn
 from moejax.kernels.precision import f32_dot
 
 _f32 = jnp.float32
@@ -72,6 +73,10 @@ def local_expert_ffn(cfg: ModelConfig, backend: str = "auto") -> ExpertFFN:
     """The single-device routed FFN of cfg's experts: (x2 [N, D], idx [N, k], weights [N, k], experts by name) ->
     weighted output [N, D]. Needs no block: an expert group that holds only the experts runs it (DEP)."""
     def local(x2: jax.Array, idx: jax.Array, weights: jax.Array, experts: dict[str, jax.Array]) -> jax.Array:
+        if invariant.active():
+            return invariant.expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"],
+                                        experts.get("be_gate_up"), experts.get("be_down"), cfg.expert_act,
+                                        cfg.swiglu_limit, cfg.swiglu_alpha).astype(x2.dtype)
         return expert_ffn(x2, idx, weights, experts["we_gate_up"], experts["we_down"], experts.get("be_gate_up"),
                           experts.get("be_down"), act=cfg.expert_act, limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha,
                           backend=backend)
@@ -131,7 +136,8 @@ class MoEBlock(nnx.Module):
         self.shared_gate = _param((D, 1), dtype) if cfg.shared_expert_gate else None
 
     def router_logits(self, x2: jax.Array) -> jax.Array:
-        logits = jnp.dot(x2.astype(_f32), self.router[...], precision=jax.lax.Precision.HIGHEST)
+        dot = invariant.dot if invariant.active() else jnp.dot
+        logits = dot(x2.astype(_f32), self.router[...], precision=jax.lax.Precision.HIGHEST)
         return logits if self.router_bias is None else logits + self.router_bias[...]
 
     def expert_weights(self) -> dict[str, jax.Array]:
@@ -144,6 +150,11 @@ class MoEBlock(nnx.Module):
         logits = self.router_logits(x2)
         if self.record_router:
             self.sow(nnx.Intermediate, "sown_router_logits", logits)
+        if invariant.active():  # softmax and top-k per fixed row tile; the ids ride along as exact floats
+            k = self.cfg.num_experts_per_tok
+            both = invariant.by_rows(lambda t: jnp.concatenate(
+                [a.astype(_f32) for a in route(self.cfg, t, bias)], axis=-1), logits)
+            return both[:, :k].astype(jnp.int32), both[:, k:]
         return route(self.cfg, logits, bias)
 
     def routed(self, x2: jax.Array, idx: jax.Array, weights: jax.Array, experts: dict[str, jax.Array],

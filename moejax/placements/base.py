@@ -49,6 +49,8 @@ class Placement:
     # the model holds runs of like layers as stacked weights and its whole-model jits scan over them (one program
     # per kind of layer, however deep; moejax.models.layer_runs); placements that address layers one by one do not
     stacks_layers: ClassVar[bool] = False
+    # batch_invariant's fixed-tile kernels cover its steps (the whole model in one device's jits)
+    runs_batch_invariant: ClassVar[bool] = False
     # Why it cannot generate (prefill into a KV cache, decode), or None: it can. Read before the weights load, so a
     # run refuses such requests up front instead of failing each batch.
     no_generation: ClassVar[str | None] = None

@@ -10,6 +10,7 @@ from moejax.sharding.setup import LayoutSetup
 class Resident(Placement):
     name = "resident"
     stacks_layers = True
+    runs_batch_invariant = True
     auto_rank = 0  # auto's first choice: every expert on the device when they fit
 
     @classmethod
@@ -40,6 +41,7 @@ class ResidentAsyncEP(Resident):
     # each later MoE layer's all-gathers read only parameters, so XLA may start any of them early; inside a scan
     # they would read a slice of a stack by the loop's index and wait for their iteration
     stacks_layers = False
+    runs_batch_invariant = False  # its gathers are collectives, outside the mode's fixed tiles
 
     @classmethod
     def applies(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> bool:

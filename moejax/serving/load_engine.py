@@ -32,7 +32,8 @@ def load(args: argparse.Namespace, serving: ServingOptions) -> Engine:
     plan = options.from_args(EnginePlan, args, placement=options.from_args(PlacementSettings, args),
                              workload=Workload(tokens=serving.max_batch_tokens or DEFAULT_TOKENS, seq_len=args.seq_len,
                                                gen_len=args.gen_len))
-    return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels, plan=plan)
+    return moejax.load(model.model, dtype=model.dtype, num_layers=model.num_layers, kernels=model.kernels,
+                       batch_invariant=model.batch_invariant, plan=plan)
 
 
 def refusal(engine: Engine, args: argparse.Namespace, lines: list[str]) -> str | None:

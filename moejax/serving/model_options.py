@@ -23,6 +23,10 @@ class ModelOptions:
     kernels: str = option("auto",
                           help="kernel backends: auto (Pallas on GPU, XLA on CPU), one name for every op (xla, "
                                "pallas, pallas_interpret) or per op, e.g. experts=ragged_dot,attention=xla")
+    batch_invariant: bool = option(
+        False, help="each request's scores, log-probabilities and greedy tokens bit-identical whether it runs alone, "
+                    "in any batch or on another replica (fixed-shape kernels; one device per replica, placement "
+                    "resident; slower: see bench/results/invariant_*.json)")
 
     def __post_init__(self) -> None:
         options.check(self)

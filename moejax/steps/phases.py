@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.kernels import invariant
 from moejax.kernels.backends import Kernels
 from moejax.models import kv_pool
 from moejax.models.attention import TreeMask, cache_positions, write_cache
@@ -40,10 +41,11 @@ def resident(begin: Callable, end: Callable, read_cache: Callable[..., bool] = l
              ) -> Callable:
     """One jit-able step (graphdef, kernels, state, *args, **static) from a begin and an end."""
     def step(graphdef: nnx.GraphDef, kernels: Kernels, state: nnx.State, *args: Any, **static: Any) -> Any:
-        model = model_of(graphdef, state)
-        inputs, context = begin(model, *args, **static)
-        x, new = model.run_layers(**inputs, read_cache=read_cache(*args, **static), kernels=kernels)
-        return end(model, x, new, context, *args, **static)
+        with invariant.scope(kernels.invariant):  # traced batch-invariantly when asked (moejax.kernels.invariant)
+            model = model_of(graphdef, state)
+            inputs, context = begin(model, *args, **static)
+            x, new = model.run_layers(**inputs, read_cache=read_cache(*args, **static), kernels=kernels)
+            return end(model, x, new, context, *args, **static)
     return step
 
 
@@ -68,7 +70,7 @@ def logprobs_end(model: MoEModel, x: jax.Array, new: list, context: None, tokens
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """-> (log-probability of token t+1 at each position t [B, T] (the last column is meaningless), the k most
     likely next tokens at each position: log-probabilities and ids [B, T, k])."""
-    logprobs = jax.nn.log_softmax(model.head(x).astype(jnp.float32), axis=-1)
+    logprobs = invariant.log_softmax(model.head(x).astype(jnp.float32))
     following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
     chosen = jnp.take_along_axis(logprobs, following[..., None], axis=-1)[..., 0]
     top, ids = jax.lax.top_k(logprobs, k)
@@ -116,7 +118,7 @@ def scored(model: MoEModel, logits: jax.Array, new: list[Layer], prior: list[Lay
            batch: dict) -> tuple[jax.Array, list[Layer]]:
     """From the read positions' logits [B, U, V]: (the target tokens' log-probabilities [B, G] float32, the pool
     with the batch's prompt blocks stored)."""
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    logprobs = invariant.log_softmax(logits)
     picked = jnp.take_along_axis(logprobs, batch["tgt_u"][..., None], axis=1)  # [B, G, V]
     picked = jnp.take_along_axis(picked, batch["tgt_tok"][..., None], axis=2)[..., 0]
     if "store_ids" in batch:

@@ -4,11 +4,14 @@ jit (its `lower` gives the compiled program)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
 from jax.stages import Wrapped
 
+from moejax.kernels import invariant
 from moejax.kernels.backends import Kernels
 from moejax.steps import paged_phases, phases
 from moejax.steps.protocol import Pool, Steps
@@ -27,7 +30,10 @@ class WholeModelSteps(Steps):
 
     def __init__(self, graphdef: nnx.GraphDef, kernels: Kernels) -> None:
         self.graphdef = graphdef
-        bind = functools.partial
+
+        def bind(fn: Callable[..., Any], *args: Any) -> Callable[..., Any]:
+            step = functools.partial(fn, *args)
+            return invariant.traced(step) if kernels.invariant else step
         self.logits = jax.jit(bind(phases.full_logits, graphdef, kernels))
         self.logprobs = jax.jit(bind(phases.token_logprobs, graphdef, kernels), static_argnames=("k",))
         self.score = jax.jit(bind(phases.score, graphdef, kernels), donate_argnums=(1,), static_argnames=("span",))

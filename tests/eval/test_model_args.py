@@ -39,7 +39,8 @@ def metadata_cases():
 
 OWN = [("max_length", 0), ("max_length", "long"), ("max_gen_toks", 0), ("seed", "abc"), ("prefix_token_id", -1),
        ("add_bos_token", "maybe"), ("max_batch_tokens", 8), ("prefix_cache_mb", -1.0), ("kv_cache", "maybe"),
-       ("kv_pool_mb", 0.0), ("dtype", "int8"), ("layout", "not-a-layout"), ("kernels", "bogus")]
+       ("kv_pool_mb", 0.0), ("dtype", "int8"), ("layout", "not-a-layout"), ("kernels", "bogus"),
+       ("batch_invariant", "maybe")]
 
 
 @pytest.mark.parametrize("key, value", list(metadata_cases()) + OWN)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from moejax.kernels import invariant
 from moejax.kernels.attention import blocked, cudnn, pallas, reference, xla
 from moejax.kernels.platform import on_gpu, pallas_unavailable, resolve
 
@@ -54,6 +55,18 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = True, 
                                               return_lse)
     backend = resolve("attention", backend, BACKENDS, auto=auto or None)
     B = q.shape[0]
+    if invariant.active():  # fixed query tiles and key blocks, whatever the batch (batch_invariant)
+        S = k.shape[1]
+        offsets = jnp.full((B,), S - q.shape[1], jnp.int32) if q_offset is None else _per_row(q_offset, B, "q_offset")
+        lengths = jnp.full((B,), S, jnp.int32) if kv_lengths is None else _per_row(kv_lengths, B, "kv_lengths")
+        out, lse = invariant.attention(
+            q, k, v, offsets, lengths, sinks, causal=bool(causal),
+            window=None if sliding_window is None else int(sliding_window),
+            scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale), return_lse=bool(return_lse))
+        if return_lse:
+            assert lse is not None  # asked for
+            return out, lse
+        return out
     out, lse = _run(q, k, v, None if q_offset is None else _per_row(q_offset, B, "q_offset"),
                     None if kv_lengths is None else _per_row(kv_lengths, B, "kv_lengths"), sinks,
                     causal=bool(causal), window=None if sliding_window is None else int(sliding_window),

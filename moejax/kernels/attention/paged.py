@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from moejax.kernels import invariant
 from moejax.kernels.attention import attention, paged_cpu, paged_pallas, paged_xla
 from moejax.kernels.platform import resolve
 
@@ -34,6 +35,9 @@ def paged_attention(q: jax.Array, k_parts: Sequence[jax.Array], v_pool: jax.Arra
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     window = None if sliding_window is None else int(sliding_window)
     q_offset = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), (q.shape[0],))
+    if invariant.active():  # fixed query tiles and key blocks, whatever the batch (batch_invariant)
+        return invariant.paged_attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks,
+                                         window=window, scale=scale)
     if backend == "xla":
         return paged_xla.attention(q, k_parts, v_pool, block_table.astype(jnp.int32), q_offset, sinks, window=window,
                                    scale=scale)
