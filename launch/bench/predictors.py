@@ -179,8 +179,9 @@ def predictors(args: argparse.Namespace, env: dict) -> dict:
                 " ".join(f"{t}:{v:.2f}" for t, v in r["per_layer"].items()) + f"  ({set_size:.1f} experts a set)")
             if d == 1:
                 predicted_d1["expert_map"] = predicted
-        # MoE-Infinity (fMoE's baseline): the calibration's request matrices, and each held-out request's once done
-        collection = ActivationMatrices(max(len(hit_counts), 1) + traces.num_prompts, hit_counts)
+        # MoE-Infinity (fMoE's baseline): the training traces' request matrices (none when --estimator and --maps
+        # were given: then online from empty), and each held-out request's once it is done
+        collection = ActivationMatrices(traces.num_prompts + (0 if hit_counts is None else len(hit_counts)), hit_counts)
         predicted = replay_online(traces, k, d, collection=collection)
         r = replay.recall_by_layer(steps, None, traces, truth, predicted)
         recall.append(dict(predictor="moe_infinity", distance=d, set_size=float(k), **_keyed(r)))
