@@ -10,7 +10,10 @@ calibration's matrices; `replay_online` replays this predictor's own code, the c
 In the cached placement a request is a row of the batch: a pass of more than one token per row (a prefill) starts
 its rows' requests, and the requests the batch finished join the collection then; decode passes of the same batch
 size continue them. Padding rows and tokens (the loop's validity mask) count nothing and are not stored. Until the
-collection holds a matrix, a fallback predictor predicts (the online setting: matrices collected while serving)."""
+collection holds a matrix, a fallback predictor predicts (the online setting: matrices collected while serving).
+The layer loop does not say which request a row holds: under continuous batching (chunked prefill passes between
+decode passes of the pool's slots) each run of passes of one shape counts as requests of its own, so a request's
+matrix is stored in pieces (the tokens stay the resident model's: the predictor only moves weights)."""
 from __future__ import annotations
 
 import jax
