@@ -103,3 +103,31 @@ def test_cached_with_moe_infinity_gives_the_resident_tokens_and_collects_request
     assert engine.stats()["total"]["prefetches"] > 0
     with pytest.raises(ValueError, match="prefetches only"):
         moejax.load(fixture_dir(NAME), placement="cached", predictor="moe_infinity", speculative=True)
+
+
+@pytest.mark.slow  # the continuous scheduler over a cached engine (tens of seconds)
+def test_continuous_batching_with_moe_infinity_gives_the_resident_tokens(resident):
+    """Under the continuous scheduler (chunked prefills between decode passes of the pool's slots) requests are
+    stored in pieces (the module docstring); the matching still only moves weights: the resident model's tokens."""
+    import jax
+
+    from moejax.sched.continuous import GenRequest, Scheduler
+    from moejax.sched.pool_size import pool_size
+
+    def serve(engine, prompts):
+        key = np.asarray(jax.random.key_data(jax.random.key(0)))
+        requests = [GenRequest(p, 6, key, tag=i) for i, p in enumerate(prompts)]
+        size = pool_size(engine, [(len(r.prompt), r.max_tokens) for r in requests])
+        out: dict = {}
+        Scheduler(engine, size.blocks, max_rows=2, **engine.placement.scheduler_defaults()).run(
+            requests, lambda g, t, c: out.__setitem__(g.tag, list(t)), lambda g, m: out.__setitem__(g.tag, m))
+        return [out[i] for i in range(len(requests))]
+
+    cfg = resident.config
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="cached", cache_slots=2 * cfg.num_experts,
+                         predictor="moe_infinity")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, cfg.vocab_size, int(rng.integers(5, 20))).tolist() for _ in range(5)]
+    assert serve(engine, prompts) == serve(resident, prompts)
+    assert len(engine.layered_steps.placement.predictor.collection) >= 2  # requests, or their pieces, were stored
+    assert engine.stats()["total"]["prefetches"] > 0
