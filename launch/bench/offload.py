@@ -15,7 +15,8 @@
 - decode: batch-1 greedy decode with the cached placement in each of --modes (launch/bench/offload_modes.py): on
   demand (no predictor: LRU-only with --eviction lru), exact prefetch and speculative execution with the router
   predictor, prefetch with the distilled estimator, with fMoE's expert maps (T+S+δ) and its ablations
-  (expert_map-T+S, expert_map-T), all calibrated on the resident engine, and the resident model. Time to first
+  (expert_map-T+S, expert_map-T), MoE-Infinity's request-level activation matrices (moe_infinity, fMoE's
+  baseline), all calibrated on the resident engine, and the resident model. Time to first
   token is the median of generate(prompt, 1); time per output token is the slope between two lengths; counters
   are `engine.stats()` of the decode loop alone, per output token (see DECODE_METHOD). The analytic bound of what
   overlapping copies with compute can save is min(compute, copy) / (compute + copy), with compute the resident
@@ -51,6 +52,7 @@ from moejax.engine import Engine
 from moejax.kernels.platform import on_gpu
 from moejax.measure.saturation import profile_saturation
 from moejax.offload.cached import CachedExpertsRuntime
+from moejax.offload.predict.activation_matrices import ActivationMatrixPredictor
 from moejax.offload.predict.expert_maps import ExpertMapPredictor
 from moejax.offload.saturation import Saturation
 from moejax.placements import Cached
@@ -352,6 +354,11 @@ def decode(args: argparse.Namespace, peak_gb_per_s: float, resident: Engine, sav
                 assert isinstance(runtime, CachedExpertsRuntime), "placement cached"
                 assert isinstance(runtime.predictor, ExpertMapPredictor), "expert-map modes predict by maps"
                 rows[-1]["store"] = offload_modes.store_size(runtime.predictor.store)
+            if name.startswith("moe_infinity"):
+                runtime = engine.layered_steps.placement
+                assert isinstance(runtime, CachedExpertsRuntime), "placement cached"
+                assert isinstance(runtime.predictor, ActivationMatrixPredictor), "moe_infinity modes"
+                rows[-1]["activation_matrices"] = len(runtime.predictor.collection)
             save(dict(rows=rows), f"decode {name}")
             del engine
             gc.collect()

@@ -5,6 +5,11 @@ and fMoE §6.5's ablations Map (T) and Map (T+S); expert_map is Map (T+S+δ)).
 expert_map-online starts from an empty store (fMoE §6.3's online setting): the router predictor (the calibration's
 default vectors) predicts until the store holds maps, and every pass served, the warm-up's included, adds its maps.
 
+moe_infinity is the baseline fMoE compares with (MoE-Infinity's request-level expert activation matrices,
+moejax.offload.predict.activation_matrices): one matrix per calibration prompt, the collection not updated while
+timed (as the expert_map modes' store); moe_infinity-online starts from an empty collection, the router predictor
+standing in until a request is done.
+
 on-demand is the LRU-only baseline when --eviction is lru: the expert cache with no predictor, so every miss is
 loaded when its layer runs."""
 from __future__ import annotations
@@ -22,8 +27,10 @@ from launch.bench.quality import stdlib_texts
 from launch.distill import text_prompts
 from moejax.engine import Engine
 from moejax.offload.predict import DefaultVectors, EstimatorPredictor, RouterPredictor, replay
+from moejax.offload.predict.activation_matrices import ActivationMatrices, ActivationMatrixPredictor
 from moejax.offload.predict.estimator import EstimatorNet
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore, build_store
+from moejax.offload.predict.hit_counts import request_counts
 from moejax.offload.predict.traces import record
 from moejax.train.distill import distill
 
@@ -38,6 +45,9 @@ MODES: dict[str, tuple[str | None, dict[str, bool]]] = {
     "expert_map-T": ("expert_map", dict(semantic=False, adaptive=False)),
     # fMoE's online setting (§6.3): an empty store filled while serving, the router predictor until it holds maps
     "expert_map-online": ("expert_map", dict(online=True)),
+    # MoE-Infinity (fMoE's baseline): request-level activation matrices, from the calibration or collected online
+    "moe_infinity": ("moe_infinity", {}),
+    "moe_infinity-online": ("moe_infinity", dict(online=True)),
 }
 DEFAULT_MODES = "on-demand,prefetch,speculative,expert_map"
 
@@ -80,6 +90,7 @@ class Calibration:
     estimator: EstimatorNet | None  # estimator mode
     store: ExpertMapStore | None  # as built (each expert_map mode serves a copy: serving adds maps)
     record: dict  # what was built from what, and how long it took
+    requests: np.ndarray | None = None  # moe_infinity: one activation matrix per calibration prompt [R, M, E]
 
 
 def build(resident: Engine, prompts: list[list[int]], modes: list[str], directory: str, *, distill_steps: int,
@@ -104,7 +115,11 @@ def build(resident: Engine, prompts: list[list[int]], modes: list[str], director
         embed = np.asarray(nnx.merge(resident.graphdef, resident.params).embed[...], np.float32)
         store = build_store(traces, embed, capacity=capacity, distance=1)
         made.update(store=store_size(store))
-    return Calibration(path, net, store, made)
+    requests = None
+    if "moe_infinity" in needs:
+        requests = request_counts(traces, resident.config.num_experts_per_tok)
+        made.update(activation_matrices=len(requests))
+    return Calibration(path, net, store, made, requests)
 
 
 def store_size(store: ExpertMapStore) -> dict:
@@ -121,6 +136,16 @@ def engine_options(mode: str, calibration: Calibration) -> dict:
     if name == "estimator":
         assert calibration.estimator is not None, "built for the estimator mode"
         return dict(predictor=EstimatorPredictor(calibration.estimator), prefetch_distance=1)
+    if name == "moe_infinity":
+        fallback = RouterPredictor(DefaultVectors.load(calibration.vectors_path))
+        if options.get("online"):
+            return dict(predictor=ActivationMatrixPredictor(ActivationMatrices(1024), fallback=fallback),
+                        prefetch_distance=1)
+        assert calibration.requests is not None, "built for the moe_infinity mode"
+        # update=False: every timed run serves the calibration's matrices (as the expert_map modes do)
+        return dict(predictor=ActivationMatrixPredictor(ActivationMatrices(len(calibration.requests),
+                                                                           calibration.requests), update=False),
+                    prefetch_distance=1)
     store = calibration.store
     assert store is not None, "built for the expert_map modes"
     if options.get("online"):

@@ -1,8 +1,10 @@
 """`python -m launch.bench predictors`: every expert predictor measured on held-out routing traces.
 
 - recall: the share of true (token, layer, expert) choices each predictor named, per target MoE layer and
-  overall, at each prefetch distance (oracle, previous_hidden, router, estimator, hybrid, expert_map; expert
-  maps predict a set per decode iteration whose size follows the search score, reported as "set_size");
+  overall, at each prefetch distance (oracle, previous_hidden, router, estimator, hybrid, expert_map, and
+  moe_infinity: MoE-Infinity's request-level activation matrices, fMoE's baseline, from the training traces' requests
+  and each held-out request's once it is done; expert maps predict a set per decode iteration whose size follows
+  the search score, reported as "set_size");
 - cache: the expert cache replayed as batch-1 decode over the same traces, for lru / lfu / priority at several
   slot counts, without prefetch and with each distance-1 predictor prefetching: hit rate and bytes moved;
 - speculative: held-out perplexity and top-1 when each distance-1 predictor's experts are executed instead of
@@ -45,6 +47,7 @@ from moejax.offload.predict import (
     RouterPredictor,
     replay,
 )
+from moejax.offload.predict.activation_matrices import ActivationMatrices, replay_online
 from moejax.offload.predict.analyses import drift_and_alignment
 from moejax.offload.predict.cache_replay import replay_cache
 from moejax.offload.predict.estimator import EstimatorNet
@@ -176,6 +179,16 @@ def predictors(args: argparse.Namespace, env: dict) -> dict:
                 " ".join(f"{t}:{v:.2f}" for t, v in r["per_layer"].items()) + f"  ({set_size:.1f} experts a set)")
             if d == 1:
                 predicted_d1["expert_map"] = predicted
+        # MoE-Infinity (fMoE's baseline): the training traces' request matrices (none when --estimator and --maps
+        # were given: then online from empty), and each held-out request's once it is done
+        collection = ActivationMatrices(traces.num_prompts + (0 if hit_counts is None else len(hit_counts)), hit_counts)
+        predicted = replay_online(traces, k, d, collection=collection)
+        r = replay.recall_by_layer(steps, None, traces, truth, predicted)
+        recall.append(dict(predictor="moe_infinity", distance=d, set_size=float(k), **_keyed(r)))
+        log(f"  recall {'moe_infinity':16s} d={d}: {r['overall']:.3f}  " +
+            " ".join(f"{t}:{v:.2f}" for t, v in r["per_layer"].items()))
+        if d == 1:
+            predicted_d1["moe_infinity"] = predicted
 
     slot_counts = [int(s) for s in args.slots.split(",")] if args.slots else [k * moe_count * f for f in (1, 2, 4)]
     expert_bytes = _expert_bytes(engine)
@@ -191,7 +204,7 @@ def predictors(args: argparse.Namespace, env: dict) -> dict:
             runs = {"none": (None, 1), "oracle": (oracle_pred, 0)}
             runs.update({name: (cut(p), 1) for name, p in predicted_d1.items()})
             for name, (pred, distance) in runs.items():
-                sources = map_sources if name == "expert_map" else None
+                sources = map_sources if name in ("expert_map", "moe_infinity") else None
                 r = replay_cache(head, traces.moe_layers, slots, policy, predicted=pred, distance=distance,
                                  sources=sources, expert_bytes=expert_bytes)
                 cache.append(dict(policy=policy, slots=slots, prefetch=name, tokens=n, **r))

@@ -59,7 +59,7 @@ class PlacementSettings:
     default_vectors: str | None = option(
         None, type=str, path=True, fingerprint=True, applies=CACHED,
         help="cached, --predictor router: directory from `python -m launch.calibrate`; --predictor expert_map without "
-             "--maps: the router predictor that stands in while the store is empty")
+             "--maps, or moe_infinity: the router predictor that stands in while the store is empty")
     estimator: str | None = option(
         None, type=str, path=True, fingerprint=True,
         help="cached, --predictor estimator|hybrid: directory from `python -m launch.distill`", applies=CACHED)
@@ -142,13 +142,13 @@ class PlacementSettings:
             raise _error(f"estimator applies to predictor 'estimator' or 'hybrid', not {predictor!r}")
         if self.maps and predictor != "expert_map":
             raise _error(f"maps applies to predictor 'expert_map', not {predictor!r}")
-        if predictor == "expert_map" and self.speculative:
-            raise _error("predictor 'expert_map' predicts one set of experts per pass, not each token's: it "
+        if predictor in ("expert_map", "moe_infinity") and self.speculative:
+            raise _error(f"predictor {predictor!r} predicts one set of experts per request, not each token's: it "
                          "prefetches only, and speculative=True cannot run it")
         if self.default_vectors and predictor == "expert_map" and self.maps:
             raise _error("default_vectors with predictor 'expert_map' is the fallback of an empty store (no maps); "
                          "with maps it would never run")
-        if self.default_vectors and predictor not in ("router", "expert_map"):
+        if self.default_vectors and predictor not in ("router", "expert_map", "moe_infinity"):
             raise _error(f"default_vectors applies to predictor 'router', not {predictor!r} (an estimator directory "
                          "holds its own)")
         if self.router_free and not self.speculative:

@@ -15,11 +15,13 @@ from moejax.offload.predict import (
     RouterPredictor,
     artifacts,
 )
+from moejax.offload.predict.activation_matrices import ActivationMatrices, ActivationMatrixPredictor
 from moejax.offload.predict.expert_maps import ExpertMapPredictor, ExpertMapStore
 from moejax.offload.predict.protocol import Predictor
 from moejax.offload.settings import PlacementSettings
 
 ONLINE_MAP_CAPACITY = 1024  # maps an online store keeps (launch.calibrate --maps's default)
+ONLINE_REQUEST_CAPACITY = 1024  # request matrices the moe_infinity predictor keeps
 
 
 def _error(message: str) -> ValueError:
@@ -60,6 +62,10 @@ def _predictor(settings: PlacementSettings) -> Predictor | None:
         fallback = (RouterPredictor(DefaultVectors.load(settings.default_vectors), distance) if settings.default_vectors
                     else PreviousHiddenPredictor(distance))
         return ExpertMapPredictor(store, fallback=fallback)
+    if name == "moe_infinity":  # collected while serving: the fallback predicts until a request is done
+        fallback = (RouterPredictor(DefaultVectors.load(settings.default_vectors), distance) if settings.default_vectors
+                    else PreviousHiddenPredictor(distance))
+        return ActivationMatrixPredictor(ActivationMatrices(ONLINE_REQUEST_CAPACITY), distance, fallback=fallback)
     if name == "previous_hidden":
         return PreviousHiddenPredictor(distance)
     if name == "oracle":
@@ -80,3 +86,5 @@ def check_predictor(predictor: object, cfg: ModelConfig) -> None:
                                  artifacts.KINDS["expert maps"][1])
         if predictor.fallback is not None:
             check_predictor(predictor.fallback, cfg)
+    elif isinstance(predictor, ActivationMatrixPredictor) and predictor.fallback is not None:
+        check_predictor(predictor.fallback, cfg)

@@ -219,7 +219,9 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     out = bench_predictors.predictors(args, {})
     names = {(r["predictor"], r["distance"]) for r in out["recall"]}
     assert names == {("oracle", 0)} | {(n, 1) for n in ("previous_hidden", "router", "estimator", "hybrid",
-                                                         "expert_map")}
+                                                         "expert_map", "moe_infinity")}
+    matrices = next(r for r in out["recall"] if r["predictor"] == "moe_infinity")
+    assert 0 < matrices["overall"] <= 1 and len(matrices["per_layer"]) >= 1
     maps = next(r for r in out["recall"] if r["predictor"] == "expert_map")
     assert maps["set_size"] >= 2 and len(maps["per_layer"]) >= 1
     assert next(r for r in out["recall"] if r["predictor"] == "oracle")["overall"] == 1.0
@@ -231,7 +233,7 @@ def test_bench_predictors_reports_every_measure(tmp_path):
     assert set(spec) == {"previous_hidden", "router", "estimator", "hybrid"}
     assert all(s["perplexity"] > 1 and s["multiple_choice"] == 0 for s in spec.values())  # no --input here
     assert {c["prefetch"] for c in out["cache"]} == {"none", "oracle", "previous_hidden", "router", "estimator",
-                                                     "hybrid", "expert_map"}
+                                                     "hybrid", "expert_map", "moe_infinity"}
     assert os.path.getsize(tmp_path / "recall.png") > 0 and "expert maps built from" in out["estimators"]
     drift = {(r["representation"], r["distance"]): r["mean"] for r in out["analyses"]["cosine_drift"]}
     assert set(drift) == {("true", 0), ("previous_hidden", 1), ("quasi_hidden", 1)}

@@ -8,6 +8,9 @@
 - `expert_map` (fMoE §4): per-iteration gate distributions found for each request by semantic then trajectory
   search on a matcher thread, a similarity-aware number of experts per layer; `launch.calibrate --maps` builds
   the store.
+- `moe_infinity` (MoE-Infinity, fMoE's baseline): request-level expert activation matrices collected while serving,
+  a request matched to the most similar by cosine and the match's most used experts ahead prefetched
+  (`activation_matrices`).
 - `previous_hidden` (§3.3's baseline): layer l's router input fed to layer l+d's router.
 - `oracle`: the true router of the layer itself (distance 0); the reference a speculative run must match.
 - `lookahead.LookAheadOracle` (an object, not a name: it needs a trace): layer l+1's true experts at layer l, from a
@@ -20,7 +23,7 @@ from moejax.offload.predict.learned import EstimatorPredictor, HybridPredictor
 from moejax.offload.predict.oracle import OraclePredictor
 from moejax.offload.predict.router import DefaultVectors, RouterPredictor, calibrate
 
-PREDICTORS = ("router", "estimator", "hybrid", "expert_map", "previous_hidden", "oracle")
+PREDICTORS = ("router", "estimator", "hybrid", "expert_map", "moe_infinity", "previous_hidden", "oracle")
 
 __all__ = ["PREDICTORS", "DefaultVectors", "EstimatorNet", "EstimatorPredictor", "HybridPredictor", "OraclePredictor",
            "PreviousHiddenPredictor", "RouterPredictor", "calibrate"]

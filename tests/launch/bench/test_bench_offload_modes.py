@@ -18,7 +18,7 @@ def test_modes_parse_with_the_baseline_first_and_unknown_ones_named():
 @pytest.mark.slow  # a whole benchmark end to end (about a minute alone)
 def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     out = tmp_path / "offload.json"
-    modes = "on-demand,prefetch,estimator,expert_map,expert_map-T+S,expert_map-T"
+    modes = "on-demand,prefetch,estimator,expert_map,expert_map-T+S,expert_map-T,moe_infinity,moe_infinity-online"
     bench.main(["offload", "--model", fixture_dir("qwen3_moe"), "--quick", "--sections", "decode", "--modes", modes,
                 "--distill-steps", "4", "--calibration-prompts", "3", "--out", str(out),
                 "--plot", str(tmp_path / "modes.png")])
@@ -33,6 +33,9 @@ def test_bench_offload_measures_every_mode_and_writes_the_record(tmp_path):
     assert rows["on-demand"]["stats"]["totals"]["prefetches"] == 0
     assert all(rows[m]["stats"]["totals"]["prefetches"] > 0 for m in modes.split(",")[1:])
     assert all(rows[m]["store"]["maps"] == 3 for m in modes.split(",") if m.startswith("expert_map"))
+    # MoE-Infinity: one activation matrix per calibration prompt; online, the warm-up's requests once done
+    assert rows["moe_infinity"]["activation_matrices"] == 3 and rows["moe_infinity-online"]["activation_matrices"] > 0
+    assert "activation matrices, 3 of capacity 3" in rows["moe_infinity"]["placement"]
     placement = rows["expert_map-T"]["placement"]
     assert "expert_map (3 maps" in placement and "distance 1, T;" in placement  # Map (T): no semantic, no δ
     assert run["decode"]["calibration"]["distill_steps"] == 4
