@@ -117,7 +117,7 @@ def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptio
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
     schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
                                 kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor,
-                                config=cfg, score_batch=sizing)
+                                config=cfg, score_batch=sizing, order=options.order)
     if why_off is not None:
         schedule = dataclasses.replace(schedule, reason=why_off)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
