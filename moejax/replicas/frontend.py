@@ -113,7 +113,8 @@ class Frontend:
         `open_` (default: every live one) until each is saturated (its Θ added, at most depth Θ held) or the queue
         is empty -> replica -> its jobs, in queue order."""
         if self.routing in PER_REQUEST:
-            raise ValueError(f"routing {self.routing} routes each request as it arrives (Frontend.route), not in rounds")
+            raise ValueError(f"routing {self.routing} routes each request as it arrives (Frontend.route), not in "
+                             "rounds")
         allowed = set(range(len(self.mirrors)) if open_ is None else open_)
         full = {e: self._full(e) for e in sorted(allowed) if self.mirrors[e].alive}
         fill = self._fill(queue, full)
