@@ -258,13 +258,13 @@ def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequ
     # The FLOPs floor counts context the prefix cache will supply as context (replayed as the batches are made)
     replay = PrefixCache(cache_blocks) if flops_of is not None and kv_cache != "off" else None
     trees = group_trees(seqs, sized.tree_tokens)
-    batches: list
+    batches: list[ScoreBatch | CompletionBatch] = []
     if order == "spf":
         assert config is not None, "schedule_batches: shortest prefill first needs the model's config"
-        batches = pack_spf_batches(trees, sized.tokens, tree_flops(config),
-                                   PrefixCache(cache_blocks) if kv_cache != "off" else None)
+        batches += pack_spf_batches(trees, sized.tokens, tree_flops(config),
+                                    PrefixCache(cache_blocks) if kv_cache != "off" else None)
     else:
-        batches = pack_score_batches(trees, sized.tokens, min_batch_flops, flops_of, sized.cap, replay)
+        batches += pack_score_batches(trees, sized.tokens, min_batch_flops, flops_of, sized.cap, replay)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]
