@@ -16,6 +16,7 @@ from moejax.models.kv_pool import BLOCK
 from moejax.presets import preset_config
 from moejax.replicas.frontend import Frontend, Job, ReplicaMirror
 from moejax.replicas.frontend_jobs import request_job
+from moejax.replicas.frontend_plan import plan_routing
 from moejax.requests.parse import Candidate, CompletionRequest, ScoreRequest
 from moejax.sampling import SamplingParams
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
@@ -459,3 +460,10 @@ def test_least_requests_has_no_rounds_and_shares_what_a_replica_was_sent_by_its_
     assert [j.key for j in f.share(1, sent[1])] == [1, 3, 5] and not sent[1]
     with pytest.raises(ValueError, match="in flight on replica 0, not 1"):
         f.share(1, deque([flat(0, 10.0)]))
+
+
+def test_explains_plan_routes_least_requests_without_rounds():
+    frontend, rounds = plan_routing([shared(k) for k in range(7)], [15.0] * 3, "least_requests")
+    assert rounds == 0 and [m.routed for m in frontend.mirrors] == [3, 2, 2]
+    assert not any(frontend.in_flight(e) for e in range(3)) and all(m.requests == 0 for m in frontend.mirrors)
+    assert frontend.mirrors[0].committed >= set(PREFIX)  # every share taken as finished, its blocks stored
