@@ -93,7 +93,8 @@ class Frontend:
         """thetas: each replica's Θ in true FLOPs (a round adds that much to a replica). routing: prefix
         (MoE-Prefill), round_robin or random (in rounds), or least_requests (request by request: `route`).
         even_end: a round with less work queued than it would add fills the replicas to an even level instead (see
-        _fill); False: to Θ, as App. A. depth: Θs a replica may hold routed and unfinished (2: one share running and the next queued behind it, so it never waits for a round)."""
+        _fill); False: to Θ, as App. A. depth: Θs a replica may hold routed and unfinished (2: one share running
+        and the next queued behind it, so it never waits for a round)."""
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
         if not thetas:
