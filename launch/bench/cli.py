@@ -31,9 +31,9 @@ the ratio (launch/bench/eval.py).
 lightning: generation with placement lightning (MoE-Lightning's CGOPipe) against streamed and cached at one device
 budget: tokens/s, the largest batch each reached, the busy share of each resource (launch/bench/lightning.py).
 frontend: MoE-Prefill's frontend routing shared-prefix scoring over 2-64 replicas (prefix-aware, round robin,
-random), simulated from a hardware profile, no devices: prefix-cache hit rate against one engine, FLOPs balance,
-predicted throughput (launch/bench/frontend.py); --real: 2 engine replicas on this machine (Ray) under each routing
-against one engine (launch/bench/frontend_real.py).
+random, least requests in flight), simulated from a hardware profile, no devices: prefix-cache hit rate against
+one engine, FLOPs balance, predicted throughput (launch/bench/frontend.py); --real: 2 engine replicas on this
+machine (Ray) under each routing against one engine (launch/bench/frontend_real.py).
 router-free: router-free speculative decoding with the true router skipped against run for misprediction counts:
 time per output token at batch 1 and a larger batch (launch/bench/router_free.py).
 dep-online: FinDEP's online phase: the solver's time per step shape, cache hits and the schedule chosen per shape (on

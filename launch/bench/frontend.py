@@ -23,7 +23,10 @@ the job's blocks are stored (LRU); the cache's events reach the frontend (Fronte
 --rounds sync (default): a round opens every replica once all are idle (App. A: the round fills each to Θ, so they
 end close together). --rounds async: a round opens whichever replicas finished; with a deep queue that is mostly one
 replica, which every routing must give the queue's head: the routings then differ little (the first round, and
-replicas that happen to finish together).
+replicas that happen to finish together). --routings least_requests (vLLM's router, MoE-Prefill Fig. 10's third
+baseline) has no rounds: every job arrives at time 0 and goes at once to the replica with the fewest jobs routed and
+not finished (so by count, whatever their cost or prefix), and each replica runs what it was sent in shares of its Θ,
+the next as soon as one ends (--rounds does not apply to it).
 
 Hit rate: cached prompt tokens / prompt tokens; a job's cached tokens are its leading context blocks the replica's
 cache holds when the job runs (including blocks stored by earlier jobs of the same share), at most all but the
@@ -52,7 +55,7 @@ from moejax.plan.hardware import Profile
 from moejax.plan.resolve import profile_for
 from moejax.plan.theta import theta_eq1
 from moejax.presets import preset_config
-from moejax.replicas.frontend import ROUTINGS, Frontend, Job
+from moejax.replicas.frontend import PER_REQUEST, ROUTINGS, Frontend, Job
 from moejax.replicas.frontend_jobs import request_job
 from moejax.requests.parse import Candidate, ScoreRequest
 from moejax.sched.batch_size import DEFAULT_TOKENS
@@ -172,8 +175,17 @@ def simulate_one(jobs: list[Job], n: int, routing: str, *, theta: float, timing:
     queue = deque(jobs)
     running: dict[int, tuple[float, list[int], list[tuple]]] = {}  # replica -> (ends at, job keys, cache events)
     now, rounds = 0.0, 0
-    while queue or running:
+    sent: dict[int, deque[Job]] = {e: deque() for e in range(n)}  # least_requests: routed, not started
+    if routing in PER_REQUEST:  # every job arrives at time 0 and is routed at once; no rounds
+        for job in jobs:
+            sent[frontend.route(job)].append(job)
+        queue.clear()
+    while queue or running or any(sent.values()):
         idle = [e for e in range(n) if e not in running]
+        for e in idle:  # least_requests: a replica idle with jobs sent runs the next share of them (its Θ)
+            if sent[e]:
+                flops, events = replicas[e].run(share := frontend.share(e, sent[e]))
+                running[e] = (now + timing.busy(flops), [j.key for j in share], events)
         if queue and idle and not (barrier and running):
             rounds += 1
             for e, share in frontend.round(queue, idle).items():
@@ -277,10 +289,10 @@ def table(record: dict) -> list[str]:
         lines.append(f"{w['name']}: {w['requests']} requests, {w['prefixes']} prefixes x {w['prefix_len']} + "
                      f"{w['suffix_len']} tokens, Zipf {w['zipf']:g}; single engine: hit {single['hit_rate']:.3f}, "
                      f"{single['total_flops'] / 1e15:.1f} PFLOP, {single['tokens_per_s']:,.0f} tok/s")
-        lines.append("  routing        N    hit  /single  balance  PFLOP  rounds  makespan s       tok/s")
+        lines.append("  routing           N    hit  /single  balance  PFLOP  rounds  makespan s       tok/s")
         for r in entry["rows"]:
             ratio = "   n/a" if r["hit_vs_single"] is None else f"{r['hit_vs_single']:6.3f}"
-            lines.append(f"  {r['routing']:11s} {r['replicas']:4d}  {r['hit_rate']:.3f}  {ratio}  "
+            lines.append(f"  {r['routing']:14s} {r['replicas']:4d}  {r['hit_rate']:.3f}  {ratio}  "
                          f"{r['flops_balance']:7.3f}  {r['total_flops'] / 1e15:5.1f}  {r['rounds']:6d}  "
                          f"{r['makespan_s']:10.2f}  {r['tokens_per_s']:10,.0f}")
         t = entry["target"]

@@ -96,12 +96,12 @@ def _row(name: str, s: dict, wall: float, compute_s: float) -> dict:
 
 def table(record: dict) -> list[str]:
     out = [f"{record['model']}, 2 replicas, workload {record['workload']}:",
-           f"  {'run':12s} {'wall s':>8s} {'compute s':>9s} {'tok/s':>8s} {'hit':>6s} {'shared':>6s} "
+           f"  {'run':14s} {'wall s':>8s} {'compute s':>9s} {'tok/s':>8s} {'hit':>6s} {'shared':>6s} "
            f"{'computed':>9s} {'balance':>8s}  requests"]
     for r in record["rows"]:
         balance = r.get("flops_balance")
         split = "/".join(str(p["requests"]) for p in r.get("per_replica", []))
-        out.append(f"  {r['run']:12s} {r['wall_s']:8.2f} {r['compute_s']:9.2f} {r['tokens_per_s']:8.0f} "
+        out.append(f"  {r['run']:14s} {r['wall_s']:8.2f} {r['compute_s']:9.2f} {r['tokens_per_s']:8.0f} "
                    f"{r['prefix_cache_hit_rate']:6.3f} {r['shared']:6.3f} "
                    f"{r['computed_tokens']:9d} {'-' if balance is None else f'{balance:.3f}':>8s}  {split or '-'}")
     return out

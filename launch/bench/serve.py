@@ -37,10 +37,13 @@ from moejax.costs import layer_flops_per_token, prefill_flops
 from moejax.engine import Engine
 from moejax.plan.resolve import profile_for
 from moejax.sched.batch import serve_lines
+from moejax.sched.batch_schedule import ORDERS
 from moejax.sched.serving_options import ServingOptions
 
 MODES = ("on", "off", "auto")
-WORKLOADS = ("distinct", "shared")
+WORKLOADS = ("distinct", "shared")  # the default set; "mixed" on request (--workloads)
+ALL_WORKLOADS = WORKLOADS + ("mixed",)
+LONGEST_SHARE = 0.1  # "the longest requests" whose wait --orders reports: this share of them, by prompt length
 
 
 class Defaults(TypedDict):
@@ -62,19 +65,40 @@ def workload(kind: str, n: int, prefix: int, suffix: int, candidates: int, vocab
     lines = []
     for i in range(n):
         head = shared if kind == "shared" else rng.integers(1, vocab, prefix).tolist()
+        if kind == "mixed":  # lengths spread over 16x: a prefix of 1/8 to 2x --prefix tokens, shared with nothing
+            head = rng.integers(1, vocab, max(1, int(prefix * 2.0 ** rng.uniform(-3, 1)))).tolist()
         body = {"prompt_token_ids": head + rng.integers(1, vocab, suffix).tolist(),
                 "candidate_token_ids": [[int(t)] for t in rng.choice(vocab, candidates, replace=False)]}
         lines.append(json.dumps({"custom_id": f"{kind}-{i}", "url": "/v1/score", "body": body}))
     return lines
 
 
-def _serve(engine: Engine, lines: list[str], mode: str, max_batch_tokens: int | None) -> dict:
+def _serve(engine: Engine, lines: list[str], mode: str, max_batch_tokens: int | None, order: str = "longest"
+           ) -> dict:
+    done: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         summary = serve_lines(engine, lines, os.path.join(d, "out.jsonl"),
-                              ServingOptions(max_batch_tokens=max_batch_tokens, kv_cache=mode))
+                              ServingOptions(max_batch_tokens=max_batch_tokens, kv_cache=mode, order=order),
+                              done_s=done)
         summary["outer_wall_s"] = time.perf_counter() - t0
+    summary["done_s"] = done
     return summary
+
+
+def waits(lines: list[str], done: dict[int, float]) -> dict:
+    """Seconds from the run's start to each request's result (an offline file: every request arrived at the start),
+    over all requests and over the LONGEST_SHARE longest prompts."""
+    sizes = {n: len(json.loads(text)["body"]["prompt_token_ids"]) for n, text in enumerate(lines, start=1)}
+    longest = sorted(sizes, key=lambda n: -sizes[n])[: max(1, int(len(sizes) * LONGEST_SHARE))]
+
+    def stats(of: list[int]) -> dict:
+        w = np.array([done[n] for n in of])
+        return dict(requests=len(of), mean_s=float(w.mean()), p50_s=float(np.median(w)),
+                    p90_s=float(np.quantile(w, 0.9)), max_s=float(w.max()))
+    return dict(all=stats(sorted(done)), longest=stats(longest),
+                longest_are=f"the {LONGEST_SHARE:.0%} longest prompts ({min(sizes[n] for n in longest)} tokens "
+                            "and more)")
 
 
 def matmul_flops(cfg: ModelConfig, tokens: int, head: float) -> dict:
@@ -149,11 +173,16 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     batch_tokens = args.max_batch_tokens if args.max_batch_tokens is not None else defaults["max_batch_tokens"]
     wanted_modes = tuple(args.kv_modes.split(",")) if args.kv_modes else None
     bad = [m for m in wanted_modes or () if m not in MODES]
-    bad += [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    bad += [w for w in args.workloads.split(",") if w not in ALL_WORKLOADS]
     if bad:
         raise SystemExit(f"bench serve: unknown workload or kv mode {', '.join(bad)} (workloads: "
-                         f"{', '.join(WORKLOADS)}; kv modes: {', '.join(MODES)})")
-    options = {} if args.num_layers is None else {"num_layers": args.num_layers}
+                         f"{', '.join(ALL_WORKLOADS)}; kv modes: {', '.join(MODES)})")
+    orders = args.orders.split(",")
+    if any(o not in ORDERS for o in orders):
+        raise SystemExit(f"bench serve: --orders {args.orders}: each must be one of {', '.join(ORDERS)}")
+    options: dict = {} if args.num_layers is None else {"num_layers": args.num_layers}
+    if args.placement is not None:
+        options["placement"] = args.placement
     engine = moejax.load(args.model, dtype=args.dtype, **options)
     t0 = time.perf_counter()
     jax.block_until_ready(engine.params)  # a preset's weights are drawn on the device: timed apart
@@ -167,7 +196,7 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     reference: dict | None = None
 
     def record() -> dict:
-        rate = {(r["workload"], r["kv_cache"]): r["tokens_per_s"] for r in results}
+        rate = {(r["workload"], r["kv_cache"]): r["tokens_per_s"] for r in results if r["order"] == orders[0]}
         ratios = {name: rate[a] / rate[b] for name, a, b in (
             ("shared: prefix cache on / off", ("shared", "on"), ("shared", "off")),
             ("shared: auto / off", ("shared", "auto"), ("shared", "off")),
@@ -177,17 +206,19 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
                     config=dict(model=args.model, num_layers=engine.config.num_layers, dtype=args.dtype,
                                 requests=requests, prefix=prefix, suffix=args.suffix, candidates=args.candidates,
                                 max_batch_tokens=batch_tokens, repeats=args.repeats, platform=platform,
-                                weights=weights, resident_prefill=not args.no_resident),
+                                weights=weights, resident_prefill=not args.no_resident, orders=orders,
+                                placement=engine.memory_budget.placement if engine.memory_budget else None,
+                                theta_flops=engine.saturation.theta_flops if engine.saturation else None),
                     peak=top, flops_counted="moejax.costs: layer_flops_per_token (2 x the active parameters of the "
                     "decoder layers) per computed token + lm_head 2·D·V per read position; attention scores apart",
                     resident_prefill=reference, results=results, ratios=ratios)
 
     for kind in args.workloads.split(","):
         lines = workload(kind, requests, prefix, args.suffix, args.candidates, engine.config.vocab_size, args.seed)
-        for mode in wanted_modes or defaults["modes"][kind]:
+        for mode, order in ((m, o) for m in wanted_modes or defaults["modes"][kind] for o in orders):
             with compiles.counting() as first:  # compile every shape this plan uses
-                first_s = _serve(engine, lines, mode, batch_tokens)["outer_wall_s"]
-            runs = [_serve(engine, lines, mode, batch_tokens) for _ in range(args.repeats)]
+                first_s = _serve(engine, lines, mode, batch_tokens, order)["outer_wall_s"]
+            runs = [_serve(engine, lines, mode, batch_tokens, order) for _ in range(args.repeats)]
             walls = [r["wall_s"] for r in runs]
             last, median = runs[-1], float(np.median(walls))
             if reference is None and not args.no_resident:  # the same total tokens, resident prefill, in calls as
@@ -199,7 +230,8 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
             computed = last["computed_tokens"]  # the runner's metrics count its lm_head FLOPs per read position
             head = last["flops"] - layer_flops_per_token(engine.config) * computed
             flops = matmul_flops(engine.config, computed, head)
-            row = dict(workload=kind, kv_cache=mode, policy=last["kv_cache"], seconds=walls, seconds_median=median,
+            row = dict(workload=kind, kv_cache=mode, order=order, wait=waits(lines, last["done_s"]),
+                       policy=last["kv_cache"], seconds=walls, seconds_median=median,
                        outer_seconds=[r["outer_wall_s"] for r in runs], prompt_tokens=last["prompt_tokens"],
                        computed_tokens=last["computed_tokens"], cached_prompt_tokens=last["cached_prompt_tokens"],
                        padded_tokens=last["padded_tokens"], batches=last["batches"],
@@ -208,7 +240,9 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
                        first_run_s=first_s, first_run_compiles=first.as_dict())
             row["prompt_rate_over_resident_prefill"] = (row["tokens_per_s"] / reference["tokens_per_s"]
                                                         if reference else None)
-            print(f"  {kind:8s} kv {mode:4s} {row['tokens_per_s']:9.1f} tok/s  median {median:.2f}s  "
+            print(f"  {kind:8s} kv {mode:4s} {order:7s} {row['tokens_per_s']:9.1f} tok/s  median {median:.2f}s  "
+                  f"wait of the longest {row['wait']['longest']['mean_s']:.2f}s (max "
+                  f"{row['wait']['longest']['max_s']:.2f}s), of all {row['wait']['all']['mean_s']:.2f}s  "
                   f"computed {row['computed_tokens']} of {row['prompt_tokens']} prompt tokens "
                   f"({row['padded_tokens']} slots), {row['cached_prompt_tokens']} from cache, {row['batches']} "
                   f"batches of up to {row['score_batch']['tokens']} tokens"
@@ -218,7 +252,7 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
                   f"{row['first_run_compiles']['compile_s']:.1f} s", flush=True)
             results.append(row)
             if partial is not None:
-                partial(record(), f"{kind} kv {mode}")
+                partial(record(), f"{kind} kv {mode} {order}")
     out = record()
     for k, v in out["ratios"].items():
         print(f"  {k}: {v:.2f}x")
@@ -239,7 +273,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                         f"{DEFAULTS['gpu']['prefix']}, else {DEFAULTS['cpu']['prefix']})")
     p.add_argument("--suffix", type=int, default=32, help="unique tokens after the prefix")
     p.add_argument("--candidates", type=int, default=4, help="single-token candidates per request")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: shared, distinct")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help="comma-separated: shared, distinct, mixed (prompt lengths spread over 16x, nothing shared)")
+    p.add_argument("--orders", default="longest",
+                   help="comma-separated scoring orders (launch.serve --order) to serve each workload with: longest "
+                        "(Θ-batching) and spf (shortest prefill first, PrefillOnly); each row reports the wait of "
+                        f"every request and of the longest (a share of {LONGEST_SHARE:g} of them)")
+    p.add_argument("--placement", default=None, help="moejax.load's placement (default: auto; streamed: Θ-batching)")
     p.add_argument("--kv-modes", default=None,
                    help="comma-separated prefix-cache modes to serve each workload with: on, off, auto (default: "
                         "GPU distinct off,auto and shared auto; else all three)")

@@ -14,7 +14,10 @@ second Θ routed behind the share it runs (the replica driver's 2: it never wait
 
 Pure bookkeeping, no devices: `launch.serve --replicas` drives Ray actors with it (moejax.replicas.run) and
 `launch.bench frontend` simulates many replicas with it. Baselines (`routing`): round_robin and random pick among
-the same unsaturated replicas and ignore the tables.
+the same unsaturated replicas and ignore the tables. least_requests is the router vLLM's deployments put in front
+of their engines (MoE-Prefill Fig. 10's third baseline): no rounds, each request goes as it arrives (`route`) to the
+live replica with the fewest requests in flight (routed and not reported done), ties to the lowest index; the
+replica then cuts what it was sent into shares of its Θ itself (`share`).
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from moejax.sched.prefix_cache import BlockHolder
 
-ROUTINGS = ("prefix", "round_robin", "random")
+ROUTINGS = ("prefix", "round_robin", "random", "least_requests")
+PER_REQUEST = ("least_requests",)  # routings without rounds: Frontend.route, not Frontend.round
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +55,7 @@ class ReplicaMirror:
         self.alive = True
         self.routed_flops = 0.0  # totals, for the metrics
         self.routed = 0
+        self.requests = 0  # requests routed here and not reported done (least_requests' measure)
 
     @property
     def saturated(self) -> bool:
@@ -86,9 +91,10 @@ class Frontend:
     def __init__(self, thetas: Sequence[float], routing: str = "prefix", *, seed: int = 0, even_end: bool = True,
                  depth: int = 1):
         """thetas: each replica's Θ in true FLOPs (a round adds that much to a replica). routing: prefix
-        (MoE-Prefill), round_robin or random. even_end: a round with less work queued than it would add fills the
-        replicas to an even level instead (see _fill); False: to Θ, as App. A. depth: Θs a replica may hold routed
-        and unfinished (2: one share running and the next queued behind it, so it never waits for a round)."""
+        (MoE-Prefill), round_robin or random (in rounds), or least_requests (request by request: `route`).
+        even_end: a round with less work queued than it would add fills the replicas to an even level instead (see
+        _fill); False: to Θ, as App. A. depth: Θs a replica may hold routed and unfinished (2: one share running
+        and the next queued behind it, so it never waits for a round)."""
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}; got {routing!r}")
         if not thetas:
@@ -107,6 +113,9 @@ class Frontend:
         """One scheduling round (App. A): jobs taken from the front of `queue` onto the unsaturated replicas among
         `open_` (default: every live one) until each is saturated (its Θ added, at most depth Θ held) or the queue
         is empty -> replica -> its jobs, in queue order."""
+        if self.routing in PER_REQUEST:
+            raise ValueError(f"routing {self.routing} routes each request as it arrives (Frontend.route), not in "
+                             "rounds")
         allowed = set(range(len(self.mirrors)) if open_ is None else open_)
         full = {e: self._full(e) for e in sorted(allowed) if self.mirrors[e].alive}
         fill = self._fill(queue, full)
@@ -166,6 +175,32 @@ class Frontend:
             raise AssertionError("round_robin: no ready replica")
         return max(ready, key=lambda e: (self.mirrors[e].readable(job.match), -self.mirrors[e].work, -e))
 
+    def route(self, job: Job) -> int:
+        """least_requests: `job`, as it arrives, to the live replica with the fewest requests in flight (ties to the
+        lowest index) -> that replica (assigned)."""
+        if self.routing not in PER_REQUEST:
+            raise ValueError(f"routing {self.routing} routes in rounds (Frontend.round), not request by request")
+        live = self.alive()
+        if not live:
+            raise ValueError("no live replica to route to")
+        e = min(live, key=lambda e: (self.mirrors[e].requests, e))
+        self.assign(e, job)
+        return e
+
+    def share(self, e: int, sent: deque[Job]) -> list[Job]:
+        """What replica e runs next of the jobs routed to it and not started (`sent`, in arrival order): from the
+        front until their Eq. 2 costs as routed reach its Θ (one job at least), as an engine fills its batches."""
+        out: list[Job] = []
+        work, theta = 0.0, self.mirrors[e].theta
+        while sent and (not out or work < theta):
+            job = sent.popleft()
+            owner, cost, _ = self._owed[job.key]
+            if owner != e:
+                raise ValueError(f"job {job.key} is in flight on replica {owner}, not {e}")
+            out.append(job)
+            work += cost
+        return out
+
     def assign(self, e: int, job: Job) -> float:
         """F2: route `job` to replica e: W += its Eq. 2 cost there, its new blocks pending -> the cost."""
         m = self.mirrors[e]
@@ -173,6 +208,7 @@ class Frontend:
         m.work += cost
         m.routed_flops += cost
         m.routed += 1
+        m.requests += 1
         for h in job.stores:
             m.pending[h] += 1
         self._owed[job.key] = (e, cost, job)
@@ -191,6 +227,7 @@ class Frontend:
                                  f"{owner})")
             del self._owed[key]
             m.work = max(0.0, m.work - cost)
+            m.requests -= 1
             m.pending.subtract(job.stores)
             m.pending += Counter()  # drops the hashes no longer promised
         if not any(owner == e for owner, _, _ in self._owed.values()):
@@ -206,6 +243,7 @@ class Frontend:
         m.committed.clear()
         m.pending.clear()
         m.work = 0.0
+        m.requests = 0
         return sorted(back, key=lambda j: j.key)
 
     def in_flight(self, e: int) -> list[int]:

@@ -8,16 +8,26 @@ from collections.abc import Sequence
 
 from moejax.costs import true_prefill_flops
 from moejax.engine import Engine
-from moejax.replicas.frontend import Frontend, Job, ReplicaMirror
+from moejax.replicas.frontend import PER_REQUEST, Frontend, Job, ReplicaMirror
 from moejax.replicas.frontend_jobs import request_job
 from moejax.requests.parse import CompletionRequest, ScoreRequest, parse_lines
 from moejax.sched.batch_size import DEFAULT_TOKENS
 
 
 def plan_routing(jobs: Sequence[Job], thetas: Sequence[float], routing: str) -> tuple[Frontend, int]:
-    """Route every job -> the frontend after it (its mirrors hold the totals) and the rounds it took."""
+    """Route every job -> the frontend after it (its mirrors hold the totals) and the rounds it took (0: a routing
+    without rounds)."""
     frontend = Frontend(thetas, routing)
     queue, rounds = deque(jobs), 0
+    if routing in PER_REQUEST:  # no rounds: each job as it arrives, then each replica's in shares of its Θ
+        sent: dict[int, deque[Job]] = {e: deque() for e in range(len(thetas))}
+        for job in jobs:
+            sent[frontend.route(job)].append(job)
+        for e, mine in sent.items():
+            while mine:
+                share = frontend.share(e, mine)
+                frontend.finished(e, [j.key for j in share], [("stored", h) for j in share for h in j.stores])
+        return frontend, 0
     while queue:
         rounds += 1
         for e, share in frontend.round(queue).items():
@@ -40,7 +50,8 @@ def routing_lines(engine: Engine, lines: Sequence[str], replicas: int, routing: 
     loads = [m.routed_flops for m in frontend.mirrors]
     mean = sum(loads) / len(loads)
     source = "the engine's Θ" if sat is not None else "no Θ: one batch of the token budget"
-    out = [f"routing ({routing}) of {len(jobs)} requests over {replicas} replicas in {rounds} rounds, each filled to "
+    how = f"in {rounds} rounds" if rounds else "as they arrive, each replica running shares"
+    out = [f"routing ({routing}) of {len(jobs)} requests over {replicas} replicas {how}, each filled to "
            f"{theta:.3g} FLOPs ({source}); caches taken as never evicting:"]
     for e, m in enumerate(frontend.mirrors):
         out.append(f"  replica {e}: {m.routed} requests, {m.routed_flops:.3g} FLOPs (Eq. 2, after sharing)")

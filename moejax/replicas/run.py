@@ -31,7 +31,7 @@ from moejax.costs import true_prefill_flops
 from moejax.engine import Engine
 from moejax.loading import read_model
 from moejax.options import option
-from moejax.replicas.frontend import ROUTINGS, Frontend, Job
+from moejax.replicas.frontend import PER_REQUEST, ROUTINGS, Frontend, Job
 from moejax.replicas.frontend_jobs import request_job
 from moejax.replicas.replica_session import ReplicaSession, ShareDone
 from moejax.replicas.watchdog import Watchdog
@@ -66,7 +66,8 @@ class ReplicaPlan:
     routing: str = option("prefix", choices=ROUTINGS,
                           help="how requests go to replicas: prefix (the longest cached or promised prefix, ties to "
                                "the least true-FLOPs load, in rounds filled to each replica's Θ), or the baselines "
-                               "round_robin and random (same rounds)")
+                               "round_robin and random (same rounds), or least_requests (no rounds: each request as "
+                               "it arrives to the replica with the fewest requests in flight, as vLLM's router)")
     start_timeout_s: float = option(900.0, above=0,
                                     help="a replica not loaded by then (or that Ray cannot place) counts as failed "
                                          "to start; the run goes on without it")
@@ -293,19 +294,29 @@ class ReplicaRun:
         assert frontend is not None
         queue: deque[Job] = deque(jobs)
         inflight: dict[Any, tuple[int, list[Job]]] = {}
+        sent: dict[int, deque[Job]] = {e: deque() for e in range(len(frontend.mirrors))}  # least_requests: routed
         failed = 0
-        while queue or inflight:
+        while queue or inflight or any(sent.values()):
+            busy = Counter(owner for owner, _ in inflight.values())
+            if self.plan.routing in PER_REQUEST:
+                # no rounds: every request of the file has arrived, each goes at once to the replica with the fewest
+                # in flight; a replica is handed what it was sent in shares of its Θ, two at a time (SHARES_AHEAD)
+                while queue and frontend.alive():
+                    job = queue.popleft()
+                    sent[frontend.route(job)].append(job)
+                for e in frontend.alive():
+                    while sent[e] and busy[e] < SHARES_AHEAD:
+                        self._dispatch(e, frontend.share(e, sent[e]), todo, store, inflight)
+                        busy[e] += 1
+                if on_round is not None:
+                    on_round(self)
             # A round opens over every replica at once (App. A), when each has at most one share left in flight:
             # the next share waits in the actor's queue behind the running one, so no replica idles for a round,
             # and a round never opens for one replica alone (it would hand that one the head of the queue
             # whatever its prefix, scattering prefixes as random routing does).
-            busy = Counter(owner for owner, _ in inflight.values())
-            if queue and all(busy[e] < SHARES_AHEAD for e in frontend.alive()):
+            elif queue and all(busy[e] < SHARES_AHEAD for e in frontend.alive()):
                 for e, share in frontend.round(queue).items():
-                    reqs = [todo[j.key] for j in share]
-                    keep = frozenset(h for j in share for h in j.stores)
-                    ref = self.handles[e].serve.remote(reqs, {r.line: store.ids[r.line] for r in reqs}, keep)
-                    inflight[ref] = (e, share)
+                    self._dispatch(e, share, todo, store, inflight)
                 if on_round is not None:
                     on_round(self)
             if not inflight:
@@ -321,6 +332,7 @@ class ReplicaRun:
                 if not frontend.mirrors[e].alive:
                     continue  # its other share, routed again with the first
                 back = frontend.lost(e)
+                sent[e].clear()  # (routed to it and not started: among `back`)
                 queue.extendleft(reversed(back))
                 self.rerouted += len(back)
                 self.stats[e].state, self.stats[e].error = "lost", _cause(err)
@@ -341,6 +353,14 @@ class ReplicaRun:
             frontend.finished(e, [j.key for j in share], done.events)
             self._count(e, share, done)
         return failed
+
+    def _dispatch(self, e: int, share: list[Job], todo: list[Request], store: ResultStore,
+                  inflight: dict[Any, tuple[int, list[Job]]]) -> None:
+        """Send `share` to replica e to serve (its results come back as a Ray object, kept in `inflight`)."""
+        reqs = [todo[j.key] for j in share]
+        keep = frozenset(h for j in share for h in j.stores)
+        ref = self.handles[e].serve.remote(reqs, {r.line: store.ids[r.line] for r in reqs}, keep)
+        inflight[ref] = (e, share)
 
     def _count(self, e: int, share: list[Job], done: ShareDone) -> None:
         s, m = self.stats[e], done.metrics

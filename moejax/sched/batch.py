@@ -117,7 +117,7 @@ def plan_requests(engine: Engine, todo: Sequence[Request], options: ServingOptio
                               reserved_bytes=0.0 if options.kv_cache == "off" else options.prefix_cache_mb * 2**20)
     schedule = schedule_batches(list(enumerate(todo)), max_batch_tokens=options.max_batch_tokens or DEFAULT_TOKENS,
                                 kv_cache=options.kv_cache, cache_blocks=cache_blocks, min_batch_flops=floor,
-                                config=cfg, score_batch=sizing)
+                                config=cfg, score_batch=sizing, order=options.order)
     if why_off is not None:
         schedule = dataclasses.replace(schedule, reason=why_off)
     if options.batching == "continuous" and not engine.placement.continuous_batching:
@@ -165,14 +165,16 @@ def explain_lines(engine: Engine, lines: Sequence[str], options: ServingOptions 
 
 def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, options: ServingOptions = SERVING_DEFAULTS,
                 *, progress: Callable[[int], Progress | None] | None = None, peak: float | None = None,
-                settings: dict | None = None, seed_nonce: int | None = None, error_file: str | None = None) -> dict:
+                settings: dict | None = None, seed_nonce: int | None = None, error_file: str | None = None,
+                done_s: dict[int, float] | None = None) -> dict:
     """Serve `lines` (JSONL request strings) into `output` (None: stdout). Lines already in `output` or its
     journal from an interrupted run with the same settings are skipped; results made with other settings raise
     results.SettingsMismatch before anything is written. options: how to batch and cache (ServingOptions; its
     fields say each). settings: what decides the results (default engine_settings); seed_nonce: what requests
     without a seed draw theirs from (default: random); progress(total) -> a callback of the requests done (or
-    None); error_file: also write the failed lines there. A result
-    that cannot be written raises results.WriteFailed (the journal keeps what it has). Another runner holding the
+    None); error_file: also write the failed lines there; done_s: filled with each served line's seconds from the
+    run's start to its result (benchmarks: how long each request waited). A result that cannot be written raises
+    results.WriteFailed (the journal keeps what it has). Another runner holding the
     output's or error file's lock raises output_lock.OutputLockError before anything is read or written. Returns
     the run summary."""
     with output_lock.hold(output, error_file):
@@ -181,6 +183,8 @@ def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, option
         with store:
             bad = write_invalid(store, entries)
             metrics = runner.run()
+            if done_s is not None:
+                done_s.update(runner.done_s)
             if runner.progress is not None:
                 runner.progress(None, metrics)
             store.finish(error_file)

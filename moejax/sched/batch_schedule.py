@@ -18,6 +18,9 @@ from moejax.sched.packing import MIN_ROW, ScoreSeq, _lcp, tree_size
 from moejax.sched.prefix_cache import BlockHolder, PrefixCache, block_hashes
 
 KV_MODES = ("auto", "on", "off")
+# The order scoring batches are made and run in: longest trees first, filled to Θ under streamed experts (moejax's),
+# or shortest estimated prefill first (PrefillOnly's, a baseline: pack_spf_batches)
+ORDERS = ("longest", "spf")
 
 
 @dataclasses.dataclass
@@ -122,6 +125,53 @@ def pack_score_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int, min_f
     return batches
 
 
+def pack_spf_batches(trees: list[list[ScoreSeq]], max_batch_tokens: int,
+                     flops_of: Callable[[list[ScoreSeq], PrefixCache | None], float],
+                     cache: PrefixCache | None = None) -> list[ScoreBatch]:
+    """Shortest prefill first, the scheduler of PrefillOnly (arXiv 2505.07203), MoE-Prefill's baseline (§8.1): each
+    batch takes the trees of least estimated prefill time, in that order, while they fit its rows (rows as long as
+    its largest tree, as many as the token budget holds, each tree into the row with the fewest tokens); no FLOPs
+    floor. The estimate is continuous: before each batch every waiting tree is priced again (`flops_of(tree,
+    cache)`: true FLOPs, Eq. 2, proportional to the prefill time at a fixed rate) against the prefix cache as the
+    batches before it leave it (`cache`, replayed here), so a request whose prefix an earlier batch stored moves
+    ahead. Ties keep the trees' order."""
+    pending = [(tree_size(t), t) for t in trees]
+    batches: list[ScoreBatch] = []
+    while pending:
+        order = sorted(range(len(pending)), key=lambda i: flops_of(pending[i][1], cache))
+        taken: list[int] = []
+        rows: list[list[ScoreSeq]] = [[]]
+        for i in order:
+            trial = _fill_rows([pending[j] for j in taken + [i]], max_batch_tokens)
+            if trial is None:
+                break
+            taken.append(i)
+            rows = trial
+        batches.append(ScoreBatch([r for r in rows if r]))
+        if cache is not None:
+            _store_contexts(cache, batches[-1])
+        chosen = set(taken)
+        pending = [p for i, p in enumerate(pending) if i not in chosen]
+    return batches
+
+
+def _fill_rows(trees: list[tuple[int, list[ScoreSeq]]], max_batch_tokens: int) -> list[list[ScoreSeq]] | None:
+    """`trees` (size, tree), in order, into one batch's rows (pack_score_batches' rows: as long as the largest tree,
+    a power of two of them within the token budget, each tree to the row with the fewest tokens) -> the rows, or None
+    when one does not fit (a single tree always does)."""
+    T = row_length(max(size for size, _ in trees))
+    nrows = 1 << (max(1, max_batch_tokens // T).bit_length() - 1)
+    rows: list[list[ScoreSeq]] = [[] for _ in range(nrows)]
+    sums = [0] * nrows
+    for size, tree in trees:
+        r = min(range(nrows), key=sums.__getitem__)
+        if sums[r] + size > T:
+            return None
+        rows[r].extend(tree)
+        sums[r] += size
+    return rows
+
+
 def _store_contexts(cache: PrefixCache, batch: ScoreBatch) -> None:
     """What running `batch` does to the prefix cache, as packing.pack_row does it row by row: read each context's
     cached blocks, then store its other full blocks. Every block is stored, as under kv_cache "on"; "auto" keeps
@@ -187,14 +237,18 @@ def batch_hashes(batch: ScoreBatch | CompletionBatch) -> set[bytes]:
 
 def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequest]], *, max_batch_tokens: int,
                      kv_cache: str = "auto", cache_blocks: int = 0, min_batch_flops: float = 0.0,
-                     config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None) -> BatchSchedule:
+                     config: ModelConfig | None = None, score_batch: ScoreBatchSize | None = None,
+                     order: str = "longest") -> BatchSchedule:
     """requests: (index, request). max_batch_tokens: the token budget of a batch; score_batch: the scoring batches'
     own, when they were sized apart (from the device: moejax.sched.batch_size), with the most tokens of one tree and
     of one batch. cache_blocks: the most blocks the prefix cache may hold. min_batch_flops: a FLOPs floor for scoring
     batches (Θ; needs the model's `config` to count FLOPs), in which context tokens that the prefix cache will
-    supply (kv_cache not off) count as attended context, not as new tokens."""
+    supply (kv_cache not off) count as attended context, not as new tokens. order: how scoring batches are made and
+    ordered (ORDERS): longest (pack_score_batches) or spf (pack_spf_batches: needs `config`; no FLOPs floor)."""
     if kv_cache not in KV_MODES:
         raise ValueError(f"kv_cache must be one of {KV_MODES}; got {kv_cache!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}; got {order!r}")
     sized = score_batch or ScoreBatchSize(max_batch_tokens, None, max_batch_tokens, "")
     seqs = [(i, s) for i, r in requests if isinstance(r, ScoreRequest) for s in score_sequences(i, r)]
     flops_of = None
@@ -203,8 +257,14 @@ def schedule_batches(requests: Sequence[tuple[int, ScoreRequest | CompletionRequ
         flops_of = tree_flops(config)
     # The FLOPs floor counts context the prefix cache will supply as context (replayed as the batches are made)
     replay = PrefixCache(cache_blocks) if flops_of is not None and kv_cache != "off" else None
-    batches: list = pack_score_batches(group_trees(seqs, sized.tree_tokens), sized.tokens, min_batch_flops, flops_of,
-                                       sized.cap, replay)
+    trees = group_trees(seqs, sized.tree_tokens)
+    batches: list[ScoreBatch | CompletionBatch] = []
+    if order == "spf":
+        assert config is not None, "schedule_batches: shortest prefill first needs the model's config"
+        batches += pack_spf_batches(trees, sized.tokens, tree_flops(config),
+                                    PrefixCache(cache_blocks) if kv_cache != "off" else None)
+    else:
+        batches += pack_score_batches(trees, sized.tokens, min_batch_flops, flops_of, sized.cap, replay)
     batches += pack_completion_batches([r for _, r in requests if isinstance(r, CompletionRequest)],
                                        max_batch_tokens)
     uses = [batch_hashes(b) for b in batches]

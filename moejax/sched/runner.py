@@ -97,6 +97,8 @@ class Runner:
         self.scheduler_stats: dict | None = None  # the continuous scheduler's counters, once it ran
         self.bodies = Bodies(engine.tokenizer, engine.name, store.fingerprint if store is not None else "")
         self.metrics = Metrics()
+        self.done_s: dict[int, float] = {}  # input line -> seconds from the run's start to its result
+        self._start = time.perf_counter()
         if cache is None and schedule.kv_cache:
             cache = PrefixCache(schedule.pool_blocks)
         self.cache, self.pool, self.keep = cache, pool, keep
@@ -153,7 +155,7 @@ class Runner:
 
     # -- execution ------------------------------------------------------------------------------------------
     def run(self) -> Metrics:
-        start = time.perf_counter()
+        start = self._start = time.perf_counter()
         if self.pool_blocks and self.pool is None:
             self.pool = self.engine.init_pool(self.pool_blocks)
         continuous = []
@@ -378,6 +380,7 @@ class Runner:
 
     def _emit(self, i: int, body: dict) -> None:
         req = self.requests[i]
+        self.done_s[req.line] = time.perf_counter() - self._start
         self.metrics.requests_ok += 1
         self.metrics.prompt_tokens += body["usage"]["prompt_tokens"]
         self.metrics.cached_prompt_tokens += body["usage"]["cached_prompt_tokens"]

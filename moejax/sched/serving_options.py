@@ -8,7 +8,7 @@ import dataclasses
 
 from moejax import options
 from moejax.options import option
-from moejax.sched.batch_schedule import KV_MODES
+from moejax.sched.batch_schedule import KV_MODES, ORDERS
 from moejax.sched.batch_size import DEFAULT_TOKENS
 
 BATCHING = ("continuous", "static")
@@ -30,6 +30,12 @@ class ServingOptions:
              "keeping just those blocks")
     prefix_cache_mb: float = option(1024.0, minimum=0,
                                     help="most device memory the prefix KV cache may use, in MiB (default 1024)")
+    order: str = option(
+        "longest", choices=ORDERS,
+        help="scoring batches' order: longest (default: the largest prefix trees first, each batch filled to the "
+             "saturation threshold Θ under streamed experts) or spf (shortest prefill first, PrefillOnly's "
+             "scheduler, a baseline: the requests of least estimated prefill time first, re-estimated in true FLOPs "
+             "before each batch against what the prefix cache holds by then; no Θ floor). Results are the same")
     batching: str = option(
         "continuous", choices=BATCHING,
         help="completions: continuous (default; one scheduler over a paged KV pool admits, decodes, retires and "

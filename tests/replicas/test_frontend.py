@@ -16,6 +16,7 @@ from moejax.models.kv_pool import BLOCK
 from moejax.presets import preset_config
 from moejax.replicas.frontend import Frontend, Job, ReplicaMirror
 from moejax.replicas.frontend_jobs import request_job
+from moejax.replicas.frontend_plan import plan_routing
 from moejax.requests.parse import Candidate, CompletionRequest, ScoreRequest
 from moejax.sampling import SamplingParams
 from moejax.sched.prefix_cache import PrefixCache, block_hashes
@@ -422,3 +423,47 @@ def test_the_last_round_evens_the_run_totals():
     assert [m.routed_flops for m in f.mirrors] == [70.0, 70.0]
     with pytest.raises(ValueError, match="Θ must be above 0"):
         Frontend([100.0, 0.0])
+
+
+# -- least requests in flight (vLLM's router: MoE-Prefill Fig. 10's third baseline) --------------------------------
+
+
+def test_least_requests_routes_each_arrival_to_the_replica_with_fewest_in_flight():
+    """Arrivals and completions interleaved: each request goes, when it arrives, to the live replica with the
+    fewest requests routed and not reported done (ties to the lowest index), whatever its cost or prefix."""
+    f = Frontend([BIG] * 3, "least_requests")
+    assert [f.route(shared(k)) for k in range(3)] == [0, 1, 2]  # all idle: by index, the prefix held nowhere else
+    assert f.route(flat(3, 1e6)) == 0  # 1, 1, 1 in flight: the tie to replica 0, though it is the heaviest now
+    f.finished(2, [2])  # replica 2 done: 2, 1, 0 in flight
+    assert f.route(shared(4)) == 2  # not replica 0, which holds its prefix pending
+    assert f.route(shared(5)) == 1  # 2, 1, 1: the tie to 1
+    f.finished(0, [0, 3])  # 0, 2, 1
+    assert [f.route(flat(k, 1.0)) for k in (6, 7, 8)] == [0, 0, 2]
+    assert [m.requests for m in f.mirrors] == [2, 2, 2] == [len(f.in_flight(e)) for e in range(3)]
+    back = f.lost(1)  # a lost replica takes no more; its requests are routed again by the same rule
+    assert [j.key for j in back] == [1, 5] and f.mirrors[1].requests == 0
+    assert [f.route(j) for j in back] == [0, 2]
+
+
+def test_least_requests_has_no_rounds_and_shares_what_a_replica_was_sent_by_its_theta():
+    f = Frontend([25.0, 25.0], "least_requests")
+    with pytest.raises(ValueError, match="routes each request as it arrives"):
+        f.round(deque([flat(0, 1.0)]))
+    with pytest.raises(ValueError, match="routes in rounds"):
+        Frontend([1.0]).route(flat(0, 1.0))
+    sent: dict[int, deque] = {0: deque(), 1: deque()}
+    for k, cost in enumerate([10.0, 1.0, 10.0, 1.0, 10.0, 1.0, 30.0]):
+        sent[f.route(flat(k, cost))].append(flat(k, cost))
+    assert [[j.key for j in sent[e]] for e in (0, 1)] == [[0, 2, 4, 6], [1, 3, 5]]  # by count: 70 and 3 FLOPs
+    assert [j.key for j in f.share(0, sent[0])] == [0, 2, 4]  # until its Θ (25) is reached
+    assert [j.key for j in f.share(0, sent[0])] == [6]  # one job at least, however large
+    assert [j.key for j in f.share(1, sent[1])] == [1, 3, 5] and not sent[1]
+    with pytest.raises(ValueError, match="in flight on replica 0, not 1"):
+        f.share(1, deque([flat(0, 10.0)]))
+
+
+def test_explains_plan_routes_least_requests_without_rounds():
+    frontend, rounds = plan_routing([shared(k) for k in range(7)], [15.0] * 3, "least_requests")
+    assert rounds == 0 and [m.routed for m in frontend.mirrors] == [3, 2, 2]
+    assert not any(frontend.in_flight(e) for e in range(3)) and all(m.requests == 0 for m in frontend.mirrors)
+    assert frontend.mirrors[0].committed >= set(PREFIX)  # every share taken as finished, its blocks stored

@@ -153,11 +153,16 @@ def test_two_replicas_write_one_engines_file_and_mirror_their_tables(local_ray, 
     assert [r["state"] for r in summary["replicas"]] == ["serving", "serving"]
 
 
-def test_three_replicas_round_robin_write_the_same_file(local_ray, one_engine, tmp_path):
+@pytest.mark.parametrize("routing", ["round_robin", "least_requests"])
+def test_three_replicas_under_a_baseline_routing_write_the_same_file(local_ray, one_engine, tmp_path, routing):
     path = str(tmp_path / "out.jsonl")
-    run, summary, _ = run_replicas(path, 3, "round_robin")
+    run, summary, _ = run_replicas(path, 3, routing)
     assert_same_results(path, one_engine)
-    assert len(set(run.served_by.values())) == 3  # round robin used all three
+    assert len(set(run.served_by.values())) == 3  # both used all three
+    if routing == "least_requests":  # every request arrived at once: an equal count each
+        routed = [m.routed for m in run.frontend.mirrors]
+        assert sum(routed) == summary["requests_ok"] and max(routed) - min(routed) <= 1
+        assert not any(m.requests for m in run.frontend.mirrors)
 
 
 def test_a_replica_killed_mid_run_loses_nothing(local_ray, one_engine, tmp_path):

@@ -9,6 +9,7 @@ from launch.bench import frontend as bf
 from launch.bench.results import read_runs
 from moejax.config import ModelConfig
 from moejax.presets import preset_config
+from moejax.replicas.frontend import ROUTINGS
 from moejax.replicas.frontend_jobs import request_job
 from moejax.sched.prefix_cache import PrefixCache
 
@@ -31,7 +32,7 @@ def runs(cfg, requests):
     one = jobs[0].cost(PrefixCache(1))  # a request with nothing cached
     timing = bf.Timing(rate=5e14, layers=cfg.num_layers, t_comm_s=0.0, overhead_s=0.005)
     return {(n, routing): bf.simulate_one(jobs, n, routing, theta=8 * one, timing=timing, capacity_blocks=30)
-            for n in (2, 4) for routing in ("prefix", "random")}
+            for n in (2, 4) for routing in ("prefix", "random", "least_requests")}
 
 
 def test_memoized_cost_is_request_jobs_cost(cfg, requests):
@@ -55,6 +56,18 @@ def test_prefix_routing_beats_random_on_hit_rate(runs, requests, n):
     assert prefix["total_flops"] < random["total_flops"]
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_least_requests_spreads_by_count_without_rounds_and_scatters_prefixes(runs, requests, n):
+    """Every request arrives at once: each replica is sent an equal count (at most one apart), runs it in shares
+    of its Θ, and shared prefixes scatter as under random routing."""
+    run = runs[n, "least_requests"]
+    routed = [m.routed for m in run.frontend.mirrors]
+    assert sum(routed) == len(requests) and max(routed) - min(routed) <= 1
+    assert run.row["rounds"] == 0 and min(run.row["shares"]) > 1
+    assert run.row["prompt_tokens"] == runs[n, "prefix"].row["prompt_tokens"]
+    assert runs[n, "prefix"].row["hit_rate"] > run.row["hit_rate"]
+
+
 def test_mirrors_equal_replica_caches_at_the_end(runs):
     for run in runs.values():
         for mirror, replica in zip(run.frontend.mirrors, run.replicas, strict=True):
@@ -75,7 +88,8 @@ def test_cli_writes_a_record_with_the_fields(tmp_path, monkeypatch):
     entry = record["workloads"][0]
     assert entry["workload"]["requests"] == 120 and entry["single"]["replicas"] == 1
     assert {(r["routing"], r["replicas"]) for r in entry["rows"]} == {
-        (routing, n) for routing in ("prefix", "round_robin", "random") for n in (2, 4)}
+        (routing, n) for routing in ROUTINGS for n in (2, 4)}
+    assert "least_requests" in ROUTINGS
     for row in entry["rows"]:
         for field in ("hit_rate", "hit_vs_single", "flops_balance", "total_flops", "tokens_per_s", "makespan_s",
                       "theta_flops", "theta_from"):
