@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import cast
 
 from moejax.placements.base import Placement
 
@@ -29,6 +28,6 @@ def load_registry(entries: tuple[str, ...] = REGISTRY) -> tuple[type[Placement],
     for entry in entries:
         module, name = entry.split(":")
         cls = getattr(importlib.import_module(module), name)
-        assert isinstance(cls, type) and hasattr(cls, "applies"), f"{entry} is not a Placement"
-        out.append(cast("type[Placement]", cls))
+        assert isinstance(cls, type) and issubclass(cls, Placement), f"{entry} is not a Placement"
+        out.append(cls)
     return tuple(out)
