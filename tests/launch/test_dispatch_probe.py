@@ -54,7 +54,7 @@ def test_startup_settings_are_set_before_the_backend_and_refused_after():
 
 @pytest.mark.slow  # a fresh process, so that the settings come before JAX starts
 def test_a_fresh_process_applies_and_records_the_settings():
-    code = ("import argparse, json, jax; from launch import xla_startup\n"
+    code = ("import argparse, json, jax; from moejax.serving import xla_startup\n"
             "r = xla_startup.apply(argparse.Namespace(command_buffers=True, mem_fraction=0.5, tfrt_gpu_client=True))\n"
             "jax.numpy.ones(2).block_until_ready(); print(json.dumps(r))")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_startup.DEPRECATED_MEM_FRACTION)}

@@ -6,7 +6,7 @@ import pytest
 from conftest import fixture_dir
 
 import moejax
-from launch import bench
+from launch.bench import cli as bench
 from launch.bench import generate as bench_generate
 from launch.bench import generate_workloads, sched_overhead
 from launch.bench.results import read_runs

@@ -2,7 +2,7 @@
 round, the cost, and the mode's promise checked on the timed batch (and broken without the mode)."""
 import pytest
 
-from launch import bench
+from launch.bench import cli as bench
 from launch.bench.results import read_runs
 
 
