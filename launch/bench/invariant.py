@@ -15,8 +15,7 @@ import numpy as np
 
 import moejax
 from launch.bench.results import no_file
-from launch.bench.util import cpu_seconds
-from moejax.engine import Engine
+from launch.bench.util import cpu_seconds, decode_tpot
 from moejax.presets import DEFAULT_MODEL
 
 METHOD = ("prefill: tokens/s = batch x prompt_len / s of Engine.logits; decode: tokens/s = batch / TPOT, TPOT = "
@@ -36,15 +35,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file (default bench/results/invariant-<device>.json)")
     return p
-
-
-def _tpot(engine: Engine, prompts: list[list[int]], n: int) -> float:
-    times = []
-    for length in (1 + n // 2, 1 + n):
-        t0 = time.perf_counter()
-        engine.generate(prompts, length, temperature=0.0)
-        times.append(time.perf_counter() - t0)
-    return (times[1] - times[0]) / (n - n // 2)
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -78,7 +68,7 @@ def invariant(args: argparse.Namespace, env: dict, partial: Callable[[dict, str]
         order = list(engines) if r % 2 == 0 else list(engines)[::-1]  # alternate which runs first
         for name in order:
             prefill[name].append(args.batch * args.prompt_len / _seconds(lambda: engines[name].logits(ids)))  # noqa: B023 (timed here)
-            decode[name].append(args.batch / _tpot(engines[name], prompts, args.new_tokens))
+            decode[name].append(args.batch / decode_tpot(engines[name], prompts, args.new_tokens))
     (all1, own1), wall = cpu_seconds(), time.perf_counter() - wall0
     other = max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
     med = {kind: {name: float(np.median(v)) for name, v in runs.items()}

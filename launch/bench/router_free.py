@@ -19,8 +19,7 @@ import numpy as np
 
 import moejax
 from launch.bench.results import no_file
-from launch.bench.util import cpu_seconds
-from moejax.engine import Engine
+from launch.bench.util import cpu_seconds, decode_tpot
 from moejax.offload.predict import calibrate
 from moejax.presets import DEFAULT_MODEL
 
@@ -49,15 +48,6 @@ def _engines(args: argparse.Namespace, vectors_path: str, slots: int) -> dict:
             for name, count in (("router_skipped", False), ("router_counted", True))}
 
 
-def _tpot(engine: Engine, prompts: list[list[int]], n: int) -> float:
-    times = []
-    for length in (1 + n // 2, 1 + n):
-        t0 = time.perf_counter()
-        engine.generate(prompts, length, temperature=0.0)
-        times.append(time.perf_counter() - t0)
-    return (times[1] - times[0]) / (n - n // 2)
-
-
 def router_free(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
     if args.new_tokens < 4:
         raise ValueError(f"--new-tokens must be >= 4 (TPOT is a slope between two lengths), got {args.new_tokens}")
@@ -82,7 +72,7 @@ def router_free(args: argparse.Namespace, env: dict, partial: Callable[[dict, st
             (all0, own0), wall0 = cpu_seconds(), time.perf_counter()
             for _ in range(args.repeats):
                 for name, e in engines.items():
-                    runs[name].append(_tpot(e, prompts, args.new_tokens))
+                    runs[name].append(decode_tpot(e, prompts, args.new_tokens))
             (all1, own1), wall = cpu_seconds(), time.perf_counter() - wall0
             other = max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
             med = {name: float(np.median(r)) for name, r in runs.items()}

@@ -47,6 +47,17 @@ def time_calls(fn: Callable[[], object], repeats: int) -> tuple[float, list[floa
     return first, runs, max(0.0, (all1 - all0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
 
 
+def decode_tpot(engine: Engine, prompts: list[list[int]], n: int) -> float:
+    """Seconds per decode step, greedy: (s of generate(prompts, 1 + n) - s of generate(prompts, 1 + n // 2)) /
+    (n - n // 2), so the prefill and the first token cancel out."""
+    times = []
+    for length in (1 + n // 2, 1 + n):
+        t0 = time.perf_counter()
+        engine.generate(prompts, length, temperature=0.0)
+        times.append(time.perf_counter() - t0)
+    return (times[1] - times[0]) / (n - n // 2)
+
+
 def timed_call(engine: Engine, call: str, ids: np.ndarray) -> Callable[[], object]:
     """The call a benchmark times: "logits" (every position's logits back on the host) or a one-token generation
     (a prefill that returns one token per row)."""
