@@ -73,6 +73,23 @@ def expert_ffn(x: jax.Array, idx: jax.Array, weights: jax.Array, wgu: jax.Array,
 
 
 # -- attention ----------------------------------------------------------------------------------------------------
+def _empty_softmax(Hkv: int, G: int, Dv: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """An online softmax over no key yet, per query tile: (running max, sum, weighted values) [Hkv, G, ROWS(, Dv)]."""
+    return (jnp.full((Hkv, G, ROWS), -jnp.inf, _f32), jnp.zeros((Hkv, G, ROWS), _f32),
+            jnp.zeros((Hkv, G, ROWS, Dv), _f32))
+
+
+def _normalized(m: jax.Array, l: jax.Array, acc: jax.Array, sinks: jax.Array | None) -> jax.Array:
+    """An online softmax's output [Hkv, G, ROWS, Dv]: the sinks (a weight per head with no value) added to the
+    denominator, then the weighted values divided by it; a row that saw nothing is 0."""
+    if sinks is not None:
+        sink = sinks.astype(_f32).reshape(m.shape[:2])[..., None]
+        top = jnp.maximum(m, sink)
+        drop = jnp.exp(m - top)
+        l, acc = l * drop + jnp.exp(sink - top), acc * drop[..., None]
+    return jnp.where((l > 0)[..., None], acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_lengths: jax.Array,
               sinks: jax.Array | None, *, causal: bool, window: int | None, scale: float, return_lse: bool
               ) -> tuple[jax.Array, jax.Array | None]:
@@ -118,17 +135,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_offset: jax.Array, kv_
             alpha = jnp.exp(m - safe)
             pv = jnp.einsum("ngqk,knv->ngqv", p.astype(v.dtype), vb, preferred_element_type=_f32, precision=prec)
             return m_new, l * alpha + jnp.sum(p, axis=-1), acc * alpha[..., None] + pv
-        init = (jnp.full((Hkv, G, ROWS), -jnp.inf, _f32), jnp.zeros((Hkv, G, ROWS), _f32),
-                jnp.zeros((Hkv, G, ROWS, Dv), _f32))
+        init = _empty_softmax(Hkv, G, Dv)
         last = lax.optimization_barrier(-(-end // KEY_BLOCK))
         m, l, acc = lax.fori_loop(jnp.asarray(first, jnp.int32), last, block, init)
         lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
-        if sinks is not None:
-            sink = sinks.astype(_f32).reshape(Hkv, G)[..., None]
-            top = jnp.maximum(m, sink)
-            drop = jnp.exp(m - top)
-            l, acc = l * drop + jnp.exp(sink - top), acc * drop[..., None]
-        out = jnp.where((l > 0)[..., None], acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+        out = _normalized(m, l, acc, sinks)
         # [Hkv, G, ROWS, Dv] -> [ROWS, Hq, Dv], lse [ROWS, Hq] riding as one more column
         packed = jnp.concatenate([out, lse[..., None]], axis=-1)
         return packed.transpose(2, 0, 1, 3).reshape(ROWS, Hq, Dv + 1)
@@ -189,17 +200,11 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, s
             p, alpha = jnp.exp(s - safe), jnp.exp(m - safe)
             value = jnp.where(jnp.any(vis), vp[b, j], 0).astype(_f32)  # [Hkv, Dv]: never a stray NaN
             return m_new, l * alpha + p, acc * alpha[..., None] + p[..., None] * value[:, None, None, :]
-        init = (jnp.full((Hkv, G, ROWS), -jnp.inf, _f32), jnp.zeros((Hkv, G, ROWS), _f32),
-                jnp.zeros((Hkv, G, ROWS, Dv), _f32))
+        init = _empty_softmax(Hkv, G, Dv)
         # a query's ancestors precede it: the tile sees keys before P + its last query's index only
         last = lax.optimization_barrier(jnp.minimum(P + (t + 1) * ROWS, S))
         m, l, acc = lax.fori_loop(0, last, key, init)
-        if sinks is not None:
-            sink = sinks.astype(_f32).reshape(Hkv, G)[..., None]
-            top = jnp.maximum(m, sink)
-            drop = jnp.exp(m - top)
-            l, acc = l * drop + jnp.exp(sink - top), acc * drop[..., None]
-        out = jnp.where((l > 0)[..., None], acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+        out = _normalized(m, l, acc, sinks)
         return out.transpose(2, 0, 1, 3).reshape(ROWS, Hq, Dv)
     out = loop(B * nT, piece, jax.ShapeDtypeStruct((B * nT, ROWS, Hq, Dv), _f32))
     return out.reshape(B, nT * ROWS, Hq, Dv)[:, :T].astype(q.dtype)
