@@ -121,11 +121,12 @@ def load(model: str, plan: EnginePlan | None = None, *, dtype: str = "auto", num
         except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
     placement = placement_for(memory_budget, settings, layout)
-    why = invariant.unsupported(cfg, layout) if batch_invariant else None
-    if batch_invariant and why is None and (placement.layer_by_layer or not placement.runs_batch_invariant):
-        why = f"covers placement resident (the whole model in one device's jits); got placement {placement.name}"
-    if why:
-        raise ValueError(f"moejax.load: batch_invariant {why}")
+    if batch_invariant:
+        why = invariant.unsupported(cfg, layout)
+        if why is None and not placement.runs_batch_invariant:
+            why = f"covers placement resident (the whole model in one device's jits); got placement {placement.name}"
+        if why:
+            raise ValueError(f"moejax.load: batch_invariant {why}")
     if settings.auto:
         ignored = ignored_options(settings, memory_budget.placement)
         if ignored:
