@@ -30,7 +30,7 @@ from moejax.lightning import layer_parts
 from moejax.lightning.balance import balance
 from moejax.lightning.host_kv import host_device
 from moejax.lightning.pages import PagedExperts
-from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
+from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, ORDERS, PAGE, POST, PRE, Task
 from moejax.lightning.trace import Timeline, busy
 from moejax.models import kv_pool
 from moejax.models.attention import AttentionCore, Cache, Positions
@@ -68,11 +68,13 @@ class PipelineStats:
 @dataclasses.dataclass
 class LightningSettings:
     """What the executor needs of a policy: μ (rows per micro-batch), the layers whose KV stays on the device
-    (the first `device_kv_layers`: the r_c share), the host's attention kernel, and whether to record the tasks."""
+    (the first `device_kv_layers`: the r_c share), the host's attention kernel, whether to record the tasks, and the
+    launch order (moejax.lightning.schedule.ORDERS: CGOPipe's, or FlexGen's for the §6.1 ablation)."""
     micro_batch: int
     device_kv_layers: int = 0
     host_backend: str = "cpu"
     record: bool = False
+    schedule: str = "cgopipe"
 
 
 class LightningSteps(LayeredSteps):
@@ -81,6 +83,8 @@ class LightningSteps(LayeredSteps):
         super().__init__(graphdef, params, kernels, experts)
         if settings.micro_batch < 1:
             raise ValueError(f"lightning: the micro-batch size must be >= 1, got {settings.micro_batch}")
+        if settings.schedule not in ORDERS:
+            raise ValueError(f"lightning: schedule must be one of {', '.join(ORDERS)}, got {settings.schedule!r}")
         self.experts, self.settings = experts, settings
         self.host = host or host_device()
         self.device = next(iter(jax.tree.leaves(params)[0].devices()))
@@ -195,7 +199,7 @@ class LightningSteps(LayeredSteps):
             groups = [np.arange(x.shape[0])]  # per-row caches run as one micro-batch
         run, s = _Pass(self, x, at, caches, read_cache, groups), self.stats
         self.experts.begin_pass(self)
-        for task in cgopipe_order(len(self.layers), len(groups)):
+        for task in ORDERS[self.settings.schedule](len(self.layers), len(groups)):
             out = run.do(task)
             if out is None:
                 continue

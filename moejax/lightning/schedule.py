@@ -16,9 +16,16 @@ memory from load on (moejax.offload.host_store), so that stage of the page's jou
 batches numbered k = i * micro_batches + j through the pass, the pre-attention of k + ahead follows the
 post-attention of k, with ahead = min(2, micro_batches) (micro-batch k + ahead of the next layer needs the post-
 attention of the same micro-batch of this layer, which is k + ahead - micro_batches <= k). The prologue launches
-the first `ahead` pre-attentions."""
+the first `ahead` pre-attentions.
+
+`flexgen_order` is the §6.1 ablation's baseline, FlexGen's schedule (arXiv 2303.06865) run with MoE-Lightning's
+policy: per layer, its pages first, then each micro-batch's pre-attention, offload, host attention, load and post-
+attention, one after another, with nothing launched ahead. Each task then waits on the one before it (the device runs
+its tasks in order, and POSTATTN of a micro-batch needs its LOADH): the host's attention, the device's work and the
+copies do not overlap across micro-batches, which is what CGOPipe's order adds."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 PRE, OFFLOAD, ATTN, LOAD, PAGE, POST = "PREATTN", "OFFLOADQKV", "CPUATTN", "LOADH", "W_PINTOG", "POSTATTN"
@@ -53,3 +60,22 @@ def cgopipe_order(layers: int, micro_batches: int) -> list[Task]:
         if k + ahead < total:
             launch_attention(k + ahead)
     return tasks
+
+
+def flexgen_order(layers: int, micro_batches: int) -> list[Task]:
+    """Every task of one pass in FlexGen's order: per layer i, W_PINTOG(i, j) of every page (the layer's weights to
+    the device before it runs; layer 0's pages are on their way from the pass's start, and a layer without paged
+    experts starts the next MoE layer's), then per micro-batch j its PREATTN, OFFLOADQKV, CPUATTN, LOADH and
+    POSTATTN."""
+    if layers < 1 or micro_batches < 1:
+        raise ValueError(f"flexgen_order: layers and micro_batches must be >= 1, got {layers}, {micro_batches}")
+    tasks: list[Task] = []
+    for i in range(layers):
+        tasks += [Task(PAGE, i, j) for j in range(micro_batches)]
+        for j in range(micro_batches):
+            tasks += [Task(op, i, j) for op in (PRE, OFFLOAD, ATTN, LOAD, POST)]
+    return tasks
+
+
+# the launch orders the executor runs, by the name lightning's `pipeline_schedule` option gives
+ORDERS: dict[str, Callable[[int, int], list[Task]]] = {"cgopipe": cgopipe_order, "flexgen": flexgen_order}

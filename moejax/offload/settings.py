@@ -18,6 +18,8 @@ PREFILL_EXPERTS = ("cache", "stream")
 STREAMED, CACHED = ("placement", "streamed"), ("placement", "cached")  # what an option `applies` to
 LIGHTNING = ("placement", "lightning")
 WHERE = ("host", "device")
+# lightning's launch orders (moejax.lightning.schedule.ORDERS; a test holds the two together)
+PIPELINE_SCHEDULES = ("cgopipe", "flexgen")
 
 
 def _error(message: str) -> ValueError:
@@ -98,6 +100,11 @@ class PlacementSettings:
     micro_batch: int | None = option(
         None, type=int, minimum=1, applies=LIGHTNING,
         help="lightning: rows per micro-batch of the pipeline, mu (default: the policy search's)")
+    pipeline_schedule: str | None = option(
+        None, type=str, choices=PIPELINE_SCHEDULES, applies=LIGHTNING,
+        help="lightning: the pipeline's launch order, cgopipe (default; MoE-Lightning's, the host's attention two "
+             "micro-batches ahead of the device's work) or flexgen (FlexGen's: per layer its weights, then each "
+             "micro-batch's tasks one after another, no overlap; the paper's ablation baseline)")
     resident_share: float | None = option(
         None, type=float, minimum=0, maximum=1, applies=LIGHTNING,
         help="lightning: share of each layer's experts kept on the device, r_w in [0, 1]; the rest is paged in "

@@ -110,13 +110,14 @@ class Lightning(LayerByLayer):
         return budget.placement == cls.name and layout_setup is None
 
     def __init__(self, budget: MemoryBudget, layout_setup: LayoutSetup | None = None, *,
-                 host_memory_gb: float | None = None) -> None:
+                 host_memory_gb: float | None = None, schedule: str | None = None) -> None:
         super().__init__(budget, layout_setup)
         self.host_memory_gb = host_memory_gb
+        self.schedule = schedule or "cgopipe"
 
     @classmethod
     def build(cls, budget: MemoryBudget, settings: PlacementSettings, layout_setup: LayoutSetup | None) -> Lightning:
-        return cls(budget, layout_setup, host_memory_gb=settings.host_memory_gb)
+        return cls(budget, layout_setup, host_memory_gb=settings.host_memory_gb, schedule=settings.pipeline_schedule)
 
     @property
     def plan(self) -> LightningPlan:
@@ -131,7 +132,8 @@ class Lightning(LayerByLayer):
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
                    store: Store = None) -> LightningSteps:
         assert params is not None  # a layer loop is built with the weights (Engine.steps)
-        settings = LightningSettings(self.plan.mu, self.plan.device_kv_layers(config.num_layers), HOST_BACKEND)
+        settings = LightningSettings(self.plan.mu, self.plan.device_kv_layers(config.num_layers), HOST_BACKEND,
+                                     schedule=self.schedule)
         return LightningSteps(graphdef, params, kernels, self.layer_runtime(store, kernels, config), settings)
 
     def decode_pool_room(self, config: ModelConfig) -> tuple[float, str]:
@@ -169,4 +171,4 @@ class Lightning(LayerByLayer):
         host_layers = L - steps.settings.device_kv_layers
         return (f"placement lightning: {self.plan.describe()}\n  KV cache of {host_layers} of {L} layers on the "
                 f"host ({steps.host}), attention there with the {steps.settings.host_backend} kernel; "
-                f"{steps.experts.describe()}")
+                f"{steps.experts.describe()}; {steps.settings.schedule} launch order")

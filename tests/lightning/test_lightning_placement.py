@@ -12,7 +12,7 @@ from conftest import fixture_dir, reference
 from lightning_generate import NEW_TOKENS, scheduled
 
 import moejax
-from moejax.lightning.schedule import PAGE, cgopipe_order
+from moejax.lightning.schedule import PAGE, cgopipe_order, flexgen_order
 from moejax.measure.lightning_probe import explain_lines, probe_decode
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import load_profile
@@ -74,6 +74,32 @@ def test_sampled_chunked_static_and_scoring_equal_the_resident_models(resident, 
     assert lightning.generate(texts, NEW_TOKENS) == resident.generate(texts, NEW_TOKENS) == transformers
     ids = np.array([t[:3] for t in texts], np.int32)  # no cache: LayeredSteps' loop with the paged experts
     np.testing.assert_allclose(lightning.logits(ids), resident.logits(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_flexgen_order_runs_the_same_tokens(lightning, prompts):
+    """The §6.1 ablation's baseline, FlexGen's launch order with this policy: the tasks run in that order and the
+    greedy tokens are transformers' (the resident model's too), as under CGOPipe's order."""
+    texts, transformers = prompts
+    steps = lightning.steps
+    steps.settings.schedule, steps.settings.record, steps.log = "flexgen", True, []
+    try:
+        assert scheduled(lightning, texts) == transformers
+        log = list(steps.log)
+    finally:
+        steps.settings.schedule, steps.settings.record = "cgopipe", False
+    work = [t for t in log if t.op != PAGE]  # pages run only when a page is not on its way yet
+    want = [t for t in flexgen_order(3, 2) if t.op != PAGE]  # a decode pass: 4 rows in 2 micro-batches
+    assert work[len(work) - len(want):] == want
+
+
+def test_the_pipeline_schedule_option():
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", pipeline_schedule="flexgen",
+                         **POLICY)
+    assert engine.steps.settings.schedule == "flexgen" and "flexgen launch order" in engine.explain()
+    with pytest.raises(ValueError, match="pipeline_schedule applies to placement 'lightning'"):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="streamed", pipeline_schedule="flexgen")
+    with pytest.raises(ValueError, match="pipeline_schedule must be one of"):
+        moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", pipeline_schedule="gpipe", **POLICY)
 
 
 def test_tasks_run_in_alg1_order_and_the_probe_times_them(lightning):

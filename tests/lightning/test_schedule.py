@@ -1,10 +1,22 @@
 """CGOPipe's launch order (moejax.lightning.schedule) against Alg. 1 of MoE-Lightning worked out by hand, and its
-data dependencies for many shapes."""
+data dependencies for many shapes; FlexGen's order (the §6.1 ablation's baseline) likewise."""
 import itertools
 
 import pytest
 
-from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
+from moejax.lightning.schedule import (
+    ATTN,
+    LOAD,
+    OFFLOAD,
+    ORDERS,
+    PAGE,
+    POST,
+    PRE,
+    Task,
+    cgopipe_order,
+    flexgen_order,
+)
+from moejax.offload.settings import PIPELINE_SCHEDULES
 
 
 def attention(i, j):
@@ -34,9 +46,24 @@ def test_one_micro_batch_looks_one_ahead():
     assert cgopipe_order(2, 1) == attention(0, 0) + finish(0, 0) + attention(1, 0) + finish(1, 0)
 
 
+def test_flexgen_two_layers_two_micro_batches_by_hand():
+    # FlexGen: per layer its pages, then each micro-batch's five tasks in a row; nothing launched ahead
+    def serial(i, j):
+        return attention(i, j) + [Task(LOAD, i, j), Task(POST, i, j)]
+    want = ([Task(PAGE, 0, 0), Task(PAGE, 0, 1)] + serial(0, 0) + serial(0, 1)
+            + [Task(PAGE, 1, 0), Task(PAGE, 1, 1)] + serial(1, 0) + serial(1, 1))
+    assert flexgen_order(2, 2) == want
+    assert flexgen_order(2, 2) != cgopipe_order(2, 2)
+
+
+def test_the_option_names_every_order():
+    assert tuple(ORDERS) == PIPELINE_SCHEDULES
+
+
+@pytest.mark.parametrize("name", list(ORDERS))
 @pytest.mark.parametrize("layers, micro_batches", list(itertools.product([1, 2, 5], [1, 2, 3, 7])))
-def test_every_task_once_after_what_it_needs(layers, micro_batches):
-    order = cgopipe_order(layers, micro_batches)
+def test_every_task_once_after_what_it_needs(name, layers, micro_batches):
+    order = ORDERS[name](layers, micro_batches)
     at = {t: n for n, t in enumerate(order)}
     assert len(at) == len(order) == 6 * layers * micro_batches
     for i, j in itertools.product(range(layers), range(micro_batches)):
@@ -48,8 +75,13 @@ def test_every_task_once_after_what_it_needs(layers, micro_batches):
     # the device runs micro-batches in order: post-attention of k before k + 1
     posts = [t for t in order if t.op == POST]
     assert posts == [Task(POST, i, j) for i in range(layers) for j in range(micro_batches)]
+    if name == "flexgen":  # nothing ahead: each micro-batch's five tasks in a row, in micro-batch order
+        work = [t for t in order if t.op != PAGE]
+        assert [(t.layer, t.micro_batch) for t in work[::5]] == [(t.layer, t.micro_batch) for t in posts]
+        assert all(len({(t.layer, t.micro_batch) for t in work[k:k + 5]}) == 1 for k in range(0, len(work), 5))
 
 
-def test_bad_shape_is_refused():
+@pytest.mark.parametrize("name", list(ORDERS))
+def test_bad_shape_is_refused(name):
     with pytest.raises(ValueError, match="layers and micro_batches must be >= 1, got 2, 0"):
-        cgopipe_order(2, 0)
+        ORDERS[name](2, 0)
