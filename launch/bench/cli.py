@@ -30,6 +30,8 @@ eval: an lm-eval multiple-choice task (shared contexts) through --model moejax v
 the ratio (launch/bench/eval.py).
 lightning: generation with placement lightning (MoE-Lightning's CGOPipe) against streamed and cached at one device
 budget: tokens/s, the largest batch each reached, the busy share of each resource (launch/bench/lightning.py).
+lightning-ablation: MoE-Lightning's §6.1 ablation, its policy under FlexGen's launch order against CGOPipe's in one
+engine: tokens/s each and the ratio (launch/bench/lightning_ablation.py).
 frontend: MoE-Prefill's frontend routing shared-prefix scoring over 2-64 replicas (prefix-aware, round robin,
 random, least requests in flight), simulated from a hardware profile, no devices: prefix-cache hit rate against
 one engine, FLOPs balance, predicted throughput (launch/bench/frontend.py); --real: 2 engine replicas on this
@@ -61,6 +63,7 @@ from launch.bench import invariant as bench_invariant
 from launch.bench import kernels as bench_kernels
 from launch.bench import layouts as bench_layouts
 from launch.bench import lightning as bench_lightning
+from launch.bench import lightning_ablation as bench_lightning_ablation
 from launch.bench import offload as bench_offload
 from launch.bench import peers as bench_peers
 from launch.bench import plans as bench_plans
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     bench_plans.add_parser(sub).set_defaults(run=bench_plans.plans)
     bench_eval.add_parser(sub).set_defaults(run=bench_eval.eval_bench)
     bench_lightning.add_parser(sub).set_defaults(run=bench_lightning.lightning)
+    bench_lightning_ablation.add_parser(sub).set_defaults(run=bench_lightning_ablation.lightning_ablation)
     bench_frontend.add_parser(sub).set_defaults(run=bench_frontend.frontend)
     bench_router_free.add_parser(sub).set_defaults(run=bench_router_free.router_free)
     bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)
