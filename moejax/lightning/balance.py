@@ -65,6 +65,26 @@ def balance(requests: Sequence[tuple[int, int]], micro_batches: int, per_micro_b
     return Balanced(micro_batches=batches, tokens=[sum(requests[q][0] for q in b) for b in batches], aborted=aborted)
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchLimit:
+    """Alg. 2's limits on one decode batch: `micro_batches` (n_ub) of at most `per_micro_batch` requests (ubs), each
+    micro-batch's KV at most `cache_tokens` (cache_size). The continuous-batching scheduler asks `admits` before it
+    admits a request into the running batch (moejax.sched.continuous): a request Alg. 2 would abort waits for a later
+    batch, as the paper's aborted requests do, whatever room the block pool has."""
+    micro_batches: int
+    per_micro_batch: int
+    cache_tokens: int
+
+    def __post_init__(self) -> None:
+        _check_count(self.micro_batches, "micro_batches", "BatchLimit")
+        _check_count(self.per_micro_batch, "per_micro_batch", "BatchLimit")
+        _check_count(self.cache_tokens, "cache_tokens", "BatchLimit")
+
+    def admits(self, running: Sequence[tuple[int, int]], request: tuple[int, int]) -> bool:
+        """Whether Alg. 2 places every one of `running` and `request` (each: input_len, gen_len) in this batch."""
+        return not balance([*running, request], self.micro_batches, self.per_micro_batch, self.cache_tokens).aborted
+
+
 def split_rows(lengths: Sequence[int], micro_batches: int) -> list[list[int]]:
     """The rows of one decode step, `lengths` their current context lengths, split into at most `micro_batches`
     groups of balanced token sums by Alg. 2's greedy without its size cap and cache limit: longest first (stable),

@@ -69,6 +69,7 @@ class MemoryBudget:
     prefill_stream: bool = False  # cached: prefill passes stream whole layers (PREFILL_STREAM_LAYERS at once)
     reason: str = ""
     lightning: Any = None  # lightning: its moejax.lightning.policy.LightningPlan
+    kv_row_tokens: int | None = None  # lightning: the KV tokens per row its policy was sized for (plan seq + gen)
 
     @property
     def placement(self) -> str:

@@ -13,6 +13,7 @@ from jax.typing import DTypeLike
 from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
+from moejax.lightning.balance import BatchLimit
 from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
 from moejax.lightning.pages import PagedExperts, PagedStore
 from moejax.lightning.policy import FIELDS, LightningPlan, check_kv_fits, host_memory_bytes, resolve_plan
@@ -88,6 +89,7 @@ class Lightning(LayerByLayer):
                                  where="placement 'lightning'")
         except MemoryBudgetError as e:
             raise ValueError(f"moejax.load: {e}") from None
+        budget = dataclasses.replace(budget, kv_row_tokens=workload.seq_len + workload.gen_len)
         return budget, f"placement lightning: {policy.describe()}; {text}"
 
     @classmethod
@@ -151,9 +153,16 @@ class Lightning(LayerByLayer):
                                                f"{L} layers (r_c = {plan.r_c:.2f})"))
         return min(room) if room else (float("inf"), "no limit known")
 
+    def batch_limit(self) -> BatchLimit | None:
+        """Alg. 2's limits on the decode batch: the policy's micro-batches of μ rows, each holding the KV of μ rows
+        of the tokens the policy was sized for (moejax.load's plan_seq_len + plan_gen_len); None: not sized."""
+        row = self.memory_budget.kv_row_tokens
+        plan = self.plan
+        return None if row is None else BatchLimit(plan.micro_batches, plan.mu, plan.mu * row)
+
     def scheduler_defaults(self) -> dict:
-        # the decode batch N in one call: its micro-batches are the pipeline's
-        return {"max_rows": self.plan.N, "decode_calls": 1}
+        # the decode batch N in one call: its micro-batches are the pipeline's; Alg. 2 admits into it
+        return {"max_rows": self.plan.N, "decode_calls": 1, "batch_limit": self.batch_limit()}
 
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert isinstance(steps, LightningSteps)

@@ -2,7 +2,8 @@
 pool.
 
 Each iteration
-1. admits waiting sequences, oldest first, while rows and blocks allow: a sequence takes the published blocks of
+1. admits waiting sequences, oldest first, while rows and blocks (and a pipelined placement's batch KV limit, MoE-
+   Lightning's Alg. 2) allow: a sequence takes the published blocks of
    its longest indexed prefix (shared, never copied or written) and new blocks for the rest of its context;
    one whose next prefix block another sequence is computing right now waits for it instead of computing it too;
 2. runs one chunked-prefill step: prompt chunks of the admitted sequences under a token budget (separate from
@@ -38,6 +39,7 @@ import numpy as np
 from moejax.buckets import bucket, rows_bucket
 from moejax.engine import Engine
 from moejax.kernels.attention.paged_xla import blocks_per_step
+from moejax.lightning.balance import BatchLimit
 from moejax.models.kv_pool import BLOCK, Layer
 from moejax.sampling import Sampling, SamplingParams, StepArray
 from moejax.sched.block_pool import BlockPool
@@ -89,6 +91,7 @@ class Stats:
     decode_rows_computed: int = 0  # rows x tokens the decode steps computed (padding and stopped rows included)
     chained_rows: int = 0  # decode rows dispatched before the step sampling their input token was read
     preemptions: int = 0
+    kv_deferred: int = 0  # requests the batch's KV limit (batch_limit: Alg. 2's abort) put off to a later batch
     shared_tokens: int = 0  # prompt tokens taken from shared blocks
     peak_blocks: int = 0
     peak_rows: int = 0  # the most sequences one decode step carried
@@ -150,12 +153,16 @@ _DecodeCall = tuple[list[_Seq], int, np.ndarray, jax.Array]
 class Scheduler:
     def __init__(self, engine: Engine, num_blocks: int, *, max_rows: int = 64, chunk_tokens: int = 512,
                  row_tokens: int = 64, decode_steps: int = 8, mixed: bool = False,
-                 decode_text: Callable | None = None, decode_calls: int = 3) -> None:
+                 decode_text: Callable | None = None, decode_calls: int = 3,
+                 batch_limit: BatchLimit | None = None) -> None:
         """chunk_tokens: a chunk step's budget (rows x row_tokens); row_tokens: its row length. mixed: while
         sequences prefill, decoding ones ride along in the chunk steps (one token each) instead of
         running their own decode steps. decode_text(tokens) -> str: for stop strings (a sequence with stop strings
         needs it). decode_calls: the most calls a decode step's rows are split into by length (_groups; a
-        pipelined placement splits them itself and takes one)."""
+        pipelined placement splits them itself and takes one). batch_limit: MoE-Lightning's Alg. 2 limits on the
+        running batch (placement lightning's): a waiting request whose prompt and max_tokens Alg. 2 would not place
+        beside the running ones' waits for a later batch, and shorter ones behind it may go first; one alone in the
+        batch always runs."""
         if min(max_rows, chunk_tokens, row_tokens, decode_steps) < 1:
             raise ValueError(f"max_rows, chunk_tokens, row_tokens and decode_steps must be >= 1; got {max_rows}, "
                              f"{chunk_tokens}, {row_tokens}, {decode_steps}")
@@ -163,6 +170,7 @@ class Scheduler:
         self.max_rows, self.chunk_tokens, self.decode_steps = max_rows, chunk_tokens, decode_steps
         self.row_tokens = min(row_tokens, chunk_tokens)
         self.decode_text, self.mixed, self.decode_calls = decode_text, mixed, decode_calls
+        self.batch_limit = batch_limit
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
         self.pool: list[Layer] | None = None
@@ -180,6 +188,7 @@ class Scheduler:
         self._pending: dict[bytes, _Seq] = {}  # prompt block hash -> the running sequence computing it
         self._results: list[_Seq] = []
         self.on_finish, self._delivering = on_finish, False
+        self._deferred: set[int] = set()  # id() of the sequences batch_limit has put off (each counted once)
         if self.pool is None:
             self.pool = self.engine.init_pool(self.num_blocks, decode=True)
         self._slots = list(range(self.max_rows))[::-1]
@@ -251,6 +260,8 @@ class Scheduler:
             if len(self.running) >= self.max_rows:
                 return
             assert not s.ahead, "a preempted sequence's tokens are read before it is readmitted"
+            if not self._fits_batch(s):
+                continue  # Alg. 2's abort: a later batch; a shorter request behind it may still fit this one
             ctx = s.context
             hashes = block_hashes(ctx, (len(ctx) - 1) // BLOCK)  # at least one token is computed
             shared = self.blocks.match(hashes)
@@ -275,6 +286,18 @@ class Scheduler:
             self.waiting.remove(s)
             self.running.append(s)
             self.stats.peak_blocks = max(self.stats.peak_blocks, self.blocks.in_use())
+
+    def _fits_batch(self, s: _Seq) -> bool:
+        """Whether batch_limit (None: no limit) lets s join the running sequences; counts the ones put off."""
+        if self.batch_limit is None or not self.running:
+            return True
+        need = lambda q: (len(q.req.prompt), q.req.max_tokens)  # noqa: E731  Alg. 2's input_len and gen_len
+        if self.batch_limit.admits([need(q) for q in self.running], need(s)):
+            return True
+        if id(s) not in self._deferred:
+            self._deferred.add(id(s))
+            self.stats.kv_deferred += 1
+        return False
 
     def _release(self, s: _Seq) -> None:
         """Free its blocks and slot (steps dispatched before still write them: later steps run after those)."""

@@ -3,7 +3,7 @@ worked out by hand: each comment walks the greedy request by request (P0, P1, ..
 parentheses: the partition's input tokens before the request is placed). Pure Python, no jax."""
 import pytest
 
-from moejax.lightning.balance import Balanced, balance, split_rows
+from moejax.lightning.balance import Balanced, BatchLimit, balance, split_rows
 
 
 def lengths(*input_lens: int, gen: int = 0) -> list[tuple[int, int]]:
@@ -103,3 +103,15 @@ def test_split_rows_edges():
         split_rows([1], micro_batches=0)
     with pytest.raises(ValueError, match=r"split_rows: lengths\[1\] is negative: -3"):
         split_rows([1, -3], micro_batches=2)
+
+
+def test_batch_limit_admits_what_alg2_places_and_refuses_the_rest():
+    limit = BatchLimit(micro_batches=2, per_micro_batch=2, cache_tokens=16)
+    assert limit.admits([], (11, 5))  # 16: exactly a micro-batch
+    assert not limit.admits([], (12, 5))  # alone over the limit (the scheduler runs such a request alone)
+    assert limit.admits([(11, 5)], (5, 5))  # one per micro-batch
+    assert not limit.admits([(11, 5), (5, 5)], (3, 5))  # it would join the 10's: 18 > 16
+    assert limit.admits([(11, 5), (5, 5)], (1, 5))  # a shorter one still fits there: 16
+    assert not BatchLimit(1, 2, 100).admits([(1, 1), (1, 1)], (1, 1))  # no micro-batch open: the size cap
+    with pytest.raises(ValueError, match="BatchLimit: cache_tokens must be >= 1, got 0"):
+        BatchLimit(2, 2, 0)

@@ -6,16 +6,19 @@ test_lightning_families.py."""
 import glob
 import os
 
+import jax
 import numpy as np
 import pytest
 from conftest import fixture_dir, reference
 from lightning_generate import NEW_TOKENS, scheduled
 
 import moejax
+from moejax.lightning.balance import BatchLimit
 from moejax.lightning.schedule import PAGE, cgopipe_order, flexgen_order
 from moejax.measure.lightning_probe import explain_lines, probe_decode
 from moejax.plan.lightning import predict_policy
 from moejax.plan.resolve import load_profile
+from moejax.sched.continuous import GenRequest, Scheduler
 from moejax.sched.pool_size import pool_size
 
 NAME = "qwen3_moe"
@@ -92,6 +95,30 @@ def test_flexgen_order_runs_the_same_tokens(lightning, prompts):
     assert work[len(work) - len(want):] == want
 
 
+def test_a_batch_over_alg2s_kv_limit_defers_the_rest_to_a_later_batch(lightning, prompts):
+    """Alg. 2's abort path in the scheduler: prompts of 5, 11 and 3 tokens, 5 new each (KV 10, 16, 8), micro-batches
+    of at most 16 KV tokens. The first two fit one per micro-batch; the third would join the 10's (18 > 16), so it
+    waits, though rows and blocks are free, and runs when they retire. Every token is transformers' (the resident
+    model's). Without the limit all three ran in one batch."""
+    texts, transformers = prompts
+    out, order, failed = {}, [], []
+    items = [GenRequest(p, NEW_TOKENS, np.asarray(jax.random.key_data(jax.random.key(r))), tag=r)
+             for r, p in enumerate(texts)]
+    options = {**lightning.placement.scheduler_defaults(), "decode_steps": 2, "batch_limit": BatchLimit(2, 2, 16)}
+    stats = Scheduler(lightning, 64, **options).run(
+        items, lambda g, tokens, cached: (out.__setitem__(g.tag, list(tokens)), order.append(g.tag)),
+        lambda g, message: failed.append(message))
+    assert not failed and [out[r] for r in range(3)] == transformers
+    assert stats.kv_deferred == 1 and stats.peak_rows == 2 and stats.preemptions == 0
+    assert order[-1] == 2  # the deferred request ran in the next batch
+
+
+def test_the_placement_sizes_alg2s_limit_from_the_plan():
+    engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", plan_seq_len=8, plan_gen_len=4,
+                         **POLICY)
+    assert engine.placement.scheduler_defaults()["batch_limit"] == BatchLimit(2, 2, 2 * (8 + 4))
+
+
 def test_the_pipeline_schedule_option():
     engine = moejax.load(fixture_dir(NAME), dtype="float32", placement="lightning", pipeline_schedule="flexgen",
                          **POLICY)
@@ -137,7 +164,9 @@ def test_explain_and_the_pool_in_host_memory(lightning):
     assert "KV cache of 3 of 3 layers on the host" in text and "4 of 8 experts per layer resident" in text
     size = pool_size(lightning, [(10, 6)] * 3)
     assert "host memory" in size.source and size.blocks == 3
-    assert lightning.placement.scheduler_defaults() == {"max_rows": 4, "decode_calls": 1}
+    # Alg. 2's limit: 2 micro-batches of 2 rows, each the KV of 2 rows of the default plan's 1024 + 128 tokens
+    assert lightning.placement.scheduler_defaults() == {"max_rows": 4, "decode_calls": 1,
+                                                        "batch_limit": BatchLimit(2, 2, 2 * (1024 + 128))}
     pool = lightning.init_pool(2, decode=True)
     assert all(a.devices() == {lightning.steps.host} for layer in pool for a in layer.values())
 
