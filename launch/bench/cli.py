@@ -32,6 +32,8 @@ lightning: generation with placement lightning (MoE-Lightning's CGOPipe) against
 budget: tokens/s, the largest batch each reached, the busy share of each resource (launch/bench/lightning.py).
 lightning-ablation: MoE-Lightning's §6.1 ablation, its policy under FlexGen's launch order against CGOPipe's in one
 engine: tokens/s each and the ratio (launch/bench/lightning_ablation.py).
+host-attention: MoE-Lightning's Fig. 9, decode attention on the host over the KV in host memory against the KV
+copied to the device and attention there, by context length (launch/bench/host_attention.py).
 frontend: MoE-Prefill's frontend routing shared-prefix scoring over 2-64 replicas (prefix-aware, round robin,
 random, least requests in flight), simulated from a hardware profile, no devices: prefix-cache hit rate against
 one engine, FLOPs balance, predicted throughput (launch/bench/frontend.py); --real: 2 engine replicas on this
@@ -59,6 +61,7 @@ from launch.bench import depth as bench_depth
 from launch.bench import eval as bench_eval
 from launch.bench import frontend as bench_frontend
 from launch.bench import generate as bench_generate
+from launch.bench import host_attention as bench_host_attention
 from launch.bench import invariant as bench_invariant
 from launch.bench import kernels as bench_kernels
 from launch.bench import layouts as bench_layouts
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     bench_eval.add_parser(sub).set_defaults(run=bench_eval.eval_bench)
     bench_lightning.add_parser(sub).set_defaults(run=bench_lightning.lightning)
     bench_lightning_ablation.add_parser(sub).set_defaults(run=bench_lightning_ablation.lightning_ablation)
+    bench_host_attention.add_parser(sub).set_defaults(run=bench_host_attention.host_attention)
     bench_frontend.add_parser(sub).set_defaults(run=bench_frontend.frontend)
     bench_router_free.add_parser(sub).set_defaults(run=bench_router_free.router_free)
     bench_dep_online.add_parser(sub).set_defaults(run=bench_dep_online.dep_online)

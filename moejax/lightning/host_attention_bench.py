@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.kernels.attention.paged import paged_attention
+from moejax.kernels.attention.paged import BACKENDS, paged_attention
+from moejax.kernels.platform import resolve
 from moejax.lightning.host_attention import HOST_BACKENDS, attend_on_host
 from moejax.lightning.host_kv import host_device
 from moejax.models.attention import AttentionCore
@@ -92,11 +93,26 @@ def measure_paged(kind: str = "gqa", *, batch: int = 16, context: int = 1024, he
         raise ValueError(f"measure_paged: kind must be 'gqa' or 'mla' and batch, context, block_size, repeats >= 1; "
                          f"got {kind!r}, {batch}, {context}, {block_size}, {repeats}")
     host = host or host_device()
+    pools, q, table, offsets, width = _paged_inputs(kind, batch, context, heads, kv_heads, head_dim, rank, rope_dim,
+                                                    dtype, block_size, host)
+    attend = jax.jit(functools.partial(_paged_step, kind=kind, scale=1.0 / width ** 0.5, backend=backend))
+    times = median_seconds_each([lambda: attend(pools, q, table, offsets), lambda: read_all(pools)], repeats)
+    nbytes = sum(a.nbytes for a in pools.values())
+    return dict(kind=kind, backend=backend, batch=batch, context=context, block_size=block_size, dtype=dtype,
+                device=str(host), cache_bytes=nbytes, seconds=times[0], gb_per_s=nbytes / times[0] / 1e9,
+                read_gb_per_s=nbytes / times[1] / 1e9, jax=jax.__version__)
+
+
+def _paged_inputs(kind: str, batch: int, context: int, heads: int, kv_heads: int, head_dim: int, rank: int,
+                  rope_dim: int, dtype: str, block_size: int, host: jax.Device
+                  ) -> tuple[dict[str, jax.Array], jax.Array, jax.Array, jax.Array, int]:
+    """On `host`: a block pool of exactly `batch` rows of `context` tokens (random values, each row's blocks scattered
+    through it), one query per row, the block table, the query offsets (context - 1) -> (pools, q, table, offsets,
+    the query's width)."""
     rng = np.random.default_rng(0)
     columns = -(-context // block_size)
     blocks = batch * columns
     arr = _random_arrays(host, dtype, rng)
-
     if kind == "gqa":
         pools = {"k": arr(blocks, block_size, kv_heads, head_dim), "v": arr(blocks, block_size, kv_heads, head_dim)}
         q, width = arr(batch, 1, heads, head_dim), head_dim
@@ -105,12 +121,56 @@ def measure_paged(kind: str = "gqa", *, batch: int = 16, context: int = 1024, he
         q, width = arr(batch, 1, heads, rank + rope_dim), rank + rope_dim
     table = jax.device_put(jnp.asarray(rng.permutation(blocks).reshape(batch, columns), jnp.int32), host)
     offsets = jax.device_put(jnp.full((batch,), context - 1, jnp.int32), host)
-    attend = jax.jit(functools.partial(_paged_step, kind=kind, scale=1.0 / width ** 0.5, backend=backend))
-    times = median_seconds_each([lambda: attend(pools, q, table, offsets), lambda: read_all(pools)], repeats)
+    return pools, q, table, offsets, width
+
+
+def measure_against_transfer(kind: str = "gqa", *, batch: int = 4, context: int = 1024, heads: int = 32,
+                             kv_heads: int = 8, head_dim: int = 128, rank: int = 512, rope_dim: int = 64,
+                             dtype: str = "bfloat16", block_size: int = 16, repeats: int = 5,
+                             host_backend: str = "cpu", device_backend: str = "auto",
+                             host: jax.Device | None = None, device: jax.Device | None = None) -> dict:
+    """MoE-Lightning Fig. 9 at one context length: one decode step's attention for `batch` rows whose KV block pool
+    is in host memory, (a) on the host, as CGOPipe runs it (the query copied there, paged attention with
+    `host_backend`, the output copied back), against (b) the pool copied to the device and attention there with
+    `device_backend` (what a schedule that keeps attention on the device pays each step for KV it cannot hold).
+    Median seconds of (a), of (b) and of (b)'s copy alone, timed alternately; the pool's bytes, GB/s of each, and the
+    attention's FLOPs (2 per multiply-add: q.k over `context` keys and p.v). device: default the accelerator
+    (jax.devices()[0]); on a CPU with one device it is the host itself and the copy moves nothing
+    (`copy_crosses_devices` False)."""
+    if host_backend not in PAGED_BACKENDS:
+        raise ValueError(f"measure_against_transfer: host_backend {host_backend!r} does not run on the host; use one "
+                         f"of {PAGED_BACKENDS}")
+    if kind not in ("gqa", "mla") or min(batch, context, repeats, block_size) < 1:
+        raise ValueError(f"measure_against_transfer: kind must be 'gqa' or 'mla' and batch, context, block_size, "
+                         f"repeats >= 1; got {kind!r}, {batch}, {context}, {block_size}, {repeats}")
+    host, device = host or host_device(), device or jax.devices()[0]
+    pools, q, table, offsets, width = _paged_inputs(kind, batch, context, heads, kv_heads, head_dim, rank, rope_dim,
+                                                    dtype, block_size, host)
+    step = functools.partial(_paged_step, kind=kind, scale=1.0 / width ** 0.5)
+    on_host = jax.jit(functools.partial(step, backend=host_backend))
+    on_device = jax.jit(functools.partial(step, backend=device_backend))
+    q_device, table_device, offsets_device = jax.device_put((q, table, offsets), device)
+
+    def host_attention() -> jax.Array:
+        return jax.device_put(on_host(pools, jax.device_put(q_device, host), table, offsets), device)
+
+    def move_and_attend() -> jax.Array:
+        return on_device(jax.device_put(pools, device), q_device, table_device, offsets_device)
+
+    def copy() -> dict[str, jax.Array]:
+        return jax.device_put(pools, device)
+
+    host_s, move_s, copy_s = median_seconds_each([host_attention, move_and_attend, copy], repeats)
     nbytes = sum(a.nbytes for a in pools.values())
-    return dict(kind=kind, backend=backend, batch=batch, context=context, block_size=block_size, dtype=dtype,
-                device=str(host), cache_bytes=nbytes, seconds=times[0], gb_per_s=nbytes / times[0] / 1e9,
-                read_gb_per_s=nbytes / times[1] / 1e9, jax=jax.__version__)
+    value_width = head_dim if kind == "gqa" else rank
+    flops = 2 * batch * heads * context * (width + value_width)
+    return dict(kind=kind, batch=batch, context=context, block_size=block_size, dtype=dtype, heads=heads,
+                kv_heads=kv_heads, head_dim=head_dim, host=str(host), device=str(device),
+                copy_crosses_devices=host != device, host_backend=host_backend,
+                device_backend=resolve("paged attention", device_backend, BACKENDS),
+                kv_bytes=nbytes, flops=flops, host_s=host_s, move_s=move_s, copy_s=copy_s,
+                device_attention_s=max(move_s - copy_s, 0.0), host_gb_per_s=nbytes / host_s / 1e9,
+                copy_gb_per_s=nbytes / copy_s / 1e9, move_over_host=move_s / host_s)
 
 
 def _paged_step(pools: dict[str, jax.Array], q: jax.Array, table: jax.Array, offsets: jax.Array, *, kind: str,
