@@ -180,4 +180,9 @@ class Lightning(LayerByLayer):
         host_layers = L - steps.settings.device_kv_layers
         return (f"placement lightning: {self.plan.describe()}\n  KV cache of {host_layers} of {L} layers on the "
                 f"host ({steps.host}), attention there with the {steps.settings.host_backend} kernel; "
-                f"{steps.experts.describe()}; {steps.settings.schedule} launch order")
+                f"{steps.experts.describe()}; {steps.settings.schedule} launch order" + self._limit_text())
+
+    def _limit_text(self) -> str:
+        limit = self.batch_limit()
+        return "" if limit is None else (f"; Alg. 2 admits a request where its micro-batch's KV stays within "
+                                         f"{limit.cache_tokens} tokens (prompts and max_tokens)")

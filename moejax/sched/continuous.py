@@ -161,8 +161,9 @@ class Scheduler:
         needs it). decode_calls: the most calls a decode step's rows are split into by length (_groups; a
         pipelined placement splits them itself and takes one). batch_limit: MoE-Lightning's Alg. 2 limits on the
         running batch (placement lightning's): a waiting request whose prompt and max_tokens Alg. 2 would not place
-        beside the running ones' waits for a later batch, and shorter ones behind it may go first; one alone in the
-        batch always runs."""
+        beside the running ones' waits for a later batch, and shorter ones behind it may go first; a micro-batch's
+        limit is raised to the run's longest request (prompt and max_tokens) where that is over it, and one request
+        alone in the batch always runs."""
         if min(max_rows, chunk_tokens, row_tokens, decode_steps) < 1:
             raise ValueError(f"max_rows, chunk_tokens, row_tokens and decode_steps must be >= 1; got {max_rows}, "
                              f"{chunk_tokens}, {row_tokens}, {decode_steps}")
@@ -171,6 +172,7 @@ class Scheduler:
         self.row_tokens = min(row_tokens, chunk_tokens)
         self.decode_text, self.mixed, self.decode_calls = decode_text, mixed, decode_calls
         self.batch_limit = batch_limit
+        self._limit = batch_limit  # this run's: raised to hold its longest request (run)
         self.stats = Stats()
         self.blocks = BlockPool(self.num_blocks)
         self.pool: list[Layer] | None = None
@@ -189,6 +191,10 @@ class Scheduler:
         self._results: list[_Seq] = []
         self.on_finish, self._delivering = on_finish, False
         self._deferred: set[int] = set()  # id() of the sequences batch_limit has put off (each counted once)
+        self._limit = self.batch_limit
+        longest = max((len(r.prompt) + r.max_tokens for r in requests), default=0)
+        if self._limit is not None and longest > self._limit.cache_tokens:  # as pool_size does: every request fits
+            self._limit = dataclasses.replace(self._limit, cache_tokens=longest)
         if self.pool is None:
             self.pool = self.engine.init_pool(self.num_blocks, decode=True)
         self._slots = list(range(self.max_rows))[::-1]
@@ -289,10 +295,10 @@ class Scheduler:
 
     def _fits_batch(self, s: _Seq) -> bool:
         """Whether batch_limit (None: no limit) lets s join the running sequences; counts the ones put off."""
-        if self.batch_limit is None or not self.running:
+        if self._limit is None or not self.running:
             return True
         need = lambda q: (len(q.req.prompt), q.req.max_tokens)  # noqa: E731  Alg. 2's input_len and gen_len
-        if self.batch_limit.admits([need(q) for q in self.running], need(s)):
+        if self._limit.admits([need(q) for q in self.running], need(s)):
             return True
         if id(s) not in self._deferred:
             self._deferred.add(id(s))

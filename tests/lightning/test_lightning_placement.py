@@ -97,14 +97,15 @@ def test_flexgen_order_runs_the_same_tokens(lightning, prompts):
 
 def test_a_batch_over_alg2s_kv_limit_defers_the_rest_to_a_later_batch(lightning, prompts):
     """Alg. 2's abort path in the scheduler: prompts of 5, 11 and 3 tokens, 5 new each (KV 10, 16, 8), micro-batches
-    of at most 16 KV tokens. The first two fit one per micro-batch; the third would join the 10's (18 > 16), so it
-    waits, though rows and blocks are free, and runs when they retire. Every token is transformers' (the resident
-    model's). Without the limit all three ran in one batch."""
+    of at most 12 KV tokens, raised to the longest request's 16 so that each can run. The first two fit one per
+    micro-batch; the third would join the 10's (18 > 16), so it waits, though rows and blocks are free, and runs when
+    they retire. Every token is transformers' (the resident model's). Without the limit all three ran in one
+    batch."""
     texts, transformers = prompts
     out, order, failed = {}, [], []
     items = [GenRequest(p, NEW_TOKENS, np.asarray(jax.random.key_data(jax.random.key(r))), tag=r)
              for r, p in enumerate(texts)]
-    options = {**lightning.placement.scheduler_defaults(), "decode_steps": 2, "batch_limit": BatchLimit(2, 2, 16)}
+    options = {**lightning.placement.scheduler_defaults(), "decode_steps": 2, "batch_limit": BatchLimit(2, 2, 12)}
     stats = Scheduler(lightning, 64, **options).run(
         items, lambda g, tokens, cached: (out.__setitem__(g.tag, list(tokens)), order.append(g.tag)),
         lambda g, message: failed.append(message))
@@ -162,6 +163,7 @@ def test_explain_and_the_pool_in_host_memory(lightning):
     text = lightning.explain()
     assert "placement lightning: N=4 mu=2 (2 micro-batches) A_g=0" in text
     assert "KV cache of 3 of 3 layers on the host" in text and "4 of 8 experts per layer resident" in text
+    assert "cgopipe launch order; Alg. 2 admits a request where its micro-batch's KV stays within 2304 tokens" in text
     size = pool_size(lightning, [(10, 6)] * 3)
     assert "host memory" in size.source and size.blocks == 3
     # Alg. 2's limit: 2 micro-batches of 2 rows, each the KV of 2 rows of the default plan's 1024 + 128 tokens
