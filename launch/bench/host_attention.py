@@ -20,9 +20,8 @@ import jax
 
 from launch.bench.provenance import device_tag
 from launch.bench.results import no_file
+from launch.bench.util import second_cpu_device
 from moejax.lightning.host_attention_bench import PAGED_BACKENDS, measure_against_transfer
-
-DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -42,15 +41,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--plot", default=None, help="PNG (default bench/results/host-attention-<device>.png; needs "
                                                 "matplotlib, else no plot)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/host-attention-<device>.json)")
-    p.set_defaults(before_start=before_start)
+    p.set_defaults(before_start=second_cpu_device)  # a second CPU device to copy to where the accelerator is a CPU
     return p
-
-
-def before_start(args: argparse.Namespace) -> None:
-    """A second CPU device to copy to where the accelerator is a CPU (XLA reads XLA_FLAGS once, when JAX starts)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if DEVICE_COUNT_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_COUNT_FLAG}=2".strip()
 
 
 def host_attention(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:

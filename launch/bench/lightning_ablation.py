@@ -8,7 +8,8 @@ scheduler at the policy's N. One untimed run compiles; then --repeats rounds run
 the median seconds of each give output tokens/s. Every run's tokens must equal the first's (the order changes when
 work runs, never what it computes): `same_tokens` says so. The ratio is CGOPipe's tokens/s over FlexGen's; the paper
 reports its CGOPipe ahead of FlexGen's schedule with the same policy on GPUs (Fig. 7's ablation). On a CPU the device
-and the host are the same cores: the ratio shows how far overlapping the tasks helps there, not a GPU's gain."""
+and the host are the same cores: the ratio shows how far overlapping the tasks helps there, not a GPU's gain (the host's
+tasks run on a second CPU device, set before JAX starts, so that they have a stream of their own)."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,7 @@ import numpy as np
 import moejax
 from launch.bench.lightning import CPU_MODEL, _budget_gb, _requests
 from launch.bench.results import no_file
+from launch.bench.util import second_cpu_device
 from moejax.engine import Engine
 from moejax.lightning.cgopipe_steps import LightningSteps
 from moejax.lightning.schedule import ORDERS
@@ -48,6 +50,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--resident-share", type=float, default=0.0, help="lightning's r_w")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds, each order once per round")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/lightning-ablation-<device>.json)")
+    # on a CPU, the host's tasks on a second CPU device: its own stream, so that they can overlap the device's
+    p.set_defaults(before_start=second_cpu_device)
     return p
 
 
@@ -82,7 +86,7 @@ def lightning_ablation(args: argparse.Namespace, env: dict, partial: Callable[[d
                   dtype=args.dtype, budget_gb=budget, requests=args.requests, prompt_len=args.prompt_len,
                   new_tokens=args.new_tokens, repeats=args.repeats,
                   policy=dict(N=N, mu=mu, micro_batches=-(-N // mu), r_w=args.resident_share, r_c=0.0, A_g=0, F_g=1),
-                  runs=[])
+                  host=str(steps.host), device=str(steps.device), runs=[])
     t0 = time.perf_counter()
     compile_s, first, _ = _run(engine, requests, blocks)  # compiles every shape both orders run
     seconds: dict[str, list[float]] = {name: [] for name in ORDERS}

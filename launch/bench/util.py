@@ -101,3 +101,11 @@ def hf_checkpoint(hf_config: dict, directory: str, seed: int) -> Any:  # a trans
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     model.save_pretrained(directory)
     return model.eval()
+
+
+def second_cpu_device(args: object = None) -> None:
+    """Before JAX starts (XLA reads XLA_FLAGS once): two CPU devices unless a count is given, so that where the
+    accelerator is a CPU, host memory work (lightning's host device: the last CPU device) has a device of its own."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=2".strip()
