@@ -209,10 +209,6 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     if args.placement is not None:
         options["placement"] = args.placement
     engine = moejax.load(args.model, dtype=args.dtype, **options)
-    t0 = time.perf_counter()
-    jax.block_until_ready(engine.params)  # a preset's weights are drawn on the device: timed apart
-    weights = dict(source="checkpoint" if os.path.isdir(args.model) else "preset, drawn on the device",
-                   materialize_s=time.perf_counter() - t0, bytes=engine.param_bytes())
     if args.candidates >= engine.config.vocab_size:  # single-token candidates are drawn without repeats
         raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
                          f"{engine.config.vocab_size} tokens")
@@ -221,6 +217,13 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     sizes = Sizes(requests=requests, prefix=prefix, suffix=args.suffix, candidates=args.candidates,
                   prefixes=args.prefixes, context=context, long_requests=args.long_requests or max(1, requests // 16),
                   choice_tokens=args.choice_tokens)
+    made = {kind: workload(kind, sizes, engine.config.vocab_size, args.seed) for kind in args.workloads.split(",")}
+    for kind, lines in made.items():  # before the weights are made
+        check_lengths(lines, kind, engine.config.max_position_embeddings)
+    t0 = time.perf_counter()
+    jax.block_until_ready(engine.params)  # a preset's weights are drawn on the device: timed apart
+    weights = dict(source="checkpoint" if os.path.isdir(args.model) else "preset, drawn on the device",
+                   materialize_s=time.perf_counter() - t0, bytes=engine.param_bytes())
     top = peak(args, engine)
     results: list[dict] = []
     reference: dict | None = None
@@ -246,9 +249,7 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
                     "decoder layers) per computed token + lm_head 2·D·V per read position; attention scores apart",
                     resident_prefill=reference, workloads=workloads, results=results, ratios=ratios)
 
-    for kind in args.workloads.split(","):
-        lines = workload(kind, sizes, engine.config.vocab_size, args.seed)
-        check_lengths(lines, kind, engine.config.max_position_embeddings)
+    for kind, lines in made.items():
         workloads[kind] = dict(asked=asked(kind, sizes), held=held(lines))
         longest = longest_sequence(lines)
         modes = wanted_modes or defaults["modes"].get(kind, defaults["other_modes"])
