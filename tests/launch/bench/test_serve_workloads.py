@@ -131,6 +131,7 @@ def test_bench_serve_runs_each_regime_and_scores_equal_the_reference(tmp_path):
             assert s["error"] is None
             np.testing.assert_allclose(s["logprobs"], log_softmax_scores(engine, by_id[s["custom_id"]]),
                                        rtol=1e-4, atol=2e-4)
+    # each prefix is read from the cache by the batches after its first (a long context, split over batches of 80
+    # tokens, reads its own first blocks too: no contrast there)
     shared = next(r for r in record["results"] if r["workload"] == "shared-prefix")
-    assert shared["cached_prompt_tokens"] > 0
-    assert next(r for r in record["results"] if r["workload"] == "long-context")["cached_prompt_tokens"] == 0
+    assert shared["cached_prompt_tokens"] >= 3 * 64
