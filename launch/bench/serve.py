@@ -29,14 +29,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import jax
 import numpy as np
 
 import moejax
 from launch.bench import device_memory
-from launch.bench.serve_workloads import KINDS, Sizes, asked, held, workload
+from launch.bench.serve_workloads import KINDS, REGIMES, Sizes, asked, held, workload
 from launch.bench.util import time_calls
 from launch.gpu_ceilings import measured
 from moejax import compiles
@@ -298,6 +298,22 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     for k, v in out["ratios"].items():
         print(f"  {k}: {v:.2f}x")
     return out
+
+
+# MoE-Prefill's context regimes at a size 2 CPU cores serve in about a minute on the tiny preset (launch.bench paper)
+REGIMES_ON_CPU = dict(workloads=",".join(REGIMES), requests=24, prefix=128, suffix=16, prefixes=4, long_requests=2,
+                      kv_modes="on,off", max_batch_tokens=2048, repeats=1, no_resident=True)
+
+
+def namespace(**overrides: Any) -> argparse.Namespace:
+    """serve()'s arguments: the flags' defaults, `overrides` (by their attribute names) in their place, for callers
+    that run the benchmark in-process, e.g. serve(namespace(**REGIMES_ON_CPU), environment)."""
+    parser = argparse.ArgumentParser()
+    args = vars(add_parser(parser.add_subparsers()).parse_args([]))
+    unknown = sorted(set(overrides) - set(args))
+    if unknown:
+        raise TypeError(f"bench serve: no flag {', '.join(unknown)}")
+    return argparse.Namespace(**{**args, **overrides})
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:

@@ -2,7 +2,6 @@
 asked, the shared-prefix one really shares its prefixes (the runner's prefix cache finds them, replayed without the
 model: no compile), and the bench end to end on the tiny preset (slow) records each workload, the memory fields and
 scores equal to the float32 reference."""
-import argparse
 import json
 
 import numpy as np
@@ -84,8 +83,7 @@ def test_the_shared_prefix_workload_is_served_from_the_prefix_cache():
 
 def test_a_long_context_beyond_the_model_is_refused_naming_the_flag():
     """Before any weight is made (serve() itself: the CLI's provenance would take seconds)."""
-    parser = argparse.ArgumentParser()
-    args = bench_serve.add_parser(parser.add_subparsers()).parse_args(["--workloads", "mix", "--context", "2048"])
+    args = bench_serve.namespace(workloads="mix", context=2048)
     with pytest.raises(SystemExit, match="workload mix: a prompt and its candidate take 2049 tokens, more than the "
                                          "model's 2048 positions; lower --context"):
         bench_serve.serve(args, {})
