@@ -14,6 +14,7 @@ PYCODE = ("pycode-moe (the embedded 15M-parameter model trained on Python code),
 PREDICTORS = ("predictors", "--stdlib", "held_out", "--train-stdlib", "train", "--tokens", "1024", "--train-tokens",
               "4096", "--distill-steps", "100", "--cache-tokens", "256", "--speculative-windows", "1",
               "--capacities", "1,16,256")
+GPU_MODEL = ("--model", "qwen3-30b-a3b", "--num-layers", "4", "--dtype", "bfloat16")  # as launch.gpu_check's
 DECODE_MODES = ("offload", "--sections", "decode", "--quick", "--modes",
                 "on-demand,prefetch,estimator,expert_map,expert_map-T+S,expert_map-T,moe_infinity")
 
@@ -56,6 +57,15 @@ def _orders(record: dict) -> Series:
     return {"seconds, all requests": (orders, [r["seconds_median"] for r in rows]),
             "mean wait, longest tenth (s)": (orders, [r["wait"]["longest"]["mean_s"] for r in rows]),
             "mean wait, all (s)": (orders, [r["wait"]["all"]["mean_s"] for r in rows])}
+
+
+def _workloads(record: dict) -> Series:
+    rows = [dict(r, kv=f"prefix cache {r['kv_cache']}") for r in record["results"]]
+    series = _by(rows, "kv", "workload", lambda r: r["tokens_per_s"])
+    series["memory estimate (MB) / 10"] = ([r["workload"] for r in rows if r["kv_cache"] == "on"],
+                                          [r["memory"]["estimate"]["total_bytes"] / 1e7 for r in rows
+                                           if r["kv_cache"] == "on"])
+    return series
 
 
 def _layout_bytes(record: dict) -> Series:
@@ -149,12 +159,26 @@ PAPERS: dict[str, list[Figure]] = {
                ("serve", "--workloads", "mixed", "--kv-modes", "off", "--orders", "longest,spf", "--requests", "32",
                 "--prefix", "128", "--suffix", "16", "--max-batch-tokens", "512", "--no-resident", "--repeats", "2",
                 "--placement", "streamed"),
-               _orders, "order", "seconds"),
+               _orders, "order", "seconds",
+               gpu_argv=("serve", "--workloads", "mixed", "--kv-modes", "off", "--orders", "longest,spf",
+                         "--no-resident", "--placement", "streamed", *GPU_MODEL)),
+        Figure("s8-workloads",
+               "MoE-Prefill §8 workloads: scoring throughput under its context regimes (short prompts over shared "
+               "prefixes, long contexts, multi-selection, a mix) with the prefix cache on and off, and the device "
+               "memory each run holds (XLA's peak where the backend reports it, the memory budget's estimate)",
+               CPU + " (no peak memory: the CPU backend reports none); tiny-qwen3-moe, 24 requests per regime",
+               ("serve", "--workloads", "shared-prefix,long-context,multi-select,mix", "--requests", "24", "--prefix",
+                "128", "--suffix", "16", "--prefixes", "4", "--long-requests", "2", "--kv-modes", "on,off",
+                "--max-batch-tokens", "2048", "--repeats", "1", "--no-resident"),
+               _workloads, "workload", "prompt tokens/s",
+               gpu_argv=("serve", "--workloads", "shared-prefix,long-context,multi-select,mix", "--kv-modes",
+                         "on,off", *GPU_MODEL)),
         Figure("table1-comm-bytes",
                "MoE-Prefill Table 1: bytes each device sends per layer under each parallel layout, the analytic "
                "model beside the compiled program's collectives",
                "8 simulated CPU devices, tiny-qwen3-moe; bytes are exact, times are not a GPU's",
-               ("layouts", "--repeats", "3"), _layout_bytes, "layout", "bytes per device per layer",
+               ("layouts", "--repeats", "3", "--layouts", "attn=dp,experts=tp;attn=dp,experts=ep;"
+                "attn=dp,experts=async_ep;attn=tp,experts=tp,devices=4;attn=tp,experts=ep,devices=4"), _layout_bytes, "layout", "bytes per device per layer",
                cpu_devices=8),
     ],
     "speculating-experts": [
@@ -203,7 +227,8 @@ PAPERS: dict[str, list[Figure]] = {
                "MoE-Lightning Figs. 7-8: generation throughput of CGOPipe against FlexGen-style layer streaming "
                "(streamed) and an expert cache at one device memory budget",
                CPU + "; the accelerator and the host are the same cores, so only overhead and overlap show; 8 "
-               "requests of 16 + 8 tokens", ("lightning", "--quick"), _lightning, "placement", "value"),
+               "requests of 16 + 8 tokens", ("lightning", "--quick"), _lightning, "placement", "value",
+               gpu_argv=("lightning", *GPU_MODEL)),
     ],
     "fmoe": [
         Figure("fig9-10-latency-by-prefetcher",

@@ -40,24 +40,25 @@ def test_a_wrong_paper_figure_or_budget_is_one_line_before_any_work(argv, flag, 
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.slow  # a benchmark in its own process on 8 simulated devices, then the plot
+@pytest.mark.slow  # a benchmark in its own process (the frontend's simulation: no model compiled), then the plot
 def test_one_figure_end_to_end_writes_its_json_and_plot_and_keeps_earlier_results(tmp_path):
-    fig = next(f for f in PAPERS["findep"] if f.name == "a2e-route")
-    folder = tmp_path / "paper" / "findep"
+    fig = PAPERS["moe-prefill"][0]
+    folder = tmp_path / "paper" / "moe-prefill"
     folder.mkdir(parents=True)
-    earlier = {"runs": [{"earlier": True}]}
-    (folder / "a2e-route-cpu.json").write_text(json.dumps(earlier))
+    (folder / f"{fig.name}-cpu.json").write_text(json.dumps({"runs": [{"earlier": True}]}))
     summary = tmp_path / "summary.json"
-    bench.main(["paper", "findep", "--figures", "a2e-route", "--results", str(tmp_path), "--out", str(summary)])
+    bench.main(["paper", "moe-prefill", "--figures", fig.name, "--results", str(tmp_path), "--out", str(summary)])
     [run] = read_runs(str(summary))
     [row] = run["figures"]
-    assert row["status"] == "ok" and run["within_budget"] and run["paper"] == "findep"
-    first, entry = read_runs(str(folder / "a2e-route-cpu.json"))
+    assert row["status"] == "ok" and run["within_budget"] and run["paper"] == "moe-prefill"
+    first, entry = read_runs(str(folder / f"{fig.name}-cpu.json"))
     assert first == {"earlier": True}
     assert entry["corresponds_to"] == fig.corresponds and entry["differs"] == fig.differs
-    assert entry["command"].startswith("python -m launch.bench dep-a2e")
+    assert entry["command"] == "python -m launch.bench " + " ".join(fig.argv)
     record = entry["record"]
-    assert record["device"]["count"] == 8 and record["benchmark"] == "dep-a2e"
+    assert record["benchmark"] == "frontend-sim" and record["device"]["platform"] == "cpu"
     series = fig.series(record)
-    assert set(series) == {"straight", "regroup"} and all(min(ys) > 0 for _, ys in series.values())
-    assert row["plot"].endswith(".png") and (folder / "a2e-route-cpu.png").stat().st_size > 1000
+    routings = {"prefix", "round_robin", "random", "least_requests"}
+    assert set(series) == {f"short {r}" for r in routings}
+    assert all(xs == [2, 4, 8, 16] and min(ys) > 0 for xs, ys in series.values())
+    assert row["plot"].endswith(".png") and (folder / f"{fig.name}-cpu.png").stat().st_size > 1000
