@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -34,8 +35,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--window", type=int, default=512, help="tokens per scored window")
     p.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--out", default=None, help="JSON file (default bench/results/quality-<device>.json)")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default bench/results/quality-<device>.json, quality-tier2-<device>.json)")
+    t2 = p.add_argument_group("tier 2 (launch/bench/quality_tier2.py)")
+    t2.add_argument("--tier2", action="store_true",
+                    help="multiple-choice accuracy by prefill-only scoring and by greedy generation instead")
+    t2.add_argument("--questions", type=_int_at_least(1), default=100, help="questions cut from the text")
+    t2.add_argument("--choices", type=_int_at_least(2), default=4, help="candidates per question")
+    t2.add_argument("--context-lines", type=_int_at_least(1), default=8, help="source lines in each question's context")
+    t2.add_argument("--slack-tokens", type=_int_at_least(0), default=2,
+                    help="tokens generated beyond the question's longest candidate")
+    t2.add_argument("--seed", type=int, default=0, help="which questions and distractors")
     return p
+
+
+def _int_at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {least}")
+        return int(text)
+    return parse
 
 
 def read_texts(path: str) -> list[str]:

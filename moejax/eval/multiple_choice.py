@@ -36,6 +36,19 @@ def candidate_of_generation(generated: str, choices: Sequence[str]) -> int | Non
     return best
 
 
+def generation_answer(generated: str, question: Question) -> int | None:
+    """The candidate a generation from the context's tokens names. The context's trailing whitespace (the line
+    break before the answer's line) is left out of the prompt, as scoring moves it into the candidates, because
+    byte-level BPE merges a line break with the next line's indentation: a prompt ending in a bare line break is one
+    the model rarely saw. So the generation must produce that whitespace first (a model that continues the context's
+    last line instead answers nothing), then a candidate."""
+    context = question.context
+    spaces = context[len(context.rstrip()):]
+    if not generated.startswith(spaces):
+        return None
+    return candidate_of_generation(generated[len(spaces):], question.choices)
+
+
 def accuracy_report(scored: Sequence[int], generated: Sequence[int | None], gold: Sequence[int]) -> dict:
     """Each mode's accuracy against the labels, how often the modes agree (a generation that names no candidate
     agrees with nothing) and how many generations named none."""
@@ -74,8 +87,9 @@ def answer_twice(engine: Engine, questions: Sequence[Question], encode: Callable
                  decode: Callable[[list[int]], str], *, slack_tokens: int = 2, max_batch_tokens: int | None = None,
                  kv_pool_mb: float | None = None) -> Answers:
     """Every question scored (one prefix-shared request per context: moejax.eval.scoring) and generated greedily
-    from the context's tokens (the continuous-batching scheduler: moejax.eval.generation) for as many tokens as its
-    longest candidate takes plus `slack_tokens` (a generation may tokenize the same text into more pieces)."""
+    from the same context tokens (the continuous-batching scheduler: moejax.eval.generation) for as many tokens as
+    its longest candidate takes plus `slack_tokens` (a generation may tokenize the same text into more pieces); the
+    generation's candidate by generation_answer."""
     if not questions:
         raise ValueError("no questions")
     pairs: list[tuple[list[int], list[int]]] = []
@@ -88,7 +102,7 @@ def answer_twice(engine: Engine, questions: Sequence[Question], encode: Callable
         if any(not ctx or not cont for ctx, cont in encoded):
             raise ValueError(f"question {k}: its context and every choice must encode to a token each")
         pairs += encoded
-        prompt = tuple(encode(q.context))
+        prompt = tuple(encoded[0][0])  # the scored context (trailing whitespace left out): both modes answer after it
         longest = max(len(cont) for _, cont in encoded)
         room = engine.config.max_position_embeddings - len(prompt)
         completions.append(Completion(prompt, max(1, min(longest + slack_tokens, room)), stop=()))
@@ -100,6 +114,6 @@ def answer_twice(engine: Engine, questions: Sequence[Question], encode: Callable
     scored = [int(np.argmax(row)) for row in ll]  # ties: the first, as lm-eval's argmax
     tokens = generate(engine, completions, decode, kv_pool_mb=kv_pool_mb)
     texts = [decode(t) for t in tokens]
-    generated = [candidate_of_generation(t, q.choices) for t, q in zip(texts, questions, strict=True)]
+    generated = [generation_answer(t, q) for t, q in zip(texts, questions, strict=True)]
     return Answers(scored, ll, tokens, texts, generated,
                    accuracy_report(scored, generated, [q.gold for q in questions]))

@@ -3,7 +3,14 @@ the harness end to end on the qwen3_moe fixture against the one-device float32 e
 import numpy as np
 import pytest
 
-from moejax.eval.multiple_choice import Question, accuracy_report, answer_twice, candidate_of_generation, encode_pair
+from moejax.eval.multiple_choice import (
+    Question,
+    accuracy_report,
+    answer_twice,
+    candidate_of_generation,
+    encode_pair,
+    generation_answer,
+)
 
 CHOICES = ("    return self._data", "raise ValueError(name)", "return", "self.assertEqual(a, b)")
 
@@ -33,6 +40,16 @@ def test_longest_match_wins_whatever_the_order():
 def test_blank_and_duplicate_candidates():
     assert candidate_of_generation("anything", ["", "  ", "other"]) is None  # a blank candidate matches nothing
     assert candidate_of_generation("x = 1", ["  x = 1", "x = 1"]) == 0  # the same text stripped: the first
+
+
+def test_generation_answer_starts_with_the_context_line_break():
+    q = Question("def f(self):\n", CHOICES, gold=0)
+    assert generation_answer("\n    return self._data\n", q) == 0  # the line break the prompt left out, then it
+    assert generation_answer("\n\n    raise ValueError(name)", q) == 1  # a blank line first: whitespace too
+    assert generation_answer(" return self._data", q) is None  # the context's last line continued: no answer
+    assert generation_answer("", q) is None
+    # a context that ends without whitespace asks for nothing before the candidate
+    assert generation_answer(" return self._data", Question("x =", CHOICES, gold=0)) == 0
 
 
 def test_accuracy_report_counts_agreement_and_unmatched():
@@ -78,14 +95,15 @@ def test_harness_equals_the_float32_reference(qwen3_engine):
     tok = engine.tokenizer
     encode = lambda text: tok.encode(text).ids  # noqa: E731
     decode = lambda ids: tok.decode(list(ids))  # noqa: E731
-    contexts = ["def add(a, b):\n", "class Stack:\n    def push(self, item):\n", "for i in range(10):\n"]
+    # the first two contexts end without whitespace, the last with a line break (left out of the prompt)
+    contexts = ["def add(a, b):", "class Stack:\n    def push(self, item):", "for i in range(10):\n"]
     questions = []
     for k, ctx in enumerate(contexts):
         # the reference's own greedy text as one candidate (gold in the first question only), so a generation must
         # name it; the last question's candidates leave it out, so its generation names none
-        greedy = decode(_reference_greedy(engine, encode(ctx), 4)).lstrip()[:6]
-        choices = ["    return a + b", "pass", "import os"]
+        greedy = decode(_reference_greedy(engine, encode(ctx.rstrip()), 4)).lstrip()[:6]
         assert greedy.strip()
+        choices = ["    return a + b", "pass", "import os"]
         if k < 2:
             choices.insert(1 + k, greedy)
         questions.append(Question(ctx, tuple(choices), gold=1 if k == 0 else 0))
@@ -97,8 +115,8 @@ def test_harness_equals_the_float32_reference(qwen3_engine):
         np.testing.assert_allclose(ll, want_ll, rtol=1e-5, atol=1e-4)
         assert scored == int(np.argmax(want_ll))
         max_new = max(len(cont) for _, cont in pairs) + 2
-        assert tokens == _reference_greedy(engine, encode(q.context), max_new)
-        assert generated == candidate_of_generation(decode(tokens), q.choices)
+        assert tokens == _reference_greedy(engine, encode(q.context.rstrip()), max_new)
+        assert generated == generation_answer(decode(tokens), q)
     assert got.generated == [1, 2, None]  # each generation names the greedy candidate where there is one
     assert got.report["questions"] == 3
     assert got.report["scoring_accuracy"] == sum(s == q.gold for s, q in zip(got.scored, questions, strict=True)) / 3
