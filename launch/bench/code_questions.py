@@ -7,10 +7,11 @@ import random
 from typing import Any
 
 
-def code_questions(lines: list[str], questions: int, choices: int, context_lines: int, seed: int
-                   ) -> list[dict[str, Any]]:
-    """-> [{"context", "choices", "gold"}] (lm-eval's multiple-choice fields). ValueError when the lines give fewer
-    contexts than `questions`."""
+def code_questions(lines: list[str], questions: int, choices: int, context_lines: int, seed: int, *,
+                   same_indent: bool = False) -> list[dict[str, Any]]:
+    """-> [{"context", "choices", "gold"}] (lm-eval's multiple-choice fields). same_indent: the distractors carry
+    the answer's indentation too, so the whitespace does not give the answer away. ValueError when the lines give
+    fewer contexts than `questions`."""
     rng = random.Random(seed)
     starts = [i for i in range(len(lines) - context_lines)
               if len(lines[i + context_lines].strip().split()) >= 2 and all(lines[i: i + context_lines])]
@@ -20,9 +21,11 @@ def code_questions(lines: list[str], questions: int, choices: int, context_lines
     docs: list[dict[str, Any]] = []
     for i in rng.sample(starts, questions):
         nxt = lines[i + context_lines]
-        gold = nxt[: len(nxt) - len(nxt.lstrip())] + words(nxt)
+        indent = nxt[: len(nxt) - len(nxt.lstrip())]
+        gold = indent + words(nxt)
         others = {words(lines[j]) for j in rng.sample(range(len(lines)), 8 * choices) if lines[j].strip()}
-        options = [gold] + rng.sample(sorted(o for o in others if o != words(nxt)), choices - 1)
+        options = [gold] + [indent * same_indent + o
+                            for o in rng.sample(sorted(o for o in others if o != words(nxt)), choices - 1)]
         rng.shuffle(options)
         docs.append({"context": "\n".join(lines[i: i + context_lines]) + "\n", "choices": options,
                      "gold": options.index(gold)})

@@ -6,6 +6,7 @@ modes pick the same candidate."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -81,6 +82,7 @@ class Answers:
     generated_text: list[str]
     generated: list[int | None]  # the candidate each generation begins with
     report: dict  # accuracy_report's
+    seconds: dict[str, float]  # wall time of each mode, compilation included
 
 
 def answer_twice(engine: Engine, questions: Sequence[Question], encode: Callable[[str], list[int]],
@@ -106,14 +108,17 @@ def answer_twice(engine: Engine, questions: Sequence[Question], encode: Callable
         longest = max(len(cont) for _, cont in encoded)
         room = engine.config.max_position_embeddings - len(prompt)
         completions.append(Completion(prompt, max(1, min(longest + slack_tokens, room)), stop=()))
+    t0 = time.perf_counter()
     flat = [lp for lp, _ in Scorer(engine, max_batch_tokens=max_batch_tokens).score(pairs)]
+    t1 = time.perf_counter()
     ll, start = [], 0
     for q in questions:
         ll.append(flat[start: start + len(q.choices)])
         start += len(q.choices)
     scored = [int(np.argmax(row)) for row in ll]  # ties: the first, as lm-eval's argmax
     tokens = generate(engine, completions, decode, kv_pool_mb=kv_pool_mb)
+    t2 = time.perf_counter()
     texts = [decode(t) for t in tokens]
     generated = [generation_answer(t, q) for t, q in zip(texts, questions, strict=True)]
-    return Answers(scored, ll, tokens, texts, generated,
-                   accuracy_report(scored, generated, [q.gold for q in questions]))
+    report = accuracy_report(scored, generated, [q.gold for q in questions])
+    return Answers(scored, ll, tokens, texts, generated, report, dict(scoring=t1 - t0, generation=t2 - t1))
