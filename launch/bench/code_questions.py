@@ -23,7 +23,8 @@ def code_questions(lines: list[str], questions: int, choices: int, context_lines
         nxt = lines[i + context_lines]
         indent = nxt[: len(nxt) - len(nxt.lstrip())]
         gold = indent + words(nxt)
-        others = {words(lines[j]) for j in rng.sample(range(len(lines)), 8 * choices) if lines[j].strip()}
+        drawn = rng.sample(range(len(lines)), min(8 * choices, len(lines)))
+        others = {words(lines[j]) for j in drawn if lines[j].strip()}
         options = [gold] + [indent * same_indent + o
                             for o in rng.sample(sorted(o for o in others if o != words(nxt)), choices - 1)]
         rng.shuffle(options)
