@@ -63,6 +63,7 @@ from launch.bench import kernels as bench_kernels
 from launch.bench import layouts as bench_layouts
 from launch.bench import lightning as bench_lightning
 from launch.bench import offload as bench_offload
+from launch.bench import paper as bench_paper
 from launch.bench import peers as bench_peers
 from launch.bench import plans as bench_plans
 from launch.bench import predictors as bench_predictors
@@ -77,7 +78,8 @@ from launch.bench.util import environment
 from moejax.serving import xla_startup
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its flags (`launch.bench paper` parses its figures' command lines with it in the tests)."""
     parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--note", default=None,
                         help="a line the record keeps (e.g. that a CPU run is at small sizes); before the command")
@@ -104,7 +106,15 @@ def main(argv: list[str] | None = None) -> None:
     bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
     bench_depth.add_parser(sub).set_defaults(run=bench_depth.depth)
     bench_invariant.add_parser(sub).set_defaults(run=bench_invariant.invariant)
+    bench_paper.add_parser(sub).set_defaults(run=bench_paper.paper)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "check", None):  # a command's own checks of what the user typed, before any work
+        args.check(args, parser)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
     if args.command == "frontend" and not args.out:  # the simulation and the real run are different records
@@ -117,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         env["xla_startup"] = startup
     if args.note:
         env["note"] = args.note
-    name = "quality-tier2" if getattr(args, "tier2", False) else args.command  # another record's shape
+    name = args.results_name(args) if getattr(args, "results_name", None) else args.command
     out = args.out or os.path.join("bench", "results", f"{name}-{device_tag(env['device']['kind'])}.json")
     results = ResultsFile(out)
     runs = results.complete(args.run(args, env, results.partial))

@@ -46,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     t2.add_argument("--slack-tokens", type=_int_at_least(0), default=2,
                     help="tokens generated beyond the question's longest candidate")
     t2.add_argument("--seed", type=int, default=0, help="which questions and distractors")
+    p.set_defaults(results_name=lambda a: "quality-tier2" if a.tier2 else "quality")  # another record's shape
     return p
 
 
