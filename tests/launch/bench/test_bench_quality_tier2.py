@@ -38,6 +38,16 @@ def test_no_context_spans_two_texts():
         code_questions(lines, 3, 2, 1, seed=0)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--tier2", "--max-tokens", "5"], "--max-tokens: the perplexity run's, not --tier2's"),
+    (["--questions", "5", "--seed", "3"], "--questions, --seed: --tier2's; add --tier2 or leave them out"),
+])
+def test_the_other_modes_flags_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["quality", "--stdlib", "held_out", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.slow  # the CLI end to end on the qwen3_moe fixture: scoring and generation compiled
 def test_bench_tier2_record(tmp_path):
     from conftest import fixture_dir
