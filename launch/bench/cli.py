@@ -12,7 +12,8 @@ with and without a shared prefix and on greedy generation (launch/bench/peers.py
 layouts: each parallel layout on the devices present (8 simulated CPU devices, or GPUs): tokens/s against the
 one-device model, and bytes sent per device per layer, analytic next to measured (launch/bench/layouts.py).
 quality: held-out perplexity, top-1 accuracy and expert load of a model with a tokenizer, against a bigram floor
-(launch/bench/quality.py).
+(launch/bench/quality.py); --tier2: MoE-Prefill's tier-2 accuracy, multiple-choice code questions answered by
+prefill-only scoring and by greedy generation (launch/bench/quality_tier2.py).
 predictors: every expert predictor on held-out routing traces: recall per layer and distance, expert-cache hit
 rates with each as prefetcher, and the accuracy cost of executing its predictions (launch/bench/predictors.py).
 generate: output tokens/s of continuous batching vs static batching vs transformers' batched generate on a
@@ -68,6 +69,7 @@ from launch.bench import plans as bench_plans
 from launch.bench import predictors as bench_predictors
 from launch.bench import prefill
 from launch.bench import quality as bench_quality
+from launch.bench import quality_tier2 as bench_quality_tier2
 from launch.bench import router_free as bench_router_free
 from launch.bench import serve as bench_serve
 from launch.bench.provenance import device_tag
@@ -91,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_offload.add_parser(sub).set_defaults(run=bench_offload.offload)
     bench_layouts.add_parser(sub).set_defaults(run=bench_layouts.layouts)
     bench_peers.add_parser(sub).set_defaults(run=at_end(bench_peers.peers))
-    bench_quality.add_parser(sub).set_defaults(run=at_end(bench_quality.quality))
+    bench_quality.add_parser(sub).set_defaults(run=lambda a, env, partial: (
+        bench_quality_tier2.tier2 if a.tier2 else bench_quality.quality)(a, env))
     bench_predictors.add_parser(sub).set_defaults(run=at_end(bench_predictors.predictors))
     bench_generate.add_parser(sub).set_defaults(run=bench_generate.generate)
     bench_plans.add_parser(sub).set_defaults(run=bench_plans.plans)
