@@ -68,6 +68,12 @@ def _workloads(record: dict) -> Series:
     return series
 
 
+def _tier2(record: dict) -> Series:
+    names = ["scoring", "generation", "agreement", "chance"]
+    return {"share of questions": (names, [record["scoring_accuracy"], record["generation_accuracy"],
+                                          record["agreement"], record["chance"]])}
+
+
 def _layout_bytes(record: dict) -> Series:
     rows = [r for r in record["rows"] if r.get("analytic", {}).get("modelled")]
 
@@ -173,6 +179,13 @@ PAPERS: dict[str, list[Figure]] = {
                _workloads, "workload", "prompt tokens/s",
                gpu_argv=("serve", "--workloads", "shared-prefix,long-context,multi-select,mix", "--kv-modes",
                          "on,off", *GPU_MODEL)),
+        Figure("tables3-4-tier2-accuracy",
+               "MoE-Prefill §8.6, Tables 3-4: multiple-choice accuracy by prefill-only scoring of the candidates "
+               "against greedy generation mapped to the candidate it begins with, and how often they agree",
+               PYCODE + "; 40 next-line questions (4 choices) from held-out standard library code, not the "
+               "paper's benchmarks; a 15M model rarely generates the exact line, so generation scores low",
+               ("quality", "--tier2", "--stdlib", "held_out", "--questions", "40"), _tier2, "mode",
+               "share of questions"),
         Figure("table1-comm-bytes",
                "MoE-Prefill Table 1: bytes each device sends per layer under each parallel layout, the analytic "
                "model beside the compiled program's collectives",
