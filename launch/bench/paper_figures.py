@@ -145,15 +145,27 @@ def _map_variants(record: dict) -> Series:
 
 def _store_size(record: dict) -> Series:
     sizes = record["expert_map_ablation"]["store_sizes"]
-    return {"recall": ([s["capacity"] for s in sizes], [s["recall"] for s in sizes]),
-            "lru hit rate": ([s["capacity"] for s in sizes], [s["lru_hit_rate"] for s in sizes])}
+    capacities = [s["capacity"] for s in sizes]
+    return {name: (capacities, [s[key] for s in sizes]) for name, key in (
+        ("semantic similarity", "semantic_score"), ("trajectory similarity", "trajectory_score"),
+        ("recall", "recall"))}
+
+
+def _eviction(record: dict) -> Series:
+    return _by([r for r in record["cache"] if r["prefetch"] == "expert_map"], "policy", "slots",
+               lambda r: r["hit_rate"])
+
+
+def _estimator_layers(record: dict) -> Series:
+    rows = [r for r in record["recall"] if r["distance"] == 1 and r["predictor"] in ("router", "estimator", "hybrid")]
+    return {r["predictor"]: ([int(k) for k in r["per_layer"]], list(r["per_layer"].values())) for r in rows}
 
 
 PAPERS: dict[str, list[Figure]] = {
     "moe-prefill": [
         Figure("fig10-frontend-routing",
-               "MoE-Prefill Fig. 10: throughput of prefix-aware routing against round robin, random and least "
-               "requests in flight over 2-16 replicas",
+               "MoE-Prefill Fig. 10, the frontend's share of the gain: prefix-aware routing against round robin, "
+               "random and least requests in flight (vLLM's router) over 2-16 replicas",
                "simulated from a hardware profile (h100 datasheet, Qwen3-30B-A3B FLOPs), not measured replicas; "
                "fewer replicas and requests than the paper",
                ("frontend", "--workloads", "short", "--replicas", "2,4,8,16", "--requests", "3000"),
@@ -191,12 +203,12 @@ PAPERS: dict[str, list[Figure]] = {
                "model beside the compiled program's collectives",
                "8 simulated CPU devices, tiny-qwen3-moe; bytes are exact, times are not a GPU's",
                ("layouts", "--repeats", "3", "--layouts", "attn=dp,experts=tp;attn=dp,experts=ep;"
-                "attn=dp,experts=async_ep;attn=tp,experts=tp,devices=4;attn=tp,experts=ep,devices=4"), _layout_bytes, "layout", "bytes per device per layer",
-               cpu_devices=8),
+                "attn=dp,experts=async_ep;attn=tp,experts=tp,devices=4;attn=tp,experts=ep,devices=4"),
+               _layout_bytes, "layout", "bytes per device per layer", cpu_devices=8),
     ],
     "speculating-experts": [
         Figure("router-free-tpot",
-               "Speculating Experts §4-5: time per output token of speculative execution with the true router "
+               "Speculating Experts §4, speculative execution: time per output token with the true router "
                "skipped, against the same engine computing it",
                CPU + "; tiny model, batch 1 and 4, 16 new tokens",
                ("router-free", "--repeats", "3", "--new-tokens", "16", "--batch", "4"),
@@ -209,18 +221,22 @@ PAPERS: dict[str, list[Figure]] = {
                "Speculating Experts Fig. 5: rank alignment (Spearman) of the predicted expert scores with the "
                "true router's by layer distance", PYCODE, PREDICTORS,
                _analysis("rank_alignment", "spearman"), "layers ahead", "Spearman correlation"),
-        Figure("predictor-recall",
-               "Speculating Experts Table 2 / Fig. 4: recall of the true top-k experts by each predictor (router "
+        Figure("fig4-predictor-recall",
+               "Speculating Experts Fig. 4: recall@k of the true top-k experts by each predictor (router "
                "on the quasi-hidden state, distilled estimator, hybrid) by distance", PYCODE, PREDICTORS, _recall,
                "layers ahead", "recall of the true top-k"),
+        Figure("fig10-hit-rate-per-layer",
+               "Speculating Experts Fig. 10: per-layer hit rate of the trained estimator (and the router on the "
+               "quasi-hidden state, and the hybrid) one layer ahead", PYCODE + "; the estimator distilled for 100 "
+               "steps on 4K tokens", PREDICTORS, _estimator_layers, "MoE layer", "recall of the true top-k"),
         Figure("decode-tpot-by-predictor",
-               "Speculating Experts Figs. 6-7: decode time per output token with cached experts, on demand "
-               "against prefetch by the router and the estimator", CPU + "; tiny-qwen3-moe, batch 1",
-               DECODE_MODES, _decode_modes, "mode", "value"),
+               "Speculating Experts Fig. 8 at one prompt length: decode time per output token with cached "
+               "experts, loaded on demand against prefetched by the router and the estimator (and fMoE's maps)",
+               CPU + "; tiny-qwen3-moe, batch 1", DECODE_MODES, _decode_modes, "mode", "value"),
     ],
     "findep": [
         Figure("solver-and-dep",
-               "FinDEP Tables 4-6: DEP as the solver configures it against the default split and PPPipe, "
+               "FinDEP Tables 5-6: DEP as the solver configures it against the default split and PPPipe, "
                "measured, beside the solver's prediction and its run time",
                "8 simulated CPU devices (no GPU interconnect): the predicted column is an H100 profile's, the "
                "measured one is CPU time", ("plans", "--quick", "--repeats", "3"), _dep, "schedule", "tokens/s",
@@ -237,23 +253,28 @@ PAPERS: dict[str, list[Figure]] = {
     ],
     "moe-lightning": [
         Figure("throughput-vs-offload",
-               "MoE-Lightning Figs. 7-8: generation throughput of CGOPipe against FlexGen-style layer streaming "
+               "MoE-Lightning Fig. 7: generation throughput of CGOPipe against FlexGen-style layer streaming "
                "(streamed) and an expert cache at one device memory budget",
                CPU + "; the accelerator and the host are the same cores, so only overhead and overlap show; 8 "
                "requests of 16 + 8 tokens", ("lightning", "--quick"), _lightning, "placement", "value",
                gpu_argv=("lightning", *GPU_MODEL)),
     ],
     "fmoe": [
-        Figure("fig9-10-latency-by-prefetcher",
-               "fMoE Figs. 9-10: TTFT and TPOT with expert maps prefetching against MoE-Infinity's activation "
-               "matrices, the router, the estimator and no prefetch (LRU only), with the cache hit rate",
+        Figure("fig9-latency-by-prefetcher",
+               "fMoE Fig. 9: TTFT, TPOT and expert hit rate with expert maps prefetching against MoE-Infinity's "
+               "activation matrices, the router, the estimator and no prefetch (LRU only)",
                CPU + "; tiny-qwen3-moe, batch 1, maps calibrated on random prompts", DECODE_MODES, _decode_modes,
                "mode", "value"),
-        Figure("fig12-map-ablation",
-               "fMoE §6.5, Fig. 12: Map (T) against T+S and T+S+δ, and the coarse request-level hit counts: "
+        Figure("fig12a-map-ablation",
+               "fMoE §6.5, Fig. 12a: Map (T) against T+S and T+S+δ, and the coarse request-level hit counts: "
                "recall and expert-cache hit rate", PYCODE, PREDICTORS, _map_variants, "variant", "share"),
-        Figure("fig13-store-capacity",
-               "fMoE §6.6, Fig. 13: the expert-map store's capacity against recall and hit rate", PYCODE,
-               PREDICTORS, _store_size, "maps in the store", "share", log_x=True),
+        Figure("fig12b-eviction",
+               "fMoE §6.5, Fig. 12b: expert-cache hit rate of LRU and LFU eviction against fMoE's priority "
+               "eviction, each with the expert maps prefetching, by cache size", PYCODE, PREDICTORS, _eviction,
+               "cache slots", "hit rate"),
+        Figure("fig14a-store-capacity",
+               "fMoE §6.6, Fig. 14a: the expert-map store's capacity against the mean semantic and trajectory "
+               "similarity of the matched maps, with their recall", PYCODE, PREDICTORS, _store_size,
+               "maps in the store", "score / share", log_x=True),
     ],
 }
