@@ -62,3 +62,14 @@ def test_one_figure_end_to_end_writes_its_json_and_plot_and_keeps_earlier_result
     assert set(series) == {f"short {r}" for r in routings}
     assert all(xs == [2, 4, 8, 16] and min(ys) > 0 for xs, ys in series.values())
     assert row["plot"].endswith(".png") and (folder / f"{fig.name}-cpu.png").stat().st_size > 1000
+
+
+def test_the_papers_page_lists_every_figure_under_its_paper():
+    with open("docs/papers.md") as f:
+        page = f.read()
+    section = page[page.index("## Each paper's evaluation"):]
+    for paper, figures in PAPERS.items():
+        block = section[section.index(f"`{paper}`"):]
+        block = block[:block.index("\n\n")] if "\n\n" in block else block
+        for fig in figures:
+            assert f"`{fig.name}`" in block, (paper, fig.name)
