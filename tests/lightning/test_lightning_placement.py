@@ -118,8 +118,6 @@ def test_explain_and_the_pool_in_host_memory(lightning):
 
 @pytest.mark.parametrize("options, message", [
     (dict(host_memory_gb=1e-6), "needs .* of host memory, over the limit of .* host_memory_gb sets it"),
-    (dict(ffn_on="host"), "the MoE FFN on the host .* has no executor"),
-    (dict(attention_on="device", kv_device_share=0.5), "kv_device_share 0.5 < 1 would swap the KV cache"),
     (dict(micro_batch=8), "micro_batch 8 exceeds decode_batch 4"),
     (dict(resident_share=1.5), "resident_share must be a number in \\[0, 1\\], got 1.5"),
     (dict(device_memory_gb=1e-4), "exceed the budget"),
