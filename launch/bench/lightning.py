@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -144,7 +145,7 @@ def lightning(args: argparse.Namespace, env: dict, partial: Callable[[dict, str]
     first_tokens = None
     for name in args.placements.split(","):
         lightning_mode = name in LIGHTNING_MODES
-        options = dict(placement="lightning" if lightning_mode else name, device_memory_gb=budget)
+        options: dict[str, Any] = dict(placement="lightning" if lightning_mode else name, device_memory_gb=budget)
         if lightning_mode:
             options.update(_lightning_options(name, args, N, mu))
         try:

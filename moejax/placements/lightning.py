@@ -167,13 +167,17 @@ class Lightning(LayerByLayer):
 
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert isinstance(steps, LightningSteps)
-        return {"placement": self.name, "pipeline": steps.stats.as_dict(),
-                **steps.experts.stats.as_dict()}
+        out = {"placement": self.name, "pipeline": steps.stats.as_dict(), **steps.experts.stats.as_dict()}
+        if isinstance(steps.experts, HostExperts):  # F_g = 0: the FFN's inputs to the host, its output back
+            out["host_ffn"] = {"bytes_d2h": steps.experts.bytes_d2h, "bytes_h2d": steps.experts.bytes_h2d}
+        return out
 
     def reset_stats(self, steps: LayeredSteps | None) -> None:
         assert isinstance(steps, LightningSteps)
         steps.stats = PipelineStats()
         steps.experts.stats = type(steps.experts.stats)()
+        if isinstance(steps.experts, HostExperts):
+            steps.experts.bytes_d2h = steps.experts.bytes_h2d = 0
 
     def describe(self, steps: LayeredSteps | None) -> str:
         assert isinstance(steps, LightningSteps)

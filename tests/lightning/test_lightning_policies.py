@@ -77,6 +77,7 @@ def test_tokens_and_logits_equal_the_resident_models(options, prompts):
     pipeline = stats["pipeline"]
     if options is HOST_FFN:
         assert stats["total"]["bytes_h2d"] == 0 and stats["total"]["hits"] > 0  # no expert page moved
+        assert stats["host_ffn"]["bytes_d2h"] > 0 and stats["host_ffn"]["bytes_h2d"] > 0
         assert "4 of 8 experts per layer resident" in text and "run by the host" in text
         assert pipeline["bytes_kv_swap"] == 0
     else:
