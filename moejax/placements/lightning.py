@@ -18,7 +18,14 @@ from moejax.lightning.host_ffn import HostExperts, HostExpertStore
 from moejax.lightning.pages import PagedExperts, PagedStore
 from moejax.lightning.policy import FIELDS, LightningPlan, check_kv_fits, host_memory_bytes, resolve_plan
 from moejax.offload.layered_steps import LayeredSteps
-from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
+from moejax.offload.memory_budget import (
+    BudgetAsk,
+    MemoryBudget,
+    MemoryBudgetError,
+    ModelBytes,
+    device_budget_bytes,
+    size,
+)
 from moejax.offload.settings import PlacementSettings
 from moejax.placements.base import LayerByLayer, Store
 from moejax.placements.budget import budget_for
@@ -77,9 +84,13 @@ class Lightning(LayerByLayer):
         workload = plan.workload
         host_bytes = host_memory_bytes(settings.host_memory_gb)
 
-        def here() -> Profile:  # the search sizes the KV as the check below does: this dtype, this host's memory
-            found = profile()
-            return dataclasses.replace(found, dtype_bytes=jnp.dtype(dtype).itemsize,
+        device_bytes = device_budget_bytes(settings.device_memory_gb)
+
+        def here() -> Profile:  # the search sizes the KV as the check below does: this dtype, this host's memory,
+            found = profile()  # this device budget (else it may put a KV cache on a device that cannot hold it)
+            device = found.device if device_bytes is None else \
+                dataclasses.replace(found.device, memory_bytes=float(device_bytes))
+            return dataclasses.replace(found, dtype_bytes=jnp.dtype(dtype).itemsize, device=device,
                                        host=dataclasses.replace(found.host, memory_bytes=float(host_bytes)))
         try:
             policy = resolve_plan(cfg, {f: getattr(settings, f) for f in FIELDS}, prompt_len=workload.seq_len,
