@@ -14,7 +14,7 @@ continuous-batching pool (PagedCache, per layer {name: [N, BLOCK, ...]}, on the 
 Engine.generate, per-row caches with slot = position (one micro-batch).
 
 Steps without a cache (logits, scoring) run LayeredSteps' own loop with the paged experts (PagedExperts.moe). Under
-F_g = 0 the experts past the resident share stay on the host and run there (moejax.lightning.host_ffn.HostExperts)."""
+F_g = 0 the experts past the resident share stay on the host and run there (moejax.lightning.host_ffn.HostFFN)."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,7 +31,7 @@ from flax import nnx
 from moejax.kernels.backends import Kernels
 from moejax.lightning import kv_swap, layer_parts
 from moejax.lightning.balance import balance
-from moejax.lightning.host_ffn import HostExperts
+from moejax.lightning.host_ffn import HostFFN
 from moejax.lightning.host_kv import host_device
 from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, PAGE, POST, PRE, Task, cgopipe_order
@@ -84,7 +84,7 @@ class LightningSettings:
 
 class LightningSteps(LayeredSteps):
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels,
-                 experts: PagedExperts | HostExperts, settings: LightningSettings, host: jax.Device | None = None
+                 experts: PagedExperts | HostFFN, settings: LightningSettings, host: jax.Device | None = None
                  ) -> None:
         super().__init__(graphdef, params, kernels, experts)
         if settings.micro_batch < 1:

@@ -63,7 +63,7 @@ class HostExpertStore:
         return sum(a.nbytes for layer in self.on_host.values() for a in layer.values())
 
 
-class HostExperts(layered_steps.LayerRuntime):
+class HostFFN(layered_steps.LayerRuntime):
     """The pipeline's weight runtime under F_g = 0: `run_moe` runs the resident share on the device and the rest on
     the host, each dispatched asynchronously, so one micro-batch's host FFN overlaps the device's next tasks. It
     keeps PagedExperts' calls (fetch_page, experts, release) so the executor walks the same task list; none moves

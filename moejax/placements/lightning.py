@@ -14,7 +14,7 @@ from moejax.config import ModelConfig
 from moejax.kernels.backends import Kernels
 from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
 from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
-from moejax.lightning.host_ffn import HostExperts, HostExpertStore
+from moejax.lightning.host_ffn import HostExpertStore, HostFFN
 from moejax.lightning.pages import PagedExperts, PagedStore
 from moejax.lightning.policy import FIELDS, LightningPlan, check_kv_fits, host_memory_bytes, resolve_plan
 from moejax.offload.layered_steps import LayeredSteps
@@ -142,9 +142,9 @@ class Lightning(LayerByLayer):
             return HostExpertStore(self.plan.r_w)
         return PagedStore(self.plan.r_w, pages=self.plan.micro_batches)
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> PagedExperts | HostExperts:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> PagedExperts | HostFFN:
         if isinstance(store, HostExpertStore):
-            return HostExperts(store, config, kernels.experts)
+            return HostFFN(store, config, kernels.experts)
         return PagedExperts(store, kernels.experts)
 
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
@@ -179,7 +179,7 @@ class Lightning(LayerByLayer):
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert isinstance(steps, LightningSteps)
         out = {"placement": self.name, "pipeline": steps.stats.as_dict(), **steps.experts.stats.as_dict()}
-        if isinstance(steps.experts, HostExperts):  # F_g = 0: the FFN's inputs to the host, its output back
+        if isinstance(steps.experts, HostFFN):  # F_g = 0: the FFN's inputs to the host, its output back
             out["host_ffn"] = {"bytes_d2h": steps.experts.bytes_d2h, "bytes_h2d": steps.experts.bytes_h2d}
         return out
 
@@ -187,7 +187,7 @@ class Lightning(LayerByLayer):
         assert isinstance(steps, LightningSteps)
         steps.stats = PipelineStats()
         steps.experts.stats = type(steps.experts.stats)()
-        if isinstance(steps.experts, HostExperts):
+        if isinstance(steps.experts, HostFFN):
             steps.experts.bytes_d2h = steps.experts.bytes_h2d = 0
 
     def describe(self, steps: LayeredSteps | None) -> str:
