@@ -15,6 +15,7 @@ PREDICTORS = ("predictors", "--stdlib", "held_out", "--train-stdlib", "train", "
               "4096", "--distill-steps", "100", "--cache-tokens", "256", "--speculative-windows", "1",
               "--capacities", "1,16,256")
 GPU_MODEL = ("--model", "qwen3-30b-a3b", "--num-layers", "4", "--dtype", "bfloat16")  # as launch.gpu_check's
+LIGHTNING_ROWS = "lightning,lightning-host-ffn,lightning-swapped-kv,streamed,cached"
 DECODE_MODES = ("offload", "--sections", "decode", "--quick", "--modes",
                 "on-demand,prefetch,estimator,expert_map,expert_map-T+S,expert_map-T,moe_infinity")
 
@@ -61,11 +62,7 @@ def _orders(record: dict) -> Series:
 
 def _workloads(record: dict) -> Series:
     rows = [dict(r, kv=f"prefix cache {r['kv_cache']}") for r in record["results"]]
-    series = _by(rows, "kv", "workload", lambda r: r["tokens_per_s"])
-    series["memory estimate (MB) / 10"] = ([r["workload"] for r in rows if r["kv_cache"] == "on"],
-                                          [r["memory"]["estimate"]["total_bytes"] / 1e7 for r in rows
-                                           if r["kv_cache"] == "on"])
-    return series
+    return _by(rows, "kv", "workload", lambda r: r["tokens_per_s"])
 
 
 def _tier2(record: dict) -> Series:
@@ -183,7 +180,7 @@ PAPERS: dict[str, list[Figure]] = {
         Figure("s8-workloads",
                "MoE-Prefill §8 workloads: scoring throughput under its context regimes (short prompts over shared "
                "prefixes, long contexts, multi-selection, a mix) with the prefix cache on and off, and the device "
-               "memory each run holds (XLA's peak where the backend reports it, the memory budget's estimate)",
+               "memory each run holds (in the record: XLA's peak where the backend reports it, the budget's estimate)",
                CPU + " (no peak memory: the CPU backend reports none); tiny-qwen3-moe, 24 requests per regime",
                ("serve", "--workloads", "shared-prefix,long-context,multi-select,mix", "--requests", "24", "--prefix",
                 "128", "--suffix", "16", "--prefixes", "4", "--long-requests", "2", "--kv-modes", "on,off",
@@ -254,10 +251,12 @@ PAPERS: dict[str, list[Figure]] = {
     "moe-lightning": [
         Figure("throughput-vs-offload",
                "MoE-Lightning Fig. 7: generation throughput of CGOPipe against FlexGen-style layer streaming "
-               "(streamed) and an expert cache at one device memory budget",
+               "(streamed) and an expert cache at one device memory budget, with the other policies its search "
+               "considers: the FFN on the host (F_g = 0) and attention on the device over KV swapped in from the "
+               "host (A_g = 1, r_c < 1, FlexGen's S4)",
                CPU + "; the accelerator and the host are the same cores, so only overhead and overlap show; 8 "
-               "requests of 16 + 8 tokens", ("lightning", "--quick"), _lightning, "placement", "value",
-               gpu_argv=("lightning", *GPU_MODEL)),
+               "requests of 16 + 8 tokens", ("lightning", "--quick", "--placements", LIGHTNING_ROWS), _lightning,
+               "placement", "value", gpu_argv=("lightning", "--placements", LIGHTNING_ROWS, *GPU_MODEL)),
     ],
     "fmoe": [
         Figure("fig9-latency-by-prefetcher",
