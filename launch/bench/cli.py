@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
         env["xla_startup"] = startup
     if args.note:
         env["note"] = args.note
-    name = args.results_name(args) if getattr(args, "results_name", None) else args.command
-    out = args.out or os.path.join("bench", "results", f"{name}-{device_tag(env['device']['kind'])}.json")
+    stem = args.results_stem(args) if getattr(args, "results_stem", None) else os.path.join("bench", "results",
+                                                                                          args.command)
+    out = args.out or f"{stem}-{device_tag(env['device']['kind'])}.json"
     results = ResultsFile(out)
     runs = results.complete(args.run(args, env, results.partial))
     print(f"wrote {out} ({runs} runs)")

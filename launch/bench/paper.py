@@ -3,9 +3,9 @@ its own `python -m launch.bench ...` process at sizes that fit a 2-core CPU (or,
 they exist), one JSON and one plot per figure. Each figure's record says which of the paper's numbers it
 corresponds to and what differs (model, device, scale); the summary record lists the figures with their seconds.
 
-Figures are written to `bench/results/paper/NAME/FIGURE-DEVICE.json` (each run appended, as every benchmark's
-results file) and `FIGURE-DEVICE.png` (drawn from the run just made); the summary to
-`bench/results/paper-NAME-DEVICE.json`. Each benchmark writes its own record into a scratch directory first, so a
+Figures are written to `RESULTS/paper/NAME/FIGURE-DEVICE.json` (RESULTS: --results, bench/results by default; each
+run appended, as every benchmark's results file) and `FIGURE-DEVICE.png` (drawn from the run just made); the summary
+to `RESULTS/paper-NAME-DEVICE.json`. Each benchmark writes its own record into a scratch directory first, so a
 figure that fails or runs out of time leaves the results already there as they were."""
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                    help="seconds for the whole set; a figure that would run past it is stopped and reported")
     p.add_argument("--results", default=os.path.join("bench", "results"),
                    help="folder of the figures' records and plots (paper/NAME/ below it)")
-    p.add_argument("--out", default=None, help="summary JSON (default bench/results/paper-NAME-<device>.json)")
-    p.set_defaults(results_name=lambda a: f"paper-{a.name}", check=check_args)
+    p.add_argument("--out", default=None, help="summary JSON (default RESULTS/paper-NAME-<device>.json)")
+    p.set_defaults(results_stem=lambda a: os.path.join(a.results, f"paper-{a.name}"), check=check_args)
     return p
 
 

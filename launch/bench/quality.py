@@ -50,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     t2.add_argument("--slack-tokens", type=_int_at_least(0), default=TIER2_DEFAULTS["slack_tokens"],
                     help="tokens generated beyond the question's longest candidate")
     t2.add_argument("--seed", type=int, default=TIER2_DEFAULTS["seed"], help="which questions and distractors")
-    p.set_defaults(results_name=lambda a: "quality-tier2" if a.tier2 else "quality",  # another record's shape
+    # tier 2 is another record's shape: its own results file
+    p.set_defaults(results_stem=lambda a: os.path.join("bench", "results", "quality-tier2" if a.tier2 else "quality"),
                    check=check_args)
     return p
 
