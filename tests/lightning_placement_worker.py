@@ -1,7 +1,8 @@
 """Run by tests/lightning/test_lightning_families.py in a process with 2 simulated CPU devices: cpu:0 holds the
 weights (the accelerator), cpu:1 is the host (moejax.lightning.host_kv.host_device), which holds the KV cache of the
 layers past the r_c share and runs their attention. For each fixture named on the command line, under its policy
-(POLICIES: every attention variant meets a different r_w, r_c, μ), the scheduler's greedy tokens of the resident
+(POLICIES: every attention variant meets a different r_w, r_c, μ; one runs the FFN on the host, one attends on the
+device over KV swapped in from the host), the scheduler's greedy tokens of the resident
 model and of placement lightning, transformers' tokens, and where each array lives. Prints one JSON line."""
 import json
 import os
@@ -15,10 +16,10 @@ from lightning_generate import NEW_TOKENS, scheduled  # noqa: E402
 
 import moejax  # noqa: E402
 
-# (μ, r_w, r_c, attention_on) per family; N = 4 rows, the three prompts and one padding row
-POLICIES = {"qwen3_moe": (1, 0.0, 0.0, "host"), "mixtral": (2, 0.5, 0.34, "host"), "gpt_oss": (3, 1.0, 0.0, "host"),
-            "qwen2_moe": (2, 0.25, 0.0, "host"), "deepseek_v3": (2, 0.5, 1.0, "device"),
-            "deepseek_v2_lite": (4, 0.5, 0.5, "host")}
+# (μ, r_w, r_c, attention_on, ffn_on) per family; N = 4 rows, the three prompts and one padding row
+POLICIES = {"qwen3_moe": (1, 0.0, 0.0, "host", "device"), "mixtral": (2, 0.5, 0.34, "host", "device"),
+            "gpt_oss": (3, 1.0, 0.0, "host", "device"), "qwen2_moe": (2, 0.25, 0.0, "host", "host"),
+            "deepseek_v3": (2, 0.5, 1.0, "device", "device"), "deepseek_v2_lite": (4, 0.5, 0.5, "device", "device")}
 
 
 def shardings(arrays) -> list[str]:
@@ -28,10 +29,11 @@ def shardings(arrays) -> list[str]:
 def run(name: str) -> dict:
     ref = reference(name)
     prompts = [ref[f"prompt_{i}"].tolist() for i in range(3)]
-    mu, r_w, r_c, attention_on = POLICIES[name]
+    mu, r_w, r_c, attention_on, ffn_on = POLICIES[name]
     resident = moejax.load(fixture_dir(name), dtype="float32")
     engine = moejax.load(fixture_dir(name), dtype="float32", placement="lightning", decode_batch=4, micro_batch=mu,
-                         resident_share=r_w, kv_device_share=r_c, attention_on=attention_on)
+                         resident_share=r_w, kv_device_share=r_c, attention_on=attention_on,
+                         ffn_on=ffn_on)
     steps = engine.steps
     pool = engine.init_pool(2, decode=True)
     store = steps.experts.store
@@ -40,7 +42,9 @@ def run(name: str) -> dict:
                 host=str(steps.host), device=str(steps.device), device_kv_layers=steps.settings.device_kv_layers,
                 pool=[shardings(layer.values()) for layer in pool],
                 weights=shardings(jax.tree.leaves(engine.params)),
-                pages=shardings([a for pages in store.paged.values() for page in pages for a in page.values()]),
+                pages=shardings([a for pages in getattr(store, "paged", {}).values() for page in pages
+                                 for a in page.values()]),
+                host_experts=shardings([a for layer in getattr(store, "on_host", {}).values() for a in layer.values()]),
                 resident_experts=shardings([a for layer in store.resident.values() for a in layer.values()]),
                 host_tasks=steps.stats.tasks.get("CPUATTN", 0))
 

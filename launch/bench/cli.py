@@ -12,7 +12,8 @@ with and without a shared prefix and on greedy generation (launch/bench/peers.py
 layouts: each parallel layout on the devices present (8 simulated CPU devices, or GPUs): tokens/s against the
 one-device model, and bytes sent per device per layer, analytic next to measured (launch/bench/layouts.py).
 quality: held-out perplexity, top-1 accuracy and expert load of a model with a tokenizer, against a bigram floor
-(launch/bench/quality.py).
+(launch/bench/quality.py); --tier2: MoE-Prefill's tier-2 accuracy, multiple-choice code questions answered by
+prefill-only scoring and by greedy generation (launch/bench/quality_tier2.py).
 predictors: every expert predictor on held-out routing traces: recall per layer and distance, expert-cache hit
 rates with each as prefetcher, and the accuracy cost of executing its predictions (launch/bench/predictors.py).
 generate: output tokens/s of continuous batching vs static batching vs transformers' batched generate on a
@@ -68,11 +69,13 @@ from launch.bench import layouts as bench_layouts
 from launch.bench import lightning as bench_lightning
 from launch.bench import lightning_ablation as bench_lightning_ablation
 from launch.bench import offload as bench_offload
+from launch.bench import paper as bench_paper
 from launch.bench import peers as bench_peers
 from launch.bench import plans as bench_plans
 from launch.bench import predictors as bench_predictors
 from launch.bench import prefill
 from launch.bench import quality as bench_quality
+from launch.bench import quality_tier2 as bench_quality_tier2
 from launch.bench import router_free as bench_router_free
 from launch.bench import serve as bench_serve
 from launch.bench.provenance import device_tag
@@ -81,7 +84,8 @@ from launch.bench.util import environment
 from moejax.serving import xla_startup
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its flags (`launch.bench paper` parses its figures' command lines with it in the tests)."""
     parser = argparse.ArgumentParser(prog="python -m launch.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--note", default=None,
                         help="a line the record keeps (e.g. that a CPU run is at small sizes); before the command")
@@ -95,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     bench_offload.add_parser(sub).set_defaults(run=bench_offload.offload)
     bench_layouts.add_parser(sub).set_defaults(run=bench_layouts.layouts)
     bench_peers.add_parser(sub).set_defaults(run=at_end(bench_peers.peers))
-    bench_quality.add_parser(sub).set_defaults(run=at_end(bench_quality.quality))
+    bench_quality.add_parser(sub).set_defaults(run=lambda a, env, partial: (
+        bench_quality_tier2.tier2 if a.tier2 else bench_quality.quality)(a, env))
     bench_predictors.add_parser(sub).set_defaults(run=at_end(bench_predictors.predictors))
     bench_generate.add_parser(sub).set_defaults(run=bench_generate.generate)
     bench_plans.add_parser(sub).set_defaults(run=bench_plans.plans)
@@ -109,7 +114,15 @@ def main(argv: list[str] | None = None) -> None:
     bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
     bench_depth.add_parser(sub).set_defaults(run=bench_depth.depth)
     bench_invariant.add_parser(sub).set_defaults(run=bench_invariant.invariant)
+    bench_paper.add_parser(sub).set_defaults(run=bench_paper.paper)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "check", None):  # a command's own checks of what the user typed, before any work
+        args.check(args, parser)
     if args.command == "prefill" and args.dtype != "float32" and not args.no_transformers:
         parser.error("the transformers comparison runs in float32; pass --no-transformers for other dtypes")
     if args.command == "frontend" and not args.out:  # the simulation and the real run are different records
@@ -122,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
         env["xla_startup"] = startup
     if args.note:
         env["note"] = args.note
-    out = args.out or os.path.join("bench", "results", f"{args.command}-{device_tag(env['device']['kind'])}.json")
+    stem = args.results_stem(args) if getattr(args, "results_stem", None) else os.path.join("bench", "results",
+                                                                                          args.command)
+    out = args.out or f"{stem}-{device_tag(env['device']['kind'])}.json"
     results = ResultsFile(out)
     runs = results.complete(args.run(args, env, results.partial))
     print(f"wrote {out} ({runs} runs)")

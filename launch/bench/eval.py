@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from launch.bench.code_questions import code_questions
 from launch.bench.peers import vllm_environment
 from launch.bench.util import cpu_seconds
 from moejax.loading import enable_compilation_cache
@@ -58,21 +59,7 @@ def make_task(folder: str, questions: int, choices: int, context_lines: int, see
     """The task's JSONL and YAML in `folder` (absolute paths); -> what it holds."""
     modules = (textwrap, json.decoder, collections, email.message, random, inspect)
     lines = [ln.rstrip() for m in modules for ln in inspect.getsource(m).splitlines()]
-    rng = random.Random(seed)
-    starts = [i for i in range(len(lines) - context_lines)
-              if len(lines[i + context_lines].strip().split()) >= 2 and all(lines[i: i + context_lines])]
-    if len(starts) < questions:
-        raise ValueError(f"--questions {questions}: the sources give {len(starts)} contexts")
-    words = lambda ln: " ".join(ln.strip().split()[:2])  # noqa: E731  (a continuation: the first two words)
-    docs: list[dict[str, Any]] = []  # the task's JSONL lines
-    for i in rng.sample(starts, questions):
-        nxt = lines[i + context_lines]
-        gold = nxt[: len(nxt) - len(nxt.lstrip())] + words(nxt)
-        others = {words(lines[j]) for j in rng.sample(range(len(lines)), 8 * choices) if lines[j].strip()}
-        options = [gold] + rng.sample(sorted(o for o in others if o != words(nxt)), choices - 1)
-        rng.shuffle(options)
-        docs.append({"context": "\n".join(lines[i: i + context_lines]) + "\n", "choices": options,
-                     "gold": options.index(gold)})
+    docs = code_questions(lines, questions, choices, context_lines, seed)
     data = os.path.join(folder, "mc.jsonl")
     with open(data, "w", encoding="utf-8") as f:
         for d in docs:

@@ -11,6 +11,12 @@ are reported. For lightning, one probed decode call at its N and the average con
 (moejax.measure.lightning_probe) gives the share of the time each resource was busy, and with a hardware profile
 the HRM's predicted per-layer time.
 
+Two more rows run the other policies of MoE-Lightning's search (§4.2) with lightning's N, μ and r_w:
+`lightning-host-ffn` (F_g = 0: the experts past r_w in host memory, the host runs them; CGOPipe's attention on the
+host) and `lightning-swapped-kv` (A_g = 1: attention on the device, the KV of the layers past --swap-kv-share on the
+host and swapped in a layer at a time, FlexGen's S4). A policy the budget cannot hold is recorded as refused, with
+the reason.
+
 The default budget fits the non-expert weights, three layers of experts (a streamed window of 2, lightning's
 double-buffered pages) and the KV of --device-rows sequences: streamed and cached can batch
 only that many, lightning as many as its policy's N. On a CPU the accelerator and the host are the same cores and
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -52,11 +59,28 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--micro-batch", type=int, default=None, help="lightning's μ (default N / 4)")
     p.add_argument("--resident-share", type=float, default=0.0, help="lightning's r_w")
     p.add_argument("--max-rows", type=int, default=64, help="streamed and cached: most rows of a decode step")
-    p.add_argument("--placements", default="lightning,streamed,cached")
+    p.add_argument("--swap-kv-share", type=float, default=0.0,
+                   help="lightning-swapped-kv's r_c: the share of the layers whose KV stays on the device")
+    p.add_argument("--placements", default="lightning,streamed,cached",
+                   help=f"comma-separated rows: streamed, cached, {', '.join(LIGHTNING_MODES)}")
     p.add_argument("--profile", default=None, help="hardware profile for the HRM's prediction (default: the device's)")
     p.add_argument("--quick", action="store_true", help="8 requests of 16 + 8 tokens: a smoke run")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/lightning-<device>.json)")
     return p
+
+
+LIGHTNING_MODES = ("lightning", "lightning-host-ffn", "lightning-swapped-kv")
+
+
+def _lightning_options(mode: str, args: argparse.Namespace, N: int, mu: int) -> dict:
+    """The lightning options of a row: CGOPipe's policy, or one field of it changed (module docstring)."""
+    options = dict(decode_batch=N, micro_batch=mu, resident_share=args.resident_share, kv_device_share=0.0,
+                   attention_on="host", ffn_on="device", plan_seq_len=args.prompt_len, plan_gen_len=args.new_tokens)
+    if mode == "lightning-host-ffn":
+        options.update(ffn_on="host")
+    elif mode == "lightning-swapped-kv":
+        options.update(attention_on="device", kv_device_share=args.swap_kv_share)
+    return options
 
 
 def _requests(args: argparse.Namespace, vocab: int) -> list[GenRequest]:
@@ -120,16 +144,24 @@ def lightning(args: argparse.Namespace, env: dict, partial: Callable[[dict, str]
                   runs=[])
     first_tokens = None
     for name in args.placements.split(","):
-        options = dict(placement=name, device_memory_gb=budget)
-        if name == "lightning":
-            options.update(decode_batch=N, micro_batch=mu, resident_share=args.resident_share, kv_device_share=0.0,
-                           attention_on="host", plan_seq_len=args.prompt_len, plan_gen_len=args.new_tokens)
-        engine = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, compilation_cache=False,
-                             **options)
+        lightning_mode = name in LIGHTNING_MODES
+        options: dict[str, Any] = dict(placement="lightning" if lightning_mode else name, device_memory_gb=budget)
+        if lightning_mode:
+            options.update(_lightning_options(name, args, N, mu))
+        try:
+            engine = moejax.load(args.model, dtype=args.dtype, num_layers=args.num_layers, compilation_cache=False,
+                                 **options)
+        except ValueError as e:  # a policy the budget cannot hold: said, and the other rows still run
+            record["runs"].append(dict(placement=options["placement"], mode=name, refused=str(e)))
+            print(f"  {name}: refused: {e}", flush=True)
+            continue
         requests = requests or _requests(args, engine.config.vocab_size)
         row, tokens = _run(engine, requests, args.max_rows)
+        row["mode"] = name
         first_tokens = first_tokens if first_tokens is not None else tokens
         row["same_tokens_as_first"] = tokens == first_tokens
+        if lightning_mode:
+            row["policy"] = engine.memory_budget.lightning.describe()
         if name == "lightning":
             row.update(_probe(engine, args))
         record["runs"].append(row)
@@ -137,7 +169,7 @@ def lightning(args: argparse.Namespace, env: dict, partial: Callable[[dict, str]
               f"same tokens {row['same_tokens_as_first']} ({row['kv_pool']})", flush=True)
         partial(record, name)
         del engine
-    base = {r["placement"]: r["tokens_per_s"] for r in record["runs"]}
+    base = {r["mode"]: r["tokens_per_s"] for r in record["runs"] if "refused" not in r}
     if "lightning" in base:
         record["lightning_vs"] = {k: base["lightning"] / v for k, v in base.items() if k != "lightning"}
         print("  lightning / " + ", ".join(f"{k}: {v:.2f}x" for k, v in record["lightning_vs"].items()))

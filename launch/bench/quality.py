@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -21,6 +22,7 @@ from moejax.train import corpus
 from moejax.train.quality import bigram_quality, model_quality
 from moejax.train.tokenizer import END_OF_TEXT
 
+TIER2_DEFAULTS = dict(questions=100, choices=4, context_lines=8, slack_tokens=2, seed=0)
 TARGETS = dict(perplexity_over_bigram_at_most=0.5, expert_share_over_uniform_between=[0.25, 4.0])
 
 
@@ -34,8 +36,44 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--window", type=int, default=512, help="tokens per scored window")
     p.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--out", default=None, help="JSON file (default bench/results/quality-<device>.json)")
+    p.add_argument("--out", default=None,
+                   help="JSON file (default bench/results/quality-<device>.json, quality-tier2-<device>.json)")
+    t2 = p.add_argument_group("tier 2 (launch/bench/quality_tier2.py)")
+    t2.add_argument("--tier2", action="store_true",
+                    help="multiple-choice accuracy by prefill-only scoring and by greedy generation instead")
+    t2.add_argument("--questions", type=_int_at_least(1), default=TIER2_DEFAULTS["questions"],
+                    help="questions cut from the text")
+    t2.add_argument("--choices", type=_int_at_least(2), default=TIER2_DEFAULTS["choices"],
+                    help="candidates per question")
+    t2.add_argument("--context-lines", type=_int_at_least(1), default=TIER2_DEFAULTS["context_lines"],
+                    help="source lines in each question's context")
+    t2.add_argument("--slack-tokens", type=_int_at_least(0), default=TIER2_DEFAULTS["slack_tokens"],
+                    help="tokens generated beyond the question's longest candidate")
+    t2.add_argument("--seed", type=int, default=TIER2_DEFAULTS["seed"], help="which questions and distractors")
+    # tier 2 is another record's shape: its own results file
+    p.set_defaults(results_stem=lambda a: os.path.join("bench", "results", "quality-tier2" if a.tier2 else "quality"),
+                   check=check_args)
     return p
+
+
+def check_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Before any work: flags of the other mode are refused rather than ignored."""
+    if args.tier2:
+        typed = [f for f, v in (("--bigram-text", args.bigram_text), ("--max-tokens", args.max_tokens)) if v]
+        if typed:
+            parser.error(f"{', '.join(typed)}: the perplexity run's, not --tier2's")
+        return
+    typed = ["--" + k.replace("_", "-") for k, v in TIER2_DEFAULTS.items() if getattr(args, k) != v]
+    if typed:
+        parser.error(f"{', '.join(typed)}: --tier2's; add --tier2 or leave them out")
+
+
+def _int_at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {least}")
+        return int(text)
+    return parse
 
 
 def read_texts(path: str) -> list[str]:

@@ -14,7 +14,13 @@ token: at full depth it would double the run).
 
 Defaults depend on the platform: on a GPU, thousands of requests of 512 prompt tokens (rows of 512 hold one request
 each, nothing padded), the distinct workload KV-free and auto and the shared one auto, the runner sizing its batches
-from the device; elsewhere (CPUs) today's small workload, every mode, batches of 2048 tokens."""
+from the device; elsewhere (CPUs) today's small workload, every mode, batches of 2048 tokens.
+
+`--workloads` also takes MoE-Prefill's context regimes (launch/bench/serve_workloads.py): shared-prefix (a few shared
+prefixes, short suffixes), long-context (few long prompts), multi-select (one context, several multi-token candidates)
+and a mix of the three; the record says what each workload asked and holds (lengths, the prefix-sharing ratio). Each
+row records the device's peak memory (XLA's memory stats; null on CPU, which has none) beside the memory budget's
+estimate for the run (launch/bench/device_memory.py), and the scores of the first SAMPLE requests as served."""
 from __future__ import annotations
 
 import argparse
@@ -23,12 +29,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import jax
 import numpy as np
 
 import moejax
+from launch.bench import device_memory
+from launch.bench.serve_workloads import KINDS, REGIMES, Sizes, asked, held, workload
 from launch.bench.util import time_calls
 from launch.gpu_ceilings import measured
 from moejax import compiles
@@ -41,8 +49,9 @@ from moejax.sched.batch_schedule import ORDERS
 from moejax.sched.serving_options import ServingOptions
 
 MODES = ("on", "off", "auto")
-WORKLOADS = ("distinct", "shared")  # the default set; "mixed" on request (--workloads)
-ALL_WORKLOADS = WORKLOADS + ("mixed",)
+WORKLOADS = ("distinct", "shared")  # the default set; the others on request (--workloads)
+ALL_WORKLOADS = KINDS
+SAMPLE = 3  # requests (the first lines) whose scores each row keeps, to check against a reference
 LONGEST_SHARE = 0.1  # "the longest requests" whose wait --orders reports: this share of them, by prompt length
 
 
@@ -50,27 +59,15 @@ class Defaults(TypedDict):
     requests: int
     prefix: int
     modes: dict[str, tuple[str, ...]]  # per workload
+    other_modes: tuple[str, ...]  # of the workloads `modes` does not name
     max_batch_tokens: int | None
 
 
-# platform -> defaults of the flags left out: (requests, prefix, modes per workload, max batch tokens)
+# platform -> defaults of the flags left out: (requests, prefix, modes per workload and of the rest, max batch tokens)
 DEFAULTS = {"gpu": Defaults(requests=2048, prefix=480, modes={"distinct": ("off", "auto"), "shared": ("auto",)},
-                            max_batch_tokens=None),
-            "cpu": Defaults(requests=64, prefix=512, modes={w: MODES for w in WORKLOADS}, max_batch_tokens=2048)}
-
-
-def workload(kind: str, n: int, prefix: int, suffix: int, candidates: int, vocab: int, seed: int) -> list[str]:
-    rng = np.random.default_rng(seed)
-    shared = rng.integers(1, vocab, prefix).tolist()
-    lines = []
-    for i in range(n):
-        head = shared if kind == "shared" else rng.integers(1, vocab, prefix).tolist()
-        if kind == "mixed":  # lengths spread over 16x: a prefix of 1/8 to 2x --prefix tokens, shared with nothing
-            head = rng.integers(1, vocab, max(1, int(prefix * 2.0 ** rng.uniform(-3, 1)))).tolist()
-        body = {"prompt_token_ids": head + rng.integers(1, vocab, suffix).tolist(),
-                "candidate_token_ids": [[int(t)] for t in rng.choice(vocab, candidates, replace=False)]}
-        lines.append(json.dumps({"custom_id": f"{kind}-{i}", "url": "/v1/score", "body": body}))
-    return lines
+                            other_modes=("off", "auto"), max_batch_tokens=None),
+            "cpu": Defaults(requests=64, prefix=512, modes={w: MODES for w in WORKLOADS}, other_modes=MODES,
+                            max_batch_tokens=2048)}
 
 
 def _serve(engine: Engine, lines: list[str], mode: str, max_batch_tokens: int | None, order: str = "longest"
@@ -78,12 +75,28 @@ def _serve(engine: Engine, lines: list[str], mode: str, max_batch_tokens: int | 
     done: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        summary = serve_lines(engine, lines, os.path.join(d, "out.jsonl"),
+        out = os.path.join(d, "out.jsonl")
+        summary = serve_lines(engine, lines, out,
                               ServingOptions(max_batch_tokens=max_batch_tokens, kv_cache=mode, order=order),
                               done_s=done)
         summary["outer_wall_s"] = time.perf_counter() - t0
+        with open(out) as f:
+            summary["sample"] = [sampled(json.loads(line)) for line, _ in zip(f, range(SAMPLE), strict=False)]
     summary["done_s"] = done
     return summary
+
+
+def sampled(result: dict) -> dict:
+    """A result line as the record keeps it: its id and each context's candidate log-probabilities."""
+    body = result["response"]["body"] if result.get("response") else None
+    return dict(custom_id=result["custom_id"], error=result.get("error"),
+                logprobs=[[c["logprob"] for c in r["candidates"]] for r in body["results"]] if body else None)
+
+
+def longest_sequence(lines: list[str]) -> int:
+    """Tokens of the longest scored sequence: a prompt and its longest candidate."""
+    bodies = [json.loads(line)["body"] for line in lines]
+    return max(len(b["prompt_token_ids"]) + max(map(len, b["candidate_token_ids"])) for b in bodies)
 
 
 def waits(lines: list[str], done: dict[int, float]) -> dict:
@@ -148,7 +161,8 @@ def resident_prefill(engine: Engine, lines: list[str], batch_tokens: int, repeat
 
 
 # flag -> the smallest value it takes
-LEAST = {"requests": 1, "prefix": 0, "suffix": 0, "candidates": 1, "max_batch_tokens": 16, "repeats": 1}
+LEAST = {"requests": 1, "prefix": 0, "suffix": 0, "candidates": 1, "max_batch_tokens": 16, "repeats": 1,
+         "prefixes": 1, "context": 1, "long_requests": 1, "choice_tokens": 1}
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -161,6 +175,17 @@ def check_flags(args: argparse.Namespace) -> None:
         raise SystemExit(f"bench serve: --peak-tflops must be > 0; got {args.peak_tflops}")
     if args.prefix == 0 and args.suffix == 0:
         raise SystemExit("bench serve: --prefix and --suffix are both 0: a prompt needs a token")
+
+
+def check_lengths(lines: list[str], kind: str, limit: int) -> None:
+    """SystemExit when the workload's longest scored sequence exceeds the model's context (every such request would
+    only be answered 400)."""
+    longest = longest_sequence(lines)
+    if longest > limit:
+        flags = {"long-context": "--context", "multi-select": "--prefix, --suffix or --choice-tokens",
+                 "mix": "--context, --prefix, --suffix or --choice-tokens"}.get(kind, "--prefix or --suffix")
+        raise SystemExit(f"bench serve: workload {kind}: a prompt and its candidate take {longest} tokens, more than "
+                         f"the model's {limit} positions; lower {flags}")
 
 
 def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, str], None] | None = None) -> dict:
@@ -184,16 +209,25 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     if args.placement is not None:
         options["placement"] = args.placement
     engine = moejax.load(args.model, dtype=args.dtype, **options)
+    if args.candidates >= engine.config.vocab_size:  # single-token candidates are drawn without repeats
+        raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
+                         f"{engine.config.vocab_size} tokens")
+    # long-context: 4x the other prompts by default, within the model's positions (a single-token candidate after it)
+    context = args.context or min(4 * (prefix + args.suffix), engine.config.max_position_embeddings - 1)
+    sizes = Sizes(requests=requests, prefix=prefix, suffix=args.suffix, candidates=args.candidates,
+                  prefixes=args.prefixes, context=context, long_requests=args.long_requests or max(1, requests // 16),
+                  choice_tokens=args.choice_tokens)
+    made = {kind: workload(kind, sizes, engine.config.vocab_size, args.seed) for kind in args.workloads.split(",")}
+    for kind, lines in made.items():  # before the weights are made
+        check_lengths(lines, kind, engine.config.max_position_embeddings)
     t0 = time.perf_counter()
     jax.block_until_ready(engine.params)  # a preset's weights are drawn on the device: timed apart
     weights = dict(source="checkpoint" if os.path.isdir(args.model) else "preset, drawn on the device",
                    materialize_s=time.perf_counter() - t0, bytes=engine.param_bytes())
-    if args.candidates >= engine.config.vocab_size:
-        raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
-                         f"{engine.config.vocab_size} tokens")
     top = peak(args, engine)
     results: list[dict] = []
     reference: dict | None = None
+    workloads: dict[str, dict] = {}
 
     def record() -> dict:
         rate = {(r["workload"], r["kv_cache"]): r["tokens_per_s"] for r in results if r["order"] == orders[0]}
@@ -205,17 +239,21 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
         return dict(**environment, benchmark="serve",
                     config=dict(model=args.model, num_layers=engine.config.num_layers, dtype=args.dtype,
                                 requests=requests, prefix=prefix, suffix=args.suffix, candidates=args.candidates,
+                                prefixes=sizes.prefixes, context=sizes.context, long_requests=sizes.long_requests,
+                                choice_tokens=sizes.choice_tokens, seed=args.seed,
                                 max_batch_tokens=batch_tokens, repeats=args.repeats, platform=platform,
                                 weights=weights, resident_prefill=not args.no_resident, orders=orders,
                                 placement=engine.memory_budget.placement if engine.memory_budget else None,
                                 theta_flops=engine.saturation.theta_flops if engine.saturation else None),
                     peak=top, flops_counted="moejax.costs: layer_flops_per_token (2 x the active parameters of the "
                     "decoder layers) per computed token + lm_head 2·D·V per read position; attention scores apart",
-                    resident_prefill=reference, results=results, ratios=ratios)
+                    resident_prefill=reference, workloads=workloads, results=results, ratios=ratios)
 
-    for kind in args.workloads.split(","):
-        lines = workload(kind, requests, prefix, args.suffix, args.candidates, engine.config.vocab_size, args.seed)
-        for mode, order in ((m, o) for m in wanted_modes or defaults["modes"][kind] for o in orders):
+    for kind, lines in made.items():
+        workloads[kind] = dict(asked=asked(kind, sizes), held=held(lines))
+        longest = longest_sequence(lines)
+        modes = wanted_modes or defaults["modes"].get(kind, defaults["other_modes"])
+        for mode, order in ((m, o) for m in modes for o in orders):
             with compiles.counting() as first:  # compile every shape this plan uses
                 first_s = _serve(engine, lines, mode, batch_tokens, order)["outer_wall_s"]
             runs = [_serve(engine, lines, mode, batch_tokens, order) for _ in range(args.repeats)]
@@ -237,7 +275,10 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
                        padded_tokens=last["padded_tokens"], batches=last["batches"],
                        score_batch=last["score_batch"], tokens_per_s=last["prompt_tokens"] / median,
                        flops=flops, mfu=flops["total"] / median / top["flops_per_s"] if top["flops_per_s"] else None,
-                       first_run_s=first_s, first_run_compiles=first.as_dict())
+                       first_run_s=first_s, first_run_compiles=first.as_dict(), sample=last["sample"],
+                       memory=dict(**device_memory.peak(), estimate=device_memory.estimate(
+                           engine, pool_blocks=last["pool_blocks"], batch_tokens=last["score_batch"]["tokens"],
+                           longest=longest)))
             row["prompt_rate_over_resident_prefill"] = (row["tokens_per_s"] / reference["tokens_per_s"]
                                                         if reference else None)
             print(f"  {kind:8s} kv {mode:4s} {order:7s} {row['tokens_per_s']:9.1f} tok/s  median {median:.2f}s  "
@@ -259,6 +300,22 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     return out
 
 
+# MoE-Prefill's context regimes at a size 2 CPU cores serve in about a minute on the tiny preset (launch.bench paper)
+REGIMES_ON_CPU = dict(workloads=",".join(REGIMES), requests=24, prefix=128, suffix=16, prefixes=4, long_requests=2,
+                      kv_modes="on,off", max_batch_tokens=2048, repeats=1, no_resident=True)
+
+
+def namespace(**overrides: Any) -> argparse.Namespace:
+    """serve()'s arguments: the flags' defaults, `overrides` (by their attribute names) in their place, for callers
+    that run the benchmark in-process, e.g. serve(namespace(**REGIMES_ON_CPU), environment)."""
+    parser = argparse.ArgumentParser()
+    args = vars(add_parser(parser.add_subparsers()).parse_args([]))
+    unknown = sorted(set(overrides) - set(args))
+    if unknown:
+        raise TypeError(f"bench serve: no flag {', '.join(unknown)}")
+    return argparse.Namespace(**{**args, **overrides})
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="batch-runner tokens/s: prefix cache on/off, KV-free vs KV, against resident "
                                      "prefill")
@@ -274,7 +331,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
     p.add_argument("--suffix", type=int, default=32, help="unique tokens after the prefix")
     p.add_argument("--candidates", type=int, default=4, help="single-token candidates per request")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help="comma-separated: shared, distinct, mixed (prompt lengths spread over 16x, nothing shared)")
+                   help="comma-separated: shared, distinct, mixed (prompt lengths spread over 16x, nothing shared), "
+                        "and MoE-Prefill's regimes shared-prefix, long-context, multi-select, mix "
+                        "(launch/bench/serve_workloads.py)")
+    p.add_argument("--prefixes", type=int, default=4, help="shared-prefix: distinct shared prefixes of --prefix tokens")
+    p.add_argument("--context", type=int, default=None,
+                   help="long-context: prompt tokens (default 4 x (--prefix + --suffix), within the model's positions)")
+    p.add_argument("--long-requests", type=int, default=None,
+                   help="long-context: requests (default --requests / 16, at least 1; mix takes half)")
+    p.add_argument("--choice-tokens", type=int, default=8, help="multi-select: tokens of each candidate")
     p.add_argument("--orders", default="longest",
                    help="comma-separated scoring orders (launch.serve --order) to serve each workload with: longest "
                         "(Θ-batching) and spf (shortest prefill first, PrefillOnly); each row reports the wait of "

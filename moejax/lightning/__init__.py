@@ -2,7 +2,8 @@
 attention on the host CPU (JAX's CPU backend in the same process), while the QKV and output projections and the MoE
 FFN run on the accelerator with paged expert weights, in one pipeline over micro-batches.
 
-Built so far: the host KV cache (host_kv), one layer's decode attention over it (host_attention), a micro-benchmark
-of that attention's GB/s (host_attention_bench) and the request batching of App. A.2, Alg. 2 (balance: requests into
-micro-batches of balanced token counts; one decode step's rows into balanced groups). The placement, the share of the
-cache kept on the accelerator (r_c), the paged weight transfers and the pipelined schedule come later."""
+The parts: the host KV cache (host_kv), one layer's decode attention over it (host_attention, its micro-benchmark
+host_attention_bench), the request batching of App. A.2, Alg. 2 (balance), the paged experts (pages), the launch
+order (schedule) and its executor (cgopipe_steps), the policy (policy). The search's other policies run in the same
+executor: the MoE FFN on the host (host_ffn, F_g = 0) and attention on the device over KV swapped in from the host
+(kv_swap, A_g = 1 with r_c < 1)."""

@@ -6,12 +6,15 @@ dependencies allow, which is what the order is for.
 
 Where a layer's KV lives decides how its attention runs: a cache on the host device runs the split (PREATTN on the
 device, OFFLOADQKV, CPUATTN on the host, LOADH); a cache on the device (the r_c share of the layers, or every layer
-under A_g = 1) runs attention on the device inside PREATTN. A chunk that starts every row's sequence (prefill)
-attends over its own keys on the device and only stores them on the host (§4 fn. 7: the prefill runs on the GPU and
-offloads its KV). Caches are the continuous-batching pool (PagedCache, per layer {name: [N, BLOCK, ...]}, on the
-host or the device) or, for Engine.generate, per-row caches with slot = position (one micro-batch).
+under A_g = 1 with r_c = 1) runs attention on the device inside PREATTN; under A_g = 1 with r_c < 1 the layers
+past the share keep theirs on the host and attend on the device over a copy swapped in each pass
+(moejax.lightning.kv_swap). A chunk that starts every row's sequence (prefill) attends over its own keys on the device
+and only stores them on the host (§4 fn. 7: the prefill runs on the GPU and offloads its KV). Caches are the
+continuous-batching pool (PagedCache, per layer {name: [N, BLOCK, ...]}, on the host or the device) or, for
+Engine.generate, per-row caches with slot = position (one micro-batch).
 
-Steps without a cache (logits, scoring) run LayeredSteps' own loop with the paged experts (PagedExperts.moe)."""
+Steps without a cache (logits, scoring) run LayeredSteps' own loop with the paged experts (PagedExperts.moe). Under
+F_g = 0 the experts past the resident share stay on the host and run there (moejax.lightning.host_ffn.HostFFN)."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +29,9 @@ import numpy as np
 from flax import nnx
 
 from moejax.kernels.backends import Kernels
-from moejax.lightning import layer_parts
+from moejax.lightning import kv_swap, layer_parts
 from moejax.lightning.balance import balance
+from moejax.lightning.host_ffn import HostFFN
 from moejax.lightning.host_kv import host_device
 from moejax.lightning.pages import PagedExperts
 from moejax.lightning.schedule import ATTN, LOAD, OFFLOAD, ORDERS, PAGE, POST, PRE, Task
@@ -54,6 +58,7 @@ class PipelineStats:
     tasks: dict = dataclasses.field(default_factory=dict)
     bytes_d2h: int = 0  # OFFLOADQKV: queries and new KV to the host
     bytes_h2d: int = 0  # LOADH: attention outputs back
+    bytes_kv_swap: int = 0  # A_g = 1, r_c < 1: host KV copied to the device for attention there (kv_swap)
     wait_s: float = 0.0
     traced_passes: int = 0
     busy_s: dict = dataclasses.field(default_factory=dict)  # resource -> seconds, over the traced passes
@@ -68,18 +73,21 @@ class PipelineStats:
 @dataclasses.dataclass
 class LightningSettings:
     """What the executor needs of a policy: μ (rows per micro-batch), the layers whose KV stays on the device
-    (the first `device_kv_layers`: the r_c share), the host's attention kernel, whether to record the tasks, and the
-    launch order (moejax.lightning.schedule.ORDERS: CGOPipe's, or FlexGen's for the §6.1 ablation)."""
+    (the first `device_kv_layers`: the r_c share), whether the other layers attend on the device over their KV
+    swapped in (A_g = 1) or on the host, the host's attention kernel, whether to record the tasks, and the launch
+    order (moejax.lightning.schedule.ORDERS: CGOPipe's, or FlexGen's for the §6.1 ablation)."""
     micro_batch: int
     device_kv_layers: int = 0
     host_backend: str = "cpu"
     record: bool = False
+    swap_kv: bool = False
     schedule: str = "cgopipe"
 
 
 class LightningSteps(LayeredSteps):
-    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels, experts: PagedExperts,
-                 settings: LightningSettings, host: jax.Device | None = None) -> None:
+    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, kernels: Kernels,
+                 experts: PagedExperts | HostFFN, settings: LightningSettings, host: jax.Device | None = None
+                 ) -> None:
         super().__init__(graphdef, params, kernels, experts)
         if settings.micro_batch < 1:
             raise ValueError(f"lightning: the micro-batch size must be >= 1, got {settings.micro_batch}")
@@ -242,13 +250,28 @@ class _Pass:
         self.q: dict[tuple[int, int], Any] = {}
         self.new: dict[tuple[int, int], Any] = {}
         self.o: dict[tuple[int, int], Any] = {}
+        self.swapped: dict[int, Any] = {}  # layer -> its KV copied to the device this pass (settings.swap_kv)
         # split attention (host tasks) for every layer past the r_c share, also when the host is the device
         self.on_host = [i >= steps.settings.device_kv_layers for i in range(len(steps.layers))]
 
-    def view(self, layer: int, j: int, where: jax.Device) -> Cache:
+    def view(self, layer: int, j: int, where: jax.Device, kv: Any = None) -> Cache:
+        kv = self.kv[layer] if kv is None else kv
         if not self.paged:
-            return self.kv[layer]
-        return PagedCache(self.kv[layer], self.table[where][j], self.slots[where][j])
+            return cast("Cache", kv)
+        return PagedCache(kv, self.table[where][j], self.slots[where][j])
+
+    def swaps(self, i: int) -> bool:
+        """Whether layer i attends on the device over its host KV swapped in (read passes under A_g = 1)."""
+        return self.read and self.steps.settings.swap_kv and 0 <= i < len(self.on_host) and self.on_host[i]
+
+    def swap_in(self, i: int) -> Any:
+        """Start copying layer i's host KV to the device unless it is on its way -> the copy, or None."""
+        if not self.swaps(i) or i in self.swapped:
+            return None
+        st = self.steps
+        self.swapped[i] = kv_swap.swap_in(self.kv[i], st.device)
+        st.stats.bytes_kv_swap += _nbytes(self.kv[i])
+        return self.swapped[i]
 
     def do(self, task: Task) -> Any:
         """Run one task -> what it made (its arrays, for the timeline), or None when it had nothing to do (a layer
@@ -258,10 +281,21 @@ class _Pass:
             last = j == len(self.groups) - 1
             moved = [st.experts.fetch_page(st.experts.next_layer(i - 1), p)
                      for p in range(j, st.experts.store.pages if last else j + 1)]
+            if j == 0:  # the next layer's KV swap-in, a layer ahead of its attention as its pages are
+                moved.append(self.swap_in(i))
             return [m for m in moved if m is not None] or None
         layer, host = st.layers[i], self.on_host[i]
         backend = st._attention_backend
         if op == PRE:
+            if self.swaps(i):
+                self.swap_in(i)  # already on its way unless it is the pass's first layer
+                self.o[i, j], copy, self.new[i, j] = layer(kv_swap.swapped_attention, self.x[j], self.at[j],
+                                                           self.view(i, j, st.device, self.swapped[i]),
+                                                           backend=backend)
+                self.swapped[i] = kv_swap.pool_of(copy)
+                if j == len(self.groups) - 1:
+                    del self.swapped[i]  # the layer's last micro-batch has it: the copy goes when it is done
+                return self.o[i, j], self.new[i, j]
             if not host:
                 self.o[i, j], cache = layer(layer_parts.local_attention, self.x[j], self.at[j],
                                             self.view(i, j, st.device), backend=backend)
@@ -275,7 +309,7 @@ class _Pass:
         if op == OFFLOAD:
             if not host:
                 return None
-            q = self.q.pop((i, j), None)
+            q = self.q.pop((i, j), None)  # None: attention ran on the device (a fresh chunk's own, or swapped)
             self.q[i, j], self.new[i, j] = moved = jax.device_put((q, self.new[i, j]), st.host)
             st.stats.bytes_d2h += _nbytes(moved)
             return moved
@@ -283,14 +317,15 @@ class _Pass:
             if not host:
                 return None
             paged = (self.table[st.host][j], self.slots[st.host][j]) if self.paged else None
-            o, self.kv[i] = layer_parts.host_attend(self.kv[i], self.q.pop((i, j)), self.new.pop((i, j)),
+            o, self.kv[i] = layer_parts.host_attend(self.kv[i], self.q.pop((i, j), None), self.new.pop((i, j)),
                                                     self.host_positions[j], paged, st.cores[i],
-                                                    backend=st.settings.host_backend, store_only=not self.read)
+                                                    backend=st.settings.host_backend,
+                                                    store_only=not self.read or self.swaps(i))
             if o is not None:
                 self.o[i, j] = o
             return o, self.kv[i]
         if op == LOAD:
-            if not host or not self.read:
+            if not host or not self.read or self.swaps(i):
                 return None
             self.o[i, j] = jax.device_put(self.o[i, j], st.device)
             st.stats.bytes_h2d += self.o[i, j].nbytes

@@ -20,9 +20,10 @@ class LightningPlan:
     N: int  # rows decoded together (the scheduler's decode batch)
     mu: int  # rows per micro-batch
     A_g: int  # attention on the device (1) or the host (0)
-    F_g: int  # the MoE FFN on the device (1); 0 has no executor
+    F_g: int  # the MoE FFN on the device (1) or on the host over the experts in host memory (0)
     r_w: float  # share of each layer's experts resident on the device
-    r_c: float  # share of the KV cache on the device: the first round(r_c L) layers' (all under A_g = 1)
+    r_c: float  # share of the KV cache on the device: the first round(r_c L) layers'; under A_g = 1 the others' is
+    # swapped in for attention on the device (FlexGen's S4)
     source: str  # which fields came from the options and which from the search
     searched: LightningPolicy | None = None  # the search's policy, with its predicted per-layer times
 
@@ -31,12 +32,17 @@ class LightningPlan:
         return -(-self.N // self.mu)
 
     def device_kv_layers(self, layers: int) -> int:
-        return layers if self.A_g else int(round(self.r_c * layers))
+        return int(round(self.r_c * layers))
+
+    def swaps_kv(self, layers: int) -> bool:
+        """Attention on the device over layers whose KV is on the host: each swapped in per pass."""
+        return bool(self.A_g) and self.device_kv_layers(layers) < layers
 
     def describe(self) -> str:
         where = "device" if self.A_g else "host"
+        ffn = "device" if self.F_g else "host"
         return (f"N={self.N} mu={self.mu} ({self.micro_batches} micro-batches) A_g={self.A_g} (attention on the "
-                f"{where}) F_g={self.F_g} r_w={self.r_w:.2f} r_c={self.r_c:.2f}; {self.source}")
+                f"{where}) F_g={self.F_g} (FFN on the {ffn}) r_w={self.r_w:.2f} r_c={self.r_c:.2f}; {self.source}")
 
 
 def host_memory_bytes(host_memory_gb: float | None = None) -> int:
@@ -49,8 +55,10 @@ def host_memory_bytes(host_memory_gb: float | None = None) -> int:
 def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int, gen_len: int,
                  profile: Callable[[], Profile]) -> LightningPlan:
     """given: the options by FIELDS name (None: not given). Fields not given come from the policy search for
-    `prompt_len` and `gen_len` on `profile()`; MemoryBudgetError for what cannot run."""
-    given = {**given, "ffn_on": given.get("ffn_on") or "device"}  # the only place moejax runs the FFN: no search
+    `prompt_len` and `gen_len` on `profile()`, except ffn_on, which is the device's unless the search runs for
+    another field; MemoryBudgetError for what cannot run."""
+    if all(given.get(f) is not None for f in FIELDS if f != "ffn_on"):  # no search for ffn_on alone
+        given = {**given, "ffn_on": given.get("ffn_on") or "device"}
     missing = [f for f in FIELDS if given.get(f) is None]
     searched = None
     if missing:
@@ -68,13 +76,6 @@ def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int,
     N, mu = int(value["decode_batch"]), int(value["micro_batch"])  # type: ignore[call-overload]
     A_g, F_g = int(value["attention_on"] == "device"), int(value["ffn_on"] == "device")
     r_w, r_c = float(value["resident_share"]), float(value["kv_device_share"])  # type: ignore[arg-type]
-    if not F_g:
-        raise MemoryBudgetError("placement 'lightning': the MoE FFN on the host (ffn_on='host', F_g = 0) has no "
-                                "executor in moejax; the experts run on the device from pages")
-    if A_g and r_c < 1:
-        raise MemoryBudgetError(f"placement 'lightning': attention on the device (attention_on='device') with "
-                                f"kv_device_share {r_c:g} < 1 would swap the KV cache in each step (FlexGen's S4), "
-                                "which moejax does not run; give kv_device_share=1 or attention_on='host'")
     if mu > N:
         raise MemoryBudgetError(f"placement 'lightning': micro_batch {mu} exceeds decode_batch {N}")
     source = ("every field from the options" if not missing else
@@ -84,8 +85,7 @@ def resolve_plan(cfg: ModelConfig, given: dict[str, object], *, prompt_len: int,
 
 
 def _runnable(policy: LightningPolicy) -> LightningPolicy:
-    """The search's best policy that moejax runs (its `executable`: F_g = 1; A_g = 0, or A_g = 1 with the whole
-    cache on the device); the best overall when it runs."""
+    """The search's best policy that moejax runs (its `executable`); the best overall when it runs."""
     for p in (policy, *policy.alternatives):
         if p.executable:
             return p
@@ -95,11 +95,12 @@ def _runnable(policy: LightningPolicy) -> LightningPolicy:
 def check_kv_fits(plan: LightningPlan, kv_bytes_per_token: int, layers: int, tokens_per_row: int, *,
                   host_bytes: int, device_free: int | None, where: str) -> str:
     """The KV of N rows of tokens_per_row tokens against the host's usable memory (its 1 - r_c share) and the
-    device's free bytes (its r_c share) -> a line saying so; MemoryBudgetError naming the limit when it does not fit.
-    """
+    device's free bytes (its r_c share, and under A_g = 1 two layers' swapped in: the one attending and the next)
+    -> a line saying so; MemoryBudgetError naming the limit when it does not fit."""
     total = plan.N * tokens_per_row * kv_bytes_per_token
-    on_device = total * plan.device_kv_layers(layers) / layers
-    on_host = total - on_device
+    swapped = min(2, layers - plan.device_kv_layers(layers)) if plan.swaps_kv(layers) else 0
+    on_host = total * (layers - plan.device_kv_layers(layers)) / layers
+    on_device = total * (plan.device_kv_layers(layers) + swapped) / layers
     host_limit = CPU_USABLE * host_bytes
     if on_host > host_limit:
         raise MemoryBudgetError(
@@ -109,7 +110,7 @@ def check_kv_fits(plan: LightningPlan, kv_bytes_per_token: int, layers: int, tok
     if device_free is not None and on_device > device_free:
         raise MemoryBudgetError(
             f"{where}: the device's share of the KV cache (r_c = {plan.r_c:.2f}: {plan.device_kv_layers(layers)} of "
-            f"{layers} layers) needs {size(on_device)}, over the {size(device_free)} the device budget leaves after "
-            "the weights; give a smaller kv_device_share or decode_batch")
+            f"{layers} layers, {swapped} swapped in) needs {size(on_device)}, over the {size(device_free)} the "
+            "device budget leaves after the weights; give a smaller kv_device_share or decode_batch")
     return (f"KV cache for {plan.N} rows x {tokens_per_row} tokens: {size(on_host)} on the host (limit "
             f"{size(host_limit)}), {size(on_device)} on the device")

@@ -115,11 +115,12 @@ class PlacementSettings:
              "theirs there and attend there (default: the policy search's)")
     attention_on: str | None = option(
         None, type=str, choices=WHERE, applies=LIGHTNING,
-        help="lightning: where decode attention runs, host (A_g = 0, CGOPipe) or device (A_g = 1: needs "
-             "--kv-device-share 1) (default: the policy search's)")
+        help="lightning: where decode attention runs, host (A_g = 0, CGOPipe) or device (A_g = 1; the KV of the "
+             "layers past --kv-device-share is swapped in per layer, FlexGen's S4) (default: the policy search's)")
     ffn_on: str | None = option(
         None, type=str, choices=WHERE, applies=LIGHTNING,
-        help="lightning: where the MoE FFN runs (F_g); only device runs in moejax (default: device)")
+        help="lightning: where the MoE FFN runs (F_g), device (paged experts) or host (the experts past "
+             "--resident-share in host memory, run by the host) (default: device, or the search's when it runs)")
     host_memory_gb: float | None = option(
         None, type=float, above=0, applies=LIGHTNING,
         help="lightning: host memory the KV cache may use (default: this machine's)")

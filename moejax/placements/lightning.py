@@ -15,10 +15,18 @@ from moejax.kernels.backends import Kernels
 from moejax.lightning.at_load import kv_bytes_per_token, kv_fits_device
 from moejax.lightning.balance import BatchLimit
 from moejax.lightning.cgopipe_steps import LightningSettings, LightningSteps, PipelineStats
+from moejax.lightning.host_ffn import HostExpertStore, HostFFN
 from moejax.lightning.pages import PagedExperts, PagedStore
 from moejax.lightning.policy import FIELDS, LightningPlan, check_kv_fits, host_memory_bytes, resolve_plan
 from moejax.offload.layered_steps import LayeredSteps
-from moejax.offload.memory_budget import BudgetAsk, MemoryBudget, MemoryBudgetError, ModelBytes, size
+from moejax.offload.memory_budget import (
+    BudgetAsk,
+    MemoryBudget,
+    MemoryBudgetError,
+    ModelBytes,
+    device_budget_bytes,
+    size,
+)
 from moejax.offload.settings import PlacementSettings
 from moejax.placements.base import LayerByLayer, Store
 from moejax.placements.budget import budget_for
@@ -56,13 +64,16 @@ class Lightning(LayerByLayer):
     @classmethod
     def expert_device_bytes(cls, budget: MemoryBudget) -> int:
         """The resident share of every layer and the pages of two layers (the double buffer; the FFN reads each
-        expert from its page, moejax.lightning.pages.paged_routed)."""
+        expert from its page, moejax.lightning.pages.paged_routed); under F_g = 0 the resident share alone."""
         keep = int(round(budget.lightning.r_w * budget.experts_per_layer))
-        paged = budget.experts_per_layer - keep
+        paged = (budget.experts_per_layer - keep) if budget.lightning.F_g else 0
         return budget.expert_bytes * (keep * budget.moe_layers + 2 * paged)
 
     @classmethod
     def describe_experts(cls, budget: MemoryBudget) -> str:
+        if not budget.lightning.F_g:
+            return (f"r_w = {budget.lightning.r_w:.2f} of the experts resident, the rest in host memory, run by the "
+                    "host (F_g = 0)")
         return (f"r_w = {budget.lightning.r_w:.2f} of the experts resident, the rest paged: two layers' pages, read in "
                 "place through a page table")
 
@@ -74,9 +85,13 @@ class Lightning(LayerByLayer):
         workload = plan.workload
         host_bytes = host_memory_bytes(settings.host_memory_gb)
 
-        def here() -> Profile:  # the search sizes the KV as the check below does: this dtype, this host's memory
-            found = profile()
-            return dataclasses.replace(found, dtype_bytes=jnp.dtype(dtype).itemsize,
+        device_bytes = device_budget_bytes(settings.device_memory_gb)
+
+        def here() -> Profile:  # the search sizes the KV as the check below does: this dtype, this host's memory,
+            found = profile()  # this device budget (else it may put a KV cache on a device that cannot hold it)
+            device = found.device if device_bytes is None else \
+                dataclasses.replace(found.device, memory_bytes=float(device_bytes))
+            return dataclasses.replace(found, dtype_bytes=jnp.dtype(dtype).itemsize, device=device,
                                        host=dataclasses.replace(found.host, memory_bytes=float(host_bytes)))
         try:
             policy = resolve_plan(cfg, {f: getattr(settings, f) for f in FIELDS}, prompt_len=workload.seq_len,
@@ -125,17 +140,22 @@ class Lightning(LayerByLayer):
     def plan(self) -> LightningPlan:
         return self.memory_budget.lightning
 
-    def new_store(self) -> PagedStore:
+    def new_store(self) -> PagedStore | HostExpertStore:
+        if not self.plan.F_g:
+            return HostExpertStore(self.plan.r_w)
         return PagedStore(self.plan.r_w, pages=self.plan.micro_batches)
 
-    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> PagedExperts:
+    def layer_runtime(self, store: Store, kernels: Kernels, config: ModelConfig) -> PagedExperts | HostFFN:
+        if isinstance(store, HostExpertStore):
+            return HostFFN(store, config, kernels.experts)
         return PagedExperts(store, kernels.experts)
 
     def make_steps(self, graphdef: nnx.GraphDef, kernels: Kernels, config: ModelConfig, params: nnx.State | None = None,
                    store: Store = None) -> LightningSteps:
         assert params is not None  # a layer loop is built with the weights (Engine.steps)
-        settings = LightningSettings(self.plan.mu, self.plan.device_kv_layers(config.num_layers), HOST_BACKEND,
-                                     schedule=self.schedule)
+        L = config.num_layers
+        settings = LightningSettings(self.plan.mu, self.plan.device_kv_layers(L), HOST_BACKEND,
+                                     swap_kv=self.plan.swaps_kv(L), schedule=self.schedule)
         return LightningSteps(graphdef, params, kernels, self.layer_runtime(store, kernels, config), settings)
 
     def decode_pool_room(self, config: ModelConfig) -> tuple[float, str]:
@@ -143,14 +163,16 @@ class Lightning(LayerByLayer):
         device's free bytes for the r_c share, whichever bounds first."""
         plan, L = self.plan, config.num_layers
         on_device = plan.device_kv_layers(L)
+        swapped = min(2, L - on_device) if plan.swaps_kv(L) else 0  # the layer attending and the next
         host = CPU_USABLE * host_memory_bytes(self.host_memory_gb)
         room = [(host * L / (L - on_device), f"{CPU_USABLE:.0%} of {size(host / CPU_USABLE)} host memory for the KV "
                                              f"of {L - on_device} of {L} layers")] if on_device < L else []
         budget = self.memory_budget
-        if on_device and budget.budget_bytes is not None:
+        if on_device + swapped and budget.budget_bytes is not None:
             free = max(budget.budget_bytes - budget.reserve_bytes - budget.device_bytes, 0)
-            room.append((free * L / on_device, f"{size(free)} the device budget leaves for the KV of {on_device} of "
-                                               f"{L} layers (r_c = {plan.r_c:.2f})"))
+            room.append((free * L / (on_device + swapped),
+                         f"{size(free)} the device budget leaves for the KV of {on_device} of {L} layers (r_c = "
+                         f"{plan.r_c:.2f})" + (f" and {swapped} swapped in" if swapped else "")))
         return min(room) if room else (float("inf"), "no limit known")
 
     def batch_limit(self) -> BatchLimit | None:
@@ -166,21 +188,27 @@ class Lightning(LayerByLayer):
 
     def stats(self, steps: LayeredSteps | None) -> dict:
         assert isinstance(steps, LightningSteps)
-        return {"placement": self.name, "pipeline": steps.stats.as_dict(),
-                **steps.experts.stats.as_dict()}
+        out = {"placement": self.name, "pipeline": steps.stats.as_dict(), **steps.experts.stats.as_dict()}
+        if isinstance(steps.experts, HostFFN):  # F_g = 0: the FFN's inputs to the host, its output back
+            out["host_ffn"] = {"bytes_d2h": steps.experts.bytes_d2h, "bytes_h2d": steps.experts.bytes_h2d}
+        return out
 
     def reset_stats(self, steps: LayeredSteps | None) -> None:
         assert isinstance(steps, LightningSteps)
         steps.stats = PipelineStats()
         steps.experts.stats = type(steps.experts.stats)()
+        if isinstance(steps.experts, HostFFN):
+            steps.experts.bytes_d2h = steps.experts.bytes_h2d = 0
 
     def describe(self, steps: LayeredSteps | None) -> str:
         assert isinstance(steps, LightningSteps)
         L = len(steps.layers)
         host_layers = L - steps.settings.device_kv_layers
+        attention = ("swapped in to the device per pass, attention there" if steps.settings.swap_kv else
+                     f"attention there with the {steps.settings.host_backend} kernel")
         return (f"placement lightning: {self.plan.describe()}\n  KV cache of {host_layers} of {L} layers on the "
-                f"host ({steps.host}), attention there with the {steps.settings.host_backend} kernel; "
-                f"{steps.experts.describe()}; {steps.settings.schedule} launch order" + self._limit_text())
+                f"host ({steps.host}), {attention}; {steps.experts.describe()}; {steps.settings.schedule} launch "
+                "order" + self._limit_text())
 
     def _limit_text(self) -> str:
         limit = self.batch_limit()

@@ -23,7 +23,8 @@ Memory (the artifact's optimizer, fastmoe/backend/optimizer.py; tp = gpus, KV_al
     CPU:  (1-r_w) W_e l + (1-r_c) KV_all + tp dt h1 N s + 2 (1-r_w) W_e <= 0.8 m_c   (+ the pinned page buffer)
     With A_g = 1 the artifact keeps the whole cache in HBM during decode (r_c only moves the prefill peak and the
     host copy), so GPU attention frees GPU memory only by offloading weights: the trade-off behind Fig. 10. moejax's
-    own GPU attention keeps the whole cache on the device too. With A_g = 0 the KV lives on the CPU: r_c = 0.
+    executor keeps the r_c share there and swaps the rest in a layer at a time (moejax.lightning.kv_swap): it
+    needs no more than the model counts. With A_g = 0 the KV lives on the CPU: r_c = 0.
 
 Where this differs from the artifact, and why:
 - Decode attention is timed at the average context s + n/2 (throughput over the generation; the artifact uses
@@ -331,14 +332,18 @@ def _best(m, hw, s, n, caps, variant, mu_max, N_max):
 # -- the policy ---------------------------------------------------------------------------------------------------
 
 def _note(A_g: int, F_g: int, r_w: float, r_c: float, N: int) -> tuple[bool, str]:
+    swapped = A_g == 1 and r_c < 1 - 1e-6
+    attention = (f"attention on the GPU over a KV cache {1 - r_c:.0%} on the host, swapped in per layer (FlexGen's "
+                 "S4)" if swapped else "attention on the GPU" if A_g else "the KV cache on the host, attention there")
     if F_g == 0:
-        return False, "the MoE FFN on the CPU (F_g = 0) has no executor in moejax"
+        return True, (f"placement 'lightning' with ffn_on='host' (the MoE FFN on the CPU over the experts in host "
+                      f"memory, r_w = {r_w:.2f} of them resident on the GPU; {attention}) with batch {N}")
     if A_g == 0:
-        return True, (f"placement 'lightning' (CGOPipe: the KV cache on the host, attention there, r_w = {r_w:.2f} "
-                      f"of the experts resident, the rest paged) with batch {N}")
-    if r_c < 1 - 1e-6:
-        return False, (f"GPU attention over a KV cache {1 - r_c:.0%} on the host (FlexGen's S4 swapping) has no "
-                       "executor in moejax")
+        return True, (f"placement 'lightning' (CGOPipe: {attention}, r_w = {r_w:.2f} of the experts resident, the "
+                      f"rest paged) with batch {N}")
+    if swapped:
+        return True, (f"placement 'lightning' with attention_on='device' ({attention}; r_w = {r_w:.2f} of the "
+                      f"experts resident, the rest paged) with batch {N}")
     if r_w > 1 - 1e-3:
         return True, f"placement 'resident' (every expert on the GPU) with batch {N}"
     if r_w < 1e-3:

@@ -195,6 +195,6 @@ def serve_lines(engine: Engine, lines: Sequence[str], output: str | None, option
     device = jax.devices()[0]
     assert runner.batch_size is not None  # _prepare sizes the scoring batches
     return {"device": f"{device.platform}:{device.device_kind}", "lines": len(entries), "kv_cache": schedule.reason,
-            "batches_planned": len(schedule.batches), "batching": runner.batching,
+            "batches_planned": len(schedule.batches), "pool_blocks": runner.pool_blocks, "batching": runner.batching,
             "score_batch": runner.batch_size.as_dict(), **metrics.summary(peak),
             "scheduler": runner.scheduler_stats, "offload": engine.stats()}

@@ -1,8 +1,8 @@
 """placement='lightning' for every family fixture, in two worker processes with 2 simulated CPU devices each
 (tests/lightning_placement_worker.py): the weights on cpu:0, the KV cache of the layers past the r_c share on cpu:1
-(the host) with their attention there; each family under a different policy (r_w 0 to 1, r_c 0 to 1, μ 1 to 4, one
-with attention on the device). The greedy tokens equal the resident single-device float32 model's and
-transformers'."""
+(the host) with their attention there; each family under a different policy (r_w 0 to 1, r_c 0 to 1, μ 1 to 4, two
+with attention on the device, one of them over KV swapped in from the host, one with the FFN on the host). The
+greedy tokens equal the resident single-device float32 model's and transformers'."""
 import pytest
 from host_decode import FAMILIES
 from lightning_placement_worker import POLICIES
@@ -31,12 +31,13 @@ def test_every_family_generates_the_resident_models_tokens(families):
 @pytest.mark.slow
 def test_the_kv_cache_lives_on_the_host_past_the_device_share(families):
     for name, r in families.items():
-        mu, r_w, r_c, attention_on = POLICIES[name]
+        mu, r_w, r_c, attention_on, ffn_on = POLICIES[name]
         layers = len(r["pool"])
-        on_device = layers if attention_on == "device" else round(r_c * layers)
+        on_device = round(r_c * layers)
         assert (r["host"], r["device"], r["device_kv_layers"]) == ("cpu:1", "cpu:0", on_device), name
         assert r["pool"] == [[ON]] * on_device + [[HOST]] * (layers - on_device), name
         assert (r["host_tasks"] > 0) == (on_device < layers), name
         assert r["weights"] == [ON], name
-        assert r["pages"] == ([] if r_w == 1 else ["cpu:0:pinned_host"]), name
+        assert r["pages"] == ([] if r_w == 1 or ffn_on == "host" else ["cpu:0:pinned_host"]), name
+        assert r["host_experts"] == ([HOST] if ffn_on == "host" and r_w < 1 else []), name
         assert r["resident_experts"] == ([] if r_w == 0 else [ON]), name
