@@ -38,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                    help="the host's paged attention kernel (placement lightning's: cpu)")
     p.add_argument("--device-backend", default="auto", help="the device's paged attention kernel (auto: the default)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--plot", default=None, help="PNG (default bench/results/host-attention-<device>.png; needs "
-                                                "matplotlib, else no plot)")
+    p.add_argument("--plot", default=None, help="PNG (default beside --out, else bench/results/host-attention-"
+                                                "<device>.png; needs matplotlib, else no plot)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/host-attention-<device>.json)")
     p.set_defaults(before_start=second_cpu_device)  # a second CPU device to copy to where the accelerator is a CPU
     return p
@@ -64,7 +64,9 @@ def host_attention(args: argparse.Namespace, env: dict, partial: Callable[[dict,
         print(f"  {context:7d} {row['kv_bytes'] / 1e6:8.1f} {row['host_s'] * 1e3:8.2f} {row['host_gb_per_s']:6.1f} "
               f"{row['move_s'] * 1e3:12.2f} {row['copy_gb_per_s']:9.1f} {row['move_over_host']:6.2f}", flush=True)
         partial(record, f"context {context}")
-    path = args.plot or os.path.join("bench", "results", f"host-attention-{device_tag(env['device']['kind'])}.png")
+    beside_out = os.path.splitext(args.out)[0] + ".png" if args.out else None  # a record elsewhere: its plot too
+    path = args.plot or beside_out or os.path.join("bench", "results",
+                                                   f"host-attention-{device_tag(env['device']['kind'])}.png")
     record["plot"] = _plot(record, path)
     return record
 

@@ -108,6 +108,19 @@ def _a2e(record: dict) -> Series:
                     [r["routes"][route]["seconds_median"] * 1e3 for r in rows]) for route in ("straight", "regroup")}
 
 
+def _ablation(record: dict) -> Series:
+    runs = record["runs"]
+    return {"output tokens/s": ([r["schedule"] for r in runs], [r["tokens_per_s"] for r in runs])}
+
+
+def _host_attention(record: dict) -> Series:
+    rows = record["rows"]
+    contexts = [r["context"] for r in rows]
+    return {name: (contexts, [r[key] * 1e3 for r in rows]) for name, key in (
+        ("attention on the host", "host_s"), ("KV copied to the device + attention there", "move_s"),
+        ("the copy alone", "copy_s"))}
+
+
 def _lightning(record: dict) -> Series:
     runs = record["runs"]
     return {"output tokens/s": ([r["placement"] for r in runs], [r["tokens_per_s"] for r in runs]),
@@ -257,6 +270,17 @@ PAPERS: dict[str, list[Figure]] = {
                CPU + "; the accelerator and the host are the same cores, so only overhead and overlap show; 8 "
                "requests of 16 + 8 tokens", ("lightning", "--quick", "--placements", LIGHTNING_ROWS), _lightning,
                "placement", "value", gpu_argv=("lightning", "--placements", LIGHTNING_ROWS, *GPU_MODEL)),
+        Figure("table5-flexgen-schedule",
+               "MoE-Lightning §6.1, Table 5: FlexGen's schedule run with MoE-Lightning's policy against CGOPipe "
+               "with the same policy (one engine, the same compiled programs, rounds alternating the order)",
+               CPU + " (the host's tasks on a second CPU device); pycode-moe, 16 requests of 32 + 16 tokens",
+               ("lightning-ablation",), _ablation, "schedule", "output tokens/s"),
+        Figure("fig9-host-attention",
+               "MoE-Lightning Fig. 9: one layer's decode attention on the host against copying its KV cache to "
+               "the device and attending there, by context length",
+               CPU + " (the device is a second CPU device: the copy is a memcpy, not PCIe); Mixtral 8x7B's "
+               "attention shapes, batch 4", ("host-attention", "--repeats", "3"), _host_attention,
+               "context length (tokens)", "ms per decode step", log_x=True),
     ],
     "fmoe": [
         Figure("fig9-latency-by-prefetcher",
