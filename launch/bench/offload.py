@@ -261,7 +261,7 @@ def _counters(stats: dict, tokens: int, top_k: int) -> dict:
     return out
 
 
-def _decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int) -> dict:
+def decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int) -> dict:
     """One generate(prompt, n) of a cached engine with its counters reset when the decode loop starts (after
     the prefill), read when it ends: (tokens, decode-loop seconds, engine.stats() of the loop alone)."""
     steps = engine.layered_steps
@@ -302,7 +302,7 @@ def _decode_case(name: str, engine: Engine, prompt: list[int], args: argparse.Na
     if reference is not None:
         row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference, strict=True)) / len(reference)
     if isinstance(engine.placement, Cached):
-        loop = _decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
+        loop = decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
         steps_run = len(loop["tokens"]) - 1  # the first token comes from the prefill
         row.update(placement=engine.layered_steps.placement.describe(), decode_loop_s_per_token=loop["seconds"] /
                    steps_run, stats=_counters(loop["stats"], steps_run, engine.config.num_experts_per_tok))

@@ -7,11 +7,14 @@ Placements, all the layer-by-layer loop so that only where the experts live diff
 - cached: --cache-slots slots (default top-k: every layer's experts evict the last one's), experts loaded on demand
   (no predictor: the paper's baseline);
 - streamed: every expert of each MoE layer copied each step, --window layers ahead.
-Per context length the three engines alternate round by round; TPOT is the median over rounds of the slope between
-two generation lengths. The copy term: one expert's copy timed as `device_put` from the host store (median of
---copy-repeats in each round), times the experts the cached run copied per step (its bytes_h2d counters over the same
-two lengths), or every expert (streamed). The bound of each placement: `overlapped_s` = max(compute, copy), the least
-TPOT any overlap reaches; `on_demand_s` = compute + copy, the cached run's model.
+Per context length the engines alternate round by round. TPOT, as the paper defines it (the time per output token
+after the first), is the slope of the decode loop's seconds (the prefill excluded) between generate(prompt, 1 + n // 2)
+and generate(prompt, 1 + n), each length's least over --repeats rounds (the runs least disturbed by other processes;
+the loop's constant part cancels; the slope of the medians beside it). The copy term: one expert's copy timed as
+`device_put` from the host store (the least of --copy-repeats in each round), times the experts the cached run copied
+per step (its bytes_h2d counters over the same loops), or every expert (streamed). The bound of each placement:
+`overlapped_s` = max(compute, copy), the least TPOT any overlap reaches; `on_demand_s` = compute + copy, the cached
+run's model.
 On a CPU "host" and "device" are the same RAM: the preset's experts (tiny-wide-experts, 12 MiB each) are wide so that
 copying them is not negligible beside computing with them; a large pinned_host -> device copy on XLA:CPU runs well
 below the per-expert copy's rate, so the streamed placement measures far above its bound there.
@@ -27,6 +30,7 @@ import jax
 import numpy as np
 
 import moejax
+from launch.bench.offload import decode_loop
 from launch.bench.results import no_file
 from moejax.engine import Engine
 from moejax.kernels.platform import on_gpu
@@ -34,11 +38,11 @@ from moejax.offload.host_store import HostStore
 from moejax.offload.tpot_bound import tpot_bounds
 
 PLACEMENTS = ("resident", "cached", "streamed")
-METHOD = ("TPOT = median over rounds of (s of generate(prompt, 1 + n) - s of generate(prompt, 1 + n // 2)) / "
-          "(n - n // 2); the placements alternate within each round. experts_copied = cached run's bytes_h2d over "
-          "the same two lengths / (n - n // 2) / expert bytes. copy_s per expert = median s of "
-          "block_until_ready(store.fetch_expert(layer, e)) in each round, median over rounds. compute_s = "
-          "resident's TPOT.")
+METHOD = ("TPOT = (least s over rounds of the decode loop of generate(prompt, 1 + n) - the same of generate(prompt, "
+          "1 + n // 2)) / (n - n // 2); the loop is the layer loop's decode call (the prefill excluded); the "
+          "placements alternate within each round. experts_copied = the loops' bytes_h2d difference / expert bytes / "
+          "(n - n // 2). copy_s per expert = the least s of block_until_ready(store.fetch_expert(layer, e)) over "
+          "every round. compute_s = resident's TPOT.")
 PAPER = ("Fig. 8: TPOT of on-demand loading and prefetching, batch 1, prompts of 1K-64K tokens, 32 new tokens, "
          "Qwen3-30B-A3B and others on A6000 / A100 / GH200 behind PCIe 4 or NVLink C2C. Here: the resident, "
          "on-demand cached and streamed placements of a small model on the devices present, against Eq. 1.")
@@ -58,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: GPU bf16, CPU f32")
     p.add_argument("--contexts", default=None, help="prompt lengths (default CPU 64,512; GPU 1024,4096,16384)")
     p.add_argument("--placements", default=",".join(PLACEMENTS), help=f"some of {', '.join(PLACEMENTS)}")
-    p.add_argument("--new-tokens", type=int, default=8, help="the longer generation (>= 4; the paper 32)")
+    p.add_argument("--new-tokens", type=int, default=16, help="the longer generation (>= 4; the paper 32)")
     p.add_argument("--cache-slots", type=int, default=None, help="cached: expert slots (default top-k)")
     p.add_argument("--window", type=int, default=1, help="streamed: MoE layers copied ahead")
     p.add_argument("--repeats", type=int, default=3, help="rounds per context length")
@@ -108,62 +112,59 @@ def load_engines(args: argparse.Namespace) -> dict[str, Engine]:
     return {name: moejax.load(args.model, **options[name], **common) for name in args.placement_list}
 
 
-def _generate(engine: Engine, prompt: list[int], n: int) -> tuple[float, int]:
-    """(seconds of generate(prompt, n), host -> device bytes it moved)."""
-    engine.reset_stats()
-    t0 = time.perf_counter()
-    engine.generate([prompt], n, temperature=0.0)
-    seconds = time.perf_counter() - t0
-    return seconds, int(engine.stats()["total"]["bytes_h2d"]) if engine.layer_by_layer else 0
-
-
 def copy_seconds(store: HostStore, repeats: int) -> float:
-    """Median seconds of one expert's host -> device copy (`device_put` from the store, waited for)."""
+    """The least seconds of one expert's host -> device copy (`device_put` from the store, waited for)."""
     layer = store.layers[0]
     runs = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
         jax.block_until_ready(store.fetch_expert(layer, i % store.num_experts(layer)))
         runs.append(time.perf_counter() - t0)
-    return float(np.median(runs[1:]))  # the first copy warms the path up
+    return min(runs[1:])  # the first copy warms the path up
 
 
 def measure_point(engines: dict[str, Engine], prompt: list[int], new_tokens: int, repeats: int,
                   copy_repeats: int) -> dict:
-    """One context length: each placement's TPOT (median of rounds), the cached run's copies per step, one expert's
-    copy time and Eq. 1's bound per placement."""
+    """One context length: each placement's TPOT, the experts each copied per step, one expert's copy time and
+    Eq. 1's bound per placement from them."""
     short, long = 1 + new_tokens // 2, 1 + new_tokens
-    steps = long - short
-    for engine in engines.values():  # compile both lengths' shapes, fill the caches
+    for engine in engines.values():  # compile these lengths' shapes, fill the caches (and load the weights)
         for n in (short, long):
             engine.generate([prompt], n, temperature=0.0)
     store = engines["resident"].store
     assert isinstance(store, HostStore) and store.per_expert, "the resident row is a cached engine"
-    tpots: dict[str, list[float]] = {name: [] for name in engines}
-    copied_bytes: dict[str, list[float]] = {name: [] for name in engines}
+    expert_bytes = store.expert_bytes(store.layers[0])
+    loops: dict[str, dict[int, list[float]]] = {name: {short: [], long: []} for name in engines}
+    copied: dict[str, list[float]] = {name: [] for name in engines}
     copies: list[float] = []
     for _ in range(repeats):  # the copies timed in each round too: a shared machine's load changes by the second
         for name, engine in engines.items():
-            (s_short, b_short), (s_long, b_long) = _generate(engine, prompt, short), _generate(engine, prompt, long)
-            tpots[name].append((s_long - s_short) / steps)
-            copied_bytes[name].append((b_long - b_short) / steps)
+            h2d = {}
+            for n in (short, long):
+                loop = decode_loop(engine, prompt, n, 0.0, 0)
+                loops[name][n].append(loop["seconds"])
+                h2d[n] = loop["stats"]["total"]["bytes_h2d"]
+            copied[name].append((h2d[long] - h2d[short]) / expert_bytes / (long - short))
         copies.append(copy_seconds(store, copy_repeats))
-    expert_bytes = store.expert_bytes(store.layers[0])
-    copy_s = float(np.median(copies))
+    # the least of the rounds at each length (the runs least disturbed by other processes), their difference per
+    # step: the loop's constant part (its setup, the first step) cancels
+    measured = {name: (min(v[long]) - min(v[short])) / (long - short) for name, v in loops.items()}
+    median = {name: (float(np.median(v[long])) - float(np.median(v[short]))) / (long - short)
+              for name, v in loops.items()}
     cfg = engines["resident"].config
     moe_layers = len(store.layers)
-    measured = {name: float(np.median(v)) for name, v in tpots.items()}
-    copied = float(np.median(copied_bytes["cached"])) / expert_bytes if "cached" in engines else 0.0
-    bounds = tpot_bounds(measured["resident"], expert_bytes, expert_bytes / copy_s, moe_layers, cfg.num_experts,
-                         copied / moe_layers)
-    rows = {name: dict(tpot_s=measured[name], tpot_runs_s=tpots[name],
-                       experts_copied_per_step=float(np.median(copied_bytes[name])) / expert_bytes,
-                       bound=bounds[name].as_dict(),
+    copy_s = min(copies)
+    cached_copies = float(np.median(copied["cached"])) if "cached" in engines else 0.0
+    bounds = tpot_bounds(max(measured["resident"], 0.0), expert_bytes, expert_bytes / copy_s, moe_layers,
+                         cfg.num_experts, cached_copies / moe_layers)
+    rows = {name: dict(tpot_s=measured[name], tpot_median_s=median[name],
+                       loop_runs_s={str(n): v for n, v in loops[name].items()},
+                       experts_copied_per_step=float(np.median(copied[name])), bound=bounds[name].as_dict(),
                        above_bound=measured[name] >= bounds[name].overlapped_s)
             for name in engines}
-    return dict(context=len(prompt), expert_bytes=expert_bytes, copy_s_per_expert=copy_s,
-                copy_gb_per_s=expert_bytes / copy_s / 1e9, moe_layers=moe_layers, experts_per_layer=cfg.num_experts,
-                placements=rows)
+    return dict(context=len(prompt), lengths=[short, long], expert_bytes=expert_bytes, copy_s_per_expert=copy_s,
+                copy_runs_s=copies, copy_gb_per_s=expert_bytes / copy_s / 1e9, moe_layers=moe_layers,
+                experts_per_layer=cfg.num_experts, placements=rows)
 
 
 def tpot_sweep(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
