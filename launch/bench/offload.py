@@ -261,18 +261,19 @@ def _counters(stats: dict, tokens: int, top_k: int) -> dict:
     return out
 
 
-def decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int) -> dict:
+def decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict:
     """One generate(prompt, n) of a cached engine with its counters reset when the decode loop starts (after
-    the prefill), read when it ends: (tokens, decode-loop seconds, engine.stats() of the loop alone)."""
+    the prefill), read when it ends: (tokens, decode-loop seconds by `clock`, engine.stats() of the loop alone)."""
     steps = engine.layered_steps
     seen: dict[str, Any] = {}
     original = steps.decode
 
     def decode(*args: Any, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
         engine.reset_stats()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = jax.block_until_ready(original(*args, **kwargs))
-        seen.update(seconds=time.perf_counter() - t0, stats=engine.stats())
+        seen.update(seconds=clock() - t0, stats=engine.stats())
         return out
     steps.decode = decode  # type: ignore[method-assign]  # this instance's decode, timed, until the del below
     try:

@@ -11,10 +11,11 @@ Per context length the engines alternate round by round. TPOT, as the paper defi
 after the first), is the slope of the decode loop's seconds (the prefill excluded) between generate(prompt, 1 + n // 2)
 and generate(prompt, 1 + n), each length's least over --repeats rounds (the runs least disturbed by other processes;
 the loop's constant part cancels; the slope of the medians beside it). The copy term: one expert's copy timed as
-`device_put` from the host store (the least of --copy-repeats in each round), times the experts the cached run copied
-per step (its bytes_h2d counters over the same loops), or every expert (streamed). The bound of each placement:
-`overlapped_s` = max(compute, copy), the least TPOT any overlap reaches; `on_demand_s` = compute + copy, the cached
-run's model.
+`device_put` from the host store (--copy-repeats copies in a row each round, the least round), times the experts the
+cached run copied per step (its bytes_h2d counters over the same loops), or every expert (streamed). The bound of each
+placement: `overlapped_s` = max(compute, copy), the least TPOT any overlap reaches; `on_demand_s` = compute + copy,
+every copy on the critical path (the on-demand cached run's model; on a CPU, where copies and compute share the cores,
+every placement's).
 On a CPU "host" and "device" are the same RAM: the preset's experts (tiny-wide-experts, 12 MiB each) are wide so that
 copying them is not negligible beside computing with them; a large pinned_host -> device copy on XLA:CPU runs well
 below the per-expert copy's rate, so the streamed placement measures far above its bound there.
@@ -41,8 +42,8 @@ PLACEMENTS = ("resident", "cached", "streamed")
 METHOD = ("TPOT = (least s over rounds of the decode loop of generate(prompt, 1 + n) - the same of generate(prompt, "
           "1 + n // 2)) / (n - n // 2); the loop is the layer loop's decode call (the prefill excluded); the "
           "placements alternate within each round. experts_copied = the loops' bytes_h2d difference / expert bytes / "
-          "(n - n // 2). copy_s per expert = the least s of block_until_ready(store.fetch_expert(layer, e)) over "
-          "every round. compute_s = resident's TPOT.")
+          "(n - n // 2). copy_s per expert = s of --copy-repeats block_until_ready(store.fetch_expert(layer, e)) in a "
+          "row / --copy-repeats, the least round. compute_s = resident's TPOT.")
 PAPER = ("Fig. 8: TPOT of on-demand loading and prefetching, batch 1, prompts of 1K-64K tokens, 32 new tokens, "
          "Qwen3-30B-A3B and others on A6000 / A100 / GH200 behind PCIe 4 or NVLink C2C. Here: the resident, "
          "on-demand cached and streamed placements of a small model on the devices present, against Eq. 1.")
@@ -66,7 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-slots", type=int, default=None, help="cached: expert slots (default top-k)")
     p.add_argument("--window", type=int, default=1, help="streamed: MoE layers copied ahead")
     p.add_argument("--repeats", type=int, default=3, help="rounds per context length")
-    p.add_argument("--copy-repeats", type=int, default=5, help="timed copies of one expert per round")
+    p.add_argument("--copy-repeats", type=int, default=32, help="experts copied one after another in each round, "
+                                                                   "timed together")
+    p.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                   help="wall: seconds passed (TPOT); cpu: this process's CPU seconds, which other processes on a "
+                        "shared machine disturb less (on a CPU backend only: a GPU's work is not the host's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default=None, help="PNG of TPOT and bound over context length (needs matplotlib)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/tpot-sweep-<device>.json)")
@@ -94,6 +99,8 @@ def defaults(args: argparse.Namespace, gpu: bool) -> argparse.Namespace:
     args.placement_list = [v for v in PLACEMENTS if v in placements]
     if args.new_tokens < 4:
         raise ValueError(f"--new-tokens must be >= 4 (TPOT is a slope between two lengths), got {args.new_tokens}")
+    if gpu and args.clock == "cpu":
+        raise ValueError("--clock cpu: on a GPU the work is the device's, not this process's CPU time; use wall")
     if args.repeats < 1 or args.copy_repeats < 1:
         raise ValueError("--repeats and --copy-repeats must be >= 1")
     return args
@@ -112,27 +119,32 @@ def load_engines(args: argparse.Namespace) -> dict[str, Engine]:
     return {name: moejax.load(args.model, **options[name], **common) for name in args.placement_list}
 
 
-def copy_seconds(store: HostStore, repeats: int) -> float:
-    """The least seconds of one expert's host -> device copy (`device_put` from the store, waited for)."""
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def copy_seconds(store: HostStore, copies: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds per expert of `copies` host -> device copies one after another (`device_put` from the store, each
+    waited for): a run about as long as a decode loop, so a shared machine disturbs both alike."""
     layer = store.layers[0]
-    runs = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
+    jax.block_until_ready(store.fetch_expert(layer, 0))  # the first copy warms the path up
+    t0 = clock()
+    for i in range(copies):
         jax.block_until_ready(store.fetch_expert(layer, i % store.num_experts(layer)))
-        runs.append(time.perf_counter() - t0)
-    return min(runs[1:])  # the first copy warms the path up
+    return (clock() - t0) / copies
 
 
 def measure_point(engines: dict[str, Engine], prompt: list[int], new_tokens: int, repeats: int,
-                  copy_repeats: int) -> dict:
+                  copy_repeats: int, clock: str = "wall") -> dict:
     """One context length: each placement's TPOT, the experts each copied per step, one expert's copy time and
-    Eq. 1's bound per placement from them."""
+    Eq. 1's bound per placement from them, all timed by `clock` (CLOCKS)."""
+    tick = CLOCKS[clock]
     short, long = 1 + new_tokens // 2, 1 + new_tokens
     for engine in engines.values():  # compile these lengths' shapes, fill the caches (and load the weights)
         for n in (short, long):
             engine.generate([prompt], n, temperature=0.0)
-    store = engines["resident"].store
-    assert isinstance(store, HostStore) and store.per_expert, "the resident row is a cached engine"
+    # the copies are timed from the store whose copies the counters count (the resident row's: the same placement)
+    store = engines["cached" if "cached" in engines else "resident"].store
+    assert isinstance(store, HostStore) and store.per_expert, "the resident and cached rows are cached engines"
     expert_bytes = store.expert_bytes(store.layers[0])
     loops: dict[str, dict[int, list[float]]] = {name: {short: [], long: []} for name in engines}
     copied: dict[str, list[float]] = {name: [] for name in engines}
@@ -141,11 +153,11 @@ def measure_point(engines: dict[str, Engine], prompt: list[int], new_tokens: int
         for name, engine in engines.items():
             h2d = {}
             for n in (short, long):
-                loop = decode_loop(engine, prompt, n, 0.0, 0)
+                loop = decode_loop(engine, prompt, n, 0.0, 0, tick)
                 loops[name][n].append(loop["seconds"])
                 h2d[n] = loop["stats"]["total"]["bytes_h2d"]
             copied[name].append((h2d[long] - h2d[short]) / expert_bytes / (long - short))
-        copies.append(copy_seconds(store, copy_repeats))
+        copies.append(copy_seconds(store, copy_repeats, tick))
     # the least of the rounds at each length (the runs least disturbed by other processes), their difference per
     # step: the loop's constant part (its setup, the first step) cancels
     measured = {name: (min(v[long]) - min(v[short])) / (long - short) for name, v in loops.items()}
@@ -162,9 +174,9 @@ def measure_point(engines: dict[str, Engine], prompt: list[int], new_tokens: int
                        experts_copied_per_step=float(np.median(copied[name])), bound=bounds[name].as_dict(),
                        above_bound=measured[name] >= bounds[name].overlapped_s)
             for name in engines}
-    return dict(context=len(prompt), lengths=[short, long], expert_bytes=expert_bytes, copy_s_per_expert=copy_s,
-                copy_runs_s=copies, copy_gb_per_s=expert_bytes / copy_s / 1e9, moe_layers=moe_layers,
-                experts_per_layer=cfg.num_experts, placements=rows)
+    return dict(context=len(prompt), clock=clock, lengths=[short, long], expert_bytes=expert_bytes,
+                copy_s_per_expert=copy_s, copy_runs_s=copies, copy_gb_per_s=expert_bytes / copy_s / 1e9,
+                moe_layers=moe_layers, experts_per_layer=cfg.num_experts, placements=rows)
 
 
 def tpot_sweep(args: argparse.Namespace, env: dict, partial: Callable[[dict, str], None] = no_file) -> dict:
@@ -181,14 +193,15 @@ def tpot_sweep(args: argparse.Namespace, env: dict, partial: Callable[[dict, str
                     moe_intermediate_size=cfg.moe_intermediate_size, dtype=args.dtype, seed=args.seed),
         settings=dict(contexts=args.context_list, placements=args.placement_list, new_tokens=args.new_tokens,
                       cache_slots=args.cache_slots or cfg.num_experts_per_tok,
-                      window=args.window, repeats=args.repeats, copy_repeats=args.copy_repeats),
+                      window=args.window, repeats=args.repeats, copy_repeats=args.copy_repeats,
+                      clock=args.clock),
         points=[], wall_s=None)
     rng = np.random.default_rng(args.seed)
     print(f"tpot-sweep: {args.model} ({args.dtype}), placements {', '.join(args.placement_list)}; contexts "
           f"{args.context_list}", flush=True)
     for context in args.context_list:
         prompt = rng.integers(0, cfg.vocab_size, context).tolist()
-        point = measure_point(engines, prompt, args.new_tokens, args.repeats, args.copy_repeats)
+        point = measure_point(engines, prompt, args.new_tokens, args.repeats, args.copy_repeats, args.clock)
         record["points"].append(point)
         partial(dict(record, wall_s=time.perf_counter() - t0), f"context {context}")
         print(f"  context {context:6d}: copy {point['copy_s_per_expert'] * 1e3:.3f} ms/expert; " + "; ".join(

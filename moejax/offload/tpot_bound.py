@@ -42,16 +42,10 @@ class TpotBound:
         """Eq. 1: what overlapping can save at most, on_demand_s - overlapped_s."""
         return min(self.compute_s, self.copy_s)
 
-    @property
-    def model_s(self) -> float:
-        """What this placement's TPOT is expected to be: on demand for cached (no predictor assumed), overlapped for
-        streamed (its window copies ahead), compute alone for resident."""
-        return self.on_demand_s if self.placement == "cached" else self.overlapped_s
-
     def as_dict(self) -> dict[str, float | str]:
         return dict(placement=self.placement, compute_s=self.compute_s, copy_s=self.copy_s,
                     experts_copied=self.experts_copied, on_demand_s=self.on_demand_s,
-                    overlapped_s=self.overlapped_s, saving_s=self.saving_s, model_s=self.model_s)
+                    overlapped_s=self.overlapped_s, saving_s=self.saving_s)
 
 
 def misses_per_layer(hit_rate: float, top_k: int, batch: int = 1) -> float:

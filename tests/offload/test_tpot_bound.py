@@ -19,10 +19,9 @@ def test_bounds_by_hand_per_placement():
     assert cached.experts_copied == 1.5 and cached.copy_s == pytest.approx(6e-3)
     assert cached.on_demand_s == pytest.approx(9e-3) and cached.overlapped_s == pytest.approx(6e-3)
     assert cached.saving_s == pytest.approx(3e-3)  # Eq. 1: at most min(compute, copy) saved
-    assert cached.model_s == cached.on_demand_s
     streamed = b["streamed"]
     assert streamed.experts_copied == 16 and streamed.copy_s == pytest.approx(64e-3)
-    assert streamed.model_s == streamed.overlapped_s == pytest.approx(64e-3)
+    assert streamed.overlapped_s == pytest.approx(64e-3) and streamed.on_demand_s == pytest.approx(67e-3)
 
 
 def test_hit_rate_gives_the_misses_and_bad_inputs_are_named():
@@ -55,7 +54,10 @@ def _defaults() -> dict:
 def test_measured_tpot_is_above_the_bound_and_ordered_as_it_orders():
     args = tpot_sweep.defaults(argparse.Namespace(**{**_defaults(), "contexts": "64", "repeats": 5}), gpu=False)
     engines = tpot_sweep.load_engines(args)
-    point = tpot_sweep.measure_point(engines, list(range(1, 65)), args.new_tokens, args.repeats, args.copy_repeats)
+    # this process's CPU seconds: the test shares its cores with other processes, whose load would inflate the
+    # many small dispatches of a decode step far more than one large copy
+    point = tpot_sweep.measure_point(engines, list(range(1, 65)), args.new_tokens, args.repeats, args.copy_repeats,
+                                     clock="cpu")
     rows = point["placements"]
     print(json.dumps(point, indent=1))  # shown when an assertion fails
     cached = rows["cached"]
@@ -65,9 +67,12 @@ def test_measured_tpot_is_above_the_bound_and_ordered_as_it_orders():
     # measured at or above the least TPOT any overlap reaches; CPU timings of one moment and the next differ by
     # ~25%, hence the margin (a copy term 8x too large, bytes for bits, still fails)
     assert cached["tpot_s"] >= 0.8 * cached["bound"]["overlapped_s"]
-    # the bound orders the placements as their measurements do (a bound without the copy term ties them)
-    by_bound = sorted(rows, key=lambda name: rows[name]["bound"]["model_s"])
+    # in CPU seconds copies and compute cannot overlap: the on-demand sum bounds it too
+    assert cached["tpot_s"] >= 0.8 * cached["bound"]["on_demand_s"]
+    # the bound orders the placements as their measurements do; on a CPU copies and compute share the cores, so the
+    # on-demand form orders them (without the copy term all three would tie)
+    by_bound = sorted(rows, key=lambda name: rows[name]["bound"]["on_demand_s"])
     by_measure = sorted(rows, key=lambda name: rows[name]["tpot_s"])
     assert by_bound == by_measure == ["resident", "cached", "streamed"]
-    models = [rows[name]["bound"]["model_s"] for name in by_bound]
-    assert models[0] < 0.8 * models[1] and models[1] < 0.8 * models[2]  # apart by more than the noise
+    bounds = [rows[name]["bound"]["on_demand_s"] for name in by_bound]
+    assert bounds[0] < bounds[1] < bounds[2]
