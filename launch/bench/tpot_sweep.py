@@ -7,6 +7,8 @@ Placements, all the layer-by-layer loop so that only where the experts live diff
 - cached: --cache-slots slots (default top-k: every layer's experts evict the last one's), experts loaded on demand
   (no predictor: the paper's baseline);
 - streamed: every expert of each MoE layer copied each step, --window layers ahead.
+(The whole-model resident placement is not the compute term: its step is another program; on a CPU, at a few
+tokens, its `auto` expert backend runs every expert.)
 Per context length the engines alternate round by round. TPOT, as the paper defines it (the time per output token
 after the first), is the slope of the decode loop's seconds (the prefill excluded) between generate(prompt, 1 + n // 2)
 and generate(prompt, 1 + n), each length's least over --repeats rounds (the runs least disturbed by other processes;
@@ -15,7 +17,9 @@ the loop's constant part cancels; the slope of the medians beside it). The copy 
 cached run copied per step (its bytes_h2d counters over the same loops), or every expert (streamed). The bound of each
 placement: `overlapped_s` = max(compute, copy), the least TPOT any overlap reaches; `on_demand_s` = compute + copy,
 every copy on the critical path (the on-demand cached run's model; on a CPU, where copies and compute share the cores,
-every placement's).
+every placement's). `--clock cpu` times all of it in this process's CPU seconds instead of wall seconds: on a machine
+whose cores other processes share, their load stretches the many small dispatches of a step far more than one large
+copy, and CPU seconds keep the two comparable.
 On a CPU "host" and "device" are the same RAM: the preset's experts (tiny-wide-experts, 12 MiB each) are wide so that
 copying them is not negligible beside computing with them; a large pinned_host -> device copy on XLA:CPU runs well
 below the per-expert copy's rate, so the streamed placement measures far above its bound there.
@@ -39,11 +43,13 @@ from moejax.offload.host_store import HostStore
 from moejax.offload.tpot_bound import tpot_bounds
 
 PLACEMENTS = ("resident", "cached", "streamed")
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 METHOD = ("TPOT = (least s over rounds of the decode loop of generate(prompt, 1 + n) - the same of generate(prompt, "
           "1 + n // 2)) / (n - n // 2); the loop is the layer loop's decode call (the prefill excluded); the "
           "placements alternate within each round. experts_copied = the loops' bytes_h2d difference / expert bytes / "
           "(n - n // 2). copy_s per expert = s of --copy-repeats block_until_ready(store.fetch_expert(layer, e)) in a "
-          "row / --copy-repeats, the least round. compute_s = resident's TPOT.")
+          "row / --copy-repeats, the least round. compute_s = resident's TPOT. Seconds by --clock: wall, or this "
+          "process's CPU seconds (time.process_time).")
 PAPER = ("Fig. 8: TPOT of on-demand loading and prefetching, batch 1, prompts of 1K-64K tokens, 32 new tokens, "
          "Qwen3-30B-A3B and others on A6000 / A100 / GH200 behind PCIe 4 or NVLink C2C. Here: the resident, "
          "on-demand cached and streamed placements of a small model on the devices present, against Eq. 1.")
@@ -117,9 +123,6 @@ def load_engines(args: argparse.Namespace) -> dict[str, Engine]:
         "cached": dict(placement="cached", cache_slots=args.cache_slots or cfg.num_experts_per_tok, eviction="lru"),
         "streamed": dict(placement="streamed", window=args.window)}
     return {name: moejax.load(args.model, **options[name], **common) for name in args.placement_list}
-
-
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def copy_seconds(store: HostStore, copies: int, clock: Callable[[], float] = time.perf_counter) -> float:
