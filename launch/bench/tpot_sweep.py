@@ -241,7 +241,9 @@ def plot(record: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("context length (prompt tokens)")
     ax.set_ylabel("TPOT (ms)")
-    ax.set_title(f"TPOT vs Eq. 1, {record['config']['model']} on {record['device']['kind']}", fontsize=9)
+    ax.set_title(f"Speculating Experts Fig. 8 (there: 1K-64K tokens, A6000/A100/GH200, on demand vs prefetch)\n"
+                 f"here: {record['config']['model']} on {record['device']['kind']}, {record['settings']['clock']} "
+                 "clock; bounds by Eq. 1", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
