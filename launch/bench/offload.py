@@ -55,6 +55,7 @@ from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.predict.activation_matrices import ActivationMatrixPredictor
 from moejax.offload.predict.expert_maps import ExpertMapPredictor
 from moejax.offload.saturation import Saturation
+from moejax.offload.tpot_bound import TpotBound
 from moejax.placements import Cached
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
@@ -366,7 +367,8 @@ def decode(args: argparse.Namespace, peak_gb_per_s: float, resident: Engine, sav
     by = {r["mode"]: r for r in rows}
     compute = by["resident"]["tpot_s"]
     copy = by["on-demand"]["stats"]["per_token"]["bytes_h2d"] / (peak_gb_per_s * 1e9)
-    bound = min(compute, copy) / (compute + copy) if compute > 0 and copy > 0 else None  # None: a slope <= 0
+    eq1 = TpotBound("cached", compute, copy, by["on-demand"]["stats"]["per_token"]["misses"])  # Eq. 1
+    bound = eq1.saving_s / eq1.on_demand_s if compute > 0 and copy > 0 else None  # None: a slope <= 0
     analytic = dict(compute_s=compute, copy_s=copy, bound=bound,
                     formula="bound = min(compute, copy) / (compute + copy); compute = resident TPOT, copy = "
                             "on-demand bytes_h2d per token / h2d peak; reached = (1 - TPOT_mode / "
