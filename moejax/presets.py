@@ -61,10 +61,20 @@ _MICRO_QWEN3 = dict(
 # steps in their dry run).
 _MICRO_QWEN3_DEEP = dict(_MICRO_QWEN3, num_hidden_layers=12)
 
+# Experts wide enough that copying them outweighs computing with them, even on a CPU: a decode step of the cached or
+# streamed placement is then bound by its copies, as on a GPU behind PCIe (`launch.bench tpot-sweep`, the TPOT bound
+# of moejax.offload.tpot_bound). 12 MiB per expert in float32.
+_TINY_WIDE_EXPERTS = dict(
+    model_type="qwen3_moe", vocab_size=320, hidden_size=256, intermediate_size=512, moe_intermediate_size=4096,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8,
+    num_experts_per_tok=2, norm_topk_prob=True, rope_theta=10000.0, max_position_embeddings=4096,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=0)
+
 PRESETS = {
     "tiny-qwen3-moe": _TINY_QWEN3,
     "micro-qwen3-moe": _MICRO_QWEN3,
     "micro-qwen3-moe-deep": _MICRO_QWEN3_DEEP,
+    "tiny-wide-experts": _TINY_WIDE_EXPERTS,
     "qwen3-30b-a3b": _QWEN3_30B,
     "mixtral-8x7b": _MIXTRAL_8X7B,
     "deepseek-v2-lite": _DEEPSEEK_V2_LITE,

@@ -48,6 +48,8 @@ depth: launch.serve's first run on a deep checkpoint of tiny widths against the 
 each with an empty compilation cache (launch/bench/depth.py).
 invariant: batch_invariant's cost, prefill and decode throughput with the mode and without, alternating
 (launch/bench/invariant.py).
+tpot-sweep: Speculating Experts' Fig. 8, batch-1 time per output token over context lengths for the resident, cached
+and streamed placements, each beside its Eq. 1 bound (launch/bench/tpot_sweep.py).
 dep-a2e: DEP's A2E straight to the experts' owners against regrouped by an all-to-all inside the expert group,
 end to end on the devices present, with the logits against one device (launch/bench/dep.py).
 """
@@ -78,6 +80,7 @@ from launch.bench import quality as bench_quality
 from launch.bench import quality_tier2 as bench_quality_tier2
 from launch.bench import router_free as bench_router_free
 from launch.bench import serve as bench_serve
+from launch.bench import tpot_sweep as bench_tpot_sweep
 from launch.bench.provenance import device_tag
 from launch.bench.results import ResultsFile
 from launch.bench.util import environment
@@ -114,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dep.add_parser(sub).set_defaults(run=bench_dep.dep_a2e)
     bench_depth.add_parser(sub).set_defaults(run=bench_depth.depth)
     bench_invariant.add_parser(sub).set_defaults(run=bench_invariant.invariant)
+    bench_tpot_sweep.add_parser(sub).set_defaults(run=bench_tpot_sweep.tpot_sweep)
     bench_paper.add_parser(sub).set_defaults(run=bench_paper.paper)
     return parser
 

@@ -55,6 +55,7 @@ from moejax.offload.cached import CachedExpertsRuntime
 from moejax.offload.predict.activation_matrices import ActivationMatrixPredictor
 from moejax.offload.predict.expert_maps import ExpertMapPredictor
 from moejax.offload.saturation import Saturation
+from moejax.offload.tpot_bound import TpotBound
 from moejax.placements import Cached
 
 GPU_MODEL, CPU_MODEL = "qwen3-30b-a3b", "tiny-qwen3-moe"
@@ -261,18 +262,19 @@ def _counters(stats: dict, tokens: int, top_k: int) -> dict:
     return out
 
 
-def _decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int) -> dict:
+def decode_loop(engine: Engine, prompt: list[int], n: int, temperature: float, seed: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict:
     """One generate(prompt, n) of a cached engine with its counters reset when the decode loop starts (after
-    the prefill), read when it ends: (tokens, decode-loop seconds, engine.stats() of the loop alone)."""
+    the prefill), read when it ends: (tokens, decode-loop seconds by `clock`, engine.stats() of the loop alone)."""
     steps = engine.layered_steps
     seen: dict[str, Any] = {}
     original = steps.decode
 
     def decode(*args: Any, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
         engine.reset_stats()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = jax.block_until_ready(original(*args, **kwargs))
-        seen.update(seconds=time.perf_counter() - t0, stats=engine.stats())
+        seen.update(seconds=clock() - t0, stats=engine.stats())
         return out
     steps.decode = decode  # type: ignore[method-assign]  # this instance's decode, timed, until the del below
     try:
@@ -302,7 +304,7 @@ def _decode_case(name: str, engine: Engine, prompt: list[int], args: argparse.Na
     if reference is not None:
         row["tokens_equal_resident"] = sum(a == b for a, b in zip(tokens, reference, strict=True)) / len(reference)
     if isinstance(engine.placement, Cached):
-        loop = _decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
+        loop = decode_loop(engine, prompt, long, args.temperature, args.seed)  # one more, untimed run
         steps_run = len(loop["tokens"]) - 1  # the first token comes from the prefill
         row.update(placement=engine.layered_steps.placement.describe(), decode_loop_s_per_token=loop["seconds"] /
                    steps_run, stats=_counters(loop["stats"], steps_run, engine.config.num_experts_per_tok))
@@ -365,7 +367,8 @@ def decode(args: argparse.Namespace, peak_gb_per_s: float, resident: Engine, sav
     by = {r["mode"]: r for r in rows}
     compute = by["resident"]["tpot_s"]
     copy = by["on-demand"]["stats"]["per_token"]["bytes_h2d"] / (peak_gb_per_s * 1e9)
-    bound = min(compute, copy) / (compute + copy) if compute > 0 and copy > 0 else None  # None: a slope <= 0
+    eq1 = TpotBound("cached", compute, copy, by["on-demand"]["stats"]["per_token"]["misses"])  # Eq. 1
+    bound = eq1.saving_s / eq1.on_demand_s if compute > 0 and copy > 0 else None  # None: a slope <= 0
     analytic = dict(compute_s=compute, copy_s=copy, bound=bound,
                     formula="bound = min(compute, copy) / (compute + copy); compute = resident TPOT, copy = "
                             "on-demand bytes_h2d per token / h2d peak; reached = (1 - TPOT_mode / "
