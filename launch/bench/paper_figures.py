@@ -288,7 +288,7 @@ PAPERS: dict[str, list[Figure]] = {
                "considers: the FFN on the host (F_g = 0) and attention on the device over KV swapped in from the "
                "host (A_g = 1, r_c < 1, FlexGen's S4)",
                CPU + "; the accelerator and the host are the same cores, so only overhead and overlap show; 16 "
-               "requests of 32 + 16 tokens, a budget leaving streamed and cached the KV of 4 rows",
+               "requests of 32 + 16 tokens at the benchmark's default budget",
                ("lightning", "--requests", "16", "--prompt-len", "32", "--new-tokens", "16", "--device-rows", "4",
                 "--placements", LIGHTNING_ROWS), _lightning,
                "placement", "value", gpu_argv=("lightning", "--placements", LIGHTNING_ROWS, *GPU_MODEL)),
