@@ -208,6 +208,8 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
     options: dict = {} if args.num_layers is None else {"num_layers": args.num_layers}
     if args.placement is not None:
         options["placement"] = args.placement
+    if args.profile is not None:
+        options["profile"] = args.profile
     engine = moejax.load(args.model, dtype=args.dtype, **options)
     if args.candidates >= engine.config.vocab_size:  # single-token candidates are drawn without repeats
         raise SystemExit(f"bench serve: --candidates {args.candidates}: the vocabulary has "
@@ -244,7 +246,10 @@ def serve(args: argparse.Namespace, environment: dict, partial: Callable[[dict, 
                                 max_batch_tokens=batch_tokens, repeats=args.repeats, platform=platform,
                                 weights=weights, resident_prefill=not args.no_resident, orders=orders,
                                 placement=engine.memory_budget.placement if engine.memory_budget else None,
-                                theta_flops=engine.saturation.theta_flops if engine.saturation else None),
+                                theta_flops=engine.saturation.theta_flops if engine.saturation else None,
+                                theta_tokens=engine.saturation.theta_tokens if engine.saturation else None,
+                                theta_source=engine.saturation.source if engine.saturation else None,
+                                profile=args.profile),
                     peak=top, flops_counted="moejax.costs: layer_flops_per_token (2 x the active parameters of the "
                     "decoder layers) per computed token + lm_head 2·D·V per read position; attention scores apart",
                     resident_prefill=reference, workloads=workloads, results=results, ratios=ratios)
@@ -345,6 +350,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argp
                         "(Θ-batching) and spf (shortest prefill first, PrefillOnly); each row reports the wait of "
                         f"every request and of the longest (a share of {LONGEST_SHARE:g} of them)")
     p.add_argument("--placement", default=None, help="moejax.load's placement (default: auto; streamed: Θ-batching)")
+    p.add_argument("--profile", default=None,
+                   help="hardware profile Θ comes from (moejax.load's profile=: a datasheet name or a JSON; default "
+                        "the devices' own; a CPU has none, so streamed there has no Θ without it)")
     p.add_argument("--kv-modes", default=None,
                    help="comma-separated prefix-cache modes to serve each workload with: on, off, auto (default: "
                         "GPU distinct off,auto and shared auto; else all three)")
