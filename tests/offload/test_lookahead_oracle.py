@@ -6,7 +6,7 @@ import pytest
 from conftest import fixture_dir
 
 import moejax
-from launch.bench.offload import _decode_loop
+from launch.bench.offload import decode_loop
 from moejax.offload.predict.lookahead import LookAheadOracle, RoutingRecorder
 
 NAME = "qwen3_moe"  # MoE layers 0 and 2 (layer 1 dense): the oracle predicts layer 2 at layer 0
@@ -20,7 +20,7 @@ def _rel(out, ref):
 
 def _decode(engine, predictor):
     predictor.restart()
-    return _decode_loop(engine, PROMPT, NEW, 0.0, 0)
+    return decode_loop(engine, PROMPT, NEW, 0.0, 0)
 
 
 @pytest.fixture(scope="module")
