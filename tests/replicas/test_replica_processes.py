@@ -83,8 +83,8 @@ def test_the_local_ray_cluster_ends_with_the_run(sig, tmp_path):
         # (an exception a signal handler raises inside a garbage-collection callback is printed and ignored by
         # Python, and a loaded machine may let the run finish first: the run then completes, status 0, and still
         # leaves nothing behind)
-        if sig == signal.SIGTERM:
-            assert child.returncode in (0, 128 + signal.SIGTERM)
+        if sig == signal.SIGTERM:  # (its stderr in the message: a rare status 1 under load is not yet explained)
+            assert child.returncode in (0, 128 + signal.SIGTERM), child.communicate()[1][-3000:]
         elif sig == signal.SIGINT and child.returncode != 0:  # Ctrl-C: the run stops itself (a message, no traceback)
             err = child.communicate()[1]
             assert child.returncode == 128 + signal.SIGINT and "Traceback" not in err, err[-3000:]
