@@ -84,6 +84,9 @@ def run_figure(fig: Figure, *, gpu: bool, timeout_s: float, scratch: str) -> tup
 
 def paper(args: argparse.Namespace, env: dict, partial: object) -> dict:
     """Runs the paper's figures in order within --budget-s; the summary record."""
+    if args.gpu and env["device"]["platform"] != "gpu":  # the GPU sizes would run for hours on a CPU
+        raise SystemExit(f"launch.bench paper: --gpu runs the GPU sizes, but this machine's devices are "
+                         f"{env['device']['platform']}; drop --gpu for the CPU sizes")
     device = device_tag(env["device"]["kind"])
     folder = os.path.join(args.results, "paper", args.name)
     os.makedirs(folder, exist_ok=True)

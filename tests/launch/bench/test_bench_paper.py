@@ -40,6 +40,13 @@ def test_a_wrong_paper_figure_or_budget_is_one_line_before_any_work(argv, flag, 
     assert not any(tmp_path.iterdir())
 
 
+def test_gpu_sizes_on_a_cpu_are_refused_in_one_line_before_any_figure(tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["paper", "findep", "--gpu", "--results", str(tmp_path)])
+    assert "--gpu" in str(stop.value) and "cpu" in str(stop.value)
+    assert not (tmp_path / "paper").exists() and not list(tmp_path.glob("paper-*.json"))
+
+
 @pytest.mark.slow  # a benchmark in its own process (the frontend's simulation: no model compiled), then the plot
 def test_one_figure_end_to_end_writes_its_json_and_plot_and_keeps_earlier_results(tmp_path):
     fig = PAPERS["moe-prefill"][0]
