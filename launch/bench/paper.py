@@ -110,9 +110,12 @@ def paper(args: argparse.Namespace, env: dict, partial: object) -> dict:
             entry = dict(how, paper=args.name, figure=fig.name, corresponds_to=fig.corresponds, differs=fig.differs,
                          record=record)
             ResultsFile(base + ".json").complete(entry)
-            row = dict(figure=fig.name, **{k: how[k] for k in ("status", "seconds")}, json=base + ".json")
+            # paths in the summary: below --results, so a record names no folder of the machine it ran on
+            row = dict(figure=fig.name, **{k: how[k] for k in ("status", "seconds")},
+                       json=os.path.relpath(base + ".json", args.results))
             if record is not None:
-                row["plot"] = draw(fig, record, base + ".png")
+                plot = draw(fig, record, base + ".png")
+                row["plot"] = os.path.relpath(plot, args.results) if plot.endswith(".png") else plot
             rows.append(row)
             print(f"[paper {args.name}] {fig.name}: {how['status']} in {how['seconds']} s", flush=True)
     total = round(time.monotonic() - started, 1)

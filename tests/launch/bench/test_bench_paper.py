@@ -68,7 +68,8 @@ def test_one_figure_end_to_end_writes_its_json_and_plot_and_keeps_earlier_result
     routings = {"prefix", "round_robin", "random", "least_requests"}
     assert set(series) == {f"short {r}" for r in routings}
     assert all(xs == [2, 4, 8, 16] and min(ys) > 0 for xs, ys in series.values())
-    assert row["plot"].endswith(".png") and (folder / f"{fig.name}-cpu.png").stat().st_size > 1000
+    assert row["json"] == f"paper/moe-prefill/{fig.name}-cpu.json" and row["plot"] == row["json"][:-5] + ".png"
+    assert (folder / f"{fig.name}-cpu.png").stat().st_size > 1000
 
 
 def test_the_papers_page_lists_every_figure_under_its_paper():
