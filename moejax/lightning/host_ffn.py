@@ -18,46 +18,29 @@ from flax import nnx
 
 from moejax.config import ModelConfig
 from moejax.lightning.host_kv import host_device
-from moejax.lightning.pages import Experts, paged_routed, resident_experts
-from moejax.models.moe import is_routed_expert, local_expert_ffn
+from moejax.lightning.pages import Experts, ResidentShare, next_moe_layer, paged_routed, resident_experts
+from moejax.models.moe import local_expert_ffn
 from moejax.offload import layered_steps
 from moejax.offload.stats import OffloadStats
 
 HOST_EXPERT_BACKEND = "xla"  # the expert FFN's CPU path (Pallas does not run on a CPU)
 
 
-class HostExpertStore:
+class HostExpertStore(ResidentShare):
     """What `moejax.load` fills for F_g = 0: per MoE layer, the first round(r_w E) experts on the device and the
     others ({name: array}) in host memory on the host device."""
 
     pages = 0  # nothing is paged: the pipeline's W_PINTOG tasks have nothing to move
 
     def __init__(self, share: float, device: jax.Device | None = None, host: jax.Device | None = None) -> None:
-        self.share = float(share)
-        resident_experts(1, share)  # checks the share
-        self.device = device or jax.devices()[0]
+        super().__init__(share, device)
         self.host = host or host_device()
-        self.resident: dict[int, Experts] = {}
         self.on_host: dict[int, Experts] = {}
-        self.num_experts: dict[int, int] = {}
 
     def add(self, path: tuple, array: Any) -> None:
-        if not is_routed_expert(path):
-            raise ValueError(f"HostExpertStore: {path} is not a routed expert array")
-        layer, name, E = path[1], path[3], array.shape[0]
-        keep = resident_experts(E, self.share)
-        self.num_experts[layer] = E
-        if keep:
-            self.resident.setdefault(layer, {})[name] = jax.device_put(array[:keep], self.device)
+        layer, name, E, keep = self.add_resident(path, array)
         if keep < E:
             self.on_host.setdefault(layer, {})[name] = jax.device_put(array[keep:], self.host)
-
-    @property
-    def layers(self) -> list[int]:
-        return sorted(self.num_experts)
-
-    def device_bytes(self) -> int:
-        return sum(a.nbytes for layer in self.resident.values() for a in layer.values())
 
     def host_bytes(self) -> int:
         return sum(a.nbytes for layer in self.on_host.values() for a in layer.values())
@@ -85,8 +68,7 @@ class HostFFN(layered_steps.LayerRuntime):
         return self.store.layers
 
     def next_layer(self, after: int) -> int | None:
-        layers = self.layers
-        return next((i for i in layers if i > after), layers[0] if layers else None)
+        return next_moe_layer(self.layers, after)
 
     def fetch_page(self, layer: int | None, page: int) -> Experts | None:
         return None  # the host's experts stay where they are

@@ -57,44 +57,63 @@ def resident_experts(experts: int, share: float) -> int:
     return int(round(share * experts))
 
 
-class PagedStore:
-    """What `moejax.load` fills: per MoE layer, the resident experts on the device and the pages in pinned host
-    memory ({name: array} each)."""
+class ResidentShare:
+    """What the lightning stores share: per MoE layer, the first round(r_w E) routed experts on the device; the
+    others are each store's own (PagedStore: pages in pinned host memory; host_ffn.HostExpertStore: the host's)."""
 
-    def __init__(self, share: float, pages: int, device: jax.Device | None = None) -> None:
-        self.share, self.pages = float(share), int(pages)
-        self.device = device or jax.devices()[0]
+    def __init__(self, share: float, device: jax.Device | None = None) -> None:
         resident_experts(1, share)  # checks the share
+        self.share = float(share)
+        self.device = device or jax.devices()[0]
         self.resident: dict[int, Experts] = {}
-        self.paged: dict[int, list[Experts]] = {}
         self.num_experts: dict[int, int] = {}
 
-    def add(self, path: tuple, array: Any) -> None:
+    def add_resident(self, path: tuple, array: Any) -> tuple[int, str, int, int]:
+        """Places the resident share of a routed expert array -> (layer, name, experts E, resident count)."""
         if not is_routed_expert(path):
-            raise ValueError(f"PagedStore: {path} is not a routed expert array")
+            raise ValueError(f"{type(self).__name__}: {path} is not a routed expert array")
         layer, name, E = path[1], path[3], array.shape[0]
         keep = resident_experts(E, self.share)
         self.num_experts[layer] = E
-        device = jax.sharding.SingleDeviceSharding(self.device)
-        host = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
         if keep:
-            self.resident.setdefault(layer, {})[name] = jax.device_put(array[:keep], device)
-        pages = self.paged.setdefault(layer, [{} for _ in page_ranges(E, keep, self.pages)])
-        for page, (a, b) in zip(pages, page_ranges(E, keep, self.pages), strict=True):
-            page[name] = jax.device_put(array[a:b], host)
+            self.resident.setdefault(layer, {})[name] = jax.device_put(
+                array[:keep], jax.sharding.SingleDeviceSharding(self.device))
+        return layer, name, E, keep
 
     @property
     def layers(self) -> list[int]:
         return sorted(self.num_experts)
 
-    def page_bytes(self, layer: int, page: int) -> int:
-        return sum(a.nbytes for a in self.paged[layer][page].values())
-
     def device_bytes(self) -> int:
         return sum(a.nbytes for layer in self.resident.values() for a in layer.values())
 
+
+class PagedStore(ResidentShare):
+    """What `moejax.load` fills: per MoE layer, the resident experts on the device and the pages in pinned host
+    memory ({name: array} each)."""
+
+    def __init__(self, share: float, pages: int, device: jax.Device | None = None) -> None:
+        super().__init__(share, device)
+        self.pages = int(pages)
+        self.paged: dict[int, list[Experts]] = {}
+
+    def add(self, path: tuple, array: Any) -> None:
+        layer, name, E, keep = self.add_resident(path, array)
+        host = jax.sharding.SingleDeviceSharding(self.device, memory_kind="pinned_host")
+        pages = self.paged.setdefault(layer, [{} for _ in page_ranges(E, keep, self.pages)])
+        for page, (a, b) in zip(pages, page_ranges(E, keep, self.pages), strict=True):
+            page[name] = jax.device_put(array[a:b], host)
+
+    def page_bytes(self, layer: int, page: int) -> int:
+        return sum(a.nbytes for a in self.paged[layer][page].values())
+
     def host_bytes(self) -> int:
         return sum(a.nbytes for pages in self.paged.values() for page in pages for a in page.values())
+
+
+def next_moe_layer(layers: list[int], after: int) -> int | None:
+    """The first of the MoE `layers` after layer index `after`, wrapping to the next pass's first (None: none)."""
+    return next((i for i in layers if i > after), layers[0] if layers else None)
 
 
 class PagedExperts(layered_steps.LayerRuntime):
@@ -116,9 +135,7 @@ class PagedExperts(layered_steps.LayerRuntime):
         return self.store.layers
 
     def next_layer(self, after: int) -> int | None:
-        """The first MoE layer after layer index `after`, wrapping to the next pass's first (None: no MoE layer)."""
-        layers = self.layers
-        return next((i for i in layers if i > after), layers[0] if layers else None)
+        return next_moe_layer(self.layers, after)
 
     def fetch_page(self, layer: int | None, page: int) -> Experts | None:
         """Start copying page `page` of `layer` to the device unless it is there, on its way or absent; -> the

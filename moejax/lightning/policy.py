@@ -38,6 +38,10 @@ class LightningPlan:
         """Attention on the device over layers whose KV is on the host: each swapped in per pass."""
         return bool(self.A_g) and self.device_kv_layers(layers) < layers
 
+    def swapped_kv_layers(self, layers: int) -> int:
+        """Layers of host KV on the device at once while swapping: the one attending and the next on its way."""
+        return min(2, layers - self.device_kv_layers(layers)) if self.swaps_kv(layers) else 0
+
     def describe(self) -> str:
         where = "device" if self.A_g else "host"
         ffn = "device" if self.F_g else "host"
@@ -98,7 +102,7 @@ def check_kv_fits(plan: LightningPlan, kv_bytes_per_token: int, layers: int, tok
     device's free bytes (its r_c share, and under A_g = 1 two layers' swapped in: the one attending and the next)
     -> a line saying so; MemoryBudgetError naming the limit when it does not fit."""
     total = plan.N * tokens_per_row * kv_bytes_per_token
-    swapped = min(2, layers - plan.device_kv_layers(layers)) if plan.swaps_kv(layers) else 0
+    swapped = plan.swapped_kv_layers(layers)
     on_host = total * (layers - plan.device_kv_layers(layers)) / layers
     on_device = total * (plan.device_kv_layers(layers) + swapped) / layers
     host_limit = CPU_USABLE * host_bytes

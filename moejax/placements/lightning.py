@@ -163,7 +163,7 @@ class Lightning(LayerByLayer):
         device's free bytes for the r_c share, whichever bounds first."""
         plan, L = self.plan, config.num_layers
         on_device = plan.device_kv_layers(L)
-        swapped = min(2, L - on_device) if plan.swaps_kv(L) else 0  # the layer attending and the next
+        swapped = plan.swapped_kv_layers(L)
         host = CPU_USABLE * host_memory_bytes(self.host_memory_gb)
         room = [(host * L / (L - on_device), f"{CPU_USABLE:.0%} of {size(host / CPU_USABLE)} host memory for the KV "
                                              f"of {L - on_device} of {L} layers")] if on_device < L else []
